@@ -1,0 +1,2 @@
+// Public API of @moeswarm/backbone: nothing is exported until its work lands.
+export {};

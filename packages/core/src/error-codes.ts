@@ -1,0 +1,186 @@
+/**
+ * Every stable error code of moeswarm, with the area (error class) it belongs to and what it
+ * means. The table is the single source: docs/errors.md is checked against it by a test, and
+ * services answer with these codes on the wire. Codes never change meaning once published;
+ * a removed code stays here as a comment.
+ *
+ * Add a code in its area's section, keep the `MOESWARM_` prefix, and document it in docs/errors.md.
+ */
+export const ERROR_CODES = {
+  // --- core: arguments and ranges -----------------------------------------------------------
+  MOESWARM_INVALID_ARGUMENT: {
+    area: "InvalidArgumentError",
+    text: "An option or argument is missing, of the wrong type or out of range.",
+  },
+  MOESWARM_INVALID_RANGE: {
+    area: "InvalidArgumentError",
+    text: "A half-open range `a:b` is malformed, empty, reversed, negative or too large.",
+  },
+  MOESWARM_ABORTED: { area: "AbortError", text: "The operation was aborted through its AbortSignal." },
+  MOESWARM_NUMERIC: {
+    area: "InvalidArgumentError",
+    text: "Numeric inputs disagree in length or contain values the operation cannot take.",
+  },
+
+  // --- gguf (shard) ----------------------------------------------------------------------------
+  MOESWARM_GGUF_BAD_MAGIC: { area: "GgufError", text: "The bytes do not start with the GGUF magic." },
+  MOESWARM_GGUF_UNSUPPORTED_VERSION: {
+    area: "GgufError",
+    text: "GGUF version 1 or an unknown version; only v2 and v3 are read.",
+  },
+  MOESWARM_GGUF_TRUNCATED: {
+    area: "GgufError",
+    text: "The file ends before a structure it announces (header, metadata, tensor info or data).",
+  },
+  MOESWARM_GGUF_LIMIT: {
+    area: "GgufError",
+    text: "A count, length or size exceeds the reader's bound (string length, array length, tensor count, dims).",
+  },
+  MOESWARM_GGUF_BAD_VALUE_TYPE: {
+    area: "GgufError",
+    text: "A metadata value type is not one of GGUF's types.",
+  },
+  MOESWARM_GGUF_BAD_TENSOR: {
+    area: "GgufError",
+    text: "A tensor info is invalid: unknown ggml type, bad dims, shape not a multiple of the block size, duplicate name.",
+  },
+  MOESWARM_GGUF_BAD_ALIGNMENT: {
+    area: "GgufError",
+    text: "general.alignment is not a power of two, or a tensor offset is not aligned.",
+  },
+  MOESWARM_GGUF_BAD_OFFSET: {
+    area: "GgufError",
+    text: "Tensor data lies outside the file or overlaps another tensor.",
+  },
+  MOESWARM_GGUF_DUPLICATE_KEY: { area: "GgufError", text: "A metadata key appears twice." },
+  MOESWARM_GGUF_MISSING_KEY: {
+    area: "GgufError",
+    text: "A metadata key required for the operation is absent or has the wrong type.",
+  },
+  MOESWARM_GGUF_UNSUPPORTED_TYPE: {
+    area: "GgufError",
+    text: "The operation does not support this ggml tensor type (e.g. no dequantiser for it).",
+  },
+  MOESWARM_GGUF_IO: {
+    area: "GgufError",
+    text: "Reading the source failed (file system or HTTP error, Range not honoured).",
+  },
+  MOESWARM_GGUF_NOT_MOE: {
+    area: "GgufError",
+    text: "The model has no routed-expert tensors where the operation needs them.",
+  },
+  MOESWARM_SLICE_MISMATCH: {
+    area: "GgufError",
+    text: "A slice's bytes do not match its manifest (sha256 of a slab, size or shape).",
+  },
+
+  // --- protocol (core) ---------------------------------------------------------------------------
+  MOESWARM_PROTOCOL_MALFORMED: {
+    area: "ProtocolError",
+    text: "The bytes are not a single well-formed msgpack map.",
+  },
+  MOESWARM_PROTOCOL_UNKNOWN_TYPE: {
+    area: "ProtocolError",
+    text: "The frame's `t` is not a known frame type.",
+  },
+  MOESWARM_PROTOCOL_VERSION: {
+    area: "ProtocolError",
+    text: "The frame's `v` is a protocol version this peer does not speak.",
+  },
+  MOESWARM_PROTOCOL_MISSING_FIELD: { area: "ProtocolError", text: "A required field is absent." },
+  MOESWARM_PROTOCOL_BAD_FIELD: {
+    area: "ProtocolError",
+    text: "A field has the wrong msgpack type or a value out of its range.",
+  },
+  MOESWARM_PROTOCOL_BAD_LENGTH: {
+    area: "ProtocolError",
+    text: "A tensor's byte length does not match its declared shape and dtype.",
+  },
+  MOESWARM_PROTOCOL_FRAME_TOO_LARGE: {
+    area: "ProtocolError",
+    text: "A frame exceeds the configured maximum size.",
+  },
+
+  // --- dispatch --------------------------------------------------------------------------------
+  MOESWARM_DISPATCH_NO_OWNER: {
+    area: "DispatchError",
+    text: "An expert that routing can select has no owner in the placement.",
+  },
+  MOESWARM_DISPATCH_FAILED: {
+    area: "DispatchError",
+    text: "A worker's request failed and neither a replica nor a fallback could serve it.",
+  },
+  MOESWARM_DISPATCH_BAD_RESULT: {
+    area: "DispatchError",
+    text: "A worker answered with a result of the wrong shape or with non-finite values.",
+  },
+  MOESWARM_WORKER_TIMEOUT: {
+    area: "DispatchError",
+    text: "A worker did not answer before the request's deadline.",
+  },
+  MOESWARM_ROUTING_CONFIG: {
+    area: "DispatchError",
+    text: "The routing configuration is invalid or cannot be derived from the model's metadata.",
+  },
+
+  // --- transport (relay-client, hub relay) -------------------------------------------------------
+  MOESWARM_TRANSPORT_CLOSED: {
+    area: "TransportError",
+    text: "The connection closed before the request was answered.",
+  },
+  MOESWARM_TRANSPORT_CONNECT: {
+    area: "TransportError",
+    text: "The connection could not be established (DNS, TCP, TLS or WebSocket upgrade).",
+  },
+  MOESWARM_TRANSPORT_TIMEOUT: {
+    area: "TransportError",
+    text: "The peer stopped answering heartbeats or a request outlived its deadline.",
+  },
+  MOESWARM_TRANSPORT_BACKPRESSURE: {
+    area: "TransportError",
+    text: "The bounded send queue is full: the peer is slower than the sender.",
+  },
+  MOESWARM_TRANSPORT_UNKNOWN_PEER: {
+    area: "TransportError",
+    text: "The relay has no live peer with the requested id.",
+  },
+  MOESWARM_TRANSPORT_LIMIT: {
+    area: "TransportError",
+    text: "A per-connection limit was hit (in-flight requests, rate).",
+  },
+
+  // --- auth --------------------------------------------------------------------------------------
+  MOESWARM_AUTH_MISSING: { area: "AuthError", text: "No token was presented where one is required." },
+  MOESWARM_AUTH_INVALID: { area: "AuthError", text: "The token's signature or format is invalid." },
+  MOESWARM_AUTH_EXPIRED: { area: "AuthError", text: "The token has expired." },
+  MOESWARM_AUTH_ROLE: {
+    area: "AuthError",
+    text: "The token's role does not allow this action (e.g. a worker token used as a backbone).",
+  },
+
+  // --- native compute (worker-native) -------------------------------------------------------------
+  MOESWARM_NATIVE_LOAD: {
+    area: "NativeError",
+    text: "The native binary could not be loaded or failed its probe.",
+  },
+  MOESWARM_NATIVE_COMPUTE: {
+    area: "NativeError",
+    text: "The native compute rejected its input or failed while computing.",
+  },
+  MOESWARM_NATIVE_CLOSED: { area: "NativeError", text: "The compute was used after close()." },
+
+  // --- hub ---------------------------------------------------------------------------------------
+  MOESWARM_HUB_NOT_FOUND: { area: "HubError", text: "The model, worker or resource does not exist." },
+  MOESWARM_HUB_BAD_REQUEST: { area: "HubError", text: "The request's query or body is invalid." },
+  MOESWARM_HUB_CONFLICT: {
+    area: "HubError",
+    text: "The claim cannot be granted (already covered, over capacity, lease held by another).",
+  },
+  MOESWARM_HUB_STORE: { area: "HubError", text: "The hub's persistent store failed." },
+} as const satisfies Record<string, { area: string; text: string }>;
+
+export type ErrorCode = keyof typeof ERROR_CODES;
+
+export function isErrorCode(value: unknown): value is ErrorCode {
+  return typeof value === "string" && Object.hasOwn(ERROR_CODES, value);
+}

@@ -1,0 +1,126 @@
+import { ERROR_CODES, type ErrorCode } from "./error-codes.js";
+
+// Brands live in the global symbol registry so `instanceof` holds across two copies of this
+// package (a bundled dependency next to the workspace one, CJS next to ESM).
+const KINDS = Symbol.for("moeswarm.error.kinds");
+
+export interface MoeswarmErrorOptions {
+  cause?: unknown;
+  /** Context a caller can act on (layer, worker id, byte offset...); serialisable values only. */
+  details?: Readonly<Record<string, unknown>>;
+}
+
+function hasKind(value: unknown, kind: string): boolean {
+  if (typeof value !== "object" || value === null) return false;
+  const kinds = (value as { [KINDS]?: unknown })[KINDS];
+  return Array.isArray(kinds) && kinds.includes(kind);
+}
+
+/** The base of every error moeswarm throws: a stable `code`, a message, an optional `cause`. */
+export class MoeswarmError extends Error {
+  readonly code: ErrorCode;
+  readonly details: Readonly<Record<string, unknown>> | undefined;
+  declare readonly [KINDS]: readonly string[];
+
+  constructor(code: ErrorCode, message?: string, options: MoeswarmErrorOptions = {}) {
+    super(
+      message ?? ERROR_CODES[code].text,
+      options.cause === undefined ? undefined : { cause: options.cause },
+    );
+    this.code = code;
+    this.details = options.details;
+    const kinds: string[] = [];
+    for (
+      let p: object | null = new.target.prototype;
+      p && p !== Error.prototype;
+      p = Object.getPrototypeOf(p)
+    ) {
+      const ctor = (p as { constructor?: { kind?: string } }).constructor;
+      if (ctor?.kind) kinds.push(ctor.kind);
+    }
+    Object.defineProperty(this, KINDS, { value: Object.freeze(kinds), enumerable: false });
+    Object.defineProperty(this, "name", { value: new.target.name, enumerable: false, configurable: true });
+  }
+
+  /** The name checked by the cross-copy `instanceof`; subclasses override it. */
+  static readonly kind: string = "MoeswarmError";
+
+  static override [Symbol.hasInstance](value: unknown): boolean {
+    return hasKind(value, this.kind);
+  }
+
+  /** A plain object for logs and for `error` frames. */
+  toJSON(): { name: string; code: ErrorCode; message: string; details?: Readonly<Record<string, unknown>> } {
+    return this.details === undefined
+      ? { name: this.name, code: this.code, message: this.message }
+      : { name: this.name, code: this.code, message: this.message, details: this.details };
+  }
+}
+
+type Area = (typeof ERROR_CODES)[ErrorCode]["area"];
+/** Codes whose table entry names the given area: a subclass accepts only its own codes. */
+export type CodeOf<A extends Area> = {
+  [C in ErrorCode]: (typeof ERROR_CODES)[C]["area"] extends A ? C : never;
+}[ErrorCode];
+
+type AreaErrorClass<A extends Area> = {
+  new (
+    code: CodeOf<A>,
+    message?: string,
+    options?: MoeswarmErrorOptions,
+  ): MoeswarmError & { readonly code: CodeOf<A> };
+  readonly kind: A;
+};
+
+// One factory instead of seven copies of the same class body.
+function defineArea<A extends Area>(kind: A): AreaErrorClass<A> {
+  const cls = class extends MoeswarmError {
+    static override readonly kind: string = kind;
+    constructor(code: CodeOf<A>, message?: string, options?: MoeswarmErrorOptions) {
+      if (ERROR_CODES[code].area !== kind) {
+        throw new TypeError(`error code ${code} belongs to ${ERROR_CODES[code].area}, not ${kind}`);
+      }
+      super(code, message, options);
+    }
+  };
+  Object.defineProperty(cls, "name", { value: kind });
+  return cls as unknown as AreaErrorClass<A>;
+}
+
+export const InvalidArgumentError = defineArea("InvalidArgumentError");
+export type InvalidArgumentError = InstanceType<typeof InvalidArgumentError>;
+export const AbortError = defineArea("AbortError");
+export type AbortError = InstanceType<typeof AbortError>;
+export const GgufError = defineArea("GgufError");
+export type GgufError = InstanceType<typeof GgufError>;
+export const ProtocolError = defineArea("ProtocolError");
+export type ProtocolError = InstanceType<typeof ProtocolError>;
+export const DispatchError = defineArea("DispatchError");
+export type DispatchError = InstanceType<typeof DispatchError>;
+export const TransportError = defineArea("TransportError");
+export type TransportError = InstanceType<typeof TransportError>;
+export const AuthError = defineArea("AuthError");
+export type AuthError = InstanceType<typeof AuthError>;
+export const NativeError = defineArea("NativeError");
+export type NativeError = InstanceType<typeof NativeError>;
+export const HubError = defineArea("HubError");
+export type HubError = InstanceType<typeof HubError>;
+
+/** True for any moeswarm error, from any copy of the package; optionally with the given code. */
+export function isMoeswarmError(value: unknown, code?: ErrorCode): value is MoeswarmError {
+  return hasKind(value, "MoeswarmError") && (code === undefined || (value as MoeswarmError).code === code);
+}
+
+/**
+ * Throws the signal's reason if it is aborted. The reason is used as is when it is already an
+ * Error (callers expect `signal.reason`), else wrapped in an AbortError.
+ */
+export function throwIfAborted(signal: AbortSignal | undefined): void {
+  if (signal?.aborted) throw abortReason(signal);
+}
+
+/** The error to reject with when `signal` aborts. */
+export function abortReason(signal: AbortSignal): unknown {
+  const reason: unknown = signal.reason;
+  return reason instanceof Error ? reason : new AbortError("MOESWARM_ABORTED", undefined, { cause: reason });
+}

@@ -1,0 +1,122 @@
+import { readFileSync } from "node:fs";
+import { describe, expect, it } from "vitest";
+import {
+  AbortError,
+  abortReason,
+  DispatchError,
+  ERROR_CODES,
+  GgufError,
+  InvalidArgumentError,
+  isErrorCode,
+  isMoeswarmError,
+  MoeswarmError,
+  ProtocolError,
+  throwIfAborted,
+} from "../src/index.js";
+
+describe("MoeswarmError", () => {
+  it("carries code, message, cause and details", () => {
+    const cause = new Error("disk");
+    const e = new GgufError("MOESWARM_GGUF_TRUNCATED", "header cut at 12", {
+      cause,
+      details: { offset: 12 },
+    });
+    expect(e.code).toBe("MOESWARM_GGUF_TRUNCATED");
+    expect(e.message).toBe("header cut at 12");
+    expect(e.cause).toBe(cause);
+    expect(e.details).toEqual({ offset: 12 });
+    expect(e.name).toBe("GgufError");
+    expect(e).toBeInstanceOf(Error);
+    expect(e).toBeInstanceOf(MoeswarmError);
+    expect(e).toBeInstanceOf(GgufError);
+    expect(e).not.toBeInstanceOf(ProtocolError);
+    expect(e.toJSON()).toEqual({
+      name: "GgufError",
+      code: "MOESWARM_GGUF_TRUNCATED",
+      message: "header cut at 12",
+      details: { offset: 12 },
+    });
+  });
+
+  it("defaults the message to the table's text", () => {
+    expect(new DispatchError("MOESWARM_WORKER_TIMEOUT").message).toBe(
+      ERROR_CODES.MOESWARM_WORKER_TIMEOUT.text,
+    );
+  });
+
+  it("refuses a code from another area", () => {
+    // @ts-expect-error: a protocol code is not a GgufError code
+    expect(() => new GgufError("MOESWARM_PROTOCOL_MALFORMED")).toThrow(TypeError);
+  });
+
+  it("instanceof survives a second copy of the package (brand in the global symbol registry)", () => {
+    // an object made by another copy of the class carries the same registry symbol
+    const foreign = Object.create(Error.prototype) as Record<symbol | string, unknown>;
+    Object.defineProperty(foreign, Symbol.for("moeswarm.error.kinds"), {
+      value: ["GgufError", "MoeswarmError"],
+    });
+    foreign.code = "MOESWARM_GGUF_BAD_MAGIC";
+    expect(foreign instanceof GgufError).toBe(true);
+    expect(foreign instanceof MoeswarmError).toBe(true);
+    expect(foreign instanceof ProtocolError).toBe(false);
+    expect(isMoeswarmError(foreign, "MOESWARM_GGUF_BAD_MAGIC")).toBe(true);
+    expect(isMoeswarmError(new Error("x"))).toBe(false);
+    expect(isMoeswarmError(null)).toBe(false);
+  });
+
+  it("isErrorCode knows the table and nothing else", () => {
+    expect(isErrorCode("MOESWARM_GGUF_IO")).toBe(true);
+    expect(isErrorCode("MOESWARM_NOPE")).toBe(false);
+    expect(isErrorCode("toString")).toBe(false);
+  });
+});
+
+describe("error code table", () => {
+  it("every code is MOESWARM_ prefixed, unique in text, and names a real class", () => {
+    const classes = new Set([
+      "InvalidArgumentError",
+      "AbortError",
+      "GgufError",
+      "ProtocolError",
+      "DispatchError",
+      "TransportError",
+      "AuthError",
+      "NativeError",
+      "HubError",
+    ]);
+    for (const [code, { area, text }] of Object.entries(ERROR_CODES)) {
+      expect(code).toMatch(/^MOESWARM_[A-Z0-9_]+$/);
+      expect(classes.has(area)).toBe(true);
+      expect(text.length).toBeGreaterThan(10);
+    }
+  });
+
+  it("docs/errors.md documents exactly the codes of the table (regenerate with pnpm docs:errors)", () => {
+    const doc = readFileSync(new URL("../../../docs/errors.md", import.meta.url), "utf8");
+    const documented = new Map<string, string>();
+    for (const m of doc.matchAll(/^\| `(MOESWARM_[A-Z0-9_]+)` \| `(\w+)` \| (.*) \|$/gm))
+      documented.set(m[1]!, `${m[2]}|${m[3]}`);
+    const table = new Map(Object.entries(ERROR_CODES).map(([c, { area, text }]) => [c, `${area}|${text}`]));
+    expect(documented).toEqual(table);
+  });
+});
+
+describe("abort helpers", () => {
+  it("throwIfAborted passes when not aborted and throws the reason when aborted", () => {
+    expect(() => throwIfAborted(undefined)).not.toThrow();
+    const c = new AbortController();
+    expect(() => throwIfAborted(c.signal)).not.toThrow();
+    const reason = new Error("stop");
+    c.abort(reason);
+    expect(() => throwIfAborted(c.signal)).toThrow(reason);
+  });
+
+  it("wraps a non-Error reason in an AbortError", () => {
+    const c = new AbortController();
+    c.abort("because");
+    const r = abortReason(c.signal);
+    expect(r).toBeInstanceOf(AbortError);
+    expect((r as AbortError).cause).toBe("because");
+    expect(new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT")).not.toBeInstanceOf(AbortError);
+  });
+});

@@ -1,0 +1,2 @@
+// Public API of @moeswarm/relay-client: nothing is exported until its work lands.
+export {};
