@@ -7,7 +7,9 @@ const resultsDir = join(dirname(fileURLToPath(import.meta.url)), "..", "results"
 const wanted = process.argv.slice(2).filter((a) => !a.startsWith("-"));
 const unknown = wanted.filter((w) => !benchmarks.some((b) => b.name === w));
 if (unknown.length > 0) {
-  process.stderr.write(`unknown benchmark(s): ${unknown.join(", ")}\navailable: ${benchmarks.map((b) => b.name).join(", ")}\n`);
+  process.stderr.write(
+    `unknown benchmark(s): ${unknown.join(", ")}\navailable: ${benchmarks.map((b) => b.name).join(", ")}\n`,
+  );
   process.exit(2);
 }
 for (const bench of benchmarks) {

@@ -45,7 +45,11 @@ function percentile(sorted: number[], p: number): number {
 }
 
 /** Times `fn` (sync or async) and returns per-call statistics. */
-export async function measure(label: string, fn: () => unknown, options: MeasureOptions = {}): Promise<Timing> {
+export async function measure(
+  label: string,
+  fn: () => unknown,
+  options: MeasureOptions = {},
+): Promise<Timing> {
   const minTime = (options.minTimeMs ?? 300) * 1e6;
   const minSamples = options.minSamples ?? 10;
   const batch = options.batch ?? 1;
@@ -81,9 +85,11 @@ export function formatTable(rows: Row[]): string {
     v === undefined ? "" : typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toPrecision(4)) : v;
   const widths = cols.map((c) => Math.max(c.length, ...rows.map((r) => cell(r[c]).length)));
   const line = (vals: string[]) => vals.map((v, i) => v.padStart(widths[i]!)).join("  ");
-  return [line(cols), line(widths.map((w) => "-".repeat(w))), ...rows.map((r) => line(cols.map((c) => cell(r[c]))))].join(
-    "\n",
-  );
+  return [
+    line(cols),
+    line(widths.map((w) => "-".repeat(w))),
+    ...rows.map((r) => line(cols.map((c) => cell(r[c])))),
+  ].join("\n");
 }
 
 export interface BenchResultFile extends BenchReport {

@@ -27,7 +27,10 @@ describe("bench harness", () => {
 
   it("runBenchmark writes <name>.json with the ratios", async () => {
     const dir = mkdtempSync(join(tmpdir(), "bench-"));
-    await runBenchmark({ name: "t", description: "test", run: async () => ({ rows: [{ x: 1 }], ratios: { r: 2 } }) }, dir);
+    await runBenchmark(
+      { name: "t", description: "test", run: async () => ({ rows: [{ x: 1 }], ratios: { r: 2 } }) },
+      dir,
+    );
     const json = JSON.parse(readFileSync(join(dir, "t.json"), "utf8"));
     expect(json.name).toBe("t");
     expect(json.ratios).toEqual({ r: 2 });

@@ -12,5 +12,7 @@ for (const dir of readdirSync(join(root, "packages")).sort()) {
   };
   const api: Record<string, unknown> = await import(pkg.name);
   const names = Object.keys(api).filter((k) => k !== "default" && k !== "module.exports");
-  process.stdout.write(`${pkg.name}\n  ${pkg.description}\n  exports: ${names.length > 0 ? names.join(", ") : "(nothing yet)"}\n\n`);
+  process.stdout.write(
+    `${pkg.name}\n  ${pkg.description}\n  exports: ${names.length > 0 ? names.join(", ") : "(nothing yet)"}\n\n`,
+  );
 }

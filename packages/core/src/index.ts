@@ -18,6 +18,16 @@ export {
   throwIfAborted,
 } from "./errors.js";
 export {
+  bf16BitsToF32,
+  decodeBf16,
+  decodeF16,
+  encodeBf16,
+  encodeF16,
+  f16BitsToF32,
+  f32ToBf16Bits,
+  f32ToF16Bits,
+} from "./half.js";
+export {
   checkRange,
   type ExpertRef,
   expertKey,

@@ -98,7 +98,16 @@ const SIZES: ReadonlyArray<[GgmlType, string, number, number]> = [
   [GgmlType.Q2_0, "q2_0", 64, 2 + 16],
 ];
 
-const UNQUANTIZED = new Set([GgmlType.F32, GgmlType.F16, GgmlType.BF16, GgmlType.F64, GgmlType.I8, GgmlType.I16, GgmlType.I32, GgmlType.I64]);
+const UNQUANTIZED = new Set([
+  GgmlType.F32,
+  GgmlType.F16,
+  GgmlType.BF16,
+  GgmlType.F64,
+  GgmlType.I8,
+  GgmlType.I16,
+  GgmlType.I32,
+  GgmlType.I64,
+]);
 
 const TRAITS = new Map<number, GgmlTypeTraits>(
   SIZES.map(([type, name, blockSize, typeSize]) => [
@@ -117,7 +126,10 @@ export function isGgmlType(value: number): value is GgmlType {
 /** Traits of a type; a typed error for a removed or unknown value. */
 export function ggmlTypeTraits(type: number): GgmlTypeTraits {
   const t = TRAITS.get(type);
-  if (!t) throw new GgufError("MOESWARM_GGUF_BAD_TENSOR", `unknown or removed ggml type ${type}`, { details: { type } });
+  if (!t)
+    throw new GgufError("MOESWARM_GGUF_BAD_TENSOR", `unknown or removed ggml type ${type}`, {
+      details: { type },
+    });
   return t;
 }
 
@@ -134,7 +146,10 @@ export function ggmlTensorBytes(type: number, shape: readonly (number | bigint)[
   if (shape.length === 0) return BigInt(typeSize);
   const ne0 = BigInt(shape[0]!);
   if (ne0 % BigInt(blockSize) !== 0n) {
-    throw new GgufError("MOESWARM_GGUF_BAD_TENSOR", `ne[0]=${ne0} is not a multiple of ${name}'s block size ${blockSize}`);
+    throw new GgufError(
+      "MOESWARM_GGUF_BAD_TENSOR",
+      `ne[0]=${ne0} is not a multiple of ${name}'s block size ${blockSize}`,
+    );
   }
   let rows = 1n;
   for (let i = 1; i < shape.length; i++) rows *= BigInt(shape[i]!);

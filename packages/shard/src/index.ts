@@ -2,10 +2,10 @@
 export {
   GGML_TYPES,
   GgmlType,
+  type GgmlTypeTraits,
   ggmlRowBytes,
   ggmlTensorBytes,
   ggmlTypeName,
   ggmlTypeTraits,
   isGgmlType,
-  type GgmlTypeTraits,
 } from "./ggml-type.js";
