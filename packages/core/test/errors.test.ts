@@ -94,8 +94,16 @@ describe("error code table", () => {
   it("docs/errors.md documents exactly the codes of the table (regenerate with pnpm docs:errors)", () => {
     const doc = readFileSync(new URL("../../../docs/errors.md", import.meta.url), "utf8");
     const documented = new Map<string, string>();
-    for (const m of doc.matchAll(/^\| `(MOESWARM_[A-Z0-9_]+)` \| `(\w+)` \| (.*) \|$/gm))
-      documented.set(m[1]!, `${m[2]}|${m[3]}`);
+    // cells are trimmed: the formatter pads markdown tables
+    for (const line of doc.split("\n")) {
+      const cells = line
+        .replace(/^\|/, "")
+        .replace(/\|$/, "")
+        .split(" | ")
+        .map((c) => c.trim());
+      const code = /^`(MOESWARM_[A-Z0-9_]+)`$/.exec(cells[0] ?? "")?.[1];
+      if (code && cells.length === 3) documented.set(code, `${cells[1]!.replaceAll("`", "")}|${cells[2]}`);
+    }
     const table = new Map(Object.entries(ERROR_CODES).map(([c, { area, text }]) => [c, `${area}|${text}`]));
     expect(documented).toEqual(table);
   });
