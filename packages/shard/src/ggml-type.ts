@@ -68,7 +68,8 @@ const SIZES: ReadonlyArray<[GgmlType, string, number, number]> = [
   [GgmlType.Q5_0, "q5_0", 32, 2 + 4 + 16],
   [GgmlType.Q5_1, "q5_1", 32, 2 + 2 + 4 + 16],
   [GgmlType.Q8_0, "q8_0", 32, 2 + 32],
-  [GgmlType.Q8_1, "q8_1", 32, 4 + 4 + 32],
+  // gguf-py lists 4 + 4 + 32 here, which is stale: ggml.c says sizeof(block_q8_1) = 2 f16 + 32
+  [GgmlType.Q8_1, "q8_1", 32, 2 + 2 + 32],
   [GgmlType.Q2_K, "q2_K", QK_K, 2 + 2 + QK_K / 16 + QK_K / 4],
   [GgmlType.Q3_K, "q3_K", QK_K, 2 + QK_K / 4 + QK_K / 8 + 12],
   [GgmlType.Q4_K, "q4_K", QK_K, 2 + 2 + QK_K / 2 + 12],
