@@ -100,6 +100,10 @@ export const ERROR_CODES = {
     area: "ProtocolError",
     text: "A frame exceeds the configured maximum size.",
   },
+  MOESWARM_PROTOCOL_TRUNCATED: {
+    area: "ProtocolError",
+    text: "A byte stream ended inside a length-prefixed frame.",
+  },
 
   // --- dispatch --------------------------------------------------------------------------------
   MOESWARM_DISPATCH_NO_OWNER: {
@@ -147,6 +151,10 @@ export const ERROR_CODES = {
   MOESWARM_TRANSPORT_LIMIT: {
     area: "TransportError",
     text: "A per-connection limit was hit (in-flight requests, rate).",
+  },
+  MOESWARM_TRANSPORT_DRAINING: {
+    area: "TransportError",
+    text: "The peer is draining: it finishes the requests it holds but takes no new ones.",
   },
 
   // --- auth --------------------------------------------------------------------------------------

@@ -1,4 +1,13 @@
 // Public API of @moeswarm/core.
+
+export {
+  canonicalKeys,
+  type DecodeOptions,
+  decodeFrame,
+  type EncodeOptions,
+  encodeFrame,
+  validateFrame,
+} from "./codec.js";
 export { ERROR_CODES, type ErrorCode, isErrorCode } from "./error-codes.js";
 export {
   AbortError,
@@ -17,6 +26,54 @@ export {
   TransportError,
   throwIfAborted,
 } from "./errors.js";
+export {
+  dispatchFrame,
+  drainFrame,
+  errorFrame,
+  type FrameInit,
+  helloFrame,
+  pingFrame,
+  pongFrame,
+  registerFrame,
+  resultFrame,
+} from "./frame-builders.js";
+export {
+  type ActivationDtype,
+  CAPS_FIELDS,
+  DEFAULT_MAX_FRAME_BYTES,
+  type DispatchFrame,
+  type DispatchMode,
+  type DrainFrame,
+  type ErrorFrame,
+  type FieldRule,
+  type FieldSpec,
+  FRAME_FIELDS,
+  FRAME_TYPES,
+  type Frame,
+  type FrameOf,
+  type FrameType,
+  type HelloCaps,
+  type HelloFrame,
+  isFrameType,
+  type PeerRole,
+  type PingFrame,
+  type PongFrame,
+  PROTOCOL_LIMITS,
+  PROTOCOL_VERSION,
+  type RegisterFrame,
+  type ResultFrame,
+  type Routed,
+} from "./frames.js";
+export {
+  encodeLengthPrefixed,
+  FrameReader,
+  type FramingOptions,
+  LENGTH_PREFIX_BYTES,
+  type ReadFramesOptions,
+  readFrames,
+  type WriteFrameOptions,
+  writeFrame,
+} from "./framing.js";
 export {
   bf16BitsToF32,
   decodeBf16,
@@ -39,3 +96,21 @@ export {
   rangeValues,
   toRanges,
 } from "./ids.js";
+export { cosine, maxAbsDiff, relL2 } from "./numerics.js";
+export { type SlotShape, sumSlots } from "./slots.js";
+export {
+  bytesOf,
+  DTYPES,
+  type Dtype,
+  type DtypeArray,
+  type DtypeArrayMap,
+  dtypeSize,
+  isDtype,
+  shapeSize,
+  type TensorView,
+  tensor,
+  tensorByteSize,
+  tensorBytes,
+  toF32,
+  typedArrayFromBytes,
+} from "./tensor.js";

@@ -1,0 +1,63 @@
+import { InvalidArgumentError } from "./errors.js";
+
+/** Shape of a dispatch: tokens, slots per token, embedding width. */
+export interface SlotShape {
+  n: number;
+  k: number;
+  embd: number;
+}
+
+/**
+ * Reduces per-slot outputs (the "each" layout: n*k*embd, slot (i,j) at ((i*k)+j)*embd) to the
+ * "sum" layout (n*embd) exactly as protocol v1 defines it, which is also how llama.cpp's
+ * build_moe_ffn aggregates experts: for each token and element, each product w_ij*y_ij is rounded
+ * to f32, and the products are added in f32 in slot order; the first non-empty slot starts the
+ * sum (no addition to zero), empty slots (id -1) are skipped, and a token without any non-empty
+ * slot gets +0.
+ */
+export function sumSlots(
+  y: Float32Array,
+  w: Float32Array,
+  ids: Int32Array,
+  shape: SlotShape,
+  out: Float32Array = new Float32Array(shape.n * shape.embd),
+): Float32Array {
+  const { n, k, embd } = shape;
+  if (
+    !Number.isSafeInteger(n) ||
+    !Number.isSafeInteger(k) ||
+    !Number.isSafeInteger(embd) ||
+    n < 0 ||
+    k < 1 ||
+    embd < 0 ||
+    y.length !== n * k * embd ||
+    w.length !== n * k ||
+    ids.length !== n * k ||
+    out.length !== n * embd
+  ) {
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      `sumSlots: lengths y=${y.length}, w=${w.length}, ids=${ids.length}, out=${out.length} do not fit n=${n}, k=${k}, embd=${embd}`,
+    );
+  }
+  for (let i = 0; i < n; i++) {
+    const o = i * embd;
+    let started = false;
+    for (let j = 0; j < k; j++) {
+      const s = i * k + j;
+      if (ids[s] === -1) continue;
+      const wij = w[s]!;
+      const base = s * embd;
+      // a Float32Array store rounds to f32; the f64 sum of two f32 values rounds to the same f32
+      // as an f32 addition would (f64 has more than 2*24+2 bits), and so does the f64 product
+      if (!started) {
+        for (let e = 0; e < embd; e++) out[o + e] = wij * y[base + e]!;
+      } else {
+        for (let e = 0; e < embd; e++) out[o + e] = out[o + e]! + Math.fround(wij * y[base + e]!);
+      }
+      started = true;
+    }
+    if (!started) out.fill(0, o, o + embd);
+  }
+  return out;
+}

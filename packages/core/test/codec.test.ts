@@ -1,0 +1,610 @@
+import { encode as msgpackEncode } from "@msgpack/msgpack";
+import { describe, expect, it } from "vitest";
+import {
+  type DispatchFrame,
+  decodeFrame,
+  dispatchFrame,
+  encodeFrame,
+  errorFrame,
+  type Frame,
+  helloFrame,
+  InvalidArgumentError,
+  isMoeswarmError,
+  PROTOCOL_LIMITS,
+  ProtocolError,
+  pingFrame,
+  registerFrame,
+  resultFrame,
+  validateFrame,
+} from "../src/index.js";
+
+const hex = (b: Uint8Array) => Buffer.from(b).toString("hex");
+const fromHex = (h: string) => Uint8Array.from(Buffer.from(h.replace(/\s+/g, ""), "hex"));
+
+/** A valid dispatch as a plain object with byte bins, for hand-made (in)valid variants. */
+function rawDispatch(overrides: Record<string, unknown> = {}): Record<string, unknown> {
+  return {
+    t: "dispatch",
+    v: 1,
+    id: 42,
+    model: "m",
+    layer: 1,
+    n: 2,
+    embd: 3,
+    dtype: "f32",
+    x: bytes(new Float32Array([1, 2, 3, 4, 5, 6])),
+    k: 2,
+    ids: bytes(new Int32Array([0, 1, 2, -1])),
+    w: bytes(new Float32Array([0.5, 0.5, 1, 0])),
+    mode: "sum",
+    ...overrides,
+  };
+}
+function bytes(a: ArrayBufferView): Uint8Array {
+  return new Uint8Array(a.buffer, a.byteOffset, a.byteLength).slice();
+}
+function pack(o: unknown): Uint8Array {
+  return msgpackEncode(o);
+}
+
+function protocolError(fn: () => unknown): ProtocolError {
+  try {
+    fn();
+  } catch (error) {
+    expect(error).toBeInstanceOf(ProtocolError);
+    return error as ProtocolError;
+  }
+  throw new Error("expected a ProtocolError");
+}
+const codeOf = (b: Uint8Array, options?: Parameters<typeof decodeFrame>[1]) =>
+  protocolError(() => decodeFrame(b, options)).code;
+
+/** The encoded bytes of the value of `key` in a ping/pong/etc frame (value is the map's last entry). */
+function valueHex(frame: Frame, key: string): string {
+  const h = hex(encodeFrame(frame));
+  const k = hex(new TextEncoder().encode(key));
+  const keyHeader = (0xa0 | key.length).toString(16) + k;
+  const at = h.lastIndexOf(keyHeader);
+  return h.slice(at + keyHeader.length);
+}
+
+describe("canonical encoding", () => {
+  it("writes unsigned integers in the shortest unsigned format", () => {
+    const cases: Array<[number, string]> = [
+      [0, "00"],
+      [127, "7f"],
+      [128, "cc80"],
+      [255, "ccff"],
+      [256, "cd0100"],
+      [65535, "cdffff"],
+      [65536, "ce00010000"],
+      [2 ** 32 - 1, "ceffffffff"],
+      [2 ** 32, "cf0000000100000000"],
+      [2 ** 53 - 1, "cf001fffffffffffff"],
+    ];
+    for (const [value, expected] of cases) {
+      // `ts` is the last key of a ping, so its encoding ends the frame
+      expect(valueHex(pingFrame({ seq: 0, ts: value }), "ts"), String(value)).toBe(expected);
+      expect(hex(encodeFrame(pingFrame({ seq: value, ts: 0 }))), String(value)).toContain(
+        `a3736571${expected}a27473`,
+      );
+    }
+  });
+
+  it("writes negative integers in the shortest signed format", () => {
+    const cases: Array<[number, string]> = [
+      [-1, "ff"],
+      [-32, "e0"],
+      [-33, "d0df"],
+      [-128, "d080"],
+      [-129, "d1ff7f"],
+      [-32768, "d18000"],
+      [-32769, "d2ffff7fff"],
+      [-(2 ** 31), "d280000000"],
+      [-(2 ** 31) - 1, "d3ffffffff7fffffff"],
+      [-(2 ** 53 - 1), "d3ffe0000000000001"],
+    ];
+    for (const [value, expected] of cases) {
+      expect(valueHex(pingFrame({ seq: 0, ts: value }), "ts"), String(value)).toBe(expected);
+    }
+  });
+
+  it("writes every other number as float64, never float32, and -0 as the integer 0", () => {
+    expect(valueHex(pingFrame({ seq: 0, ts: 0.5 }), "ts")).toBe("cb3fe0000000000000");
+    expect(valueHex(pingFrame({ seq: 0, ts: 2 ** 53 }), "ts")).toBe("cb4340000000000000");
+    expect(valueHex(pingFrame({ seq: 0, ts: -(2 ** 60) }), "ts")).toBe("cbc3b0000000000000");
+    expect(valueHex(pingFrame({ seq: 0, ts: 1.1 }), "ts")).toBe("cb3ff199999999999a");
+    expect(valueHex(pingFrame({ seq: 0, ts: -0 }), "ts")).toBe("00");
+  });
+
+  it("writes strings with the shortest header", () => {
+    const at = (s: string) => valueHex(errorFrame({ code: "MOESWARM_X", msg: s }), "msg");
+    expect(at("")).toBe("a0");
+    expect(at("a".repeat(31))).toBe(`bf${"61".repeat(31)}`);
+    expect(at("a".repeat(32))).toBe(`d920${"61".repeat(32)}`);
+    expect(at("a".repeat(255))).toBe(`d9ff${"61".repeat(255)}`);
+    expect(at("a".repeat(256))).toBe(`da0100${"61".repeat(256)}`);
+    // lengths are UTF-8 bytes: 11 x "é" (2 bytes) = 22 bytes
+    expect(at("é".repeat(11)).slice(0, 2)).toBe("b6");
+    // a leading BOM is kept, not stripped
+    const bom = errorFrame({ code: "MOESWARM_X", msg: "\uFEFFx" });
+    expect((decodeFrame(encodeFrame(bom)) as typeof bom).msg).toBe("\uFEFFx");
+  });
+
+  it("writes tensors as bin 8/16/32 by size", () => {
+    const d = (embd: number) =>
+      encodeFrame(
+        dispatchFrame({
+          id: 0,
+          model: "m",
+          layer: 0,
+          n: 1,
+          embd,
+          dtype: "f16",
+          x: new Uint16Array(embd),
+          k: 1,
+          ids: new Int32Array(1),
+          mode: "each",
+        }),
+      );
+    expect(hex(d(127))).toContain(`a178c4fe${"00".repeat(254)}a16b`);
+    expect(hex(d(128))).toContain(`a178c50100${"00".repeat(256)}a16b`);
+    expect(hex(d(32768))).toContain(`a178c600010000${"0000".repeat(100)}`);
+  });
+
+  it("writes maps and arrays with the shortest header, keys in canonical order", () => {
+    const r = registerFrame({
+      model: "m",
+      layers: Array.from({ length: 15 }, (_, i) => i),
+      experts: Array.from({ length: 16 }, (_, i) => i),
+    });
+    const h = hex(encodeFrame(r));
+    expect(h.startsWith("85a174a8")).toBe(true);
+    expect(h).toContain(`a66c6179657273 9f${"000102030405060708090a0b0c0d0e"}`.replace(" ", ""));
+    expect(h).toContain(`a7657870657274 73dc0010`.replace(" ", ""));
+    // keys are written in the table's order whatever the object's order
+    const shuffled = { experts: [1], layers: [2], model: "m", t: "register", v: 1 } as unknown as Frame;
+    expect(hex(encodeFrame(shuffled))).toBe(
+      hex(encodeFrame(registerFrame({ model: "m", layers: [2], experts: [1] }))),
+    );
+  });
+
+  it("matches @msgpack/msgpack's encoding of the same object", () => {
+    const frame = dispatchFrame({
+      id: 2 ** 32 - 1,
+      to: "w",
+      from: "b",
+      model: "qwen3",
+      layer: 300,
+      n: 3,
+      embd: 5,
+      dtype: "f32",
+      x: new Float32Array(15).map((_, i) => i / 7),
+      k: 4,
+      ids: new Int32Array([0, 1, 2, 3, 4, 5, 6, 7, -1, -1, 100000, 7]),
+      w: new Float32Array(12).fill(0.25),
+      mode: "sum",
+      deadline: 70000,
+    });
+    const o: Record<string, unknown> = {};
+    for (const [k, v] of Object.entries(frame)) o[k] = ArrayBuffer.isView(v) ? bytes(v) : v;
+    expect(hex(encodeFrame(frame))).toBe(hex(msgpackEncode(o)));
+  });
+
+  it("returns bytes no later encode overwrites", () => {
+    const big = dispatchFrame({
+      id: 1,
+      model: "m",
+      layer: 0,
+      n: 8,
+      embd: 1024,
+      dtype: "f32",
+      x: new Float32Array(8 * 1024).fill(3),
+      k: 1,
+      ids: new Int32Array(8),
+      mode: "each",
+    });
+    const a = encodeFrame(big);
+    const b = encodeFrame(pingFrame({ seq: 1, ts: 2 }));
+    const aCopy = a.slice();
+    const bCopy = b.slice();
+    for (let i = 0; i < 200; i++) {
+      encodeFrame(pingFrame({ seq: i, ts: i }));
+      encodeFrame(big);
+    }
+    expect(hex(a)).toBe(hex(aCopy));
+    expect(hex(b)).toBe(hex(bCopy));
+  });
+
+  it("sends only the frame type's fields", () => {
+    const f = { ...pingFrame({ seq: 1, ts: 2 }), extra: "x" } as Frame;
+    expect(hex(encodeFrame(f))).toBe(hex(encodeFrame(pingFrame({ seq: 1, ts: 2 }))));
+  });
+});
+
+describe("decodeFrame: what it accepts", () => {
+  it("round-trips typed arrays", () => {
+    const frame = decodeFrame(pack(rawDispatch())) as DispatchFrame;
+    expect(frame.x).toBeInstanceOf(Float32Array);
+    expect(Array.from(frame.x)).toEqual([1, 2, 3, 4, 5, 6]);
+    expect(Array.from(frame.ids)).toEqual([0, 1, 2, -1]);
+    expect(Array.from(frame.w!)).toEqual([0.5, 0.5, 1, 0]);
+  });
+
+  it("accepts keys in any order and ignores unknown keys of any shape", () => {
+    const o = rawDispatch({
+      zz: { a: [1, { b: new Uint8Array(3) }] },
+      extra: null,
+      "": 1,
+      veryLongUnknownKey: "x",
+    });
+    const reversed = Object.fromEntries(Object.entries(o).reverse());
+    const frame = decodeFrame(pack(reversed)) as DispatchFrame;
+    expect(Object.keys(frame).sort()).toEqual(Object.keys(rawDispatch()).sort());
+    expect(frame.id).toBe(42);
+  });
+
+  it("ignores unknown keys inside caps too", () => {
+    const hello = decodeFrame(
+      pack({
+        t: "hello",
+        v: 1,
+        role: "worker",
+        id: "w",
+        token: "",
+        caps: { gpu: { vram: 80 }, maxFrame: 1024 },
+      }),
+    );
+    expect(hello).toEqual({ t: "hello", v: 1, role: "worker", id: "w", token: "", caps: { maxFrame: 1024 } });
+  });
+
+  it("accepts any integer encoding for uint fields and floats or ints for float fields", () => {
+    // n as int8 (0xd0 0x02), embd as uint64 (0xcf ...), ts as float32
+    const canonical = encodeFrame(decodeFrame(pack(rawDispatch())));
+    const h = hex(canonical)
+      .replace("a16e02", "a16ed002")
+      .replace("a4656d626403", "a4656d6264cf0000000000000003");
+    const frame = decodeFrame(fromHex(h)) as DispatchFrame;
+    expect(frame.n).toBe(2);
+    expect(frame.embd).toBe(3);
+    // ping { seq: 1, ts: float32 1.5 }
+    const ping = decodeFrame(fromHex("84 a174 a470696e67 a176 01 a3736571 01 a27473 ca3fc00000"));
+    expect(ping).toEqual({ t: "ping", v: 1, seq: 1, ts: 1.5 });
+  });
+
+  it("returns views over the input when aligned, one copy otherwise, always a copy with copy: true", () => {
+    const payload = encodeFrame(decodeFrame(pack(rawDispatch())));
+    const xAt = hex(payload).indexOf("a178c418") / 2 + 4; // data of x (24 bytes)
+    for (let shift = 0; shift < 4; shift++) {
+      const buf = new Uint8Array(payload.length + 8);
+      buf.set(payload, shift);
+      const input = buf.subarray(shift, shift + payload.length);
+      const frame = decodeFrame(input) as DispatchFrame;
+      const aligned = (shift + xAt) % 4 === 0;
+      expect(frame.x.buffer === buf.buffer, `shift ${shift}`).toBe(aligned);
+      if (aligned) expect(frame.x.byteOffset).toBe(shift + xAt);
+      expect(Array.from(frame.x)).toEqual([1, 2, 3, 4, 5, 6]);
+      const copied = decodeFrame(input, { copy: true }) as DispatchFrame;
+      expect(copied.x.buffer === buf.buffer).toBe(false);
+      expect(copied.ids.buffer === buf.buffer).toBe(false);
+      expect(Array.from(copied.x)).toEqual([1, 2, 3, 4, 5, 6]);
+    }
+  });
+
+  it("gets frames from encodeFrame with the main tensor 8-byte aligned, so they decode without a copy", () => {
+    for (const n of [1, 3, 8]) {
+      for (const model of ["m", "qwen3-30b-a3b", "x".repeat(40)]) {
+        for (const dtype of ["f32", "f16"] as const) {
+          const frame = dispatchFrame({
+            id: 70000 * n,
+            ...(n > 1 ? { to: "peer" } : {}),
+            model,
+            layer: 17,
+            n,
+            embd: 100,
+            dtype,
+            x: dtype === "f32" ? new Float32Array(n * 100) : new Uint16Array(n * 100),
+            k: 8,
+            ids: new Int32Array(n * 8),
+            w: new Float32Array(n * 8),
+            mode: "sum",
+          } as never);
+          const payload = encodeFrame(frame);
+          const x = (decodeFrame(payload) as DispatchFrame).x;
+          expect(x.buffer === payload.buffer, `${n} ${model} ${dtype}`).toBe(true);
+          expect(x.byteOffset % 8).toBe(0);
+        }
+      }
+    }
+    const r = resultFrame({ id: 5, mode: "each", n: 2, k: 2, embd: 30, y: new Float32Array(120), ms: 0.25 });
+    const bytesOut = encodeFrame(r);
+    expect((decodeFrame(bytesOut) as typeof r).y.buffer === bytesOut.buffer).toBe(true);
+  });
+
+  it("carries the request id in error details once it has read it", () => {
+    const e = protocolError(() => decodeFrame(pack(rawDispatch({ dtype: "f64" }))));
+    expect(e.code).toBe("MOESWARM_PROTOCOL_BAD_FIELD");
+    expect(e.details).toMatchObject({ type: "dispatch", field: "dtype", id: 42 });
+  });
+});
+
+describe("decodeFrame: what it rejects, with which code", () => {
+  it("MOESWARM_PROTOCOL_FRAME_TOO_LARGE above maxFrameBytes", () => {
+    const b = pack(rawDispatch());
+    expect(codeOf(b, { maxFrameBytes: b.length - 1 })).toBe("MOESWARM_PROTOCOL_FRAME_TOO_LARGE");
+    expect(decodeFrame(b, { maxFrameBytes: b.length }).t).toBe("dispatch");
+  });
+
+  it("MOESWARM_PROTOCOL_MALFORMED for bytes that are not one plain msgpack map", () => {
+    const valid = pack(rawDispatch());
+    const cases: Record<string, Uint8Array> = {
+      empty: new Uint8Array(0),
+      array: pack([1, 2]),
+      int: pack(5),
+      trailing: Uint8Array.from([...pack({ t: "ping", v: 1, seq: 1, ts: 1 }), 0xc0]),
+      truncated: valid.subarray(0, valid.length - 1),
+      "bin past the end": fromHex("81 a178 c6ffffffff 00"),
+      "map count past the end": fromHex("df ffffffff a174"),
+      "array count past the end": fromHex("82 a174 a470696e67 a17a ddffffffff"),
+      "ext (fixext 1)": fromHex("83 a174 a470696e67 a176 01 a178 d40000"),
+      "ext in an unknown key": fromHex("85 a174 a470696e67 a176 01 a3736571 01 a27473 01 a17a c7010501"),
+      "timestamp ext": fromHex("83 a174 a470696e67 a176 01 a27473 d6ff00000001"),
+      "msgpackr record definition": fromHex("82 a174 a470696e67 a176 d47240"),
+      "0xc1": fromHex("82 a174 c1 a176 01"),
+      "int key": fromHex("83 a174 a470696e67 a176 01 01 01"),
+      "duplicate key": pack(rawDispatch()).slice(), // replaced below
+      "nested too deep": pack({
+        t: "ping",
+        v: 1,
+        seq: 1,
+        ts: 1,
+        z: JSON.parse(`${"[".repeat(16)}${"]".repeat(16)}`),
+      }),
+    };
+    // duplicate `n`: a map of 4 entries with n twice
+    cases["duplicate key"] = fromHex("84 a174 a470696e67 a176 01 a3736571 01 a3736571 02");
+    for (const [name, b] of Object.entries(cases)) {
+      expect(codeOf(b), name).toBe("MOESWARM_PROTOCOL_MALFORMED");
+    }
+    // 15 levels of arrays inside the frame map (16 in all) are still fine
+    const deep = pack({
+      t: "ping",
+      v: 1,
+      seq: 1,
+      ts: 1,
+      z: JSON.parse(`${"[".repeat(15)}${"]".repeat(15)}`),
+    });
+    expect(decodeFrame(deep).t).toBe("ping");
+  });
+
+  it("MOESWARM_PROTOCOL_MISSING_FIELD for an absent required field", () => {
+    const without = (key: string, o = rawDispatch()) => {
+      delete o[key];
+      return pack(o);
+    };
+    for (const key of ["t", "v", "id", "model", "layer", "n", "embd", "dtype", "x", "k", "ids", "mode"]) {
+      const e = protocolError(() => decodeFrame(without(key)));
+      expect(e.code, key).toBe("MOESWARM_PROTOCOL_MISSING_FIELD");
+      expect(e.details?.field).toBe(key);
+    }
+    // w is required for "sum" only
+    expect(codeOf(without("w"))).toBe("MOESWARM_PROTOCOL_MISSING_FIELD");
+    expect(decodeFrame(without("w", rawDispatch({ mode: "each" }))).t).toBe("dispatch");
+    expect(codeOf(pack({ t: "hello", v: 1, role: "worker", id: "a" }))).toBe(
+      "MOESWARM_PROTOCOL_MISSING_FIELD",
+    );
+    expect(codeOf(pack({ t: "error", v: 1, msg: "x" }))).toBe("MOESWARM_PROTOCOL_MISSING_FIELD");
+  });
+
+  it("MOESWARM_PROTOCOL_VERSION for another version, MOESWARM_PROTOCOL_UNKNOWN_TYPE for another type", () => {
+    const e = protocolError(() => decodeFrame(pack({ t: "ping", v: 2, seq: 1, ts: 1 })));
+    expect(e.code).toBe("MOESWARM_PROTOCOL_VERSION");
+    expect(e.details).toMatchObject({ version: 2 });
+    expect(codeOf(pack({ t: "ping", v: 0 }))).toBe("MOESWARM_PROTOCOL_VERSION");
+    expect(codeOf(pack({ t: "bogus", v: 1 }))).toBe("MOESWARM_PROTOCOL_UNKNOWN_TYPE");
+    expect(codeOf(pack({ t: "x".repeat(1000), v: 1 }))).toBe("MOESWARM_PROTOCOL_UNKNOWN_TYPE");
+    expect(codeOf(pack({ t: "", v: 1 }))).toBe("MOESWARM_PROTOCOL_UNKNOWN_TYPE");
+  });
+
+  it("MOESWARM_PROTOCOL_BAD_FIELD for a wrong type or a value out of range", () => {
+    const L = PROTOCOL_LIMITS;
+    const bad: Record<string, Record<string, unknown>> = {
+      "t not a string": { t: 1 },
+      "v not an int": { v: "1" },
+      "v float": { v: 1.5 },
+      "n = 0": { n: 0 },
+      "n too large": { n: L.maxTokens + 1 },
+      "k too large": { k: L.maxSlots + 1 },
+      "embd negative": { embd: -3 },
+      "id 2^32": { id: 2 ** 32 },
+      "id float": { id: 1.5 },
+      "layer too large": { layer: L.maxLayer + 1 },
+      "dtype unknown": { dtype: "f64" },
+      "mode unknown": { mode: "avg" },
+      "model empty": { model: "" },
+      "model too long": { model: "m".repeat(L.modelBytes + 1) },
+      "model not a string": { model: new Uint8Array(1) },
+      "x not bin": { x: "abc" },
+      "x as array": { x: [1, 2, 3] },
+      "to empty": { to: "" },
+      "to too long": { to: "p".repeat(L.peerIdBytes + 1) },
+      "deadline 2^32": { deadline: 2 ** 32 },
+      "ids below -1": { ids: bytes(new Int32Array([0, 1, -2, -1])) },
+      "w NaN": { w: bytes(new Float32Array([0.5, Number.NaN, 1, 0])) },
+      "w infinite": { w: bytes(new Float32Array([0.5, 1, Number.POSITIVE_INFINITY, 0])) },
+      "uint64 beyond 2^53": { id: 2n ** 60n },
+    };
+    for (const [name, overrides] of Object.entries(bad)) {
+      const b = msgpackEncode(rawDispatch(overrides), { useBigInt64: true });
+      expect(codeOf(b), name).toBe("MOESWARM_PROTOCOL_BAD_FIELD");
+    }
+    // float64 1.0 where a uint is expected
+    const h = hex(encodeFrame(decodeFrame(pack(rawDispatch())))).replace("a16e02", "a16ecb4000000000000000");
+    expect(codeOf(fromHex(h))).toBe("MOESWARM_PROTOCOL_BAD_FIELD");
+    // invalid UTF-8 in a string field
+    const utf8 = hex(pack(rawDispatch({ model: "ab" }))).replace("a26162", "a2c328");
+    expect(codeOf(fromHex(utf8))).toBe("MOESWARM_PROTOCOL_BAD_FIELD");
+    // other frame types
+    const others: Array<[string, Record<string, unknown>]> = [
+      ["hello id too long", { t: "hello", v: 1, role: "worker", id: "w".repeat(129), token: "" }],
+      ["hello role", { t: "hello", v: 1, role: "admin", id: "w", token: "" }],
+      ["caps not a map", { t: "hello", v: 1, role: "worker", id: "w", token: "", caps: [1] }],
+      ["caps maxFrame", { t: "hello", v: 1, role: "worker", id: "w", token: "", caps: { maxFrame: -1 } }],
+      ["caps backends", { t: "hello", v: 1, role: "worker", id: "w", token: "", caps: { backends: [""] } }],
+      [
+        "caps too many",
+        { t: "hello", v: 1, role: "worker", id: "w", token: "", caps: { dtypes: Array(65).fill("f") } },
+      ],
+      ["experts not ascending", { t: "register", v: 1, model: "m", layers: [0], experts: [1, 1] }],
+      ["experts negative", { t: "register", v: 1, model: "m", layers: [0], experts: [-1] }],
+      ["layers not ints", { t: "register", v: 1, model: "m", layers: ["0"], experts: [] }],
+      ["layers too many", { t: "register", v: 1, model: "m", layers: Array(4097).fill(0), experts: [] }],
+      ["capacity negative", { t: "register", v: 1, model: "m", layers: [], experts: [], capacity: -1 }],
+      [
+        "ms negative",
+        { t: "result", v: 1, id: 1, mode: "sum", n: 1, k: 1, embd: 1, y: new Uint8Array(4), ms: -1 },
+      ],
+      ["code lowercase", { t: "error", v: 1, code: "moeswarm_x", msg: "" }],
+      ["code too long", { t: "error", v: 1, code: `MOESWARM_${"X".repeat(60)}`, msg: "" }],
+      ["msg too long", { t: "error", v: 1, code: "MOESWARM_X", msg: "x".repeat(16385) }],
+      ["seq negative", { t: "ping", v: 1, seq: -1, ts: 0 }],
+      ["ts NaN", { t: "ping", v: 1, seq: 1, ts: Number.NaN }],
+      ["ts infinite", { t: "pong", v: 1, seq: 1, ts: Number.POSITIVE_INFINITY }],
+      ["ts string", { t: "pong", v: 1, seq: 1, ts: "1" }],
+      ["reason too long", { t: "drain", v: 1, reason: "r".repeat(1025) }],
+      ["nil for an optional field", { t: "drain", v: 1, reason: null }],
+    ];
+    for (const [name, o] of others) expect(codeOf(pack(o)), name).toBe("MOESWARM_PROTOCOL_BAD_FIELD");
+    // a non-string key inside caps, or inside an unknown key, is malformed like one at the top
+    const caps = fromHex(
+      "86 a174 a568656c6c6f a176 01 a4726f6c65 a6776f726b6572 a26964 a177 a5746f6b656e a0",
+    );
+    expect(codeOf(Uint8Array.from([...caps, ...fromHex("a463617073 81 01 02")]))).toBe(
+      "MOESWARM_PROTOCOL_MALFORMED",
+    );
+    expect(codeOf(Uint8Array.from([...caps, ...fromHex("a17a 91 81 c0 02")]))).toBe(
+      "MOESWARM_PROTOCOL_MALFORMED",
+    );
+    // a repeated key inside caps
+    expect(
+      codeOf(Uint8Array.from([...caps, ...fromHex("a463617073 82 a6647479706573 90 a6647479706573 90")])),
+    ).toBe("MOESWARM_PROTOCOL_BAD_FIELD");
+  });
+
+  it("checks expert ids against maxExpert when given", () => {
+    const b = pack(rawDispatch({ ids: bytes(new Int32Array([0, 7, 8, -1])) }));
+    expect(decodeFrame(b, { maxExpert: 9 }).t).toBe("dispatch");
+    const e = protocolError(() => decodeFrame(b, { maxExpert: 8 }));
+    expect(e.code).toBe("MOESWARM_PROTOCOL_BAD_FIELD");
+    expect(e.details).toMatchObject({ field: "ids", id: 42 });
+    const reg = pack({ t: "register", v: 1, model: "m", layers: [0], experts: [0, 8] });
+    expect(decodeFrame(reg, { maxExpert: 9 }).t).toBe("register");
+    expect(codeOf(reg, { maxExpert: 8 })).toBe("MOESWARM_PROTOCOL_BAD_FIELD");
+  });
+
+  it("MOESWARM_PROTOCOL_BAD_LENGTH when a tensor does not match its shape", () => {
+    const cases: Record<string, Record<string, unknown>> = {
+      "x one element short": { x: bytes(new Float32Array(5)) },
+      "x one byte long": { x: new Uint8Array(25) },
+      "x f16-sized for f32": { x: new Uint8Array(12) },
+      "ids short": { ids: bytes(new Int32Array(3)) },
+      "w long": { w: bytes(new Float32Array(5)) },
+    };
+    for (const [name, o] of Object.entries(cases)) {
+      expect(codeOf(pack(rawDispatch(o))), name).toBe("MOESWARM_PROTOCOL_BAD_LENGTH");
+    }
+    expect(decodeFrame(pack(rawDispatch({ dtype: "bf16", x: new Uint8Array(12) }))).t).toBe("dispatch");
+    const result = (mode: string, floats: number) =>
+      pack({ t: "result", v: 1, id: 1, mode, n: 2, k: 3, embd: 4, y: new Uint8Array(floats * 4) });
+    expect(decodeFrame(result("each", 24)).t).toBe("result");
+    expect(decodeFrame(result("sum", 8)).t).toBe("result");
+    expect(codeOf(result("each", 8))).toBe("MOESWARM_PROTOCOL_BAD_LENGTH");
+    expect(codeOf(result("sum", 24))).toBe("MOESWARM_PROTOCOL_BAD_LENGTH");
+  });
+
+  it("rejects bad options and non-byte input with InvalidArgumentError", () => {
+    const b = pack(rawDispatch());
+    expect(() => decodeFrame(b, { maxFrameBytes: 0 })).toThrow(InvalidArgumentError);
+    expect(() => decodeFrame(b, { maxExpert: -1 })).toThrow(InvalidArgumentError);
+    expect(() => decodeFrame("x" as unknown as Uint8Array)).toThrow(InvalidArgumentError);
+  });
+});
+
+describe("validateFrame, builders and encodeFrame", () => {
+  const base = {
+    id: 1,
+    model: "m",
+    layer: 0,
+    n: 2,
+    embd: 2,
+    dtype: "f32" as const,
+    x: new Float32Array(4),
+    k: 1,
+    ids: new Int32Array(2),
+    mode: "each" as const,
+  };
+
+  function invalid(fn: () => unknown, protocolCode: string) {
+    try {
+      fn();
+    } catch (error) {
+      expect(error).toBeInstanceOf(InvalidArgumentError);
+      expect(isMoeswarmError(error, "MOESWARM_INVALID_ARGUMENT")).toBe(true);
+      expect((error as InvalidArgumentError).details?.protocolCode).toBe(protocolCode);
+      return;
+    }
+    throw new Error("expected an InvalidArgumentError");
+  }
+
+  it("checks the same rules as the decoder", () => {
+    expect(dispatchFrame(base).t).toBe("dispatch");
+    invalid(() => dispatchFrame({ ...base, x: new Float32Array(3) }), "MOESWARM_PROTOCOL_BAD_LENGTH");
+    invalid(
+      () => dispatchFrame({ ...base, x: new Float64Array(4) as unknown as Float32Array }),
+      "MOESWARM_PROTOCOL_BAD_FIELD",
+    );
+    invalid(
+      () => dispatchFrame({ ...base, dtype: "f16", x: new Float32Array(4) } as never),
+      "MOESWARM_PROTOCOL_BAD_FIELD",
+    );
+    invalid(() => dispatchFrame({ ...base, mode: "sum" }), "MOESWARM_PROTOCOL_MISSING_FIELD");
+    invalid(() => dispatchFrame({ ...base, ids: new Int32Array([0, -2]) }), "MOESWARM_PROTOCOL_BAD_FIELD");
+    invalid(() => dispatchFrame({ ...base, n: 2.5 }), "MOESWARM_PROTOCOL_BAD_FIELD");
+    invalid(() => dispatchFrame({ ...base, model: "\uD800" }), "MOESWARM_PROTOCOL_BAD_FIELD");
+    invalid(() => dispatchFrame({ ...base, model: "é".repeat(129) }), "MOESWARM_PROTOCOL_BAD_FIELD");
+    invalid(() => registerFrame({ model: "m", layers: [0], experts: [3, 2] }), "MOESWARM_PROTOCOL_BAD_FIELD");
+    invalid(() => pingFrame({ seq: 2 ** 53, ts: 0 }), "MOESWARM_PROTOCOL_BAD_FIELD");
+    invalid(() => pingFrame({ seq: 1, ts: Number.NaN }), "MOESWARM_PROTOCOL_BAD_FIELD");
+    invalid(() => helloFrame({ role: "worker", id: "w" } as never), "MOESWARM_PROTOCOL_MISSING_FIELD");
+    invalid(
+      () => resultFrame({ id: 1, mode: "sum", n: 1, k: 2, embd: 2, y: new Float32Array(4) }),
+      "MOESWARM_PROTOCOL_BAD_LENGTH",
+    );
+    invalid(() => encodeFrame({ t: "nope", v: 1 } as unknown as Frame), "MOESWARM_PROTOCOL_UNKNOWN_TYPE");
+    invalid(
+      () => encodeFrame({ ...pingFrame({ seq: 1, ts: 1 }), v: 2 } as unknown as Frame),
+      "MOESWARM_PROTOCOL_VERSION",
+    );
+    invalid(
+      () => validateFrame(registerFrame({ model: "m", layers: [0], experts: [0, 8] }), { maxExpert: 8 }),
+      "MOESWARM_PROTOCOL_BAD_FIELD",
+    );
+  });
+
+  it("builders keep only the frame's fields, in canonical order", () => {
+    const f = errorFrame({ msg: "m", code: "MOESWARM_X", id: 3, extra: 1 } as never);
+    expect(Object.keys(f)).toEqual(["t", "v", "id", "code", "msg"]);
+  });
+
+  it("refuses to produce a frame larger than maxFrameBytes", () => {
+    const frame = dispatchFrame({ ...base, n: 1024, x: new Float32Array(2048), ids: new Int32Array(1024) });
+    const size = encodeFrame(frame).length;
+    expect(protocolError(() => encodeFrame(frame, { maxFrameBytes: size - 1 })).code).toBe(
+      "MOESWARM_PROTOCOL_FRAME_TOO_LARGE",
+    );
+    expect(protocolError(() => encodeFrame(frame, { maxFrameBytes: 100 })).code).toBe(
+      "MOESWARM_PROTOCOL_FRAME_TOO_LARGE",
+    );
+    expect(encodeFrame(frame, { maxFrameBytes: size }).length).toBe(size);
+  });
+});
