@@ -1,2 +1,38 @@
-// Public API of @moeswarm/relay-client: nothing is exported until its work lands.
-export {};
+// Public API of @moeswarm/relay-client.
+export { backoffDelay, type ReconnectOptions } from "./backoff.js";
+export {
+  CLOSE_AUTH,
+  CLOSE_DEAD_PEER,
+  CLOSE_HOSTILE,
+  CLOSE_REPLACED,
+  CLOSE_SHUTDOWN,
+  CLOSE_SLOW_CONSUMER,
+  type ConnectRelayOptions,
+  connectRelay,
+  type DispatchAnswer,
+  type DispatchHandler,
+  type DispatchReply,
+  type DispatchRequest,
+  type IncomingDispatch,
+  type RelayConnection,
+  type RelayEvent,
+  type RelayRegistration,
+  type RelayState,
+  type RequestOptions,
+} from "./connection.js";
+export {
+  type DialOptions,
+  dialWebSocket,
+  type FrameDialer,
+  type FrameLink,
+  type FrameLinkHandlers,
+  type LinkCloseInfo,
+} from "./link.js";
+export {
+  RelayTransport,
+  type RelayTransportOptions,
+  type TransportCallOptions,
+  type TransportRequest,
+  type TransportResult,
+} from "./transport.js";
+export { errorFromWire, errorToWire } from "./wire-errors.js";

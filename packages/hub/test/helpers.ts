@@ -1,0 +1,203 @@
+import { execFileSync } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { createServer, type Server, type Socket, connect as tcpConnect } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+export interface TestCerts {
+  /** PEM of the test CA the clients trust. */
+  ca: string;
+  /** Leaf for "localhost" and 127.0.0.1, signed by the CA. */
+  cert: string;
+  key: string;
+}
+
+/** A throwaway CA and a localhost leaf it signs, made with the openssl CLI at test time. */
+export function makeCerts(): TestCerts {
+  const dir = mkdtempSync(join(tmpdir(), "moeswarm-tls-"));
+  const run = (args: string[]) => execFileSync("openssl", args, { cwd: dir, stdio: "pipe" });
+  try {
+    const ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+    run([
+      "req",
+      "-x509",
+      ...ec,
+      "-keyout",
+      "ca.key",
+      "-out",
+      "ca.crt",
+      "-days",
+      "2",
+      "-subj",
+      "/CN=moeswarm test CA",
+    ]);
+    run(["req", ...ec, "-keyout", "leaf.key", "-out", "leaf.csr", "-subj", "/CN=localhost"]);
+    writeFileSync(
+      join(dir, "leaf.ext"),
+      "basicConstraints=CA:FALSE\nsubjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    );
+    run([
+      "x509",
+      "-req",
+      "-in",
+      "leaf.csr",
+      "-CA",
+      "ca.crt",
+      "-CAkey",
+      "ca.key",
+      "-CAcreateserial",
+      "-out",
+      "leaf.crt",
+      "-days",
+      "2",
+      "-extfile",
+      "leaf.ext",
+    ]);
+    const read = (f: string) => readFileSync(join(dir, f), "utf8");
+    return { ca: read("ca.crt"), cert: read("leaf.crt"), key: read("leaf.key") };
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+export interface TcpProxy {
+  readonly port: number;
+  /** Stops moving bytes both ways on the open connections (a black hole); new ones pass. */
+  freeze(): void;
+  thaw(): void;
+  /** Destroys every open connection (both sides see a reset). */
+  kill(): void;
+  close(): Promise<void>;
+}
+
+/** A loopback TCP proxy in front of `targetPort`, to cut or black-hole a peer's link. */
+export async function startProxy(targetPort: number): Promise<TcpProxy> {
+  const pairs = new Set<[Socket, Socket]>();
+  const server: Server = createServer((client) => {
+    const upstream = tcpConnect(targetPort, "127.0.0.1");
+    const pair: [Socket, Socket] = [client, upstream];
+    pairs.add(pair);
+    const drop = () => {
+      pairs.delete(pair);
+      client.destroy();
+      upstream.destroy();
+    };
+    client.on("error", drop).on("close", drop);
+    upstream.on("error", drop).on("close", drop);
+    client.pipe(upstream);
+    upstream.pipe(client);
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const port = (server.address() as { port: number }).port;
+  return {
+    port,
+    freeze() {
+      for (const [a, b] of pairs) {
+        a.unpipe(b);
+        b.unpipe(a);
+        a.pause();
+        b.pause();
+      }
+    },
+    thaw() {
+      for (const [a, b] of pairs) {
+        a.pipe(b);
+        b.pipe(a);
+      }
+    },
+    kill() {
+      for (const [a, b] of pairs) {
+        a.destroy();
+        b.destroy();
+      }
+      pairs.clear();
+    },
+    close() {
+      for (const [a, b] of pairs) {
+        a.destroy();
+        b.destroy();
+      }
+      return new Promise<void>((resolve) => server.close(() => resolve()));
+    },
+  };
+}
+
+/** Polls `check` until it returns true; fails after `timeoutMs` (a bound, not a measurement). */
+export async function waitFor(check: () => boolean, what: string, timeoutMs = 8000): Promise<void> {
+  const start = Date.now();
+  while (!check()) {
+    if (Date.now() - start > timeoutMs) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+export interface ComputeInput {
+  layer: number;
+  n: number;
+  embd: number;
+  k: number;
+  x: Float32Array;
+  ids: Int32Array;
+  w: Float32Array | undefined;
+  mode: "each" | "sum";
+}
+
+/**
+ * The test workers' deterministic "expert": slot (i,j) of expert e gives
+ * x_i * (e + 1) + salt + layer, zero for an empty slot. `salt` differs per worker, so a request
+ * routed to the wrong worker gives different bytes. Mode "sum" combines in f32 in slot order.
+ */
+export function fakeExperts(salt: number, req: ComputeInput): Float32Array {
+  const { n, embd, k } = req;
+  const each = new Float32Array(n * k * embd);
+  for (let i = 0; i < n; i++) {
+    for (let j = 0; j < k; j++) {
+      const e = req.ids[i * k + j]!;
+      if (e < 0) continue;
+      for (let d = 0; d < embd; d++) {
+        each[(i * k + j) * embd + d] = Math.fround(req.x[i * embd + d]! * (e + 1) + salt + req.layer);
+      }
+    }
+  }
+  if (req.mode === "each") return each;
+  const sum = new Float32Array(n * embd);
+  for (let i = 0; i < n; i++) {
+    for (let d = 0; d < embd; d++) {
+      let acc = 0;
+      for (let j = 0; j < k; j++) {
+        acc = Math.fround(acc + Math.fround(req.w![i * k + j]! * each[(i * k + j) * embd + d]!));
+      }
+      sum[i * embd + d] = acc;
+    }
+  }
+  return sum;
+}
+
+/** A seeded PRNG (mulberry32), so failures reproduce. */
+export function prng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+export function randomRequest(
+  rand: () => number,
+  shape: { n: number; embd: number; k: number; experts: number; mode: "each" | "sum"; layer?: number },
+) {
+  const { n, embd, k, experts, mode } = shape;
+  const x = new Float32Array(n * embd).map(() => rand() * 2 - 1);
+  const ids = new Int32Array(n * k).map(() => (rand() < 0.1 ? -1 : Math.floor(rand() * experts)));
+  const w = new Float32Array(n * k).map(() => rand());
+  return { model: "test-moe", layer: shape.layer ?? 0, n, embd, k, x, ids, w, mode };
+}
+
+export function sameBytes(a: Float32Array, b: Float32Array): boolean {
+  return Buffer.from(a.buffer, a.byteOffset, a.byteLength).equals(
+    Buffer.from(b.buffer, b.byteOffset, b.byteLength),
+  );
+}

@@ -1,0 +1,166 @@
+import type { Socket } from "node:net";
+import { AbortError, abortReason, ProtocolError, TransportError } from "@moeswarm/core";
+import WebSocket from "ws";
+
+/*
+ * The frame-level transport under a relay connection. The connection (hello, multiplexing,
+ * heartbeats, reconnect) runs over any FrameLink, so a later direct route between a backbone and a
+ * worker (negotiated through the relay, as Tailscale does with DERP) is one more dialer, not a
+ * second connection implementation.
+ *
+ * The WebSocket client is `ws` 8 rather than undici 7's WHATWG WebSocket. On Node 20 undici's
+ * client does take a custom CA (an Agent with connect.ca), binary frames, bufferedAmount, a
+ * payload limit (on the dispatcher's webSocketOptions) and outgoing pings, but a failed TLS
+ * handshake surfaces as an error event with an empty message and no cause (a user cannot tell an
+ * unknown CA from a refused port), pongs are only visible through a process-wide diagnostics
+ * channel, and undici 7 needs Node >= 20.18.1. `ws` gives the real error
+ * (UNABLE_TO_VERIFY_LEAF_SIGNATURE...), per-socket ping/pong, the raw socket (liveness while a
+ * large frame is still arriving), runs on every Node 20, and the relay server needs it anyway, so
+ * both ends share one implementation of the framing.
+ */
+
+export interface LinkCloseInfo {
+  code: number;
+  reason: string;
+  /** Why the link failed, when it did not close cleanly. */
+  error?: Error;
+}
+
+export interface FrameLinkHandlers {
+  /** One complete frame's bytes. */
+  frame(bytes: Uint8Array): void;
+  /** Bytes arrived (possibly part of a large frame): the peer is alive. */
+  activity(): void;
+  /** The link is gone; called once. */
+  close(info: LinkCloseInfo): void;
+}
+
+/** A bidirectional, message-framed, ordered link to one peer. */
+export interface FrameLink {
+  /** Bytes accepted by send() and not yet handed to the operating system. */
+  readonly bufferedBytes: number;
+  /** Queues one frame; failures show up as a close. */
+  send(frame: Uint8Array): void;
+  /** Graceful close (the peer sees code and reason). */
+  close(code?: number, reason?: string): void;
+  /** Abrupt close: the socket is destroyed at once. */
+  destroy(): void;
+}
+
+export interface DialOptions {
+  handlers: FrameLinkHandlers;
+  signal?: AbortSignal;
+  /** Trusted CA certificates (PEM) for a self-hosted relay; the system store otherwise. */
+  ca?: string | Uint8Array | ReadonlyArray<string | Uint8Array>;
+  /** Largest frame accepted from the peer; a larger one closes the link (1009). */
+  maxFrameBytes: number;
+  connectTimeoutMs: number;
+}
+
+export type FrameDialer = (url: string, options: DialOptions) => Promise<FrameLink>;
+
+function toBuffer(value: string | Uint8Array): string | Buffer {
+  return typeof value === "string" ? value : Buffer.from(value.buffer, value.byteOffset, value.byteLength);
+}
+
+function closeError(code: number, error: Error | undefined): Error | undefined {
+  if (error) {
+    const wsCode = (error as { code?: string }).code;
+    if (code === 1009 || wsCode === "WS_ERR_UNSUPPORTED_MESSAGE_LENGTH") {
+      return new ProtocolError("MOESWARM_PROTOCOL_FRAME_TOO_LARGE", error.message, { cause: error });
+    }
+    return new TransportError("MOESWARM_TRANSPORT_CLOSED", error.message, { cause: error });
+  }
+  return undefined;
+}
+
+/** Dials a `ws://` or `wss://` URL; resolves once the WebSocket is open. */
+export const dialWebSocket: FrameDialer = (url, options) => {
+  const { handlers, signal } = options;
+  if (signal?.aborted) return Promise.reject(abortReason(signal));
+  return new Promise<FrameLink>((resolve, reject) => {
+    let ws: WebSocket;
+    try {
+      ws = new WebSocket(url, {
+        ca: options.ca === undefined ? undefined : [options.ca].flat().map(toBuffer),
+        maxPayload: options.maxFrameBytes,
+        perMessageDeflate: false,
+        handshakeTimeout: options.connectTimeoutMs,
+      });
+    } catch (cause) {
+      reject(new TransportError("MOESWARM_TRANSPORT_CONNECT", `cannot dial ${url}`, { cause }));
+      return;
+    }
+    let open = false;
+    let closed = false;
+    let lastError: Error | undefined;
+    const onAbort = () => {
+      ws.terminate();
+      reject(signal ? abortReason(signal) : new AbortError("MOESWARM_ABORTED"));
+    };
+    signal?.addEventListener("abort", onAbort, { once: true });
+
+    ws.on("upgrade", (res) => {
+      const socket = res.socket as Socket;
+      // ws already sets it; stated here because request latency depends on it
+      socket.setNoDelay(true);
+      socket.on("data", () => handlers.activity());
+    });
+    ws.on("unexpected-response", (_req, res) => {
+      lastError = new TransportError(
+        "MOESWARM_TRANSPORT_CONNECT",
+        `${url} answered the upgrade with HTTP ${res.statusCode ?? "?"}`,
+      );
+      res.resume();
+      ws.terminate();
+    });
+    ws.on("error", (error) => {
+      lastError ??= error;
+    });
+    ws.on("open", () => {
+      open = true;
+      signal?.removeEventListener("abort", onAbort);
+      resolve(link);
+    });
+    ws.on("message", (data: Buffer) => {
+      handlers.frame(data);
+    });
+    ws.on("close", (code, reasonBytes) => {
+      signal?.removeEventListener("abort", onAbort);
+      if (closed) return;
+      closed = true;
+      const reason = reasonBytes.toString();
+      if (!open) {
+        reject(
+          lastError instanceof TransportError
+            ? lastError
+            : new TransportError(
+                "MOESWARM_TRANSPORT_CONNECT",
+                `cannot connect to ${url}: ${lastError?.message ?? `closed (${code}) ${reason}`}`,
+                { cause: lastError },
+              ),
+        );
+        return;
+      }
+      handlers.close({ code, reason, error: closeError(code, lastError) });
+    });
+
+    const link: FrameLink = {
+      get bufferedBytes() {
+        return ws.bufferedAmount;
+      },
+      send(frame) {
+        if (ws.readyState !== WebSocket.OPEN) return;
+        ws.send(frame, { binary: true });
+      },
+      close(code = 1000, reason = "") {
+        if (ws.readyState === WebSocket.CONNECTING || ws.readyState === WebSocket.OPEN) {
+          ws.close(code, reason.slice(0, 120));
+        }
+      },
+      destroy() {
+        ws.terminate();
+      },
+    };
+  });
+};

@@ -1,0 +1,17 @@
+// The frame vocabulary this package speaks: wire protocol v1 from @moeswarm/core, under the short
+// names the connection code uses.
+export {
+  type ActivationDtype as WireDtype,
+  DEFAULT_MAX_FRAME_BYTES,
+  type DispatchFrame,
+  type DispatchMode,
+  decodeFrame,
+  type ErrorFrame,
+  encodeFrame,
+  type Frame,
+  type HelloCaps as Caps,
+  type PeerRole as Role,
+  PROTOCOL_VERSION,
+  type RegisterFrame,
+  type ResultFrame,
+} from "@moeswarm/core";
