@@ -1,4 +1,15 @@
 // Public API of @moeswarm/shard.
+
+export {
+  type ByteSource,
+  type ByteSourceInput,
+  bufferSource,
+  fileSource,
+  type HttpSourceOptions,
+  httpSource,
+  openByteSource,
+  type ReadOptions,
+} from "./byte-source.js";
 export {
   GGML_TYPES,
   GgmlType,
@@ -9,3 +20,127 @@ export {
   ggmlTypeTraits,
   isGgmlType,
 } from "./ggml-type.js";
+export {
+  GGML_MAX_DIMS,
+  GGML_MAX_NAME,
+  GGUF_DEFAULT_ALIGNMENT,
+  GGUF_KEY_GENERAL_ALIGNMENT,
+  GGUF_MAGIC,
+  GGUF_TYPE_COUNT,
+  GGUF_VERSION,
+  GgufValueType,
+  ggufScalarSize,
+  ggufValueTypeName,
+  isGgufValueType,
+} from "./gguf-constants.js";
+export { checkedNumber, DEFAULT_GGUF_LIMITS, type GgufLimits, resolveGgufLimits } from "./gguf-limits.js";
+export {
+  type GgufArray,
+  type GgufArrayItems,
+  type GgufArrayOf,
+  type GgufMetadata,
+  type GgufMetadataValue,
+  type GgufPlainValue,
+  type GgufScalarValue,
+  getArray,
+  getBigInt,
+  getBool,
+  getInteger,
+  getNumber,
+  getNumberArray,
+  getString,
+  getStringArray,
+  ggufValue,
+  plainValue,
+} from "./gguf-metadata.js";
+export {
+  findTensor,
+  type GgufHeader,
+  type GgufTensorInfo,
+  type ReadGgufOptions,
+  readGguf,
+} from "./gguf-reader.js";
+export {
+  type GgufPlan,
+  type GgufPlannedTensor,
+  type GgufStreamOptions,
+  type GgufTensorRange,
+  type GgufWriteInput,
+  type GgufWriteTensor,
+  ggufByteStream,
+  planGguf,
+  type WriteGgufOptions,
+  writeGguf,
+} from "./gguf-writer.js";
+export {
+  type BuildManifestOptions,
+  buildManifest,
+  type LoadedManifest,
+  type LoadOrBuildManifestOptions,
+  loadOrBuildManifest,
+  MANIFEST_FORMAT,
+  type ManifestLayer,
+  type ManifestProgress,
+  type ManifestSlab,
+  type ManifestTensor,
+  manifestSlabs,
+  parseManifest,
+  type SliceManifest,
+} from "./manifest.js";
+// Expert slicing, manifests and synthetic MoE models.
+export {
+  type ExpertLayer,
+  type ExpertProjection,
+  type ExpertTensor,
+  findExpertTensors,
+  type MoeLayout,
+  SLICE_KEYS,
+} from "./moe-tensors.js";
+export {
+  canDequantize,
+  DEQUANTIZABLE_TYPES,
+  dequantize,
+  dequantizeF64,
+  dequantizeRows,
+  dequantizeSlab,
+} from "./quant/dequantize.js";
+export { canQuantize, QUANTIZABLE_TYPES, quantize } from "./quant/quantize.js";
+export {
+  type ExpertSlice,
+  type IndexSelection,
+  type SliceExpertsOptions,
+  type SliceStreamOptions,
+  type SliceWriteOptions,
+  sliceContents,
+  sliceExperts,
+} from "./slice.js";
+export { type VerifiedSlice, type VerifySliceOptions, verifySlice } from "./slice-verify.js";
+export {
+  defaultModelCacheDir,
+  type EnsuredSyntheticModel,
+  type EnsureSyntheticModelOptions,
+  ensureSyntheticModel,
+  SYNTHETIC_PRESETS,
+  type SyntheticPreset,
+  syntheticModelKey,
+  syntheticPreset,
+} from "./synth/presets.js";
+export {
+  DEFAULT_SYNTHETIC_TYPES,
+  type ResolvedSyntheticOptions,
+  resolveSyntheticOptions,
+  SYNTH_GENERATOR_VERSION,
+  SYNTHETIC_ARCHS,
+  SYNTHETIC_TYPES,
+  type SyntheticArch,
+  type SyntheticMoeOptions,
+  type SyntheticType,
+  type SyntheticTypes,
+} from "./synth/spec.js";
+export {
+  planSyntheticModel,
+  type SynthesizeOptions,
+  type SynthesizeProgress,
+  type SynthesizeResult,
+  synthesizeMoeModel,
+} from "./synth/synthesize.js";

@@ -1,0 +1,236 @@
+import { createHash } from "node:crypto";
+import { mkdir, stat } from "node:fs/promises";
+import { homedir } from "node:os";
+import { join } from "node:path";
+import { GgufError, InvalidArgumentError, throwIfAborted } from "@moeswarm/core";
+import {
+  type ResolvedSyntheticOptions,
+  resolveSyntheticOptions,
+  SYNTH_GENERATOR_VERSION,
+  SYNTHETIC_ARCHS,
+  type SyntheticArch,
+  type SyntheticMoeOptions,
+} from "./spec.js";
+import { planSyntheticModel, type SynthesizeProgress, synthesizeMoeModel } from "./synthesize.js";
+
+export const SYNTHETIC_PRESETS = ["tiny", "small", "medium"] as const;
+export type SyntheticPreset = (typeof SYNTHETIC_PRESETS)[number];
+
+type PresetTable = Partial<Record<SyntheticArch, SyntheticMoeOptions>>;
+
+// tiny ~1 MB (unit tests), small ~50-60 MB, medium ~460 MB (benchmarks, qwen3moe only). Experts
+// in Q8_0, the type most MoE GGUFs ship their experts in at these sizes.
+const PRESETS: Record<SyntheticPreset, PresetTable> = {
+  tiny: {
+    qwen3moe: {
+      arch: "qwen3moe",
+      seed: 1,
+      nLayer: 2,
+      nEmbd: 64,
+      nHead: 4,
+      nHeadKv: 2,
+      headDim: 32,
+      nFfExp: 128,
+      nExpert: 8,
+      nExpertUsed: 2,
+      vocab: 512,
+      types: { experts: "Q8_0", attention: "F16" },
+    },
+    qwen2moe: {
+      arch: "qwen2moe",
+      seed: 1,
+      nLayer: 2,
+      nEmbd: 64,
+      nHead: 4,
+      nHeadKv: 2,
+      nFfExp: 128,
+      nExpert: 8,
+      nExpertUsed: 2,
+      nFfShared: 256,
+      vocab: 512,
+      types: { experts: "Q8_0", attention: "F16", sharedExpert: "F16" },
+    },
+    mixtral: {
+      arch: "mixtral",
+      seed: 1,
+      nLayer: 2,
+      nEmbd: 64,
+      nHead: 4,
+      nHeadKv: 2,
+      nFfExp: 128,
+      nExpert: 8,
+      nExpertUsed: 2,
+      vocab: 512,
+      types: { experts: "Q8_0", attention: "F16" },
+    },
+  },
+  small: {
+    qwen3moe: {
+      arch: "qwen3moe",
+      seed: 1,
+      nLayer: 4,
+      nEmbd: 256,
+      nHead: 8,
+      nHeadKv: 4,
+      headDim: 64,
+      nFfExp: 256,
+      nExpert: 64,
+      nExpertUsed: 8,
+      vocab: 2048,
+      types: { experts: "Q8_0", attention: "F16", embeddings: "F16", output: "F16" },
+    },
+    qwen2moe: {
+      arch: "qwen2moe",
+      seed: 1,
+      nLayer: 4,
+      nEmbd: 256,
+      nHead: 8,
+      nHeadKv: 4,
+      nFfExp: 256,
+      nExpert: 60,
+      nExpertUsed: 4,
+      nFfShared: 1024,
+      vocab: 2048,
+      types: { experts: "Q8_0", attention: "F16", sharedExpert: "F16", embeddings: "F16", output: "F16" },
+    },
+    mixtral: {
+      arch: "mixtral",
+      seed: 1,
+      nLayer: 4,
+      nEmbd: 256,
+      nHead: 8,
+      nHeadKv: 2,
+      nFfExp: 2048,
+      nExpert: 8,
+      nExpertUsed: 2,
+      vocab: 2048,
+      types: { experts: "Q8_0", attention: "F16", embeddings: "F16", output: "F16" },
+    },
+  },
+  medium: {
+    qwen3moe: {
+      arch: "qwen3moe",
+      seed: 1,
+      nLayer: 8,
+      nEmbd: 512,
+      nHead: 8,
+      nHeadKv: 4,
+      headDim: 128,
+      nFfExp: 512,
+      nExpert: 64,
+      nExpertUsed: 8,
+      vocab: 4096,
+      types: { experts: "Q8_0", attention: "F16", embeddings: "F16", output: "F16" },
+    },
+  },
+};
+
+/** The options of a preset (a copy: change what you like and synthesise it yourself). */
+export function syntheticPreset(
+  preset: SyntheticPreset,
+  arch: SyntheticArch = "qwen3moe",
+): SyntheticMoeOptions {
+  if (!SYNTHETIC_PRESETS.includes(preset)) {
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      `preset must be one of ${SYNTHETIC_PRESETS.join(", ")}, got ${String(preset)}`,
+    );
+  }
+  if (!SYNTHETIC_ARCHS.includes(arch)) {
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      `arch must be one of ${SYNTHETIC_ARCHS.join(", ")}, got ${String(arch)}`,
+    );
+  }
+  const options = PRESETS[preset][arch];
+  if (!options) {
+    const archs = Object.keys(PRESETS[preset]).join(", ");
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      `preset ${preset} exists for ${archs}, not ${arch}`,
+    );
+  }
+  return { ...options, types: { ...options.types } };
+}
+
+/** A stable identity for synthetic options: sha256 of the generator version and the resolved options. */
+export function syntheticModelKey(options: SyntheticMoeOptions | ResolvedSyntheticOptions): string {
+  const resolved = resolveSyntheticOptions(options);
+  const canonical = (value: unknown): unknown =>
+    typeof value === "object" && value !== null
+      ? Object.fromEntries(
+          Object.keys(value)
+            .sort()
+            .map((k) => [k, canonical((value as Record<string, unknown>)[k])]),
+        )
+      : value;
+  return createHash("sha256")
+    .update(JSON.stringify({ generator: SYNTH_GENERATOR_VERSION, options: canonical(resolved) }))
+    .digest("hex");
+}
+
+export interface EnsureSyntheticModelOptions {
+  /** Where models are kept (default `$MOESWARM_CACHE_DIR`, else ~/.cache/moeswarm/models). */
+  cacheDir?: string;
+  arch?: SyntheticArch;
+  /** Overrides the preset's seed. */
+  seed?: number;
+  signal?: AbortSignal;
+  onProgress?: (progress: SynthesizeProgress) => void;
+}
+
+export interface EnsuredSyntheticModel {
+  readonly path: string;
+  /** True when this call generated the file, false when it was already there. */
+  readonly created: boolean;
+  readonly size: number;
+  readonly options: ResolvedSyntheticOptions;
+}
+
+const inFlight = new Map<string, Promise<EnsuredSyntheticModel>>();
+
+export function defaultModelCacheDir(): string {
+  return process.env.MOESWARM_CACHE_DIR ?? join(homedir(), ".cache", "moeswarm", "models");
+}
+
+/**
+ * The path of a preset's model in `cacheDir`, generating it the first time. Files are named by
+ * preset, architecture and a key of the options and generator version, so a changed generator
+ * never reuses a stale file; generation writes beside the file and renames it when complete.
+ */
+export async function ensureSyntheticModel(
+  preset: SyntheticPreset,
+  options: EnsureSyntheticModelOptions = {},
+): Promise<EnsuredSyntheticModel> {
+  throwIfAborted(options.signal);
+  const base = syntheticPreset(preset, options.arch ?? "qwen3moe");
+  const synthOptions = options.seed === undefined ? base : { ...base, seed: options.seed };
+  const { spec, plan } = planSyntheticModel(synthOptions);
+  const key = syntheticModelKey(spec.options).slice(0, 16);
+  const dir = options.cacheDir ?? defaultModelCacheDir();
+  const path = join(dir, `${spec.options.arch}-${preset}-${key}.gguf`);
+  const size = Number(plan.totalSize);
+  const existing = await stat(path).catch(() => undefined);
+  if (existing?.isFile() && existing.size === size) {
+    return { path, created: false, size, options: spec.options };
+  }
+  const running = inFlight.get(path);
+  if (running) return running;
+  const job = (async () => {
+    try {
+      await mkdir(dir, { recursive: true });
+    } catch (error) {
+      throw new GgufError("MOESWARM_GGUF_IO", `cannot create ${dir}: ${(error as Error).message}`, {
+        cause: error,
+      });
+    }
+    await synthesizeMoeModel(synthOptions, path, { signal: options.signal, onProgress: options.onProgress });
+    return { path, created: true, size, options: spec.options };
+  })();
+  inFlight.set(path, job);
+  try {
+    return await job;
+  } finally {
+    inFlight.delete(path);
+  }
+}

@@ -1,0 +1,305 @@
+import { InvalidArgumentError } from "@moeswarm/core";
+import { GgmlType, ggmlTypeTraits } from "../ggml-type.js";
+import { GgufValueType } from "../gguf-constants.js";
+import { type GgufMetadataValue, ggufValue } from "../gguf-metadata.js";
+import { buildTokenizer } from "./tokenizer.js";
+
+/** Architectures the synthesiser writes; `mixtral` is GGUF architecture `llama` with experts. */
+export const SYNTHETIC_ARCHS = ["qwen3moe", "qwen2moe", "mixtral"] as const;
+export type SyntheticArch = (typeof SYNTHETIC_ARCHS)[number];
+
+/** Tensor types a synthetic model can be written in (the ones the shard quantisers encode). */
+export const SYNTHETIC_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K"] as const;
+export type SyntheticType = (typeof SYNTHETIC_TYPES)[number];
+
+/** The type of each class of tensor; norms (and attention biases) are always F32, as in ggml. */
+export interface SyntheticTypes {
+  /** Routed experts: ffn_{gate,up,down}_exps. */
+  experts: SyntheticType;
+  /** The shared expert (qwen2moe): ffn_{gate,up,down}_shexp. */
+  sharedExpert: SyntheticType;
+  /** attn_q, attn_k, attn_v, attn_output. */
+  attention: SyntheticType;
+  /** token_embd. */
+  embeddings: SyntheticType;
+  /** output (the LM head). */
+  output: SyntheticType;
+  /** ffn_gate_inp (the router) and ffn_gate_inp_shexp. */
+  router: SyntheticType;
+}
+
+export const DEFAULT_SYNTHETIC_TYPES: Readonly<SyntheticTypes> = Object.freeze({
+  experts: "F16",
+  sharedExpert: "F16",
+  attention: "F16",
+  embeddings: "F32",
+  output: "F32",
+  router: "F32",
+});
+
+export interface SyntheticMoeOptions {
+  arch: SyntheticArch;
+  /** uint32; the same seed and options always give the same bytes. */
+  seed: number;
+  nLayer: number;
+  nEmbd: number;
+  nHead: number;
+  nHeadKv: number;
+  /** Width of one routed expert's hidden layer. */
+  nFfExp: number;
+  nExpert: number;
+  nExpertUsed: number;
+  /** Width of the shared expert (qwen2moe only; default nFfExp * nExpertUsed). */
+  nFfShared?: number;
+  /** Vocabulary size, special tokens included (at least 259). */
+  vocab: number;
+  /** Attention head size (qwen3moe's key_length/value_length; the others need nEmbd / nHead). */
+  headDim?: number;
+  contextLength?: number;
+  ropeFreqBase?: number;
+  rmsEps?: number;
+  types?: Partial<SyntheticTypes>;
+  /** `general.name` (default `moeswarm-synthetic-<arch>`). */
+  name?: string;
+  /**
+   * Standard deviation of the logits (default 10): large enough that the top two tokens are rarely
+   * within rounding noise of each other, so greedy decoding is stable across builds.
+   */
+  logitStd?: number;
+}
+
+/** The options with every default applied: what identifies a synthetic model. */
+export type ResolvedSyntheticOptions = Required<Omit<SyntheticMoeOptions, "types">> & {
+  types: SyntheticTypes;
+};
+
+/** How the values of a tensor are drawn: mean and standard deviation before quantisation. */
+export interface SynthTensorSpec {
+  readonly name: string;
+  readonly shape: readonly number[];
+  readonly type: GgmlType;
+  readonly mean: number;
+  readonly std: number;
+  /** Drawn slab by slab along ne[2], each expert from its own stream. */
+  readonly perExpert: boolean;
+}
+
+export interface SynthModelSpec {
+  readonly options: ResolvedSyntheticOptions;
+  readonly ggufArch: string;
+  readonly metadata: Map<string, GgufMetadataValue>;
+  readonly tensors: readonly SynthTensorSpec[];
+}
+
+const GGML_OF: Record<SyntheticType, GgmlType> = {
+  F32: GgmlType.F32,
+  F16: GgmlType.F16,
+  BF16: GgmlType.BF16,
+  Q8_0: GgmlType.Q8_0,
+  Q4_0: GgmlType.Q4_0,
+  Q4_K: GgmlType.Q4_K,
+};
+
+/** Upper bounds that keep a typo from asking for terabytes. */
+const LIMITS = {
+  nLayer: 512,
+  nEmbd: 65_536,
+  nHead: 1024,
+  nFfExp: 131_072,
+  nExpert: 1024,
+  contextLength: 1 << 24,
+} as const;
+
+function invalid(message: string, details?: Record<string, unknown>): InvalidArgumentError {
+  return new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", message, details ? { details } : {});
+}
+
+function positiveInt(value: unknown, what: string, max: number): number {
+  if (typeof value !== "number" || !Number.isSafeInteger(value) || value < 1 || value > max) {
+    throw invalid(`${what} must be an integer in [1, ${max}], got ${String(value)}`, { [what]: value });
+  }
+  return value;
+}
+
+function positiveNumber(value: unknown, what: string): number {
+  if (typeof value !== "number" || !Number.isFinite(value) || value <= 0) {
+    throw invalid(`${what} must be a positive number, got ${String(value)}`);
+  }
+  return value;
+}
+
+/** Validates the options and applies the defaults. */
+export function resolveSyntheticOptions(options: SyntheticMoeOptions): ResolvedSyntheticOptions {
+  if (typeof options !== "object" || options === null)
+    throw invalid("synthetic model options must be an object");
+  const arch = options.arch;
+  if (!SYNTHETIC_ARCHS.includes(arch)) {
+    throw invalid(`arch must be one of ${SYNTHETIC_ARCHS.join(", ")}, got ${String(arch)}`);
+  }
+  const seed = options.seed;
+  if (typeof seed !== "number" || !Number.isInteger(seed) || seed < 0 || seed > 0xffff_ffff) {
+    throw invalid(`seed must be a uint32, got ${String(seed)}`);
+  }
+  const nLayer = positiveInt(options.nLayer, "nLayer", LIMITS.nLayer);
+  const nEmbd = positiveInt(options.nEmbd, "nEmbd", LIMITS.nEmbd);
+  const nHead = positiveInt(options.nHead, "nHead", LIMITS.nHead);
+  const nHeadKv = positiveInt(options.nHeadKv, "nHeadKv", nHead);
+  if (nHead % nHeadKv !== 0) throw invalid(`nHead (${nHead}) must be a multiple of nHeadKv (${nHeadKv})`);
+  const nFfExp = positiveInt(options.nFfExp, "nFfExp", LIMITS.nFfExp);
+  const nExpert = positiveInt(options.nExpert, "nExpert", LIMITS.nExpert);
+  const nExpertUsed = positiveInt(options.nExpertUsed, "nExpertUsed", nExpert);
+  const nFfShared = positiveInt(options.nFfShared ?? nFfExp * nExpertUsed, "nFfShared", LIMITS.nFfExp);
+  const vocab = options.vocab;
+  buildTokenizer(vocab); // validates the vocabulary size
+  const headDim =
+    options.headDim === undefined ? nEmbd / nHead : positiveInt(options.headDim, "headDim", LIMITS.nEmbd);
+  if (!Number.isInteger(headDim)) throw invalid(`nEmbd (${nEmbd}) must be a multiple of nHead (${nHead})`);
+  if (arch !== "qwen3moe" && headDim * nHead !== nEmbd) {
+    throw invalid(`${arch} needs headDim * nHead = nEmbd (${headDim} * ${nHead} != ${nEmbd})`);
+  }
+  if (headDim % 2 !== 0) throw invalid(`headDim must be even for RoPE, got ${headDim}`);
+  const types: SyntheticTypes = { ...DEFAULT_SYNTHETIC_TYPES };
+  for (const [key, value] of Object.entries(options.types ?? {})) {
+    if (!(key in types)) throw invalid(`unknown tensor class ${JSON.stringify(key)} in types`);
+    if (value === undefined) continue;
+    if (!SYNTHETIC_TYPES.includes(value as SyntheticType)) {
+      throw invalid(`types.${key} must be one of ${SYNTHETIC_TYPES.join(", ")}, got ${String(value)}`);
+    }
+    types[key as keyof SyntheticTypes] = value as SyntheticType;
+  }
+  return {
+    arch,
+    seed,
+    nLayer,
+    nEmbd,
+    nHead,
+    nHeadKv,
+    nFfExp,
+    nExpert,
+    nExpertUsed,
+    nFfShared,
+    vocab,
+    headDim,
+    contextLength: positiveInt(options.contextLength ?? 4096, "contextLength", LIMITS.contextLength),
+    ropeFreqBase: positiveNumber(options.ropeFreqBase ?? 1_000_000, "ropeFreqBase"),
+    rmsEps: positiveNumber(options.rmsEps ?? 1e-6, "rmsEps"),
+    types,
+    name: options.name ?? `moeswarm-synthetic-${arch}`,
+    logitStd: positiveNumber(options.logitStd ?? 10, "logitStd"),
+  };
+}
+
+/** Version of the generator: bump whenever the bytes for given options change. */
+export const SYNTH_GENERATOR_VERSION = "moeswarm-synth/1";
+
+/**
+ * The metadata and tensor list llama.cpp (pinned release) requires for the architecture: the
+ * keys its `load_hparams`/`load_arch_hparams` read and the tensors its `load_arch_tensors`
+ * creates (src/models/qwen3moe.cpp, qwen2moe.cpp, llama.cpp), with those shapes.
+ */
+export function syntheticModelSpec(options: SyntheticMoeOptions): SynthModelSpec {
+  const o = resolveSyntheticOptions(options);
+  const arch = o.arch === "mixtral" ? "llama" : o.arch;
+  const tok = buildTokenizer(o.vocab);
+  const v = ggufValue;
+  const k = (key: string) => `${arch}.${key}`;
+  const md = new Map<string, GgufMetadataValue>();
+  md.set("general.architecture", v.str(arch));
+  md.set("general.type", v.str("model"));
+  md.set("general.name", v.str(o.name));
+  md.set("general.quantization_version", v.u32(2));
+  md.set(k("block_count"), v.u32(o.nLayer));
+  md.set(k("context_length"), v.u32(o.contextLength));
+  md.set(k("embedding_length"), v.u32(o.nEmbd));
+  // llama's experts use feed_forward_length; the qwen MoEs read expert_feed_forward_length and
+  // keep feed_forward_length as the dense width a converter writes.
+  md.set(k("feed_forward_length"), v.u32(o.arch === "mixtral" ? o.nFfExp : o.nFfExp * o.nExpertUsed));
+  md.set(k("attention.head_count"), v.u32(o.nHead));
+  md.set(k("attention.head_count_kv"), v.u32(o.nHeadKv));
+  md.set(k("rope.freq_base"), v.f32(o.ropeFreqBase));
+  md.set(k("attention.layer_norm_rms_epsilon"), v.f32(o.rmsEps));
+  md.set(k("expert_count"), v.u32(o.nExpert));
+  md.set(k("expert_used_count"), v.u32(o.nExpertUsed));
+  if (o.arch === "qwen3moe") {
+    md.set(k("attention.key_length"), v.u32(o.headDim));
+    md.set(k("attention.value_length"), v.u32(o.headDim));
+  }
+  if (o.arch !== "mixtral") md.set(k("expert_feed_forward_length"), v.u32(o.nFfExp));
+  if (o.arch === "qwen2moe") md.set(k("expert_shared_feed_forward_length"), v.u32(o.nFfShared));
+  if (o.arch === "mixtral") {
+    md.set(k("rope.dimension_count"), v.u32(o.headDim));
+    md.set(k("vocab_size"), v.u32(o.vocab));
+  }
+  // One tokenizer for every architecture (Mixtral ships an SPM one; llama.cpp runs either with
+  // `llama`): GPT-2 byte-level BPE with Qwen2's pre-tokeniser, so any UTF-8 text round-trips.
+  md.set("tokenizer.ggml.model", v.str("gpt2"));
+  md.set("tokenizer.ggml.pre", v.str("qwen2"));
+  md.set("tokenizer.ggml.tokens", v.array(GgufValueType.STRING, tok.tokens));
+  md.set("tokenizer.ggml.token_type", v.array(GgufValueType.INT32, tok.tokenTypes));
+  md.set("tokenizer.ggml.merges", v.array(GgufValueType.STRING, tok.merges));
+  md.set("tokenizer.ggml.eos_token_id", v.u32(tok.eosId));
+  md.set("tokenizer.ggml.bos_token_id", v.u32(tok.bosId));
+  md.set("tokenizer.ggml.padding_token_id", v.u32(tok.eosId));
+  md.set("tokenizer.ggml.add_bos_token", v.bool(false));
+  md.set("moeswarm.synthetic.generator", v.str(SYNTH_GENERATOR_VERSION));
+  md.set("moeswarm.synthetic.seed", v.u32(o.seed));
+
+  const t = o.types;
+  const tensors: SynthTensorSpec[] = [];
+  const add = (
+    name: string,
+    shape: number[],
+    type: SyntheticType | "F32",
+    std: number,
+    mean = 0,
+    perExpert = false,
+  ) => {
+    const ggml = GGML_OF[type];
+    const { blockSize, name: typeName } = ggmlTypeTraits(ggml);
+    if (shape[0]! % blockSize !== 0) {
+      throw invalid(
+        `tensor ${name}: ne[0] = ${shape[0]} is not a multiple of ${typeName}'s block size ${blockSize}; pick other types or sizes`,
+        { tensor: name, ne0: shape[0], type },
+      );
+    }
+    tensors.push({ name, shape, type: ggml, mean, std, perExpert });
+  };
+  const norm = (name: string, n: number) => add(name, [n], "F32", 0.1, 1);
+  const nq = o.headDim * o.nHead;
+  const nkv = o.headDim * o.nHeadKv;
+  const inv = (n: number) => 1 / Math.sqrt(n);
+
+  add("token_embd.weight", [o.nEmbd, o.vocab], t.embeddings, 1);
+  for (let i = 0; i < o.nLayer; i++) {
+    const b = `blk.${i}.`;
+    norm(`${b}attn_norm.weight`, o.nEmbd);
+    add(`${b}attn_q.weight`, [o.nEmbd, nq], t.attention, inv(o.nEmbd));
+    add(`${b}attn_k.weight`, [o.nEmbd, nkv], t.attention, inv(o.nEmbd));
+    add(`${b}attn_v.weight`, [o.nEmbd, nkv], t.attention, inv(o.nEmbd));
+    if (o.arch === "qwen2moe") {
+      add(`${b}attn_q.bias`, [nq], "F32", 0.02);
+      add(`${b}attn_k.bias`, [nkv], "F32", 0.02);
+      add(`${b}attn_v.bias`, [nkv], "F32", 0.02);
+    }
+    add(`${b}attn_output.weight`, [nq, o.nEmbd], t.attention, inv(nq));
+    if (o.arch === "qwen3moe") {
+      norm(`${b}attn_q_norm.weight`, o.headDim);
+      norm(`${b}attn_k_norm.weight`, o.headDim);
+    }
+    norm(`${b}ffn_norm.weight`, o.nEmbd);
+    // Router logits with a spread of about 2: clear preferences, not one-hot.
+    add(`${b}ffn_gate_inp.weight`, [o.nEmbd, o.nExpert], t.router, 2 * inv(o.nEmbd));
+    add(`${b}ffn_gate_exps.weight`, [o.nEmbd, o.nFfExp, o.nExpert], t.experts, inv(o.nEmbd), 0, true);
+    add(`${b}ffn_up_exps.weight`, [o.nEmbd, o.nFfExp, o.nExpert], t.experts, inv(o.nEmbd), 0, true);
+    add(`${b}ffn_down_exps.weight`, [o.nFfExp, o.nEmbd, o.nExpert], t.experts, inv(o.nFfExp), 0, true);
+    if (o.arch === "qwen2moe") {
+      add(`${b}ffn_gate_inp_shexp.weight`, [o.nEmbd], "F32", inv(o.nEmbd));
+      add(`${b}ffn_gate_shexp.weight`, [o.nEmbd, o.nFfShared], t.sharedExpert, inv(o.nEmbd));
+      add(`${b}ffn_up_shexp.weight`, [o.nEmbd, o.nFfShared], t.sharedExpert, inv(o.nEmbd));
+      add(`${b}ffn_down_shexp.weight`, [o.nFfShared, o.nEmbd], t.sharedExpert, inv(o.nFfShared));
+    }
+  }
+  norm("output_norm.weight", o.nEmbd);
+  add("output.weight", [o.nEmbd, o.vocab], t.output, o.logitStd * inv(o.nEmbd));
+  return { options: o, ggufArch: arch, metadata: md, tensors };
+}

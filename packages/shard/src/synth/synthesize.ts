@@ -1,0 +1,254 @@
+import { createHash, randomBytes } from "node:crypto";
+import { open, rename, unlink } from "node:fs/promises";
+import type { Writable } from "node:stream";
+import { abortReason, GgufError, InvalidArgumentError, throwIfAborted } from "@moeswarm/core";
+import { type GgufPlan, planGguf } from "../gguf-writer.js";
+import { quantize } from "../quant/quantize.js";
+import { streamFor } from "./prng.js";
+import {
+  type ResolvedSyntheticOptions,
+  type SyntheticMoeOptions,
+  type SynthModelSpec,
+  type SynthTensorSpec,
+  syntheticModelSpec,
+} from "./spec.js";
+
+export interface SynthesizeProgress {
+  bytesWritten: number;
+  totalBytes: number;
+}
+
+export interface SynthesizeOptions {
+  signal?: AbortSignal;
+  onProgress?: (progress: SynthesizeProgress) => void;
+}
+
+export interface SynthesizeResult {
+  /** The file written, when the target was a path. */
+  readonly path: string | undefined;
+  readonly size: number;
+  /** sha256 (hex) of the whole file. */
+  readonly sha256: string;
+  readonly plan: GgufPlan;
+  readonly options: ResolvedSyntheticOptions;
+}
+
+// Values drawn per chunk of a dense tensor: bounds memory whatever the tensor size.
+const CHUNK_VALUES = 1 << 20;
+const WRITE_BUFFER = 4 << 20;
+
+/** The file's layout, computed without drawing a weight: its exact size and tensor offsets. */
+export function planSyntheticModel(options: SyntheticMoeOptions): { spec: SynthModelSpec; plan: GgufPlan } {
+  const spec = syntheticModelSpec(options);
+  const plan = planGguf({
+    metadata: spec.metadata,
+    tensors: spec.tensors.map(({ name, shape, type }) => ({ name, shape, type })),
+  });
+  return { spec, plan };
+}
+
+/** The bytes of one tensor, in bounded chunks, each expert slab from its own stream. */
+function* tensorChunks(seed: number, t: SynthTensorSpec): Generator<Uint8Array> {
+  const ne0 = t.shape[0] ?? 1;
+  if (t.perExpert) {
+    const slab = ne0 * (t.shape[1] ?? 1);
+    const values = new Float32Array(slab);
+    const nExpert = t.shape[2] ?? 1;
+    for (let e = 0; e < nExpert; e++) {
+      streamFor(seed, t.name, e).fillTriangular(values, t.std, t.mean);
+      yield quantize(t.type, values, ne0);
+    }
+    return;
+  }
+  let rows = 1;
+  for (let d = 1; d < t.shape.length; d++) rows *= t.shape[d]!;
+  const rowsPerChunk = Math.max(1, Math.floor(CHUNK_VALUES / ne0));
+  const rng = streamFor(seed, t.name, 0);
+  for (let r = 0; r < rows; r += rowsPerChunk) {
+    const values = new Float32Array(Math.min(rowsPerChunk, rows - r) * ne0);
+    rng.fillTriangular(values, t.std, t.mean);
+    yield quantize(t.type, values, ne0);
+  }
+}
+
+/** Every byte of the file in order: header, padding, each tensor and its padding. */
+function* fileChunks(spec: SynthModelSpec, plan: GgufPlan): Generator<Uint8Array> {
+  yield plan.header;
+  let pos = BigInt(plan.header.byteLength);
+  for (let i = 0; i < plan.tensors.length; i++) {
+    const planned = plan.tensors[i]!;
+    if (planned.absoluteOffset > pos) yield new Uint8Array(Number(planned.absoluteOffset - pos));
+    let n = 0n;
+    for (const chunk of tensorChunks(spec.options.seed, spec.tensors[i]!)) {
+      n += BigInt(chunk.byteLength);
+      yield chunk;
+    }
+    if (n !== planned.nbytes) {
+      throw new GgufError(
+        "MOESWARM_GGUF_BAD_TENSOR",
+        `synthesised ${n} bytes for ${planned.name}, planned ${planned.nbytes}`,
+      );
+    }
+    pos = planned.absoluteOffset + n;
+  }
+  if (plan.totalSize > pos) yield new Uint8Array(Number(plan.totalSize - pos));
+}
+
+interface ChunkSink {
+  write(chunk: Uint8Array): Promise<void>;
+  finish(): Promise<void>;
+  abandon(): Promise<void>;
+}
+
+async function fileSink(path: string): Promise<ChunkSink> {
+  const tmp = `${path}.${process.pid}-${randomBytes(4).toString("hex")}.tmp`;
+  let handle: Awaited<ReturnType<typeof open>>;
+  try {
+    handle = await open(tmp, "wx");
+  } catch (error) {
+    throw new GgufError("MOESWARM_GGUF_IO", `cannot create ${tmp}: ${(error as Error).message}`, {
+      cause: error,
+    });
+  }
+  let buffer = new Uint8Array(WRITE_BUFFER);
+  let used = 0;
+  let closed = false;
+  const flush = async () => {
+    let done = 0;
+    while (done < used) done += (await handle.write(buffer, done, used - done)).bytesWritten;
+    used = 0;
+  };
+  const io = async <T>(what: string, fn: () => Promise<T>): Promise<T> => {
+    try {
+      return await fn();
+    } catch (error) {
+      throw new GgufError("MOESWARM_GGUF_IO", `${what} ${path}: ${(error as Error).message}`, {
+        cause: error,
+      });
+    }
+  };
+  return {
+    write: (chunk) =>
+      io("writing", async () => {
+        if (used + chunk.byteLength > buffer.byteLength) await flush();
+        if (chunk.byteLength > buffer.byteLength) {
+          let done = 0;
+          while (done < chunk.byteLength)
+            done += (await handle.write(chunk, done, chunk.byteLength - done)).bytesWritten;
+          return;
+        }
+        buffer.set(chunk, used);
+        used += chunk.byteLength;
+      }),
+    finish: () =>
+      io("writing", async () => {
+        await flush();
+        buffer = new Uint8Array(0);
+        closed = true;
+        await handle.close();
+        // Renamed only once complete, so a crash never leaves a half-written model at `path`.
+        await rename(tmp, path);
+      }),
+    async abandon() {
+      if (!closed) await handle.close().catch(() => undefined);
+      await unlink(tmp).catch(() => undefined);
+    },
+  };
+}
+
+function streamSink(sink: Writable, signal: AbortSignal | undefined): ChunkSink {
+  return {
+    write(chunk) {
+      return new Promise<void>((resolve, reject) => {
+        const cleanup = () => {
+          signal?.removeEventListener("abort", onAbort);
+          sink.removeListener("error", onError);
+          sink.removeListener("drain", onDrain);
+        };
+        const onAbort = () => {
+          cleanup();
+          reject(abortReason(signal!));
+        };
+        const onError = (error: Error) => {
+          cleanup();
+          reject(new GgufError("MOESWARM_GGUF_IO", `writing the model: ${error.message}`, { cause: error }));
+        };
+        const onDrain = () => {
+          cleanup();
+          resolve();
+        };
+        signal?.addEventListener("abort", onAbort, { once: true });
+        sink.once("error", onError);
+        if (sink.write(chunk)) {
+          cleanup();
+          resolve();
+        } else sink.once("drain", onDrain);
+      });
+    },
+    finish: () => Promise.resolve(),
+    abandon: () => Promise.resolve(),
+  };
+}
+
+/**
+ * Writes a deterministic synthetic MoE model that llama.cpp loads and decodes: the tensors and
+ * keys the pinned release requires for `qwen3moe`, `qwen2moe` (with a shared expert) or
+ * `mixtral` (`llama` with experts), a byte-level BPE tokenizer learned from English text, and
+ * weights drawn from a seeded generator (no clock, no Math.random: the same options give the
+ * same bytes) and quantised with the shard quantisers. Memory stays bounded: weights are drawn
+ * one expert slab or 1M values at a time. A path target is written beside it and renamed when
+ * complete; a Writable is written and left open.
+ */
+export async function synthesizeMoeModel(
+  options: SyntheticMoeOptions,
+  target: string | Writable,
+  opts: SynthesizeOptions = {},
+): Promise<SynthesizeResult> {
+  const { signal, onProgress } = opts;
+  throwIfAborted(signal);
+  const { spec, plan } = planSyntheticModel(options);
+  let sink: ChunkSink;
+  if (typeof target === "string") {
+    if (target.length === 0)
+      throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "the output path is empty");
+    sink = await fileSink(target);
+  } else if (typeof target === "object" && target !== null && typeof target.write === "function") {
+    sink = streamSink(target, signal);
+  } else {
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      "synthesizeMoeModel needs a path or a Writable",
+    );
+  }
+  const hash = createHash("sha256");
+  const total = Number(plan.totalSize);
+  let written = 0;
+  let sinceYield = 0;
+  try {
+    for (const chunk of fileChunks(spec, plan)) {
+      throwIfAborted(signal);
+      hash.update(chunk);
+      await sink.write(chunk);
+      written += chunk.byteLength;
+      onProgress?.({ bytesWritten: written, totalBytes: total });
+      // Generation is CPU-bound: let timers and abort signals run between chunks.
+      sinceYield += chunk.byteLength;
+      if (sinceYield >= 16 << 20) {
+        sinceYield = 0;
+        await new Promise<void>((r) => setImmediate(r));
+      }
+    }
+    throwIfAborted(signal);
+    await sink.finish();
+  } catch (error) {
+    await sink.abandon();
+    throw error;
+  }
+  return {
+    path: typeof target === "string" ? target : undefined,
+    size: written,
+    sha256: hash.digest("hex"),
+    plan,
+    options: spec.options,
+  };
+}

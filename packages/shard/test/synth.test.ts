@@ -1,0 +1,335 @@
+// Synthetic MoE models: determinism, layout (read back by gguf-py, an independent reader), the
+// statistics of the drawn weights, presets, caching and bad options.
+import { createHash } from "node:crypto";
+import { readdirSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { PassThrough } from "node:stream";
+import { afterAll, describe, expect, it } from "vitest";
+import {
+  dequantize,
+  ensureSyntheticModel,
+  findTensor,
+  GgmlType,
+  getInteger,
+  getString,
+  planSyntheticModel,
+  readGguf,
+  SYNTHETIC_ARCHS,
+  type SyntheticMoeOptions,
+  synthesizeMoeModel,
+  syntheticModelKey,
+  syntheticPreset,
+} from "../src/index.js";
+import { buildTokenizer } from "../src/synth/tokenizer.js";
+import { runGgufPy, tempDir } from "./gguf-fixtures.js";
+
+const tmp = tempDir("synth");
+afterAll(() => tmp.cleanup());
+
+const sha256 = (bytes: Uint8Array) => createHash("sha256").update(bytes).digest("hex");
+
+function stats(values: Float32Array): { mean: number; std: number } {
+  let s = 0;
+  let s2 = 0;
+  for (const v of values) {
+    s += v;
+    s2 += v * v;
+  }
+  const mean = s / values.length;
+  return { mean, std: Math.sqrt(s2 / values.length - mean * mean) };
+}
+
+describe("synthesizeMoeModel", () => {
+  const tiny = syntheticPreset("tiny");
+
+  it("writes the same bytes for the same seed, to a path or a stream", async () => {
+    const a = join(tmp.dir, "a.gguf");
+    const b = join(tmp.dir, "b.gguf");
+    const ra = await synthesizeMoeModel(tiny, a);
+    const rb = await synthesizeMoeModel({ ...tiny }, b);
+    const sink = new PassThrough();
+    const parts: Buffer[] = [];
+    sink.on("data", (c: Buffer) => parts.push(c));
+    const rs = await synthesizeMoeModel(tiny, sink);
+    const fa = readFileSync(a);
+    expect(sha256(fa)).toBe(ra.sha256);
+    expect(sha256(readFileSync(b))).toBe(ra.sha256);
+    expect(sha256(Buffer.concat(parts))).toBe(ra.sha256);
+    expect(rb.sha256).toBe(ra.sha256);
+    expect(rs.sha256).toBe(ra.sha256);
+    expect(fa.byteLength).toBe(ra.size);
+    expect(BigInt(ra.size)).toBe(planSyntheticModel(tiny).plan.totalSize);
+    // No temporary file left beside the outputs.
+    expect(readdirSync(tmp.dir).filter((f) => f.endsWith(".tmp"))).toEqual([]);
+  });
+
+  it("writes different weights for a different seed, and only the weights and the seed key differ", async () => {
+    const a = await synthesizeMoeModel(tiny, join(tmp.dir, "s1.gguf"));
+    const b = await synthesizeMoeModel({ ...tiny, seed: 2 }, join(tmp.dir, "s2.gguf"));
+    expect(b.sha256).not.toBe(a.sha256);
+    expect(b.size).toBe(a.size);
+    const ha = await readGguf(join(tmp.dir, "s1.gguf"));
+    const hb = await readGguf(join(tmp.dir, "s2.gguf"));
+    expect(hb.tensors.map((t) => [t.name, t.absoluteOffset])).toEqual(
+      ha.tensors.map((t) => [t.name, t.absoluteOffset]),
+    );
+    const fa = readFileSync(join(tmp.dir, "s1.gguf"));
+    const fb = readFileSync(join(tmp.dir, "s2.gguf"));
+    for (const name of ["blk.0.ffn_up_exps.weight", "token_embd.weight", "blk.1.attn_q.weight"]) {
+      const t = findTensor(ha, name)!;
+      const range = [Number(t.absoluteOffset), Number(t.absoluteOffset + t.nbytes)] as const;
+      expect(sha256(fb.subarray(...range)), name).not.toBe(sha256(fa.subarray(...range)));
+    }
+    expect(getInteger(hb, "moeswarm.synthetic.seed")).toBe(2);
+  });
+
+  it("draws each expert's slab from its own stream: fewer experts keep the same first slabs", async () => {
+    const eight = { ...tiny, nExpert: 8 };
+    const four = { ...tiny, nExpert: 4 };
+    await synthesizeMoeModel(eight, join(tmp.dir, "e8.gguf"));
+    await synthesizeMoeModel(four, join(tmp.dir, "e4.gguf"));
+    const h8 = await readGguf(join(tmp.dir, "e8.gguf"));
+    const h4 = await readGguf(join(tmp.dir, "e4.gguf"));
+    const f8 = readFileSync(join(tmp.dir, "e8.gguf"));
+    const f4 = readFileSync(join(tmp.dir, "e4.gguf"));
+    const t8 = findTensor(h8, "blk.1.ffn_down_exps.weight")!;
+    const t4 = findTensor(h4, "blk.1.ffn_down_exps.weight")!;
+    expect(t4.shape).toEqual([128, 64, 4]);
+    const o8 = Number(t8.absoluteOffset);
+    const o4 = Number(t4.absoluteOffset);
+    expect(
+      Buffer.compare(f8.subarray(o8, o8 + Number(t4.nbytes)), f4.subarray(o4, o4 + Number(t4.nbytes))),
+    ).toBe(0);
+  });
+
+  it("draws weights with the documented scales", async () => {
+    const opts: SyntheticMoeOptions = { ...tiny, types: { experts: "F32", attention: "F32" } };
+    const path = join(tmp.dir, "f32.gguf");
+    await synthesizeMoeModel(opts, path);
+    const header = await readGguf(path);
+    const file = readFileSync(path);
+    const values = (name: string) => {
+      const t = findTensor(header, name)!;
+      const start = Number(t.absoluteOffset);
+      return dequantize(t.type, file.subarray(start, start + Number(t.nbytes)), t.nElements);
+    };
+    const nEmbd = 64;
+    const router = stats(values("blk.0.ffn_gate_inp.weight"));
+    expect(Math.abs(router.mean)).toBeLessThan(0.05);
+    // 512 values: the sample deviation is within ~3% (1 sigma) of the drawn one.
+    expect(router.std / (2 / Math.sqrt(nEmbd))).toBeGreaterThan(0.9);
+    expect(router.std / (2 / Math.sqrt(nEmbd))).toBeLessThan(1.1);
+    const up = stats(values("blk.1.ffn_up_exps.weight"));
+    expect(up.std / (1 / Math.sqrt(nEmbd))).toBeGreaterThan(0.97);
+    expect(up.std / (1 / Math.sqrt(nEmbd))).toBeLessThan(1.03);
+    const down = stats(values("blk.1.ffn_down_exps.weight"));
+    expect(down.std / (1 / Math.sqrt(128))).toBeGreaterThan(0.97);
+    expect(down.std / (1 / Math.sqrt(128))).toBeLessThan(1.03);
+    const norm = stats(values("output_norm.weight"));
+    expect(norm.mean).toBeGreaterThan(0.95);
+    expect(norm.mean).toBeLessThan(1.05);
+    const out = stats(values("output.weight"));
+    expect(out.std / (10 / Math.sqrt(nEmbd))).toBeGreaterThan(0.97);
+    expect(out.std / (10 / Math.sqrt(nEmbd))).toBeLessThan(1.03);
+  });
+
+  it("writes the keys and tensors llama.cpp requires, as gguf-py reads them", async () => {
+    const expected: Record<string, { keys: string[]; tensors: Record<string, number[]> }> = {
+      qwen3moe: {
+        keys: ["qwen3moe.attention.key_length", "qwen3moe.expert_feed_forward_length"],
+        tensors: {
+          "blk.0.attn_q.weight": [64, 128],
+          "blk.0.attn_k.weight": [64, 64],
+          "blk.0.attn_output.weight": [128, 64],
+          "blk.0.attn_q_norm.weight": [32],
+          "blk.0.ffn_gate_inp.weight": [64, 8],
+          "blk.0.ffn_gate_exps.weight": [64, 128, 8],
+          "blk.0.ffn_down_exps.weight": [128, 64, 8],
+          "output.weight": [64, 512],
+        },
+      },
+      qwen2moe: {
+        keys: ["qwen2moe.expert_shared_feed_forward_length", "qwen2moe.expert_feed_forward_length"],
+        tensors: {
+          "blk.1.attn_q.bias": [64],
+          "blk.1.ffn_gate_inp_shexp.weight": [64],
+          "blk.1.ffn_up_shexp.weight": [64, 256],
+          "blk.1.ffn_down_shexp.weight": [256, 64],
+          "blk.1.ffn_up_exps.weight": [64, 128, 8],
+        },
+      },
+      mixtral: {
+        keys: ["llama.rope.dimension_count", "llama.vocab_size"],
+        tensors: { "blk.0.attn_k.weight": [64, 32], "blk.0.ffn_gate_exps.weight": [64, 128, 8] },
+      },
+    };
+    const paths = SYNTHETIC_ARCHS.map((arch) => join(tmp.dir, `layout-${arch}.gguf`));
+    for (const [i, arch] of SYNTHETIC_ARCHS.entries())
+      await synthesizeMoeModel(syntheticPreset("tiny", arch), paths[i]!);
+    const read = JSON.parse(
+      await runGgufPy(
+        `
+import sys, json
+from gguf import GGUFReader
+out = []
+for path in sys.argv[1:]:
+    r = GGUFReader(path)
+    out.append({
+        "arch": r.fields["general.architecture"].contents(),
+        "keys": list(r.fields.keys()),
+        "tensors": {t.name: [int(x) for x in t.shape] for t in r.tensors},
+        "tokens": len(r.fields["tokenizer.ggml.tokens"].contents()),
+    })
+print(json.dumps(out))`,
+        paths,
+      ),
+    ) as Array<{ arch: string; keys: string[]; tensors: Record<string, number[]>; tokens: number }>;
+    for (const [i, arch] of SYNTHETIC_ARCHS.entries()) {
+      const out = read[i]!;
+      const ggufArch = arch === "mixtral" ? "llama" : arch;
+      expect(out.arch).toBe(ggufArch);
+      expect(out.tokens).toBe(512);
+      for (const suffix of [
+        "block_count",
+        "context_length",
+        "embedding_length",
+        "feed_forward_length",
+        "attention.head_count",
+        "attention.head_count_kv",
+        "rope.freq_base",
+        "attention.layer_norm_rms_epsilon",
+        "expert_count",
+        "expert_used_count",
+      ]) {
+        expect(out.keys, `${arch} ${suffix}`).toContain(`${ggufArch}.${suffix}`);
+      }
+      for (const key of expected[arch]!.keys) expect(out.keys).toContain(key);
+      for (const [name, shape] of Object.entries(expected[arch]!.tensors))
+        expect(out.tensors[name], `${arch} ${name}`).toEqual(shape);
+    }
+  });
+
+  it("writes quantised types with the shard quantisers", async () => {
+    const path = join(tmp.dir, "quant.gguf");
+    await synthesizeMoeModel(
+      {
+        ...tiny,
+        nEmbd: 256,
+        nHead: 4,
+        headDim: 64,
+        nFfExp: 256,
+        nExpert: 2,
+        nExpertUsed: 1,
+        nLayer: 1,
+        types: { experts: "Q4_K", attention: "Q4_0", embeddings: "BF16", output: "Q8_0" },
+      },
+      path,
+    );
+    const h = await readGguf(path);
+    expect(findTensor(h, "blk.0.ffn_up_exps.weight")!.type).toBe(GgmlType.Q4_K);
+    expect(findTensor(h, "blk.0.attn_v.weight")!.type).toBe(GgmlType.Q4_0);
+    expect(findTensor(h, "token_embd.weight")!.type).toBe(GgmlType.BF16);
+    expect(findTensor(h, "output.weight")!.type).toBe(GgmlType.Q8_0);
+    expect(findTensor(h, "blk.0.ffn_norm.weight")!.type).toBe(GgmlType.F32);
+  });
+
+  it("rejects options that cannot make a model, with typed errors", async () => {
+    const bad: Array<[Partial<SyntheticMoeOptions>, RegExp]> = [
+      [{ arch: "gpt5" as never }, /arch must be one of/],
+      [{ seed: -1 }, /seed must be a uint32/],
+      [{ nHeadKv: 3 }, /multiple of nHeadKv|nHeadKv must be/],
+      [{ nExpertUsed: 9 }, /nExpertUsed must be an integer in \[1, 8\]/],
+      [{ vocab: 100 }, /vocab must be an integer/],
+      [{ types: { experts: "Q4_K" } }, /block size 256/],
+      [{ types: { experts: "Q5_K" as never } }, /types.experts must be one of/],
+      [{ nLayer: 1e9 }, /nLayer must be an integer/],
+    ];
+    for (const [patch, message] of bad) {
+      const err = await synthesizeMoeModel({ ...tiny, ...patch }, join(tmp.dir, "bad.gguf")).catch(
+        (e: unknown) => e,
+      );
+      expect(err, JSON.stringify(patch)).toMatchObject({
+        name: "InvalidArgumentError",
+        code: "MOESWARM_INVALID_ARGUMENT",
+      });
+      expect((err as Error).message).toMatch(message);
+    }
+    expect(() => planSyntheticModel({ ...tiny, arch: "mixtral", headDim: 32 })).toThrow(
+      /headDim \* nHead = nEmbd/,
+    );
+  });
+
+  it("stops when aborted, leaving no file", async () => {
+    const controller = new AbortController();
+    const path = join(tmp.dir, "aborted.gguf");
+    const err = await synthesizeMoeModel(tiny, path, {
+      signal: controller.signal,
+      onProgress: (p) => {
+        if (p.bytesWritten > 100_000) controller.abort(new Error("stop"));
+      },
+    }).catch((e: unknown) => e);
+    expect((err as Error).message).toBe("stop");
+    expect(readdirSync(tmp.dir).filter((f) => f.startsWith("aborted"))).toEqual([]);
+    const already = await synthesizeMoeModel(tiny, path, { signal: AbortSignal.abort() }).catch(
+      (e: unknown) => e,
+    );
+    expect(already).toMatchObject({ name: "AbortError" });
+  });
+});
+
+describe("byte-level BPE tokenizer", () => {
+  it("learns merges of common English and keeps tokens unique", () => {
+    const tok = buildTokenizer(1024);
+    expect(tok.tokens.length).toBe(1024);
+    expect(new Set(tok.tokens).size).toBe(1024);
+    expect(tok.merges.slice(0, 4)).toEqual(["Ġ t", "h e", "Ġ a", "Ġt he"]);
+    expect(tok.tokens).toContain("Ġthe");
+    expect(tok.tokens).toContain("Ġriver");
+    expect(tok.tokens[tok.eosId]).toBe("<|endoftext|>");
+    // Every merge's halves and result are tokens.
+    const known = new Set(tok.tokens);
+    for (const m of tok.merges) {
+      const [l, r] = m.split(" ");
+      expect(known.has(l!) && known.has(r!) && known.has(l! + r!), m).toBe(true);
+    }
+    // Beyond what the corpus teaches, rare merges fill a larger vocabulary.
+    expect(buildTokenizer(4096).tokens.length).toBe(4096);
+  });
+});
+
+describe("presets and ensureSyntheticModel", () => {
+  it("has tiny/small/medium presets of the documented sizes", () => {
+    const size = (p: "tiny" | "small" | "medium", a: (typeof SYNTHETIC_ARCHS)[number]) =>
+      Number(planSyntheticModel(syntheticPreset(p, a)).plan.totalSize) / 2 ** 20;
+    for (const arch of SYNTHETIC_ARCHS) {
+      expect(size("tiny", arch)).toBeLessThan(1.5);
+      expect(size("small", arch)).toBeGreaterThan(30);
+      expect(size("small", arch)).toBeLessThan(80);
+    }
+    expect(size("medium", "qwen3moe")).toBeGreaterThan(350);
+    expect(size("medium", "qwen3moe")).toBeLessThan(700);
+    expect(() => syntheticPreset("medium", "mixtral")).toThrow(/exists for qwen3moe/);
+  });
+
+  it("generates once, then reuses the file; the key follows options and generator", async () => {
+    const cacheDir = join(tmp.dir, "cache");
+    const first = await ensureSyntheticModel("tiny", { cacheDir, arch: "qwen2moe" });
+    expect(first.created).toBe(true);
+    const again = await ensureSyntheticModel("tiny", { cacheDir, arch: "qwen2moe" });
+    expect(again).toMatchObject({ created: false, path: first.path, size: first.size });
+    const h = await readGguf(first.path);
+    expect(getString(h, "general.architecture")).toBe("qwen2moe");
+    const other = await ensureSyntheticModel("tiny", { cacheDir, arch: "qwen2moe", seed: 7 });
+    expect(other.path).not.toBe(first.path);
+    expect(syntheticModelKey(syntheticPreset("tiny"))).not.toBe(
+      syntheticModelKey({ ...syntheticPreset("tiny"), seed: 7 }),
+    );
+    // Concurrent callers share one generation.
+    const [x, y] = await Promise.all([
+      ensureSyntheticModel("tiny", { cacheDir, arch: "mixtral" }),
+      ensureSyntheticModel("tiny", { cacheDir, arch: "mixtral" }),
+    ]);
+    expect(x.path).toBe(y.path);
+    expect(readdirSync(cacheDir).filter((f) => f.endsWith(".tmp"))).toEqual([]);
+  });
+});
