@@ -1,2 +1,80 @@
-// Public API of @moeswarm/dispatch: nothing is exported until its work lands.
-export {};
+// Public API of @moeswarm/dispatch.
+export {
+  type ActivationSpec,
+  activate,
+  type ExpertActivation,
+  normalizeActivation,
+  SWIGLU_OAI_ALPHA,
+  SWIGLU_OAI_LIMIT,
+} from "./activation.js";
+export { combineEach, partialSumF32 } from "./combine.js";
+export {
+  type DispatchOptions,
+  type DispatchResult,
+  dispatchExperts,
+  dispatchExpertsDetailed,
+  dispatchExpertsF64,
+} from "./dispatch.js";
+export {
+  type GgufExpertWeights,
+  type LoadExpertWeightsOptions,
+  loadExpertWeightsFromGguf,
+} from "./gguf-weights.js";
+export {
+  type DispatchCallMetrics,
+  DispatchMetrics,
+  type DispatchMetricsSnapshot,
+  FALLBACK_OWNER,
+  type OwnerCallMetrics,
+  type OwnerTotals,
+} from "./metrics.js";
+export {
+  checkRouting,
+  type ExpertMatrices,
+  type ExpertShape,
+  type ExpertWeights,
+  expertForwardF64,
+  expertShape,
+  type ReferenceMoeOptions,
+  referenceMoe,
+} from "./oracle.js";
+export {
+  type MissingExperts,
+  Placement,
+  type PlacementOptions,
+  type WorkerRegistration,
+} from "./placement.js";
+export {
+  createReferenceWorker,
+  type ReferenceWorkerOptions,
+  validateExpertRequest,
+} from "./reference-worker.js";
+export {
+  GATING_FUNCTION_IDS,
+  type GatingFunction,
+  type RouteOptions,
+  type RouterInput,
+  type Routing,
+  type RoutingConfig,
+  route,
+  type SelectionSource,
+  validateRoutingConfig,
+  WEIGHT_SUM_CLAMP,
+} from "./route.js";
+export {
+  type ArchRoutingSpec,
+  type GatingRule,
+  type GgufMetadataInput,
+  type GgufRoutingConfig,
+  ROUTING_ARCHITECTURES,
+  routingConfigFromGguf,
+} from "./routing-config.js";
+export type {
+  ExpertCallOptions,
+  ExpertCompute,
+  ExpertRequest,
+  ExpertResult,
+  ExpertTransport,
+} from "./transport.js";
+export { InProcessTransport } from "./transport-inproc.js";
+export { serveExpertThread, type ThreadWorkerSpec, WorkerThreadTransport } from "./transport-threads.js";

@@ -1,0 +1,729 @@
+import {
+  AbortError,
+  abortReason,
+  DispatchError,
+  formatRange,
+  InvalidArgumentError,
+  isMoeswarmError,
+  toRanges,
+} from "@moeswarm/core";
+import { combineSlotsF32, combineSlotsF64, type SlotSources } from "./combine.js";
+import {
+  type DispatchCallMetrics,
+  type DispatchMetrics,
+  FALLBACK_OWNER,
+  type OwnerCallMetrics,
+} from "./metrics.js";
+import { checkRouting } from "./oracle.js";
+import type { Placement } from "./placement.js";
+import type { Routing } from "./route.js";
+import type { ExpertCompute, ExpertRequest, ExpertResult, ExpertTransport } from "./transport.js";
+
+export interface DispatchOptions {
+  /** The MoE layer (block index) the routing belongs to. */
+  readonly layer: number;
+  readonly placement: Placement;
+  readonly transport: ExpertTransport;
+  /** Model id in the requests; default `placement.model`. */
+  readonly model?: string;
+  readonly signal?: AbortSignal;
+  /** How long to wait for each request before failing over (default 30000 ms). */
+  readonly deadlineMs?: number;
+  /**
+   * "each" (default): workers return every slot's output and the combine here is in the
+   * router's k order, bit-identical whatever the placement. "sum": workers return their partial
+   * sums (less traffic); partials from several workers are added here, which is not
+   * bit-identical across placements (f32 addition is not associative; see README).
+   */
+  readonly mode?: "each" | "sum";
+  /** Serves experts whose workers failed (after the replica retry) or that have no owner. */
+  readonly fallback?: ExpertCompute;
+  /** Retry a failed request once on replicas (default true). */
+  readonly retry?: boolean;
+  /** Aggregate collector; every call, failed ones too, is recorded. */
+  readonly metrics?: DispatchMetrics;
+}
+
+export interface DispatchResult<T extends Float32Array | Float64Array> {
+  /** `[n x embd]`. */
+  readonly output: T;
+  readonly metrics: DispatchCallMetrics;
+}
+
+const DEFAULT_DEADLINE_MS = 30_000;
+const MAX_TOKENS = 65_536;
+const MAX_EMBD = 65_536;
+
+type Precision = "f32" | "f64";
+
+/** One answered request: which tokens and experts it covered and the worker's `y`. */
+interface Part {
+  readonly tokens: Int32Array;
+  readonly ids: Int32Array;
+  readonly y: Float32Array | Float64Array;
+}
+
+/** Index of the first NaN or ±Infinity in `y[from .. from+count)`, or -1. */
+function nonFinite(y: Float32Array | Float64Array, from: number, count: number): number {
+  for (let i = from; i < from + count; i++) {
+    // x - x is 0 for finite x and NaN for NaN and ±Infinity: one compare per value
+    if (y[i]! - y[i]! !== 0) return i;
+  }
+  return -1;
+}
+
+function describeExperts(experts: readonly number[]): string {
+  return toRanges(experts).map(formatRange).join(",");
+}
+
+function validateOptions(options: DispatchOptions): void {
+  if (typeof options !== "object" || options === null) {
+    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "dispatchExperts: options are required");
+  }
+  if (!Number.isInteger(options.layer) || options.layer < 0) {
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      "dispatchExperts: layer must be a non-negative integer",
+    );
+  }
+  const p = options.placement as Partial<Placement> | undefined;
+  if (!p || typeof p.choose !== "function" || typeof p.owners !== "function") {
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      "dispatchExperts: placement must be a Placement",
+    );
+  }
+  if (!options.transport || typeof options.transport.request !== "function") {
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      "dispatchExperts: transport must have request()",
+    );
+  }
+  const d = options.deadlineMs;
+  if (d !== undefined && !(Number.isFinite(d) && d > 0 && d <= 2_147_483_647)) {
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      "dispatchExperts: deadlineMs must be in (0, 2^31)",
+    );
+  }
+  if (options.mode !== undefined && options.mode !== "each" && options.mode !== "sum") {
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      `dispatchExperts: unknown mode ${String(options.mode)}`,
+    );
+  }
+  if (options.fallback !== undefined && typeof options.fallback !== "function") {
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      "dispatchExperts: fallback must be a function",
+    );
+  }
+}
+
+/**
+ * llama4 weights the expert *input* (llama-graph.cpp:1965, 2104-2109): each (token, slot) becomes its own
+ * row `fround(w * x)` with one slot of weight 1, so dispatch and combine need no special case;
+ * the per-slot outputs are then added in slot order.
+ */
+function expandWeightBeforeFfn(
+  hidden: Float32Array | Float64Array,
+  routing: Routing,
+  embd: number,
+  precision: Precision,
+): { hidden: Float32Array | Float64Array; routing: Routing } {
+  const { n, k, ids, weights } = routing;
+  const x = precision === "f32" ? new Float32Array(n * k * embd) : new Float64Array(n * k * embd);
+  for (let i = 0; i < n; i++) {
+    for (let j = 0; j < k; j++) {
+      const w = weights[i * k + j]!;
+      const o = (i * k + j) * embd;
+      for (let c = 0; c < embd; c++) x[o + c] = w * hidden[i * embd + c]!;
+    }
+  }
+  return {
+    hidden: x,
+    routing: { n: n * k, k: 1, ids: ids.slice(), weights: new Float32Array(n * k).fill(1) },
+  };
+}
+
+class CallState {
+  readonly precision: Precision;
+  readonly layer: number;
+  readonly model: string;
+  readonly mode: "each" | "sum";
+  readonly deadlineMs: number;
+  readonly placement: Placement;
+  readonly transport: ExpertTransport;
+  readonly fallback: ExpertCompute | undefined;
+  readonly retry: boolean;
+  readonly hidden: Float32Array | Float64Array;
+  readonly routing: Routing;
+  readonly embd: number;
+  readonly rotation: number;
+  /** Aborted when the call ends early (caller abort or a failure): cancels outstanding requests. */
+  readonly controller = new AbortController();
+  /** Outstanding attempts, ended together when the call ends early (one listener, not one each). */
+  readonly #active = new Set<(reason: unknown) => void>();
+  readonly metrics: DispatchCallMetrics;
+
+  constructor(
+    precision: Precision,
+    options: DispatchOptions,
+    hidden: Float32Array | Float64Array,
+    routing: Routing,
+    embd: number,
+  ) {
+    this.precision = precision;
+    this.layer = options.layer;
+    this.model = options.model ?? options.placement.model;
+    this.mode = options.mode ?? "each";
+    this.deadlineMs = options.deadlineMs ?? DEFAULT_DEADLINE_MS;
+    this.placement = options.placement;
+    this.transport = options.transport;
+    this.fallback = options.fallback;
+    this.retry = options.retry ?? true;
+    this.hidden = hidden;
+    this.routing = routing;
+    this.embd = embd;
+    this.rotation = options.placement.nextRotation();
+    const signal = this.controller.signal;
+    signal.addEventListener(
+      "abort",
+      () => {
+        for (const end of [...this.#active]) end(signal.reason);
+      },
+      { once: true },
+    );
+    this.metrics = {
+      layer: options.layer,
+      mode: this.mode,
+      tokens: routing.n,
+      k: routing.k,
+      requests: 0,
+      bytesOut: 0,
+      bytesIn: 0,
+      failovers: 0,
+      fallbacks: 0,
+      // worker ids are untrusted (a peer may call itself "__proto__"): no prototype to pollute
+      owners: Object.create(null) as Record<string, OwnerCallMetrics>,
+      wallMs: 0,
+    };
+  }
+
+  owner(id: string): OwnerCallMetrics {
+    let o = Object.hasOwn(this.metrics.owners, id) ? this.metrics.owners[id] : undefined;
+    if (!o) {
+      o = {
+        requests: 0,
+        tokens: 0,
+        slots: 0,
+        bytesOut: 0,
+        bytesIn: 0,
+        latencyMs: 0,
+        latencyMsMax: 0,
+        computeMs: 0,
+        failures: 0,
+      };
+      this.metrics.owners[id] = o;
+    }
+    return o;
+  }
+
+  /** The request for the given experts: every token with a slot among them, other slots -1. */
+  build(experts: ReadonlySet<number>): { request: ExpertRequest; tokens: Int32Array; slots: number } {
+    const { n, k, ids, weights } = this.routing;
+    const embd = this.embd;
+    const tokenList: number[] = [];
+    let slots = 0;
+    for (let i = 0; i < n; i++) {
+      let hit = false;
+      for (let j = 0; j < k; j++) {
+        if (experts.has(ids[i * k + j]!)) {
+          hit = true;
+          slots++;
+        }
+      }
+      if (hit) tokenList.push(i);
+    }
+    const m = tokenList.length;
+    const tokens = Int32Array.from(tokenList);
+    const x = this.precision === "f32" ? new Float32Array(m * embd) : new Float64Array(m * embd);
+    const rid = new Int32Array(m * k);
+    const w = this.mode === "sum" ? new Float32Array(m * k) : undefined;
+    for (let r = 0; r < m; r++) {
+      const i = tokens[r]!;
+      x.set(this.hidden.subarray(i * embd, (i + 1) * embd), r * embd);
+      for (let j = 0; j < k; j++) {
+        const id = ids[i * k + j]!;
+        const mine = experts.has(id);
+        rid[r * k + j] = mine ? id : -1;
+        if (w && mine) w[r * k + j] = weights[i * k + j]!;
+      }
+    }
+    const request: ExpertRequest = {
+      model: this.model,
+      layer: this.layer,
+      n: m,
+      embd,
+      dtype: this.precision,
+      x,
+      k,
+      ids: rid,
+      ...(w ? { w } : {}),
+      mode: this.mode,
+      deadline: Math.ceil(this.deadlineMs),
+    };
+    return { request, tokens, slots };
+  }
+
+  /** Checks shape, type and finiteness of a result before anything is combined. */
+  check(request: ExpertRequest, ids: Int32Array, result: ExpertResult): string | undefined {
+    if (typeof result !== "object" || result === null) return "the result is not an object";
+    if (result.mode !== request.mode) return `mode ${String(result.mode)}, expected ${request.mode}`;
+    if (result.n !== request.n || result.k !== request.k || result.embd !== request.embd) {
+      return `shape n=${result.n} k=${result.k} embd=${result.embd}, expected n=${request.n} k=${request.k} embd=${request.embd}`;
+    }
+    const y = result.y;
+    const okType = y instanceof Float32Array || (this.precision === "f64" && y instanceof Float64Array);
+    if (!okType)
+      return `y must be a ${this.precision === "f32" ? "Float32Array" : "Float32Array or Float64Array"}`;
+    const { n, k, embd } = request;
+    const want = request.mode === "each" ? n * k * embd : n * embd;
+    if (y.length !== want) return `y has ${y.length} values, expected ${want}`;
+    // every value the combine will read must be finite (empty slots are never read)
+    let bad = -1;
+    if (request.mode === "sum") bad = nonFinite(y, 0, y.length);
+    else for (let s = 0; s < n * k && bad < 0; s++) if (ids[s]! >= 0) bad = nonFinite(y, s * embd, embd);
+    return bad < 0 ? undefined : `y[${bad}] is not finite`;
+  }
+
+  /**
+   * One request to one worker (or the fallback) with the deadline; settles once. A reply that
+   * arrives after the deadline or after the call ended is dropped.
+   */
+  attempt(worker: string, experts: readonly number[], via: "transport" | "fallback"): Promise<Part> {
+    const { request, tokens, slots } = this.build(new Set(experts));
+    // a transport may transfer (detach) the request's buffers: keep the slot ids for the combine
+    const ids = request.ids.slice();
+    const key = via === "fallback" ? FALLBACK_OWNER : worker;
+    const om = this.owner(key);
+    om.requests++;
+    om.tokens += request.n;
+    om.slots += slots;
+    const out = request.x.byteLength + request.ids.byteLength + (request.w?.byteLength ?? 0);
+    om.bytesOut += out;
+    this.metrics.bytesOut += out;
+    this.metrics.requests++;
+    if (via === "fallback") this.metrics.fallbacks++;
+    const callSignal = this.controller.signal;
+    const attemptController = new AbortController();
+    const t0 = performance.now();
+    if (via === "transport") this.placement.acquire(worker);
+    return new Promise<Part>((resolve, reject) => {
+      let settled = false;
+      const finish = (error: unknown, result?: ExpertResult) => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(timer);
+        this.#active.delete(onCallAbort);
+        if (via === "transport") this.placement.release(worker);
+        const ms = performance.now() - t0;
+        om.latencyMs += ms;
+        om.latencyMsMax = Math.max(om.latencyMsMax, ms);
+        if (error !== undefined) {
+          attemptController.abort(error);
+          om.failures++;
+          reject(error);
+          return;
+        }
+        const r = result!;
+        const bad = this.check(request, ids, r);
+        if (bad !== undefined) {
+          om.failures++;
+          reject(
+            new DispatchError(
+              "MOESWARM_DISPATCH_BAD_RESULT",
+              `layer ${this.layer}: ${via === "fallback" ? "the fallback" : `worker ${worker}`} answered experts ${describeExperts(experts)} with a bad result: ${bad}`,
+              { details: { layer: this.layer, worker: key, experts: describeExperts(experts), reason: bad } },
+            ),
+          );
+          return;
+        }
+        om.bytesIn += r.y.byteLength;
+        this.metrics.bytesIn += r.y.byteLength;
+        if (typeof r.ms === "number" && Number.isFinite(r.ms)) om.computeMs += r.ms;
+        resolve({ tokens, ids, y: r.y });
+      };
+      const onCallAbort = (reason: unknown) => finish(reason);
+      const timer = setTimeout(() => {
+        finish(
+          new DispatchError(
+            "MOESWARM_WORKER_TIMEOUT",
+            `layer ${this.layer}: ${via === "fallback" ? "the fallback" : `worker ${worker}`} did not answer experts ${describeExperts(experts)} within ${this.deadlineMs} ms`,
+            {
+              details: {
+                layer: this.layer,
+                worker: key,
+                experts: describeExperts(experts),
+                deadlineMs: this.deadlineMs,
+              },
+            },
+          ),
+        );
+      }, this.deadlineMs);
+      if (callSignal.aborted) {
+        finish(callSignal.reason);
+        return;
+      }
+      this.#active.add(onCallAbort);
+      let pending: Promise<ExpertResult>;
+      try {
+        pending =
+          via === "fallback"
+            ? Promise.resolve(this.fallback!(request, { signal: attemptController.signal }))
+            : this.transport.request(worker, request, {
+                signal: attemptController.signal,
+                deadlineMs: this.deadlineMs,
+              });
+        if (!pending || typeof pending.then !== "function")
+          throw new TypeError("transport.request did not return a promise");
+      } catch (error) {
+        pending = Promise.reject(error);
+      }
+      pending.then(
+        (r) => finish(undefined, r),
+        (e: unknown) => finish(e ?? new Error("request rejected without a reason")),
+      );
+    });
+  }
+
+  /** The final error when nobody could serve these experts. */
+  failure(error: unknown, worker: string, experts: readonly number[], tried: string): DispatchError {
+    const code =
+      isMoeswarmError(error, "MOESWARM_WORKER_TIMEOUT") ||
+      isMoeswarmError(error, "MOESWARM_DISPATCH_BAD_RESULT")
+        ? (error as DispatchError).code
+        : "MOESWARM_DISPATCH_FAILED";
+    const reason = error instanceof Error ? error.message : String(error);
+    return new DispatchError(
+      code,
+      `layer ${this.layer}: experts ${describeExperts(experts)} failed on worker ${worker} and ${tried}: ${reason}`,
+      {
+        cause: error,
+        details: { layer: this.layer, worker, experts: describeExperts(experts), model: this.model },
+      },
+    );
+  }
+
+  /** Local fallback for experts nobody else serves, or the typed error. */
+  async fallbackFor(
+    error: unknown,
+    worker: string,
+    experts: readonly number[],
+    tried: string,
+  ): Promise<Part[]> {
+    if (!this.fallback) throw this.failure(error, worker, experts, `${tried} and there is no fallback`);
+    try {
+      return [await this.attempt(worker, experts, "fallback")];
+    } catch (fallbackError) {
+      if (this.controller.signal.aborted) throw fallbackError;
+      throw this.failure(fallbackError, worker, experts, `${tried} and the fallback failed too`);
+    }
+  }
+
+  /** One worker's experts: the request, then once on replicas, then the fallback. */
+  async serve(worker: string, experts: readonly number[]): Promise<Part[]> {
+    try {
+      return [await this.attempt(worker, experts, "transport")];
+    } catch (error) {
+      if (this.controller.signal.aborted) throw error;
+      const byReplica = new Map<string, number[]>();
+      const orphans: number[] = [];
+      const exclude = new Set([worker]);
+      for (const e of experts) {
+        const r = this.retry
+          ? this.placement.choose(this.layer, e, {
+              rotation: this.rotation,
+              exclude,
+              chosen: new Set(byReplica.keys()),
+            })
+          : undefined;
+        if (r === undefined) orphans.push(e);
+        else {
+          const list = byReplica.get(r);
+          if (list) list.push(e);
+          else byReplica.set(r, [e]);
+        }
+      }
+      if (byReplica.size > 0) this.metrics.failovers++;
+      const jobs: Promise<Part[]>[] = [];
+      for (const [replica, list] of byReplica) {
+        jobs.push(
+          this.attempt(replica, list, "transport").then(
+            (p) => [p],
+            (e: unknown) => {
+              if (this.controller.signal.aborted) throw e;
+              return this.fallbackFor(e, replica, list, `its replica ${replica} failed too`);
+            },
+          ),
+        );
+      }
+      if (orphans.length > 0) jobs.push(this.fallbackFor(error, worker, orphans, "no replica is left"));
+      return (await Promise.all(jobs)).flat();
+    }
+  }
+}
+
+function sourcesFromParts<T extends Float32Array | Float64Array>(
+  parts: Part[],
+  n: number,
+  k: number,
+  embd: number,
+  mode: "each" | "sum",
+): SlotSources<T> & { part: Int32Array } {
+  const src: (T | undefined)[] = new Array(n * k);
+  const off = new Float64Array(n * k);
+  const part = new Int32Array(n * k).fill(-1);
+  parts.forEach((p, pi) => {
+    for (let r = 0; r < p.tokens.length; r++) {
+      const i = p.tokens[r]!;
+      for (let j = 0; j < k; j++) {
+        if (p.ids[r * k + j]! < 0) continue;
+        const s = i * k + j;
+        src[s] = p.y as T;
+        off[s] = mode === "each" ? (r * k + j) * embd : r * embd;
+        part[s] = pi;
+      }
+    }
+  });
+  return { src, off, part };
+}
+
+/** mode "sum": per token, each part's partial once, in the order of the part's first slot. */
+function combinePartials(
+  out: Float32Array | Float64Array,
+  n: number,
+  k: number,
+  embd: number,
+  ids: Int32Array,
+  sources: SlotSources<Float32Array | Float64Array> & { part: Int32Array },
+): void {
+  const seen = new Set<number>();
+  for (let i = 0; i < n; i++) {
+    seen.clear();
+    const o = i * embd;
+    let first = true;
+    for (let j = 0; j < k; j++) {
+      const s = i * k + j;
+      if (ids[s]! < 0) continue;
+      const pi = sources.part[s]!;
+      if (seen.has(pi)) continue;
+      seen.add(pi);
+      const y = sources.src[s]!;
+      const yo = sources.off[s]!;
+      if (first) {
+        for (let c = 0; c < embd; c++) out[o + c] = y[yo + c]!;
+        first = false;
+      } else {
+        for (let c = 0; c < embd; c++) out[o + c]! += y[yo + c]!;
+      }
+    }
+  }
+}
+
+/** llama4: add the per-slot rows of the expanded routing back into one row per token. */
+function foldSlots<T extends Float32Array | Float64Array>(
+  rows: T,
+  ids: Int32Array,
+  n: number,
+  k: number,
+  embd: number,
+  make: (len: number) => T,
+): T {
+  const out = make(n * embd);
+  for (let i = 0; i < n; i++) {
+    let first = true;
+    for (let j = 0; j < k; j++) {
+      if (ids[i * k + j]! < 0) continue;
+      const ro = (i * k + j) * embd;
+      if (first) {
+        out.set(rows.subarray(ro, ro + embd), i * embd);
+        first = false;
+      } else {
+        for (let c = 0; c < embd; c++) out[i * embd + c]! += rows[ro + c]!;
+      }
+    }
+  }
+  return out;
+}
+
+async function run<T extends Float32Array | Float64Array>(
+  precision: Precision,
+  hidden: Float32Array | Float64Array,
+  routing: Routing,
+  options: DispatchOptions,
+): Promise<DispatchResult<T>> {
+  validateOptions(options);
+  const signal = options.signal;
+  if (signal?.aborted) throw abortReason(signal);
+  const embd = checkRouting(hidden, routing, "dispatchExperts");
+  const make = (len: number) => (precision === "f32" ? new Float32Array(len) : new Float64Array(len)) as T;
+  if (routing.n === 0) {
+    const empty = new CallState(precision, options, hidden, routing, 0).metrics;
+    options.metrics?.record(empty);
+    return { output: make(0), metrics: empty };
+  }
+  if (embd > MAX_EMBD) {
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      `dispatchExperts: n_embd ${embd} exceeds ${MAX_EMBD}`,
+    );
+  }
+  // a NaN in the input would come back from every worker and be blamed on them
+  const bad = nonFinite(hidden, 0, hidden.length);
+  if (bad >= 0) {
+    throw new InvalidArgumentError("MOESWARM_NUMERIC", `dispatchExperts: hidden[${bad}] is not finite`, {
+      details: { token: Math.floor(bad / embd) },
+    });
+  }
+  const wbf = routing.weightBeforeFfn === true;
+  if ((wbf ? routing.n * routing.k : routing.n) > MAX_TOKENS) {
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      `dispatchExperts: more than ${MAX_TOKENS} tokens in one call`,
+    );
+  }
+  const work = wbf ? expandWeightBeforeFfn(hidden, routing, embd, precision) : { hidden, routing };
+  const state = new CallState(precision, options, work.hidden, work.routing, embd);
+  const t0 = performance.now();
+  const { n, k, ids, weights } = work.routing;
+  const layer = options.layer;
+
+  let onAbort: (() => void) | undefined;
+  try {
+    // group the experts of this call by the owner chosen for each
+    const unique = [...new Set(ids)].filter((id) => id >= 0).sort((a, b) => a - b);
+    const groups = new Map<string, number[]>();
+    const orphans: number[] = [];
+    for (const id of unique) {
+      const owner = options.placement.choose(layer, id, {
+        rotation: state.rotation,
+        chosen: new Set(groups.keys()),
+      });
+      if (owner === undefined) orphans.push(id);
+      else {
+        const list = groups.get(owner);
+        if (list) list.push(id);
+        else groups.set(owner, [id]);
+      }
+    }
+    if (orphans.length > 0 && !options.fallback) {
+      throw new DispatchError(
+        "MOESWARM_DISPATCH_NO_OWNER",
+        `layer ${layer}: experts ${describeExperts(orphans)} have no owner and there is no fallback`,
+        { details: { layer, experts: describeExperts(orphans), model: state.model } },
+      );
+    }
+    const jobs: Promise<Part[]>[] = [...groups].map(([owner, list]) => state.serve(owner, list));
+    if (orphans.length > 0) {
+      const none = new DispatchError(
+        "MOESWARM_DISPATCH_NO_OWNER",
+        `experts ${describeExperts(orphans)} have no owner`,
+      );
+      jobs.push(state.fallbackFor(none, "(none)", orphans, "no owner is registered"));
+    }
+    const all = Promise.all(jobs);
+    const aborted = new Promise<never>((_, reject) => {
+      if (!signal) return;
+      onAbort = () => reject(abortReason(signal));
+      signal.addEventListener("abort", onAbort, { once: true });
+    });
+    const parts = (await Promise.race([all, aborted])).flat();
+
+    const output = make(n * embd);
+    if (state.mode === "each") {
+      const sources = sourcesFromParts<T>(parts, n, k, embd, "each");
+      if (precision === "f32") {
+        combineSlotsF32(
+          output as Float32Array,
+          n,
+          k,
+          embd,
+          weights,
+          sources as unknown as SlotSources<Float32Array>,
+        );
+      } else {
+        combineSlotsF64(output as Float64Array, n, k, embd, weights, sources);
+      }
+    } else {
+      combinePartials(output, n, k, embd, ids, sourcesFromParts<T>(parts, n, k, embd, "sum"));
+    }
+    const final = wbf ? foldSlots(output, routing.ids, routing.n, routing.k, embd, make) : output;
+    state.metrics.wallMs = performance.now() - t0;
+    options.metrics?.record(state.metrics);
+    return { output: final, metrics: state.metrics };
+  } catch (error) {
+    state.controller.abort(error instanceof Error ? error : new AbortError("MOESWARM_ABORTED"));
+    state.metrics.wallMs = performance.now() - t0;
+    state.metrics.error = isMoeswarmError(error)
+      ? error.code
+      : error instanceof Error
+        ? error.name
+        : "unknown";
+    options.metrics?.record(state.metrics);
+    throw error;
+  } finally {
+    if (onAbort) signal?.removeEventListener("abort", onAbort);
+  }
+}
+
+/**
+ * Sends the routed (token, expert) pairs of one layer to the workers that own the experts (one
+ * request per worker, all tokens of the batch in it, sent concurrently) and combines
+ * `sum_j w_j * y_j` in the router's k order in f32 exactly as llama.cpp does, so the result does
+ * not depend on placement or arrival order (mode "each"). A request that times out, fails or
+ * returns a bad result is retried once on replicas, then served by `fallback`, else the call
+ * rejects with a DispatchError naming the layer, experts and worker.
+ */
+export async function dispatchExperts(
+  hidden: Float32Array,
+  routing: Routing,
+  options: DispatchOptions,
+): Promise<Float32Array> {
+  return (await dispatchExpertsDetailed(hidden, routing, options)).output;
+}
+
+/** {@link dispatchExperts} with the call's metrics. */
+export async function dispatchExpertsDetailed(
+  hidden: Float32Array,
+  routing: Routing,
+  options: DispatchOptions,
+): Promise<DispatchResult<Float32Array>> {
+  if (!(hidden instanceof Float32Array)) {
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      "dispatchExperts: hidden must be a Float32Array",
+    );
+  }
+  return run<Float32Array>("f32", hidden, routing, options);
+}
+
+/**
+ * The f64 path (equivalence 1 of ARCHITECTURE.md): requests carry f64 activations (`dtype`
+ * "f64", in-process transports only), workers may answer Float64Array, and the combine is in
+ * f64 in the same order. With f64 workers this equals {@link referenceMoe} up to rounding of the
+ * f64 sums.
+ */
+export async function dispatchExpertsF64(
+  hidden: Float32Array | Float64Array,
+  routing: Routing,
+  options: DispatchOptions,
+): Promise<Float64Array> {
+  if (!(hidden instanceof Float32Array) && !(hidden instanceof Float64Array)) {
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      "dispatchExpertsF64: hidden must be a typed float array",
+    );
+  }
+  return (await run<Float64Array>("f64", hidden, routing, options)).output;
+}

@@ -1,0 +1,135 @@
+/** One worker's share of a dispatch call. */
+export interface OwnerCallMetrics {
+  /** Requests sent to it in this call (a retry on it counts again). */
+  requests: number;
+  tokens: number;
+  /** (token, expert) slots it was asked to compute. */
+  slots: number;
+  /** Tensor payload bytes sent (x, ids, w) and received (y); frame headers not included. */
+  bytesOut: number;
+  bytesIn: number;
+  /** Milliseconds from send to settle, summed over its requests in this call. */
+  latencyMs: number;
+  /** The slowest of its requests in this call. */
+  latencyMsMax: number;
+  /** Compute milliseconds the worker reported (`ms`), summed. */
+  computeMs: number;
+  failures: number;
+}
+
+/** What one `dispatchExperts` call did; a plain object for logs and the hub. */
+export interface DispatchCallMetrics {
+  layer: number;
+  mode: "each" | "sum";
+  tokens: number;
+  k: number;
+  /** Requests sent, retries and fallback calls included. */
+  requests: number;
+  bytesOut: number;
+  bytesIn: number;
+  /** Failed requests whose experts were retried on a replica. */
+  failovers: number;
+  /** Requests answered by the local fallback. */
+  fallbacks: number;
+  /** Per worker id; the fallback appears as "<fallback>". */
+  owners: Record<string, OwnerCallMetrics>;
+  wallMs: number;
+  /** The error code when the call failed. */
+  error?: string;
+}
+
+export interface OwnerTotals {
+  requests: number;
+  failures: number;
+  slots: number;
+  bytesOut: number;
+  bytesIn: number;
+  latencyMsTotal: number;
+  latencyMsMax: number;
+}
+
+export interface DispatchMetricsSnapshot {
+  calls: number;
+  failedCalls: number;
+  requests: number;
+  bytesOut: number;
+  bytesIn: number;
+  failovers: number;
+  fallbacks: number;
+  wallMsTotal: number;
+  owners: Record<string, OwnerTotals>;
+  /** Failed calls by error code. */
+  errors: Record<string, number>;
+}
+
+/** The fallback's key in {@link DispatchCallMetrics.owners}. */
+export const FALLBACK_OWNER = "<fallback>";
+
+/**
+ * Aggregates {@link DispatchCallMetrics} over many calls (pass it as `metrics` to
+ * `dispatchExperts`); the backbone and hub read {@link DispatchMetrics.snapshot}.
+ */
+export class DispatchMetrics {
+  #s: DispatchMetricsSnapshot = DispatchMetrics.#empty();
+
+  static #empty(): DispatchMetricsSnapshot {
+    return {
+      calls: 0,
+      failedCalls: 0,
+      requests: 0,
+      bytesOut: 0,
+      bytesIn: 0,
+      failovers: 0,
+      fallbacks: 0,
+      wallMsTotal: 0,
+      owners: Object.create(null) as Record<string, OwnerTotals>,
+      errors: Object.create(null) as Record<string, number>,
+    };
+  }
+
+  record(call: DispatchCallMetrics): void {
+    const s = this.#s;
+    s.calls++;
+    if (call.error !== undefined) {
+      s.failedCalls++;
+      s.errors[call.error] = (Object.hasOwn(s.errors, call.error) ? s.errors[call.error]! : 0) + 1;
+    }
+    s.requests += call.requests;
+    s.bytesOut += call.bytesOut;
+    s.bytesIn += call.bytesIn;
+    s.failovers += call.failovers;
+    s.fallbacks += call.fallbacks;
+    s.wallMsTotal += call.wallMs;
+    for (const [id, o] of Object.entries(call.owners)) {
+      let t = Object.hasOwn(s.owners, id) ? s.owners[id] : undefined;
+      if (!t) {
+        t = {
+          requests: 0,
+          failures: 0,
+          slots: 0,
+          bytesOut: 0,
+          bytesIn: 0,
+          latencyMsTotal: 0,
+          latencyMsMax: 0,
+        };
+        s.owners[id] = t;
+      }
+      t.requests += o.requests;
+      t.failures += o.failures;
+      t.slots += o.slots;
+      t.bytesOut += o.bytesOut;
+      t.bytesIn += o.bytesIn;
+      t.latencyMsTotal += o.latencyMs;
+      t.latencyMsMax = Math.max(t.latencyMsMax, o.latencyMsMax);
+    }
+  }
+
+  /** A deep copy of the totals. */
+  snapshot(): DispatchMetricsSnapshot {
+    return structuredClone(this.#s);
+  }
+
+  reset(): void {
+    this.#s = DispatchMetrics.#empty();
+  }
+}

@@ -1,0 +1,83 @@
+import { abortReason, InvalidArgumentError, TransportError } from "@moeswarm/core";
+import type {
+  ExpertCallOptions,
+  ExpertCompute,
+  ExpertRequest,
+  ExpertResult,
+  ExpertTransport,
+} from "./transport.js";
+
+/**
+ * Workers as functions in this process: `request(owner, ...)` calls the owner's compute. Nothing
+ * is copied, so a compute must not modify the request's arrays. Rejects promptly when the signal
+ * aborts, even if the compute keeps running.
+ */
+export class InProcessTransport implements ExpertTransport {
+  readonly #workers = new Map<string, ExpertCompute>();
+
+  constructor(workers: Record<string, ExpertCompute> | Iterable<readonly [string, ExpertCompute]> = {}) {
+    const entries =
+      Symbol.iterator in Object(workers)
+        ? (workers as Iterable<readonly [string, ExpertCompute]>)
+        : Object.entries(workers as Record<string, ExpertCompute>);
+    for (const [id, compute] of entries) this.set(id, compute);
+  }
+
+  /** Adds or replaces a worker. */
+  set(id: string, compute: ExpertCompute): this {
+    if (typeof compute !== "function") {
+      throw new InvalidArgumentError(
+        "MOESWARM_INVALID_ARGUMENT",
+        `InProcessTransport: worker ${id} is not a function`,
+      );
+    }
+    this.#workers.set(id, compute);
+    return this;
+  }
+
+  delete(id: string): boolean {
+    return this.#workers.delete(id);
+  }
+
+  has(id: string): boolean {
+    return this.#workers.has(id);
+  }
+
+  request(owner: string, request: ExpertRequest, options: ExpertCallOptions): Promise<ExpertResult> {
+    const { signal } = options;
+    if (signal.aborted) return Promise.reject(abortReason(signal));
+    const compute = this.#workers.get(owner);
+    if (!compute) {
+      return Promise.reject(
+        new TransportError(
+          "MOESWARM_TRANSPORT_UNKNOWN_PEER",
+          `no in-process worker ${JSON.stringify(owner)}`,
+          {
+            details: { peer: owner },
+          },
+        ),
+      );
+    }
+    return new Promise<ExpertResult>((resolve, reject) => {
+      const onAbort = () => reject(abortReason(signal));
+      signal.addEventListener("abort", onAbort, { once: true });
+      const done = () => signal.removeEventListener("abort", onAbort);
+      let pending: Promise<ExpertResult>;
+      try {
+        pending = Promise.resolve(compute(request, { signal }));
+      } catch (error) {
+        pending = Promise.reject(error);
+      }
+      pending.then(
+        (r) => {
+          done();
+          resolve(r);
+        },
+        (e: unknown) => {
+          done();
+          reject(e);
+        },
+      );
+    });
+  }
+}

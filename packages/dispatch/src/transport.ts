@@ -1,0 +1,69 @@
+/**
+ * What goes to a worker: the fields of the wire protocol's `dispatch` frame (v1) as typed arrays.
+ * A relay transport encodes it as that frame; in-process transports pass it as is.
+ */
+export interface ExpertRequest {
+  readonly model: string;
+  readonly layer: number;
+  /** Tokens in this request (1..65536). */
+  readonly n: number;
+  readonly embd: number;
+  /**
+   * "f32" on the wire. "f64" exists only between in-process peers (the f64 oracle path of
+   * {@link dispatchExpertsF64}); the wire codec has no f64 activations.
+   */
+  readonly dtype: "f32" | "f64";
+  /** `[n x embd]`, token-major. */
+  readonly x: Float32Array | Float64Array;
+  /** Expert slots per token. */
+  readonly k: number;
+  /** `[n x k]` global expert ids, -1 = slot not for this worker. */
+  readonly ids: Int32Array;
+  /** `[n x k]` router weights; present when mode is "sum". */
+  readonly w?: Float32Array;
+  readonly mode: "each" | "sum";
+  /** Milliseconds the sender will wait, relative to sending. */
+  readonly deadline?: number;
+}
+
+/** What comes back: the fields of the `result` frame. */
+export interface ExpertResult {
+  readonly mode: "each" | "sum";
+  readonly n: number;
+  readonly k: number;
+  readonly embd: number;
+  /**
+   * mode "each": `[n x k x embd]`, slot (i, j) at `(i*k + j) * embd`, zero for empty slots;
+   * mode "sum": `[n x embd]`, per token `sum_j w_ij * y_ij`, each product rounded to f32 and added
+   * in f32 in slot order. Float64Array only for "f64" requests.
+   */
+  readonly y: Float32Array | Float64Array;
+  /** Compute milliseconds reported by the worker. */
+  readonly ms?: number;
+}
+
+export interface ExpertCallOptions {
+  /** Aborted when the dispatcher stops waiting (deadline, failover, caller abort). */
+  readonly signal: AbortSignal;
+  /** The deadline the dispatcher applies, for transports that forward it. */
+  readonly deadlineMs?: number;
+}
+
+/**
+ * Carries requests to workers by id. A transport may transfer (detach) the request's buffers;
+ * the caller must not rely on them after `request` returns. Implementations: {@link InProcessTransport},
+ * {@link WorkerThreadTransport}; the relay transport (relay-client) plugs in the same way.
+ * A transport rejects on failure (any error); it should settle promptly after `signal` aborts,
+ * but the dispatcher never waits for it past its own deadline.
+ */
+export interface ExpertTransport {
+  request(owner: string, request: ExpertRequest, options: ExpertCallOptions): Promise<ExpertResult>;
+}
+
+/**
+ * A worker's compute, and the shape of a dispatch fallback: answers one request.
+ */
+export type ExpertCompute = (
+  request: ExpertRequest,
+  options: { readonly signal: AbortSignal },
+) => ExpertResult | Promise<ExpertResult>;
