@@ -1,0 +1,80 @@
+// Child process of the `relay` benchmark: `relay` mode runs the hub's relay on a loopback port;
+// `worker` mode joins that relay as an echo worker and also serves the same echo on a direct
+// WebSocket, so both paths end in the same process doing the same work.
+import { decodeFrame, encodeFrame, type Frame, PROTOCOL_VERSION } from "@moeswarm/core";
+import { listenRelay } from "@moeswarm/hub";
+import { connectRelay } from "@moeswarm/relay-client";
+import { WebSocketServer } from "ws";
+
+interface Args {
+  mode: "relay" | "worker";
+  secret?: string;
+  relayUrl?: string;
+  token?: string;
+  model?: string;
+}
+
+const args = JSON.parse(process.argv[2] ?? "{}") as Args;
+const MAX = 64 * 1024 * 1024;
+
+// the echo: a "sum" result is n*embd values, the same shape as the activations
+function echo(frame: Extract<Frame, { t: "dispatch" }>): Float32Array {
+  return frame.x instanceof Float32Array ? frame.x : new Float32Array(frame.n * frame.embd);
+}
+
+async function main(): Promise<void> {
+  if (args.mode === "relay") {
+    const listener = await listenRelay({
+      secret: args.secret!,
+      maxFrameBytes: MAX,
+      ratePerSec: 1e6,
+      maxInFlight: 4096,
+    });
+    process.send?.({ url: listener.url });
+    process.on("message", async () => {
+      await listener.close();
+      process.exit(0);
+    });
+    return;
+  }
+
+  const wss = new WebSocketServer({ host: "127.0.0.1", port: 0, perMessageDeflate: false, maxPayload: MAX });
+  await new Promise<void>((resolve) => wss.once("listening", () => resolve()));
+  wss.on("connection", (ws) => {
+    ws.on("error", () => {});
+    ws.on("message", (data: Buffer) => {
+      const frame = decodeFrame(data, { maxFrameBytes: MAX });
+      let reply: Frame | undefined;
+      if (frame.t === "hello") reply = { ...frame, token: "" };
+      else if (frame.t === "ping") reply = { t: "pong", v: PROTOCOL_VERSION, seq: frame.seq, ts: frame.ts };
+      else if (frame.t === "dispatch") {
+        const { id, mode, n, k, embd } = frame;
+        reply = { t: "result", v: PROTOCOL_VERSION, id, mode, n, k, embd, y: echo(frame) };
+      }
+      if (reply) ws.send(encodeFrame(reply, { maxFrameBytes: MAX }));
+    });
+  });
+  const conn = await connectRelay(args.relayUrl!, {
+    role: "worker",
+    id: "echo",
+    token: args.token!,
+    maxFrameBytes: MAX,
+    maxIncoming: 4096,
+    onDispatch: (req) => ({
+      y: req.x instanceof Float32Array ? req.x : new Float32Array(req.n * req.embd),
+      ms: 0,
+    }),
+  });
+  conn.register({ model: args.model!, layers: [0], experts: [0, 1, 2, 3, 4, 5, 6, 7] });
+  process.send?.({ directUrl: `ws://127.0.0.1:${(wss.address() as { port: number }).port}/` });
+  process.on("message", async () => {
+    await conn.close();
+    wss.close();
+    process.exit(0);
+  });
+}
+
+main().catch((error: unknown) => {
+  process.stderr.write(`relay-peer ${args.mode}: ${String(error)}\n`);
+  process.exit(1);
+});
