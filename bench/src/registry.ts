@@ -1,10 +1,19 @@
 import { codec } from "./benchmarks/codec.js";
 import { dispatchInproc } from "./benchmarks/dispatch-inproc.js";
 import { expertCompute } from "./benchmarks/expert-compute.js";
+import { expertShard } from "./benchmarks/expert-shard.js";
 import { parse } from "./benchmarks/parse.js";
 import { relay } from "./benchmarks/relay.js";
 import { slice } from "./benchmarks/slice.js";
 import type { Benchmark } from "./harness.js";
 
 // Every named benchmark, in the order `pnpm bench` runs them. Add new ones here.
-export const benchmarks: Benchmark[] = [codec, parse, relay, dispatchInproc, expertCompute, slice];
+export const benchmarks: Benchmark[] = [
+  codec,
+  parse,
+  relay,
+  dispatchInproc,
+  expertCompute,
+  slice,
+  expertShard,
+];

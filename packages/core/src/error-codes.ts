@@ -73,6 +73,10 @@ export const ERROR_CODES = {
     area: "GgufError",
     text: "A slice's bytes do not match its manifest (sha256 of a slab, size or shape).",
   },
+  MOESWARM_PLAN_NO_FIT: {
+    area: "InvalidArgumentError",
+    text: "The model does not fit the memory given to the offload planner (VRAM, RAM and swarm workers).",
+  },
 
   // --- protocol (core) ---------------------------------------------------------------------------
   MOESWARM_PROTOCOL_MALFORMED: {
@@ -185,6 +189,19 @@ export const ERROR_CODES = {
     text: "The claim cannot be granted (already covered, over capacity, lease held by another).",
   },
   MOESWARM_HUB_STORE: { area: "HubError", text: "The hub's persistent store failed." },
+  MOESWARM_HUB_METHOD_NOT_ALLOWED: {
+    area: "HubError",
+    text: "The HTTP method is not allowed on this resource (the `Allow` header lists those that are).",
+  },
+  MOESWARM_HUB_RANGE_NOT_SATISFIABLE: {
+    area: "HubError",
+    text: "The HTTP `Range` header asks for bytes outside the resource (answered 416).",
+  },
+  MOESWARM_HUB_PAYLOAD_TOO_LARGE: { area: "HubError", text: "The request body is larger than allowed." },
+  MOESWARM_HUB_INTERNAL: {
+    area: "HubError",
+    text: "The hub failed while answering (a bug or an I/O error); the request may be retried.",
+  },
 } as const satisfies Record<string, { area: string; text: string }>;
 
 export type ErrorCode = keyof typeof ERROR_CODES;

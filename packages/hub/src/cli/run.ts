@@ -1,0 +1,342 @@
+import { randomBytes } from "node:crypto";
+import { readFile } from "node:fs/promises";
+import { parseArgs } from "node:util";
+import { InvalidArgumentError, isMoeswarmError } from "@moeswarm/core";
+import { createHub, type HubEvent } from "../hub.js";
+import { mintToken, type TokenRole } from "../token.js";
+
+export const CLI_NAME = "moeswarm-hub";
+
+/** Where the CLI writes: injectable so it runs in-process too. */
+export interface CliIo {
+  stdout: NodeJS.WritableStream;
+  stderr: NodeJS.WritableStream;
+}
+
+type Values = Record<string, string | boolean | string[] | undefined>;
+
+interface Option {
+  type: "string" | "boolean";
+  multiple?: boolean;
+  short?: string;
+  description: string;
+}
+
+interface Command {
+  name: string;
+  summary: string;
+  usage: string;
+  options: Record<string, Option>;
+  run(values: Values, io: CliIo, signal: AbortSignal): Promise<void>;
+}
+
+/** A mistake in the command line (exit status 2), as opposed to a failure of the work (1). */
+function usageError(message: string): InvalidArgumentError {
+  return new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", message, { details: { usage: true } });
+}
+
+function isUsageError(error: unknown): boolean {
+  return (
+    isMoeswarmError(error, "MOESWARM_INVALID_ARGUMENT") &&
+    (error.details as { usage?: unknown } | undefined)?.usage === true
+  );
+}
+
+function str(values: Values, name: string): string | undefined {
+  const v = values[name];
+  return typeof v === "string" ? v : undefined;
+}
+
+function int(values: Values, name: string, fallback: number, min: number, max: number): number {
+  const text = str(values, name);
+  if (text === undefined) return fallback;
+  if (!/^\d+$/.test(text) || Number(text) < min || Number(text) > max) {
+    throw usageError(`--${name} must be an integer in ${min}..${max}, got ${JSON.stringify(text)}`);
+  }
+  return Number(text);
+}
+
+async function readText(path: string, what: string): Promise<string> {
+  try {
+    return await readFile(path, "utf8");
+  } catch (error) {
+    throw usageError(`cannot read the ${what} ${path}: ${(error as Error).message}`);
+  }
+}
+
+async function readSecret(path: string): Promise<string> {
+  // a trailing newline is an editor's, not part of the secret
+  return (await readText(path, "secret file")).replace(/\r?\n$/, "");
+}
+
+const DAY_S = 86_400;
+
+function size(bytes: number): string {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let v = bytes;
+  let u = 0;
+  while (v >= 1024 && u < units.length - 1) {
+    v /= 1024;
+    u++;
+  }
+  return `${u === 0 ? v : v.toFixed(1)} ${units[u]}`;
+}
+
+const serve: Command = {
+  name: "serve",
+  summary: "serve models (expert-shard API, manifests, metrics) and the relay on one port",
+  usage: "serve --model <gguf> [--model <gguf> ...] [options]",
+  options: {
+    model: {
+      type: "string",
+      multiple: true,
+      description: "a GGUF model to serve (id: its file name); repeatable",
+    },
+    port: { type: "string", description: "TCP port (default 8443; 0 = any free port)" },
+    host: { type: "string", description: 'interface to bind (default 127.0.0.1; "0.0.0.0" for the network)' },
+    "tls-cert": { type: "string", description: "PEM certificate: serve https and wss" },
+    "tls-key": { type: "string", description: "PEM private key of --tls-cert" },
+    "secret-file": {
+      type: "string",
+      description:
+        "file holding the token secret (>= 16 bytes); without it a secret is generated for this run",
+    },
+    db: {
+      type: "string",
+      description:
+        'SQLite file for registered models and workers (default moeswarm-hub.db; ":memory:" keeps none)',
+    },
+    "model-dir": { type: "string", description: "directory POST /api/models may register files from" },
+    "manifest-dir": { type: "string", description: "where manifests are cached (default beside each model)" },
+    private: { type: "boolean", description: "reads need a token too (default: reads are public)" },
+    json: { type: "boolean", description: "one JSON object per line on stdout, for machines" },
+  },
+  async run(values, io, signal) {
+    const json = values.json === true;
+    const models = (values.model as string[] | undefined) ?? [];
+    const modelDir = str(values, "model-dir");
+    if (models.length === 0 && modelDir === undefined) {
+      throw usageError("give at least one --model <gguf> (or --model-dir to register models at run time)");
+    }
+    const port = int(values, "port", 8443, 0, 65535);
+    const host = str(values, "host") ?? "127.0.0.1";
+    const certPath = str(values, "tls-cert");
+    const keyPath = str(values, "tls-key");
+    if ((certPath === undefined) !== (keyPath === undefined)) {
+      throw usageError("--tls-cert and --tls-key go together");
+    }
+    const tls =
+      certPath && keyPath
+        ? { cert: await readText(certPath, "certificate"), key: await readText(keyPath, "key") }
+        : undefined;
+    const secretFile = str(values, "secret-file");
+    const generated = secretFile === undefined;
+    const secret = generated ? randomBytes(32).toString("base64url") : await readSecret(secretFile);
+    const say = (line: string, event: Record<string, unknown>) => {
+      io.stdout.write(json ? `${JSON.stringify(event)}\n` : `${line}\n`);
+    };
+    const lastPercent = new Map<string, number>();
+    const loadingSince = new Map<string, number>();
+    const onEvent = (e: HubEvent) => {
+      switch (e.type) {
+        case "model-loading":
+          loadingSince.set(e.id, performance.now());
+          say(`${CLI_NAME}: loading ${e.id} (${e.path})`, { event: e.type, id: e.id, path: e.path });
+          return;
+        case "model-progress": {
+          // building a manifest reads every expert byte once: when that takes a while, say how
+          // far it is, every 10%
+          if (performance.now() - (loadingSince.get(e.id) ?? 0) < 2000) return;
+          const pct = e.bytesTotal === 0 ? 100 : Math.floor((e.bytesDone / e.bytesTotal) * 10) * 10;
+          if (pct === lastPercent.get(e.id) || pct === 0) return;
+          lastPercent.set(e.id, pct);
+          say(`${CLI_NAME}: hashing ${e.id}'s experts for its manifest: ${pct}%`, {
+            event: e.type,
+            id: e.id,
+            bytesDone: e.bytesDone,
+            bytesTotal: e.bytesTotal,
+          });
+          return;
+        }
+        case "model-unavailable":
+          io.stderr.write(
+            `${CLI_NAME}: model ${e.id} (${e.path}) is not served: ${isMoeswarmError(e.error) ? `${e.error.code}: ${e.error.message}` : String(e.error)}\n`,
+          );
+          return;
+        case "request-error":
+        case "store-error": {
+          const err = e.error;
+          const text = isMoeswarmError(err) ? `${err.code}: ${err.message}` : String(err);
+          io.stderr.write(
+            `${CLI_NAME}: ${e.type === "store-error" ? "store" : `${e.method} ${e.url}`}: ${text.replace(/\s*\n\s*/g, " ")}\n`,
+          );
+          return;
+        }
+        default:
+          return;
+      }
+    };
+    const hub = createHub({
+      secret,
+      models: models.map((path) => ({ path })),
+      modelDir,
+      manifestDir: str(values, "manifest-dir"),
+      store: str(values, "db") ?? "moeswarm-hub.db",
+      tls,
+      publicReads: values.private !== true,
+      defaultMetrics: true,
+      onEvent,
+    });
+    const stop = () => void hub.close();
+    signal.addEventListener("abort", stop, { once: true });
+    try {
+      if (signal.aborted) return;
+      const listener = await hub.listen(port, host);
+      const infos = hub.models();
+      const tokens = generated
+        ? {
+            admin: mintToken({ role: "admin", ttlS: 7 * DAY_S }, secret),
+            worker: mintToken({ role: "worker", ttlS: 7 * DAY_S }, secret),
+            backbone: mintToken({ role: "backbone", ttlS: 7 * DAY_S }, secret),
+          }
+        : undefined;
+      const lines = [
+        `${CLI_NAME}: serving ${infos.length} model${infos.length === 1 ? "" : "s"} on ${listener.url} (relay ${listener.relayUrl})`,
+        ...infos.map(
+          (m) =>
+            `  ${m.id}  ${m.arch ?? "?"}  ${m.layers} layers x ${m.experts} experts  ${size(m.expertBytes)}/expert  file ${size(m.fileSize)}`,
+        ),
+        `  store: ${hub.store.kind}${hub.store.kind === "sqlite" ? ` (${str(values, "db") ?? "moeswarm-hub.db"})` : ""}; reads ${values.private === true ? "need a token" : "are public"}`,
+      ];
+      if (tokens) {
+        lines.push(
+          `${CLI_NAME}: no --secret-file given: generated a secret for this run only. These tokens (valid 7 days)`,
+          "  stop working when this hub stops; give --secret-file <file> and mint tokens with",
+          `  \`${CLI_NAME} token\` to keep them across restarts.`,
+          `  admin token:    ${tokens.admin}`,
+          `  worker token:   ${tokens.worker}`,
+          `  backbone token: ${tokens.backbone}`,
+        );
+      }
+      say(lines.join("\n"), {
+        event: "listening",
+        url: listener.url,
+        relayUrl: listener.relayUrl,
+        port: listener.port,
+        models: infos,
+        store: hub.store.kind,
+        ...(tokens ? { tokens, secretGenerated: true } : {}),
+      });
+      await new Promise<void>((resolve) => {
+        if (signal.aborted) resolve();
+        else signal.addEventListener("abort", () => resolve(), { once: true });
+      });
+      say(`${CLI_NAME}: shutting down`, { event: "closing" });
+    } finally {
+      signal.removeEventListener("abort", stop);
+      await hub.close();
+    }
+  },
+};
+
+const token: Command = {
+  name: "token",
+  summary: "mint a token signed with the hub's secret",
+  usage: "token --secret-file <file> --role worker|backbone|admin [--id <peer id>] [--ttl <seconds>]",
+  options: {
+    "secret-file": { type: "string", description: "file holding the hub's token secret" },
+    role: { type: "string", description: "worker, backbone or admin" },
+    id: { type: "string", description: "bind the token to this peer id" },
+    ttl: { type: "string", description: "lifetime in seconds (default 86400)" },
+  },
+  async run(values, io) {
+    const file = str(values, "secret-file");
+    if (file === undefined) throw usageError("--secret-file is required");
+    const role = str(values, "role");
+    if (role !== "worker" && role !== "backbone" && role !== "admin") {
+      throw usageError("--role must be worker, backbone or admin");
+    }
+    const ttlS = int(values, "ttl", DAY_S, 1, 10 * 365 * DAY_S);
+    const secret = await readSecret(file);
+    io.stdout.write(`${mintToken({ role: role as TokenRole, id: str(values, "id"), ttlS }, secret)}\n`);
+  },
+};
+
+const COMMANDS: readonly Command[] = [serve, token];
+
+function helpText(command?: Command): string {
+  if (command) {
+    const opts = Object.entries(command.options).map(([name, o]) => {
+      const flag = `--${name}${o.type === "string" ? " <value>" : ""}`;
+      return `  ${flag.padEnd(26)} ${o.description}`;
+    });
+    return [`usage: ${CLI_NAME} ${command.usage}`, "", command.summary, "", "options:", ...opts, ""].join(
+      "\n",
+    );
+  }
+  return [
+    `usage: ${CLI_NAME} <command> [options]`,
+    "",
+    "commands:",
+    ...COMMANDS.map((c) => `  ${c.name.padEnd(8)} ${c.summary}`),
+    "",
+    `Run \`${CLI_NAME} <command> --help\` for its options. Errors print one line with their code.`,
+    "",
+  ].join("\n");
+}
+
+function describeError(error: unknown): { code: string; message: string } {
+  if (isMoeswarmError(error)) return { code: error.code, message: error.message };
+  const e = error as { code?: unknown; message?: unknown } | null;
+  if (typeof e?.code === "string" && e.code.startsWith("ERR_PARSE_ARGS")) {
+    return { code: "MOESWARM_INVALID_ARGUMENT", message: String(e.message) };
+  }
+  const code = typeof e?.code === "string" ? e.code : error instanceof Error ? error.name : "Error";
+  return { code, message: error instanceof Error ? error.message : String(error) };
+}
+
+/**
+ * Runs the CLI with `argv` (without node and the script): 0 on success (serve: after `signal`
+ * stopped it), 1 on an error (one line `moeswarm-hub: CODE: message` on stderr), 2 on a usage error.
+ */
+export async function runCli(
+  argv: readonly string[],
+  io: CliIo,
+  signal: AbortSignal = new AbortController().signal,
+): Promise<number> {
+  const [name, ...rest] = argv;
+  if (name === undefined || name === "--help" || name === "-h" || name === "help") {
+    io.stdout.write(helpText(name === "help" ? COMMANDS.find((c) => c.name === rest[0]) : undefined));
+    return name === undefined ? 2 : 0;
+  }
+  const fail = (error: unknown, status: number): number => {
+    const { code, message } = describeError(error);
+    // one line: the first line of a multi-line message, the rest folded in
+    io.stderr.write(`${CLI_NAME}: ${code}: ${message.replace(/\s*\n\s*/g, " ")}\n`);
+    return status;
+  };
+  const command = COMMANDS.find((c) => c.name === name);
+  if (!command) return fail(usageError(`unknown command ${JSON.stringify(name)}; try --help`), 2);
+  let values: Values;
+  try {
+    const parsed = parseArgs({
+      args: [...rest],
+      options: { ...command.options, help: { type: "boolean", short: "h" } },
+      allowPositionals: false,
+      strict: true,
+    });
+    values = parsed.values as Values;
+  } catch (error) {
+    return fail(error, 2);
+  }
+  if (values.help === true) {
+    io.stdout.write(helpText(command));
+    return 0;
+  }
+  try {
+    await command.run(values, io, signal);
+    return 0;
+  } catch (error) {
+    return fail(error, isUsageError(error) ? 2 : 1);
+  }
+}

@@ -1,0 +1,208 @@
+import { isErrorCode } from "@moeswarm/core";
+import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client";
+import type { Relay, RelayServerEvent } from "./relay.js";
+
+/** Route labels are the route templates, so a crawler cannot grow the label set. */
+export type RouteLabel =
+  | "/api/models"
+  | "/api/models/:model"
+  | "/api/models/:model/manifest"
+  | "/api/models/:model/expert-shard"
+  | "/api/workers"
+  | "/metrics"
+  | "other";
+
+export interface HubMetricsSources {
+  relay: Relay;
+  models: () => number;
+  workersKnown: () => number;
+  downloads: () => number;
+}
+
+const METHODS = new Set(["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]);
+
+/**
+ * The hub's Prometheus metrics, in a registry of its own (never prom-client's global one), so
+ * two hubs in one process, or the embedder's own metrics, never collide.
+ */
+export class HubMetrics {
+  readonly registry = new Registry();
+  readonly #requests: Counter<"route" | "method" | "status">;
+  readonly #duration: Histogram<"route">;
+  readonly #bytes: Counter<"route">;
+  readonly #connects: Counter<"role">;
+  readonly #routeSeconds: Histogram<"outcome">;
+  readonly #storeErrors: Counter;
+  readonly #handlerErrors: Counter<"route">;
+
+  constructor(sources: HubMetricsSources, options: { defaultMetrics?: boolean } = {}) {
+    const registers = [this.registry];
+    const { relay } = sources;
+    this.#requests = new Counter({
+      name: "moeswarm_http_requests_total",
+      help: "HTTP requests answered, by route template, method and status",
+      labelNames: ["route", "method", "status"],
+      registers,
+    });
+    this.#duration = new Histogram({
+      name: "moeswarm_http_request_duration_seconds",
+      help: "Time from a request's arrival to the end of its answer (downloads included)",
+      labelNames: ["route"],
+      buckets: [0.001, 0.005, 0.025, 0.1, 0.5, 2.5, 10, 60, 300],
+      registers,
+    });
+    this.#bytes = new Counter({
+      name: "moeswarm_http_bytes_served_total",
+      help: "Body bytes handed to the network, by route template",
+      labelNames: ["route"],
+      registers,
+    });
+    this.#handlerErrors = new Counter({
+      name: "moeswarm_http_internal_errors_total",
+      help: "Requests that failed on the hub's side (answered 5xx or cut)",
+      labelNames: ["route"],
+      registers,
+    });
+    new Gauge({
+      name: "moeswarm_relay_connections",
+      help: "Open relay connections that said hello, by role",
+      labelNames: ["role"],
+      registers,
+      collect() {
+        const s = relay.stats();
+        this.set({ role: "worker" }, s.workers);
+        this.set({ role: "backbone" }, s.backbones);
+        this.set({ role: "pending" }, Math.max(0, s.connections - s.workers - s.backbones));
+      },
+    });
+    this.#connects = new Counter({
+      name: "moeswarm_relay_connects_total",
+      help: "Relay connections accepted (hello verified), by role",
+      labelNames: ["role"],
+      registers,
+    });
+    // The relay counts these itself; the counters mirror its totals at every scrape.
+    new Counter({
+      name: "moeswarm_relay_frames_total",
+      help: "Frames through the relay, by direction",
+      labelNames: ["direction"],
+      registers,
+      collect() {
+        const s = relay.stats();
+        this.reset();
+        this.inc({ direction: "in" }, s.framesIn);
+        this.inc({ direction: "out" }, s.framesOut);
+      },
+    });
+    new Counter({
+      name: "moeswarm_relay_bytes_total",
+      help: "Frame bytes through the relay, by direction",
+      labelNames: ["direction"],
+      registers,
+      collect() {
+        const s = relay.stats();
+        this.reset();
+        this.inc({ direction: "in" }, s.bytesIn);
+        this.inc({ direction: "out" }, s.bytesOut);
+      },
+    });
+    new Counter({
+      name: "moeswarm_relay_dispatches_total",
+      help: "Dispatch frames: routed to a worker, or refused by the relay (unknown peer, limits, lost worker)",
+      labelNames: ["outcome"],
+      registers,
+      collect() {
+        const s = relay.stats();
+        this.reset();
+        this.inc({ outcome: "routed" }, s.routed);
+        this.inc({ outcome: "refused" }, s.refused);
+      },
+    });
+    new Counter({
+      name: "moeswarm_relay_violations_total",
+      help: "Protocol violations by peers (bad frames, wrong role)",
+      registers,
+      collect() {
+        this.reset();
+        this.inc(relay.stats().violations);
+      },
+    });
+    this.#routeSeconds = new Histogram({
+      name: "moeswarm_relay_route_seconds",
+      help: "Relay-side round trip of a routed dispatch (in from the backbone to the answer out), by outcome",
+      labelNames: ["outcome"],
+      buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+      registers,
+    });
+    new Gauge({
+      name: "moeswarm_http_downloads_in_flight",
+      help: "Expert-shard downloads being streamed now",
+      registers,
+      collect() {
+        this.set(sources.downloads());
+      },
+    });
+    new Gauge({
+      name: "moeswarm_hub_models",
+      help: "Models the hub serves",
+      registers,
+      collect() {
+        this.set(sources.models());
+      },
+    });
+    new Gauge({
+      name: "moeswarm_hub_workers_known",
+      help: "Workers the hub remembers (live or not)",
+      registers,
+      collect() {
+        this.set(sources.workersKnown());
+      },
+    });
+    this.#storeErrors = new Counter({
+      name: "moeswarm_hub_store_errors_total",
+      help: "Failed writes to the hub's persistent store",
+      registers,
+    });
+    if (options.defaultMetrics) {
+      // process and event-loop metrics: they install observers that live as long as the
+      // process, so only a hub that owns its process (the bin) turns them on
+      collectDefaultMetrics({ register: this.registry });
+    }
+  }
+
+  request(route: RouteLabel, method: string | undefined, status: number, seconds: number): void {
+    const m = method && METHODS.has(method) ? method : "other";
+    this.#requests.inc({ route, method: m, status: String(status) });
+    this.#duration.observe({ route }, seconds);
+  }
+
+  bytes(route: RouteLabel, n: number): void {
+    this.#bytes.inc({ route }, n);
+  }
+
+  internalError(route: RouteLabel): void {
+    this.#handlerErrors.inc({ route });
+  }
+
+  storeError(): void {
+    this.#storeErrors.inc();
+  }
+
+  relayEvent(event: RelayServerEvent): void {
+    if (event.type === "connect") this.#connects.inc({ role: event.role });
+    else if (event.type === "routed") {
+      // a worker's error code is its own string: only known codes become label values
+      const outcome =
+        event.outcome === "result" ? "result" : isErrorCode(event.outcome) ? event.outcome : "other";
+      this.#routeSeconds.observe({ outcome }, event.ms / 1000);
+    }
+  }
+
+  text(): Promise<string> {
+    return this.registry.metrics();
+  }
+
+  get contentType(): string {
+    return this.registry.contentType;
+  }
+}

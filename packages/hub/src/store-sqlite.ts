@@ -1,0 +1,269 @@
+import { mkdirSync } from "node:fs";
+import { dirname } from "node:path";
+import { formatRange, HubError, InvalidArgumentError, parseRange, toRanges } from "@moeswarm/core";
+import Database from "better-sqlite3";
+import type { HubStore, StoredModel, StoredSlice, StoredWorker } from "./store.js";
+
+/*
+ * Schema versions, applied in order inside one transaction each; `PRAGMA user_version` records
+ * the last one applied. Never edit a published step: add the next one. A database written by a
+ * newer hub (user_version beyond this list) is refused rather than guessed at.
+ *
+ * Issue 7 (the coverage market) adds its tables as version 2: demand counters per
+ * (model, layer, expert) with their decay time, claims (worker, model, layers, experts, lease
+ * expiry, state) and credits (worker, model, expert-tokens served), keyed by the worker and
+ * model ids used here.
+ */
+const MIGRATIONS: readonly string[] = [
+  // 1: models registered at run time, workers and the slices they registered
+  `CREATE TABLE models (
+     id       TEXT PRIMARY KEY,
+     path     TEXT NOT NULL,
+     added_at INTEGER NOT NULL
+   ) STRICT;
+   CREATE TABLE workers (
+     id         TEXT PRIMARY KEY,
+     first_seen INTEGER NOT NULL,
+     last_seen  INTEGER NOT NULL,
+     connected  INTEGER NOT NULL DEFAULT 0,
+     draining   INTEGER NOT NULL DEFAULT 0
+   ) STRICT;
+   CREATE INDEX workers_last_seen ON workers (last_seen);
+   CREATE TABLE worker_slices (
+     worker        TEXT NOT NULL REFERENCES workers (id) ON DELETE CASCADE,
+     model         TEXT NOT NULL,
+     layers        TEXT NOT NULL,  -- half-open ranges "a:b,c:d"
+     experts       TEXT NOT NULL,
+     capacity      INTEGER,
+     backend       TEXT,
+     registered_at INTEGER NOT NULL,
+     PRIMARY KEY (worker, model)
+   ) STRICT;`,
+];
+
+/** The schema version this hub writes. */
+export const SQLITE_SCHEMA_VERSION = MIGRATIONS.length;
+
+function storeError(what: string, error: unknown): HubError {
+  return new HubError("MOESWARM_HUB_STORE", `${what}: ${(error as Error)?.message ?? String(error)}`, {
+    cause: error,
+  });
+}
+
+/** `[0,1,2,5]` as "0:3,5:6", the compact form the tables keep. */
+function packIndices(values: readonly number[]): string {
+  return toRanges(values).map(formatRange).join(",");
+}
+
+function unpackIndices(text: string): number[] {
+  if (text === "") return [];
+  const out: number[] = [];
+  for (const part of text.split(",")) {
+    const r = parseRange(part);
+    for (let i = r.start; i < r.end; i++) out.push(i);
+  }
+  return out;
+}
+
+interface ModelRow {
+  id: string;
+  path: string;
+  added_at: number;
+}
+interface WorkerRow {
+  id: string;
+  first_seen: number;
+  last_seen: number;
+  connected: number;
+  draining: number;
+}
+interface SliceRow {
+  worker: string;
+  model: string;
+  layers: string;
+  experts: string;
+  capacity: number | null;
+  backend: string | null;
+  registered_at: number;
+}
+
+function openDatabase(path: string): Database.Database {
+  try {
+    if (path !== ":memory:") mkdirSync(dirname(path), { recursive: true });
+    return new Database(path);
+  } catch (error) {
+    const message = (error as Error)?.message ?? String(error);
+    if (/better_sqlite3\.node|bindings|NODE_MODULE_VERSION|invalid ELF/i.test(message)) {
+      throw new HubError(
+        "MOESWARM_HUB_STORE",
+        [
+          `the SQLite store cannot load better-sqlite3's native binary: ${message}`,
+          "possible solutions:",
+          "  - rebuild it for this Node: `npm rebuild better-sqlite3` (needs python3, make and a C++ compiler;",
+          "    offline, point node-gyp at local headers: npm_config_nodedir=/usr)",
+          "  - or run the hub without persistence: an in-memory store (`--db :memory:`)",
+        ].join("\n"),
+        { cause: error },
+      );
+    }
+    throw storeError(`cannot open the SQLite store ${path}`, error);
+  }
+}
+
+/** Applies the pending migrations; returns the schema version now in force. */
+function migrate(db: Database.Database, path: string): number {
+  const current = db.pragma("user_version", { simple: true }) as number;
+  if (current > MIGRATIONS.length) {
+    throw new HubError(
+      "MOESWARM_HUB_STORE",
+      `${path} has schema version ${current}, written by a newer hub (this one knows ${MIGRATIONS.length})`,
+      { details: { version: current, known: MIGRATIONS.length } },
+    );
+  }
+  for (let v = current; v < MIGRATIONS.length; v++) {
+    db.transaction(() => {
+      db.exec(MIGRATIONS[v] as string);
+      db.pragma(`user_version = ${v + 1}`);
+    }).immediate();
+  }
+  return MIGRATIONS.length;
+}
+
+export interface SqliteStoreOptions {
+  /** How long a write waits for another process's lock (default 5000 ms). */
+  busyTimeoutMs?: number;
+}
+
+/**
+ * The embedded store: one SQLite file (created with its directory when missing), WAL journal,
+ * schema versions applied at open (`user_version`). `":memory:"` keeps it in memory. Throws
+ * HubError MOESWARM_HUB_STORE when the file cannot be opened, is not a database, or was written
+ * by a newer hub.
+ */
+export function openSqliteStore(path: string, options: SqliteStoreOptions = {}): HubStore {
+  if (typeof path !== "string" || path.length === 0) {
+    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "openSqliteStore needs a file path");
+  }
+  const busy = options.busyTimeoutMs ?? 5000;
+  if (!Number.isInteger(busy) || busy < 0) {
+    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "busyTimeoutMs must be an integer >= 0");
+  }
+  const db = openDatabase(path);
+  try {
+    db.pragma(`busy_timeout = ${busy}`);
+    if (path !== ":memory:") db.pragma("journal_mode = WAL");
+    db.pragma("synchronous = NORMAL");
+    db.pragma("foreign_keys = ON");
+    migrate(db, path);
+  } catch (error) {
+    db.close();
+    throw error instanceof HubError ? error : storeError(`cannot open the SQLite store ${path}`, error);
+  }
+
+  const q = {
+    models: db.prepare<[], ModelRow>("SELECT id, path, added_at FROM models ORDER BY added_at, rowid"),
+    putModel: db.prepare<[string, string, number]>(
+      "INSERT INTO models (id, path, added_at) VALUES (?, ?, ?) ON CONFLICT (id) DO UPDATE SET path = excluded.path, added_at = excluded.added_at",
+    ),
+    deleteModel: db.prepare<[string]>("DELETE FROM models WHERE id = ?"),
+    workers: db.prepare<[], WorkerRow>(
+      "SELECT id, first_seen, last_seen, connected, draining FROM workers ORDER BY id",
+    ),
+    slices: db.prepare<[], SliceRow>(
+      "SELECT worker, model, layers, experts, capacity, backend, registered_at FROM worker_slices ORDER BY worker, model",
+    ),
+    putWorker: db.prepare<[string, number, number, number, number]>(
+      `INSERT INTO workers (id, first_seen, last_seen, connected, draining) VALUES (?, ?, ?, ?, ?)
+       ON CONFLICT (id) DO UPDATE SET first_seen = excluded.first_seen, last_seen = excluded.last_seen,
+         connected = excluded.connected, draining = excluded.draining`,
+    ),
+    clearSlices: db.prepare<[string]>("DELETE FROM worker_slices WHERE worker = ?"),
+    putSlice: db.prepare<[string, string, string, string, number | null, string | null, number]>(
+      "INSERT INTO worker_slices (worker, model, layers, experts, capacity, backend, registered_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+    ),
+    forget: db.prepare<[number]>("DELETE FROM workers WHERE last_seen < ?"),
+  };
+  const putWorkers = db.transaction((list: readonly StoredWorker[]) => {
+    for (const w of list) {
+      q.putWorker.run(w.id, w.firstSeen, w.lastSeen, w.connected ? 1 : 0, w.draining ? 1 : 0);
+      q.clearSlices.run(w.id);
+      for (const s of w.slices) {
+        q.putSlice.run(
+          w.id,
+          s.model,
+          packIndices(s.layers),
+          packIndices(s.experts),
+          s.capacity ?? null,
+          s.backend ?? null,
+          s.registeredAt,
+        );
+      }
+    }
+  });
+
+  let closed = false;
+  // better-sqlite3 is synchronous: each call runs to completion before the promise settles
+  const run = async <T>(what: string, fn: () => T): Promise<T> => {
+    if (closed) throw new HubError("MOESWARM_HUB_STORE", "the hub store is closed");
+    try {
+      return fn();
+    } catch (error) {
+      throw storeError(what, error);
+    }
+  };
+
+  const store: HubStore = {
+    kind: "sqlite",
+    listModels: () =>
+      run("listing models", () =>
+        q.models.all().map((r): StoredModel => ({ id: r.id, path: r.path, addedAt: r.added_at })),
+      ),
+    putModel: (m) =>
+      run("storing a model", () => {
+        q.putModel.run(m.id, m.path, m.addedAt);
+      }),
+    deleteModel: (id) => run("deleting a model", () => q.deleteModel.run(id).changes > 0),
+    listWorkers: () =>
+      run("listing workers", () => {
+        const slices = new Map<string, StoredSlice[]>();
+        for (const r of q.slices.all()) {
+          const s: StoredSlice = {
+            model: r.model,
+            layers: unpackIndices(r.layers),
+            experts: unpackIndices(r.experts),
+            registeredAt: r.registered_at,
+            ...(r.capacity === null ? {} : { capacity: r.capacity }),
+            ...(r.backend === null ? {} : { backend: r.backend }),
+          };
+          const list = slices.get(r.worker);
+          if (list) list.push(s);
+          else slices.set(r.worker, [s]);
+        }
+        return q.workers.all().map(
+          (r): StoredWorker => ({
+            id: r.id,
+            firstSeen: r.first_seen,
+            lastSeen: r.last_seen,
+            connected: r.connected === 1,
+            draining: r.draining === 1,
+            slices: slices.get(r.id) ?? [],
+          }),
+        );
+      }),
+    putWorkers: (list) =>
+      run("storing workers", () => {
+        putWorkers.immediate(list);
+      }),
+    deleteWorkersSeenBefore: (before) =>
+      run("forgetting workers", () => q.forget.run(Math.floor(before)).changes),
+    async close() {
+      if (closed) return;
+      closed = true;
+      db.close();
+    },
+    [Symbol.asyncDispose]() {
+      return store.close();
+    },
+  };
+  return store;
+}

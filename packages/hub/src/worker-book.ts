@@ -1,0 +1,244 @@
+import type { Relay, RelayServerEvent } from "./relay.js";
+import type { HubStore, StoredSlice, StoredWorker } from "./store.js";
+
+interface MutableWorker {
+  id: string;
+  firstSeen: number;
+  lastSeen: number;
+  connected: boolean;
+  draining: boolean;
+  slices: Map<string, StoredSlice>;
+  dirty: boolean;
+}
+
+/** A worker as `GET /api/workers` lists it: what the hub remembers, with live figures when connected. */
+export interface HubWorkerInfo {
+  id: string;
+  live: boolean;
+  draining: boolean;
+  firstSeen: number;
+  lastSeen: number;
+  /** Dispatches routed to it and not yet answered (live workers). */
+  inFlight?: number;
+  /** Round trip of the relay's last heartbeat, ms (live workers). */
+  rttMs?: number;
+  slices: StoredSlice[];
+}
+
+export interface WorkerBookOptions {
+  store: HubStore;
+  relay: () => Relay;
+  /** Workers not seen for this long are forgotten (ms). */
+  forgetAfterMs: number;
+  onStoreError: (error: unknown) => void;
+}
+
+function freeze(w: MutableWorker, connected = w.connected): StoredWorker {
+  return {
+    id: w.id,
+    firstSeen: w.firstSeen,
+    lastSeen: w.lastSeen,
+    connected,
+    draining: w.draining,
+    slices: [...w.slices.values()],
+  };
+}
+
+/**
+ * What the hub knows of its workers: loaded from the store at start (all offline then), kept up
+ * to date from the relay's events, written back in batches (soon after each change, and the
+ * last-seen times periodically) through one queue, so writes land in order.
+ */
+export class WorkerBook {
+  readonly #workers = new Map<string, MutableWorker>();
+  readonly #o: WorkerBookOptions;
+  #queue: Promise<void> = Promise.resolve();
+  #soon: ReturnType<typeof setTimeout> | undefined;
+  #lastForget = 0;
+
+  constructor(options: WorkerBookOptions) {
+    this.#o = options;
+  }
+
+  get size(): number {
+    return this.#workers.size;
+  }
+
+  async load(now = Date.now()): Promise<void> {
+    await this.#forget(now);
+    for (const w of await this.#o.store.listWorkers()) {
+      this.#workers.set(w.id, {
+        ...w,
+        connected: false,
+        slices: new Map(w.slices.map((s) => [s.model, s])),
+        dirty: w.connected,
+      });
+    }
+  }
+
+  #get(id: string, now: number): MutableWorker {
+    let w = this.#workers.get(id);
+    if (!w) {
+      w = {
+        id,
+        firstSeen: now,
+        lastSeen: now,
+        connected: false,
+        draining: false,
+        slices: new Map(),
+        dirty: true,
+      };
+      this.#workers.set(id, w);
+    }
+    return w;
+  }
+
+  /** Takes a relay event (the relay's hook must not throw: callers guard it). */
+  onRelayEvent(event: RelayServerEvent): void {
+    const now = Date.now();
+    switch (event.type) {
+      case "connect": {
+        if (event.role !== "worker") return;
+        const w = this.#get(event.id, now);
+        w.connected = true;
+        w.draining = false;
+        w.lastSeen = now;
+        w.dirty = true;
+        break;
+      }
+      case "disconnect": {
+        if (event.role !== "worker" || event.id === undefined) return;
+        const w = this.#workers.get(event.id);
+        if (!w) return;
+        w.connected = false;
+        w.lastSeen = now;
+        w.dirty = true;
+        break;
+      }
+      case "register": {
+        const w = this.#get(event.id, now);
+        const live = this.#o
+          .relay()
+          .workers()
+          .find((x) => x.id === event.id)
+          ?.slices.find((s) => s.model === event.model);
+        const capacity = live?.capacity;
+        w.slices.set(event.model, {
+          model: event.model,
+          layers: [...event.layers],
+          experts: [...event.experts],
+          registeredAt: now,
+          // a capacity beyond 2^53 is not an amount anyone offers; it is not kept
+          ...(capacity !== undefined && Number.isSafeInteger(capacity) && capacity >= 0 ? { capacity } : {}),
+          ...(live?.backend === undefined ? {} : { backend: live.backend }),
+        });
+        w.draining = false;
+        w.lastSeen = now;
+        w.dirty = true;
+        break;
+      }
+      case "drain": {
+        const w = this.#workers.get(event.id);
+        if (!w) return;
+        w.draining = true;
+        w.dirty = true;
+        break;
+      }
+      default:
+        return;
+    }
+    this.#scheduleSoon();
+  }
+
+  #scheduleSoon(): void {
+    if (this.#soon) return;
+    this.#soon = setTimeout(() => {
+      this.#soon = undefined;
+      void this.flush();
+    }, 50);
+    this.#soon.unref?.();
+  }
+
+  /** Copies the relay's last-seen times in and writes what changed. */
+  flush(options: { final?: boolean } = {}): Promise<void> {
+    if (this.#soon) {
+      clearTimeout(this.#soon);
+      this.#soon = undefined;
+    }
+    const now = Date.now();
+    if (!options.final) {
+      for (const live of this.#o.relay().workers()) {
+        const w = this.#workers.get(live.id);
+        if (w && live.lastSeen > w.lastSeen) {
+          w.lastSeen = live.lastSeen;
+          w.dirty = true;
+        }
+      }
+    }
+    const batch: StoredWorker[] = [];
+    for (const w of this.#workers.values()) {
+      if (options.final && w.connected) {
+        // the relay is gone: every worker is offline from the next start's point of view
+        w.connected = false;
+        w.lastSeen = Math.max(w.lastSeen, now);
+        w.dirty = true;
+      }
+      if (!w.dirty) continue;
+      w.dirty = false;
+      batch.push(freeze(w));
+    }
+    this.#queue = this.#queue.then(async () => {
+      try {
+        if (batch.length > 0) await this.#o.store.putWorkers(batch);
+        if (now - this.#lastForget > 3_600_000) await this.#forget(now);
+      } catch (error) {
+        for (const w of batch) {
+          const mine = this.#workers.get(w.id);
+          if (mine) mine.dirty = true; // retried at the next flush
+        }
+        this.#o.onStoreError(error);
+      }
+    });
+    return this.#queue;
+  }
+
+  async #forget(now: number): Promise<void> {
+    this.#lastForget = now;
+    const before = now - this.#o.forgetAfterMs;
+    await this.#o.store.deleteWorkersSeenBefore(before);
+    for (const [id, w] of this.#workers) {
+      if (!w.connected && w.lastSeen < before) this.#workers.delete(id);
+    }
+  }
+
+  list(): HubWorkerInfo[] {
+    const live = new Map(
+      this.#o
+        .relay()
+        .workers()
+        .map((w) => [w.id, w]),
+    );
+    return [...this.#workers.values()]
+      .sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0))
+      .map((w) => {
+        const l = live.get(w.id);
+        const info: HubWorkerInfo = {
+          id: w.id,
+          live: l !== undefined,
+          draining: l?.draining ?? w.draining,
+          firstSeen: w.firstSeen,
+          lastSeen: Math.max(w.lastSeen, l?.lastSeen ?? 0),
+          slices: [...w.slices.values()].map((s) => ({
+            ...s,
+            layers: [...s.layers],
+            experts: [...s.experts],
+          })),
+        };
+        if (l) {
+          info.inFlight = l.inFlight;
+          if (l.rttMs !== undefined) info.rttMs = l.rttMs;
+        }
+        return info;
+      });
+  }
+}

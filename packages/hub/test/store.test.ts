@@ -1,0 +1,171 @@
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import Database from "better-sqlite3";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  createMemoryStore,
+  type HubStore,
+  isModelId,
+  openSqliteStore,
+  SQLITE_SCHEMA_VERSION,
+  type StoredWorker,
+} from "../src/index.js";
+import { type TempDir, tempDir } from "./hub-helpers.js";
+
+let tmp: TempDir;
+beforeAll(() => {
+  tmp = tempDir("moeswarm-store-");
+});
+afterAll(() => tmp?.remove());
+
+const w = (id: string, lastSeen: number, extra: Partial<StoredWorker> = {}): StoredWorker => ({
+  id,
+  firstSeen: 1000,
+  lastSeen,
+  connected: false,
+  draining: false,
+  slices: [],
+  ...extra,
+});
+
+const stores: Array<[string, () => HubStore]> = [
+  ["memory", () => createMemoryStore()],
+  ["sqlite :memory:", () => openSqliteStore(":memory:")],
+  ["sqlite file", () => openSqliteStore(join(tmp.dir, `contract-${Math.random().toString(36).slice(2)}.db`))],
+];
+
+describe.each(stores)("HubStore contract: %s", (_name, make) => {
+  it("keeps models by id in registration order", async () => {
+    await using s = make();
+    expect(await s.listModels()).toEqual([]);
+    await s.putModel({ id: "b", path: "/m/b.gguf", addedAt: 1 });
+    await s.putModel({ id: "a", path: "/m/a.gguf", addedAt: 2 });
+    await s.putModel({ id: "b", path: "/m/b2.gguf", addedAt: 3 });
+    expect(await s.listModels()).toEqual([
+      { id: "a", path: "/m/a.gguf", addedAt: 2 },
+      { id: "b", path: "/m/b2.gguf", addedAt: 3 },
+    ]);
+    expect(await s.deleteModel("a")).toBe(true);
+    expect(await s.deleteModel("a")).toBe(false);
+    expect((await s.listModels()).map((m) => m.id)).toEqual(["b"]);
+  });
+
+  it("keeps workers with their slices, replaces them whole, forgets old ones", async () => {
+    await using s = make();
+    const experts = [...Array.from({ length: 128 }, (_, i) => i), 200, 201, 255];
+    await s.putWorkers([
+      w("w2", 5000, {
+        connected: true,
+        slices: [
+          { model: "m1", layers: [0, 1, 2], experts, capacity: 2 ** 40, backend: "cuda", registeredAt: 4000 },
+          { model: "m2", layers: [7], experts: [3], registeredAt: 4500 },
+        ],
+      }),
+      w("w1", 100),
+    ]);
+    const all = await s.listWorkers();
+    expect(all.map((x) => x.id)).toEqual(["w1", "w2"]);
+    expect(all[1]).toEqual(
+      w("w2", 5000, {
+        connected: true,
+        slices: [
+          { model: "m1", layers: [0, 1, 2], experts, capacity: 2 ** 40, backend: "cuda", registeredAt: 4000 },
+          { model: "m2", layers: [7], experts: [3], registeredAt: 4500 },
+        ],
+      }),
+    );
+    await s.putWorkers([
+      w("w2", 6000, {
+        draining: true,
+        slices: [{ model: "m1", layers: [3], experts: [9], registeredAt: 5500 }],
+      }),
+    ]);
+    expect((await s.listWorkers())[1]).toEqual(
+      w("w2", 6000, {
+        draining: true,
+        slices: [{ model: "m1", layers: [3], experts: [9], registeredAt: 5500 }],
+      }),
+    );
+    expect(await s.deleteWorkersSeenBefore(1000)).toBe(1);
+    expect((await s.listWorkers()).map((x) => x.id)).toEqual(["w2"]);
+  });
+
+  it("refuses use after close", async () => {
+    const s = make();
+    await s.close();
+    await expect(s.listModels()).rejects.toMatchObject({ code: "MOESWARM_HUB_STORE" });
+  });
+});
+
+describe("SQLite store", () => {
+  it("creates the file and its directory, versions its schema with user_version", async () => {
+    const path = join(tmp.dir, "nested", "dir", "hub.db");
+    const s = openSqliteStore(path);
+    await s.putModel({ id: "m", path: "/x.gguf", addedAt: 1 });
+    await s.close();
+    const db = new Database(path, { readonly: true });
+    try {
+      expect(db.pragma("user_version", { simple: true })).toBe(SQLITE_SCHEMA_VERSION);
+      expect(db.pragma("journal_mode", { simple: true })).toBe("wal");
+      const tables = db
+        .prepare<[], { name: string }>("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+        .all()
+        .map((r) => r.name);
+      expect(tables).toEqual(["models", "worker_slices", "workers"]);
+    } finally {
+      db.close();
+    }
+    // reopening applies nothing twice and keeps the data
+    const again = openSqliteStore(path);
+    expect(await again.listModels()).toEqual([{ id: "m", path: "/x.gguf", addedAt: 1 }]);
+    await again.close();
+  });
+
+  it("refuses a database written by a newer hub", () => {
+    const path = join(tmp.dir, "newer.db");
+    const db = new Database(path);
+    db.pragma(`user_version = ${SQLITE_SCHEMA_VERSION + 1}`);
+    db.close();
+    expect(() => openSqliteStore(path)).toThrow(
+      expect.objectContaining({ code: "MOESWARM_HUB_STORE", message: expect.stringMatching(/newer hub/) }),
+    );
+  });
+
+  it("refuses a file that is not a database", () => {
+    const path = join(tmp.dir, "not-a-db.db");
+    writeFileSync(path, "this is not sqlite, just some text that is long enough to have a header".repeat(20));
+    expect(() => openSqliteStore(path)).toThrow(expect.objectContaining({ code: "MOESWARM_HUB_STORE" }));
+  });
+
+  it("rolls back a batch that fails half way", async () => {
+    await using s = openSqliteStore(":memory:");
+    await s.putWorkers([w("a", 10)]);
+    const bad = {
+      ...w("b", 20),
+      slices: [{ model: "m", layers: [0], experts: [0], capacity: 1.5, registeredAt: 1 }],
+    };
+    await expect(s.putWorkers([w("a", 30), bad])).rejects.toMatchObject({ code: "MOESWARM_HUB_STORE" });
+    expect(await s.listWorkers()).toEqual([w("a", 10)]);
+  });
+});
+
+describe("model ids", () => {
+  it.each([
+    ["tiny", true],
+    ["Qwen3.5-122B-A10B_q4", true],
+    ["a".repeat(128), true],
+    ["a".repeat(129), false],
+    ["", false],
+    [".", false],
+    ["..", false],
+    ["../x", false],
+    ["a/b", false],
+    ["a\\b", false],
+    ["-x", false],
+    ["x y", false],
+    ["x\u0000", false],
+    [42, false],
+  ])("%j -> %s", (id, ok) => {
+    expect(isModelId(id)).toBe(ok);
+  });
+});
