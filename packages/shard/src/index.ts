@@ -96,6 +96,50 @@ export {
   type MoeLayout,
   SLICE_KEYS,
 } from "./moe-tensors.js";
+// Offload planner (M0).
+export { formatLayers, formatOffloadPlan, offloadPlanToJson } from "./plan/format.js";
+export { kvLayers, type ModelHparams, modelHparams, recurrentLayers } from "./plan/hparams.js";
+export {
+  type ComputeEstimate,
+  type ContextShape,
+  estimateComputeBuffer,
+  estimateHostBuffers,
+  KV_CACHE_TYPES,
+  type KvCacheSize,
+  type KvCacheType,
+  kvCacheSize,
+  OP_OFFLOAD_MIN_BATCH,
+  type RecurrentStateSize,
+  recurrentStateSize,
+} from "./plan/memory.js";
+export {
+  type DeviceTotals,
+  type ExpertLayerPlan,
+  type OffloadDevice,
+  type OffloadOrder,
+  type OffloadPlan,
+  type PlannedTensor,
+  type PlanOffloadOptions,
+  planOffload,
+  type TensorOverride,
+} from "./plan/offload.js";
+export {
+  EXPERT_TENSOR_NAME,
+  equivalentNCpuMoe,
+  expertOverridePattern,
+  nCpuMoePattern,
+  numberSetPattern,
+} from "./plan/override.js";
+export {
+  assignSwarm,
+  type ExpertDemand,
+  type SwarmAssignment,
+  type SwarmLayerInfo,
+  type SwarmPlan,
+  type SwarmSlice,
+  type SwarmWorker,
+} from "./plan/swarm.js";
+export { type ByteSize, parseByteSize, toGiB } from "./plan/units.js";
 export {
   canDequantize,
   DEQUANTIZABLE_TYPES,

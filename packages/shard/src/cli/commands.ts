@@ -13,6 +13,7 @@ import { SYNTHETIC_PRESETS, type SyntheticPreset, syntheticPreset } from "../syn
 import { SYNTHETIC_ARCHS, type SyntheticArch } from "../synth/spec.js";
 import { synthesizeMoeModel } from "../synth/synthesize.js";
 import { type CliIo, formatBytes, progressBar, toJson } from "./io.js";
+import { planCommand } from "./plan.js";
 
 /** Parsed flags of one command (from node:util parseArgs). */
 export type Flags = Record<string, string | boolean | undefined>;
@@ -485,4 +486,4 @@ const synth: Command = {
 };
 
 /** Every subcommand, in help order. */
-export const COMMANDS: readonly Command[] = [inspect, slice, manifestCommand, verify, synth];
+export const COMMANDS: readonly Command[] = [inspect, slice, manifestCommand, verify, synth, planCommand];
