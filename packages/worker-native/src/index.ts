@@ -1,2 +1,32 @@
-// Public API of @moeswarm/worker-native: nothing is exported until its work lands.
-export {};
+// Public API of @moeswarm/worker-native.
+export {
+  ACTIVATIONS,
+  type Activation,
+  type ComputeBackend,
+  type ExpertCompute,
+  type ExpertComputeInfo,
+  type LayerTensors,
+  type RunMode,
+  type RunOptions,
+  type RunRequest,
+} from "./expert-compute.js";
+export { type LoadExpertComputeOptions, loadExpertCompute } from "./load.js";
+export {
+  ggmlDequantize,
+  ggmlQuantize,
+  type NativeCandidate,
+  type NativeStatus,
+  nativeStatus,
+  probeNative,
+} from "./native-binding.js";
+export { NativeExpertCompute, type NativeLoadOptions } from "./native-compute.js";
+export { type SliceLayer, type SliceLayout, type SliceTensor, sliceLayout } from "./slice-layout.js";
+export { TsExpertCompute, type TsLoadOptions } from "./ts-compute.js";
+export {
+  type ArmVariant,
+  armVariantFor,
+  type ExpertWorkerPathOptions,
+  expertWorkerPath,
+  type WorkerTarget,
+} from "./worker-binary.js";
+export { type SpawnExpertWorkerOptions, spawnExpertWorker, WorkerProcessCompute } from "./worker-process.js";

@@ -1,0 +1,87 @@
+#pragma once
+
+// Frames of the wire protocol v1 (docs/protocol.md is normative; packages/core implements it in
+// TypeScript) as the executable worker needs them: decoding and validating any frame in the
+// order of section 6 (unknown keys skipped, the first failure reported with its
+// MOESWARM_PROTOCOL_* code), and encoding hello, register, result, error and pong canonically
+// (section 8).
+
+#include "moeswarm-msgpack.h"
+#include "moeswarm-slice.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MOESWARM_PROTOCOL_VERSION 1
+#define MOESWARM_FRAME_MAX_DEFAULT (64u * 1024u * 1024u)
+
+enum moeswarm_frame_type {
+    MOESWARM_FRAME_UNKNOWN = 0,
+    MOESWARM_FRAME_HELLO,
+    MOESWARM_FRAME_REGISTER,
+    MOESWARM_FRAME_DISPATCH,
+    MOESWARM_FRAME_RESULT,
+    MOESWARM_FRAME_ERROR,
+    MOESWARM_FRAME_PING,
+    MOESWARM_FRAME_PONG,
+    MOESWARM_FRAME_DRAIN,
+};
+
+enum moeswarm_dtype {
+    MOESWARM_DTYPE_F32 = 0,
+    MOESWARM_DTYPE_F16,
+    MOESWARM_DTYPE_BF16,
+};
+
+struct moeswarm_str {
+    const uint8_t * ptr; // points into the decoded buffer
+    uint32_t        len;
+    bool            present;
+};
+
+struct moeswarm_frame {
+    enum moeswarm_frame_type type;
+
+    bool     has_id;       // request id (dispatch, result, error); also set when a later check failed
+    uint64_t id;
+    struct moeswarm_str to;
+    struct moeswarm_str from;
+
+    // dispatch
+    struct moeswarm_str model;
+    uint32_t layer;
+    uint32_t n;
+    uint32_t embd;
+    enum moeswarm_dtype dtype;
+    struct moeswarm_str x;
+    uint32_t k;
+    struct moeswarm_str ids;
+    struct moeswarm_str w;
+    int32_t  mode;         // enum moeswarm_mode
+    bool     has_deadline;
+    uint64_t deadline;
+
+    // ping / pong
+    uint64_t seq;
+    double   ts;
+};
+
+// Decodes and validates one frame payload (without its length prefix). On failure err holds
+// the MOESWARM_PROTOCOL_* code; f->has_id says whether the request id could be read, and
+// f->type is set once `t` was recognised. max_expert: expert ids must be below it (0: no bound).
+bool moeswarm_frame_decode(const uint8_t * data, size_t size, uint32_t max_expert, struct moeswarm_frame * f,
+        struct moeswarm_error * err);
+
+// encoders append one canonical payload (no length prefix) to w
+void moeswarm_frame_write_hello(struct moeswarm_mp_writer * w, const char * id, const char * backend, uint32_t max_frame);
+void moeswarm_frame_write_register(struct moeswarm_mp_writer * w, const char * model, const struct moeswarm_slice * slice,
+        const char * backend);
+// the reply to req; the message is made valid UTF-8 and cut to the protocol's 16384 bytes
+void moeswarm_frame_write_error(struct moeswarm_mp_writer * w, const struct moeswarm_frame * req, const char * code,
+        const char * msg);
+void moeswarm_frame_write_pong(struct moeswarm_mp_writer * w, uint64_t seq, double ts);
+// the result of req with y (n*k*embd floats in mode each, n*embd in mode sum), as f32 LE
+void moeswarm_frame_write_result(struct moeswarm_mp_writer * w, const struct moeswarm_frame * req, const float * y,
+        size_t n_y, double ms);
+
+size_t moeswarm_dtype_size(enum moeswarm_dtype dtype);

@@ -1,0 +1,144 @@
+#pragma once
+
+// The expert compute core: a slice GGUF (routed-expert tensors of some layers, some experts)
+// loaded into ggml CPU buffers in its stored types, and the expert FFN of llama.cpp's
+// build_moe_ffn (src/llama-graph.cpp) computed over it with ggml_mul_mat_id.
+//
+// Everything that reaches ggml is validated first: a bad file or a bad request gives a
+// moeswarm_error, never a GGML_ASSERT.
+
+#include "ggml.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MOESWARM_ERROR_CODE_MAX 48
+#define MOESWARM_ERROR_MSG_MAX  768
+
+// code is a MOESWARM_* code of packages/core/src/error-codes.ts
+struct moeswarm_error {
+    char code[MOESWARM_ERROR_CODE_MAX];
+    char msg[MOESWARM_ERROR_MSG_MAX];
+};
+
+void moeswarm_error_clear(struct moeswarm_error * err);
+bool moeswarm_error_set(struct moeswarm_error * err, const char * code, const char * fmt, ...)
+#ifdef __GNUC__
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+// the activation between the gate/up and the down projections (llm_ffn_op_type of llama.cpp)
+enum moeswarm_act {
+    MOESWARM_ACT_AUTO = -1, // from general.architecture, as llama.cpp's model code chooses it
+    MOESWARM_ACT_SILU = 0,  // ggml_swiglu_split (ggml_silu without a gate)
+    MOESWARM_ACT_GELU,      // ggml_geglu_split  (ggml_gelu without a gate)
+    MOESWARM_ACT_RELU,      // ggml_reglu_split  (ggml_relu without a gate)
+    MOESWARM_ACT_SWIGLU_OAI,// ggml_swiglu_oai, alpha 1.702, limit 7 (gpt-oss, minimax-m3)
+    MOESWARM_ACT_RELU_SQR,  // ggml_relu then ggml_sqr, no gate (nemotron-h)
+    MOESWARM_ACT_COUNT,
+};
+
+const char * moeswarm_act_name(int32_t act);
+int32_t      moeswarm_act_from_name(const char * name); // -2 when unknown
+
+enum moeswarm_mode {
+    MOESWARM_MODE_EACH = 0, // y[(i*k + j)*n_embd ...]: the output of slot j of token i, zero for empty slots
+    MOESWARM_MODE_SUM  = 1, // y[i*n_embd ...]: sum_j w_ij*y_ij, products rounded to f32, added in slot order
+};
+
+struct moeswarm_slice_params {
+    int32_t      n_threads;  // <= 0: all online CPUs (CPU device)
+    bool         repack;     // CPU_REPACK buffers for the types llama.cpp repacks by default (its --repack)
+    int32_t      act;        // enum moeswarm_act
+    uint32_t     n_graphs;   // graphs kept for reuse (by layer and number of (token, slot) pairs)
+    const char * device;     // NULL or "cpu": ggml's CPU backend; "gpu": the first GPU; else a ggml
+                             // device name ("CUDA0", "ROCm0"...) of a build with that backend
+};
+
+struct moeswarm_slice_params moeswarm_slice_default_params(void);
+
+struct moeswarm_slice;
+
+struct moeswarm_slice * moeswarm_slice_init_from_file(
+        const char * path, struct moeswarm_slice_params params, struct moeswarm_error * err);
+void moeswarm_slice_free(struct moeswarm_slice * slice);
+
+// what the slice holds
+uint32_t         moeswarm_slice_n_embd  (const struct moeswarm_slice * slice);
+uint32_t         moeswarm_slice_n_expert(const struct moeswarm_slice * slice);   // experts in the slice
+uint32_t         moeswarm_slice_n_layer (const struct moeswarm_slice * slice);
+const uint32_t * moeswarm_slice_experts (const struct moeswarm_slice * slice);   // global ids, slice order
+const uint32_t * moeswarm_slice_layers  (const struct moeswarm_slice * slice);   // ascending
+int32_t          moeswarm_slice_act     (const struct moeswarm_slice * slice);
+const char *     moeswarm_slice_arch    (const struct moeswarm_slice * slice);   // "" when absent
+int32_t          moeswarm_slice_n_threads(const struct moeswarm_slice * slice);
+const char *     moeswarm_slice_device  (const struct moeswarm_slice * slice);   // ggml device name
+size_t           moeswarm_slice_weight_bytes(const struct moeswarm_slice * slice);
+
+struct moeswarm_layer_desc {
+    uint32_t       layer;
+    uint32_t       n_ff;
+    bool           merged;      // ffn_gate_up_exps instead of ffn_gate_exps + ffn_up_exps
+    bool           has_gate;
+    enum ggml_type type_gate;   // GGML_TYPE_COUNT when absent
+    enum ggml_type type_up;     // the merged tensor's type when merged
+    enum ggml_type type_down;
+    bool           repacked;    // at least one tensor lives in a CPU_REPACK buffer
+    uint32_t       n_extra;     // biases and scales present
+    float          swiglu_limit;// 0: none
+};
+
+// i in [0, n_layer)
+bool moeswarm_slice_layer_desc(const struct moeswarm_slice * slice, uint32_t i, struct moeswarm_layer_desc * desc);
+
+void moeswarm_slice_set_n_threads(struct moeswarm_slice * slice, int32_t n_threads);
+
+struct moeswarm_run_params {
+    uint32_t        layer;     // global layer index, must be in the slice
+    uint32_t        n_tokens;  // 1..65536
+    uint32_t        k;         // slots per token, 1..256
+    const float   * x;         // [n_tokens][n_embd] f32
+    const int32_t * ids;       // [n_tokens][k] global expert ids, -1 = empty slot
+    const float   * weights;   // [n_tokens][k] f32, required for MOESWARM_MODE_SUM, else may be NULL
+    int32_t         mode;      // enum moeswarm_mode
+    volatile bool * abort_flag;// optional: set to true to stop the compute early (result: MOESWARM_ABORTED)
+};
+
+// number of floats the output of a run holds
+size_t moeswarm_run_output_len(const struct moeswarm_slice * slice, uint32_t n_tokens, uint32_t k, int32_t mode);
+
+// Computes the routed experts of one layer for the given tokens. out must hold
+// moeswarm_run_output_len floats. Not thread-safe per slice: callers serialise runs.
+bool moeswarm_slice_run(struct moeswarm_slice * slice, const struct moeswarm_run_params * params,
+        float * out, size_t out_len, struct moeswarm_error * err);
+
+// The reference: one graph exactly as llama.cpp's build_moe_ffn builds it over the whole
+// tensors (ids are slice-local expert indices, all valid, no empty slots), ending with the
+// weighting ggml_mul and the k-1 ggml_add of the expert views (MOESWARM_MODE_SUM) or at the
+// down projection (MOESWARM_MODE_EACH). Used by tests and the benchmark as the monolithic
+// baseline the sharded path must reproduce bit for bit.
+bool moeswarm_slice_run_reference(struct moeswarm_slice * slice, const struct moeswarm_run_params * params,
+        float * out, size_t out_len, struct moeswarm_error * err);
+
+// ggml's own conversions, for test fixtures and oracles (quantize: ggml_quantize_chunk; dequantize:
+// the type's to_float). Sizes are checked; false with err on a bad type or size.
+bool moeswarm_quantize(enum ggml_type type, const float * src, int64_t n_rows, int64_t n_per_row,
+        void * dst, size_t dst_size, struct moeswarm_error * err);
+bool moeswarm_dequantize(enum ggml_type type, const void * src, size_t src_size, float * dst, int64_t n,
+        struct moeswarm_error * err);
+// bytes of n_rows rows of n_per_row values; 0 when n_per_row is not a multiple of the block size
+size_t moeswarm_row_bytes(enum ggml_type type, int64_t n_rows, int64_t n_per_row);
+// a ggml type by its name ("q4_K", "f32"...; case-insensitive); GGML_TYPE_COUNT when unknown
+enum ggml_type moeswarm_type_from_name(const char * name);
+
+// short description of the compiled CPU features (for info and logs)
+const char * moeswarm_cpu_features(void);
+// the ggml devices of this build, "CPU" first, comma-separated (e.g. "CPU,CUDA0")
+const char * moeswarm_devices(void);
+
+// ggml's log goes to a per-thread buffer (the last error lines), echoed to stderr only when
+// MOESWARM_GGML_LOG=1. Called once by both wrappers.
+void moeswarm_log_init(void);
+const char * moeswarm_log_last(void);
+void moeswarm_log_reset(void);

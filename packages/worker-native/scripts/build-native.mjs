@@ -1,0 +1,223 @@
+#!/usr/bin/env node
+// Builds the native half of @moeswarm/worker-native from the pinned llama.cpp source:
+//   linux-x64      the N-API addon and moeswarm-expert-worker (x86-64-v3: AVX2, FMA, F16C, BMI2)
+//   android-arm64  moeswarm-expert-worker, static, armv8-a (+ the linux-arm64 addon from the same
+//                  build) and armv8.2-a+dotprod (picked at start by the armv8-a binary)
+// into prebuilds/<platform>-<arch>/ (prebuildify's layout: node-gyp-build finds the addon there).
+// Build directories live in build/<variant>/ and are reused: a rebuild only compiles what changed.
+//
+// Environment:
+//   MOESWARM_NATIVE_TARGETS  comma list of linux-x64, linux-arm64, android-arm64 (default: the host's,
+//                            plus android-arm64 on x64 when aarch64-linux-gnu-g++ is installed)
+//   MOESWARM_NATIVE_SKIP=1   build nothing native (the TypeScript compute path still works)
+//   MOESWARM_NATIVE_JOBS     parallel compile jobs (default: number of CPUs)
+//   CI                       a missing g++ or cmake is an error instead of a skip
+import { execFileSync, spawnSync } from "node:child_process";
+import { chmodSync, copyFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { availableParallelism } from "node:os";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { LLAMA_CPP_COMMIT, llamaSourceDir } from "../../../tools/llama-source.mjs";
+
+const pkgDir = resolve(dirname(fileURLToPath(import.meta.url)), "..");
+const strict = Boolean(process.env.CI);
+const jobs = Number(process.env.MOESWARM_NATIVE_JOBS) || availableParallelism();
+
+function log(line) {
+  process.stdout.write(`[worker-native] ${line}\n`);
+}
+
+function have(cmd) {
+  return spawnSync("sh", ["-c", `command -v ${cmd}`], { stdio: "ignore" }).status === 0;
+}
+
+function skipOrFail(reason, fix) {
+  const text = `${reason}\n  possible solution: ${fix}`;
+  if (strict) {
+    process.stderr.write(`[worker-native] error: ${text}\n`);
+    process.exit(1);
+  }
+  log(`skipping: ${text}`);
+}
+
+// x86-64-v3: GGML_NATIVE=OFF still turns these on; saying so keeps the baseline explicit
+const X86_V3 = {
+  GGML_NATIVE: "OFF",
+  GGML_SSE42: "ON",
+  GGML_AVX: "ON",
+  GGML_AVX2: "ON",
+  GGML_BMI2: "ON",
+  GGML_FMA: "ON",
+  GGML_F16C: "ON",
+  GGML_AVX_VNNI: "OFF",
+  GGML_AVX512: "OFF",
+};
+
+/** One CMake build directory and what to copy out of it. */
+function variants(target, napiInclude) {
+  const addon = { CMAKE_JS_INC: napiInclude };
+  const toolchain = { CMAKE_TOOLCHAIN_FILE: join(pkgDir, "cmake", "aarch64-linux-gnu.cmake") };
+  switch (target) {
+    case "linux-x64":
+      return [
+        {
+          name: "linux-x64",
+          defs: { ...X86_V3, ...addon },
+          copy: [
+            ["moeswarm_expert.node", "linux-x64/node.napi.glibc.node"],
+            ["moeswarm-expert-worker", "linux-x64/moeswarm-expert-worker"],
+          ],
+        },
+      ];
+    case "linux-arm64":
+      // native build on an aarch64 host: armv8-a runs on every 64-bit ARM board
+      return [
+        {
+          name: "linux-arm64",
+          defs: { GGML_NATIVE: "OFF", GGML_CPU_ARM_ARCH: "armv8-a", ...addon },
+          copy: [
+            ["moeswarm_expert.node", "linux-arm64/node.napi.glibc.node"],
+            ["moeswarm-expert-worker", "linux-arm64/moeswarm-expert-worker"],
+          ],
+        },
+      ];
+    case "android-arm64":
+      return [
+        {
+          name: "android-arm64-armv8a",
+          defs: {
+            ...toolchain,
+            ...addon,
+            GGML_CPU_ARM_ARCH: "armv8-a",
+            MOESWARM_STATIC: "ON",
+            MOESWARM_ARM_DISPATCH: "ON",
+            MOESWARM_ARM_DISPATCH_SUFFIX: "-armv82",
+          },
+          copy: [
+            ["moeswarm-expert-worker", "android-arm64/moeswarm-expert-worker"],
+            // same static ELF; the addon from this build is the (untested here) linux-arm64 prebuild
+            ["moeswarm-expert-worker", "linux-arm64/moeswarm-expert-worker"],
+            ["moeswarm_expert.node", "linux-arm64/node.napi.glibc.node"],
+          ],
+        },
+        {
+          name: "android-arm64-armv82",
+          defs: {
+            ...toolchain,
+            // no +fp16: ggml then accumulates f16 dot products in f16 (1e-3 off the x86 result)
+            GGML_CPU_ARM_ARCH: "armv8.2-a+dotprod",
+            MOESWARM_STATIC: "ON",
+          },
+          copy: [
+            ["moeswarm-expert-worker", "android-arm64/moeswarm-expert-worker-armv82"],
+            ["moeswarm-expert-worker", "linux-arm64/moeswarm-expert-worker-armv82"],
+          ],
+        },
+      ];
+    default:
+      throw new Error(`unknown native target ${target} (linux-x64, linux-arm64, android-arm64)`);
+  }
+}
+
+function defaultTargets() {
+  const targets = [];
+  if (process.platform === "linux" && process.arch === "x64") targets.push("linux-x64");
+  if (process.platform === "linux" && process.arch === "arm64") targets.push("linux-arm64");
+  if (process.arch === "x64") {
+    // not an error even in CI: the aarch64 tests skip with the same reason printed
+    if (have("aarch64-linux-gnu-g++")) targets.push("android-arm64");
+    else
+      log(
+        "skipping android-arm64: aarch64-linux-gnu-g++ is not installed\n  possible solution: apt-get install g++-aarch64-linux-gnu (Debian/Ubuntu)",
+      );
+  }
+  return targets;
+}
+
+function napiIncludeString() {
+  // cmake-js knows where node-api-headers and node-addon-api are (offline, `binary.napi_versions`)
+  const out = execFileSync(join(pkgDir, "node_modules", ".bin", "cmake-js"), ["print-cmakejs-include"], {
+    cwd: pkgDir,
+    encoding: "utf8",
+    stdio: ["ignore", "pipe", "ignore"],
+  });
+  const line = out
+    .split("\n")
+    .map((l) => l.trim())
+    .find((l) => l.includes("node-api-headers"));
+  if (!line) throw new Error("cmake-js did not report the node-api-headers include directory");
+  return line;
+}
+
+function run(cmd, args, cwd) {
+  const r = spawnSync(cmd, args, { cwd, stdio: "inherit" });
+  if (r.status !== 0) {
+    process.stderr.write(`[worker-native] failed: ${cmd} ${args.join(" ")}\n`);
+    process.exit(r.status ?? 1);
+  }
+}
+
+function buildVariant(v, llamaSrc) {
+  const dir = join(pkgDir, "build", v.name);
+  mkdirSync(dir, { recursive: true });
+  const defs = { MOESWARM_LLAMA_SRC: llamaSrc, CMAKE_BUILD_TYPE: "Release", ...v.defs };
+  const configureArgs = ["-S", pkgDir, "-B", dir, ...(have("ninja") ? ["-G", "Ninja"] : [])];
+  for (const [k, value] of Object.entries(defs)) configureArgs.push(`-D${k}=${value}`);
+  // reconfigure only when the arguments change: a configure of ggml costs seconds
+  const stamp = join(dir, "moeswarm-configure.json");
+  const want = JSON.stringify({ args: configureArgs, commit: LLAMA_CPP_COMMIT });
+  const t0 = performance.now();
+  if (
+    !existsSync(join(dir, "CMakeCache.txt")) ||
+    !existsSync(stamp) ||
+    readFileSync(stamp, "utf8") !== want
+  ) {
+    run("cmake", configureArgs, pkgDir);
+    writeFileSync(stamp, want);
+  }
+  run("cmake", ["--build", dir, "--parallel", String(jobs)], pkgDir);
+  for (const [from, to] of v.copy) {
+    const src = join(dir, from);
+    if (!existsSync(src)) {
+      if (from.endsWith(".node") && !("CMAKE_JS_INC" in v.defs)) continue;
+      throw new Error(`${v.name}: ${from} was not built`);
+    }
+    const dst = join(pkgDir, "prebuilds", to);
+    mkdirSync(dirname(dst), { recursive: true });
+    copyFileSync(src, dst);
+    chmodSync(dst, 0o755);
+  }
+  log(`${v.name}: ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+}
+
+function main() {
+  if (process.env.MOESWARM_NATIVE_SKIP === "1") {
+    log("MOESWARM_NATIVE_SKIP=1: no native build");
+    return;
+  }
+  for (const tool of ["cmake", "g++"]) {
+    if (!have(tool)) {
+      skipOrFail(
+        `${tool} is not installed, so the native addon and executable are not built`,
+        "apt-get install cmake g++",
+      );
+      return;
+    }
+  }
+  const targets = process.env.MOESWARM_NATIVE_TARGETS
+    ? process.env.MOESWARM_NATIVE_TARGETS.split(",")
+        .map((t) => t.trim())
+        .filter(Boolean)
+    : defaultTargets();
+  const llamaSrc = llamaSourceDir();
+  const napiInclude = napiIncludeString();
+  const t0 = performance.now();
+  for (const target of targets) {
+    for (const v of variants(target, napiInclude)) buildVariant(v, llamaSrc);
+  }
+  log(
+    `native build done in ${((performance.now() - t0) / 1000).toFixed(1)} s (${targets.join(", ") || "nothing"})`,
+  );
+}
+
+main();

@@ -1,0 +1,144 @@
+import { InvalidArgumentError } from "@moeswarm/core";
+
+/** Which implementation computes: the N-API addon, the standalone executable, or TypeScript. */
+export type ComputeBackend = "native" | "worker" | "ts";
+
+/** The activation between the gate/up and down projections, as llama.cpp's llm_ffn_op_type. */
+export type Activation = "silu" | "gelu" | "relu" | "swiglu_oai" | "relu_sqr";
+
+export const ACTIVATIONS: readonly Activation[] = Object.freeze([
+  "silu",
+  "gelu",
+  "relu",
+  "swiglu_oai",
+  "relu_sqr",
+]);
+
+/** `each`: one output row per slot (zero for empty slots); `sum`: the router-weighted sum per token. */
+export type RunMode = "each" | "sum";
+
+/** One layer's routed-expert computation for a batch of tokens. */
+export interface RunRequest {
+  /** Global layer index; must be one of `info.layers`. */
+  layer: number;
+  /** Activations, n tokens x n_embd, token-major. */
+  x: Float32Array;
+  /** n x k global expert ids, token-major; -1 marks an empty slot. */
+  ids: Int32Array;
+  /** Slots per token (1..256). */
+  k: number;
+  /** n x k router weights; required for mode "sum", ignored for "each". */
+  weights?: Float32Array;
+  mode: RunMode;
+}
+
+export interface RunOptions {
+  signal?: AbortSignal;
+}
+
+/** The expert tensors of one layer: ggml type names, `gate` null without a gate tensor. */
+export interface LayerTensors {
+  layer: number;
+  nFf: number;
+  gate: string | null;
+  /** The merged gate+up tensor's type when `merged`. */
+  up: string;
+  down: string;
+  merged: boolean;
+}
+
+export interface ExpertComputeInfo {
+  backend: ComputeBackend;
+  /** Global layer indices, ascending. */
+  layers: number[];
+  /** Global expert ids in slice order (the order of the tensors' `ne[2]` slabs). */
+  experts: number[];
+  nEmbd: number;
+  /** n_ff of the first layer (see `tensors` for each layer's). */
+  nFf: number;
+  tensors: LayerTensors[];
+  act: Activation;
+  /** `general.architecture` of the slice, "" when absent. */
+  arch: string;
+  /** Compute threads (native and worker backends). */
+  threads?: number;
+  /** CPU features ggml was compiled with (native backend). */
+  cpu?: string;
+  /** ggml device that computes ("CPU", "CUDA0"...; native and worker backends). */
+  device?: string;
+}
+
+/**
+ * Routed-expert FFNs over one slice, computed as llama.cpp's `build_moe_ffn` computes them.
+ * Runs of one instance are executed one after the other, in call order.
+ */
+export interface ExpertCompute extends AsyncDisposable {
+  readonly info: ExpertComputeInfo;
+  /**
+   * Mode "each": n*k*n_embd floats, slot (i, j) at ((i*k)+j)*n_embd, zero for empty slots.
+   * Mode "sum": n*n_embd floats, sum_j w_ij*y_ij rounded as protocol v1 defines it.
+   */
+  run(request: RunRequest, options?: RunOptions): Promise<Float32Array>;
+  /** Releases the weights; runs already started finish first, later ones reject with MOESWARM_NATIVE_CLOSED. */
+  close(): Promise<void>;
+}
+
+function invalid(message: string, details?: Record<string, unknown>): InvalidArgumentError {
+  return new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", message, details ? { details } : {});
+}
+
+/** Number of tokens of a request that fits the slice; throws InvalidArgumentError otherwise. */
+export function checkRunRequest(
+  request: RunRequest,
+  info: Pick<ExpertComputeInfo, "layers" | "nEmbd">,
+  expertSet: ReadonlySet<number>,
+): number {
+  if (typeof request !== "object" || request === null) throw invalid("run needs a request object");
+  const { layer, x, ids, k, weights, mode } = request;
+  if (!Number.isInteger(layer) || !info.layers.includes(layer)) {
+    throw invalid(`layer ${String(layer)} is not in this slice (layers ${info.layers.join(", ")})`, {
+      layer,
+    });
+  }
+  if (mode !== "each" && mode !== "sum") throw invalid(`mode must be "each" or "sum", got ${String(mode)}`);
+  if (!Number.isInteger(k) || k < 1 || k > 256)
+    throw invalid(`k must be an integer in 1..256, got ${String(k)}`);
+  if (!(ids instanceof Int32Array)) throw invalid("ids must be an Int32Array");
+  if (!(x instanceof Float32Array)) throw invalid("x must be a Float32Array");
+  const n = ids.length / k;
+  if (!Number.isInteger(n) || n < 1 || n > 65536) {
+    throw invalid(`ids holds ${ids.length} values: expected n*k with k=${k} and 1 <= n <= 65536`);
+  }
+  if (x.length !== n * info.nEmbd) {
+    throw invalid(`x holds ${x.length} values, expected n*n_embd = ${n}*${info.nEmbd}`, {
+      n,
+      nEmbd: info.nEmbd,
+    });
+  }
+  for (let i = 0; i < ids.length; i++) {
+    const id = ids[i]!;
+    if (id !== -1 && !expertSet.has(id)) {
+      throw invalid(`expert ${id} (token ${Math.floor(i / k)}, slot ${i % k}) is not in this slice`, {
+        expert: id,
+        token: Math.floor(i / k),
+        slot: i % k,
+      });
+    }
+  }
+  if (weights !== undefined) {
+    if (!(weights instanceof Float32Array)) throw invalid("weights must be a Float32Array");
+    if (weights.length !== ids.length)
+      throw invalid(`weights holds ${weights.length} values, expected n*k = ${ids.length}`);
+    for (let i = 0; i < weights.length; i++) {
+      if (!Number.isFinite(weights[i]!)) throw invalid(`weight ${i} is not finite`, { index: i });
+    }
+  } else if (mode === "sum") {
+    throw invalid('mode "sum" needs the router weights');
+  }
+  return n;
+}
+
+/** Output length of a run. */
+export function outputLength(n: number, k: number, nEmbd: number, mode: RunMode): number {
+  return n * (mode === "each" ? k : 1) * nEmbd;
+}

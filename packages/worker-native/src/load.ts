@@ -1,0 +1,66 @@
+import { InvalidArgumentError, NativeError, throwIfAborted } from "@moeswarm/core";
+import type { Activation, ExpertCompute } from "./expert-compute.js";
+import { probeNative } from "./native-binding.js";
+import { NativeExpertCompute } from "./native-compute.js";
+import { TsExpertCompute } from "./ts-compute.js";
+
+export interface LoadExpertComputeOptions {
+  /**
+   * "native": the N-API addon, or NativeError MOESWARM_NATIVE_LOAD saying why it cannot load;
+   * "ts": the TypeScript path; "auto" (default): native when it loads, else TypeScript
+   * (`info.backend` says which; `nativeStatus()` says why native was not used).
+   */
+  backend?: "native" | "ts" | "auto";
+  /** Compute threads of the native path (default: all CPUs). */
+  threads?: number;
+  /** Override the activation chosen from `general.architecture`. */
+  act?: Activation | "auto";
+  /** Native path: keep llama.cpp's default CPU_REPACK weight layout (default true). */
+  repack?: boolean;
+  /** Native path: ggml device, "cpu" (default), "gpu" or a device name (GPU builds only). */
+  device?: string;
+  /** TypeScript path: bytes of dequantised weights kept between runs (default 256 MiB). */
+  cacheBytes?: number;
+  signal?: AbortSignal;
+}
+
+/** Loads a slice GGUF for computing its routed experts, natively when possible. */
+export async function loadExpertCompute(
+  slicePath: string,
+  options: LoadExpertComputeOptions = {},
+): Promise<ExpertCompute> {
+  const backend = options.backend ?? "auto";
+  if (backend !== "native" && backend !== "ts" && backend !== "auto") {
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      `backend must be "native", "ts" or "auto", got ${String(backend)}`,
+    );
+  }
+  if (typeof slicePath !== "string" || slicePath.length === 0) {
+    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "slicePath must be a non-empty string");
+  }
+  throwIfAborted(options.signal);
+  const { signal, threads, act, repack, cacheBytes, device } = options;
+  if (backend !== "ts") {
+    const status = await probeNative(signal ? { signal } : {});
+    if (status.available) {
+      return NativeExpertCompute.load(slicePath, {
+        ...(threads !== undefined ? { threads } : {}),
+        ...(act !== undefined ? { act } : {}),
+        ...(repack !== undefined ? { repack } : {}),
+        ...(device !== undefined ? { device } : {}),
+        ...(signal ? { signal } : {}),
+      });
+    }
+    if (backend === "native") {
+      throw new NativeError("MOESWARM_NATIVE_LOAD", status.message ?? "the native addon is not available", {
+        details: { candidates: status.candidates },
+      });
+    }
+  }
+  return TsExpertCompute.load(slicePath, {
+    ...(act !== undefined ? { act } : {}),
+    ...(cacheBytes !== undefined ? { cacheBytes } : {}),
+    ...(signal ? { signal } : {}),
+  });
+}

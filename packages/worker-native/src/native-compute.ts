@@ -1,0 +1,158 @@
+import { NativeError, throwIfAborted } from "@moeswarm/core";
+import {
+  ACTIVATIONS,
+  type Activation,
+  checkRunRequest,
+  type ExpertCompute,
+  type ExpertComputeInfo,
+  type RunOptions,
+  type RunRequest,
+} from "./expert-compute.js";
+import {
+  type NativeSliceHandle,
+  type NativeSliceInfo,
+  nativeError,
+  requireNative,
+} from "./native-binding.js";
+import { RunQueue } from "./run-queue.js";
+
+export interface NativeLoadOptions {
+  /** Compute threads (default: all CPUs). */
+  threads?: number;
+  /** Keep llama.cpp's default CPU_REPACK weight layout for the types it repacks (default true). */
+  repack?: boolean;
+  /** Override the activation chosen from `general.architecture`. */
+  act?: Activation | "auto";
+  /**
+   * ggml device: "cpu" (default), "gpu" (the first GPU), or a device name ("CUDA0", "ROCm0") of an
+   * addon built with that backend (scripts/build-gpu.sh, loaded through MOESWARM_NATIVE_ADDON).
+   */
+  device?: string;
+  signal?: AbortSignal;
+}
+
+function toInfo(n: NativeSliceInfo): ExpertComputeInfo {
+  return {
+    backend: "native",
+    layers: n.layers,
+    experts: n.experts,
+    nEmbd: n.nEmbd,
+    nFf: n.tensors[0]?.nFf ?? 0,
+    tensors: n.tensors.map(({ layer, nFf, gate, up, down, merged }) => ({
+      layer,
+      nFf,
+      gate,
+      up,
+      down,
+      merged,
+    })),
+    act: n.act as Activation,
+    arch: n.arch,
+    threads: n.threads,
+    cpu: n.cpu,
+    device: n.device,
+  };
+}
+
+/** The expert compute of the N-API addon: ggml's CPU kernels, off the event loop. */
+export class NativeExpertCompute implements ExpertCompute {
+  readonly info: ExpertComputeInfo;
+  /** What the addon reports, with which tensors were repacked. */
+  readonly native: NativeSliceInfo;
+  readonly #handle: NativeSliceHandle;
+  readonly #queue = new RunQueue();
+  readonly #experts: ReadonlySet<number>;
+  #closed = false;
+
+  private constructor(handle: NativeSliceHandle) {
+    this.#handle = handle;
+    this.native = handle.info();
+    this.info = toInfo(this.native);
+    this.#experts = new Set(this.info.experts);
+  }
+
+  /** Loads a slice GGUF into ggml CPU buffers (off the event loop). */
+  static async load(slicePath: string, options: NativeLoadOptions = {}): Promise<NativeExpertCompute> {
+    throwIfAborted(options.signal);
+    const { threads, repack, act, device } = options;
+    if (act !== undefined && act !== "auto" && !ACTIVATIONS.includes(act)) {
+      throw new NativeError("MOESWARM_NATIVE_LOAD", `unknown activation ${String(act)}`);
+    }
+    const addon = await requireNative(options.signal ? { signal: options.signal } : {});
+    let loaded: { handle: NativeSliceHandle };
+    try {
+      loaded = await addon.loadSlice(slicePath, {
+        ...(threads !== undefined ? { threads } : {}),
+        ...(repack !== undefined ? { repack } : {}),
+        ...(act !== undefined ? { act } : {}),
+        ...(device !== undefined ? { device } : {}),
+      });
+    } catch (cause) {
+      throw nativeError(cause);
+    }
+    const compute = new NativeExpertCompute(loaded.handle);
+    if (options.signal?.aborted) {
+      await compute.close();
+      throwIfAborted(options.signal);
+    }
+    return compute;
+  }
+
+  run(request: RunRequest, options: RunOptions = {}): Promise<Float32Array> {
+    return this.#exec(request, options, false);
+  }
+
+  /**
+   * The same tokens through one graph built exactly like llama.cpp's `build_moe_ffn` over the
+   * whole tensors (mode "sum" ends with its ggml_mul and ggml_add nodes). Every slot must hold an
+   * expert of the file. The monolithic baseline the sliced path is checked and benchmarked against.
+   */
+  runReference(request: RunRequest, options: RunOptions = {}): Promise<Float32Array> {
+    return this.#exec(request, options, true);
+  }
+
+  /** Compute threads for the next runs. */
+  setThreads(threads: number): void {
+    if (this.#closed) throw new NativeError("MOESWARM_NATIVE_CLOSED", "the expert compute was closed");
+    try {
+      this.#handle.setThreads(threads);
+    } catch (cause) {
+      throw nativeError(cause);
+    }
+    this.info.threads = threads;
+  }
+
+  #exec(request: RunRequest, options: RunOptions, reference: boolean): Promise<Float32Array> {
+    if (this.#closed)
+      return Promise.reject(new NativeError("MOESWARM_NATIVE_CLOSED", "the expert compute was closed"));
+    try {
+      checkRunRequest(request, this.info, this.#experts);
+    } catch (error) {
+      return Promise.reject(error);
+    }
+    const { layer, x, ids, k, weights, mode } = request;
+    return this.#queue.enqueue(
+      async () => {
+        try {
+          return await this.#handle.run(layer, x, ids, k, weights ?? null, mode === "sum" ? 1 : 0, reference);
+        } catch (cause) {
+          throw nativeError(cause);
+        }
+      },
+      options.signal,
+      () => this.#handle.abort(),
+    );
+  }
+
+  /** Waits for the runs submitted so far, then frees the weights. Idempotent. */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    await this.#queue.idle();
+    await this.#handle.close();
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+}
