@@ -1,5 +1,7 @@
 // Regenerates docs/errors.md from the code table in @moeswarm/core (run: pnpm docs:errors).
+import { execFileSync } from "node:child_process";
 import { writeFileSync } from "node:fs";
+import { fileURLToPath } from "node:url";
 import { ERROR_CODES } from "../packages/core/src/error-codes.js";
 
 const rows = Object.entries(ERROR_CODES).map(
@@ -17,4 +19,7 @@ a test fails when they differ.
 | --- | --- | --- |
 ${rows.join("\n")}
 `;
-writeFileSync(new URL("../docs/errors.md", import.meta.url), doc);
+const out = fileURLToPath(new URL("../docs/errors.md", import.meta.url));
+writeFileSync(out, doc);
+// the formatter pads the table; run it here so `pnpm lint` stays clean after regenerating
+execFileSync("biome", ["format", "--write", out], { stdio: "inherit" });

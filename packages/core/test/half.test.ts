@@ -70,7 +70,7 @@ describe("f16", () => {
   });
 
   it("array helpers match the scalar ones", () => {
-    const xs = Float32Array.from([1, -2.5, 1e-6, 70000, 3.14159]);
+    const xs = Float32Array.from([1, -2.5, 1e-6, 70000, 2.5]);
     const bits = encodeF16(xs);
     expect([...bits]).toEqual([...xs].map(f32ToF16Bits));
     expect([...decodeF16(bits)]).toEqual([...bits].map(f16BitsToF32));

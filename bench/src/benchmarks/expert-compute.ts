@@ -1,0 +1,211 @@
+// `expert-compute`: routed-expert FFN throughput of @moeswarm/worker-native at the Qwen3.5-122B
+// expert shape (n_embd 3072, n_ff 1024), top-8, on a 16-expert slice in Q4_K and Q8_0:
+// - native (the N-API addon: every (token, slot) pair one row of a k=1 ggml_mul_mat_id graph)
+//   against the same tokens through one monolithic graph built as llama.cpp's build_moe_ffn
+//   builds it (the ratio should be ~1.0: the worker adds no cost over llama.cpp's own graph);
+// - native against the pure-TypeScript path (the ratio is the speed-up of the native code).
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import {
+  GgmlType,
+  type GgufMetadataValue,
+  GgufValueType,
+  ggmlTypeName,
+  ggufValue,
+  writeGguf,
+} from "@moeswarm/shard";
+import { ggmlQuantize, NativeExpertCompute, probeNative, TsExpertCompute } from "@moeswarm/worker-native";
+import { type Benchmark, measure, type Row } from "../harness.js";
+
+const N_EMBD = 3072;
+const N_FF = 1024;
+const N_EXPERT = 16;
+const K = 8;
+const LAYER = 0;
+const TOKENS = [1, 8, 64] as const;
+/** The TypeScript path is measured where it finishes in seconds. */
+const TS_TOKENS = new Set([1, 8]);
+/**
+ * Compute threads (MOESWARM_BENCH_THREADS, default 1): one thread keeps the figures meaningful on
+ * a shared machine, where ggml's thread barriers stall whenever another process takes a core.
+ */
+const THREADS = Number(process.env.MOESWARM_BENCH_THREADS) || 1;
+/** Alternating samples of native and monolithic runs, so both see the same machine load. */
+const ROUNDS = 9;
+
+interface Sample {
+  /** Median wall time, ns. */
+  wall: number;
+  /** Median CPU time of the process (user + system), ns: what other processes cannot inflate. */
+  cpu: number;
+}
+
+/** `a` and `b` sampled alternately after one warm-up each, so that both see the same machine load. */
+async function alternate(
+  a: () => Promise<unknown>,
+  b: () => Promise<unknown>,
+  rounds: number,
+): Promise<[Sample, Sample]> {
+  await a();
+  await b();
+  const walls: [number[], number[]] = [[], []];
+  const cpus: [number[], number[]] = [[], []];
+  for (let r = 0; r < rounds; r++) {
+    for (const i of [0, 1] as const) {
+      const c0 = process.cpuUsage();
+      const t0 = process.hrtime.bigint();
+      await (i === 0 ? a : b)();
+      const wall = Number(process.hrtime.bigint() - t0);
+      const c = process.cpuUsage(c0);
+      walls[i].push(wall);
+      cpus[i].push((c.user + c.system) * 1000);
+    }
+  }
+  const median = (v: number[]) => [...v].sort((x, y) => x - y)[Math.floor(v.length / 2)]!;
+  return [
+    { wall: median(walls[0]), cpu: median(cpus[0]) },
+    { wall: median(walls[1]), cpu: median(cpus[1]) },
+  ];
+}
+
+function rng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function uniform(n: number, seed: number, scale: number): Float32Array {
+  const r = rng(seed);
+  const out = new Float32Array(n);
+  for (let i = 0; i < n; i++) out[i] = (r() * 2 - 1) * scale;
+  return out;
+}
+
+async function writeSlice(type: GgmlType, path: string): Promise<void> {
+  const tensor = async (name: string, ne0: number, ne1: number, seed: number) => {
+    // one expert at a time keeps the f32 staging at 12 MB
+    const slab = ggmlTypeName(type);
+    const parts: Uint8Array[] = [];
+    for (let e = 0; e < N_EXPERT; e++) {
+      parts.push(await ggmlQuantize(slab, uniform(ne0 * ne1, seed * 100 + e, Math.sqrt(3 / ne0)), ne0));
+    }
+    const data = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+    let at = 0;
+    for (const p of parts) {
+      data.set(p, at);
+      at += p.length;
+    }
+    return { name, type, shape: [ne0, ne1, N_EXPERT], data };
+  };
+  const metadata = new Map<string, GgufMetadataValue>([
+    ["general.architecture", ggufValue.str("qwen35moe")],
+    ["general.name", ggufValue.str("expert-compute-bench")],
+    ["moeswarm.slice.layers", ggufValue.array(GgufValueType.UINT32, [LAYER])],
+    [
+      "moeswarm.slice.experts",
+      ggufValue.array(
+        GgufValueType.UINT32,
+        [...Array(N_EXPERT).keys()].map((e) => e * 16),
+      ),
+    ],
+  ]);
+  const tensors = [
+    await tensor(`blk.${LAYER}.ffn_gate_exps.weight`, N_EMBD, N_FF, 1),
+    await tensor(`blk.${LAYER}.ffn_up_exps.weight`, N_EMBD, N_FF, 2),
+    await tensor(`blk.${LAYER}.ffn_down_exps.weight`, N_FF, N_EMBD, 3),
+  ];
+  await writeGguf({ metadata, tensors }, path);
+}
+
+/** n tokens, each with K distinct experts of the slice (global ids e*16). */
+function request(n: number, seed: number) {
+  const r = rng(seed);
+  const ids = new Int32Array(n * K);
+  const w = new Float32Array(n * K);
+  for (let i = 0; i < n; i++) {
+    const pool = [...Array(N_EXPERT).keys()];
+    for (let j = 0; j < K; j++) {
+      ids[i * K + j] = pool.splice(Math.floor(r() * pool.length), 1)[0]! * 16;
+      w[i * K + j] = 1 / K;
+    }
+  }
+  return { layer: LAYER, x: uniform(n * N_EMBD, seed, 1), ids, k: K, weights: w, mode: "sum" as const };
+}
+
+export const expertCompute: Benchmark = {
+  name: "expert-compute",
+  description: `routed-expert FFN, n_embd ${N_EMBD} n_ff ${N_FF}, top-${K} of a ${N_EXPERT}-expert slice: native vs monolithic ggml graph vs TypeScript`,
+  async run() {
+    const status = await probeNative();
+    if (!status.available) {
+      return {
+        rows: [],
+        ratios: {},
+        notes: [`native addon unavailable, nothing measured:\n${status.message}`],
+      };
+    }
+    const dir = await mkdtemp(join(tmpdir(), "moeswarm-bench-experts-"));
+    const rows: Row[] = [];
+    const ratios: Record<string, number> = {};
+    const notes: string[] = [
+      `threads ${THREADS}; CPU features ${status.cpu}; tokens/s = n tokens / median wall time of one run`,
+    ];
+    try {
+      for (const type of [GgmlType.Q4_K, GgmlType.Q8_0]) {
+        const name = ggmlTypeName(type);
+        const path = join(dir, `slice-${name}.gguf`);
+        await writeSlice(type, path);
+        const native = await NativeExpertCompute.load(path, { threads: THREADS });
+        // every expert dequantised once and kept: the TypeScript path at its best
+        const ts = await TsExpertCompute.load(path, { cacheBytes: 4 * 3 * N_EMBD * N_FF * N_EXPERT });
+        try {
+          notes.push(`${name}: repacked by ggml: ${native.native.tensors[0]!.repacked}`);
+          for (const n of TOKENS) {
+            const req = request(n, 1000 + n);
+            const [nat, mono] = await alternate(
+              () => native.run(req),
+              () => native.runReference(req),
+              ROUNDS,
+            );
+            const nativeNs = nat.wall;
+            const row: Row = {
+              type: name,
+              tokens: n,
+              "native tok/s": n / (nat.wall / 1e9),
+              "monolithic tok/s": n / (mono.wall / 1e9),
+              "native cpu ms": nat.cpu / 1e6,
+              "monolithic cpu ms": mono.cpu / 1e6,
+            };
+            ratios[`native_vs_monolithic_${name}_n${n}`] = mono.wall / nat.wall;
+            ratios[`native_vs_monolithic_cpu_${name}_n${n}`] = mono.cpu / nat.cpu;
+            if (TS_TOKENS.has(n)) {
+              const tTs = await measure(`ts ${name} n=${n}`, () => ts.run(req), {
+                minTimeMs: 0,
+                minSamples: 2,
+                warmup: 1,
+              });
+              row["ts tok/s"] = n / (tTs.medianNs / 1e9);
+              ratios[`native_speedup_vs_ts_${name}_n${n}`] = tTs.medianNs / nativeNs;
+            }
+            rows.push(row);
+          }
+        } finally {
+          await native.close();
+          await ts.close();
+        }
+      }
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+    notes.push(
+      "native_vs_monolithic > 1 means the sliced worker path is faster than llama.cpp's graph shape",
+    );
+    return { rows, ratios, notes };
+  },
+};
