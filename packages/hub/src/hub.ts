@@ -16,10 +16,23 @@ import {
   InvalidArgumentError,
   isMoeswarmError,
   parseRange,
+  toRanges,
 } from "@moeswarm/core";
 import type { ExpertSlice } from "@moeswarm/shard";
+import { dashboardPage } from "./dashboard.js";
+import { readJsonBody } from "./http-body.js";
 import { badRequest, methodNotAllowed, notFound, publicError, sendError, sendJson } from "./http-errors.js";
 import { ifRangeHolds, interpretRange, noneMatchHits } from "./http-range.js";
+import type { CoverageGrid, CoverageMarket, MarketModel, MarketOptions } from "./market.js";
+import { type BackboneRate, MarketBook } from "./market-book.js";
+import {
+  getDemand,
+  getPlacement,
+  leaseRoute,
+  type MarketHttpContext,
+  postClaim,
+  postStats,
+} from "./market-http.js";
 import { HubMetrics, type RouteLabel } from "./metrics.js";
 import { defaultModelId, type ModelInfo, ServedModel, sliceEtag } from "./model.js";
 import { createRelay, type Relay, type RelayOptions, type RelayServerEvent } from "./relay.js";
@@ -73,8 +86,66 @@ export interface HubOptions {
   forgetWorkersAfterMs?: number;
   /** Also export prom-client's process metrics (they live as long as the process; default false). */
   defaultMetrics?: boolean;
+  /** The coverage market: demand decay, replica targets, values, leases (README "Demand"). */
+  market?: HubMarketOptions;
+  /**
+   * The dashboard on `GET /`: the hub's own server (`listen()`) serves it unless this is false;
+   * `handleRequest`/`createHubHandler` only when it is true (an embedder's `/` is its own).
+   */
+  dashboard?: boolean;
+  /** Largest backbone stats report (default 4 MiB). */
+  maxStatsBytes?: number;
+  /** Longest wait of a placement long-poll (default 60000 ms). */
+  maxPollMs?: number;
+  /** The market's clock, unix ms (default Date.now; tests inject one). */
+  clock?: () => number;
   /** Observability hook (logs); its exceptions are swallowed. */
   onEvent?: (event: HubEvent) => void;
+}
+
+export interface HubMarketOptions extends Omit<MarketOptions, "newId"> {
+  /** A backbone report older than this no longer counts towards tokens/s (default 30000 ms). */
+  statsStaleMs?: number;
+}
+
+/** What `GET /api/status` answers (the dashboard's data). */
+export interface HubStatus {
+  time: number;
+  /** Tokens/s over all models, from fresh backbone reports. */
+  tokensPerSecond: number;
+  models: Array<{
+    id: string;
+    arch: string | null;
+    layers: number[];
+    experts: number;
+    placementVersion: number;
+    cells: number;
+    uncovered: number;
+    belowTarget: number;
+    hot: number;
+    leases: number;
+    tokensPerSecond: number;
+    grid: Omit<CoverageGrid, "model" | "layers">;
+  }>;
+  workers: Array<{
+    id: string;
+    live: boolean;
+    draining: boolean;
+    slices: Array<{ model: string; layers: string; experts: string }>;
+    expertTokens: number;
+    rttMs?: number;
+    latencyMs?: number;
+    inFlight?: number;
+  }>;
+  leases: Array<{
+    worker: string;
+    model: string;
+    layers: string;
+    experts: string;
+    bytes: number;
+    expiresAt: number;
+  }>;
+  backbones: BackboneRate[];
 }
 
 export type HubEvent =
@@ -85,6 +156,15 @@ export type HubEvent =
   | { type: "model-removed"; id: string }
   | { type: "request-error"; method: string; url: string; status: number; error: unknown }
   | { type: "store-error"; error: unknown }
+  | {
+      type: "lease";
+      action: "granted" | "renewed" | "released" | "expired" | "fulfilled";
+      id: string;
+      worker: string;
+      model: string;
+      layers: string;
+      experts: string;
+    }
   | { type: "relay"; event: RelayServerEvent };
 
 export interface HubListener {
@@ -100,15 +180,20 @@ export interface Hub extends AsyncDisposable {
   readonly relay: Relay;
   readonly store: HubStore;
   readonly metrics: HubMetrics;
+  /** The coverage market (coverage, demand, leases, credits); the HTTP API is a thin layer over it. */
+  readonly market: CoverageMarket;
   /** Resolves when the configured and stored models are loaded; rejects if a configured one fails. */
   readonly ready: Promise<void>;
   /** Set once `listen()` resolved. */
   readonly listener: HubListener | undefined;
   models(): ModelInfo[];
   workers(): HubWorkerInfo[];
+  /** What the dashboard shows (`GET /api/status`). */
+  status(options?: { model?: string }): HubStatus;
   /**
-   * Answers a request to the hub's API (`/api/...` and `/metrics`) and returns true, or returns
-   * false, touching nothing, for any other path (the embedder's own routes).
+   * Answers a request to the hub's API (`/api/...`, `/metrics`, and `/` for the dashboard with
+   * `dashboard: true`) and returns true, or returns false, touching nothing, for any other path
+   * (the embedder's own routes).
    */
   handleRequest(req: IncomingMessage, res: ServerResponse): boolean;
   /** Takes the relay's WebSocket upgrade (`/relay`); false for any other path. */
@@ -158,6 +243,9 @@ interface Settings {
   maxBodyBytes: number;
   tls: HubOptions["tls"];
   onEvent: HubOptions["onEvent"];
+  dashboard: boolean | undefined;
+  maxStatsBytes: number;
+  maxPollMs: number;
 }
 
 const noop = () => {};
@@ -167,6 +255,7 @@ class HubImpl implements Hub {
   readonly relay: Relay;
   readonly store: HubStore;
   readonly metrics: HubMetrics;
+  readonly market: CoverageMarket;
   readonly ready: Promise<void>;
   readonly handleUpgrade: Relay["handleUpgrade"];
   listener: HubListener | undefined;
@@ -176,6 +265,8 @@ class HubImpl implements Hub {
   /** Ids being loaded by POST /api/models (a second request for the same id waits for the first). */
   readonly #loading = new Map<string, Promise<ServedModel>>();
   readonly #book: WorkerBook;
+  readonly #marketBook: MarketBook;
+  readonly #marketHttp: MarketHttpContext;
   readonly #inflight = new Set<Promise<void>>();
   readonly #downloads = new Set<AbortController>();
   readonly #loadAbort = new AbortController();
@@ -230,7 +321,16 @@ class HubImpl implements Hub {
       maxBodyBytes: positiveInt("maxBodyBytes", options.maxBodyBytes, 64 * 1024),
       tls: options.tls,
       onEvent: options.onEvent,
+      dashboard: options.dashboard,
+      maxStatsBytes: positiveInt("maxStatsBytes", options.maxStatsBytes, 4 << 20),
+      maxPollMs: positiveInt("maxPollMs", options.maxPollMs, 60_000, 0),
     };
+    const clock = options.clock ?? Date.now;
+    if (typeof clock !== "function") {
+      throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "hub option clock must be a function");
+    }
+    const { statsStaleMs: staleOption, ...marketOptions } = options.market ?? {};
+    const statsStaleMs = positiveInt("market.statsStaleMs", staleOption, 30_000);
     const persistMs = positiveInt("persistIntervalMs", options.persistIntervalMs, 10_000, 10);
     const forgetMs = positiveInt("forgetWorkersAfterMs", options.forgetWorkersAfterMs, 7 * 86_400_000);
 
@@ -243,6 +343,7 @@ class HubImpl implements Hub {
         for (const take of [
           () => this.metrics.relayEvent(event),
           () => this.#book.onRelayEvent(event),
+          () => this.#marketBook.onRelayEvent(event),
           () => this.#emit({ type: "relay", event }),
           () => userRelayEvent?.(event),
         ]) {
@@ -283,6 +384,15 @@ class HubImpl implements Hub {
         models: () => this.#models.size,
         workersKnown: () => this.#book.size,
         downloads: () => this.#downloads.size,
+        market: () => {
+          const now = this.#marketBook.now();
+          const served = this.#marketBook.servedSinceStart();
+          return this.market.modelIds().map((model) => ({
+            ...this.market.summary(model, now),
+            tokensPerSecond: this.#marketBook.tokensPerSecond(model),
+            expertTokensServed: served.get(model) ?? 0,
+          }));
+        },
       },
       { defaultMetrics: options.defaultMetrics === true },
     );
@@ -295,7 +405,45 @@ class HubImpl implements Hub {
         this.#emit({ type: "store-error", error });
       },
     });
-    this.#persistTimer = setInterval(() => void this.#book.flush(), persistMs);
+    const onStoreError = (error: unknown) => {
+      this.metrics.storeError();
+      this.#emit({ type: "store-error", error });
+    };
+    try {
+      this.#marketBook = new MarketBook({
+        store: this.store,
+        market: marketOptions,
+        clock,
+        knownWorker: (id) => this.#book.has(id),
+        statsStaleMs,
+        onStoreError,
+        onLeaseEnd: (lease, why) => {
+          this.metrics.leaseEnded(why);
+          this.#emitLease(why, lease);
+        },
+      });
+    } catch (error) {
+      void this.relay.close();
+      if (this.#ownsStore) void this.store.close();
+      throw error;
+    }
+    this.market = this.#marketBook.market;
+    this.#marketHttp = {
+      book: this.#marketBook,
+      metrics: this.metrics,
+      authorize: (req, role) => this.#authorize(req, role),
+      checkRead: (req) => {
+        if (!this.#s.publicReads) this.#authorize(req);
+      },
+      model: (id) => this.#marketModel(id),
+      maxBodyBytes: this.#s.maxBodyBytes,
+      maxStatsBytes: this.#s.maxStatsBytes,
+      maxPollMs: this.#s.maxPollMs,
+    };
+    this.#persistTimer = setInterval(() => {
+      void this.#book.flush();
+      void this.#marketBook.flush();
+    }, persistMs);
     this.#persistTimer.unref?.();
 
     this.ready = this.#load(configured);
@@ -310,7 +458,39 @@ class HubImpl implements Hub {
     }
   }
 
+  #emitLease(
+    action: "granted" | "renewed" | "released" | "expired" | "fulfilled",
+    lease: {
+      id: string;
+      worker: string;
+      model: string;
+      layers: { start: number; end: number };
+      experts: { start: number; end: number };
+    },
+  ): void {
+    this.#emit({
+      type: "lease",
+      action,
+      id: lease.id,
+      worker: lease.worker,
+      model: lease.model,
+      layers: formatRange(lease.layers),
+      experts: formatRange(lease.experts),
+    });
+  }
+
   // --- models ---------------------------------------------------------------------------------
+
+  /** Serves a loaded model: the API lists it, the market tracks its coverage. */
+  #serveModel(id: string, model: ServedModel): void {
+    this.#models.set(id, model);
+    this.#marketBook.addModel(marketModelOf(id, model));
+  }
+
+  #marketModel(id: string): MarketModel {
+    const model = this.#model(id);
+    return marketModelOf(model.id, model);
+  }
 
   #openModel(id: string, path: string): Promise<ServedModel> {
     const started = performance.now();
@@ -344,6 +524,7 @@ class HubImpl implements Hub {
       }
     }
     await this.#book.load();
+    await this.#marketBook.load();
     // configured models fail the start; a stored one that no longer loads is reported and skipped
     for (const { id, path } of configured) {
       const model = await this.#openModel(id, path);
@@ -351,7 +532,7 @@ class HubImpl implements Hub {
         await model.close();
         return;
       }
-      this.#models.set(id, model);
+      this.#serveModel(id, model);
     }
     for (const stored of await this.store.listModels()) {
       if (this.#models.has(stored.id) || !isModelId(stored.id)) continue;
@@ -361,7 +542,7 @@ class HubImpl implements Hub {
           await model.close();
           return;
         }
-        this.#models.set(stored.id, model);
+        this.#serveModel(stored.id, model);
       } catch (error) {
         if (this.#closing) return;
         this.#emit({ type: "model-unavailable", id: stored.id, path: stored.path, error });
@@ -374,16 +555,89 @@ class HubImpl implements Hub {
   }
 
   workers(): HubWorkerInfo[] {
-    return this.#book.list();
+    return this.#book.list().map((w) => {
+      const latency = this.#marketBook.latencyOf(w.id);
+      const reported = this.#marketBook.reportedLatencyOf(w.id);
+      const info: HubWorkerInfo = { ...w, credits: this.market.creditsOf(w.id) };
+      if (latency && latency.results > 0) info.latencyMs = latency.ms;
+      if (reported !== undefined) info.reportedLatencyMs = reported;
+      return info;
+    });
+  }
+
+  status(options: { model?: string } = {}): HubStatus {
+    const now = this.#marketBook.now();
+    const ids = this.market.modelIds().filter((id) => options.model === undefined || id === options.model);
+    const models = ids.map((id) => {
+      const summary = this.market.summary(id, now);
+      const { model: _m, layers, ...grid } = this.market.coverage(id, now);
+      return {
+        id,
+        arch: this.#models.get(id)?.info.arch ?? null,
+        layers,
+        experts: Math.max(0, ...grid.nExpert),
+        placementVersion: summary.version,
+        cells: summary.cells,
+        uncovered: summary.uncovered,
+        belowTarget: summary.belowTarget,
+        hot: summary.hot,
+        leases: summary.leases,
+        tokensPerSecond: this.#marketBook.tokensPerSecond(id),
+        grid,
+      };
+    });
+    const ranges = (values: readonly number[]) => toRanges(values).map(formatRange).join(",");
+    const workers = this.workers().map((w) => {
+      const out: HubStatus["workers"][number] = {
+        id: w.id,
+        live: w.live,
+        draining: w.draining,
+        slices: w.slices
+          .filter((s) => options.model === undefined || s.model === options.model)
+          .map((s) => ({ model: s.model, layers: ranges(s.layers), experts: ranges(s.experts) })),
+        expertTokens: w.credits?.expertTokens ?? 0,
+      };
+      if (w.rttMs !== undefined) out.rttMs = w.rttMs;
+      const latency = w.latencyMs ?? w.reportedLatencyMs;
+      if (latency !== undefined) out.latencyMs = latency;
+      if (w.inFlight !== undefined) out.inFlight = w.inFlight;
+      return out;
+    });
+    return {
+      time: now,
+      tokensPerSecond: ids.reduce((sum, id) => sum + this.#marketBook.tokensPerSecond(id), 0),
+      models,
+      workers,
+      leases: this.market.leases(options.model === undefined ? {} : { model: options.model }).map((l) => ({
+        worker: l.worker,
+        model: l.model,
+        layers: formatRange(l.layers),
+        experts: formatRange(l.experts),
+        bytes: l.bytes,
+        expiresAt: l.expiresAt,
+      })),
+      backbones: this.#marketBook.rates(options.model),
+    };
   }
 
   // --- HTTP -----------------------------------------------------------------------------------
 
   handleRequest(req: IncomingMessage, res: ServerResponse): boolean {
+    return this.#handle(req, res, this.#s.dashboard === true);
+  }
+
+  #handle(req: IncomingMessage, res: ServerResponse, dashboard: boolean): boolean {
     const url = req.url ?? "/";
     const q = url.indexOf("?");
     const path = q < 0 ? url : url.slice(0, q);
-    if (path !== "/metrics" && path !== API_ROOT && !path.startsWith(`${API_ROOT}/`)) return false;
+    if (
+      path !== "/metrics" &&
+      path !== API_ROOT &&
+      !path.startsWith(`${API_ROOT}/`) &&
+      !(path === "/" && dashboard)
+    ) {
+      return false;
+    }
     // #serve answers every failure itself; this catch is the last guard against a crash
     const task = this.#serve(req, res, path, q < 0 ? "" : url.slice(q + 1)).catch(() => {
       res.destroy();
@@ -495,6 +749,58 @@ class HubImpl implements Hub {
         read();
         sendJson(res, 200, { workers: this.workers() }, {}, head);
         return;
+      case "/": {
+        if (method !== "GET" && method !== "HEAD") throw methodNotAllowed(method, ["GET", "HEAD"]);
+        const { html, csp } = dashboardPage();
+        res.writeHead(200, {
+          "content-type": "text/html; charset=utf-8",
+          "content-length": html.byteLength,
+          "cache-control": "no-cache",
+          "content-security-policy": csp,
+          "x-content-type-options": "nosniff",
+          "referrer-policy": "no-referrer",
+        });
+        res.end(head ? undefined : html);
+        return;
+      }
+      case "/api/status": {
+        read();
+        const model = new URLSearchParams(query).get("model") ?? undefined;
+        if (model !== undefined) this.#model(model);
+        sendJson(res, 200, this.status(model === undefined ? {} : { model }), {}, head);
+        return;
+      }
+      case "/api/demand":
+        read();
+        getDemand(this.#marketHttp, req, res, query);
+        return;
+      case "/api/models/:model/placement":
+        read();
+        await getPlacement(this.#marketHttp, req, res, seg[2] as string, query);
+        return;
+      case "/api/models/:model/stats":
+        if (method !== "POST") throw methodNotAllowed(method, ["POST"]);
+        await postStats(this.#marketHttp, req, res, seg[2] as string);
+        return;
+      case "/api/claims":
+      case "/api/claims/auto": {
+        if (method !== "POST") throw methodNotAllowed(method, ["POST"]);
+        this.#emitLease("granted", await postClaim(this.#marketHttp, req, res, route === "/api/claims/auto"));
+        return;
+      }
+      case "/api/claims/:id":
+      case "/api/claims/:id/renew": {
+        const done = await leaseRoute(
+          this.#marketHttp,
+          req,
+          res,
+          method,
+          seg[2] as string,
+          route === "/api/claims/:id/renew",
+        );
+        if (done) this.#emitLease(done.action, done.lease);
+        return;
+      }
       default:
         throw notFound(`no such resource: ${req.url ?? ""}`);
     }
@@ -668,7 +974,7 @@ class HubImpl implements Hub {
         ? error
         : new HubError("MOESWARM_HUB_STORE", String(error), { cause: error });
     }
-    this.#models.set(id, model);
+    this.#serveModel(id, model);
     sendJson(res, 201, structuredClone(model.info), {
       location: model.info.links.manifest.replace(/\/manifest$/, ""),
     });
@@ -678,6 +984,7 @@ class HubImpl implements Hub {
     const model = this.#model(id);
     await this.store.deleteModel(id);
     this.#models.delete(id);
+    this.#marketBook.removeModel(id);
     await model.retire();
     this.#emit({ type: "model-removed", id });
     sendJson(res, 200, { removed: id });
@@ -704,7 +1011,7 @@ class HubImpl implements Hub {
       : createHttpServer();
     this.#server = server;
     server.on("request", (req: IncomingMessage, res: ServerResponse) => {
-      if (this.handleRequest(req, res)) return;
+      if (this.#handle(req, res, this.#s.dashboard !== false)) return;
       const upgrade = (req.url ?? "").split("?")[0] === this.relay.path;
       const { body } = publicError(
         upgrade
@@ -743,6 +1050,7 @@ class HubImpl implements Hub {
   close(): Promise<void> {
     this.#closing ??= (async () => {
       clearInterval(this.#persistTimer);
+      this.#marketBook.stopWaiting();
       this.#loadAbort.abort(new HubError("MOESWARM_HUB_NOT_FOUND", "the hub is shutting down"));
       const server = this.#server;
       const stopped = server?.listening
@@ -754,6 +1062,7 @@ class HubImpl implements Hub {
       await Promise.allSettled([...this.#inflight, ...this.#loading.values()]);
       await this.ready.catch(noop);
       await this.#book.flush({ final: true });
+      await this.#marketBook.close();
       await Promise.allSettled([...this.#models.values()].map((m) => m.close()));
       this.#models.clear();
       if (this.#ownsStore) await this.store.close().catch(noop);
@@ -765,6 +1074,16 @@ class HubImpl implements Hub {
   [Symbol.asyncDispose](): Promise<void> {
     return this.close();
   }
+}
+
+/** The market's view of a served model: its MoE layers with their expert count and size. */
+function marketModelOf(id: string, model: ServedModel): MarketModel {
+  return {
+    id,
+    layers: [...model.manifest.layers]
+      .sort((a, b) => a.layer - b.layer)
+      .map((l) => ({ layer: l.layer, nExpert: l.nExpert, bytesPerExpert: l.bytesPerExpert })),
+  };
 }
 
 function pem(value: string | Uint8Array): string | Buffer {
@@ -792,13 +1111,24 @@ function decodeSegments(path: string): string[] {
 
 function routeOf(seg: readonly string[]): RouteLabel {
   if (seg.length === 1 && seg[0] === "metrics") return "/metrics";
+  if (seg.length === 1 && seg[0] === "") return "/";
   if (seg[0] !== "api") return "other";
   if (seg.length === 2 && seg[1] === "workers") return "/api/workers";
+  if (seg.length === 2 && seg[1] === "status") return "/api/status";
+  if (seg.length === 2 && seg[1] === "demand") return "/api/demand";
+  if (seg[1] === "claims") {
+    if (seg.length === 2) return "/api/claims";
+    if (seg.length === 3) return seg[2] === "auto" ? "/api/claims/auto" : "/api/claims/:id";
+    if (seg.length === 4 && seg[3] === "renew") return "/api/claims/:id/renew";
+    return "other";
+  }
   if (seg[1] !== "models") return "other";
   if (seg.length === 2) return "/api/models";
   if (seg.length === 3) return "/api/models/:model";
   if (seg.length === 4 && seg[3] === "manifest") return "/api/models/:model/manifest";
   if (seg.length === 4 && seg[3] === "expert-shard") return "/api/models/:model/expert-shard";
+  if (seg.length === 4 && seg[3] === "placement") return "/api/models/:model/placement";
+  if (seg.length === 4 && seg[3] === "stats") return "/api/models/:model/stats";
   return "other";
 }
 
@@ -816,30 +1146,6 @@ function clientLeft(error: unknown, signal: AbortSignal): boolean {
   if (isMoeswarmError(error)) return error.code === "MOESWARM_ABORTED";
   const code = (error as { code?: unknown } | null)?.code;
   return typeof code === "string" && CLIENT_GONE.has(code);
-}
-
-async function readJsonBody(req: IncomingMessage, res: ServerResponse, max: number): Promise<unknown> {
-  const declared = Number(req.headers["content-length"] ?? "0");
-  const tooLarge = () => {
-    // the rest of the body is not read: the connection cannot carry another request
-    res.setHeader("connection", "close");
-    return new HubError("MOESWARM_HUB_PAYLOAD_TOO_LARGE", `the body is larger than ${max} bytes`, {
-      details: { max },
-    });
-  };
-  if (declared > max) throw tooLarge();
-  const parts: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of req) {
-    size += (chunk as Buffer).byteLength;
-    if (size > max) throw tooLarge();
-    parts.push(chunk as Buffer);
-  }
-  try {
-    return JSON.parse(Buffer.concat(parts).toString("utf8"));
-  } catch {
-    throw badRequest("the body is not valid JSON");
-  }
 }
 
 /**

@@ -1,5 +1,14 @@
 // Public API of @moeswarm/hub: the hub service (HTTP API + relay on one server), the relay on
-// its own, auth tokens, and the stores that keep models and workers across restarts.
+// its own, the coverage market, auth tokens, and the stores that keep state across restarts.
+
+export {
+  cellValue,
+  DEFAULT_DEMAND_POLICY,
+  type DemandPolicy,
+  decayFactor,
+  hotness,
+  targetReplicas,
+} from "./demand.js";
 export {
   type HubErrorBody,
   httpStatusOf,
@@ -10,11 +19,33 @@ export {
   type Hub,
   type HubEvent,
   type HubListener,
+  type HubMarketOptions,
   type HubModelSource,
   type HubOptions,
+  type HubStatus,
 } from "./hub.js";
 export { type ListenRelayOptions, listenRelay, type RelayListener } from "./listen.js";
-export { HubMetrics, type RouteLabel } from "./metrics.js";
+export {
+  type AutoClaimRequest,
+  type ClaimRequest,
+  type CoverageGrid,
+  CoverageMarket,
+  type CoverageSummary,
+  type CreditRow,
+  type DemandRange,
+  type Lease,
+  type MarketChanges,
+  type MarketLayer,
+  type MarketModel,
+  type MarketOptions,
+  type PlacementJson,
+  type PlacementRegistration,
+  type StoredDemandRow,
+  type WorkerCapacity,
+} from "./market.js";
+export type { BackboneRate } from "./market-book.js";
+export type { LeaseJson } from "./market-http.js";
+export { HubMetrics, type MarketFigures, type RouteLabel } from "./metrics.js";
 export { defaultModelId, type ModelInfo } from "./model.js";
 export {
   type BackboneInfo,
@@ -30,6 +61,8 @@ export {
   createMemoryStore,
   type HubStore,
   isModelId,
+  type StoredCredit,
+  type StoredLease,
   type StoredModel,
   type StoredSlice,
   type StoredWorker,

@@ -8,15 +8,38 @@ export type RouteLabel =
   | "/api/models/:model"
   | "/api/models/:model/manifest"
   | "/api/models/:model/expert-shard"
+  | "/api/models/:model/placement"
+  | "/api/models/:model/stats"
   | "/api/workers"
+  | "/api/status"
+  | "/api/demand"
+  | "/api/claims"
+  | "/api/claims/auto"
+  | "/api/claims/:id"
+  | "/api/claims/:id/renew"
+  | "/"
   | "/metrics"
   | "other";
+
+/** The market's figures per model, read at each scrape. */
+export interface MarketFigures {
+  model: string;
+  cells: number;
+  uncovered: number;
+  belowTarget: number;
+  hot: number;
+  leases: number;
+  tokensPerSecond: number;
+  /** Expert-tokens credited since this hub started. */
+  expertTokensServed: number;
+}
 
 export interface HubMetricsSources {
   relay: Relay;
   models: () => number;
   workersKnown: () => number;
   downloads: () => number;
+  market?: () => MarketFigures[];
 }
 
 const METHODS = new Set(["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]);
@@ -34,6 +57,9 @@ export class HubMetrics {
   readonly #routeSeconds: Histogram<"outcome">;
   readonly #storeErrors: Counter;
   readonly #handlerErrors: Counter<"route">;
+  readonly #claims: Counter<"outcome">;
+  readonly #leasesEnded: Counter<"reason">;
+  readonly #reports: Counter<"outcome">;
 
   constructor(sources: HubMetricsSources, options: { defaultMetrics?: boolean } = {}) {
     const registers = [this.registry];
@@ -163,6 +189,70 @@ export class HubMetrics {
       help: "Failed writes to the hub's persistent store",
       registers,
     });
+    const market = sources.market ?? (() => []);
+    new Gauge({
+      name: "moeswarm_hub_cells",
+      help: "(layer, expert) cells of each model: all, without a live replica, below their replica target, hot (target above 1)",
+      labelNames: ["model", "state"],
+      registers,
+      collect() {
+        this.reset();
+        for (const m of market()) {
+          this.set({ model: m.model, state: "total" }, m.cells);
+          this.set({ model: m.model, state: "uncovered" }, m.uncovered);
+          this.set({ model: m.model, state: "below_target" }, m.belowTarget);
+          this.set({ model: m.model, state: "hot" }, m.hot);
+        }
+      },
+    });
+    new Gauge({
+      name: "moeswarm_hub_leases",
+      help: "Active leases (claims granted, not yet registered), by model",
+      labelNames: ["model"],
+      registers,
+      collect() {
+        this.reset();
+        for (const m of market()) this.set({ model: m.model }, m.leases);
+      },
+    });
+    new Gauge({
+      name: "moeswarm_hub_tokens_per_second",
+      help: "Tokens per second the backbones reported (fresh reports only), by model",
+      labelNames: ["model"],
+      registers,
+      collect() {
+        this.reset();
+        for (const m of market()) this.set({ model: m.model }, m.tokensPerSecond);
+      },
+    });
+    new Counter({
+      name: "moeswarm_hub_expert_tokens_served_total",
+      help: "Expert-tokens workers served, from the backbones' receipts (credits), by model",
+      labelNames: ["model"],
+      registers,
+      collect() {
+        this.reset();
+        for (const m of market()) this.inc({ model: m.model }, m.expertTokensServed);
+      },
+    });
+    this.#claims = new Counter({
+      name: "moeswarm_hub_claims_total",
+      help: "Claims answered: granted, or refused by reason (capacity, covered, leased, invalid)",
+      labelNames: ["outcome"],
+      registers,
+    });
+    this.#leasesEnded = new Counter({
+      name: "moeswarm_hub_leases_ended_total",
+      help: "Leases that ended: fulfilled (the worker registered the slice), expired, released",
+      labelNames: ["reason"],
+      registers,
+    });
+    this.#reports = new Counter({
+      name: "moeswarm_hub_stats_reports_total",
+      help: "Backbone stats reports: accepted, duplicate (a retried seq), rejected",
+      labelNames: ["outcome"],
+      registers,
+    });
     if (options.defaultMetrics) {
       // process and event-loop metrics: they install observers that live as long as the
       // process, so only a hub that owns its process (the bin) turns them on
@@ -186,6 +276,19 @@ export class HubMetrics {
 
   storeError(): void {
     this.#storeErrors.inc();
+  }
+
+  claim(outcome: string): void {
+    const known = ["granted", "capacity", "covered", "leased"];
+    this.#claims.inc({ outcome: known.includes(outcome) ? outcome : "invalid" });
+  }
+
+  leaseEnded(reason: "fulfilled" | "expired" | "released"): void {
+    this.#leasesEnded.inc({ reason });
+  }
+
+  statsReport(outcome: "accepted" | "duplicate" | "rejected"): void {
+    this.#reports.inc({ outcome });
   }
 
   relayEvent(event: RelayServerEvent): void {

@@ -2,17 +2,17 @@ import { mkdirSync } from "node:fs";
 import { dirname } from "node:path";
 import { formatRange, HubError, InvalidArgumentError, parseRange, toRanges } from "@moeswarm/core";
 import Database from "better-sqlite3";
-import type { HubStore, StoredModel, StoredSlice, StoredWorker } from "./store.js";
+import type { StoredDemandRow } from "./market.js";
+import type { HubStore, StoredCredit, StoredLease, StoredModel, StoredSlice, StoredWorker } from "./store.js";
 
 /*
  * Schema versions, applied in order inside one transaction each; `PRAGMA user_version` records
  * the last one applied. Never edit a published step: add the next one. A database written by a
  * newer hub (user_version beyond this list) is refused rather than guessed at.
  *
- * Issue 7 (the coverage market) adds its tables as version 2: demand counters per
- * (model, layer, expert) with their decay time, claims (worker, model, layers, experts, lease
- * expiry, state) and credits (worker, model, expert-tokens served), keyed by the worker and
- * model ids used here.
+ * Version 2 holds the coverage market: demand counters (one row per model and MoE layer: the
+ * instant they refer to and one little-endian f64 per expert), active leases, and credits
+ * (expert-tokens served per worker and model), keyed by the worker and model ids used here.
  */
 const MIGRATIONS: readonly string[] = [
   // 1: models registered at run time, workers and the slices they registered
@@ -37,6 +37,33 @@ const MIGRATIONS: readonly string[] = [
      capacity      INTEGER,
      backend       TEXT,
      registered_at INTEGER NOT NULL,
+     PRIMARY KEY (worker, model)
+   ) STRICT;`,
+  // 2: the coverage market
+  `CREATE TABLE demand (
+     model  TEXT NOT NULL,
+     layer  INTEGER NOT NULL,
+     at     REAL NOT NULL,     -- unix ms the counts refer to
+     counts BLOB NOT NULL,     -- f64 little-endian, one per expert
+     PRIMARY KEY (model, layer)
+   ) STRICT;
+   CREATE TABLE leases (
+     id         TEXT PRIMARY KEY,
+     worker     TEXT NOT NULL,
+     model      TEXT NOT NULL,
+     layers     TEXT NOT NULL,  -- half-open range "a:b"
+     experts    TEXT NOT NULL,
+     bytes      INTEGER NOT NULL,
+     granted_at REAL NOT NULL,
+     expires_at REAL NOT NULL,
+     capacity   TEXT NOT NULL   -- JSON
+   ) STRICT;
+   CREATE INDEX leases_worker ON leases (worker, model);
+   CREATE TABLE credits (
+     worker        TEXT NOT NULL,
+     model         TEXT NOT NULL,
+     expert_tokens INTEGER NOT NULL,
+     updated_at    REAL NOT NULL,
      PRIMARY KEY (worker, model)
    ) STRICT;`,
 ];
@@ -85,6 +112,51 @@ interface SliceRow {
   capacity: number | null;
   backend: string | null;
   registered_at: number;
+}
+
+interface LeaseRow {
+  id: string;
+  worker: string;
+  model: string;
+  layers: string;
+  experts: string;
+  bytes: number;
+  granted_at: number;
+  expires_at: number;
+  capacity: string;
+}
+interface DemandRow {
+  model: string;
+  layer: number;
+  at: number;
+  counts: Buffer;
+}
+interface CreditTableRow {
+  worker: string;
+  model: string;
+  expert_tokens: number;
+  updated_at: number;
+}
+
+function countsToBlob(counts: Float64Array): Buffer {
+  const b = Buffer.alloc(counts.length * 8);
+  for (let i = 0; i < counts.length; i++) b.writeDoubleLE(counts[i] as number, i * 8);
+  return b;
+}
+
+function blobToCounts(blob: Buffer): Float64Array {
+  const out = new Float64Array(Math.floor(blob.byteLength / 8));
+  for (let i = 0; i < out.length; i++) out[i] = blob.readDoubleLE(i * 8);
+  return out;
+}
+
+function capacityOf(text: string): StoredLease["capacity"] {
+  try {
+    const v = JSON.parse(text) as unknown;
+    return typeof v === "object" && v !== null && !Array.isArray(v) ? (v as StoredLease["capacity"]) : {};
+  } catch {
+    return {};
+  }
 }
 
 function openDatabase(path: string): Database.Database {
@@ -182,7 +254,57 @@ export function openSqliteStore(path: string, options: SqliteStoreOptions = {}):
       "INSERT INTO worker_slices (worker, model, layers, experts, capacity, backend, registered_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
     ),
     forget: db.prepare<[number]>("DELETE FROM workers WHERE last_seen < ?"),
+    leases: db.prepare<[], LeaseRow>(
+      "SELECT id, worker, model, layers, experts, bytes, granted_at, expires_at, capacity FROM leases ORDER BY id",
+    ),
+    putLease: db.prepare<[string, string, string, string, string, number, number, number, string]>(
+      `INSERT INTO leases (id, worker, model, layers, experts, bytes, granted_at, expires_at, capacity)
+       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+       ON CONFLICT (id) DO UPDATE SET worker = excluded.worker, model = excluded.model, layers = excluded.layers,
+         experts = excluded.experts, bytes = excluded.bytes, granted_at = excluded.granted_at,
+         expires_at = excluded.expires_at, capacity = excluded.capacity`,
+    ),
+    deleteLease: db.prepare<[string]>("DELETE FROM leases WHERE id = ?"),
+    demand: db.prepare<[], DemandRow>("SELECT model, layer, at, counts FROM demand ORDER BY model, layer"),
+    putDemand: db.prepare<[string, number, number, Buffer]>(
+      `INSERT INTO demand (model, layer, at, counts) VALUES (?, ?, ?, ?)
+       ON CONFLICT (model, layer) DO UPDATE SET at = excluded.at, counts = excluded.counts`,
+    ),
+    deleteDemand: db.prepare<[string]>("DELETE FROM demand WHERE model = ?"),
+    credits: db.prepare<[], CreditTableRow>(
+      "SELECT worker, model, expert_tokens, updated_at FROM credits ORDER BY worker, model",
+    ),
+    putCredit: db.prepare<[string, string, number, number]>(
+      `INSERT INTO credits (worker, model, expert_tokens, updated_at) VALUES (?, ?, ?, ?)
+       ON CONFLICT (worker, model) DO UPDATE SET expert_tokens = excluded.expert_tokens, updated_at = excluded.updated_at`,
+    ),
   };
+  const putLeases = db.transaction((list: readonly StoredLease[]) => {
+    for (const l of list) {
+      q.putLease.run(
+        l.id,
+        l.worker,
+        l.model,
+        formatRange(l.layers),
+        formatRange(l.experts),
+        l.bytes,
+        l.grantedAt,
+        l.expiresAt,
+        JSON.stringify(l.capacity ?? {}),
+      );
+    }
+  });
+  const deleteLeases = db.transaction((ids: readonly string[]) => {
+    let n = 0;
+    for (const id of ids) n += q.deleteLease.run(id).changes;
+    return n;
+  });
+  const putDemand = db.transaction((rows: readonly StoredDemandRow[]) => {
+    for (const d of rows) q.putDemand.run(d.model, d.layer, d.at, countsToBlob(d.counts));
+  });
+  const putCredits = db.transaction((rows: readonly StoredCredit[]) => {
+    for (const c of rows) q.putCredit.run(c.worker, c.model, c.expertTokens, c.updatedAt);
+  });
   const putWorkers = db.transaction((list: readonly StoredWorker[]) => {
     for (const w of list) {
       q.putWorker.run(w.id, w.firstSeen, w.lastSeen, w.connected ? 1 : 0, w.draining ? 1 : 0);
@@ -256,6 +378,58 @@ export function openSqliteStore(path: string, options: SqliteStoreOptions = {}):
       }),
     deleteWorkersSeenBefore: (before) =>
       run("forgetting workers", () => q.forget.run(Math.floor(before)).changes),
+    listLeases: () =>
+      run("listing leases", () =>
+        q.leases.all().map(
+          (r): StoredLease => ({
+            id: r.id,
+            worker: r.worker,
+            model: r.model,
+            layers: parseRange(r.layers),
+            experts: parseRange(r.experts),
+            bytes: r.bytes,
+            grantedAt: r.granted_at,
+            expiresAt: r.expires_at,
+            capacity: capacityOf(r.capacity),
+          }),
+        ),
+      ),
+    putLeases: (list) =>
+      run("storing leases", () => {
+        putLeases.immediate(list);
+      }),
+    deleteLeases: (ids) => run("deleting leases", () => deleteLeases.immediate(ids)),
+    listDemand: () =>
+      run("listing demand", () =>
+        q.demand.all().map(
+          (r): StoredDemandRow => ({
+            model: r.model,
+            layer: r.layer,
+            at: r.at,
+            counts: blobToCounts(r.counts),
+          }),
+        ),
+      ),
+    putDemand: (rows) =>
+      run("storing demand", () => {
+        putDemand.immediate(rows);
+      }),
+    deleteDemand: (model) => run("deleting demand", () => q.deleteDemand.run(model).changes),
+    listCredits: () =>
+      run("listing credits", () =>
+        q.credits.all().map(
+          (r): StoredCredit => ({
+            worker: r.worker,
+            model: r.model,
+            expertTokens: r.expert_tokens,
+            updatedAt: r.updated_at,
+          }),
+        ),
+      ),
+    putCredits: (rows) =>
+      run("storing credits", () => {
+        putCredits.immediate(rows);
+      }),
     async close() {
       if (closed) return;
       closed = true;

@@ -1,11 +1,12 @@
 import { HubError } from "@moeswarm/core";
+import type { CreditRow, Lease, StoredDemandRow } from "./market.js";
 
 /**
  * What the hub keeps across restarts. Asynchronous so that a server database can stand in for
  * the embedded SQLite one; a store's methods may throw HubError MOESWARM_HUB_STORE.
  *
- * Issue 7 grows it (demand counters, claims with leases, credits) by new methods and, for SQLite,
- * new schema versions; what is here does not change meaning.
+ * The coverage market keeps its leases, demand counters and credits here too (SQLite schema
+ * version 2).
  */
 export interface HubStore extends AsyncDisposable {
   /** "memory", "sqlite", or an embedder's own name (for logs and /metrics). */
@@ -21,8 +22,30 @@ export interface HubStore extends AsyncDisposable {
   putWorkers(workers: readonly StoredWorker[]): Promise<void>;
   /** Forgets workers last seen before `before` (unix ms); returns how many. */
   deleteWorkersSeenBefore(before: number): Promise<number>;
+  /** Active leases (claims granted, not yet fulfilled, released or expired), by id. */
+  listLeases(): Promise<StoredLease[]>;
+  /** Adds or replaces leases (by id), in one transaction. */
+  putLeases(leases: readonly StoredLease[]): Promise<void>;
+  /** Deletes leases by id; returns how many existed. */
+  deleteLeases(ids: readonly string[]): Promise<number>;
+  /** Demand counters, by model then layer. */
+  listDemand(): Promise<StoredDemandRow[]>;
+  /** Adds or replaces demand rows (by model and layer), in one transaction. */
+  putDemand(rows: readonly StoredDemandRow[]): Promise<void>;
+  /** Deletes a model's demand counters; returns how many rows. */
+  deleteDemand(model: string): Promise<number>;
+  /** Credits (expert-tokens served), by worker then model. */
+  listCredits(): Promise<StoredCredit[]>;
+  /** Adds or replaces credit rows (absolute totals, by worker and model), in one transaction. */
+  putCredits(rows: readonly StoredCredit[]): Promise<void>;
   close(): Promise<void>;
 }
+
+/** A lease as the store keeps it (see `Lease` of the market). */
+export type StoredLease = Lease;
+
+/** Expert-tokens a worker served for a model, in all. */
+export type StoredCredit = CreditRow;
 
 export interface StoredModel {
   /** The model id (see `isModelId`). */
@@ -65,6 +88,16 @@ export function isModelId(value: unknown): value is string {
   return typeof value === "string" && MODEL_ID.test(value);
 }
 
+const byIds = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
+
+function copyLease(l: StoredLease): StoredLease {
+  return { ...l, layers: { ...l.layers }, experts: { ...l.experts }, capacity: { ...l.capacity } };
+}
+
+function copyDemand(d: StoredDemandRow): StoredDemandRow {
+  return { ...d, counts: d.counts.slice() };
+}
+
 function copyWorker(w: StoredWorker): StoredWorker {
   return {
     ...w,
@@ -76,6 +109,9 @@ function copyWorker(w: StoredWorker): StoredWorker {
 export function createMemoryStore(): HubStore {
   const models = new Map<string, StoredModel>();
   const workers = new Map<string, StoredWorker>();
+  const leases = new Map<string, StoredLease>();
+  const demand = new Map<string, StoredDemandRow>();
+  const credits = new Map<string, StoredCredit>();
   let closed = false;
   const open = () => {
     if (closed) throw new HubError("MOESWARM_HUB_STORE", "the hub store is closed");
@@ -113,6 +149,51 @@ export function createMemoryStore(): HubStore {
         }
       }
       return n;
+    },
+    async listLeases() {
+      open();
+      return [...leases.values()].sort((a, b) => byIds(a.id, b.id)).map(copyLease);
+    },
+    async putLeases(list) {
+      open();
+      for (const l of list) leases.set(l.id, copyLease(l));
+    },
+    async deleteLeases(ids) {
+      open();
+      let n = 0;
+      for (const id of ids) if (leases.delete(id)) n++;
+      return n;
+    },
+    async listDemand() {
+      open();
+      return [...demand.values()]
+        .sort((a, b) => byIds(a.model, b.model) || a.layer - b.layer)
+        .map(copyDemand);
+    },
+    async putDemand(rows) {
+      open();
+      for (const d of rows) demand.set(`${d.model}\0${d.layer}`, copyDemand(d));
+    },
+    async deleteDemand(model) {
+      open();
+      let n = 0;
+      for (const [key, d] of demand) {
+        if (d.model === model) {
+          demand.delete(key);
+          n++;
+        }
+      }
+      return n;
+    },
+    async listCredits() {
+      open();
+      return [...credits.values()]
+        .sort((a, b) => byIds(a.worker, b.worker) || byIds(a.model, b.model))
+        .map((c) => ({ ...c }));
+    },
+    async putCredits(rows) {
+      open();
+      for (const c of rows) credits.set(`${c.worker}\0${c.model}`, { ...c });
     },
     async close() {
       closed = true;

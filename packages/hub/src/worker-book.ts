@@ -22,6 +22,12 @@ export interface HubWorkerInfo {
   inFlight?: number;
   /** Round trip of the relay's last heartbeat, ms (live workers). */
   rttMs?: number;
+  /** Relay-side round trip of its dispatches (moving average, ms), once it answered one. */
+  latencyMs?: number;
+  /** The round trip backbones report for it in their receipts (moving average, ms). */
+  reportedLatencyMs?: number;
+  /** Expert-tokens it served (from the backbones' receipts), in all and per model. */
+  credits?: { expertTokens: number; byModel: Record<string, number> };
   slices: StoredSlice[];
 }
 
@@ -62,6 +68,10 @@ export class WorkerBook {
 
   get size(): number {
     return this.#workers.size;
+  }
+
+  has(id: string): boolean {
+    return this.#workers.has(id);
   }
 
   async load(now = Date.now()): Promise<void> {

@@ -8,6 +8,7 @@ import {
   isModelId,
   openSqliteStore,
   SQLITE_SCHEMA_VERSION,
+  type StoredLease,
   type StoredWorker,
 } from "../src/index.js";
 import { type TempDir, tempDir } from "./hub-helpers.js";
@@ -90,6 +91,53 @@ describe.each(stores)("HubStore contract: %s", (_name, make) => {
     expect((await s.listWorkers()).map((x) => x.id)).toEqual(["w2"]);
   });
 
+  it("keeps leases, demand counters and credits", async () => {
+    await using s = make();
+    expect([await s.listLeases(), await s.listDemand(), await s.listCredits()]).toEqual([[], [], []]);
+    const lease = (id: string, expiresAt: number): StoredLease => ({
+      id,
+      worker: "w1",
+      model: "m",
+      layers: { start: 0, end: 2 },
+      experts: { start: 64, end: 128 },
+      bytes: 2 ** 40 + 3,
+      grantedAt: 1_700_000_000_000.5,
+      expiresAt,
+      capacity: { ramBytes: 2 ** 41, backend: "cuda", bandwidthBps: 1.25e8 },
+    });
+    await s.putLeases([lease("b", 10), lease("a", 20)]);
+    await s.putLeases([lease("b", 30)]);
+    expect(await s.listLeases()).toEqual([lease("a", 20), lease("b", 30)]);
+    expect(await s.deleteLeases(["a", "zzz"])).toBe(1);
+    expect(await s.listLeases()).toEqual([lease("b", 30)]);
+
+    // f64 counts round-trip bit for bit (subnormals, fractions, large values)
+    const counts = new Float64Array([0, 1.5, 5e-324, 1e300, 1 / 3]);
+    await s.putDemand([
+      { model: "m", layer: 3, at: 1000.25, counts },
+      { model: "m", layer: 1, at: 1000.25, counts: new Float64Array([7]) },
+      { model: "k", layer: 0, at: 5, counts: new Float64Array(0) },
+    ]);
+    await s.putDemand([{ model: "m", layer: 1, at: 2000, counts: new Float64Array([8, 9]) }]);
+    expect(await s.listDemand()).toEqual([
+      { model: "k", layer: 0, at: 5, counts: new Float64Array(0) },
+      { model: "m", layer: 1, at: 2000, counts: new Float64Array([8, 9]) },
+      { model: "m", layer: 3, at: 1000.25, counts },
+    ]);
+    expect(await s.deleteDemand("m")).toBe(2);
+    expect((await s.listDemand()).map((d) => d.model)).toEqual(["k"]);
+
+    await s.putCredits([
+      { worker: "w2", model: "m", expertTokens: 5, updatedAt: 1 },
+      { worker: "w1", model: "m", expertTokens: 2 ** 53 - 1, updatedAt: 2 },
+    ]);
+    await s.putCredits([{ worker: "w2", model: "m", expertTokens: 6, updatedAt: 3 }]);
+    expect(await s.listCredits()).toEqual([
+      { worker: "w1", model: "m", expertTokens: 2 ** 53 - 1, updatedAt: 2 },
+      { worker: "w2", model: "m", expertTokens: 6, updatedAt: 3 },
+    ]);
+  });
+
   it("refuses use after close", async () => {
     const s = make();
     await s.close();
@@ -111,7 +159,7 @@ describe("SQLite store", () => {
         .prepare<[], { name: string }>("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
         .all()
         .map((r) => r.name);
-      expect(tables).toEqual(["models", "worker_slices", "workers"]);
+      expect(tables).toEqual(["credits", "demand", "leases", "models", "worker_slices", "workers"]);
     } finally {
       db.close();
     }
@@ -119,6 +167,34 @@ describe("SQLite store", () => {
     const again = openSqliteStore(path);
     expect(await again.listModels()).toEqual([{ id: "m", path: "/x.gguf", addedAt: 1 }]);
     await again.close();
+  });
+
+  it("upgrades a version 1 database to version 2, keeping its rows", async () => {
+    const path = join(tmp.dir, "v1.db");
+    const db = new Database(path);
+    db.exec(`CREATE TABLE models (id TEXT PRIMARY KEY, path TEXT NOT NULL, added_at INTEGER NOT NULL) STRICT;
+      CREATE TABLE workers (id TEXT PRIMARY KEY, first_seen INTEGER NOT NULL, last_seen INTEGER NOT NULL,
+        connected INTEGER NOT NULL DEFAULT 0, draining INTEGER NOT NULL DEFAULT 0) STRICT;
+      CREATE INDEX workers_last_seen ON workers (last_seen);
+      CREATE TABLE worker_slices (worker TEXT NOT NULL REFERENCES workers (id) ON DELETE CASCADE, model TEXT NOT NULL,
+        layers TEXT NOT NULL, experts TEXT NOT NULL, capacity INTEGER, backend TEXT, registered_at INTEGER NOT NULL,
+        PRIMARY KEY (worker, model)) STRICT;
+      INSERT INTO models VALUES ('m', '/m.gguf', 7);
+      INSERT INTO workers VALUES ('w', 1, 2, 0, 0);
+      INSERT INTO worker_slices VALUES ('w', 'm', '0:2', '0:4', NULL, NULL, 3);`);
+    db.pragma("user_version = 1");
+    db.close();
+    await using s = openSqliteStore(path);
+    expect(await s.listModels()).toEqual([{ id: "m", path: "/m.gguf", addedAt: 7 }]);
+    expect(await s.listWorkers()).toEqual([
+      w("w", 2, {
+        firstSeen: 1,
+        slices: [{ model: "m", layers: [0, 1], experts: [0, 1, 2, 3], registeredAt: 3 }],
+      }),
+    ]);
+    await s.putCredits([{ worker: "w", model: "m", expertTokens: 1, updatedAt: 1 }]);
+    expect(await s.listCredits()).toHaveLength(1);
+    expect(SQLITE_SCHEMA_VERSION).toBe(2);
   });
 
   it("refuses a database written by a newer hub", () => {

@@ -109,6 +109,15 @@ const serve: Command = {
     "model-dir": { type: "string", description: "directory POST /api/models may register files from" },
     "manifest-dir": { type: "string", description: "where manifests are cached (default beside each model)" },
     private: { type: "boolean", description: "reads need a token too (default: reads are public)" },
+    "lease-ttl": {
+      type: "string",
+      description: "seconds a claim is leased before it must be renewed (default 120)",
+    },
+    "half-life": {
+      type: "string",
+      description: "half-life of the backbones' routing counts, seconds (default 600)",
+    },
+    "max-replicas": { type: "string", description: "most replicas a hot expert is asked for (default 4)" },
     json: { type: "boolean", description: "one JSON object per line on stdout, for machines" },
   },
   async run(values, io, signal) {
@@ -158,6 +167,22 @@ const serve: Command = {
           });
           return;
         }
+        case "lease":
+          // renewals come every few seconds per download: not worth a line each
+          if (e.action === "renewed") return;
+          say(
+            `${CLI_NAME}: lease ${e.action}: ${e.worker} ${e.model} layers ${e.layers} experts ${e.experts}`,
+            {
+              event: "lease",
+              action: e.action,
+              id: e.id,
+              worker: e.worker,
+              model: e.model,
+              layers: e.layers,
+              experts: e.experts,
+            },
+          );
+          return;
         case "model-unavailable":
           io.stderr.write(
             `${CLI_NAME}: model ${e.id} (${e.path}) is not served: ${isMoeswarmError(e.error) ? `${e.error.code}: ${e.error.message}` : String(e.error)}\n`,
@@ -176,6 +201,7 @@ const serve: Command = {
           return;
       }
     };
+    const leaseTtlS = int(values, "lease-ttl", 120, 1, 86_400);
     const hub = createHub({
       secret,
       models: models.map((path) => ({ path })),
@@ -185,6 +211,12 @@ const serve: Command = {
       tls,
       publicReads: values.private !== true,
       defaultMetrics: true,
+      market: {
+        leaseTtlMs: leaseTtlS * 1000,
+        maxLeaseTtlMs: Math.max(3_600_000, leaseTtlS * 1000),
+        halfLifeMs: int(values, "half-life", 600, 1, 365 * DAY_S) * 1000,
+        maxReplicas: int(values, "max-replicas", 4, 1, 1024),
+      },
       onEvent,
     });
     const stop = () => void hub.close();
@@ -206,6 +238,7 @@ const serve: Command = {
           (m) =>
             `  ${m.id}  ${m.arch ?? "?"}  ${m.layers} layers x ${m.experts} experts  ${size(m.expertBytes)}/expert  file ${size(m.fileSize)}`,
         ),
+        `  dashboard: ${listener.url}/${values.private === true ? "#token=<token>" : ""}`,
         `  store: ${hub.store.kind}${hub.store.kind === "sqlite" ? ` (${str(values, "db") ?? "moeswarm-hub.db"})` : ""}; reads ${values.private === true ? "need a token" : "are public"}`,
       ];
       if (tokens) {

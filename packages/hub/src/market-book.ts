@@ -1,0 +1,314 @@
+import { HubError, isMoeswarmError } from "@moeswarm/core";
+import { CoverageMarket, type Lease, type MarketModel, type MarketOptions } from "./market.js";
+import type { RelayServerEvent } from "./relay.js";
+import type { StatsReport } from "./stats.js";
+import type { HubStore } from "./store.js";
+
+/** Figures of one backbone's last report of a model. */
+export interface BackboneRate {
+  id: string;
+  model: string;
+  tokensPerSecond: number;
+  /** Unix ms the report arrived. */
+  at: number;
+}
+
+export interface StatsOutcome {
+  /** false for a retry (seq not above the last one seen): nothing was counted again. */
+  accepted: boolean;
+  layers: number;
+  credited: string[];
+  /** Receipts for workers this hub has never seen (not credited). */
+  ignored: string[];
+}
+
+export interface MarketBookOptions {
+  store: HubStore;
+  market: MarketOptions;
+  clock: () => number;
+  /** Whether the hub knows this worker (receipts for others are ignored). */
+  knownWorker: (id: string) => boolean;
+  /** A report older than this no longer counts towards tokens/s (ms). */
+  statsStaleMs: number;
+  onStoreError: (error: unknown) => void;
+  onLeaseEnd?: (lease: Lease, why: "expired" | "fulfilled") => void;
+}
+
+interface Waiter {
+  model: string;
+  since: number;
+  resolve: () => void;
+}
+
+/** Smoothing of the relay-side latency average (weight of the newest sample). */
+const LATENCY_ALPHA = 0.2;
+
+/**
+ * The hub's side of the market: feeds it relay events and backbone reports, keeps what is not
+ * the market's business (latencies, tokens/s, retries), persists its changes through one write
+ * queue, and wakes placement long-polls when a model's placement changes.
+ */
+export class MarketBook {
+  readonly market: CoverageMarket;
+  readonly #o: MarketBookOptions;
+  readonly #latency = new Map<string, { ms: number; results: number; errors: number }>();
+  readonly #reported = new Map<string, number>();
+  readonly #rates = new Map<string, BackboneRate>();
+  readonly #seq = new Map<string, number>();
+  readonly #waiters = new Set<Waiter>();
+  readonly #served = new Map<string, number>();
+  #queue: Promise<void> = Promise.resolve();
+  #closed = false;
+
+  constructor(options: MarketBookOptions) {
+    this.#o = options;
+    this.market = new CoverageMarket({
+      ...options.market,
+      onLeaseEnd: (lease, why) => {
+        try {
+          options.onLeaseEnd?.(lease, why);
+        } catch {
+          // an observer's failure is not the market's
+        }
+      },
+    });
+  }
+
+  now(): number {
+    return this.#o.clock();
+  }
+
+  async load(): Promise<void> {
+    const [leases, demand, credits] = await Promise.all([
+      this.#o.store.listLeases(),
+      this.#o.store.listDemand(),
+      this.#o.store.listCredits(),
+    ]);
+    this.market.load({ leases, demand, credits });
+    this.#sweep();
+  }
+
+  // --- models and relay events ----------------------------------------------------------------
+
+  addModel(model: MarketModel): void {
+    this.market.addModel(model, this.now());
+    this.#sweep();
+    this.#wake();
+  }
+
+  removeModel(id: string): void {
+    this.market.removeModel(id);
+    this.#enqueue(() => this.#o.store.deleteDemand(id).then(() => undefined));
+    this.#wake();
+  }
+
+  onRelayEvent(event: RelayServerEvent): void {
+    const now = this.now();
+    switch (event.type) {
+      case "connect":
+        // a new connection starts with no slice (a replaced one's are gone with it)
+        if (event.role === "worker") this.market.workerGone(event.id, now);
+        break;
+      case "disconnect":
+        if (event.role === "worker" && event.id !== undefined) this.market.workerGone(event.id, now);
+        break;
+      case "register":
+        this.market.register(event.id, event.model, event.layers, event.experts, now);
+        break;
+      case "drain":
+        this.market.drain(event.id, now);
+        break;
+      case "routed": {
+        const l = this.#latency.get(event.to) ?? { ms: event.ms, results: 0, errors: 0 };
+        if (event.outcome === "result") {
+          l.ms = l.results === 0 ? event.ms : l.ms + LATENCY_ALPHA * (event.ms - l.ms);
+          l.results++;
+        } else l.errors++;
+        this.#latency.set(event.to, l);
+        return;
+      }
+      default:
+        return;
+    }
+    this.#wake();
+  }
+
+  /** Relay-side round trip of a worker's dispatches (moving average, ms), with result and error counts. */
+  latencyOf(worker: string): { ms: number; results: number; errors: number } | undefined {
+    const l = this.#latency.get(worker);
+    return l && { ...l };
+  }
+
+  /** The round trip a backbone reported for a worker (its receipts), ms. */
+  reportedLatencyOf(worker: string): number | undefined {
+    return this.#reported.get(worker);
+  }
+
+  // --- backbone reports -------------------------------------------------------------------------
+
+  ingest(model: string, backbone: string, report: StatsReport): StatsOutcome {
+    const now = this.now();
+    const key = `${backbone}\0${model}`;
+    const last = this.#seq.get(key);
+    if (report.seq !== undefined) {
+      if (last !== undefined && report.seq <= last) {
+        return { accepted: false, layers: 0, credited: [], ignored: [] };
+      }
+    }
+    // validated before anything changes: a report is counted whole or not at all
+    this.market.addCounts(model, report.counts, now);
+    if (report.seq !== undefined) this.#seq.set(key, report.seq);
+    if (report.tokens !== undefined && report.ms !== undefined) {
+      this.#rates.set(key, {
+        id: backbone,
+        model,
+        tokensPerSecond: report.tokens / (report.ms / 1000),
+        at: now,
+      });
+    }
+    const credited: string[] = [];
+    const ignored: string[] = [];
+    for (const [worker, receipt] of report.receipts) {
+      if (!this.#o.knownWorker(worker)) {
+        ignored.push(worker);
+        continue;
+      }
+      this.market.credit(model, worker, receipt.expertTokens, now);
+      this.#served.set(model, (this.#served.get(model) ?? 0) + receipt.expertTokens);
+      if (receipt.ms !== undefined) {
+        const had = this.#reported.get(worker);
+        this.#reported.set(worker, had === undefined ? receipt.ms : had + LATENCY_ALPHA * (receipt.ms - had));
+      }
+      credited.push(worker);
+    }
+    return { accepted: true, layers: report.counts.size, credited, ignored };
+  }
+
+  /** Expert-tokens credited per model since this hub started (the metric's source). */
+  servedSinceStart(): Map<string, number> {
+    return new Map(this.#served);
+  }
+
+  /** Backbones whose last report of a model is fresh, with their rate. */
+  rates(model?: string): BackboneRate[] {
+    const now = this.now();
+    return [...this.#rates.values()]
+      .filter((r) => (model === undefined || r.model === model) && now - r.at <= this.#o.statsStaleMs)
+      .sort((a, b) =>
+        a.model < b.model ? -1 : a.model > b.model ? 1 : a.id < b.id ? -1 : a.id > b.id ? 1 : 0,
+      )
+      .map((r) => ({ ...r }));
+  }
+
+  tokensPerSecond(model?: string): number {
+    return this.rates(model).reduce((s, r) => s + r.tokensPerSecond, 0);
+  }
+
+  // --- leases (written before they are answered) ------------------------------------------------
+
+  /** Grants or renews through `grant`, writes the lease, and undoes it when the write fails. */
+  async writeLease(grant: () => Lease, undo: (lease: Lease) => void): Promise<Lease> {
+    const lease = grant();
+    try {
+      await this.#enqueue(() => this.#o.store.putLeases([lease]), true);
+    } catch (error) {
+      undo(lease);
+      throw isMoeswarmError(error)
+        ? error
+        : new HubError("MOESWARM_HUB_STORE", String(error), { cause: error });
+    }
+    return lease;
+  }
+
+  async deleteLease(id: string): Promise<void> {
+    await this.#enqueue(() => this.#o.store.deleteLeases([id]).then(() => undefined), true);
+  }
+
+  /** Expires what is due (reported through onLeaseEnd). */
+  #sweep(): void {
+    this.market.expire(this.now());
+  }
+
+  // --- persistence ------------------------------------------------------------------------------
+
+  /**
+   * Runs `write` after the writes before it. `rethrow`: the caller waits for it and handles the
+   * failure; otherwise it is reported (and the change is kept to be retried at the next flush).
+   */
+  #enqueue(write: () => Promise<void>, rethrow = false): Promise<void> {
+    const done = this.#queue.then(write);
+    this.#queue = done.catch((error) => {
+      if (!rethrow) this.#o.onStoreError(error);
+    });
+    return rethrow ? done : this.#queue;
+  }
+
+  /** Expires leases and writes demand, credits and ended leases that changed. */
+  flush(): Promise<void> {
+    this.#sweep();
+    const changes = this.market.takeChanges();
+    if (changes.demand.length === 0 && changes.deadLeases.length === 0 && changes.credits.length === 0) {
+      return this.#queue;
+    }
+    return this.#enqueue(async () => {
+      try {
+        if (changes.deadLeases.length > 0) await this.#o.store.deleteLeases(changes.deadLeases);
+        if (changes.demand.length > 0) await this.#o.store.putDemand(changes.demand);
+        if (changes.credits.length > 0) await this.#o.store.putCredits(changes.credits);
+      } catch (error) {
+        this.market.restoreChanges(changes);
+        throw error;
+      }
+    });
+  }
+
+  // --- placement long-polls ---------------------------------------------------------------------
+
+  /**
+   * Resolves when the placement version of `model` differs from `since`, after `ms`, when the
+   * signal aborts, or when the book closes; whichever first. Never rejects.
+   */
+  waitForChange(model: string, since: number, ms: number, signal: AbortSignal): Promise<void> {
+    return new Promise<void>((resolve) => {
+      if (this.#closed || signal.aborted || this.#changed(model, since)) {
+        resolve();
+        return;
+      }
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const waiter: Waiter = {
+        model,
+        since,
+        resolve: () => {
+          clearTimeout(timer);
+          signal.removeEventListener("abort", waiter.resolve);
+          this.#waiters.delete(waiter);
+          resolve();
+        },
+      };
+      timer = setTimeout(waiter.resolve, ms);
+      timer.unref?.();
+      signal.addEventListener("abort", waiter.resolve, { once: true });
+      this.#waiters.add(waiter);
+    });
+  }
+
+  #changed(model: string, since: number): boolean {
+    return !this.market.hasModel(model) || this.market.version(model) !== since;
+  }
+
+  #wake(): void {
+    for (const w of [...this.#waiters]) if (this.#changed(w.model, w.since)) w.resolve();
+  }
+
+  /** Answers every long-poll now, and any later one at once (the hub is closing). */
+  stopWaiting(): void {
+    this.#closed = true;
+    for (const w of [...this.#waiters]) w.resolve();
+  }
+
+  /** Stops the long-polls and writes what is left. */
+  async close(): Promise<void> {
+    this.stopWaiting();
+    await this.flush();
+  }
+}

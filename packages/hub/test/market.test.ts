@@ -1,0 +1,405 @@
+import { Placement } from "@moeswarm/dispatch";
+import { describe, expect, it } from "vitest";
+import {
+  CoverageMarket,
+  DemandCounters,
+  demandPolicy,
+  hotness,
+  isMoeswarmHubConflict,
+  type MarketModel,
+  targetReplicas,
+} from "./market-helpers.js";
+
+const MiB = 1 << 20;
+const T0 = 1_700_000_000_000;
+
+/** The README's worked example: one MoE layer of 4 experts, 1 MiB each. */
+const EXAMPLE: MarketModel = { id: "ex", layers: [{ layer: 0, nExpert: 4, bytesPerExpert: MiB }] };
+
+function counter(): () => string {
+  let i = 0;
+  return () => `lease-${++i}`;
+}
+
+function market(options: ConstructorParameters<typeof CoverageMarket>[0] = {}) {
+  return new CoverageMarket({ newId: counter(), ...options });
+}
+
+const cap = (bytes: number) => ({ ramBytes: bytes });
+
+describe("demand formula", () => {
+  it("decays counts by half per half-life, from the timestamps alone", () => {
+    const d = new DemandCounters(2, 0);
+    d.add(0, [100, 40], 0, 1000);
+    d.add(0, [0, 0], 1000, 1000);
+    expect([...d.counts]).toEqual([50, 20]);
+    d.add(1, [10], 3000, 1000); // two more half-lives: 12.5, 5 + 10
+    expect([...d.counts]).toEqual([12.5, 15]);
+    // a clock that goes back decays nothing
+    d.add(0, [1], 2000, 1000);
+    expect([...d.counts]).toEqual([13.5, 15]);
+    expect(d.at).toBe(3000);
+  });
+
+  it("targets and values follow the README's worked example", () => {
+    const p = demandPolicy();
+    // f64 reference, written out: h = n (d + prior) / (D + n prior)
+    const h = [60, 20, 10, 10].map((d) => (4 * (d + 1)) / (100 + 4));
+    expect(h.map((x) => hotness(x === h[0] ? 60 : x === h[1] ? 20 : 10, 100, 4, 1))).toEqual(h);
+    expect(h.map((x) => targetReplicas(x, p))).toEqual([2, 1, 1, 1]);
+
+    const m = market();
+    m.addModel(EXAMPLE, T0);
+    m.addCounts("ex", new Map([[0, [60, 20, 10, 10]]]), T0);
+    m.register("w1", "ex", [0], [0, 1], T0);
+    const ranges = m.demand(T0);
+    expect(ranges).toEqual([
+      {
+        model: "ex",
+        layer: 0,
+        experts: { start: 2, end: 4 },
+        count: 2,
+        target: 1,
+        coverage: 0,
+        pending: 0,
+        missing: 1,
+        hot: false,
+        value: Math.round(2 * (100 + (h[2] as number)) * 1e6) / 1e6,
+        bytes: 2 * MiB,
+        bytesPerExpert: MiB,
+      },
+      {
+        model: "ex",
+        layer: 0,
+        experts: { start: 0, end: 1 },
+        count: 1,
+        target: 2,
+        coverage: 1,
+        pending: 0,
+        missing: 1,
+        hot: true,
+        value: Math.round((h[0] as number) * 1e6) / 1e6,
+        bytes: MiB,
+        bytesPerExpert: MiB,
+      },
+    ]);
+    expect(ranges[0]?.value).toBe(200.846154);
+    expect(ranges[1]?.value).toBe(2.346154);
+  });
+
+  it("treats a layer nobody reported as uniform, and caps targets at maxReplicas", () => {
+    const m = market({ maxReplicas: 3, prior: 0 });
+    m.addModel(EXAMPLE, T0);
+    expect(m.coverage("ex", T0).targets).toEqual([[1, 1, 1, 1]]);
+    m.addCounts("ex", new Map([[0, [1000, 0, 0, 0]]]), T0);
+    // h = 4 for expert 0 (all the load), ceil(4/2) = 2; the others 0 -> 1
+    expect(m.coverage("ex", T0).targets).toEqual([[2, 1, 1, 1]]);
+    const hot = market({ maxReplicas: 3, prior: 0, hotLoad: 1 });
+    hot.addModel(EXAMPLE, T0);
+    hot.addCounts("ex", new Map([[0, [1000, 0, 0, 0]]]), T0);
+    expect(hot.coverage("ex", T0).targets).toEqual([[3, 1, 1, 1]]);
+  });
+
+  it("refuses counts of a dense layer or of the wrong length", () => {
+    const m = market();
+    m.addModel(EXAMPLE, T0);
+    expect(() => m.addCounts("ex", new Map([[1, [1, 2, 3, 4]]]), T0)).toThrow(/no routed experts/);
+    expect(() => m.addCounts("ex", new Map([[0, [1, 2, 3]]]), T0)).toThrow(/has 4 experts/);
+    expect(() => m.addCounts("ex", new Map([[0, [1, 2, 3, Number.NaN]]]), T0)).toThrow(/finite/);
+    expect(m.coverage("ex", T0).load).toEqual([[1, 1, 1, 1]]);
+  });
+});
+
+describe("claims and leases", () => {
+  const TWO: MarketModel = {
+    id: "two",
+    layers: [
+      { layer: 1, nExpert: 8, bytesPerExpert: MiB },
+      { layer: 2, nExpert: 8, bytesPerExpert: 2 * MiB },
+    ],
+  };
+
+  it("grants a lease, counts it as pending, and refuses a second claim of the same cells", () => {
+    const m = market();
+    m.addModel(TWO, T0);
+    const lease = m.claim(
+      {
+        worker: "a",
+        model: "two",
+        layers: { start: 1, end: 3 },
+        experts: { start: 0, end: 4 },
+        capacity: cap(12 * MiB),
+      },
+      T0,
+    );
+    expect(lease).toMatchObject({
+      id: "lease-1",
+      worker: "a",
+      bytes: 12 * MiB,
+      grantedAt: T0,
+      expiresAt: T0 + 120_000,
+    });
+    expect(m.coverage("two", T0).pending).toEqual([
+      [1, 1, 1, 1, 0, 0, 0, 0],
+      [1, 1, 1, 1, 0, 0, 0, 0],
+    ]);
+    let error: unknown;
+    try {
+      m.claim(
+        {
+          worker: "b",
+          model: "two",
+          layers: { start: 2, end: 3 },
+          experts: { start: 3, end: 6 },
+          capacity: cap(64 * MiB),
+        },
+        T0 + 5000,
+      );
+    } catch (e) {
+      error = e;
+    }
+    expect(isMoeswarmHubConflict(error, "leased")).toBe(true);
+    expect((error as { details: Record<string, unknown> }).details).toMatchObject({
+      reason: "leased",
+      cells: [{ layer: 2, experts: "3:4" }],
+      retryAfterMs: 115_000,
+    });
+    // what is still free can be claimed
+    const b = m.claim(
+      {
+        worker: "b",
+        model: "two",
+        layers: { start: 2, end: 3 },
+        experts: { start: 4, end: 6 },
+        capacity: cap(64 * MiB),
+      },
+      T0,
+    );
+    expect(b.bytes).toBe(4 * MiB);
+  });
+
+  it("refuses a slice over capacity, and cells live workers already cover to target", () => {
+    const m = market();
+    m.addModel(TWO, T0);
+    const claim = (worker: string, experts: [number, number], bytes: number) =>
+      m.claim(
+        {
+          worker,
+          model: "two",
+          layers: { start: 1, end: 2 },
+          experts: { start: experts[0], end: experts[1] },
+          capacity: cap(bytes),
+        },
+        T0,
+      );
+    expect(() => claim("a", [0, 4], 4 * MiB - 1)).toThrow(/more than the/);
+    try {
+      claim("a", [0, 4], 4 * MiB - 1);
+    } catch (e) {
+      expect(isMoeswarmHubConflict(e, "capacity")).toBe(true);
+    }
+    m.register("w", "two", [1], [2, 3], T0);
+    try {
+      claim("a", [0, 4], 4 * MiB);
+      expect.unreachable();
+    } catch (e) {
+      expect(isMoeswarmHubConflict(e, "covered")).toBe(true);
+      expect((e as { details: Record<string, unknown> }).details.cells).toEqual([
+        { layer: 1, experts: "2:4" },
+      ]);
+    }
+    // the worker's own registration does not count against its own claim (its next register replaces it)
+    expect(
+      m.claim(
+        {
+          worker: "w",
+          model: "two",
+          layers: { start: 1, end: 2 },
+          experts: { start: 0, end: 8 },
+          capacity: cap(8 * MiB),
+        },
+        T0,
+      ).bytes,
+    ).toBe(8 * MiB);
+  });
+
+  it("checks ranges against the model: dense layers, expert bounds, unknown models", () => {
+    const m = market();
+    m.addModel(TWO, T0);
+    const base = { worker: "a", model: "two", capacity: cap(1 << 30) };
+    expect(() =>
+      m.claim({ ...base, layers: { start: 0, end: 2 }, experts: { start: 0, end: 1 } }, T0),
+    ).toThrow(expect.objectContaining({ code: "MOESWARM_GGUF_NOT_MOE" }));
+    expect(() =>
+      m.claim({ ...base, layers: { start: 1, end: 2 }, experts: { start: 0, end: 9 } }, T0),
+    ).toThrow(expect.objectContaining({ code: "MOESWARM_INVALID_RANGE" }));
+    expect(() =>
+      m.claim({ ...base, model: "nope", layers: { start: 1, end: 2 }, experts: { start: 0, end: 1 } }, T0),
+    ).toThrow(expect.objectContaining({ code: "MOESWARM_HUB_NOT_FOUND" }));
+    expect(() =>
+      m.claim({ ...base, worker: "", layers: { start: 1, end: 2 }, experts: { start: 0, end: 1 } }, T0),
+    ).toThrow(expect.objectContaining({ code: "MOESWARM_INVALID_ARGUMENT" }));
+    expect(() =>
+      m.claim(
+        { ...base, capacity: { ramBytes: -1 }, layers: { start: 1, end: 2 }, experts: { start: 0, end: 1 } },
+        T0,
+      ),
+    ).toThrow(/ramBytes/);
+    expect(() =>
+      m.claim(
+        { ...base, ttlMs: 10 * 3_600_000, layers: { start: 1, end: 2 }, experts: { start: 0, end: 1 } },
+        T0,
+      ),
+    ).toThrow(/ttlMs/);
+    expect(m.leases()).toEqual([]);
+  });
+
+  it("expires, renews, releases, and fulfils leases by registration", () => {
+    const m = market({ leaseTtlMs: 1000 });
+    m.addModel(TWO, T0);
+    const claim = (worker: string, start: number, end: number, now: number) =>
+      m.claim(
+        {
+          worker,
+          model: "two",
+          layers: { start: 1, end: 2 },
+          experts: { start, end },
+          capacity: cap(1 << 30),
+        },
+        now,
+      );
+    const a = claim("a", 0, 2, T0);
+    expect(m.renew(a.id, "a", T0 + 900).expiresAt).toBe(T0 + 1900);
+    expect(() => m.renew(a.id, "b", T0 + 900)).toThrow(
+      expect.objectContaining({ code: "MOESWARM_AUTH_ROLE" }),
+    );
+    expect(m.expire(T0 + 1899)).toEqual([]);
+    expect(m.expire(T0 + 1900).map((l) => l.id)).toEqual([a.id]);
+    expect(() => m.renew(a.id, "a", T0 + 1901)).toThrow(
+      expect.objectContaining({ code: "MOESWARM_HUB_NOT_FOUND" }),
+    );
+    expect(m.coverage("two", T0 + 1901).pending[0]).toEqual([0, 0, 0, 0, 0, 0, 0, 0]);
+
+    const b = claim("b", 2, 4, T0 + 2000);
+    expect(m.release(b.id, undefined, T0 + 2001).id).toBe(b.id);
+    expect(m.leases()).toEqual([]);
+
+    const c = claim("c", 4, 6, T0 + 3000);
+    // a registration that does not hold the whole lease leaves it pending
+    expect(m.register("c", "two", [1], [4], T0 + 3100)).toEqual([]);
+    expect(m.leases().map((l) => l.id)).toEqual([c.id]);
+    expect(m.register("c", "two", [1], [3, 4, 5, 6], T0 + 3200).map((l) => l.id)).toEqual([c.id]);
+    expect(m.leases()).toEqual([]);
+    expect(m.coverage("two", T0 + 3200).replicas[0]).toEqual([0, 0, 0, 1, 1, 1, 1, 0]);
+    const changes = m.takeChanges();
+    expect(changes.deadLeases.sort()).toEqual([a.id, c.id].sort());
+  });
+
+  it("a new claim of the same worker and model replaces its lease", () => {
+    const m = market();
+    m.addModel(TWO, T0);
+    const claim = (start: number, end: number) =>
+      m.claim(
+        {
+          worker: "a",
+          model: "two",
+          layers: { start: 1, end: 2 },
+          experts: { start, end },
+          capacity: cap(1 << 30),
+        },
+        T0,
+      );
+    claim(0, 4);
+    const second = claim(2, 6);
+    expect(m.leases().map((l) => l.id)).toEqual([second.id]);
+    expect(m.coverage("two", T0).pending[0]).toEqual([0, 0, 1, 1, 1, 1, 0, 0]);
+  });
+
+  it("drain and disconnect withdraw coverage; register ends a drain", () => {
+    const m = market();
+    m.addModel(TWO, T0);
+    m.register("w", "two", [1, 2], [0, 1], T0);
+    const v1 = m.version("two");
+    expect(m.summary("two", T0)).toMatchObject({ cells: 16, uncovered: 12 });
+    m.drain("w", T0 + 1);
+    expect(m.summary("two", T0)).toMatchObject({ uncovered: 16 });
+    expect(m.placement("two").registrations).toEqual([]);
+    const v2 = m.version("two");
+    expect(v2).toBeGreaterThan(v1);
+    m.register("w", "two", [1], [0, 1, 2], T0 + 2);
+    expect(m.summary("two", T0)).toMatchObject({ uncovered: 13 });
+    m.workerGone("w", T0 + 3);
+    expect(m.summary("two", T0)).toMatchObject({ uncovered: 16 });
+    expect(m.version("two")).toBeGreaterThan(v2);
+  });
+
+  it("auto-claim picks the most valuable slice that fits, uncovered before replicas", () => {
+    const m = market();
+    m.addModel(TWO, T0);
+    // 5 MiB: five experts of layer 1 (1 MiB each), or two of layer 2 (2 MiB each); layer 1 is worth more
+    const first = m.autoClaim({ worker: "a", capacity: cap(5 * MiB) }, T0);
+    expect([first.layers, first.experts]).toEqual([
+      { start: 1, end: 2 },
+      { start: 0, end: 5 },
+    ]);
+    // 3 MiB per column over both layers: the largest block is 8 experts x 2 layers = 24 MiB
+    const big = m.autoClaim({ worker: "b", capacity: cap(100 * MiB) }, T0);
+    expect([big.layers, big.experts]).toEqual([
+      { start: 2, end: 3 },
+      { start: 0, end: 8 },
+    ]);
+    const rest = m.autoClaim({ worker: "c", capacity: cap(100 * MiB) }, T0);
+    expect([rest.layers, rest.experts]).toEqual([
+      { start: 1, end: 2 },
+      { start: 5, end: 8 },
+    ]);
+    expect(() => m.autoClaim({ worker: "d", capacity: cap(100 * MiB) }, T0)).toThrow(
+      expect.objectContaining({ code: "MOESWARM_HUB_CONFLICT", details: { reason: "covered" } }),
+    );
+    // a hot expert wants a second replica: auto finds it
+    m.addCounts("two", new Map([[1, [0, 0, 0, 900, 0, 0, 0, 0]]]), T0);
+    const replica = m.autoClaim({ worker: "d", capacity: cap(100 * MiB) }, T0);
+    expect([replica.layers, replica.experts]).toEqual([
+      { start: 1, end: 2 },
+      { start: 3, end: 4 },
+    ]);
+    const small = market();
+    small.addModel(TWO, T0);
+    expect(() => small.autoClaim({ worker: "e", capacity: cap(MiB - 1) }, T0)).toThrow(
+      expect.objectContaining({ details: expect.objectContaining({ reason: "capacity" }) }),
+    );
+  });
+});
+
+describe("placement", () => {
+  it("publishes registrations that dispatch's Placement is built from, with per-cell owners", () => {
+    const m = market();
+    const model: MarketModel = {
+      id: "p",
+      layers: [0, 1, 2].map((layer) => ({ layer, nExpert: 6, bytesPerExpert: 10 })),
+    };
+    m.addModel(model, T0);
+    m.register("b", "p", [0, 1], [0, 1, 2], T0);
+    m.register("a", "p", [1], [2, 3, 4, 5], T0);
+    m.register("c", "p", [2], [0, 1, 2, 3, 4, 5], T0);
+    m.register("d", "p", [2], [5], T0);
+    m.drain("d", T0);
+    const json = JSON.parse(JSON.stringify(m.placement("p")));
+    const placement = Placement.fromRegistrations(json.registrations, { model: json.model });
+    expect(placement.workers()).toEqual(["a", "b", "c"]);
+    for (const layer of [0, 1, 2]) {
+      for (let e = 0; e < 6; e++) {
+        const fromOwners = json.owners
+          .filter((o: { layer: number; experts: string }) => {
+            const [s, t] = o.experts.split(":").map(Number);
+            return o.layer === layer && e >= (s as number) && e < (t as number);
+          })
+          .flatMap((o: { workers: string[] }) => o.workers);
+        expect([...placement.owners(layer, e)].sort()).toEqual([...fromOwners].sort());
+      }
+    }
+    expect(json.owners).toContainEqual({ layer: 1, experts: "2:3", workers: ["a", "b"] });
+    expect(json.missing).toEqual(placement.missing({ layers: [0, 1, 2], nExpert: 6 }));
+    expect(json.missing).toEqual([{ layer: 0, experts: "3:6", count: 3 }]);
+  });
+});
