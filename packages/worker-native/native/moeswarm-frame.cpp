@@ -433,13 +433,17 @@ bool moeswarm_frame_decode(const uint8_t * data, size_t size, uint32_t max_exper
         f->mode = bytes_eq(mode.ptr, mode.len, "sum") ? MOESWARM_MODE_SUM : MOESWARM_MODE_EACH;
     }
     if (f->type == MOESWARM_FRAME_RESULT) {
-        moeswarm_str y;
+        moeswarm_str & y = f->y;
         read_str(data, size, kv("y"), &y);
         const uint64_t want = (uint64_t) f->n * (f->mode == MOESWARM_MODE_EACH ? f->k : 1) * f->embd * 4;
         if (y.len != want) {
             return moeswarm_error_set(err, "MOESWARM_PROTOCOL_BAD_LENGTH", "result.y has %u bytes, its shape needs %llu",
                 y.len, (unsigned long long) want);
         }
+    }
+    if (f->type == MOESWARM_FRAME_ERROR) {
+        read_str(data, size, kv("code"), &f->code);
+        read_str(data, size, kv("msg"), &f->msg);
     }
     if (f->type == MOESWARM_FRAME_DISPATCH) {
         read_str(data, size, kv("model"), &f->model);
@@ -555,6 +559,7 @@ void moeswarm_frame_write_hello(struct moeswarm_mp_writer * w, const char * id, 
     moeswarm_mp_write_uint(w, max_frame);
 }
 
+#ifndef MOESWARM_FRAME_NO_SLICE
 void moeswarm_frame_write_register(struct moeswarm_mp_writer * w, const char * model, const struct moeswarm_slice * slice,
         const char * backend) {
     const uint32_t n_layer = moeswarm_slice_n_layer(slice);
@@ -586,6 +591,7 @@ void moeswarm_frame_write_register(struct moeswarm_mp_writer * w, const char * m
     write_key(w, "backend");
     moeswarm_mp_write_cstr(w, backend);
 }
+#endif
 
 void moeswarm_frame_write_error(struct moeswarm_mp_writer * w, const struct moeswarm_frame * req, const char * code,
         const char * msg) {
@@ -645,4 +651,34 @@ void moeswarm_frame_write_result(struct moeswarm_mp_writer * w, const struct moe
     memcpy(dst, y, n_y * sizeof(float));
     write_key(w, "ms");
     moeswarm_mp_write_number(w, ms);
+}
+
+void moeswarm_frame_write_dispatch(struct moeswarm_mp_writer * w, const struct moeswarm_dispatch_desc * d) {
+    const size_t nk = (size_t) d->n * d->k;
+    const bool with_w = d->weights != nullptr;
+    write_envelope(w, 10 + (with_w ? 1 : 0), "dispatch");
+    write_key(w, "id");
+    moeswarm_mp_write_uint(w, d->id);
+    write_key(w, "model");
+    moeswarm_mp_write_cstr(w, d->model);
+    write_key(w, "layer");
+    moeswarm_mp_write_uint(w, d->layer);
+    write_key(w, "n");
+    moeswarm_mp_write_uint(w, d->n);
+    write_key(w, "embd");
+    moeswarm_mp_write_uint(w, d->embd);
+    write_key(w, "dtype");
+    moeswarm_mp_write_cstr(w, "f32");
+    write_key(w, "x");
+    moeswarm_mp_write_bin(w, d->x, (size_t) d->n * d->embd * sizeof(float));
+    write_key(w, "k");
+    moeswarm_mp_write_uint(w, d->k);
+    write_key(w, "ids");
+    moeswarm_mp_write_bin(w, d->ids, nk * sizeof(int32_t));
+    if (with_w) {
+        write_key(w, "w");
+        moeswarm_mp_write_bin(w, d->weights, nk * sizeof(float));
+    }
+    write_key(w, "mode");
+    moeswarm_mp_write_cstr(w, d->mode == MOESWARM_MODE_SUM ? "sum" : "each");
 }

@@ -64,6 +64,11 @@ struct moeswarm_frame {
     // ping / pong
     uint64_t seq;
     double   ts;
+
+    // result: y (n*embd or n*k*embd f32, length checked); error: code, msg
+    struct moeswarm_str y;
+    struct moeswarm_str code;
+    struct moeswarm_str msg;
 };
 
 // Decodes and validates one frame payload (without its length prefix). On failure err holds
@@ -73,6 +78,8 @@ bool moeswarm_frame_decode(const uint8_t * data, size_t size, uint32_t max_exper
         struct moeswarm_error * err);
 
 // encoders append one canonical payload (no length prefix) to w
+// (moeswarm_frame_write_register needs the compute core: builds without it define
+// MOESWARM_FRAME_NO_SLICE)
 void moeswarm_frame_write_hello(struct moeswarm_mp_writer * w, const char * id, const char * backend, uint32_t max_frame);
 void moeswarm_frame_write_register(struct moeswarm_mp_writer * w, const char * model, const struct moeswarm_slice * slice,
         const char * backend);
@@ -83,5 +90,21 @@ void moeswarm_frame_write_pong(struct moeswarm_mp_writer * w, uint64_t seq, doub
 // the result of req with y (n*k*embd floats in mode each, n*embd in mode sum), as f32 LE
 void moeswarm_frame_write_result(struct moeswarm_mp_writer * w, const struct moeswarm_frame * req, const float * y,
         size_t n_y, double ms);
+
+// a dispatch request (no to/from/deadline): x is n*embd f32, ids and weights n*k; weights may be
+// NULL in mode each. Little-endian hosts only, like the result encoder.
+struct moeswarm_dispatch_desc {
+    uint32_t        id;
+    const char *    model;
+    uint32_t        layer;
+    uint32_t        n;
+    uint32_t        embd;
+    const float *   x;
+    uint32_t        k;
+    const int32_t * ids;
+    const float *   weights;
+    int32_t         mode;   // enum moeswarm_mode
+};
+void moeswarm_frame_write_dispatch(struct moeswarm_mp_writer * w, const struct moeswarm_dispatch_desc * d);
 
 size_t moeswarm_dtype_size(enum moeswarm_dtype dtype);

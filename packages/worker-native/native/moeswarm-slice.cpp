@@ -1,9 +1,9 @@
 #include "moeswarm-slice.h"
+#include "moeswarm-backend.h"
 #include "moeswarm-combine.h"
 
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
-#include "ggml-cpu.h"
 #include "gguf.h"
 
 #include <errno.h>
@@ -32,26 +32,8 @@
 #define MOESWARM_GRAPH_NODES  64
 
 //
-// errors and log
+// log (errors: moeswarm-error.cpp)
 //
-
-void moeswarm_error_clear(struct moeswarm_error * err) {
-    if (err) {
-        err->code[0] = '\0';
-        err->msg[0]  = '\0';
-    }
-}
-
-bool moeswarm_error_set(struct moeswarm_error * err, const char * code, const char * fmt, ...) {
-    if (err) {
-        snprintf(err->code, sizeof(err->code), "%s", code);
-        va_list args;
-        va_start(args, fmt);
-        vsnprintf(err->msg, sizeof(err->msg), fmt, args);
-        va_end(args);
-    }
-    return false;
-}
 
 static thread_local char g_log_last[512];
 static bool g_log_echo = false;
@@ -124,73 +106,12 @@ enum ggml_type moeswarm_type_from_name(const char * name) {
     return GGML_TYPE_COUNT;
 }
 
-// The device registry (ggml-backend-reg.cpp) brings std::filesystem and dlopen code with it, a
-// megabyte in a static phone binary: CPU-only builds go to the CPU backend directly.
-#ifdef MOESWARM_DEVICE_REGISTRY
 const char * moeswarm_devices(void) {
-    static std::string names;
-    if (names.empty()) {
-        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-            names += (names.empty() ? "" : ",");
-            names += ggml_backend_dev_name(ggml_backend_dev_get(i));
-        }
-    }
-    return names.c_str();
+    return moeswarm_backend_devices();
 }
-
-// "cpu" (or none), "gpu" (the first GPU), or a device name, case-insensitive
-static ggml_backend_dev_t moeswarm_find_device(const char * name) {
-    if (name == nullptr || name[0] == '\0' || strcasecmp(name, "cpu") == 0) {
-        return ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-    }
-    if (strcasecmp(name, "gpu") == 0) {
-        ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU);
-        return dev != nullptr ? dev : ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU);
-    }
-    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
-        if (strcasecmp(ggml_backend_dev_name(dev), name) == 0) {
-            return dev;
-        }
-    }
-    return nullptr;
-}
-#else
-const char * moeswarm_devices(void) {
-    return "CPU";
-}
-
-static ggml_backend_dev_t moeswarm_find_device(const char * name) {
-    if (name == nullptr || name[0] == '\0' || strcasecmp(name, "cpu") == 0) {
-        return ggml_backend_reg_dev_get(ggml_backend_cpu_reg(), 0);
-    }
-    return nullptr;
-}
-#endif
 
 const char * moeswarm_cpu_features(void) {
-    static char buf[256];
-    if (buf[0] != '\0') {
-        return buf;
-    }
-    struct feature { const char * name; int on; };
-    const feature features[] = {
-        { "sse3", ggml_cpu_has_sse3() }, { "avx", ggml_cpu_has_avx() }, { "avx2", ggml_cpu_has_avx2() },
-        { "fma", ggml_cpu_has_fma() }, { "f16c", ggml_cpu_has_f16c() }, { "avx512", ggml_cpu_has_avx512() },
-        { "neon", ggml_cpu_has_neon() }, { "arm_fma", ggml_cpu_has_arm_fma() },
-        { "fp16_va", ggml_cpu_has_fp16_va() }, { "dotprod", ggml_cpu_has_dotprod() },
-        { "i8mm", ggml_cpu_has_matmul_int8() }, { "sve", ggml_cpu_has_sve() },
-    };
-    size_t used = 0;
-    for (const feature & f : features) {
-        if (f.on && used < sizeof(buf)) {
-            used += snprintf(buf + used, sizeof(buf) - used, "%s%s", used ? " " : "", f.name);
-        }
-    }
-    if (used == 0) {
-        snprintf(buf, sizeof(buf), "baseline");
-    }
-    return buf;
+    return moeswarm_backend_cpu_features();
 }
 
 //
@@ -307,7 +228,7 @@ void moeswarm_slice_free(struct moeswarm_slice * slice) {
         ggml_backend_free(slice->backend);
     }
     if (slice->threadpool) {
-        ggml_threadpool_free(slice->threadpool);
+        moeswarm_backend_cpu_threadpool_free(slice->threadpool);
     }
     if (slice->buf_plain) {
         ggml_backend_buffer_free(slice->buf_plain);
@@ -432,19 +353,6 @@ static int32_t moeswarm_act_for_arch(const std::string & arch) {
     return MOESWARM_ACT_SILU;
 }
 
-// can the CPU backend run MUL_MAT_ID with this weight type on f32 activations?
-static bool moeswarm_type_supported(enum ggml_type type) {
-    if (type < 0 || type >= GGML_TYPE_COUNT || ggml_blck_size(type) == 0) {
-        return false;
-    }
-    const ggml_type_traits_cpu * tc = ggml_get_type_traits_cpu(type);
-    if (tc == nullptr || tc->vec_dot == nullptr) {
-        return false;
-    }
-    const ggml_type_traits_cpu * tv = ggml_get_type_traits_cpu(tc->vec_dot_type);
-    return tv != nullptr && tv->from_float != nullptr;
-}
-
 struct moeswarm_tensor_src {
     ggml_tensor * t;
     size_t offset; // in the file
@@ -470,7 +378,7 @@ static bool moeswarm_take_tensor(const gguf_context * gctx, ggml_context * ctx_w
         }
     }
     if (weight) {
-        if (!moeswarm_type_supported(type)) {
+        if (!moeswarm_backend_cpu_type_supported(type)) {
             return moeswarm_error_set(err, "MOESWARM_GGUF_UNSUPPORTED_TYPE",
                 "%s has type %s, which ggml's CPU backend cannot use in mul_mat_id", name, ggml_type_name(type));
         }
@@ -848,7 +756,7 @@ struct moeswarm_slice * moeswarm_slice_init_from_file(
     }
 
     // device, backend, buffers
-    ggml_backend_dev_t dev = moeswarm_find_device(params.device);
+    ggml_backend_dev_t dev = moeswarm_backend_find_device(params.device);
     if (dev == nullptr) {
         moeswarm_error_set(err, "MOESWARM_NATIVE_LOAD", "no ggml device %s in this build (devices: %s)", params.device,
             moeswarm_devices());
@@ -861,7 +769,7 @@ struct moeswarm_slice * moeswarm_slice_init_from_file(
         moeswarm_error_set(err, "MOESWARM_NATIVE_LOAD", "cannot initialise ggml's %s backend", slice->device.c_str());
         return nullptr;
     }
-    ggml_backend_buffer_type_t buft_plain = slice->on_cpu ? ggml_backend_cpu_buffer_type() : ggml_backend_dev_buffer_type(dev);
+    ggml_backend_buffer_type_t buft_plain = slice->on_cpu ? moeswarm_backend_cpu_buffer_type(dev) : ggml_backend_dev_buffer_type(dev);
     ggml_backend_buffer_type_t buft_repack = params.repack && slice->on_cpu ? moeswarm_repack_buft(dev) : nullptr;
 
     // move the repackable weights into a second context so each context maps to one buffer type
@@ -975,19 +883,16 @@ void moeswarm_slice_set_n_threads(struct moeswarm_slice * slice, int32_t n_threa
     if (slice->threadpool != nullptr && slice->n_threads == n_threads) {
         return;
     }
-    ggml_threadpool_params tp = ggml_threadpool_params_default(n_threads);
-    ggml_threadpool * pool = ggml_threadpool_new(&tp);
-    if (pool == nullptr) {
-        return;
-    }
     // the backend lets go of (pauses) the old pool when it gets the new one: free it after that
     ggml_threadpool * old = slice->threadpool;
+    ggml_threadpool * pool = nullptr;
+    if (!moeswarm_backend_cpu_set_threads(slice->backend, n_threads, &pool)) {
+        return;
+    }
     slice->threadpool = pool;
     slice->n_threads = n_threads;
-    ggml_backend_cpu_set_n_threads(slice->backend, n_threads);
-    ggml_backend_cpu_set_threadpool(slice->backend, pool);
     if (old != nullptr) {
-        ggml_threadpool_free(old);
+        moeswarm_backend_cpu_threadpool_free(old);
     }
 }
 
@@ -1242,7 +1147,7 @@ static bool moeswarm_graph_compute(moeswarm_slice * slice, moeswarm_graph * g, v
         moeswarm_error * err) {
     slice->abort_flag = abort_flag;
     if (slice->on_cpu) {
-        ggml_backend_cpu_set_abort_callback(slice->backend, moeswarm_abort_callback, slice);
+        moeswarm_backend_cpu_set_abort_callback(slice->backend, moeswarm_abort_callback, slice);
     }
     const enum ggml_status st = ggml_backend_graph_compute(slice->backend, g->gf);
     slice->abort_flag = nullptr;

@@ -6,6 +6,7 @@
 // frame and the worker reads on; an oversized length prefix, a stream cut inside a frame or
 // another protocol version end the connection after a connection-level error (section 6).
 
+#include "moeswarm-backend.h"
 #include "moeswarm-frame.h"
 #include "moeswarm-msgpack.h"
 #include "moeswarm-slice.h"
@@ -47,6 +48,8 @@ static const char * k_usage =
     "  --act <name>          activation: auto|silu|gelu|relu|swiglu_oai|relu_sqr (default auto)\n"
     "  --no-repack           keep weights in plain CPU buffers (no CPU_REPACK)\n"
     "  --device <name>       cpu (default), gpu, or a ggml device of a GPU build (CUDA0, ROCm0...)\n"
+    "  --reference           answer with one monolithic graph over the whole tensors, as llama.cpp's\n"
+    "                        build_moe_ffn builds it (tests; ids are slab indices, every slot filled)\n"
     "  --version             print the version and the CPU features compiled in\n";
 
 struct worker_options {
@@ -59,6 +62,7 @@ struct worker_options {
     int32_t      act        = MOESWARM_ACT_AUTO;
     bool         repack     = true;
     const char * device     = nullptr;
+    bool         reference  = false;
 };
 
 struct worker_state {
@@ -172,7 +176,9 @@ static bool handle_dispatch(worker_state * st, int fd, const moeswarm_frame * f)
     const size_t n_out = moeswarm_run_output_len(st->slice, f->n, f->k, f->mode);
     st->y.resize(n_out);
     const double t0 = now_ms();
-    if (!moeswarm_slice_run(st->slice, &rp, st->y.data(), n_out, &err)) {
+    const bool ok = st->opt.reference ? moeswarm_slice_run_reference(st->slice, &rp, st->y.data(), n_out, &err)
+                                      : moeswarm_slice_run(st->slice, &rp, st->y.data(), n_out, &err);
+    if (!ok) {
         return send_error(st, fd, f, err.code, err.msg);
     }
     const double ms = now_ms() - t0;
@@ -416,8 +422,11 @@ int main(int argc, char ** argv) {
             fputs(k_usage, stdout);
             return 0;
         } else if (strcmp(a, "--version") == 0) {
-            printf("moeswarm-expert-worker %s (ggml CPU: %s; devices: %s)\n", MOESWARM_WORKER_VERSION, moeswarm_cpu_features(),
-                moeswarm_devices());
+#ifdef MOESWARM_LLAMA_SHARED
+            unsetenv("GGML_BACKEND_PATH");
+#endif
+            printf("moeswarm-expert-worker %s (ggml CPU: %s; devices: %s; ggml: %s)\n", MOESWARM_WORKER_VERSION,
+                moeswarm_cpu_features(), moeswarm_devices(), moeswarm_backend_kind());
             return 0;
         } else if (strcmp(a, "--slice") == 0 && v) {
             st.opt.slice_path = v; ++i;
@@ -438,6 +447,8 @@ int main(int argc, char ** argv) {
             st.opt.device = v; ++i;
         } else if (strcmp(a, "--no-repack") == 0) {
             st.opt.repack = false;
+        } else if (strcmp(a, "--reference") == 0) {
+            st.opt.reference = true;
         } else {
             fprintf(stderr, "moeswarm-expert-worker: bad argument %s\n%s", a, k_usage);
             return 2;
@@ -448,6 +459,11 @@ int main(int argc, char ** argv) {
         return 2;
     }
 
+#ifdef MOESWARM_LLAMA_SHARED
+    // the worker needs only the CPU backend: a GGML_BACKEND_PATH inherited from a llama.cpp host
+    // (the backbone's plugin) is not for it
+    unsetenv("GGML_BACKEND_PATH");
+#endif
     moeswarm_log_init();
     moeswarm_slice_params params = moeswarm_slice_default_params();
     params.n_threads = st.opt.n_threads;
@@ -470,6 +486,11 @@ int main(int argc, char ** argv) {
     for (char & c : st.backend) {
         c = (char) tolower((unsigned char) c);
     }
+#ifdef MOESWARM_LLAMA_SHARED
+    if (st.backend == "cpu") {
+        st.backend = "llama-cpu"; // llama.cpp's own CPU backend library, not this package's static ggml
+    }
+#endif
 
     int rc = 0;
     if (st.opt.listen != nullptr) {

@@ -1,6 +1,9 @@
 #!/usr/bin/env node
 // Builds the native half of @moeswarm/worker-native from the pinned llama.cpp source:
-//   linux-x64      the N-API addon and moeswarm-expert-worker (x86-64-v3: AVX2, FMA, F16C, BMI2)
+//   linux-x64      the N-API addon and moeswarm-expert-worker (x86-64-v3: AVX2, FMA, F16C, BMI2),
+//                  and moeswarm-expert-worker-llama: the same core against node-llama-cpp's shared
+//                  libggml-base/libggml, computing with the libggml-cpu-<variant>.so llama.cpp picks
+//                  (the "llama-cpu" backend, bit-identical to llama.cpp on this machine)
 //   android-arm64  moeswarm-expert-worker, static, armv8-a (+ the linux-arm64 addon from the same
 //                  build) and armv8.2-a+dotprod (picked at start by the armv8-a binary)
 // into prebuilds/<platform>-<arch>/ (prebuildify's layout: node-gyp-build finds the addon there).
@@ -13,7 +16,15 @@
 //   MOESWARM_NATIVE_JOBS     parallel compile jobs (default: number of CPUs)
 //   CI                       a missing g++ or cmake is an error instead of a skip
 import { execFileSync, spawnSync } from "node:child_process";
-import { chmodSync, copyFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import {
+  chmodSync,
+  copyFileSync,
+  existsSync,
+  mkdirSync,
+  readFileSync,
+  realpathSync,
+  writeFileSync,
+} from "node:fs";
 import { availableParallelism } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -53,13 +64,23 @@ const X86_V3 = {
   GGML_AVX512: "OFF",
 };
 
+/** node-llama-cpp's prebuilt binaries for this host (libggml-base.so, libggml-cpu-*.so...), or undefined. */
+function llamaBinsDir() {
+  const link = join(pkgDir, "node_modules", "node-llama-cpp");
+  if (!existsSync(link) || process.platform !== "linux") return undefined;
+  const plat = `linux-${process.arch}`;
+  // pnpm places a package's dependencies beside it in the virtual store
+  const dir = join(dirname(realpathSync(link)), "@node-llama-cpp", plat, "bins", plat);
+  return existsSync(join(dir, "libggml-base.so")) ? dir : undefined;
+}
+
 /** One CMake build directory and what to copy out of it. */
 function variants(target, napiInclude) {
   const addon = { CMAKE_JS_INC: napiInclude };
   const toolchain = { CMAKE_TOOLCHAIN_FILE: join(pkgDir, "cmake", "aarch64-linux-gnu.cmake") };
   switch (target) {
-    case "linux-x64":
-      return [
+    case "linux-x64": {
+      const out = [
         {
           name: "linux-x64",
           defs: { ...X86_V3, ...addon },
@@ -69,6 +90,21 @@ function variants(target, napiInclude) {
           ],
         },
       ];
+      const bins = llamaBinsDir();
+      if (bins) {
+        out.push({
+          name: "linux-x64-llama",
+          defs: { MOESWARM_GGML: "shared", MOESWARM_GGML_BASE_LIB: join(bins, "libggml-base.so") },
+          copy: [["moeswarm-expert-worker-llama", "linux-x64/moeswarm-expert-worker-llama"]],
+        });
+      } else {
+        skipOrFail(
+          "node-llama-cpp's prebuilt ggml was not found, so moeswarm-expert-worker-llama is not built",
+          "pnpm install (node-llama-cpp is a devDependency)",
+        );
+      }
+      return out;
+    }
     case "linux-arm64":
       // native build on an aarch64 host: armv8-a runs on every 64-bit ARM board
       return [

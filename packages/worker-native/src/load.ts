@@ -1,5 +1,6 @@
 import { InvalidArgumentError, NativeError, throwIfAborted } from "@moeswarm/core";
 import type { Activation, ExpertCompute } from "./expert-compute.js";
+import { spawnLlamaExpertWorker } from "./llama-cpu.js";
 import { probeNative } from "./native-binding.js";
 import { NativeExpertCompute } from "./native-compute.js";
 import { TsExpertCompute } from "./ts-compute.js";
@@ -8,9 +9,14 @@ export interface LoadExpertComputeOptions {
   /**
    * "native": the N-API addon, or NativeError MOESWARM_NATIVE_LOAD saying why it cannot load;
    * "ts": the TypeScript path; "auto" (default): native when it loads, else TypeScript
-   * (`info.backend` says which; `nativeStatus()` says why native was not used).
+   * (`info.backend` says which; `nativeStatus()` says why native was not used);
+   * "llama-cpu": `moeswarm-expert-worker-llama` in a child process, computing with the CPU backend
+   * library of node-llama-cpp that llama.cpp itself uses here (`info.backend` "worker",
+   * `info.device` "llama-cpu"): bit-identical to llama.cpp's MUL_MAT_ID on this machine.
    */
-  backend?: "native" | "ts" | "auto";
+  backend?: "native" | "ts" | "auto" | "llama-cpu";
+  /** "llama-cpu": node-llama-cpp's bins directory (default: found from the installed package). */
+  binsDir?: string;
   /** Compute threads of the native path (default: all CPUs). */
   threads?: number;
   /** Override the activation chosen from `general.architecture`. */
@@ -30,17 +36,26 @@ export async function loadExpertCompute(
   options: LoadExpertComputeOptions = {},
 ): Promise<ExpertCompute> {
   const backend = options.backend ?? "auto";
-  if (backend !== "native" && backend !== "ts" && backend !== "auto") {
+  if (backend !== "native" && backend !== "ts" && backend !== "auto" && backend !== "llama-cpu") {
     throw new InvalidArgumentError(
       "MOESWARM_INVALID_ARGUMENT",
-      `backend must be "native", "ts" or "auto", got ${String(backend)}`,
+      `backend must be "native", "ts", "auto" or "llama-cpu", got ${String(backend)}`,
     );
   }
   if (typeof slicePath !== "string" || slicePath.length === 0) {
     throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "slicePath must be a non-empty string");
   }
   throwIfAborted(options.signal);
-  const { signal, threads, act, repack, cacheBytes, device } = options;
+  const { signal, threads, act, repack, cacheBytes, device, binsDir } = options;
+  if (backend === "llama-cpu") {
+    return spawnLlamaExpertWorker(slicePath, {
+      ...(threads !== undefined ? { threads } : {}),
+      ...(act !== undefined ? { act } : {}),
+      ...(repack !== undefined ? { repack } : {}),
+      ...(binsDir !== undefined ? { binsDir } : {}),
+      ...(signal ? { signal } : {}),
+    });
+  }
   if (backend !== "ts") {
     const status = await probeNative(signal ? { signal } : {});
     if (status.available) {

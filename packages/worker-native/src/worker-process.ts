@@ -49,6 +49,8 @@ export interface SpawnExpertWorkerOptions {
   env?: Record<string, string>;
   /** Runs the executable through this program, e.g. "qemu-aarch64-static" for an aarch64 build. */
   launcher?: string;
+  /** More command-line arguments for the executable (after the ones these options make). */
+  extraArgs?: readonly string[];
   signal?: AbortSignal;
 }
 
@@ -79,6 +81,12 @@ function checkOptions(o: SpawnExpertWorkerOptions): void {
   if (o.act !== undefined && o.act !== "auto" && !ACTIVATIONS.includes(o.act)) {
     throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", `unknown activation ${String(o.act)}`);
   }
+  if (
+    o.extraArgs !== undefined &&
+    (!Array.isArray(o.extraArgs) || o.extraArgs.some((a: unknown) => typeof a !== "string"))
+  ) {
+    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "extraArgs must be an array of strings");
+  }
   if (o.model !== undefined && (typeof o.model !== "string" || o.model.length === 0)) {
     throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "model must be a non-empty string");
   }
@@ -101,6 +109,8 @@ export class WorkerProcessCompute implements ExpertCompute {
   readonly #exited: Promise<void>;
   readonly #stderr: { text: string };
   #nextId = 0;
+  #computeMs = 0;
+  #answered = 0;
   #failure: Error | undefined;
   #closing: Promise<void> | undefined;
 
@@ -139,6 +149,7 @@ export class WorkerProcessCompute implements ExpertCompute {
     if (options.model !== undefined) args.push("--model", options.model);
     if (options.device !== undefined) args.push("--device", options.device);
     if (options.maxFrameBytes !== undefined) args.push("--max-frame", String(options.maxFrameBytes));
+    if (options.extraArgs) args.push(...options.extraArgs);
     const [cmd, cmdArgs] = options.launcher ? [options.launcher, [binaryPath, ...args]] : [binaryPath, args];
     const child = spawn(cmd, cmdArgs, {
       stdio: ["pipe", "pipe", "pipe"],
@@ -228,6 +239,11 @@ export class WorkerProcessCompute implements ExpertCompute {
     }
   }
 
+  /** Runs answered, and the compute milliseconds the worker reported for them (`ms` of its results). */
+  get computeStats(): { runs: number; computeMs: number } {
+    return { runs: this.#answered, computeMs: this.#computeMs };
+  }
+
   /** The process id of the worker (undefined once it could not start). */
   get pid(): number | undefined {
     return this.#child.pid;
@@ -283,6 +299,8 @@ export class WorkerProcessCompute implements ExpertCompute {
         );
         return;
       }
+      this.#answered++;
+      if (frame.ms !== undefined) this.#computeMs += frame.ms;
       p.resolve(frame.y);
     } else if (frame.t === "error") {
       if (frame.id === undefined) {

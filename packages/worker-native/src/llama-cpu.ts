@@ -1,0 +1,138 @@
+import { existsSync, readFileSync, realpathSync } from "node:fs";
+import { createRequire } from "node:module";
+import { dirname, join, resolve } from "node:path";
+import { NativeError } from "@moeswarm/core";
+import { packageRoot } from "./native-binding.js";
+import {
+  type SpawnExpertWorkerOptions,
+  spawnExpertWorker,
+  type WorkerProcessCompute,
+} from "./worker-process.js";
+
+/**
+ * The "llama-cpu" backend: the compute core built against node-llama-cpp's shared ggml
+ * (`moeswarm-expert-worker-llama`), so that its CPU kernels are the `libggml-cpu-<variant>.so`
+ * llama.cpp itself loads on this machine (zen4, skylakex, haswell...). Its outputs are then
+ * bit-identical to llama.cpp's own MUL_MAT_ID, which the static x86-64-v3 build's need not be
+ * (other SIMD widths sum in another order).
+ */
+export interface LlamaCppBinsOptions {
+  /** The directory holding libggml-base.so, libggml*.so and libggml-cpu-*.so; wins over everything. */
+  dir?: string;
+}
+
+const ENV_DIR = "MOESWARM_GGML_BACKEND_DIR";
+
+/** The directory of the package `name` that `entry` (a resolved file of it) belongs to. */
+function packageDirOf(entry: string, name: string): string | undefined {
+  let dir = dirname(entry);
+  for (let i = 0; i < 8; i++) {
+    const pkg = join(dir, "package.json");
+    if (existsSync(pkg)) {
+      try {
+        if ((JSON.parse(readFileSync(pkg, "utf8")) as { name?: unknown }).name === name) return dir;
+      } catch {
+        // not a package.json we can read: keep walking up
+      }
+    }
+    const up = dirname(dir);
+    if (up === dir) break;
+    dir = up;
+  }
+  return undefined;
+}
+
+/**
+ * Where node-llama-cpp's prebuilt binaries for this host are: `options.dir`, else the environment's
+ * `MOESWARM_GGML_BACKEND_DIR`, else resolved from the installed `node-llama-cpp` package (from this
+ * package, then from the working directory). Throws NativeError MOESWARM_NATIVE_LOAD when none.
+ */
+export function llamaCppBinsDir(options: LlamaCppBinsOptions = {}): string {
+  const tried: string[] = [];
+  const ok = (dir: string) => existsSync(join(dir, "libggml-base.so"));
+  const explicit = options.dir ?? process.env[ENV_DIR];
+  if (explicit) {
+    if (ok(explicit)) return resolve(explicit);
+    // asked for by name: no silent fallback to another copy of the libraries
+    tried.push(`${explicit} (no libggml-base.so)`);
+  } else if (process.platform === "linux" && (process.arch === "x64" || process.arch === "arm64")) {
+    const plat = `linux-${process.arch}`;
+    for (const from of [join(packageRoot(), "package.json"), join(process.cwd(), "package.json")]) {
+      try {
+        const nlc = packageDirOf(createRequire(from).resolve("node-llama-cpp"), "node-llama-cpp");
+        if (!nlc) continue;
+        const binPkg = packageDirOf(
+          createRequire(join(realpathSync(nlc), "package.json")).resolve(`@node-llama-cpp/${plat}`),
+          `@node-llama-cpp/${plat}`,
+        );
+        if (!binPkg) continue;
+        const dir = join(binPkg, "bins", plat);
+        if (ok(dir)) return dir;
+        tried.push(`${dir} (no libggml-base.so)`);
+      } catch (cause) {
+        tried.push(`node-llama-cpp from ${dirname(from)}: ${(cause as Error).message.split("\n")[0]}`);
+      }
+    }
+  } else {
+    tried.push(
+      `node-llama-cpp's CPU binaries are looked up on linux-x64 and linux-arm64, not ${process.platform}-${process.arch}`,
+    );
+  }
+  throw new NativeError(
+    "MOESWARM_NATIVE_LOAD",
+    `node-llama-cpp's prebuilt ggml libraries were not found:\n  ${tried.join("\n  ")}\n` +
+      `possible solutions: install node-llama-cpp@3.21.1, or set ${ENV_DIR} to its bins/<platform> directory`,
+    { details: { tried } },
+  );
+}
+
+/** Path of `moeswarm-expert-worker-llama` (linux-x64; built by this package's build script). */
+export function llamaExpertWorkerPath(): string {
+  if (process.platform !== "linux" || process.arch !== "x64") {
+    throw new NativeError(
+      "MOESWARM_NATIVE_LOAD",
+      `moeswarm-expert-worker-llama is built for linux-x64, this is ${process.platform}-${process.arch}`,
+    );
+  }
+  const path = join(packageRoot(), "prebuilds", "linux-x64", "moeswarm-expert-worker-llama");
+  if (!existsSync(path)) {
+    throw new NativeError(
+      "MOESWARM_NATIVE_LOAD",
+      `${path} does not exist: build it (pnpm --filter @moeswarm/worker-native build, with node-llama-cpp installed)`,
+    );
+  }
+  return path;
+}
+
+export interface SpawnLlamaExpertWorkerOptions extends SpawnExpertWorkerOptions {
+  /** node-llama-cpp's bins directory (default: {@link llamaCppBinsDir}). */
+  binsDir?: string;
+  /**
+   * Answer with one monolithic MUL_MAT_ID graph over the whole tensors, as llama.cpp's
+   * `build_moe_ffn` builds it: the reference a sharded run must equal (every slot filled).
+   */
+  reference?: boolean;
+}
+
+/**
+ * Starts `moeswarm-expert-worker-llama` on a slice (or a full model file), with node-llama-cpp's
+ * libraries on its library path; the process speaks the wire protocol on stdio like
+ * {@link spawnExpertWorker}'s, and registers with backend "llama-cpu".
+ */
+export async function spawnLlamaExpertWorker(
+  slicePath: string,
+  options: SpawnLlamaExpertWorkerOptions = {},
+): Promise<WorkerProcessCompute> {
+  const { binsDir, reference, ...rest } = options;
+  const dir = llamaCppBinsDir(binsDir !== undefined ? { dir: binsDir } : {});
+  const inherited = rest.env?.LD_LIBRARY_PATH ?? process.env.LD_LIBRARY_PATH;
+  return spawnExpertWorker(llamaExpertWorkerPath(), slicePath, {
+    ...rest,
+    extraArgs: [...(rest.extraArgs ?? []), ...(reference ? ["--reference"] : [])],
+    env: {
+      ...rest.env,
+      LD_LIBRARY_PATH: inherited ? `${dir}:${inherited}` : dir,
+      [ENV_DIR]: dir,
+    },
+  });
+}
