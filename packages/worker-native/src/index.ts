@@ -10,6 +10,13 @@ export {
   type RunOptions,
   type RunRequest,
 } from "./expert-compute.js";
+export {
+  type LlamaCppBinsOptions,
+  llamaCppBinsDir,
+  llamaExpertWorkerPath,
+  type SpawnLlamaExpertWorkerOptions,
+  spawnLlamaExpertWorker,
+} from "./llama-cpu.js";
 export { type LoadExpertComputeOptions, loadExpertCompute } from "./load.js";
 export {
   ggmlDequantize,
@@ -20,6 +27,39 @@ export {
   probeNative,
 } from "./native-binding.js";
 export { NativeExpertCompute, type NativeLoadOptions } from "./native-compute.js";
+// Worker runtime: the autonomous participation loop and its pieces.
+export {
+  chooseSlices,
+  compareChoices,
+  type DemandRangeInput,
+  type SliceChoice,
+} from "./runtime/choose.js";
+export {
+  type DownloadOptions,
+  type DownloadProgress,
+  type DownloadResult,
+  type DownloadRetry,
+  downloadResumable,
+} from "./runtime/download.js";
+export {
+  formatBytes,
+  formatWorkerEvent,
+  type WorkerEvent,
+  type WorkerEventBody,
+  type WorkerEventName,
+} from "./runtime/events.js";
+export type { CaOption } from "./runtime/http.js";
+export {
+  type RunWorkerOptions,
+  runWorker,
+  type WorkerBackend,
+  type WorkerSummary,
+} from "./runtime/run-worker.js";
+export {
+  type CachedSlice,
+  type CachedSliceMeta,
+  listCachedSlices,
+} from "./runtime/slice-cache.js";
 export { type SliceLayer, type SliceLayout, type SliceTensor, sliceLayout } from "./slice-layout.js";
 export { TsExpertCompute, type TsLoadOptions } from "./ts-compute.js";
 export {

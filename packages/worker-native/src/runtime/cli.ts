@@ -1,0 +1,227 @@
+import { readFile } from "node:fs/promises";
+import { freemem, homedir } from "node:os";
+import { join } from "node:path";
+import { parseArgs } from "node:util";
+import { InvalidArgumentError, isMoeswarmError } from "@moeswarm/core";
+import { parseByteSize } from "@moeswarm/shard";
+import cliProgress from "cli-progress";
+import { formatBytes, formatWorkerEvent, type WorkerEvent } from "./events.js";
+import { runWorker, type WorkerBackend } from "./run-worker.js";
+
+export const WORKER_CLI_NAME = "moeswarm-worker";
+
+/** Where the CLI writes; injectable so it runs in-process too. */
+export interface WorkerCliIo {
+  stdout: NodeJS.WritableStream;
+  stderr: NodeJS.WritableStream & { isTTY?: boolean };
+  env?: NodeJS.ProcessEnv;
+}
+
+const USAGE = `usage: ${WORKER_CLI_NAME} --hub <url> [--token T | --token-file F] [options]
+
+Joins a moeswarm hub's swarm: claims the expert slice the swarm needs that fits this machine,
+downloads and verifies it, serves it through the hub's relay until SIGINT/SIGTERM (drains first).
+
+  --hub URL            the hub (or MOESWARM_HUB)
+  --token T            a worker token (or MOESWARM_TOKEN)
+  --token-file F       read the token from a file
+  --capacity SIZE      memory offered for expert weights, e.g. 2GiB (default: half the free memory)
+  --vram SIZE          device memory offered besides (default 0)
+  --cache-dir DIR      where slices are kept across restarts (default ~/.cache/moeswarm/worker)
+  --id ID              this worker's id (default: the token's, else <hostname>-<random>)
+  --backend B          auto | native | llama-cpu | ts (default auto)
+  --threads N          compute threads (default: all CPUs)
+  --model ID           serve only this model
+  --ca FILE            PEM CA to trust for a self-hosted hub
+  --relay URL          the relay, when not the hub's /relay
+  --poll SECONDS       pause between demand polls while nothing is needed (default 10)
+  --lease-ttl SECONDS  lease lifetime to ask for (default: the hub's)
+  --json               one JSON object per line instead of text
+  -h, --help           this text`;
+
+function usageError(message: string): InvalidArgumentError {
+  return new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", message, { details: { usage: true } });
+}
+
+function isUsageError(error: unknown): boolean {
+  return (
+    isMoeswarmError(error, "MOESWARM_INVALID_ARGUMENT") &&
+    (error.details as { usage?: unknown })?.usage === true
+  );
+}
+
+function seconds(text: string | undefined, name: string, min: number): number | undefined {
+  if (text === undefined) return undefined;
+  if (!/^\d+(\.\d+)?$/.test(text) || Number(text) < min) {
+    throw usageError(`--${name} must be a number of seconds >= ${min}, got ${JSON.stringify(text)}`);
+  }
+  return Math.round(Number(text) * 1000);
+}
+
+function size(text: string | undefined, name: string): number | undefined {
+  if (text === undefined) return undefined;
+  try {
+    return Number(parseByteSize(text, `--${name}`));
+  } catch {
+    throw usageError(`--${name} must be a size such as 512MiB or 2GiB, got ${JSON.stringify(text)}`);
+  }
+}
+
+function clock(): string {
+  const d = new Date();
+  const p = (n: number, w = 2) => String(n).padStart(w, "0");
+  return `${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}.${p(d.getMilliseconds(), 3)}`;
+}
+
+/** Turns events into lines (and, on a terminal, a progress bar on stderr). */
+function printer(io: WorkerCliIo, json: boolean): (e: WorkerEvent) => void {
+  const tty = !json && io.stderr.isTTY === true;
+  let bar: cliProgress.SingleBar | undefined;
+  let lastProgressLine = 0;
+  const stopBar = () => {
+    bar?.stop();
+    bar = undefined;
+  };
+  return (e) => {
+    if (e.event === "progress") {
+      if (tty) {
+        if (!bar) {
+          bar = new cliProgress.SingleBar(
+            {
+              stream: io.stderr,
+              format: "downloading [{bar}] {percentage}% {got} of {size} | {speed}/s | eta {eta_formatted}",
+              hideCursor: true,
+              clearOnComplete: true,
+            },
+            cliProgress.Presets.shades_classic,
+          );
+          bar.start(e.total ?? e.received, 0, { got: "0 B", size: formatBytes(e.total ?? 0), speed: "-" });
+        }
+        bar.update(e.received, {
+          got: formatBytes(e.received),
+          size: formatBytes(e.total ?? e.received),
+          speed: formatBytes(e.bytesPerSecond),
+        });
+        return;
+      }
+      // without a terminal: a line now and then, not one per chunk (`downloaded` tells the end)
+      const now = Date.now();
+      if (now - lastProgressLine < (json ? 1000 : 2000) || e.received === e.total) return;
+      lastProgressLine = now;
+    } else {
+      if (e.event === "download-start") lastProgressLine = Date.now();
+      stopBar();
+    }
+    io.stdout.write(json ? `${JSON.stringify(e)}\n` : `${clock()} ${formatWorkerEvent(e)}\n`);
+  };
+}
+
+/** The `moeswarm-worker` command; resolves with the exit status (0 drained, 1 failure, 2 usage). */
+export async function runWorkerCli(
+  argv: readonly string[],
+  io: WorkerCliIo,
+  signal: AbortSignal,
+): Promise<number> {
+  const env = io.env ?? process.env;
+  let values: Record<string, string | boolean | undefined>;
+  try {
+    values = parseArgs({
+      args: [...argv],
+      strict: true,
+      allowPositionals: false,
+      options: {
+        hub: { type: "string" },
+        token: { type: "string" },
+        "token-file": { type: "string" },
+        capacity: { type: "string" },
+        vram: { type: "string" },
+        "cache-dir": { type: "string" },
+        id: { type: "string" },
+        backend: { type: "string" },
+        threads: { type: "string" },
+        model: { type: "string" },
+        ca: { type: "string" },
+        relay: { type: "string" },
+        poll: { type: "string" },
+        "lease-ttl": { type: "string" },
+        json: { type: "boolean" },
+        help: { type: "boolean", short: "h" },
+      },
+    }).values as Record<string, string | boolean | undefined>;
+  } catch (error) {
+    io.stderr.write(`${WORKER_CLI_NAME}: ${(error as Error).message}\n${USAGE}\n`);
+    return 2;
+  }
+  if (values.help) {
+    io.stdout.write(`${USAGE}\n`);
+    return 0;
+  }
+  const json = values.json === true;
+  const str = (name: string) => (typeof values[name] === "string" ? (values[name] as string) : undefined);
+  try {
+    const hub = str("hub") ?? env.MOESWARM_HUB;
+    if (!hub) throw usageError("--hub <url> is required");
+    let token = str("token") ?? env.MOESWARM_TOKEN;
+    const tokenFile = str("token-file");
+    if (tokenFile !== undefined) {
+      if (token !== undefined && str("token") !== undefined)
+        throw usageError("give --token or --token-file, not both");
+      try {
+        token = (await readFile(tokenFile, "utf8")).trim();
+      } catch (error) {
+        throw usageError(`cannot read --token-file ${tokenFile}: ${(error as Error).message}`);
+      }
+    }
+    if (!token) throw usageError("a worker token is required: --token, --token-file or MOESWARM_TOKEN");
+    const backend = (str("backend") ?? "auto") as WorkerBackend;
+    if (!["auto", "native", "llama-cpu", "ts"].includes(backend)) {
+      throw usageError(`--backend must be auto, native, llama-cpu or ts, got ${JSON.stringify(backend)}`);
+    }
+    const threadsText = str("threads");
+    if (threadsText !== undefined && !/^[1-9]\d{0,3}$/.test(threadsText)) {
+      throw usageError(`--threads must be a positive integer, got ${JSON.stringify(threadsText)}`);
+    }
+    const caFile = str("ca");
+    let ca: string | undefined;
+    if (caFile !== undefined) {
+      try {
+        ca = await readFile(caFile, "utf8");
+      } catch (error) {
+        throw usageError(`cannot read --ca ${caFile}: ${(error as Error).message}`);
+      }
+    }
+    const ramBytes = size(str("capacity"), "capacity") ?? Math.floor(freemem() / 2);
+    const vramBytes = size(str("vram"), "vram");
+    const cacheDir =
+      str("cache-dir") ?? join(env.XDG_CACHE_HOME || join(homedir(), ".cache"), "moeswarm", "worker");
+    const pollMs = seconds(str("poll"), "poll", 0.01);
+    const leaseTtlMs = seconds(str("lease-ttl"), "lease-ttl", 1);
+    const log = printer(io, json);
+    await runWorker({
+      hub,
+      token,
+      capacity: { ramBytes, ...(vramBytes !== undefined ? { vramBytes } : {}) },
+      cacheDir,
+      signal,
+      backend,
+      log,
+      ...(threadsText !== undefined ? { threads: Number(threadsText) } : {}),
+      ...(str("id") !== undefined ? { id: str("id") as string } : {}),
+      ...(ca !== undefined ? { ca } : {}),
+      ...(str("model") !== undefined ? { model: str("model") as string } : {}),
+      ...(str("relay") !== undefined ? { relay: str("relay") as string } : {}),
+      ...(pollMs !== undefined ? { pollMs } : {}),
+      ...(leaseTtlMs !== undefined ? { leaseTtlMs } : {}),
+    });
+    log({ event: "exit", code: 0, time: new Date().toISOString() });
+    return 0;
+  } catch (error) {
+    if (isUsageError(error)) {
+      io.stderr.write(`${WORKER_CLI_NAME}: ${(error as Error).message}\n${USAGE}\n`);
+      return 2;
+    }
+    const code = isMoeswarmError(error) ? error.code : ((error as Error)?.name ?? "Error");
+    io.stderr.write(`${WORKER_CLI_NAME}: ${code}: ${(error as Error)?.message ?? String(error)}\n`);
+    return 1;
+  }
+}

@@ -1,0 +1,216 @@
+/** One step of a worker's life, as `runWorker`'s `log` receives it (and `--json` prints it). */
+export type WorkerEvent = WorkerEventBody & { /** ISO 8601 time. */ time: string };
+
+interface SliceFields {
+  model: string;
+  /** "a:b" */
+  layers: string;
+  /** "a:b" */
+  experts: string;
+}
+
+export type WorkerEventBody =
+  | { event: "start"; id: string; hub: string; capacityBytes: number; cacheDir: string; backend: string }
+  | { event: "hub-unreachable"; error: string; code: string; retryInMs: number }
+  | { event: "idle"; reason: "covered" | "no-fit"; ranges: number; capacityBytes: number; pollMs: number }
+  | ({
+      event: "demand";
+      /** Under-covered ranges the hub listed, the experts and the bytes they hold. */
+      ranges: number;
+      cells: number;
+      rangeBytes: number;
+      /** The slice chosen for this worker's capacity. */
+      value: number;
+      bytes: number;
+      capacityBytes: number;
+    } & SliceFields)
+  | ({ event: "cached"; path: string } & SliceFields)
+  | ({ event: "claim-refused"; reason: string; retryAfterMs?: number | undefined } & SliceFields)
+  | ({
+      event: "claimed";
+      leaseId: string;
+      bytes: number;
+      ttlMs: number;
+      cached: boolean;
+      value?: number | undefined;
+    } & SliceFields)
+  | { event: "lease-renewed"; leaseId: string; ttlMs: number }
+  | { event: "lease-lost"; leaseId: string; error: string }
+  | { event: "lease-released"; leaseId: string }
+  | { event: "download-start"; url: string; bytes: number | undefined; resumeFrom: number }
+  | { event: "progress"; received: number; total: number | undefined; bytesPerSecond: number }
+  | {
+      event: "download-retry";
+      attempt: number;
+      error: string;
+      code: string;
+      delayMs: number;
+      received: number;
+    }
+  | {
+      event: "downloaded";
+      bytes: number;
+      ms: number;
+      bytesPerSecond: number;
+      requests: number;
+      resumes: number;
+    }
+  | { event: "verified"; slabs: number; bytes: number; ms: number; reused: boolean }
+  | {
+      event: "corrupt";
+      error: string;
+      layer?: number | undefined;
+      expert?: number | undefined;
+      tensor?: string | undefined;
+      attempt: number;
+      maxAttempts: number;
+      reused: boolean;
+    }
+  | {
+      event: "loaded";
+      backend: string;
+      cpu?: string | undefined;
+      threads?: number | undefined;
+      device?: string | undefined;
+      fallback?: string | undefined;
+      ms: number;
+    }
+  | { event: "connected"; url: string }
+  | ({ event: "registered"; cells: number } & SliceFields)
+  | { event: "serving" }
+  | {
+      event: "relay";
+      state: string;
+      attempt?: number | undefined;
+      delayMs?: number | undefined;
+      error?: string | undefined;
+    }
+  | { event: "dispatch-error"; error: string; code: string; layer: number; from: string }
+  | { event: "drain"; reason: string; inFlight: number }
+  | {
+      event: "drained";
+      requests: number;
+      tokens: number;
+      failed: number;
+      inFlightAbandoned: number;
+      ms: number;
+    }
+  | { event: "stopped"; reason: string }
+  | { event: "exit"; code: number }
+  | { event: "error"; error: string; code: string };
+
+export type WorkerEventName = WorkerEventBody["event"];
+
+/** Bytes in decimal units as a person reads them ("12.4 MB"). */
+export function formatBytes(bytes: number): string {
+  if (bytes < 1000) return `${bytes} B`;
+  const units = ["kB", "MB", "GB", "TB"];
+  let v = bytes / 1000;
+  let u = 0;
+  while (v >= 1000 && u < units.length - 1) {
+    v /= 1000;
+    u++;
+  }
+  return `${v >= 100 ? v.toFixed(0) : v.toFixed(1)} ${units[u]}`;
+}
+
+export function formatMs(ms: number): string {
+  if (ms < 1000) return `${Math.round(ms)} ms`;
+  const s = ms / 1000;
+  return s < 100 ? `${s.toFixed(1)} s` : `${Math.round(s)} s`;
+}
+
+function slice(e: SliceFields): string {
+  const [a, b] = e.layers.split(":").map(Number);
+  const layers = b === (a as number) + 1 ? `layer ${a}` : `layers ${e.layers}`;
+  return `${layers} experts ${e.experts} of ${e.model}`;
+}
+
+function plural(n: number, word: string): string {
+  return `${n} ${word}${n === 1 ? "" : "s"}`;
+}
+
+/** The one line a person reads for an event (no time stamp). */
+export function formatWorkerEvent(e: WorkerEventBody): string {
+  switch (e.event) {
+    case "start":
+      return `worker ${e.id} starting: hub ${e.hub}, capacity ${formatBytes(e.capacityBytes)}, cache ${e.cacheDir}, backend ${e.backend}`;
+    case "hub-unreachable":
+      return `hub unreachable (${e.code}: ${e.error}); retrying in ${formatMs(e.retryInMs)}`;
+    case "idle":
+      return e.reason === "covered"
+        ? `nothing to claim: every expert is covered; polling every ${formatMs(e.pollMs)}`
+        : `nothing to claim: ${plural(e.ranges, "range")} in demand, none fits ${formatBytes(e.capacityBytes)}; polling every ${formatMs(e.pollMs)}`;
+    case "demand":
+      return `demand: ${plural(e.ranges, "range")} under-covered (${plural(e.cells, "expert")}, ${formatBytes(e.rangeBytes)}); best fit for ${formatBytes(e.capacityBytes)}: ${slice(e)} (${formatBytes(e.bytes)}, value ${Math.round(e.value)})`;
+    case "cached":
+      return `found cached ${slice(e)} (${e.path})`;
+    case "claim-refused": {
+      const why =
+        e.reason === "leased"
+          ? "another worker leased part of it first"
+          : e.reason === "covered"
+            ? "already covered"
+            : e.reason === "capacity"
+              ? "more than the capacity offered"
+              : e.reason;
+      return `claim of ${slice(e)} refused: ${why}; reading the demand again`;
+    }
+    case "claimed":
+      return `claimed ${slice(e)} (${formatBytes(e.bytes)})${e.cached ? " [cached]" : ""}, lease ${formatMs(e.ttlMs)}`;
+    case "lease-renewed":
+      return `lease renewed (${formatMs(e.ttlMs)} left)`;
+    case "lease-lost":
+      return `lease lost: ${e.error}`;
+    case "lease-released":
+      return "lease released";
+    case "download-start":
+      return e.resumeFrom > 0
+        ? `downloading ${e.url}: resuming at ${formatBytes(e.resumeFrom)}`
+        : `downloading ${e.url}${e.bytes !== undefined ? ` (${formatBytes(e.bytes)})` : ""}`;
+    case "progress": {
+      const pct = e.total ? ` ${((100 * e.received) / e.total).toFixed(0)}%` : "";
+      return `downloading${pct} ${formatBytes(e.received)}${e.total ? ` of ${formatBytes(e.total)}` : ""} (${formatBytes(e.bytesPerSecond)}/s)`;
+    }
+    case "download-retry":
+      return `download interrupted at ${formatBytes(e.received)} (${e.error}); retry ${e.attempt} in ${formatMs(e.delayMs)}`;
+    case "downloaded":
+      return `downloaded ${formatBytes(e.bytes)} in ${formatMs(e.ms)} (${formatBytes(e.bytesPerSecond)}/s)${e.resumes > 0 ? `, resumed ${plural(e.resumes, "time")}` : ""}`;
+    case "verified":
+      return `verified ${plural(e.slabs, "slab")} (${formatBytes(e.bytes)}) against the manifest in ${formatMs(e.ms)}${e.reused ? ": reusing the cached slice, no download" : ""}`;
+    case "corrupt":
+      return e.reused
+        ? `cached slice is corrupt (${e.error}); deleted, downloading again`
+        : `sha256 mismatch (${e.error}); deleted, downloading again (attempt ${e.attempt + 1} of ${e.maxAttempts})`;
+    case "loaded":
+      if (e.backend === "ts")
+        return `loaded the TypeScript fallback in ${formatMs(e.ms)}${e.fallback ? ` (native unavailable: ${e.fallback})` : ""}`;
+      return `loaded ${e.backend}${e.device && e.device !== "CPU" ? ` on ${e.device}` : ""} (${[e.cpu, e.threads !== undefined ? plural(e.threads, "thread") : undefined].filter(Boolean).join(", ")}) in ${formatMs(e.ms)}`;
+    case "connected":
+      return `connected to relay ${e.url}`;
+    case "registered":
+      return `registered ${slice(e)} (${plural(e.cells, "expert")})`;
+    case "serving":
+      return "serving";
+    case "relay":
+      if (e.state === "reconnecting") {
+        return e.delayMs === undefined
+          ? `relay connection lost${e.error ? ` (${e.error})` : ""}`
+          : `reconnecting to the relay in ${formatMs(e.delayMs)} (attempt ${e.attempt})`;
+      }
+      if (e.state === "connected") return "reconnected to the relay; registration replayed";
+      return `relay connection ${e.state}${e.error ? `: ${e.error}` : ""}`;
+    case "dispatch-error":
+      return `dispatch from ${e.from} (layer ${e.layer}) failed: ${e.code}: ${e.error}`;
+    case "drain":
+      return `drain requested (${e.reason}): finishing ${plural(e.inFlight, "in-flight request")}`;
+    case "drained":
+      return `drained: served ${plural(e.requests, "request")} (${plural(e.tokens, "token")})${e.failed ? `, ${e.failed} failed` : ""}${e.inFlightAbandoned ? `, ${e.inFlightAbandoned} abandoned at the drain timeout` : ""}; deregistered`;
+    case "stopped":
+      return `stopped before serving (${e.reason})`;
+    case "exit":
+      return `exit ${e.code}`;
+    case "error":
+      return `error: ${e.code}: ${e.error}`;
+  }
+}

@@ -1,0 +1,938 @@
+import { randomBytes } from "node:crypto";
+import { mkdir } from "node:fs/promises";
+import { hostname } from "node:os";
+import {
+  AuthError,
+  abortReason,
+  decodeFrame,
+  GgufError,
+  InvalidArgumentError,
+  isMoeswarmError,
+  type MoeswarmError,
+  parseRange,
+  type Range,
+  TransportError,
+} from "@moeswarm/core";
+import {
+  connectRelay,
+  dialWebSocket,
+  type FrameDialer,
+  type IncomingDispatch,
+  type RelayConnection,
+} from "@moeswarm/relay-client";
+import { type SliceManifest, verifySlice } from "@moeswarm/shard";
+import type { ComputeBackend, ExpertCompute } from "../expert-compute.js";
+import { loadExpertCompute } from "../load.js";
+import { nativeStatus } from "../native-binding.js";
+import { chooseSlices } from "./choose.js";
+import { downloadResumable } from "./download.js";
+import type { WorkerEvent, WorkerEventBody } from "./events.js";
+import { type CaOption, isTransient, sleep } from "./http.js";
+import { type ClaimCapacity, HubClient, type LeaseJson } from "./hub-client.js";
+import { LeaseKeeper } from "./lease-keeper.js";
+import { listCachedSlices, removeSlice, type SlicePaths, slicePaths, writeSliceMeta } from "./slice-cache.js";
+
+export type WorkerBackend = "auto" | "native" | "llama-cpu" | "ts";
+
+export interface RunWorkerOptions {
+  /** The hub's base URL (http or https). */
+  hub: string | URL;
+  /** A worker token of the hub (`moeswarm-hub token --role worker`). */
+  token: string;
+  /** Memory this worker offers for expert weights; the slice it claims fits `ramBytes + vramBytes`. */
+  capacity: { ramBytes: number; vramBytes?: number };
+  /** Where slices are kept across restarts (`<cacheDir>/<model>/<layers>_<experts>.gguf`). */
+  cacheDir: string;
+  /**
+   * Aborting it is how a worker is stopped: before serving it gives up its lease at once; while
+   * serving it drains (no new work, in-flight requests finish, deregisters) and runWorker resolves.
+   */
+  signal?: AbortSignal;
+  /** Expert compute: "auto" (default: native when it loads, else TypeScript), "native", "llama-cpu", "ts". */
+  backend?: WorkerBackend;
+  /** Compute threads (native paths; default all CPUs). */
+  threads?: number;
+  /** This worker's id on the relay (default: the token's bound id, else `<hostname>-<random>`). */
+  id?: string;
+  /** PEM CA certificate(s) to trust for a self-hosted hub (https and wss). */
+  ca?: CaOption;
+  /** Every step, one event each. Exceptions it throws are ignored. */
+  log?: (event: WorkerEvent) => void;
+  /** Pause between demand polls while there is nothing to claim (default 10000 ms, +-20% jitter). */
+  pollMs?: number;
+  /** Serve only this model (default: whatever the hub needs). */
+  model?: string;
+  /** Lease lifetime to ask for (default: the hub's). */
+  leaseTtlMs?: number;
+  /** The relay's URL (default: the hub's `/relay`, ws or wss as the hub is http or https). */
+  relay?: string;
+  /** Downloads of a slice that fail its sha256 check before giving up (default 3). */
+  maxVerifyAttempts?: number;
+  /** Longest wait for in-flight requests when draining (default 30000 ms). */
+  drainTimeoutMs?: number;
+  /** Relay heartbeat interval (default relay-client's, 5000 ms). */
+  heartbeatMs?: number;
+  /** Download retries: consecutive failures without progress (default 6) and the idle cut (30 s). */
+  download?: { maxAttempts?: number; initialDelayMs?: number; maxDelayMs?: number; idleTimeoutMs?: number };
+  /** Least time between two `progress` events (default 250 ms). */
+  progressIntervalMs?: number;
+}
+
+export interface WorkerSummary {
+  id: string;
+  /** Why it ended: the caller's signal, or a `drain` from the hub. */
+  reason: "signal" | "drain";
+  /** Whether it reached `serving`. */
+  served: boolean;
+  slice?: { model: string; layers: string; experts: string; path: string; reused: boolean } | undefined;
+  backend?: ComputeBackend | undefined;
+  /** Bytes downloaded by this run (0 when a cached slice was reused). */
+  downloadedBytes: number;
+  /** Dispatches answered with a result, and their tokens. */
+  requests: number;
+  tokens: number;
+  /** Dispatches answered with an error. */
+  failed: number;
+  ms: number;
+}
+
+interface Settings {
+  hub: HubClient;
+  token: string;
+  id: string;
+  capacity: ClaimCapacity;
+  capacityBytes: number;
+  cacheDir: string;
+  backend: WorkerBackend;
+  threads: number | undefined;
+  pollMs: number;
+  model: string | undefined;
+  leaseTtlMs: number | undefined;
+  relay: string;
+  maxVerifyAttempts: number;
+  drainTimeoutMs: number;
+  heartbeatMs: number | undefined;
+  download: NonNullable<RunWorkerOptions["download"]>;
+  progressIntervalMs: number;
+}
+
+function invalid(message: string): InvalidArgumentError {
+  return new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", message);
+}
+
+function bytesOption(name: string, v: unknown, required: boolean): number {
+  if (v === undefined && !required) return 0;
+  if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 0) {
+    throw invalid(`${name} must be an integer number of bytes >= 0`);
+  }
+  return v;
+}
+
+function msOption(name: string, v: number | undefined, fallback: number, min: number): number {
+  const x = v ?? fallback;
+  if (typeof x !== "number" || !Number.isFinite(x) || x < min)
+    throw invalid(`${name} must be a number >= ${min}`);
+  return x;
+}
+
+/** The id a `msw1.` token is bound to (read, not verified: the hub verifies). */
+export function tokenSubject(token: string): string | undefined {
+  const parts = token.split(".");
+  if (parts.length !== 3 || parts[0] !== "msw1") return undefined;
+  try {
+    const claims = JSON.parse(Buffer.from(parts[1] as string, "base64url").toString("utf8")) as {
+      sub?: unknown;
+    };
+    return typeof claims.sub === "string" ? claims.sub : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+function settings(o: RunWorkerOptions): Settings {
+  if (typeof o !== "object" || o === null) throw invalid("runWorker needs an options object");
+  if (typeof o.token !== "string" || o.token.length === 0) throw invalid("token must be a non-empty string");
+  if (typeof o.capacity !== "object" || o.capacity === null)
+    throw invalid("capacity must be {ramBytes, vramBytes?}");
+  const ramBytes = bytesOption("capacity.ramBytes", o.capacity.ramBytes, true);
+  const vramBytes = bytesOption("capacity.vramBytes", o.capacity.vramBytes, false);
+  if (ramBytes + vramBytes <= 0) throw invalid("capacity must offer some bytes");
+  if (typeof o.cacheDir !== "string" || o.cacheDir.length === 0)
+    throw invalid("cacheDir must be a directory path");
+  const backend = o.backend ?? "auto";
+  if (!["auto", "native", "llama-cpu", "ts"].includes(backend)) {
+    throw invalid(`backend must be "auto", "native", "llama-cpu" or "ts", got ${String(backend)}`);
+  }
+  if (o.threads !== undefined && (!Number.isInteger(o.threads) || o.threads < 1 || o.threads > 1024)) {
+    throw invalid("threads must be an integer in 1..1024");
+  }
+  const bound = tokenSubject(o.token);
+  if (
+    o.id !== undefined &&
+    (typeof o.id !== "string" || o.id.length === 0 || Buffer.byteLength(o.id) > 128)
+  ) {
+    throw invalid("id must be a string of 1..128 bytes");
+  }
+  if (o.id !== undefined && bound !== undefined && o.id !== bound) {
+    throw invalid(`the token is bound to worker ${JSON.stringify(bound)}, not ${JSON.stringify(o.id)}`);
+  }
+  const id = o.id ?? bound ?? `${hostname().slice(0, 64) || "worker"}-${randomBytes(3).toString("hex")}`;
+  const hub = new HubClient(o.hub, o.token, o.ca);
+  let relay = o.relay ?? hub.relayUrl();
+  try {
+    const u = new URL(relay);
+    if (u.protocol !== "ws:" && u.protocol !== "wss:") throw new Error();
+    relay = u.href;
+  } catch {
+    throw invalid(`relay must be a ws:// or wss:// URL, got ${JSON.stringify(o.relay)}`);
+  }
+  if (o.model !== undefined && typeof o.model !== "string") throw invalid("model must be a string");
+  const maxVerifyAttempts = o.maxVerifyAttempts ?? 3;
+  if (!Number.isInteger(maxVerifyAttempts) || maxVerifyAttempts < 1)
+    throw invalid("maxVerifyAttempts must be an integer >= 1");
+  return {
+    hub,
+    token: o.token,
+    id,
+    capacity: { ramBytes, ...(vramBytes ? { vramBytes } : {}), backend: "cpu" },
+    capacityBytes: ramBytes + vramBytes,
+    cacheDir: o.cacheDir,
+    backend,
+    threads: o.threads,
+    pollMs: msOption("pollMs", o.pollMs, 10_000, 10),
+    model: o.model,
+    leaseTtlMs: o.leaseTtlMs === undefined ? undefined : msOption("leaseTtlMs", o.leaseTtlMs, 0, 1000),
+    relay,
+    maxVerifyAttempts,
+    drainTimeoutMs: msOption("drainTimeoutMs", o.drainTimeoutMs, 30_000, 0),
+    heartbeatMs: o.heartbeatMs,
+    download: o.download ?? {},
+    progressIntervalMs: msOption("progressIntervalMs", o.progressIntervalMs, 250, 0),
+  };
+}
+
+function message(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+function codeOf(error: unknown): string {
+  return isMoeswarmError(error) ? error.code : "MOESWARM_DISPATCH_FAILED";
+}
+
+function jitter(ms: number): number {
+  return Math.round(ms * (0.8 + 0.4 * Math.random()));
+}
+
+function rangeValues(r: Range): number[] {
+  return Array.from({ length: r.end - r.start }, (_, i) => r.start + i);
+}
+
+/** A lease whose slice is on disk and verified. */
+interface Acquired {
+  lease: LeaseJson;
+  keeper: LeaseKeeper;
+  layers: Range;
+  experts: Range;
+  paths: SlicePaths;
+  reused: boolean;
+}
+
+/** Thrown inside the acquire loop when the lease went away: claim again. */
+class LeaseLost extends Error {}
+
+/**
+ * The autonomous worker: finds what the hub's swarm needs, claims the slice that fits its capacity
+ * and adds the most value, downloads it (resuming, renewing the lease), verifies every slab's
+ * sha256 against the model's manifest, loads it into the expert compute, registers exactly that
+ * slice on the relay and serves dispatches until the `signal` aborts or the hub sends `drain`;
+ * then it stops taking work, finishes what it holds, deregisters and resolves with a summary.
+ *
+ * The choice is made here from `GET /api/demand` (see `chooseSlices`), not by
+ * `POST /api/claims/auto`, because only the worker knows what its cache holds: a slice it already
+ * has costs no download, so it claims that one first whenever the hub still wants it.
+ *
+ * Rejects on what retrying cannot fix: a refused token, a slice that fails verification
+ * `maxVerifyAttempts` times, a compute that cannot load, a relay connection that closes for good.
+ * Network failures and hub errors (5xx) are retried with backoff.
+ */
+export async function runWorker(options: RunWorkerOptions): Promise<WorkerSummary> {
+  const s = settings(options);
+  return new WorkerRun(s, options.signal, options.log).run();
+}
+
+class WorkerRun {
+  readonly #s: Settings;
+  readonly #log: ((event: WorkerEvent) => void) | undefined;
+  readonly #userSignal: AbortSignal | undefined;
+  /** Aborted to stop: by the caller's signal, or by a drain from the hub. */
+  readonly #stop = new AbortController();
+  #reason: "signal" | "drain" = "signal";
+  #drainReason = "";
+  readonly #t0 = performance.now();
+  #downloadedBytes = 0;
+  #bandwidthBps: number | undefined;
+  #requests = 0;
+  #tokens = 0;
+  #failed = 0;
+  #inFlight = 0;
+  #draining = false;
+  #idleWaiters: Array<() => void> = [];
+  #dispatchErrors = 0;
+  #fatal: MoeswarmError | undefined;
+
+  constructor(s: Settings, signal: AbortSignal | undefined, log: ((event: WorkerEvent) => void) | undefined) {
+    this.#s = s;
+    this.#userSignal = signal;
+    this.#log = log;
+  }
+
+  #emit(body: WorkerEventBody): void {
+    if (!this.#log) return;
+    try {
+      this.#log({ ...body, time: new Date().toISOString() } as WorkerEvent);
+    } catch {
+      // a logger's failure is its own
+    }
+  }
+
+  #summary(extra: Partial<WorkerSummary> = {}): WorkerSummary {
+    return {
+      id: this.#s.id,
+      reason: this.#reason,
+      served: false,
+      downloadedBytes: this.#downloadedBytes,
+      requests: this.#requests,
+      tokens: this.#tokens,
+      failed: this.#failed,
+      ms: performance.now() - this.#t0,
+      ...extra,
+    };
+  }
+
+  #requestStop(reason: "signal" | "drain", text: string): void {
+    if (this.#stop.signal.aborted) return;
+    this.#reason = reason;
+    this.#drainReason = text;
+    this.#stop.abort(new TransportError("MOESWARM_TRANSPORT_DRAINING", `worker stopping: ${text}`));
+  }
+
+  async run(): Promise<WorkerSummary> {
+    const s = this.#s;
+    const onAbort = () => {
+      const why = this.#userSignal?.reason;
+      this.#requestStop("signal", typeof why === "string" && why.length <= 64 ? why : "stop requested");
+    };
+    if (this.#userSignal?.aborted) onAbort();
+    this.#userSignal?.addEventListener("abort", onAbort, { once: true });
+    try {
+      this.#emit({
+        event: "start",
+        id: s.id,
+        hub: s.hub.base.href,
+        capacityBytes: s.capacityBytes,
+        cacheDir: s.cacheDir,
+        backend: s.backend,
+      });
+      await mkdir(s.cacheDir, { recursive: true });
+      let acquired: Acquired | undefined;
+      try {
+        acquired = await this.#acquire();
+      } catch (error) {
+        if (this.#stop.signal.aborted) {
+          this.#emit({ event: "stopped", reason: this.#drainReason });
+          return this.#summary();
+        }
+        throw error;
+      }
+      return await this.#serve(acquired);
+    } catch (error) {
+      this.#emit({ event: "error", error: message(error), code: codeOf(error) });
+      throw error;
+    } finally {
+      this.#userSignal?.removeEventListener("abort", onAbort);
+    }
+  }
+
+  // --- finding, claiming and fetching a slice -------------------------------------------------
+
+  async #acquire(): Promise<Acquired> {
+    const s = this.#s;
+    const stop = this.#stop.signal;
+    let cachedTried = false;
+    let lastIdle = "";
+    let quickRetries = 0;
+    let hubFailures = 0;
+    for (;;) {
+      if (stop.aborted) throw abortReason(stop);
+      let lease: LeaseJson | undefined;
+      let value: number | undefined;
+      try {
+        if (!cachedTried) {
+          cachedTried = true;
+          lease = await this.#claimCached();
+        }
+        if (!lease) {
+          const demand = await s.hub.demand({ model: s.model, signal: stop });
+          const ranges = demand.ranges.filter((r) => s.model === undefined || r.model === s.model);
+          const [choice] = chooseSlices(ranges, s.capacityBytes, { limit: 1 });
+          hubFailures = 0;
+          if (!choice) {
+            const idle = ranges.length === 0 ? "covered" : `no-fit:${ranges.length}`;
+            if (idle !== lastIdle) {
+              this.#emit({
+                event: "idle",
+                reason: ranges.length === 0 ? "covered" : "no-fit",
+                ranges: ranges.length,
+                capacityBytes: s.capacityBytes,
+                pollMs: s.pollMs,
+              });
+              lastIdle = idle;
+            }
+            if (!(await sleep(jitter(s.pollMs), stop))) throw abortReason(stop);
+            continue;
+          }
+          value = choice.value;
+          this.#emit({
+            event: "demand",
+            ranges: ranges.length,
+            cells: ranges.reduce((n, r) => n + r.count, 0),
+            rangeBytes: ranges.reduce((n, r) => n + r.bytes, 0),
+            model: choice.model,
+            layers: `${choice.layers.start}:${choice.layers.end}`,
+            experts: `${choice.experts.start}:${choice.experts.end}`,
+            value: choice.value,
+            bytes: choice.bytes,
+            capacityBytes: s.capacityBytes,
+          });
+          lease = await this.#tryClaim(choice.model, choice.layers, choice.experts);
+          if (!lease) {
+            // another worker took it first: the demand has changed, read it again soon
+            quickRetries++;
+            const pause = quickRetries < 5 ? 50 + Math.random() * 250 : jitter(s.pollMs);
+            if (quickRetries >= 5) quickRetries = 0;
+            if (!(await sleep(pause, stop))) throw abortReason(stop);
+            continue;
+          }
+        }
+      } catch (error) {
+        if (stop.aborted) throw abortReason(stop);
+        if (!isTransient(error)) throw error;
+        hubFailures++;
+        const retryInMs = Math.min(s.pollMs, 30_000, 500 * 2 ** Math.min(hubFailures - 1, 10));
+        this.#emit({ event: "hub-unreachable", error: message(error), code: codeOf(error), retryInMs });
+        if (!(await sleep(jitter(retryInMs), stop))) throw abortReason(stop);
+        continue;
+      }
+      lastIdle = "";
+      quickRetries = 0;
+      const layers = parseRange(lease.layers);
+      const experts = parseRange(lease.experts);
+      const paths = slicePaths(s.cacheDir, lease.model, layers, experts);
+      const cached = (await listCachedSlices(s.cacheDir, lease.model)).some((c) => c.path === paths.path);
+      this.#emit({
+        event: "claimed",
+        model: lease.model,
+        layers: lease.layers,
+        experts: lease.experts,
+        leaseId: lease.leaseId,
+        bytes: lease.bytes,
+        ttlMs: lease.ttlMs,
+        cached,
+        value,
+      });
+      const keeper = new LeaseKeeper(s.hub, lease, {
+        ttlMs: s.leaseTtlMs,
+        onRenewed: (l) => this.#emit({ event: "lease-renewed", leaseId: l.leaseId, ttlMs: l.ttlMs }),
+        onLost: (e) => this.#emit({ event: "lease-lost", leaseId: lease.leaseId, error: message(e) }),
+      });
+      try {
+        const reused = await this.#fetch(lease, keeper, paths, cached);
+        return { lease, keeper, layers, experts, paths, reused };
+      } catch (error) {
+        keeper.stop();
+        if (stop.aborted) {
+          await this.#release(lease);
+          throw abortReason(stop);
+        }
+        if (error instanceof LeaseLost) continue;
+        await this.#release(lease);
+        if (isMoeswarmError(error, "MOESWARM_HUB_NOT_FOUND")) {
+          // the model left the hub while we fetched it: pick again
+          this.#emit({ event: "lease-lost", leaseId: lease.leaseId, error: message(error) });
+          continue;
+        }
+        if (isTransient(error)) {
+          // the download gave up on the network: claim again later (the .part file stays for resume)
+          this.#emit({
+            event: "hub-unreachable",
+            error: message(error),
+            code: codeOf(error),
+            retryInMs: s.pollMs,
+          });
+          if (!(await sleep(jitter(s.pollMs), stop))) throw abortReason(stop);
+          continue;
+        }
+        throw error;
+      }
+    }
+  }
+
+  /** Claims the newest cached slice the hub still needs below its target; undefined when none. */
+  async #claimCached(): Promise<LeaseJson | undefined> {
+    const s = this.#s;
+    for (const c of await listCachedSlices(s.cacheDir, s.model)) {
+      this.#emit({
+        event: "cached",
+        model: c.model,
+        layers: c.meta.layers,
+        experts: c.meta.experts,
+        path: c.path,
+      });
+      const lease = await this.#tryClaim(c.model, c.layers, c.experts);
+      if (lease) return lease;
+    }
+    return undefined;
+  }
+
+  /** POST /api/claims; undefined when the hub refuses it (409, or the model is gone). */
+  async #tryClaim(model: string, layers: Range, experts: Range): Promise<LeaseJson | undefined> {
+    const s = this.#s;
+    const fields = {
+      model,
+      layers: `${layers.start}:${layers.end}`,
+      experts: `${experts.start}:${experts.end}`,
+    };
+    try {
+      return await s.hub.claim(
+        {
+          ...fields,
+          capacity: {
+            ...s.capacity,
+            ...(this.#bandwidthBps ? { bandwidthBps: Math.round(this.#bandwidthBps) } : {}),
+          },
+          worker: s.id,
+          ...(s.leaseTtlMs !== undefined ? { ttlMs: s.leaseTtlMs } : {}),
+        },
+        this.#stop.signal,
+      );
+    } catch (error) {
+      if (
+        isMoeswarmError(error, "MOESWARM_HUB_CONFLICT") ||
+        isMoeswarmError(error, "MOESWARM_HUB_NOT_FOUND")
+      ) {
+        const d = error.details ?? {};
+        this.#emit({
+          event: "claim-refused",
+          ...fields,
+          reason:
+            typeof d.reason === "string"
+              ? d.reason
+              : error.code === "MOESWARM_HUB_NOT_FOUND"
+                ? "not-found"
+                : "conflict",
+          retryAfterMs: typeof d.retryAfterMs === "number" ? d.retryAfterMs : undefined,
+        });
+        return undefined;
+      }
+      throw error;
+    }
+  }
+
+  /** Gives a lease back (best effort, bounded: the hub expires it anyway). */
+  async #release(lease: LeaseJson): Promise<void> {
+    try {
+      await this.#s.hub.release(lease.leaseId, AbortSignal.timeout(5000));
+      this.#emit({ event: "lease-released", leaseId: lease.leaseId });
+    } catch {
+      // gone already, or the hub is unreachable: it expires by itself
+    }
+  }
+
+  /** Puts the leased slice on disk, verified; true when a cached copy was reused. */
+  async #fetch(lease: LeaseJson, keeper: LeaseKeeper, paths: SlicePaths, cached: boolean): Promise<boolean> {
+    const s = this.#s;
+    const signal = AbortSignal.any([this.#stop.signal, keeper.signal]);
+    const lost = () => {
+      if (keeper.signal.aborted && !this.#stop.signal.aborted) throw new LeaseLost();
+    };
+    let manifest: SliceManifest;
+    try {
+      manifest = await s.hub.manifest(lease.manifest, signal);
+    } catch (error) {
+      lost();
+      throw error;
+    }
+    if (cached) {
+      try {
+        await this.#verify(manifest, paths, signal, true);
+        return true;
+      } catch (error) {
+        lost();
+        if (!(error instanceof GgufError)) throw error;
+        this.#emit({
+          event: "corrupt",
+          error: error.message,
+          ...slabOf(error),
+          attempt: 0,
+          maxAttempts: s.maxVerifyAttempts,
+          reused: true,
+        });
+        await removeSlice(paths);
+      }
+    }
+    await mkdir(paths.dir, { recursive: true });
+    for (let attempt = 1; ; attempt++) {
+      const url = s.hub.resolve(lease.url);
+      let lastProgress = 0;
+      let started = false;
+      const t0 = performance.now();
+      let result: Awaited<ReturnType<typeof downloadResumable>>;
+      try {
+        result = await downloadResumable(url, paths.path, {
+          signal,
+          ca: s.hub.ca,
+          headers: s.hub.authHeader(),
+          ...s.download,
+          onResponse: ({ offset, total }) => {
+            if (started) return;
+            started = true;
+            this.#emit({ event: "download-start", url: url.href, bytes: total, resumeFrom: offset });
+          },
+          onProgress: ({ received, total }) => {
+            const now = performance.now();
+            if (now - lastProgress < s.progressIntervalMs && received !== total) return;
+            lastProgress = now;
+            const secs = (now - t0) / 1000;
+            this.#emit({
+              event: "progress",
+              received,
+              total,
+              bytesPerSecond: secs > 0 ? Math.round(received / secs) : 0,
+            });
+          },
+          onRetry: ({ attempt: n, error, delayMs, received }) =>
+            this.#emit({
+              event: "download-retry",
+              attempt: n,
+              error: error.message,
+              code: error.code,
+              delayMs,
+              received,
+            }),
+        });
+      } catch (error) {
+        lost();
+        throw error;
+      }
+      const fresh = result.bytes - result.reusedBytes;
+      this.#downloadedBytes += fresh;
+      const bps = result.ms > 0 ? (fresh * 1000) / result.ms : 0;
+      if (bps > 0) this.#bandwidthBps = bps;
+      this.#emit({
+        event: "downloaded",
+        bytes: result.bytes,
+        ms: result.ms,
+        bytesPerSecond: Math.round(bps),
+        requests: result.requests,
+        resumes: result.resumes,
+      });
+      try {
+        await this.#verify(manifest, paths, signal, false);
+        await writeSliceMeta(paths, {
+          model: lease.model,
+          layers: lease.layers,
+          experts: lease.experts,
+          fileBytes: result.bytes,
+          etag: result.etag,
+          sourceSha256: manifest.source.headerSha256,
+          savedAt: Date.now(),
+          lease: { leaseId: lease.leaseId, expiresAt: keeper.lease.expiresAt, hub: s.hub.base.href },
+        });
+        return false;
+      } catch (error) {
+        lost();
+        if (!(error instanceof GgufError)) throw error;
+        this.#emit({
+          event: "corrupt",
+          error: error.message,
+          ...slabOf(error),
+          attempt,
+          maxAttempts: s.maxVerifyAttempts,
+          reused: false,
+        });
+        await removeSlice(paths);
+        if (attempt >= s.maxVerifyAttempts) {
+          throw new GgufError(
+            "MOESWARM_SLICE_MISMATCH",
+            `the slice failed verification ${attempt} times (last: ${error.message})`,
+            { cause: error, details: { ...error.details, url: url.href, attempts: attempt } },
+          );
+        }
+      }
+    }
+  }
+
+  async #verify(
+    manifest: SliceManifest,
+    paths: SlicePaths,
+    signal: AbortSignal,
+    reused: boolean,
+  ): Promise<void> {
+    const t0 = performance.now();
+    const v = await verifySlice(paths.path, manifest, { signal });
+    this.#emit({ event: "verified", slabs: v.slabs, bytes: v.bytes, ms: performance.now() - t0, reused });
+  }
+
+  // --- serving ----------------------------------------------------------------------------------
+
+  async #serve(a: Acquired): Promise<WorkerSummary> {
+    const s = this.#s;
+    const stop = this.#stop.signal;
+    const sliceInfo = {
+      model: a.lease.model,
+      layers: a.lease.layers,
+      experts: a.lease.experts,
+      path: a.paths.path,
+      reused: a.reused,
+    };
+    let compute: ExpertCompute | undefined;
+    let conn: RelayConnection | undefined;
+    try {
+      const t0 = performance.now();
+      compute = await loadExpertCompute(a.paths.path, {
+        backend: s.backend,
+        ...(s.threads !== undefined ? { threads: s.threads } : {}),
+        signal: stop,
+      });
+      const info = compute.info;
+      this.#emit({
+        event: "loaded",
+        backend: info.device === "llama-cpu" ? "llama-cpu" : info.backend,
+        cpu: info.cpu,
+        threads: info.threads,
+        device: info.device,
+        fallback:
+          info.backend === "ts" && s.backend === "auto"
+            ? (nativeStatus()?.message?.split("\n")[0] ?? "the native addon did not load")
+            : undefined,
+        ms: performance.now() - t0,
+      });
+      conn = await this.#connect(compute, a.lease.model);
+      conn.register({
+        model: a.lease.model,
+        layers: rangeValues(a.layers),
+        experts: rangeValues(a.experts),
+        capacity: s.capacityBytes,
+        backend: info.device === "llama-cpu" ? "llama-cpu" : info.backend,
+      });
+      // the registration fulfils the lease on the hub: nothing left to renew
+      a.keeper.stop();
+      this.#emit({
+        event: "registered",
+        model: a.lease.model,
+        layers: a.lease.layers,
+        experts: a.lease.experts,
+        cells: (a.layers.end - a.layers.start) * (a.experts.end - a.experts.start),
+      });
+      this.#emit({ event: "serving" });
+      await new Promise<void>((resolve) => {
+        if (stop.aborted) resolve();
+        else stop.addEventListener("abort", () => resolve(), { once: true });
+      });
+      if (this.#fatal) throw this.#fatal;
+      return await this.#drain(conn, compute, sliceInfo);
+    } catch (error) {
+      a.keeper.stop();
+      if (stop.aborted && !this.#fatal && !conn) {
+        // stopped while loading or connecting: the lease is not fulfilled yet
+        await this.#release(a.lease);
+        this.#emit({ event: "stopped", reason: this.#drainReason });
+        return this.#summary({ slice: sliceInfo, backend: compute?.info.backend });
+      }
+      throw error;
+    } finally {
+      await conn?.close();
+      await compute?.close();
+    }
+  }
+
+  /** Connects to the relay, retrying transient failures until it works or the worker stops. */
+  async #connect(compute: ExpertCompute, model: string): Promise<RelayConnection> {
+    const s = this.#s;
+    const stop = this.#stop.signal;
+    // the relay-client ignores relay-to-worker `drain` frames; this link wrapper sees them first
+    const dial: FrameDialer = (url, options) =>
+      dialWebSocket(url, {
+        ...options,
+        handlers: {
+          ...options.handlers,
+          frame: (bytes) => {
+            if (bytes.byteLength <= 4096) {
+              try {
+                const f = decodeFrame(bytes);
+                if (f.t === "drain")
+                  this.#requestStop("drain", `the hub asked${f.reason ? `: ${f.reason}` : ""}`);
+              } catch {
+                // not ours to judge: the connection reports bad frames
+              }
+            }
+            options.handlers.frame(bytes);
+          },
+        },
+      });
+    for (let attempt = 1; ; attempt++) {
+      // aborting connectRelay's signal closes the connection, and a drain must not: this one
+      // only aborts while connecting
+      const connecting = new AbortController();
+      const onStop = () => connecting.abort(abortReason(stop));
+      stop.addEventListener("abort", onStop, { once: true });
+      if (stop.aborted) onStop();
+      try {
+        const conn = await connectRelay(s.relay, {
+          role: "worker",
+          id: s.id,
+          token: s.token,
+          ...(s.hub.ca !== undefined ? { ca: s.hub.ca } : {}),
+          ...(s.heartbeatMs !== undefined ? { heartbeatMs: s.heartbeatMs } : {}),
+          signal: connecting.signal,
+          dial,
+          onDispatch: (req) => this.#onDispatch(req, compute, model),
+        });
+        this.#emit({ event: "connected", url: s.relay });
+        conn.on((e) => {
+          if (e.type === "notice") {
+            this.#emit({ event: "relay", state: "notice", error: `${e.error.code}: ${e.error.message}` });
+            return;
+          }
+          if (e.state === "closed") {
+            if (!stop.aborted) {
+              this.#fatal =
+                e.error && isMoeswarmError(e.error)
+                  ? e.error
+                  : new TransportError(
+                      "MOESWARM_TRANSPORT_CLOSED",
+                      `the relay connection closed${e.error ? `: ${e.error.message}` : ""}`,
+                    );
+              this.#emit({ event: "relay", state: "closed", error: this.#fatal.message });
+              this.#requestStop("signal", "relay connection closed");
+            }
+            return;
+          }
+          this.#emit({
+            event: "relay",
+            state: e.state,
+            attempt: e.attempt,
+            delayMs: e.delayMs,
+            error: e.error ? message(e.error) : undefined,
+          });
+        });
+        return conn;
+      } catch (error) {
+        if (stop.aborted) throw abortReason(stop);
+        if (error instanceof AuthError || !isTransient(error)) throw error;
+        const retryInMs = Math.min(30_000, 500 * 2 ** Math.min(attempt - 1, 10));
+        this.#emit({ event: "hub-unreachable", error: message(error), code: codeOf(error), retryInMs });
+        if (!(await sleep(jitter(retryInMs), stop))) throw abortReason(stop);
+      } finally {
+        stop.removeEventListener("abort", onStop);
+      }
+    }
+  }
+
+  async #onDispatch(req: IncomingDispatch, compute: ExpertCompute, model: string) {
+    if (this.#draining) {
+      throw new TransportError("MOESWARM_TRANSPORT_DRAINING", `worker ${this.#s.id} is draining`);
+    }
+    this.#inFlight++;
+    try {
+      if (req.model !== model) {
+        throw new InvalidArgumentError(
+          "MOESWARM_INVALID_ARGUMENT",
+          `model ${req.model} is not served here (${model})`,
+        );
+      }
+      if (req.embd !== compute.info.nEmbd) {
+        throw new InvalidArgumentError(
+          "MOESWARM_INVALID_ARGUMENT",
+          `embd ${req.embd} does not match the slice's n_embd ${compute.info.nEmbd}`,
+        );
+      }
+      const t0 = performance.now();
+      // layer and expert ids are checked against the slice by the compute (InvalidArgumentError)
+      const y = await compute.run(
+        {
+          layer: req.layer,
+          x: req.activations(),
+          ids: req.ids,
+          k: req.k,
+          ...(req.w ? { weights: req.w } : {}),
+          mode: req.mode,
+        },
+        { signal: req.signal },
+      );
+      this.#requests++;
+      this.#tokens += req.n;
+      return { y, ms: performance.now() - t0 };
+    } catch (error) {
+      this.#failed++;
+      this.#dispatchErrors++;
+      // a hostile or confused backbone must not flood the log: the first ten, then every hundredth
+      if (this.#dispatchErrors <= 10 || this.#dispatchErrors % 100 === 0) {
+        this.#emit({
+          event: "dispatch-error",
+          error: message(error),
+          code: codeOf(error),
+          layer: req.layer,
+          from: req.from,
+        });
+      }
+      throw error;
+    } finally {
+      this.#inFlight--;
+      if (this.#inFlight === 0) for (const w of this.#idleWaiters.splice(0)) w();
+    }
+  }
+
+  async #drain(
+    conn: RelayConnection,
+    compute: ExpertCompute,
+    slice: NonNullable<WorkerSummary["slice"]>,
+  ): Promise<WorkerSummary> {
+    const t0 = performance.now();
+    this.#draining = true;
+    this.#emit({ event: "drain", reason: this.#drainReason, inFlight: this.#inFlight });
+    try {
+      conn.drain(this.#drainReason);
+    } catch {
+      // the connection is down: nothing to tell the relay
+    }
+    let abandoned = 0;
+    if (this.#inFlight > 0) {
+      const idle = new Promise<void>((resolve) => this.#idleWaiters.push(resolve));
+      const timedOut = !(await Promise.race([
+        idle.then(() => true),
+        sleep(this.#s.drainTimeoutMs).then(() => false),
+      ]));
+      if (timedOut) abandoned = this.#inFlight;
+    }
+    await conn.close();
+    this.#emit({
+      event: "drained",
+      requests: this.#requests,
+      tokens: this.#tokens,
+      failed: this.#failed,
+      inFlightAbandoned: abandoned,
+      ms: performance.now() - t0,
+    });
+    return this.#summary({ served: true, slice, backend: compute.info.backend });
+  }
+}
+
+function slabOf(error: GgufError): { layer?: number; expert?: number; tensor?: string } {
+  const d = error.details ?? {};
+  return {
+    ...(typeof d.layer === "number" ? { layer: d.layer } : {}),
+    ...(typeof d.expert === "number" ? { expert: d.expert } : {}),
+    ...(typeof d.tensor === "string" ? { tensor: d.tensor } : {}),
+  };
+}

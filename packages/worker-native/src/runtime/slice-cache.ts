@@ -1,0 +1,114 @@
+import { mkdir, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { InvalidArgumentError, type Range } from "@moeswarm/core";
+
+/*
+ * Slices a worker downloaded, kept across restarts:
+ *   <cacheDir>/<model>/<l0>-<l1>_<e0>-<e1>.gguf   the slice (half-open layer and expert ranges;
+ *                                                 "-" rather than ":", which some file systems refuse)
+ *   <cacheDir>/<model>/<l0>-<l1>_<e0>-<e1>.json   what it is and the lease it was downloaded under
+ * A slice is written there only after its download completed (downloads go to `.part`), and is
+ * re-verified against the hub's manifest before every reuse.
+ */
+
+/** Model ids the hub accepts; the only ones used as a directory name. */
+const MODEL_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+const FILE = /^(\d{1,9})-(\d{1,9})_(\d{1,9})-(\d{1,9})\.json$/;
+
+export interface CachedSliceMeta {
+  model: string;
+  /** "a:b" */
+  layers: string;
+  /** "a:b" */
+  experts: string;
+  /** Size of the slice file. */
+  fileBytes: number;
+  /** The download's ETag. */
+  etag?: string | undefined;
+  /** The source model's header sha256 (the manifest's), checked before reuse. */
+  sourceSha256?: string | undefined;
+  /** Unix ms when it was downloaded and verified. */
+  savedAt: number;
+  /** The lease it was downloaded under (informative). */
+  lease?: { leaseId: string; expiresAt: number; hub: string } | undefined;
+}
+
+export interface CachedSlice {
+  model: string;
+  layers: Range;
+  experts: Range;
+  path: string;
+  metaPath: string;
+  meta: CachedSliceMeta;
+}
+
+export interface SlicePaths {
+  dir: string;
+  path: string;
+  metaPath: string;
+}
+
+export function checkModelId(model: string): string {
+  if (typeof model !== "string" || !MODEL_ID.test(model)) {
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      `model id ${JSON.stringify(model)} cannot name a cache directory`,
+    );
+  }
+  return model;
+}
+
+export function slicePaths(cacheDir: string, model: string, layers: Range, experts: Range): SlicePaths {
+  const dir = join(cacheDir, checkModelId(model));
+  const base = `${layers.start}-${layers.end}_${experts.start}-${experts.end}`;
+  return { dir, path: join(dir, `${base}.gguf`), metaPath: join(dir, `${base}.json`) };
+}
+
+export async function writeSliceMeta(paths: SlicePaths, meta: CachedSliceMeta): Promise<void> {
+  await mkdir(paths.dir, { recursive: true });
+  await writeFile(paths.metaPath, `${JSON.stringify(meta, null, 2)}\n`);
+}
+
+export async function removeSlice(paths: SlicePaths): Promise<void> {
+  await rm(paths.path, { force: true });
+  await rm(paths.metaPath, { force: true });
+  await rm(`${paths.path}.part`, { force: true });
+  await rm(`${paths.path}.part.json`, { force: true });
+}
+
+/** Complete slices in the cache, newest first (a slice whose file is missing or of another size is skipped). */
+export async function listCachedSlices(cacheDir: string, model?: string): Promise<CachedSlice[]> {
+  let models: string[];
+  try {
+    models = model === undefined ? await readdir(cacheDir) : [model];
+  } catch {
+    return [];
+  }
+  const out: CachedSlice[] = [];
+  for (const m of models) {
+    if (!MODEL_ID.test(m)) continue;
+    let names: string[];
+    try {
+      names = await readdir(join(cacheDir, m));
+    } catch {
+      continue;
+    }
+    for (const name of names) {
+      const f = FILE.exec(name);
+      if (!f) continue;
+      const layers = { start: Number(f[1]), end: Number(f[2]) };
+      const experts = { start: Number(f[3]), end: Number(f[4]) };
+      if (layers.end <= layers.start || experts.end <= experts.start) continue;
+      const paths = slicePaths(cacheDir, m, layers, experts);
+      try {
+        const meta = JSON.parse(await readFile(paths.metaPath, "utf8")) as CachedSliceMeta;
+        const size = (await stat(paths.path)).size;
+        if (meta.model !== m || meta.fileBytes !== size || typeof meta.savedAt !== "number") continue;
+        out.push({ model: m, layers, experts, path: paths.path, metaPath: paths.metaPath, meta });
+      } catch {
+        // no slice file or unreadable metadata: not reusable
+      }
+    }
+  }
+  return out.sort((a, b) => b.meta.savedAt - a.meta.savedAt);
+}
