@@ -1,4 +1,5 @@
 import { codec } from "./benchmarks/codec.js";
+import { decode } from "./benchmarks/decode.js";
 import { dispatchInproc } from "./benchmarks/dispatch-inproc.js";
 import { expertCompute } from "./benchmarks/expert-compute.js";
 import { expertShard } from "./benchmarks/expert-shard.js";
@@ -16,4 +17,5 @@ export const benchmarks: Benchmark[] = [
   expertCompute,
   slice,
   expertShard,
+  decode,
 ];

@@ -1,2 +1,34 @@
-// Public API of @moeswarm/backbone: nothing is exported until its work lands.
-export {};
+// Public API of @moeswarm/backbone: llama.cpp as the backbone, unmodified.
+export {
+  type BackboneBridge,
+  type BackboneBridgeOptions,
+  type BridgeLayerLatency,
+  type BridgeMetrics,
+  type BridgeRequestStats,
+  type BridgeSocket,
+  type BridgeStatsReport,
+  type RoutingCount,
+  serveBackboneBridge,
+} from "./bridge.js";
+export {
+  type LogitsHarnessOptions,
+  type LogitsHarnessPlugin,
+  type LogitsHarnessResult,
+  type PluginStats,
+  readLogits,
+  runLogitsHarness,
+} from "./harness.js";
+export {
+  formatLayerSelection,
+  type LayerSelection,
+  moeswarmOverride,
+  parseLayerSelection,
+} from "./layers.js";
+export { logitsHarnessPath, pluginPath } from "./native-paths.js";
+export { createSwarmLlama, type SwarmLlama, type SwarmLlamaOptions } from "./swarm-llama.js";
+export {
+  createLocalFallback,
+  expertComputeHandler,
+  type LocalFallback,
+  type LocalFallbackOptions,
+} from "./worker-handler.js";

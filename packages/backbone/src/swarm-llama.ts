@@ -1,0 +1,196 @@
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { InvalidArgumentError, NativeError, throwIfAborted } from "@moeswarm/core";
+import type { ExpertCompute, ExpertTransport, Placement } from "@moeswarm/dispatch";
+import { llamaCppBinsDir } from "@moeswarm/worker-native";
+import type { Llama, LlamaLogLevel, LlamaModel, LlamaModelOptions } from "node-llama-cpp";
+import { type BackboneBridge, type BridgeMetrics, type BridgeSocket, serveBackboneBridge } from "./bridge.js";
+import { formatLayerSelection, type LayerSelection, parseLayerSelection } from "./layers.js";
+import { pluginPath } from "./native-paths.js";
+import { createLocalFallback, type LocalFallback } from "./worker-handler.js";
+
+export interface SwarmLlamaOptions {
+  /** The GGUF llama.cpp loads: the backbone's model (its experts are also the local fallback's). */
+  modelPath: string;
+  /** MoE layers whose routed experts go to the swarm: "all", an array, or "0,1,4-7". */
+  remoteLayers: LayerSelection | string;
+  placement: Placement;
+  transport: ExpertTransport;
+  /**
+   * Serves experts no live worker can: "local" (default) computes them from `modelPath` with the
+   * llama-cpu compute (started at the first need); false: none (the decode then fails); or a compute.
+   */
+  fallback?: ExpertCompute | "local" | false;
+  /** The model id in the plugin's requests and the placement (default `placement.model`). */
+  model?: string;
+  /** Where the bridge listens (default: a Unix socket in a fresh temporary directory). */
+  socket?: BridgeSocket;
+  /** How long each worker request may take before failover (dispatch's default 30 s). */
+  deadlineMs?: number;
+  /** How long the plugin waits for one layer's result (`MOESWARM_TIMEOUT_MS`, default 120 s). */
+  pluginTimeoutMs?: number;
+  /**
+   * node-llama-cpp's model options; `gpuLayers` is always 0 (the backbone runs on the CPU), and
+   * `useMmap` defaults to false: with mmap, llama.cpp populates the file's pages, so the experts the
+   * plugin drops would still be resident (as page cache); without it they are never read into memory.
+   */
+  loadModel?: Omit<LlamaModelOptions, "modelPath" | "gpuLayers">;
+  /** llama.cpp's log (default: warnings and errors are dropped, as node-llama-cpp does at "warn"). */
+  logger?: (level: LlamaLogLevel, message: string) => void;
+  signal?: AbortSignal;
+}
+
+export interface SwarmLlama extends AsyncDisposable {
+  readonly llama: Llama;
+  /** The loaded model: create contexts and sequences from it as usual. */
+  readonly model: LlamaModel;
+  readonly bridge: BackboneBridge;
+  /** The remote layers (sorted; every MoE layer for "all" is reported as "all"). */
+  readonly remoteLayers: LayerSelection;
+  metrics(): BridgeMetrics;
+  /** Disposes the model and llama, stops the bridge and the fallback, restores the environment. */
+  close(): Promise<void>;
+}
+
+const ENV = [
+  "GGML_BACKEND_PATH",
+  "MOESWARM_BRIDGE",
+  "MOESWARM_LAYERS",
+  "MOESWARM_MODEL",
+  "MOESWARM_TIMEOUT_MS",
+  "MOESWARM_CONFIG",
+] as const;
+
+/**
+ * node-llama-cpp in this process with libggml-moeswarm.so loaded, its MoE layers answered by a
+ * bridge on this process's event loop (node-llama-cpp decodes on its own threads, so the plugin
+ * can block on the socket while the bridge answers). CPU only; nothing is built or downloaded.
+ *
+ * The plugin is loaded with node-llama-cpp's backends, once per process: this must run before any
+ * other `getLlama` of the process, or it fails with NativeError MOESWARM_NATIVE_LOAD. Layers and
+ * the bridge may differ between calls (the plugin re-reads its environment at each model load).
+ */
+export async function createSwarmLlama(options: SwarmLlamaOptions): Promise<SwarmLlama> {
+  if (typeof options !== "object" || options === null || typeof options.modelPath !== "string") {
+    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "createSwarmLlama: modelPath is required");
+  }
+  const remoteLayers = parseLayerSelection(options.remoteLayers);
+  throwIfAborted(options.signal);
+  const plugin = pluginPath();
+  const binsDir = llamaCppBinsDir();
+  const { getLlama, LlamaLogLevel: Levels } = await import("node-llama-cpp");
+
+  const cleanups: (() => Promise<void> | void)[] = [];
+  const cleanup = async () => {
+    for (const f of cleanups.splice(0).reverse()) await f();
+  };
+  try {
+    let socket = options.socket;
+    if (socket === undefined) {
+      const dir = mkdtempSync(join(tmpdir(), "moeswarm-bridge-"));
+      cleanups.push(() => rmSync(dir, { recursive: true, force: true }));
+      socket = join(dir, "bridge.sock");
+    }
+    let fallback: ExpertCompute | undefined;
+    if (options.fallback === undefined || options.fallback === "local") {
+      const local: LocalFallback = await createLocalFallback(options.modelPath, { binsDir });
+      cleanups.push(() => local.close());
+      fallback = local.compute;
+    } else if (typeof options.fallback === "function") {
+      fallback = options.fallback;
+    }
+    const model = options.model ?? options.placement.model;
+    const bridge = await serveBackboneBridge({
+      socket,
+      model,
+      placement: options.placement,
+      transport: options.transport,
+      ...(fallback ? { fallback } : {}),
+      ...(options.deadlineMs !== undefined ? { deadlineMs: options.deadlineMs } : {}),
+    });
+    cleanups.push(() => bridge.close());
+
+    const saved = new Map(ENV.map((k) => [k, process.env[k]]));
+    cleanups.push(() => {
+      for (const [k, v] of saved) {
+        if (v === undefined) delete process.env[k];
+        else process.env[k] = v;
+      }
+    });
+    const previousPlugin = process.env.GGML_BACKEND_PATH;
+    if (previousPlugin && previousPlugin !== plugin) {
+      throw new InvalidArgumentError(
+        "MOESWARM_INVALID_ARGUMENT",
+        `GGML_BACKEND_PATH is already ${previousPlugin}: ggml loads one out-of-tree backend per process`,
+      );
+    }
+    process.env.GGML_BACKEND_PATH = plugin;
+    process.env.MOESWARM_BRIDGE = bridge.address;
+    process.env.MOESWARM_LAYERS = formatLayerSelection(remoteLayers);
+    process.env.MOESWARM_MODEL = model;
+    if (options.pluginTimeoutMs !== undefined)
+      process.env.MOESWARM_TIMEOUT_MS = String(options.pluginTimeoutMs);
+    delete process.env.MOESWARM_CONFIG;
+
+    // the plugin's buffer shows in llama.cpp's load log: the proof that it was loaded and claimed
+    let claimed = false;
+    const userLogger = options.logger;
+    const rank: Record<string, number> = {
+      disabled: -1,
+      fatal: 0,
+      error: 1,
+      warn: 2,
+      info: 3,
+      log: 3,
+      debug: 4,
+    };
+    const llama = await getLlama({
+      gpu: false,
+      build: "never",
+      usePrebuiltBinaries: true,
+      skipDownload: true,
+      progressLogs: false,
+      logLevel: Levels.info,
+      logger: (level, message) => {
+        if (message.includes("MOESWARM model buffer size")) claimed = true;
+        if (userLogger && (rank[level] ?? 4) <= rank.warn!) userLogger(level, message);
+      },
+    });
+    cleanups.push(() => llama.dispose());
+    const loaded = await llama.loadModel({
+      useMmap: false,
+      ...options.loadModel,
+      modelPath: options.modelPath,
+      gpuLayers: 0,
+    });
+    cleanups.push(() => loaded.dispose());
+    const wantsRemote = remoteLayers === "all" || remoteLayers.length > 0;
+    if (wantsRemote && !claimed) {
+      throw new NativeError(
+        "MOESWARM_NATIVE_LOAD",
+        "llama.cpp loaded the model without the MOESWARM device: node-llama-cpp had loaded its backends before " +
+          "GGML_BACKEND_PATH was set (another getLlama ran first in this process), or no layer of the model matched " +
+          `${formatLayerSelection(remoteLayers)}\n  possible solution: call createSwarmLlama before any other getLlama, or run it in its own process`,
+      );
+    }
+    options.signal?.throwIfAborted();
+    let closing: Promise<void> | undefined;
+    const close = () => {
+      closing ??= cleanup();
+      return closing;
+    };
+    return {
+      llama,
+      model: loaded,
+      bridge,
+      remoteLayers,
+      metrics: () => bridge.metrics(),
+      close,
+      [Symbol.asyncDispose]: close,
+    };
+  } catch (error) {
+    await cleanup();
+    throw error;
+  }
+}

@@ -1,0 +1,150 @@
+// moeswarm-dispatcher (in-process) beside the harness in llama-server mode (-ot), and the memory the
+// plugin saves: expert weights handed to it are dropped, never resident.
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { PassThrough } from "node:stream";
+import { sliceExperts } from "@moeswarm/shard";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { runDispatcherCli } from "../src/cli/run.js";
+import { runLogitsHarness, serveBackboneBridge } from "../src/index.js";
+import {
+  firstByteDiff,
+  type ModelInfo,
+  modelInfo,
+  nativeMissing,
+  split,
+  startSwarm,
+  syntheticModel,
+  tempDir,
+} from "./helpers.js";
+
+const missing = nativeMissing();
+
+function capture() {
+  const stream = new PassThrough();
+  let text = "";
+  const waiters: (() => void)[] = [];
+  stream.on("data", (d: Buffer) => {
+    text += d.toString();
+    for (const w of waiters.splice(0)) w();
+  });
+  return {
+    stream,
+    text: () => text,
+    async line(match: RegExp): Promise<string> {
+      for (;;) {
+        const hit = text.split("\n").find((l) => match.test(l));
+        if (hit) return hit;
+        await new Promise<void>((r) => waiters.push(r));
+      }
+    },
+  };
+}
+
+describe("moeswarm-dispatcher usage", () => {
+  it("prints its usage and refuses bad command lines with status 2", async () => {
+    const out = capture();
+    const err = capture();
+    const io = { stdout: out.stream, stderr: err.stream };
+    const signal = new AbortController().signal;
+    expect(await runDispatcherCli(["--help"], io, signal)).toBe(0);
+    expect(out.text()).toMatch(/--worker <id>=<slice>/);
+    expect(await runDispatcherCli(["--socket", "/tmp/x.sock"], io, signal)).toBe(2);
+    expect(err.text()).toMatch(/--model <gguf> is required/);
+    expect(await runDispatcherCli(["--bogus"], io, signal)).toBe(2);
+    expect(await runDispatcherCli(["--model", "/no/such.gguf", "--socket", "/tmp/x.sock"], io, signal)).toBe(
+      2,
+    );
+  });
+});
+
+describe.skipIf(Boolean(missing))("moeswarm-dispatcher beside a llama.cpp with the plugin", () => {
+  const tmp = tempDir("mswb-cli-");
+  let model: string;
+  let info: ModelInfo;
+
+  beforeAll(async () => {
+    model = await syntheticModel("small", "qwen3moe");
+    info = await modelInfo(model);
+  });
+  afterAll(() => tmp.remove());
+
+  it("serves two worker slices; the -ot decode is bit-identical to plain llama.cpp", async () => {
+    const halves = split(info.nExpert, 2);
+    const workers: string[] = [];
+    for (const [i, experts] of halves.entries()) {
+      const path = join(tmp.dir, `half${i}.gguf`);
+      await using slice = await sliceExperts(model, { layers: info.layers, experts });
+      await slice.write(path);
+      workers.push("--worker", `w${i}=${path}`);
+    }
+    const out = capture();
+    const err = capture();
+    const controller = new AbortController();
+    const socket = join(tmp.dir, "d.sock");
+    const exit = runDispatcherCli(
+      ["--socket", socket, "--model", model, "--model-id", "cli", "--no-fallback", "--json", ...workers],
+      { stdout: out.stream, stderr: err.stream },
+      controller.signal,
+    );
+    const listening = JSON.parse(await out.line(/"event":"listening"/)) as {
+      address: string;
+      override: string;
+      layers: number[];
+    };
+    expect(listening.address).toBe(`unix:${socket}`);
+    expect(listening.layers).toEqual(info.layers);
+
+    const common = { modelPath: model, prompt: "A dispatcher beside llama-server", nPredict: 32, threads: 1 };
+    const plain = await runLogitsHarness({ ...common, logitsPath: join(tmp.dir, "plain.bin") });
+    const remote = await runLogitsHarness({
+      ...common,
+      logitsPath: join(tmp.dir, "remote.bin"),
+      overrides: [listening.override],
+      plugin: { bridge: listening.address, model: "cli" },
+    });
+    expect(remote.ok, remote.stderr).toBe(true);
+    expect(remote.tokens).toEqual(plain.tokens);
+    expect(
+      firstByteDiff(readFileSync(join(tmp.dir, "remote.bin")), readFileSync(join(tmp.dir, "plain.bin"))),
+    ).toBe(-1);
+
+    controller.abort();
+    expect(await exit).toBe(0);
+    const metrics = JSON.parse(await out.line(/"event":"metrics"/)) as { requests: number; failed: number };
+    expect(metrics.requests).toBe(remote.plugin!.splits);
+    expect(metrics.failed).toBe(0);
+    expect(err.text()).toBe("");
+  });
+
+  it("drops the expert weights: resident memory falls by about their size (no mmap)", async () => {
+    await using swarm = await startSwarm(
+      model,
+      split(info.nExpert, 2).map((experts, i) => ({ id: `m${i}`, experts })),
+      tmp.dir,
+      "mem",
+    );
+    await using bridge = await serveBackboneBridge({
+      socket: join(tmp.dir, "mem.sock"),
+      placement: swarm.placement,
+      transport: swarm.transport,
+    });
+    const common = { modelPath: model, prompt: "memory", nPredict: 4, threads: 1, noMmap: true };
+    const plain = await runLogitsHarness(common);
+    const remote = await runLogitsHarness({
+      ...common,
+      plugin: { bridge: bridge.address, layers: "all", model: "mem" },
+    });
+    expect(remote.ok, remote.stderr).toBe(true);
+    expect(remote.tokens).toEqual(plain.tokens);
+    const expertBytes = remote.plugin!.weightsDroppedBytes;
+    expect(expertBytes).toBeGreaterThan(40 * 1024 * 1024);
+    const savedKiB = plain.rssLoadKiB - remote.rssLoadKiB;
+    console.log(
+      `RSS after load, small qwen3moe, no mmap: plain ${(plain.rssLoadKiB / 1024).toFixed(1)} MiB, ` +
+        `plugin ${(remote.rssLoadKiB / 1024).toFixed(1)} MiB (expert weights ${(expertBytes / 2 ** 20).toFixed(1)} MiB); ` +
+        `peak ${(plain.maxRssKiB / 1024).toFixed(1)} vs ${(remote.maxRssKiB / 1024).toFixed(1)} MiB`,
+    );
+    expect(savedKiB * 1024).toBeGreaterThan(0.9 * expertBytes);
+  });
+});
