@@ -1,0 +1,72 @@
+import type { BridgeMetrics, LogitsHarnessResult } from "@moeswarm/backbone";
+import { formatBytes } from "@moeswarm/worker-native";
+import type { WorkerView } from "./workers.js";
+
+export interface DemoReport {
+  prompt: string;
+  plain: LogitsHarnessResult;
+  swarm: LogitsHarnessResult;
+  /** Generated tokens equal at the same position. */
+  identical: number;
+  logitsIdentical: boolean;
+  tokPerSecond: { plain: number; swarm: number };
+  bridge: BridgeMetrics;
+  workers: readonly WorkerView[];
+}
+
+const fmt = (v: number, digits = 1) => (Number.isFinite(v) ? v.toFixed(digits) : "-");
+
+/** What a person wants to read after the run: the text, the verdict, the costs, who did what. */
+export function printReport(out: (line?: string) => void, r: DemoReport): void {
+  const n = r.plain.tokens.length;
+  out();
+  out(`prompt    ${JSON.stringify(r.prompt)}`);
+  out(`plain     ${JSON.stringify(r.plain.text)}`);
+  out(`swarm     ${JSON.stringify(r.swarm.text)}`);
+  out();
+  const verdict = r.identical === n && r.swarm.tokens.length === n;
+  out(
+    `${verdict ? "OK" : "MISMATCH"}        ${r.identical}/${n} tokens identical to the local run` +
+      `; logits ${r.logitsIdentical ? "bit-identical" : "differ"} (${r.plain.nVocab} x ${n + 1} floats compared)`,
+  );
+  const ratio = r.tokPerSecond.swarm / r.tokPerSecond.plain;
+  out(
+    `speed     local ${fmt(r.tokPerSecond.plain)} tok/s, swarm ${fmt(r.tokPerSecond.swarm)} tok/s ` +
+      `(ratio ${fmt(ratio, 2)}: ${fmt((ratio - 1) * 100, 0)}%)`,
+  );
+  out();
+  out("round trip per remote layer (plugin -> bridge -> workers -> bridge -> plugin)");
+  const plugin = r.swarm.plugin?.layers ?? {};
+  for (const [layer, s] of Object.entries(plugin).sort((a, b) => Number(a[0]) - Number(b[0]))) {
+    const bridge = r.bridge.layers.find((l) => l.layer === Number(layer));
+    out(
+      `  layer ${layer.padStart(2)}  ${String(s.count).padStart(4)} requests  p50 ${fmt(s.p50Us / 1000, 2)} ms` +
+        `  p99 ${fmt(s.p99Us / 1000, 2)} ms` +
+        (bridge ? `  (bridge p50 ${fmt(bridge.p50Ms, 2)} ms, p99 ${fmt(bridge.p99Ms, 2)} ms)` : ""),
+    );
+  }
+  out();
+  out("workers");
+  for (const w of r.workers) {
+    const owner = r.bridge.dispatch.owners[w.id];
+    const slice = w.slice ? `layers ${w.slice.layers} experts ${w.slice.experts}` : "no slice";
+    const got = w.reusedCache
+      ? "slice reused from its cache (verified)"
+      : `downloaded ${formatBytes(w.downloadedBytes)} in ${fmt(w.downloadMs / 1000, 2)} s`;
+    out(
+      `  ${w.id}  ${slice}, ${got}, ${w.backend ?? "?"} compute; computed ${owner?.slots ?? 0} expert-tokens ` +
+        `in ${owner?.requests ?? 0} requests`,
+    );
+  }
+  const d = r.bridge.dispatch;
+  out(
+    `  backbone  ${r.bridge.requests} bridge requests, ${formatBytes(d.bytesOut)} out / ${formatBytes(d.bytesIn)} in over the relay, ` +
+      `${r.bridge.failovers} failovers, ${r.bridge.fallbacks} local fallbacks`,
+  );
+  if (r.swarm.plugin) {
+    out(
+      `  plugin    ${r.swarm.plugin.splits} splits, ${formatBytes(r.swarm.plugin.weightsDroppedBytes)} of expert weights never kept ` +
+        `(backbone RSS ${fmt(r.swarm.rssLoadKiB / 1024, 1)} MiB vs ${fmt(r.plain.rssLoadKiB / 1024, 1)} MiB plain)`,
+    );
+  }
+}

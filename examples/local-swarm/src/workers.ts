@@ -1,0 +1,143 @@
+import { type ChildProcess, spawn } from "node:child_process";
+import { createRequire } from "node:module";
+import { dirname, join } from "node:path";
+import { createInterface } from "node:readline";
+import type { WorkerEvent } from "@moeswarm/worker-native";
+
+/** What the demo learns about one worker process from its `--json` event lines. */
+export interface WorkerView {
+  id: string;
+  process: ChildProcess;
+  /** layers "a:b", experts "c:d" once it claimed (or reused) a slice. */
+  slice?: { layers: string; experts: string };
+  downloadedBytes: number;
+  downloadMs: number;
+  reusedCache: boolean;
+  backend?: string;
+  served: boolean;
+  exitCode: number | null | undefined;
+  /** The last lines of its stderr, for a failure report. */
+  stderr: string[];
+}
+
+export interface SpawnWorkersOptions {
+  count: number;
+  hubUrl: string;
+  model: string;
+  tokens: string[];
+  capacityBytes: number;
+  caFile: string;
+  cacheDirs: string[];
+  threads: number;
+  onEvent: (worker: WorkerView, event: WorkerEvent) => void;
+}
+
+/** The `moeswarm-worker` bin of @moeswarm/worker-native, run with this Node. */
+export function workerBinPath(): string {
+  const require = createRequire(import.meta.url);
+  const pkgPath = require.resolve("@moeswarm/worker-native/package.json");
+  const pkg = require(pkgPath) as { bin: Record<string, string> };
+  return join(dirname(pkgPath), pkg.bin["moeswarm-worker"]!);
+}
+
+/**
+ * Starts the workers as separate processes, each with nothing but the hub's URL, a worker token,
+ * its capacity and a cache directory: they find the demand, claim, download, verify, load and
+ * register by themselves. Their `--json` events drive the demo's progress display.
+ */
+export function spawnWorkers(options: SpawnWorkersOptions): WorkerView[] {
+  const bin = workerBinPath();
+  const views: WorkerView[] = [];
+  for (let i = 0; i < options.count; i++) {
+    const id = `worker-${i}`;
+    const child = spawn(
+      process.execPath,
+      [
+        bin,
+        "--hub",
+        options.hubUrl,
+        "--token",
+        options.tokens[i]!,
+        "--id",
+        id,
+        "--model",
+        options.model,
+        "--capacity",
+        String(options.capacityBytes),
+        "--cache-dir",
+        options.cacheDirs[i]!,
+        "--ca",
+        options.caFile,
+        // llama.cpp's own CPU kernels: the swarm's numbers are then plain llama.cpp's, bit for bit
+        "--backend",
+        "llama-cpu",
+        "--threads",
+        String(options.threads),
+        "--poll",
+        "0.5",
+        "--json",
+      ],
+      { stdio: ["ignore", "pipe", "pipe"] },
+    );
+    const view: WorkerView = {
+      id,
+      process: child,
+      downloadedBytes: 0,
+      downloadMs: 0,
+      reusedCache: false,
+      served: false,
+      exitCode: undefined,
+      stderr: [],
+    };
+    views.push(view);
+    createInterface({ input: child.stdout! }).on("line", (line) => {
+      let event: WorkerEvent;
+      try {
+        event = JSON.parse(line) as WorkerEvent;
+      } catch {
+        return; // not an event line
+      }
+      if (event.event === "claimed" || event.event === "cached") {
+        view.slice = { layers: event.layers, experts: event.experts };
+      } else if (event.event === "downloaded") {
+        view.downloadedBytes += event.bytes;
+        view.downloadMs += event.ms;
+      } else if (event.event === "verified" && event.reused) {
+        view.reusedCache = true;
+      } else if (event.event === "loaded") {
+        view.backend = event.backend;
+      } else if (event.event === "serving") {
+        view.served = true;
+      }
+      options.onEvent(view, event);
+    });
+    createInterface({ input: child.stderr! }).on("line", (line) => {
+      view.stderr.push(line);
+      if (view.stderr.length > 40) view.stderr.shift();
+    });
+    child.on("exit", (code) => {
+      view.exitCode = code;
+    });
+  }
+  return views;
+}
+
+/** SIGTERM: each worker drains (finishes in-flight requests, deregisters) and exits 0. */
+export async function stopWorkers(views: readonly WorkerView[], timeoutMs = 15_000): Promise<void> {
+  await Promise.all(
+    views.map(
+      (v) =>
+        new Promise<void>((resolve) => {
+          if (v.process.exitCode !== null || v.process.signalCode !== null) return resolve();
+          const timer = setTimeout(() => {
+            v.process.kill("SIGKILL");
+          }, timeoutMs);
+          v.process.once("exit", () => {
+            clearTimeout(timer);
+            resolve();
+          });
+          v.process.kill("SIGTERM");
+        }),
+    ),
+  );
+}

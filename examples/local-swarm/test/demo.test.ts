@@ -1,0 +1,51 @@
+// The README's main command, end to end on the tiny model: a hub, two worker processes that cover
+// the model by themselves, llama.cpp plain and with the swarm. The verdict is the exit code.
+import { spawnSync } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+
+const main = join(import.meta.dirname, "..", "src", "main.ts");
+const tsx = join(import.meta.dirname, "..", "node_modules", ".bin", "tsx");
+
+function demo(args: string[]) {
+  const cacheDir = mkdtempSync(join(tmpdir(), "moeswarm-demo-test-"));
+  try {
+    return spawnSync(tsx, [main, "--cache-dir", cacheDir, "--fresh", ...args], {
+      encoding: "utf8",
+      timeout: 180_000,
+    });
+  } finally {
+    rmSync(cacheDir, { recursive: true, force: true });
+  }
+}
+
+describe("local-swarm demo", () => {
+  it("decodes identically with the swarm and exits 0", () => {
+    const r = demo(["--preset", "tiny", "--tokens", "12", "--workers", "2"]);
+    expect(r.status, `${r.stdout}\n${r.stderr}`).toBe(0);
+    expect(r.stdout).toMatch(/^OK +12\/12 tokens identical to the local run; logits bit-identical/m);
+    // both workers claimed, downloaded, verified and served their own part
+    for (const w of ["worker-0", "worker-1"]) {
+      expect(r.stdout).toMatch(new RegExp(`\\[${w}\\] downloaded`));
+      expect(r.stdout).toMatch(new RegExp(`\\[${w}\\] verified`));
+      expect(r.stdout).toMatch(new RegExp(`\\[${w}\\] serving`));
+      expect(r.stdout).toMatch(
+        new RegExp(
+          `^  ${w} +layers? \\d+:\\d+ experts \\d+:\\d+, downloaded .*computed [1-9]\\d* expert-tokens`,
+          "m",
+        ),
+      );
+    }
+    expect(r.stdout).toMatch(/0 failovers, 0 local fallbacks/);
+  });
+
+  it("rejects a bad option with a clear message and a non-zero exit", () => {
+    const r = demo(["--workers", "zero"]);
+    expect(r.status).not.toBe(0);
+    expect(r.status).toBe(2);
+    expect(r.stderr).toMatch(/^demo: --workers must be an integer in 1..16/m);
+    expect(r.stderr).not.toMatch(/\n {4}at /); // a message, not a stack trace
+  });
+});
