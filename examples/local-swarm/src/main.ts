@@ -116,10 +116,10 @@ async function run(options: DemoOptions, signal: AbortSignal): Promise<number> {
     cleanup.push(() => dispatcher.close());
 
     // 3. the workers: separate processes, nothing configured but the hub, a token and a capacity
-    // An equal share each: every worker can hold one slice (one rectangle of layers x experts) per
-    // model, and equal shares tile the model (a worker with spare room would take a wider
-    // rectangle and leave a strip nobody else can fit).
-    const capacityBytes = Math.ceil(expertBytes / options.workers);
+    // A fair share each with 15% to spare, as machines offer what they have rather than exact
+    // shares: a worker takes the most valuable rectangle of layers x experts that fits, then keeps
+    // claiming while it has room, so the strips large rectangles leave are covered too.
+    const capacityBytes = Math.ceil((expertBytes / options.workers) * 1.15);
     const cacheDirs = Array.from({ length: options.workers }, (_, i) =>
       options.workerCacheDir
         ? join(options.workerCacheDir, modelId, `worker-${i}`)

@@ -16,6 +16,12 @@ export interface DemoReport {
 
 const fmt = (v: number, digits = 1) => (Number.isFinite(v) ? v.toFixed(digits) : "-");
 
+/** "layer 3" for one layer, "layers 0:3" for several. */
+function layersOf(range: string): string {
+  const [a, b] = range.split(":").map(Number);
+  return b === (a as number) + 1 ? `layer ${a}` : `layers ${range}`;
+}
+
 /** What a person wants to read after the run: the text, the verdict, the costs, who did what. */
 export function printReport(out: (line?: string) => void, r: DemoReport): void {
   const n = r.plain.tokens.length;
@@ -49,9 +55,12 @@ export function printReport(out: (line?: string) => void, r: DemoReport): void {
   out("workers");
   for (const w of r.workers) {
     const owner = r.bridge.dispatch.owners[w.id];
-    const slice = w.slice ? `layers ${w.slice.layers} experts ${w.slice.experts}` : "no slice";
+    const slice =
+      w.slices.length > 0
+        ? w.slices.map((x) => `${layersOf(x.layers)} experts ${x.experts}`).join(" + ")
+        : "no slice";
     const got = w.reusedCache
-      ? "slice reused from its cache (verified)"
+      ? `${w.slices.length > 1 ? "slices" : "slice"} reused from its cache (verified)`
       : `downloaded ${formatBytes(w.downloadedBytes)} in ${fmt(w.downloadMs / 1000, 2)} s`;
     out(
       `  ${w.id}  ${slice}, ${got}, ${w.backend ?? "?"} compute; computed ${owner?.slots ?? 0} expert-tokens ` +

@@ -8,8 +8,8 @@ import type { WorkerEvent } from "@moeswarm/worker-native";
 export interface WorkerView {
   id: string;
   process: ChildProcess;
-  /** layers "a:b", experts "c:d" once it claimed (or reused) a slice. */
-  slice?: { layers: string; experts: string };
+  /** The slices it registered (layers "a:b", experts "c:d"), in order: a worker keeps claiming while it has room. */
+  slices: Array<{ layers: string; experts: string }>;
   downloadedBytes: number;
   downloadMs: number;
   reusedCache: boolean;
@@ -82,6 +82,7 @@ export function spawnWorkers(options: SpawnWorkersOptions): WorkerView[] {
     const view: WorkerView = {
       id,
       process: child,
+      slices: [],
       downloadedBytes: 0,
       downloadMs: 0,
       reusedCache: false,
@@ -97,8 +98,8 @@ export function spawnWorkers(options: SpawnWorkersOptions): WorkerView[] {
       } catch {
         return; // not an event line
       }
-      if (event.event === "claimed" || event.event === "cached") {
-        view.slice = { layers: event.layers, experts: event.experts };
+      if (event.event === "registered") {
+        view.slices.push({ layers: event.layers, experts: event.experts });
       } else if (event.event === "downloaded") {
         view.downloadedBytes += event.bytes;
         view.downloadMs += event.ms;

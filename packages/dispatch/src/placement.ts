@@ -42,15 +42,22 @@ function checkIds(values: readonly number[], what: string, workerId: string): nu
   return [...new Set(values)].sort((a, b) => a - b);
 }
 
+function sameIds(a: readonly number[], b: readonly number[]): boolean {
+  return a.length === b.length && a.every((v, i) => v === b[i]);
+}
+
 /**
  * Which worker owns each (layer, expert), built from `register` frames; an expert with several
- * owners has replicas. Also holds the in-flight request count per worker, which replica choice
- * reads (see {@link Placement.choose}).
+ * owners has replicas. A worker may serve several slices (rectangles of layers x experts) of one
+ * model: each `register` frame on the relay adds one, and `fromRegistrations` / `add` merge them.
+ * Also holds the in-flight request count per worker, which replica choice reads (see
+ * {@link Placement.choose}).
  */
 export class Placement {
   readonly model: string;
   readonly #byLayer = new Map<number, Map<number, string[]>>();
-  readonly #registrations = new Map<string, { layers: number[]; experts: number[] }>();
+  /** Per worker, its slices in the order they were added. */
+  readonly #registrations = new Map<string, Array<{ layers: number[]; experts: number[] }>>();
   readonly #inFlight = new Map<string, number>();
   #rotation = 0;
 
@@ -64,7 +71,11 @@ export class Placement {
     this.model = options.model;
   }
 
-  /** A placement from registrations; the model defaults to the first registration's. */
+  /**
+   * A placement from registrations (one entry per slice, as the hub's placement lists them); the
+   * model defaults to the first registration's. Entries with the same worker id are merged: the
+   * worker owns every cell of each of them.
+   */
   static fromRegistrations(
     registrations: Iterable<WorkerRegistration>,
     options: { model?: string } = {},
@@ -78,12 +89,11 @@ export class Placement {
       );
     }
     const placement = new Placement({ model });
-    for (const r of regs) placement.register(r);
+    for (const r of regs) placement.add(r);
     return placement;
   }
 
-  /** Adds a worker, or replaces what a worker with the same id registered before. */
-  register(registration: WorkerRegistration): void {
+  #check(registration: WorkerRegistration): { id: string; layers: number[]; experts: number[] } {
     const { id, model } = registration ?? ({} as WorkerRegistration);
     if (typeof id !== "string" || id.length === 0 || Buffer.byteLength(id) > 128) {
       throw new InvalidArgumentError(
@@ -97,10 +107,36 @@ export class Placement {
         `worker ${id} registered model ${JSON.stringify(model)}, this placement is for ${JSON.stringify(this.model)}`,
       );
     }
-    const layers = checkIds(registration.layers, "layers", id);
-    const experts = checkIds(registration.experts, "experts", id);
+    return {
+      id,
+      layers: checkIds(registration.layers, "layers", id),
+      experts: checkIds(registration.experts, "experts", id),
+    };
+  }
+
+  /** Adds a worker, or replaces everything a worker with the same id registered before. */
+  register(registration: WorkerRegistration): void {
+    const { id, layers, experts } = this.#check(registration);
     this.unregister(id);
-    this.#registrations.set(id, { layers, experts });
+    this.#insert(id, layers, experts);
+  }
+
+  /**
+   * Adds one more slice to a worker (a worker with several slices, as several `register` frames
+   * announce them); the worker keeps what it registered before. Adding a slice it already has
+   * changes nothing.
+   */
+  add(registration: WorkerRegistration): void {
+    const { id, layers, experts } = this.#check(registration);
+    const had = this.#registrations.get(id);
+    if (had?.some((s) => sameIds(s.layers, layers) && sameIds(s.experts, experts))) return;
+    this.#insert(id, layers, experts);
+  }
+
+  #insert(id: string, layers: number[], experts: number[]): void {
+    const slices = this.#registrations.get(id);
+    if (slices) slices.push({ layers, experts });
+    else this.#registrations.set(id, [{ layers, experts }]);
     for (const layer of layers) {
       let byExpert = this.#byLayer.get(layer);
       if (!byExpert) {
@@ -109,28 +145,31 @@ export class Placement {
       }
       for (const e of experts) {
         const owners = byExpert.get(e);
-        if (owners) owners.push(id);
-        else byExpert.set(e, [id]);
+        // overlapping slices of one worker still make it one owner of the cell
+        if (!owners) byExpert.set(e, [id]);
+        else if (!owners.includes(id)) owners.push(id);
       }
     }
   }
 
-  /** Removes a worker (it left or was quarantined). Returns whether it was registered. */
+  /** Removes a worker with all its slices (it left or was quarantined). Returns whether it was registered. */
   unregister(id: string): boolean {
-    const reg = this.#registrations.get(id);
-    if (!reg) return false;
+    const slices = this.#registrations.get(id);
+    if (!slices) return false;
     this.#registrations.delete(id);
-    for (const layer of reg.layers) {
-      const byExpert = this.#byLayer.get(layer);
-      if (!byExpert) continue;
-      for (const e of reg.experts) {
-        const owners = byExpert.get(e);
-        if (!owners) continue;
-        const i = owners.indexOf(id);
-        if (i >= 0) owners.splice(i, 1);
-        if (owners.length === 0) byExpert.delete(e);
+    for (const reg of slices) {
+      for (const layer of reg.layers) {
+        const byExpert = this.#byLayer.get(layer);
+        if (!byExpert) continue;
+        for (const e of reg.experts) {
+          const owners = byExpert.get(e);
+          if (!owners) continue;
+          const i = owners.indexOf(id);
+          if (i >= 0) owners.splice(i, 1);
+          if (owners.length === 0) byExpert.delete(e);
+        }
+        if (byExpert.size === 0) this.#byLayer.delete(layer);
       }
-      if (byExpert.size === 0) this.#byLayer.delete(layer);
     }
     return true;
   }

@@ -53,6 +53,39 @@ describe("Placement", () => {
     expect(p.owners(0, 1)).toEqual([]);
   });
 
+  it("merges several registrations of one worker (one per slice, as the hub lists them)", () => {
+    // reg(id, experts, layers): worker a holds layers 0:3 x experts 0:2 and layer 3 x experts 0:4
+    const p = Placement.fromRegistrations([
+      reg("a", [0, 1], [0, 1, 2]),
+      reg("b", [2, 3], [0, 1, 2]),
+      reg("a", [0, 1, 2, 3], [3]),
+      reg("a", [0, 1], [0, 1, 2]), // the same slice again: idempotent
+    ]);
+    expect(p.workers()).toEqual(["a", "b"]);
+    for (const layer of [0, 1, 2]) {
+      expect([0, 1, 2, 3].map((e) => p.owners(layer, e))).toEqual([["a"], ["a"], ["b"], ["b"]]);
+    }
+    expect([0, 1, 2, 3].map((e) => p.owners(3, e))).toEqual([["a"], ["a"], ["a"], ["a"]]);
+    expect(p.missing({ layers: [0, 1, 2, 3], nExpert: 4 })).toEqual([]);
+    // overlapping slices of one worker: still one owner per cell, and unregister removes them all
+    p.add(reg("b", [1, 2], [0]));
+    expect(p.owners(0, 1)).toEqual(["a", "b"]);
+    expect(p.owners(0, 2)).toEqual(["b"]);
+    expect(p.unregister("a")).toBe(true);
+    expect(p.owners(3, 0)).toEqual([]);
+    expect(p.owners(0, 1)).toEqual(["b"]);
+    expect(p.missing({ layers: [0, 1, 2, 3], nExpert: 4 })).toEqual([
+      { layer: 0, experts: "0:1", count: 1 },
+      { layer: 1, experts: "0:2", count: 2 },
+      { layer: 2, experts: "0:2", count: 2 },
+      { layer: 3, experts: "0:4", count: 4 },
+    ]);
+    // register (unlike add) replaces everything the worker had
+    p.register(reg("b", [3], [3]));
+    expect(p.owners(0, 2)).toEqual([]);
+    expect(p.owners(3, 3)).toEqual(["b"]);
+  });
+
   it("rejects registrations for another model and malformed ones", () => {
     const p = new Placement({ model: "m" });
     expect(() => p.register(reg("a", [0], [0], "other"))).toThrow(InvalidArgumentError);

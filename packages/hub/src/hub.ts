@@ -749,6 +749,11 @@ class HubImpl implements Hub {
         read();
         sendJson(res, 200, { workers: this.workers() }, {}, head);
         return;
+      case "/api/workers/:id/drain":
+        if (method !== "POST") throw methodNotAllowed(method, ["POST"]);
+        this.#authorize(req, "admin");
+        await this.#drainWorker(req, res, seg[2] as string);
+        return;
       case "/": {
         if (method !== "GET" && method !== "HEAD") throw methodNotAllowed(method, ["GET", "HEAD"]);
         const { html, csp } = dashboardPage();
@@ -906,6 +911,23 @@ class HubImpl implements Hub {
       res.off("close", onClose);
       this.#downloads.delete(abort);
     }
+  }
+
+  /** POST /api/workers/:id/drain: the relay sends the worker `drain` and routes it nothing new. */
+  async #drainWorker(req: IncomingMessage, res: ServerResponse, id: string): Promise<void> {
+    const body = await readJsonBody(req, res, this.#s.maxBodyBytes);
+    if (body !== undefined && (typeof body !== "object" || body === null || Array.isArray(body))) {
+      throw badRequest('the body must be empty or a JSON object {"reason"?: "<text>"}');
+    }
+    const reason = (body as { reason?: unknown } | undefined)?.reason;
+    if (reason !== undefined && (typeof reason !== "string" || Buffer.byteLength(reason) > 1024)) {
+      throw badRequest('"reason" must be a string of at most 1024 bytes');
+    }
+    if (!this.relay.drainWorker(id, reason)) {
+      throw notFound(`no worker ${JSON.stringify(id)} is connected to this hub's relay`);
+    }
+    const live = this.relay.workers().find((w) => w.id === id);
+    sendJson(res, 200, { worker: id, draining: true, inFlight: live?.inFlight ?? 0 });
   }
 
   async #register(req: IncomingMessage, res: ServerResponse): Promise<void> {
@@ -1114,6 +1136,7 @@ function routeOf(seg: readonly string[]): RouteLabel {
   if (seg.length === 1 && seg[0] === "") return "/";
   if (seg[0] !== "api") return "other";
   if (seg.length === 2 && seg[1] === "workers") return "/api/workers";
+  if (seg.length === 4 && seg[1] === "workers" && seg[3] === "drain") return "/api/workers/:id/drain";
   if (seg.length === 2 && seg[1] === "status") return "/api/status";
   if (seg.length === 2 && seg[1] === "demand") return "/api/demand";
   if (seg[1] === "claims") {

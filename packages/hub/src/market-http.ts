@@ -160,7 +160,7 @@ export async function postClaim(
     await readJsonBody(req, res, ctx.maxBodyBytes),
     auto
       ? '{"model"?, "capacity": {...}, "worker"?, "ttlMs"?}'
-      : '{"model", "layers": "a:b", "experts": "c:d", "capacity": {...}, "worker"?, "ttlMs"?}',
+      : '{"model", "layers": "a:b", "experts": "c:d", "capacity": {...}, "worker"?, "ttlMs"?, "replaceLeases"?}',
   );
   const worker = claimant(claims, body);
   const capacity = capacityOf(body);
@@ -182,9 +182,23 @@ export async function postClaim(
     const model = modelOf(ctx, body.model, true) as string;
     const layers = rangeOf(body.layers, "layers");
     const experts = rangeOf(body.experts, "experts");
+    const replace = body.replaceLeases;
+    if (replace !== undefined && typeof replace !== "boolean")
+      throw badRequest('"replaceLeases" must be a boolean');
     return book.writeLease(
       () =>
-        market.claim({ worker, model, layers, experts, capacity, ...(ttlMs ? { ttlMs } : {}) }, book.now()),
+        market.claim(
+          {
+            worker,
+            model,
+            layers,
+            experts,
+            capacity,
+            ...(ttlMs ? { ttlMs } : {}),
+            ...(replace === true ? { replaceLeases: true } : {}),
+          },
+          book.now(),
+        ),
       (l) => market.release(l.id, undefined, book.now()),
     );
   });

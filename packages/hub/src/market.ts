@@ -25,12 +25,15 @@ import {
  * `takeChanges()` reports (market-book.ts).
  *
  * Cells are (layer, expert) pairs of a model's MoE layers. Per cell the market keeps:
- *   coverage: live, non-draining workers whose registered slice holds the cell;
+ *   coverage: live, non-draining workers one of whose registered slices holds the cell (a worker
+ *             counts once per cell, however many of its slices hold it);
  *   pending:  active leases (claims granted, not yet turned into a registration, not expired);
  *   demand:   decayed routing counts reported by backbones.
- * A claim is granted only when every cell of the slice has coverage + pending below its target
- * (the claimant's own slice and lease of that model not counted: its next register replaces
- * them), so workers polling at once never take a cell beyond its target.
+ * A worker may hold several slices (each register adds one) and several leases. A claim is granted
+ * only when every cell of the slice has coverage + pending below its target, none is already the
+ * claimant's own, and the slice fits the capacity it declares beside what it already holds
+ * (registered slices and other leases), so workers polling at once never take a cell beyond its
+ * target and no worker takes more than it offers.
  */
 
 /** One MoE layer of a model as the market sees it. */
@@ -108,6 +111,12 @@ export interface ClaimRequest {
   readonly capacity: WorkerCapacity;
   /** Lease lifetime (default the market's leaseTtlMs; at most maxLeaseTtlMs). */
   readonly ttlMs?: number;
+  /**
+   * Replace every lease this worker holds (all models), not only those the slice overlaps: a
+   * worker that just started holds none, so what the market still has for its id is a previous
+   * run's (they are dropped only if this claim is granted).
+   */
+  readonly replaceLeases?: boolean;
 }
 
 export interface AutoClaimRequest {
@@ -118,7 +127,7 @@ export interface AutoClaimRequest {
   readonly ttlMs?: number;
 }
 
-/** A worker's registration as dispatch's `Placement.fromRegistrations` takes it. */
+/** One registered slice of a worker, as dispatch's `Placement.fromRegistrations` takes it. */
 export interface PlacementRegistration {
   id: string;
   model: string;
@@ -135,7 +144,10 @@ export interface PlacementJson {
   layers: number[];
   /** Experts per layer (the largest layer's). */
   experts: number;
-  /** Live, non-draining workers' slices, by worker id: `Placement.fromRegistrations(registrations)`. */
+  /**
+   * Live, non-draining workers' slices, by worker id then in the order registered, one entry per
+   * slice (a worker may have several): `Placement.fromRegistrations(registrations)` merges them.
+   */
   registrations: PlacementRegistration[];
   /** The same, per cell: runs of experts of one layer with the same owners. */
   owners: Array<{ layer: number; experts: string; workers: string[] }>;
@@ -276,7 +288,62 @@ interface Slice {
 
 interface WorkerState {
   draining: boolean;
-  slices: Map<string, Slice>;
+  /** Per model, the slices registered, in order (none identical). */
+  slices: Map<string, Slice[]>;
+}
+
+function sameSlice(a: Slice, b: Slice): boolean {
+  const same = (x: readonly number[], y: readonly number[]) =>
+    x.length === y.length && x.every((v, i) => v === y[i]);
+  return same(a.layers, b.layers) && same(a.experts, b.experts);
+}
+
+/**
+ * The cells of a grid that a worker's slices hold, each once: layer -> ascending experts. Layers
+ * and experts the grid does not have are left out, so the work is bounded by the grid, whatever a
+ * register frame lists.
+ */
+function cellsOf(slices: readonly Slice[], grid: Grid): Map<number, number[]> {
+  const masks = new Map<number, Uint8Array>();
+  for (const s of slices) {
+    for (const layer of s.layers) {
+      const r = grid.row.get(layer);
+      if (r === undefined) continue;
+      const n = (grid.model.layers[r] as MarketLayer).nExpert;
+      let mask = masks.get(layer);
+      if (!mask) {
+        mask = new Uint8Array(n);
+        masks.set(layer, mask);
+      }
+      for (const e of s.experts) {
+        if (e >= n) break;
+        mask[e] = 1;
+      }
+    }
+  }
+  const out = new Map<number, number[]>();
+  for (const [layer, mask] of masks) {
+    const experts: number[] = [];
+    for (let e = 0; e < mask.length; e++) if (mask[e]) experts.push(e);
+    if (experts.length > 0) out.set(layer, experts);
+  }
+  return out;
+}
+
+/** The cells of `after` that `before` lacks. */
+function cellsAdded(before: Map<number, number[]>, after: Map<number, number[]>): Map<number, number[]> {
+  const out = new Map<number, number[]>();
+  for (const [layer, experts] of after) {
+    const had = before.get(layer);
+    if (!had) {
+      out.set(layer, experts);
+      continue;
+    }
+    const set = new Set(had);
+    const fresh = experts.filter((e) => !set.has(e));
+    if (fresh.length > 0) out.set(layer, fresh);
+  }
+  return out;
 }
 
 /** The per-cell state of one model. */
@@ -311,17 +378,35 @@ class Grid {
     this.version = Math.max(this.version + 1, Math.floor(now));
   }
 
-  addSlice(slice: Slice, delta: number): void {
-    for (const layer of slice.layers) {
+  /** Adds `delta` to the coverage of each cell (layer -> ascending experts; cells off the grid skipped). */
+  addCells(cells: ReadonlyMap<number, readonly number[]>, delta: number): void {
+    for (const [layer, experts] of cells) {
       const r = this.row.get(layer);
       if (r === undefined) continue;
       const n = (this.model.layers[r] as MarketLayer).nExpert;
       const off = this.offsets[r] as number;
-      for (const e of slice.experts) {
+      for (const e of experts) {
         if (e >= n) break;
         this.coverage[off + e] = (this.coverage[off + e] as number) + delta;
       }
     }
+  }
+
+  /** Expert bytes of the cells. */
+  bytesOf(cells: ReadonlyMap<number, readonly number[]>): number {
+    let bytes = 0;
+    for (const [layer, experts] of cells) {
+      const r = this.row.get(layer);
+      if (r === undefined) continue;
+      const l = this.model.layers[r] as MarketLayer;
+      let count = 0;
+      for (const e of experts) {
+        if (e >= l.nExpert) break;
+        count++;
+      }
+      bytes += count * l.bytesPerExpert;
+    }
+    return bytes;
   }
 
   addLease(lease: Lease, delta: number): void {
@@ -337,13 +422,21 @@ class Grid {
   }
 }
 
-/** Per-cell figures at one instant, optionally without one worker's own slice and lease. */
+/** Per-cell figures at one instant, as one claimant sees them. */
 interface View {
   readonly target: Int32Array;
   readonly coverage: Int32Array;
   readonly pending: Int32Array;
   readonly load: Float64Array;
   readonly value: Float64Array;
+  /** 1 for the cells the claimant already holds: registered, or leased (leases it replaces aside). */
+  readonly mine: Uint8Array | undefined;
+}
+
+/** Whose view: a claimant, and its leases that its claim would replace (not counted). */
+interface Claimant {
+  readonly worker: string;
+  readonly replacing?: ReadonlySet<string>;
 }
 
 interface Candidate {
@@ -416,8 +509,8 @@ export class CoverageMarket {
     const grid = new Grid(frozen, now);
     if (previous) grid.version = Math.max(grid.version, previous.version + 1);
     for (const w of this.#workers.values()) {
-      const s = w.slices.get(model.id);
-      if (s && !w.draining) grid.addSlice(s, 1);
+      const list = w.slices.get(model.id);
+      if (list && list.length > 0 && !w.draining) grid.addCells(cellsOf(list, grid), 1);
     }
     for (const lease of this.#leases.values()) if (lease.model === model.id) grid.addLease(lease, 1);
     const rows = this.#storedDemand.get(model.id);
@@ -482,12 +575,12 @@ export class CoverageMarket {
     return w;
   }
 
-  /** Applies or withdraws every slice of a worker (drain, undrain, leave). */
-  #applyAll(w: WorkerState, delta: number, now: number): void {
-    for (const [model, s] of w.slices) {
+  /** Withdraws every slice of a worker from the coverage (drain, leave). */
+  #withdrawAll(w: WorkerState, now: number): void {
+    for (const [model, list] of w.slices) {
       const grid = this.#grids.get(model);
-      if (!grid) continue;
-      grid.addSlice(s, delta);
+      if (!grid || list.length === 0) continue;
+      grid.addCells(cellsOf(list, grid), -1);
       grid.touch(now);
     }
   }
@@ -496,14 +589,14 @@ export class CoverageMarket {
   workerGone(id: string, now: number): void {
     const w = this.#workers.get(id);
     if (!w) return;
-    if (!w.draining) this.#applyAll(w, -1, now);
+    if (!w.draining) this.#withdrawAll(w, now);
     this.#workers.delete(id);
   }
 
   /**
-   * A worker registered a slice of `model` (replacing its previous one of that model; a register
-   * also ends a drain, as on the relay). Leases of this worker and model that the slice holds are
-   * fulfilled: returned, and no longer pending.
+   * A worker registered a slice of `model`: it adds to the slices it already has (the same slice
+   * again changes nothing; a register also ends a drain, as on the relay). Leases of this worker
+   * and model that the slice holds are fulfilled: returned, and no longer pending.
    */
   register(
     id: string,
@@ -514,17 +607,22 @@ export class CoverageMarket {
   ): Lease[] {
     const w = this.#worker(id);
     const slice: Slice = { layers: normaliseIds(layers), experts: normaliseIds(experts) };
-    if (w.draining) {
-      w.draining = false;
-      this.#applyAll(w, 1, now);
-    }
+    // a drain withdrew and forgot every slice: this register starts a new set
+    w.draining = false;
     const grid = this.#grids.get(model);
-    const previous = w.slices.get(model);
-    if (grid && previous) grid.addSlice(previous, -1);
-    w.slices.set(model, slice);
-    if (grid) {
-      grid.addSlice(slice, 1);
-      grid.touch(now);
+    let list = w.slices.get(model);
+    if (!list) {
+      list = [];
+      w.slices.set(model, list);
+    }
+    if (!list.some((s) => sameSlice(s, slice))) {
+      const before = grid && cellsOf(list, grid);
+      list.push(slice);
+      if (grid && before) {
+        // a worker counts once per cell: only cells none of its other slices holds are new coverage
+        grid.addCells(cellsAdded(before, cellsOf(list, grid)), 1);
+        grid.touch(now);
+      }
     }
     const fulfilled: Lease[] = [];
     for (const lease of [...this.#leases.values()]) {
@@ -537,12 +635,32 @@ export class CoverageMarket {
     return fulfilled;
   }
 
-  /** A worker said drain: it takes no new dispatches, so its slices stop counting as coverage. */
+  /**
+   * A worker drains (it said so, or the hub asked it): it takes no new dispatches, so its slices
+   * are withdrawn and forgotten, as on the relay (a later register starts a new set).
+   */
   drain(id: string, now: number): void {
     const w = this.#workers.get(id);
     if (!w || w.draining) return;
     w.draining = true;
-    this.#applyAll(w, -1, now);
+    this.#withdrawAll(w, now);
+    w.slices.clear();
+  }
+
+  /** Expert bytes a worker holds: its registered slices and its leases (but `replacing`), all models. */
+  #heldBytes(worker: string, replacing?: ReadonlySet<string>): number {
+    let bytes = 0;
+    const w = this.#workers.get(worker);
+    if (w) {
+      for (const [model, list] of w.slices) {
+        const grid = this.#grids.get(model);
+        if (grid && list.length > 0) bytes += grid.bytesOf(cellsOf(list, grid));
+      }
+    }
+    for (const lease of this.#leases.values()) {
+      if (lease.worker === worker && !replacing?.has(lease.id)) bytes += lease.bytes;
+    }
+    return bytes;
   }
 
   // --- demand -----------------------------------------------------------------------------------
@@ -576,35 +694,40 @@ export class CoverageMarket {
     if (counts.size > 0) this.#dirtyDemand.add(model);
   }
 
-  #view(grid: Grid, now: number, exclude?: string): View {
+  #view(grid: Grid, now: number, claimant?: Claimant): View {
     const { cells } = grid;
-    const coverage = grid.coverage.slice();
-    const pending = grid.pending.slice();
-    if (exclude !== undefined) {
-      const w = this.#workers.get(exclude);
-      const mine = w?.slices.get(grid.model.id);
-      if (w && mine && !w.draining) {
-        // same walk as Grid.addSlice, on the copy
-        for (const layer of mine.layers) {
+    const coverage = grid.coverage;
+    let pending = grid.pending;
+    let mine: Uint8Array | undefined;
+    if (claimant !== undefined) {
+      mine = new Uint8Array(cells);
+      const w = this.#workers.get(claimant.worker);
+      const list = w?.slices.get(grid.model.id);
+      if (w && list && !w.draining) {
+        for (const [layer, experts] of cellsOf(list, grid)) {
           const r = grid.row.get(layer);
           if (r === undefined) continue;
           const n = (grid.model.layers[r] as MarketLayer).nExpert;
           const off = grid.offsets[r] as number;
-          for (const e of mine.experts) {
+          for (const e of experts) {
             if (e >= n) break;
-            coverage[off + e] = (coverage[off + e] as number) - 1;
+            mine[off + e] = 1;
           }
         }
       }
       for (const lease of this.#leases.values()) {
-        if (lease.worker !== exclude || lease.model !== grid.model.id) continue;
+        if (lease.worker !== claimant.worker || lease.model !== grid.model.id) continue;
+        const replaced = claimant.replacing?.has(lease.id) === true;
+        // a lease the claim replaces is neither pending nor the claimant's any more
+        if (replaced && pending === grid.pending) pending = grid.pending.slice();
         for (let layer = lease.layers.start; layer < lease.layers.end; layer++) {
           const r = grid.row.get(layer);
           if (r === undefined) continue;
           const n = (grid.model.layers[r] as MarketLayer).nExpert;
           const off = grid.offsets[r] as number;
           for (let e = lease.experts.start; e < Math.min(lease.experts.end, n); e++) {
-            pending[off + e] = (pending[off + e] as number) - 1;
+            if (replaced) pending[off + e] = (pending[off + e] as number) - 1;
+            else mine[off + e] = 1;
           }
         }
       }
@@ -627,7 +750,7 @@ export class CoverageMarket {
         value[i] = cellValue(h, t, (coverage[i] as number) + (pending[i] as number), this.policy);
       }
     }
-    return { target, coverage, pending, load, value };
+    return { target, coverage, pending, load, value, mine };
   }
 
   /**
@@ -750,10 +873,12 @@ export class CoverageMarket {
 
   /**
    * Grants a lease on `layers x experts` of a model, or throws HubError MOESWARM_HUB_CONFLICT
-   * with `details.reason`: "capacity" (the slice is larger than the capacity offered),
+   * with `details.reason`: "capacity" (the slice, with what the worker already holds, is larger
+   * than the capacity offered), "held" (the worker already serves some of these cells),
    * "covered" (an expert already has its target of live replicas), "leased" (live replicas and
    * other workers' leases reach the target; `details.retryAfterMs` says when the first of those
-   * leases expires). A worker holds one lease per model: a new claim replaces its previous one.
+   * leases expires). A worker may hold several leases; a claim that overlaps one of its leases of
+   * the same model replaces that lease.
    */
   claim(request: ClaimRequest, now: number): Lease {
     if (!isWorkerId(request?.worker)) throw invalid("worker must be an id of 1..128 bytes");
@@ -773,20 +898,36 @@ export class CoverageMarket {
         capacity: offered,
       });
     }
-    const v = this.#view(grid, now, request.worker);
+    // the claimant's overlapping leases of this model are replaced by this one
+    const replacing = new Set<string>();
+    for (const lease of this.#leases.values()) {
+      if (lease.worker !== request.worker) continue;
+      if (
+        request.replaceLeases === true ||
+        (lease.model === grid.model.id && overlaps(lease, layers, experts))
+      ) {
+        replacing.add(lease.id);
+      }
+    }
+    const v = this.#view(grid, now, { worker: request.worker, replacing });
+    const mine = v.mine as Uint8Array;
+    const held: Array<{ layer: number; experts: number[] }> = [];
     const covered: Array<{ layer: number; experts: number[] }> = [];
     const leased: Array<{ layer: number; experts: number[] }> = [];
     for (const r of rows) {
       const off = grid.offsets[r] as number;
       const layer = (grid.model.layers[r] as MarketLayer).layer;
+      const h: number[] = [];
       const c: number[] = [];
       const p: number[] = [];
       for (let e = experts.start; e < experts.end; e++) {
         const i = off + e;
         const t = v.target[i] as number;
-        if ((v.coverage[i] as number) >= t) c.push(e);
+        if (mine[i]) h.push(e);
+        else if ((v.coverage[i] as number) >= t) c.push(e);
         else if ((v.coverage[i] as number) + (v.pending[i] as number) >= t) p.push(e);
       }
+      if (h.length > 0) held.push({ layer, experts: h });
       if (c.length > 0) covered.push({ layer, experts: c });
       if (p.length > 0) leased.push({ layer, experts: p });
     }
@@ -794,6 +935,19 @@ export class CoverageMarket {
       list
         .slice(0, 16)
         .map((x) => ({ layer: x.layer, experts: toRanges(x.experts).map(formatRange).join(",") }));
+    if (held.length > 0) {
+      throw conflict(`${slice}: worker ${request.worker} already serves some of these experts`, {
+        reason: "held",
+        cells: describe(held),
+      });
+    }
+    const used = this.#heldBytes(request.worker, replacing);
+    if (bytes + used > offered) {
+      throw conflict(
+        `${slice} needs ${bytes} bytes; with the ${used} this worker already holds that is more than the ${offered} offered`,
+        { reason: "capacity", bytes, capacity: offered, held: used },
+      );
+    }
     if (covered.length > 0) {
       throw conflict(`${slice} is already covered to its target by live workers`, {
         reason: "covered",
@@ -817,11 +971,10 @@ export class CoverageMarket {
         ...(Number.isFinite(first) ? { retryAfterMs: Math.max(0, first - now) } : {}),
       });
     }
-    for (const old of [...this.#leases.values()]) {
-      if (old.worker === request.worker && old.model === grid.model.id) {
-        this.#dropLease(old);
-        this.#deadLeases.add(old.id);
-      }
+    for (const id of replacing) {
+      const old = this.#leases.get(id) as Lease;
+      this.#dropLease(old);
+      this.#deadLeases.add(old.id);
     }
     let id = this.#newId();
     while (this.#leases.has(id)) id = this.#newId();
@@ -843,8 +996,9 @@ export class CoverageMarket {
   }
 
   /**
-   * The slice the market would grant this capacity now, or undefined: the rectangle (consecutive
-   * MoE layers x consecutive experts, every cell below target) that fits the capacity with the
+   * The slice the market would grant this worker now, or undefined: the rectangle (consecutive
+   * MoE layers x consecutive experts, every cell below target and not already the worker's) that
+   * fits the capacity left beside what the worker holds (registered slices and leases) with the
    * most total value; ties go to more value per byte, then fewer layers, then the model, layer
    * and first expert in ascending order.
    */
@@ -852,13 +1006,15 @@ export class CoverageMarket {
     request: AutoClaimRequest,
     now: number,
   ): { model: string; layers: Range; experts: Range; value: number; bytes: number } | undefined {
-    const offered = capacityBytes(request.capacity);
     this.expire(now);
+    const offered = capacityBytes(request.capacity) - this.#heldBytes(request.worker);
+    if (offered <= 0) return undefined;
     const grids =
       request.model === undefined ? this.modelIds().map((id) => this.#grid(id)) : [this.#grid(request.model)];
     let best: Candidate | undefined;
     for (const grid of grids) {
-      const v = this.#view(grid, now, request.worker);
+      const v = this.#view(grid, now, { worker: request.worker });
+      const mine = v.mine as Uint8Array;
       const L = grid.model.layers;
       for (let r0 = 0; r0 < L.length; r0++) {
         const colValue = new Float64Array(grid.maxExpert);
@@ -874,7 +1030,9 @@ export class CoverageMarket {
           let any = false;
           for (let e = 0; e < width; e++) {
             const i = off + e;
-            if ((v.coverage[i] as number) + (v.pending[i] as number) >= (v.target[i] as number)) open[e] = 0;
+            if (mine[i] || (v.coverage[i] as number) + (v.pending[i] as number) >= (v.target[i] as number)) {
+              open[e] = 0;
+            }
             colValue[e] = (colValue[e] as number) + (v.value[i] as number);
             if (open[e]) any = true;
           }
@@ -946,6 +1104,7 @@ export class CoverageMarket {
           reason: "capacity",
           bytes: smallest,
           capacity: capacityBytes(request.capacity),
+          held: this.#heldBytes(request.worker),
         });
       }
       throw conflict("every expert is covered or leased to its target", { reason: "covered" });
@@ -1082,9 +1241,15 @@ export class CoverageMarket {
     const registrations: PlacementRegistration[] = [];
     for (const id of [...this.#workers.keys()].sort(compareIds)) {
       const w = this.#workers.get(id) as WorkerState;
-      const s = w.slices.get(model);
-      if (!s || w.draining) continue;
-      registrations.push({ id, model, layers: [...s.layers], experts: [...s.experts] });
+      if (w.draining) continue;
+      for (const s of w.slices.get(model) ?? []) {
+        // only what the model has: a register frame may list more, and backbones poll this
+        const layers = s.layers.filter((l) => grid.row.has(l));
+        let end = s.experts.length;
+        while (end > 0 && (s.experts[end - 1] as number) >= grid.maxExpert) end--;
+        if (layers.length === 0 || end === 0) continue;
+        registrations.push({ id, model, layers, experts: s.experts.slice(0, end) });
+      }
     }
     const owners: PlacementJson["owners"] = [];
     const missing: PlacementJson["missing"] = [];
@@ -1094,7 +1259,9 @@ export class CoverageMarket {
         if (!r.layers.includes(l.layer)) continue;
         for (const e of r.experts) {
           if (e >= l.nExpert) break;
-          (cell[e] as string[]).push(r.id);
+          // a worker whose slices overlap is still one owner
+          const who = cell[e] as string[];
+          if (who[who.length - 1] !== r.id) who.push(r.id);
         }
       }
       const absent: number[] = [];
@@ -1167,10 +1334,10 @@ export class CoverageMarket {
     return { model, cells: grid.cells, uncovered, belowTarget, hot, leases, version: grid.version };
   }
 
-  /** Whether a worker's slice of a model counts as live coverage now. */
+  /** Whether a worker's slices of a model count as live coverage now. */
   serves(worker: string, model: string): boolean {
     const w = this.#workers.get(worker);
-    return w !== undefined && !w.draining && w.slices.has(model);
+    return w !== undefined && !w.draining && (w.slices.get(model)?.length ?? 0) > 0;
   }
 
   // --- persistence ------------------------------------------------------------------------------

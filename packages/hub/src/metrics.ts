@@ -11,6 +11,7 @@ export type RouteLabel =
   | "/api/models/:model/placement"
   | "/api/models/:model/stats"
   | "/api/workers"
+  | "/api/workers/:id/drain"
   | "/api/status"
   | "/api/demand"
   | "/api/claims"
@@ -237,7 +238,7 @@ export class HubMetrics {
     });
     this.#claims = new Counter({
       name: "moeswarm_hub_claims_total",
-      help: "Claims answered: granted, or refused by reason (capacity, covered, leased, invalid)",
+      help: "Claims answered: granted, or refused by reason (capacity, held, covered, leased, invalid)",
       labelNames: ["outcome"],
       registers,
     });
@@ -279,7 +280,7 @@ export class HubMetrics {
   }
 
   claim(outcome: string): void {
-    const known = ["granted", "capacity", "covered", "leased"];
+    const known = ["granted", "capacity", "held", "covered", "leased"];
     this.#claims.inc({ outcome: known.includes(outcome) ? outcome : "invalid" });
   }
 

@@ -57,6 +57,8 @@ export interface RelayOptions {
   violationWindowMs?: number;
   /** Open connections (default 10000); more are answered 503. */
   maxConnections?: number;
+  /** Slices (register frames that differ) one worker may hold at once, all models (default 256). */
+  maxSlicesPerWorker?: number;
   /** Observability hook (metrics, logs); its exceptions are swallowed. */
   onEvent?: (event: RelayServerEvent) => void;
 }
@@ -65,8 +67,17 @@ export type RelayServerEvent =
   | { type: "connect"; role: PeerRole; id: string; remote: string }
   | { type: "disconnect"; role?: PeerRole; id?: string; code: number; reason: string }
   | { type: "refused"; code: string; msg: string; remote: string }
-  | { type: "register"; id: string; model: string; layers: number[]; experts: number[] }
-  | { type: "drain"; id: string; reason?: string }
+  | {
+      type: "register";
+      id: string;
+      model: string;
+      layers: number[];
+      experts: number[];
+      capacity?: number;
+      backend?: string;
+    }
+  /** The worker stopped taking work (its slices are withdrawn): it said so, or the hub asked it. */
+  | { type: "drain"; id: string; reason?: string; by: "worker" | "hub" }
   | {
       type: "routed";
       from: string;
@@ -88,7 +99,7 @@ export interface SliceInfo {
 
 export interface WorkerInfo {
   id: string;
-  /** What the worker registered, one entry per model. */
+  /** What the worker registered, one entry per slice (register frame), in the order registered. */
   slices: SliceInfo[];
   /** Unix ms of the last bytes received. */
   lastSeen: number;
@@ -136,6 +147,12 @@ export interface Relay extends AsyncDisposable {
   attach(server: HttpServer | HttpsServer): () => void;
   workers(): WorkerInfo[];
   backbones(): BackboneInfo[];
+  /**
+   * Takes a live worker out of service: sends it a `drain` frame, routes it no new dispatches from
+   * now on (`MOESWARM_TRANSPORT_DRAINING`) and withdraws its slices; what it holds it finishes.
+   * Returns false when no worker with that id is connected.
+   */
+  drainWorker(id: string, reason?: string): boolean;
   stats(): RelayStats;
   /** Closes every connection (1001) and stops accepting. */
   close(): Promise<void>;
@@ -163,6 +180,7 @@ class Peer {
   pingSeq = 0;
   rttMs: number | undefined;
   readonly violations: number[] = [];
+  /** Registered slices by `sliceKey` (model, layers, experts), in the order registered. */
   readonly slices = new Map<string, SliceInfo>();
   draining = false;
   /** Worker side: relay request id -> route. */
@@ -182,6 +200,16 @@ class Peer {
 }
 
 const noop = () => {};
+
+function servesModel(peer: Peer, model: string): boolean {
+  for (const s of peer.slices.values()) if (s.model === model) return true;
+  return false;
+}
+
+/** One slice of a worker: its model, layers and experts (a register frame's identity). */
+function sliceKey(model: string, layers: readonly number[], experts: readonly number[]): string {
+  return `${model}\0${layers.join(",")}\0${experts.join(",")}`;
+}
 
 function num(name: string, value: number | undefined, fallback: number, min: number): number {
   const v = value ?? fallback;
@@ -242,6 +270,7 @@ export function createRelay(options: RelayOptions): Relay {
     maxViolations: num("maxViolations", options.maxViolations, 10, 1),
     violationWindowMs: num("violationWindowMs", options.violationWindowMs, 10_000, 1),
     maxConnections: num("maxConnections", options.maxConnections, 10_000, 1),
+    maxSlicesPerWorker: num("maxSlicesPerWorker", options.maxSlicesPerWorker, 256, 1),
     onEvent: options.onEvent,
   });
 }
@@ -535,9 +564,19 @@ class RelayServer implements Relay {
       case "pong":
         if (frame.seq === peer.pingSeq - 1) peer.rttMs = performance.now() - frame.ts;
         return;
-      case "register":
+      case "register": {
         if (!this.#workerOnly(peer, frame.t)) return;
-        peer.slices.set(frame.model, {
+        // each register adds a slice; the same model, layers and experts again replaces itself
+        const key = sliceKey(frame.model, frame.layers, frame.experts);
+        if (!peer.slices.has(key) && peer.slices.size >= this.#s.maxSlicesPerWorker) {
+          this.#violation(
+            peer,
+            "MOESWARM_TRANSPORT_LIMIT",
+            `a worker may register at most ${this.#s.maxSlicesPerWorker} slices`,
+          );
+          return;
+        }
+        peer.slices.set(key, {
           model: frame.model,
           layers: frame.layers,
           experts: frame.experts,
@@ -551,12 +590,14 @@ class RelayServer implements Relay {
           model: frame.model,
           layers: frame.layers,
           experts: frame.experts,
+          ...(frame.capacity !== undefined ? { capacity: frame.capacity } : {}),
+          ...(frame.backend !== undefined ? { backend: frame.backend } : {}),
         });
         return;
+      }
       case "drain":
         if (!this.#workerOnly(peer, frame.t)) return;
-        peer.draining = true;
-        this.#emit({ type: "drain", id: peer.id as string, reason: frame.reason });
+        this.#setDraining(peer, frame.reason, "worker");
         return;
       case "dispatch":
         this.#onDispatch(peer, frame);
@@ -567,6 +608,32 @@ class RelayServer implements Relay {
         this.#onAnswer(peer, frame);
         return;
     }
+  }
+
+  /** No new dispatches, every slice withdrawn (a later register starts a new set). */
+  #setDraining(peer: Peer, reason: string | undefined, by: "worker" | "hub"): void {
+    peer.draining = true;
+    peer.slices.clear();
+    this.#emit({
+      type: "drain",
+      id: peer.id as string,
+      ...(reason !== undefined ? { reason } : {}),
+      by,
+    });
+  }
+
+  drainWorker(id: string, reason?: string): boolean {
+    if (reason !== undefined && (typeof reason !== "string" || Buffer.byteLength(reason) > 1024)) {
+      throw new InvalidArgumentError(
+        "MOESWARM_INVALID_ARGUMENT",
+        "a drain reason must be a string of at most 1024 bytes",
+      );
+    }
+    const peer = this.#workers.get(id);
+    if (!peer || peer.closed) return false;
+    this.#send(peer, { t: "drain", v: PROTOCOL_VERSION, ...(reason !== undefined ? { reason } : {}) });
+    this.#setDraining(peer, reason, "hub");
+    return true;
   }
 
   #workerOnly(peer: Peer, t: string): boolean {
@@ -638,7 +705,7 @@ class RelayServer implements Relay {
       refuse("MOESWARM_TRANSPORT_DRAINING", `worker ${frame.to} is draining`);
       return;
     }
-    if (!worker.slices.has(frame.model)) {
+    if (!servesModel(worker, frame.model)) {
       refuse(
         "MOESWARM_TRANSPORT_UNKNOWN_PEER",
         `worker ${frame.to} has registered no slice of ${frame.model}`,

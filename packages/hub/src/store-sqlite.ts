@@ -13,6 +13,9 @@ import type { HubStore, StoredCredit, StoredLease, StoredModel, StoredSlice, Sto
  * Version 2 holds the coverage market: demand counters (one row per model and MoE layer: the
  * instant they refer to and one little-endian f64 per expert), active leases, and credits
  * (expert-tokens served per worker and model), keyed by the worker and model ids used here.
+ *
+ * Version 3 lets a worker keep several slices of one model (each register frame adds one): the
+ * slices' key becomes (worker, model, layers, experts), with their registration order.
  */
 const MIGRATIONS: readonly string[] = [
   // 1: models registered at run time, workers and the slices they registered
@@ -66,6 +69,22 @@ const MIGRATIONS: readonly string[] = [
      updated_at    REAL NOT NULL,
      PRIMARY KEY (worker, model)
    ) STRICT;`,
+  // 3: several slices per worker and model
+  `CREATE TABLE worker_slices_v3 (
+     worker        TEXT NOT NULL REFERENCES workers (id) ON DELETE CASCADE,
+     model         TEXT NOT NULL,
+     layers        TEXT NOT NULL,  -- half-open ranges "a:b,c:d"
+     experts       TEXT NOT NULL,
+     capacity      INTEGER,
+     backend       TEXT,
+     registered_at INTEGER NOT NULL,
+     position      INTEGER NOT NULL DEFAULT 0,  -- registration order among the worker's slices
+     PRIMARY KEY (worker, model, layers, experts)
+   ) STRICT;
+   INSERT INTO worker_slices_v3 (worker, model, layers, experts, capacity, backend, registered_at, position)
+     SELECT worker, model, layers, experts, capacity, backend, registered_at, 0 FROM worker_slices;
+   DROP TABLE worker_slices;
+   ALTER TABLE worker_slices_v3 RENAME TO worker_slices;`,
 ];
 
 /** The schema version this hub writes. */
@@ -242,7 +261,7 @@ export function openSqliteStore(path: string, options: SqliteStoreOptions = {}):
       "SELECT id, first_seen, last_seen, connected, draining FROM workers ORDER BY id",
     ),
     slices: db.prepare<[], SliceRow>(
-      "SELECT worker, model, layers, experts, capacity, backend, registered_at FROM worker_slices ORDER BY worker, model",
+      "SELECT worker, model, layers, experts, capacity, backend, registered_at FROM worker_slices ORDER BY worker, position, model, layers, experts",
     ),
     putWorker: db.prepare<[string, number, number, number, number]>(
       `INSERT INTO workers (id, first_seen, last_seen, connected, draining) VALUES (?, ?, ?, ?, ?)
@@ -250,8 +269,9 @@ export function openSqliteStore(path: string, options: SqliteStoreOptions = {}):
          connected = excluded.connected, draining = excluded.draining`,
     ),
     clearSlices: db.prepare<[string]>("DELETE FROM worker_slices WHERE worker = ?"),
-    putSlice: db.prepare<[string, string, string, string, number | null, string | null, number]>(
-      "INSERT INTO worker_slices (worker, model, layers, experts, capacity, backend, registered_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+    // OR REPLACE: two slices whose ids pack to the same ranges are one slice
+    putSlice: db.prepare<[string, string, string, string, number | null, string | null, number, number]>(
+      "INSERT OR REPLACE INTO worker_slices (worker, model, layers, experts, capacity, backend, registered_at, position) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
     ),
     forget: db.prepare<[number]>("DELETE FROM workers WHERE last_seen < ?"),
     leases: db.prepare<[], LeaseRow>(
@@ -309,7 +329,7 @@ export function openSqliteStore(path: string, options: SqliteStoreOptions = {}):
     for (const w of list) {
       q.putWorker.run(w.id, w.firstSeen, w.lastSeen, w.connected ? 1 : 0, w.draining ? 1 : 0);
       q.clearSlices.run(w.id);
-      for (const s of w.slices) {
+      for (const [position, s] of w.slices.entries()) {
         q.putSlice.run(
           w.id,
           s.model,
@@ -318,6 +338,7 @@ export function openSqliteStore(path: string, options: SqliteStoreOptions = {}):
           s.capacity ?? null,
           s.backend ?? null,
           s.registeredAt,
+          position,
         );
       }
     }

@@ -7,8 +7,14 @@ interface MutableWorker {
   lastSeen: number;
   connected: boolean;
   draining: boolean;
+  /** By `sliceKey` (model, layers, experts), in the order registered. */
   slices: Map<string, StoredSlice>;
   dirty: boolean;
+}
+
+/** A slice's identity: model, layers and experts (what makes two register frames the same). */
+function sliceKey(s: { model: string; layers: readonly number[]; experts: readonly number[] }): string {
+  return `${s.model}\0${s.layers.join(",")}\0${s.experts.join(",")}`;
 }
 
 /** A worker as `GET /api/workers` lists it: what the hub remembers, with live figures when connected. */
@@ -80,7 +86,7 @@ export class WorkerBook {
       this.#workers.set(w.id, {
         ...w,
         connected: false,
-        slices: new Map(w.slices.map((s) => [s.model, s])),
+        slices: new Map(w.slices.map((s) => [sliceKey(s), s])),
         dirty: w.connected,
       });
     }
@@ -110,8 +116,10 @@ export class WorkerBook {
       case "connect": {
         if (event.role !== "worker") return;
         const w = this.#get(event.id, now);
+        // a new connection starts with no slice: the worker registers (or replays) what it serves
         w.connected = true;
         w.draining = false;
+        w.slices.clear();
         w.lastSeen = now;
         w.dirty = true;
         break;
@@ -127,21 +135,18 @@ export class WorkerBook {
       }
       case "register": {
         const w = this.#get(event.id, now);
-        const live = this.#o
-          .relay()
-          .workers()
-          .find((x) => x.id === event.id)
-          ?.slices.find((s) => s.model === event.model);
-        const capacity = live?.capacity;
-        w.slices.set(event.model, {
+        const { capacity, backend } = event;
+        const slice: StoredSlice = {
           model: event.model,
           layers: [...event.layers],
           experts: [...event.experts],
           registeredAt: now,
           // a capacity beyond 2^53 is not an amount anyone offers; it is not kept
           ...(capacity !== undefined && Number.isSafeInteger(capacity) && capacity >= 0 ? { capacity } : {}),
-          ...(live?.backend === undefined ? {} : { backend: live.backend }),
-        });
+          ...(backend === undefined ? {} : { backend }),
+        };
+        // each register adds a slice; the same one again replaces itself (keeping its place)
+        w.slices.set(sliceKey(slice), slice);
         w.draining = false;
         w.lastSeen = now;
         w.dirty = true;
@@ -150,7 +155,9 @@ export class WorkerBook {
       case "drain": {
         const w = this.#workers.get(event.id);
         if (!w) return;
+        // as on the relay: a draining worker serves nothing
         w.draining = true;
+        w.slices.clear();
         w.dirty = true;
         break;
       }

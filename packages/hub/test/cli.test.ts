@@ -113,6 +113,18 @@ describe("the moeswarm-hub bin", () => {
         token: tokens.worker,
         reconnect: false,
       });
+      // an operator drains it through the API: the bin says so in one line
+      const drain = await call(`${listening.url}/api/workers/bin-worker/drain`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${tokens.admin}` },
+        body: JSON.stringify({ reason: "maintenance" }),
+      });
+      expect(drain.status).toBe(200);
+      expect(await until(() => run.lines.find((l) => l.event === "drain"), "the drain line")).toEqual({
+        event: "drain",
+        worker: "bin-worker",
+        reason: "maintenance",
+      });
       await conn.close();
       const write = await call(`${listening.url}/api/models`, {
         method: "POST",

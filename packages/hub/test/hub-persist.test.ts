@@ -189,25 +189,39 @@ describe("one port for https and wss, state that survives a restart", () => {
       expect(w.lastSeen).toBeGreaterThanOrEqual(seenAt);
       expect(w.inFlight).toBeUndefined();
 
-      // the worker comes back and registers a new slice: live again, the slice replaced
+      // the worker comes back and registers two new slices: live again, its old slice replaced
       const w1b = await worker(l2.relayUrl, "w1");
       w1b.register({ model: "tiny", layers: [1], experts: [4, 5] });
+      w1b.register({ model: "tiny", layers: [0], experts: [6, 7] });
       await waitFor(
-        () => second.workers().some((x) => x.live && x.slices[0]?.layers[0] === 1),
+        () => second.workers().some((x) => x.live && x.slices.length === 2),
         "w1 registered again",
       );
-      expect(second.workers()[0]).toMatchObject({ live: true, slices: [{ layers: [1], experts: [4, 5] }] });
+      expect(second.workers()[0]).toMatchObject({
+        live: true,
+        slices: [
+          { layers: [1], experts: [4, 5] },
+          { layers: [0], experts: [6, 7] },
+        ],
+      });
       await w1b.close();
     } finally {
       await second.close();
     }
 
-    // a third start sees the replaced slice
+    // a third start sees the new slices
     const third = createHub({ secret: SECRET, store: dbPath });
     try {
       await third.ready;
       expect(third.workers()).toMatchObject([
-        { id: "w1", live: false, slices: [{ layers: [1], experts: [4, 5] }] },
+        {
+          id: "w1",
+          live: false,
+          slices: [
+            { layers: [1], experts: [4, 5] },
+            { layers: [0], experts: [6, 7] },
+          ],
+        },
       ]);
       expect(third.models().map((x) => x.id)).toEqual(["tiny"]);
     } finally {

@@ -361,6 +361,75 @@ describe("placement for backbones", () => {
   });
 });
 
+describe("several slices per worker, and a drain from the hub", () => {
+  it("lists every slice of a worker, and POST /api/workers/:id/drain takes it out of service", async () => {
+    const drains: Array<string | undefined> = [];
+    const w9 = await connectRelay(relayUrl, {
+      role: "worker",
+      id: "w9",
+      token: token("worker", "w9"),
+      reconnect: false,
+      onDispatch: () => ({ y: new Float32Array(0) }),
+      onDrain: (reason) => drains.push(reason),
+    });
+    open.push(w9);
+    w9.register({ model: ID, layers: [0], experts: [6, 7] });
+    w9.register({ model: ID, layers: [1], experts: [4, 5] });
+    await waitFor(() => hub.workers().some((w) => w.id === "w9" && w.slices.length === 2), "w9's two slices");
+    const before = await get(`/api/models/${ID}/placement`);
+    const mine = before.body.registrations.filter((r: { id: string }) => r.id === "w9");
+    expect(mine.map((r: { layers: number[]; experts: number[] }) => [r.layers, r.experts])).toEqual([
+      [[0], [6, 7]],
+      [[1], [4, 5]],
+    ]);
+    const placement = Placement.fromRegistrations(before.body.registrations, { model: ID });
+    expect(placement.owners(0, 7)).toContain("w9");
+    expect(placement.owners(1, 4)).toContain("w9");
+    const listed = (await get("/api/workers")).body.workers.find((w: { id: string }) => w.id === "w9");
+    expect(listed.slices.map((x: { layers: number[] }) => x.layers)).toEqual([[0], [1]]);
+    const status = hub.status({ model: ID }).workers.find((w) => w.id === "w9");
+    expect(status?.slices).toEqual([
+      { model: ID, layers: "0:1", experts: "6:8" },
+      { model: ID, layers: "1:2", experts: "4:6" },
+    ]);
+
+    const badReplace = await post(
+      "/api/claims",
+      { model: ID, layers: "0:1", experts: "0:1", capacity, replaceLeases: "yes" },
+      token("worker", "w9"),
+    );
+    expect([badReplace.status, badReplace.body.error.message]).toEqual([
+      400,
+      '"replaceLeases" must be a boolean',
+    ]);
+
+    // only an admin may drain; only a live worker can be; POST only; a reason is text
+    const path = "/api/workers/w9/drain";
+    expect((await post(path, undefined, token("worker", "w9"))).status).toBe(403);
+    expect((await post(path, undefined)).status).toBe(401);
+    expect((await post("/api/workers/nobody/drain", undefined, token("admin"))).status).toBe(404);
+    expect((await get(path, token("admin"))).status).toBe(405);
+    expect((await post(path, { reason: 5 }, token("admin"))).status).toBe(400);
+    expect((await post(path, [1], token("admin"))).status).toBe(400);
+
+    const polled = get(`/api/models/${ID}/placement?since=${before.body.version}&wait=5`);
+    await new Promise((r) => setTimeout(r, 50));
+    const drained = await post(path, { reason: "maintenance" }, token("admin"));
+    expect(drained).toMatchObject({ status: 200, body: { worker: "w9", draining: true, inFlight: 0 } });
+    // at once: no slice of it in the placement, the relay refuses dispatches to it
+    const after = await polled;
+    expect(after.body.registrations.some((r: { id: string }) => r.id === "w9")).toBe(false);
+    expect(hub.relay.workers().find((w) => w.id === "w9")).toMatchObject({ draining: true, slices: [] });
+    await waitFor(() => drains.length === 1, "w9 told to drain");
+    expect(drains).toEqual(["maintenance"]);
+    await waitFor(
+      () => hub.workers().some((w) => w.id === "w9" && w.draining && w.slices.length === 0),
+      "w9 listed draining",
+    );
+    await w9.close();
+  });
+});
+
 describe("backbone stats: demand, tokens/s and credits", () => {
   it("learns hot experts from routing counts, credits workers from receipts, shows both", async () => {
     const b = token("backbone", "bb1");

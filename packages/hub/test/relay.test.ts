@@ -48,7 +48,7 @@ function startRelay(p = 0) {
 }
 
 // workers answer with fakeExperts(salt); salt = their index, so misrouting changes the bytes
-const SALTS: Record<string, number> = { w1: 1, w2: 2 };
+const SALTS: Record<string, number> = { w1: 1, w2: 2, w4: 4 };
 const computed: Record<string, number> = { w1: 0, w2: 0 };
 let hold: ((req: IncomingDispatch) => Promise<void>) | undefined;
 
@@ -211,6 +211,63 @@ describe("relay over wss (self-signed CA)", () => {
     expect(error).toBeInstanceOf(TransportError);
     await w3.close();
     await waitFor(() => !listener.relay.workers().some((w) => w.id === "w3"), "w3 gone");
+  });
+
+  it("keeps a worker's slices as a set: each register adds one, a drain from the hub withdraws them all", async () => {
+    const drains: Array<string | undefined> = [];
+    const w4 = await connect(url(port), "worker", "w4", { onDrain: (reason) => drains.push(reason) });
+    const slicesOf = () => listener.relay.workers().find((w) => w.id === "w4")?.slices ?? [];
+    w4.register({ model: MODEL, layers: [0, 1], experts: [0, 1, 2, 3] });
+    w4.register({ model: MODEL, layers: [1], experts: [4, 5] });
+    w4.register({ model: "other", layers: [2], experts: [0] });
+    w4.register({ model: MODEL, layers: [0, 1], experts: [0, 1, 2, 3], capacity: 99 }); // the same slice
+    await waitFor(() => slicesOf()[0]?.capacity === 99, "w4's slices");
+    expect(slicesOf().map((x) => [x.model, x.layers, x.experts, x.capacity])).toEqual([
+      [MODEL, [0, 1], [0, 1, 2, 3], 99],
+      [MODEL, [1], [4, 5], undefined],
+      ["other", [2], [0], undefined],
+    ]);
+    const registers = events.filter(
+      (e): e is Extract<RelayServerEvent, { type: "register" }> => e.type === "register" && e.id === "w4",
+    );
+    expect(registers.map((e) => e.experts)).toEqual([[0, 1, 2, 3], [4, 5], [0], [0, 1, 2, 3]]);
+    expect(registers.at(-1)?.capacity).toBe(99);
+    // a dispatch for experts of both slices is routed (the worker splits it)
+    const req = randomRequest(prng(9), { n: 3, embd: 8, k: 2, experts: 6, mode: "sum" });
+    expect(sameBytes((await bb.request("w4", req)).y, fakeExperts(4, req))).toBe(true);
+
+    // the hub drains it: the worker is told, gets no new dispatches, its slices are withdrawn
+    expect(listener.relay.drainWorker("nobody")).toBe(false);
+    expect(listener.relay.drainWorker("w4", "maintenance")).toBe(true);
+    expect(slicesOf()).toEqual([]);
+    expect(listener.relay.workers().find((w) => w.id === "w4")?.draining).toBe(true);
+    await expectCode(bb.request("w4", req), "MOESWARM_TRANSPORT_DRAINING");
+    await waitFor(() => drains.length === 1, "w4 told");
+    expect(drains).toEqual(["maintenance"]);
+    expect(events.filter((e) => e.type === "drain" && e.id === "w4")).toEqual([
+      { type: "drain", id: "w4", reason: "maintenance", by: "hub" },
+    ]);
+    // a register after the drain starts a new set and serves again
+    w4.register({ model: MODEL, layers: [0], experts: [7] });
+    await waitFor(() => slicesOf().length === 1, "w4 back");
+    expect(listener.relay.workers().find((w) => w.id === "w4")?.draining).toBe(false);
+    await w4.close();
+    await waitFor(() => !listener.relay.workers().some((w) => w.id === "w4"), "w4 gone");
+
+    // a worker may hold at most maxSlicesPerWorker different slices; the same one again is not another
+    const small = await listenRelay({ port: 0, secret: SECRET, maxSlicesPerWorker: 2, ...FAST });
+    try {
+      const w5 = await connect(`ws://127.0.0.1:${small.port}/relay`, "worker", "w5");
+      const notices: RelayEvent[] = [];
+      w5.on((e) => e.type === "notice" && notices.push(e));
+      for (const experts of [[0], [1], [0], [2]]) w5.register({ model: MODEL, layers: [0], experts });
+      await waitFor(() => notices.length === 1, "the limit refused");
+      expect(notices[0]).toMatchObject({ error: { code: "MOESWARM_TRANSPORT_LIMIT" } });
+      expect(small.relay.workers()[0]?.slices.map((x) => x.experts)).toEqual([[0], [1]]);
+      await w5.close();
+    } finally {
+      await small.close();
+    }
   });
 
   it("RelayTransport serves the dispatcher's request shape", async () => {

@@ -87,6 +87,14 @@ describe.each(stores)("HubStore contract: %s", (_name, make) => {
         slices: [{ model: "m1", layers: [3], experts: [9], registeredAt: 5500 }],
       }),
     );
+    // several slices of one model, kept in the order registered
+    const three = [
+      { model: "m1", layers: [3], experts: [9, 10], registeredAt: 7000 },
+      { model: "m1", layers: [0, 1, 2], experts: [0, 1], registeredAt: 7100 },
+      { model: "m1", layers: [0], experts: [2, 3, 4], registeredAt: 7200 },
+    ];
+    await s.putWorkers([w("w2", 7500, { slices: three })]);
+    expect((await s.listWorkers())[1]).toEqual(w("w2", 7500, { slices: three }));
     expect(await s.deleteWorkersSeenBefore(1000)).toBe(1);
     expect((await s.listWorkers()).map((x) => x.id)).toEqual(["w2"]);
   });
@@ -169,7 +177,7 @@ describe("SQLite store", () => {
     await again.close();
   });
 
-  it("upgrades a version 1 database to version 2, keeping its rows", async () => {
+  it("upgrades a version 1 database to the current version, keeping its rows", async () => {
     const path = join(tmp.dir, "v1.db");
     const db = new Database(path);
     db.exec(`CREATE TABLE models (id TEXT PRIMARY KEY, path TEXT NOT NULL, added_at INTEGER NOT NULL) STRICT;
@@ -194,7 +202,17 @@ describe("SQLite store", () => {
     ]);
     await s.putCredits([{ worker: "w", model: "m", expertTokens: 1, updatedAt: 1 }]);
     expect(await s.listCredits()).toHaveLength(1);
-    expect(SQLITE_SCHEMA_VERSION).toBe(2);
+    // version 3: several slices of one model per worker
+    await s.putWorkers([
+      w("w", 9, {
+        slices: [
+          { model: "m", layers: [0, 1], experts: [0, 1, 2, 3], registeredAt: 3 },
+          { model: "m", layers: [2], experts: [0, 1, 2, 3], registeredAt: 8 },
+        ],
+      }),
+    ]);
+    expect((await s.listWorkers())[0]?.slices.map((x) => x.layers)).toEqual([[0, 1], [2]]);
+    expect(SQLITE_SCHEMA_VERSION).toBe(3);
   });
 
   it("refuses a database written by a newer hub", () => {

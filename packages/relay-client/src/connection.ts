@@ -40,7 +40,13 @@ export type RelayState = "connecting" | "connected" | "reconnecting" | "closed";
 export type RelayEvent =
   | { type: "state"; state: RelayState; attempt?: number; delayMs?: number; error?: Error }
   /** A connection-level `error` frame from the relay, or a frame this side could not decode. */
-  | { type: "notice"; error: MoeswarmError };
+  | { type: "notice"; error: MoeswarmError }
+  /**
+   * Worker side: the relay sent `drain` (the hub takes this worker out of service). The relay
+   * routes it no new dispatches; the application finishes what it holds, then calls `drain()`
+   * (which forgets the registrations) and closes.
+   */
+  | { type: "drain"; reason?: string };
 
 export interface RelayRegistration {
   model: string;
@@ -151,6 +157,12 @@ export interface ConnectRelayOptions {
   caps?: Caps;
   /** Worker side: answers every dispatch (else read them from dispatches()). */
   onDispatch?: DispatchHandler;
+  /**
+   * Worker side: called when the relay sends `drain` (as is the `drain` event; this option also
+   * sees one that arrives right after the hello, before `on()` could be called). Its exceptions
+   * are ignored.
+   */
+  onDrain?: (reason: string | undefined) => void;
   /** The frame transport (default: WebSocket). */
   dial?: FrameDialer;
 }
@@ -164,9 +176,19 @@ export interface RelayConnection extends AsyncDisposable {
   readonly rttMs: number | undefined;
   /** Bytes waiting in the send buffer. */
   readonly bufferedBytes: number;
-  /** Announces (or replaces, per model) a slice this worker serves; replayed after every reconnect. */
+  /**
+   * Announces a slice (one rectangle of layers x experts of a model) this worker serves. Several
+   * accumulate, on the relay as here; one with the same model, layers and experts as an earlier
+   * one replaces it (idempotent; its capacity and backend are updated). All are replayed after
+   * every reconnect, in the order first registered.
+   */
   register(registration: RelayRegistration): void;
-  /** Stops new dispatches to this worker; replayed after reconnect until the next register(). */
+  /** What this connection has registered (and replays after a reconnect), in order. */
+  registrations(): RelayRegistration[];
+  /**
+   * Stops new dispatches to this worker and withdraws every registration (the relay forgets them
+   * at a drain, and so does this connection); replayed after reconnect until the next register().
+   */
   drain(reason?: string): void;
   /** Sends a dispatch to peer `to` and waits for its result. */
   request(to: string, request: DispatchRequest, options?: RequestOptions): Promise<DispatchReply>;
@@ -204,6 +226,7 @@ interface Settings {
   maxIncoming: number;
   caps: Caps | undefined;
   onDispatch: DispatchHandler | undefined;
+  onDrain: ((reason: string | undefined) => void) | undefined;
   dial: FrameDialer;
 }
 
@@ -231,6 +254,8 @@ function settings(options: ConnectRelayOptions): Settings {
   const token = options.token;
   if (typeof token !== "string" && typeof token !== "function")
     invalid("token must be a string or a function");
+  if (options.onDrain !== undefined && typeof options.onDrain !== "function")
+    invalid("onDrain must be a function");
   const heartbeatMs = ms("heartbeatMs", options.heartbeatMs, 5000, 5);
   const deadPeerMs = ms("deadPeerMs", options.deadPeerMs, Math.max(15_000, 3 * heartbeatMs), 10);
   if (deadPeerMs <= heartbeatMs) invalid("deadPeerMs must be greater than heartbeatMs");
@@ -258,6 +283,7 @@ function settings(options: ConnectRelayOptions): Settings {
     maxIncoming: ms("maxIncoming", options.maxIncoming, 256),
     caps: options.caps,
     onDispatch: options.onDispatch,
+    onDrain: options.onDrain,
     dial: options.dial ?? dialWebSocket,
   };
 }
@@ -272,6 +298,11 @@ function checkRegistration(r: RelayRegistration): RegisterFrame {
     capacity: r.capacity,
     backend: r.backend,
   });
+}
+
+/** Registrations with the same model, layers and experts are one slice. */
+function registrationKey(f: RegisterFrame): string {
+  return `${f.model}\0${f.layers.join(",")}\0${f.experts.join(",")}`;
 }
 
 function checkRequest(req: DispatchRequest): void {
@@ -803,10 +834,24 @@ class Connection implements RelayConnection {
       case "pong":
         if (frame.seq === this.#pingSeq - 1) this.#rttMs = now() - frame.ts;
         return;
+      case "drain":
+        this.#onDrainFrame(frame.reason);
+        return;
       default:
-        // hello/register/drain from the relay carry nothing for a client yet
+        // hello/register from the relay carry nothing for a client
         return;
     }
+  }
+
+  #onDrainFrame(reason: string | undefined): void {
+    // only a worker is ever drained; a backbone ignores the frame
+    if (this.#s.role !== "worker") return;
+    try {
+      this.#s.onDrain?.(reason);
+    } catch {
+      // the callback's failure is its own
+    }
+    this.#emit(reason === undefined ? { type: "drain" } : { type: "drain", reason });
   }
 
   #onDispatch(link: FrameLink, frame: DispatchFrame): void {
@@ -874,7 +919,8 @@ class Connection implements RelayConnection {
     if (this.#state === "closed")
       throw new TransportError("MOESWARM_TRANSPORT_CLOSED", "the connection is closed");
     const frame = checkRegistration(registration);
-    this.#registrations.set(frame.model, frame);
+    // a Map keeps the first insertion's place when a key is set again: replays keep their order
+    this.#registrations.set(registrationKey(frame), frame);
     this.#drain = null;
     if (this.#state === "connected") this.#send(this.#link, frame);
   }
@@ -883,7 +929,18 @@ class Connection implements RelayConnection {
     if (this.#state === "closed")
       throw new TransportError("MOESWARM_TRANSPORT_CLOSED", "the connection is closed");
     this.#drain = reason;
+    this.#registrations.clear();
     if (this.#state === "connected") this.#send(this.#link, { t: "drain", v: PROTOCOL_VERSION, reason });
+  }
+
+  registrations(): RelayRegistration[] {
+    return [...this.#registrations.values()].map((f) => ({
+      model: f.model,
+      layers: [...f.layers],
+      experts: [...f.experts],
+      ...(f.capacity !== undefined ? { capacity: f.capacity } : {}),
+      ...(f.backend !== undefined ? { backend: f.backend } : {}),
+    }));
   }
 
   dispatches(options: { signal?: AbortSignal } = {}): AsyncIterableIterator<IncomingDispatch> {

@@ -201,17 +201,22 @@ describe("connectRelay", () => {
     expect(conn.state).toBe("connected");
   });
 
-  it("detects a silent relay, fails in-flight requests, reconnects and replays registrations", async () => {
+  it("detects a silent relay, fails in-flight requests, reconnects and replays every registration", async () => {
     relay = await FakeRelay.start();
     const states: RelayEvent[] = [];
     const conn = await connect({ role: "worker", id: "w1" });
     conn.on((e) => states.push(e));
+    // several slices accumulate, of one model or several; the same slice again replaces itself
     conn.register({ model: "a", layers: [0], experts: [0, 1] });
     conn.register({ model: "b", layers: [1, 2], experts: [5] });
-    conn.register({ model: "a", layers: [0], experts: [0, 1, 2] }); // replaces a
-    conn.drain("upgrading");
-    await waitFor(() => relay.framesOf("drain").length === 1, "drain");
-    relay.hold = true;
+    conn.register({ model: "a", layers: [1, 2, 3], experts: [0, 1, 2] });
+    conn.register({ model: "a", layers: [0], experts: [0, 1], capacity: 4096 });
+    await waitFor(() => relay.framesOf("register").length === 4, "registers");
+    expect(conn.registrations()).toEqual([
+      { model: "a", layers: [0], experts: [0, 1], capacity: 4096 },
+      { model: "b", layers: [1, 2], experts: [5] },
+      { model: "a", layers: [1, 2, 3], experts: [0, 1, 2] },
+    ]);
     relay.silent = true; // no pongs, nothing: the link looks alive to TCP but the relay is gone
     const first = relay.last;
     await waitFor(() => conn.state === "reconnecting", "dead relay detected");
@@ -221,13 +226,75 @@ describe("connectRelay", () => {
     relay.silent = false;
     await conn.waitConnected();
     expect(relay.last).not.toBe(first);
-    await waitFor(() => relay.framesOf("drain").length === 2, "drain replayed");
-    const registers = relay.framesOf("register").slice(3);
-    expect(registers.map((r) => [r.model, r.experts])).toEqual([
-      ["a", [0, 1, 2]],
-      ["b", [5]],
+    await waitFor(() => relay.framesOf("register").length === 7, "registrations replayed");
+    const replayed = relay.framesOf("register").slice(4);
+    expect(replayed.map((r) => [r.model, r.layers, r.experts, r.capacity])).toEqual([
+      ["a", [0], [0, 1], 4096],
+      ["b", [1, 2], [5], undefined],
+      ["a", [1, 2, 3], [0, 1, 2], undefined],
     ]);
     expect(relay.framesOf("hello")).toHaveLength(2);
+    expect(relay.framesOf("drain")).toHaveLength(0);
+
+    // a drain withdraws every registration: after the next reconnect only the drain is replayed
+    conn.drain("upgrading");
+    expect(conn.registrations()).toEqual([]);
+    await waitFor(() => relay.framesOf("drain").length === 1, "drain");
+    relay.dropAll();
+    await waitFor(
+      () => relay.framesOf("hello").length === 3 && relay.framesOf("drain").length === 2,
+      () => `replay: ${relay.received.map((f) => f.t).join(",")} ${conn.state}`,
+    );
+    expect(relay.framesOf("drain")[1]).toMatchObject({ reason: "upgrading" });
+    expect(relay.framesOf("register")).toHaveLength(7);
+    // a register after the drain starts a new set (and ends the drain)
+    conn.register({ model: "c", layers: [0], experts: [1] });
+    await waitFor(() => relay.framesOf("register").length === 8, "register");
+    relay.dropAll();
+    await waitFor(
+      () => relay.framesOf("hello").length === 4 && relay.framesOf("register").length === 9,
+      "replay",
+    );
+    expect(relay.framesOf("register").at(-1)).toMatchObject({ model: "c", experts: [1] });
+    expect(relay.framesOf("drain")).toHaveLength(2);
+  });
+
+  it("tells a worker when the relay drains it: the drain event and onDrain", async () => {
+    relay = await FakeRelay.start();
+    const calls: Array<string | undefined> = [];
+    const conn = await connect({ role: "worker", id: "w2", onDrain: (reason) => calls.push(reason) });
+    const events: RelayEvent[] = [];
+    conn.on((e) => events.push(e));
+    conn.register({ model: "m", layers: [0], experts: [0] });
+    relay.send(relay.last, { t: "drain", v: PROTOCOL_VERSION, reason: "maintenance" });
+    relay.send(relay.last, { t: "drain", v: PROTOCOL_VERSION });
+    await waitFor(() => calls.length === 2, "onDrain");
+    expect(calls).toEqual(["maintenance", undefined]);
+    expect(events.filter((e) => e.type === "drain")).toEqual([
+      { type: "drain", reason: "maintenance" },
+      { type: "drain" },
+    ]);
+    // being told is not draining: the application decides (its registrations are still there)
+    expect(conn.registrations()).toHaveLength(1);
+    expect(conn.state).toBe("connected");
+    // a throwing callback does not break the connection
+    const throwing = await connect({
+      role: "worker",
+      id: "w3",
+      onDrain: () => {
+        throw new Error("callback bug");
+      },
+    });
+    relay.send(relay.last, { t: "drain", v: PROTOCOL_VERSION });
+    await expect(throwing.request("w2", request())).resolves.toMatchObject({ y: expect.any(Float32Array) });
+    // a backbone is never drained: the frame is ignored
+    const bb = await connect({ role: "backbone", id: "bb-d", onDrain: () => calls.push("backbone") });
+    relay.send(relay.last, { t: "drain", v: PROTOCOL_VERSION });
+    await expect(bb.request("w2", request())).resolves.toBeDefined();
+    expect(calls).toHaveLength(2);
+    await expect(
+      connectRelay(relay.url, { role: "worker", id: "x", token: "good", onDrain: 3 as never }),
+    ).rejects.toThrow(InvalidArgumentError);
   });
 
   it("fails in-flight requests with TRANSPORT_CLOSED when the link drops, and fails fast while away", async () => {

@@ -130,10 +130,15 @@ export class FakeRelay {
   }
 }
 
-export async function waitFor(check: () => boolean, what: string, timeoutMs = 8000): Promise<void> {
+export async function waitFor(
+  check: () => boolean,
+  what: string | (() => string),
+  timeoutMs = 8000,
+): Promise<void> {
   const start = Date.now();
   while (!check()) {
-    if (Date.now() - start > timeoutMs) throw new Error(`timed out waiting for ${what}`);
+    if (Date.now() - start > timeoutMs)
+      throw new Error(`timed out waiting for ${typeof what === "function" ? what() : what}`);
     await new Promise((r) => setTimeout(r, 5));
   }
 }

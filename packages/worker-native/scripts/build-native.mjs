@@ -23,10 +23,12 @@ import {
   mkdirSync,
   readFileSync,
   realpathSync,
+  renameSync,
+  rmSync,
   writeFileSync,
 } from "node:fs";
 import { availableParallelism } from "node:os";
-import { dirname, join, resolve } from "node:path";
+import { basename, dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { LLAMA_CPP_COMMIT, llamaSourceDir } from "../../../tools/llama-source.mjs";
 
@@ -218,12 +220,29 @@ function buildVariant(v, llamaSrc) {
       if (from.endsWith(".node") && !("CMAKE_JS_INC" in v.defs)) continue;
       throw new Error(`${v.name}: ${from} was not built`);
     }
-    const dst = join(pkgDir, "prebuilds", to);
-    mkdirSync(dirname(dst), { recursive: true });
-    copyFileSync(src, dst);
-    chmodSync(dst, 0o755);
+    installBinary(src, join(pkgDir, "prebuilds", to));
   }
   log(`${v.name}: ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+}
+
+/**
+ * Copies a built binary over its prebuild: to a temporary file in the same directory, then a
+ * rename over the target. Writing into the target itself fails with ETXTBSY while that executable
+ * runs (a worker started from the prebuild), and would change a loaded addon's pages under a
+ * process that has it mapped; a rename swaps the directory entry and leaves the old file to
+ * whoever still runs it.
+ */
+function installBinary(src, dst) {
+  mkdirSync(dirname(dst), { recursive: true });
+  const tmp = join(dirname(dst), `.${basename(dst)}.${process.pid}.tmp`);
+  try {
+    copyFileSync(src, tmp);
+    chmodSync(tmp, 0o755);
+    renameSync(tmp, dst);
+  } catch (error) {
+    rmSync(tmp, { force: true });
+    throw error;
+  }
 }
 
 function main() {

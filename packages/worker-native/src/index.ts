@@ -33,6 +33,7 @@ export {
   compareChoices,
   type DemandRangeInput,
   type SliceChoice,
+  type SliceRect,
 } from "./runtime/choose.js";
 export {
   type DownloadOptions,
@@ -53,6 +54,7 @@ export {
   type RunWorkerOptions,
   runWorker,
   type WorkerBackend,
+  type WorkerSliceSummary,
   type WorkerSummary,
 } from "./runtime/run-worker.js";
 export {

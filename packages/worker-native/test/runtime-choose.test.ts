@@ -164,6 +164,81 @@ describe("chooseSlices", () => {
     }
   });
 
+  it("never chooses cells the worker already holds", () => {
+    const ranges = [range(0, "0:8", 150), range(1, "0:8", 101)];
+    // it serves layer 0 experts 2:6 already (their second replica is what the demand lists)
+    const exclude = [{ model: M, layers: { start: 0, end: 1 }, experts: { start: 2, end: 6 } }];
+    expect(brief(chooseSlices(ranges, 4_000)[0])).toBe("m L0:1 E0:4");
+    const choices = chooseSlices(ranges, 4_000, { exclude, limit: 100 });
+    // the best left: experts 0:2 of both layers (2 x (150 + 101)) beats layer 1's 0:4 (4 x 101)
+    expect(brief(choices[0])).toBe("m L0:2 E0:2");
+    expect(choices[0]?.value).toBe(502);
+    for (const c of choices) {
+      const overlaps = c.layers.start <= 0 && c.experts.start < 6 && c.experts.end > 2;
+      expect(overlaps, brief(c)).toBe(false);
+    }
+    // another model's rectangle excludes nothing here
+    expect(brief(chooseSlices(ranges, 4_000, { exclude: [{ ...exclude[0]!, model: "other" }] })[0])).toBe(
+      "m L0:1 E0:4",
+    );
+  });
+
+  /**
+   * Workers of `capacity` bytes that keep choosing from the demand list (the uncovered cells of a
+   * 4 x 64 model, as runs per layer) while they have room, taking turns; returns their slices.
+   */
+  function fill(workers: number, capacity: number, bytesPerExpert: number): Map<number, SliceChoice[]> {
+    const covered = Array.from({ length: 4 }, () => new Uint8Array(64));
+    const held = new Map<number, SliceChoice[]>();
+    const full = new Set<number>();
+    while (full.size < workers) {
+      for (let w = 0; w < workers; w++) {
+        if (full.has(w)) continue;
+        const ranges: DemandRangeInput[] = [];
+        for (let l = 0; l < 4; l++) {
+          let e = 0;
+          while (e < 64) {
+            if (covered[l]![e]) {
+              e++;
+              continue;
+            }
+            const start = e;
+            while (e < 64 && !covered[l]![e]) e++;
+            ranges.push(range(l, `${start}:${e}`, 101, bytesPerExpert));
+          }
+        }
+        const mine = held.get(w) ?? [];
+        const left = capacity - mine.reduce((n, c) => n + c.bytes, 0);
+        const [c] = chooseSlices(ranges, left, { limit: 1, exclude: mine });
+        if (!c) {
+          full.add(w);
+          continue;
+        }
+        for (let l = c.layers.start; l < c.layers.end; l++)
+          covered[l]!.fill(1, c.experts.start, c.experts.end);
+        held.set(w, [...mine, c]);
+      }
+    }
+    expect(covered.every((row) => row.every((x) => x === 1))).toBe(true);
+    return held;
+  }
+
+  it("keeps choosing while room is left: two workers with 15% slack cover the small model", () => {
+    const bpe = 209_920; // qwen3moe "small": 13.4 MB per layer of 64 experts
+    const held = fill(2, Math.ceil(((256 * bpe) / 2) * 1.15), bpe);
+    expect(held.get(0)?.map(brief)).toEqual(["m L0:3 E0:49"]);
+    expect(held.get(1)?.map(brief)).toEqual(["m L3:4 E0:64", "m L0:3 E49:64"]);
+  });
+
+  it("covers the model with 1..8 equal workers of 15% slack each", () => {
+    const bpe = 209_920;
+    for (let n = 1; n <= 8; n++) {
+      const held = fill(n, Math.ceil(((256 * bpe) / n) * 1.15), bpe);
+      const cells = [...held.values()].flat().reduce((sum, c) => sum + c.bytes / bpe, 0);
+      expect(cells, `${n} workers`).toBe(256);
+    }
+  });
+
   it("skips ranges it cannot read and validates the capacity", () => {
     const bad = [
       { model: M, layer: 0, experts: "nope", value: 5, bytesPerExpert: 10 },

@@ -288,7 +288,8 @@ describe("moeswarm-worker processes against a hub", () => {
     c = startWorker("w-c", 1, { hub: proxy.url });
     const p = await waitPlacement("complete coverage", complete);
     figures.timeToCoverMs = Date.now() - t0;
-    expect(p.registrations.map((r) => r.id).sort()).toEqual(["w-a", "w-b", "w-c"]);
+    // (a worker may hold its share as more than one slice when another took the layers between)
+    expect([...new Set(p.registrations.map((r) => r.id))].sort()).toEqual(["w-a", "w-b", "w-c"]);
     // every cell exactly once, and each worker holds exactly its capacity: 2, 1 and 1 whole layers
     const all = new Set<string>();
     for (const id of ["w-a", "w-b", "w-c"]) for (const cell of ownersOf(p, id)) all.add(cell);
@@ -359,8 +360,10 @@ describe("moeswarm-worker processes against a hub", () => {
           );
           expect(want.some((v) => v !== 0)).toBe(true);
         }
-        // a layer outside the worker's slice is refused with a typed error, not computed
-        const foreign = [0, 1, 2, 3].find((l) => !reg.layers.includes(l)) as number;
+        // a layer outside the worker's slices is refused with a typed error, not computed
+        const mine = p.registrations.filter((x) => x.id === reg.id).flatMap((x) => x.layers);
+        const foreign = [0, 1, 2, 3].find((l) => !mine.includes(l));
+        if (foreign === undefined) continue;
         await expect(
           backbone.request(reg.id, {
             model: MODEL,
@@ -406,10 +409,13 @@ describe("moeswarm-worker processes against a hub", () => {
     );
     figures.replaceKilledWorkerMs = Date.now() - t0;
     expect(ownersOf(p, "w-d")).toEqual(cellsOfA);
-    // it chose the slice from the demand list: the value of 128 uncovered cells (100 + load 1 each)
-    const claimed = d.events.find((e) => e.event === "claimed") as Extract<WorkerEvent, { event: "claimed" }>;
-    expect(claimed.value).toBeCloseTo(101 * cellsOfA.size, 6);
-    expect(d.events.findIndex((e) => e.event === "idle")).toBeLessThan(d.events.indexOf(claimed));
+    // it chose from the demand list: the value of 128 uncovered cells (100 + load 1 each), in one
+    // slice or (when w-a's layers were not adjacent) two
+    const claimed = d.events.filter(
+      (e): e is Extract<WorkerEvent, { event: "claimed" }> => e.event === "claimed",
+    );
+    expect(claimed.reduce((v, e) => v + (e.value ?? 0), 0)).toBeCloseTo(101 * cellsOfA.size, 6);
+    expect(d.events.findIndex((e) => e.event === "idle")).toBeLessThan(d.events.indexOf(claimed[0]!));
   });
 
   it("drains on SIGTERM, deregisters, exits 0, and a restart reuses its cached slice without downloading", async () => {
@@ -460,9 +466,22 @@ describe("moeswarm-worker processes against a hub", () => {
     expect(again.lines.some((l) => /^\S+ download(ing|ed) /.test(l))).toBe(false);
     expect(await shardBytesServed()).toBe(served);
 
-    // everyone drains cleanly
+    // the hub drains one (POST /api/workers/:id/drain): it finishes, deregisters and exits 0
+    const admin = mintToken({ role: "admin", ttlS: 600 }, SECRET);
+    const drained = await fetch(`${url}/api/workers/w-c/drain`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${admin}`, "content-type": "application/json" },
+      body: JSON.stringify({ reason: "maintenance" }),
+    });
+    expect(drained.status).toBe(200);
+    expect(await c.exited).toEqual({ code: 0, signal: null });
+    const drainEvent = c.events.find((e) => e.event === "drain");
+    expect(drainEvent).toMatchObject({ reason: "the hub asked: maintenance" });
+    expect(c.events.at(-1)).toMatchObject({ event: "exit", code: 0 });
+
+    // the others drain cleanly on SIGTERM
     for (const w of workers.filter((x) => x.alive)) w.child.kill("SIGTERM");
-    for (const w of [c, d, again]) expect(await w.exited).toEqual({ code: 0, signal: null });
+    for (const w of [d, again]) expect(await w.exited).toEqual({ code: 0, signal: null });
     await waitPlacement("nobody", (x) => x.registrations.length === 0, 5000);
   });
 });

@@ -183,6 +183,15 @@ const serve: Command = {
             },
           );
           return;
+        case "relay":
+          // an operator's drain is worth a line; the rest of the relay's traffic is in /metrics
+          if (e.event.type === "drain" && e.event.by === "hub") {
+            say(
+              `${CLI_NAME}: worker ${e.event.id} drained by the hub${e.event.reason ? `: ${e.event.reason}` : ""}`,
+              { event: "drain", worker: e.event.id, ...(e.event.reason ? { reason: e.event.reason } : {}) },
+            );
+          }
+          return;
         case "model-unavailable":
           io.stderr.write(
             `${CLI_NAME}: model ${e.id} (${e.path}) is not served: ${isMoeswarmError(e.error) ? `${e.error.code}: ${e.error.message}` : String(e.error)}\n`,

@@ -12,6 +12,13 @@ export interface DemandRangeInput {
   bytesPerExpert: number;
 }
 
+/** A rectangle of one model's cells: consecutive layers x consecutive experts (half-open). */
+export interface SliceRect {
+  model: string;
+  layers: Range;
+  experts: Range;
+}
+
 /** A slice worth claiming: a rectangle of consecutive layers x consecutive experts, all in demand. */
 export interface SliceChoice {
   model: string;
@@ -69,11 +76,13 @@ export function compareChoices(a: SliceChoice, b: SliceChoice): number {
  *
  * Each layer's experts are valued at their range's mean (the hub publishes per-range sums).
  * At most one choice per (model, first layer, last layer) is returned, `limit` in all.
+ * `exclude`: cells the worker already holds (its slices and leases), never chosen again even when
+ * the demand lists them (a hot expert's missing replica cannot be one it serves already).
  */
 export function chooseSlices(
   ranges: readonly DemandRangeInput[],
   capacityBytes: number,
-  options: { limit?: number; maxLayers?: number } = {},
+  options: { limit?: number; maxLayers?: number; exclude?: readonly SliceRect[] } = {},
 ): SliceChoice[] {
   if (!Number.isFinite(capacityBytes) || capacityBytes < 0) {
     throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "capacityBytes must be a number >= 0");
@@ -118,6 +127,10 @@ export function chooseSlices(
         const width = Math.max(...cells.map(([e]) => e.end));
         const values = new Float64Array(width).fill(Number.NaN);
         for (const [e, v] of cells) values.fill(v, e.start, e.end);
+        for (const x of options.exclude ?? []) {
+          if (x.model !== model || layer < x.layers.start || layer >= x.layers.end) continue;
+          values.fill(Number.NaN, Math.max(0, x.experts.start), Math.min(width, x.experts.end));
+        }
         return { layer, bytesPerExpert, values };
       });
     for (let i = 0; i < rows.length; i++) {

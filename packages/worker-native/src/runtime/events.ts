@@ -12,7 +12,17 @@ interface SliceFields {
 export type WorkerEventBody =
   | { event: "start"; id: string; hub: string; capacityBytes: number; cacheDir: string; backend: string }
   | { event: "hub-unreachable"; error: string; code: string; retryInMs: number }
-  | { event: "idle"; reason: "covered" | "no-fit"; ranges: number; capacityBytes: number; pollMs: number }
+  | {
+      event: "idle";
+      /** "full": its slices fill the capacity offered; it stops polling. */
+      reason: "covered" | "no-fit" | "full";
+      ranges: number;
+      /** The capacity it has left for another slice. */
+      capacityBytes: number;
+      pollMs: number;
+      /** Expert bytes its slices already hold (once it serves some). */
+      heldBytes?: number | undefined;
+    }
   | ({
       event: "demand";
       /** Under-covered ranges the hub listed, the experts and the bytes they hold. */
@@ -76,7 +86,15 @@ export type WorkerEventBody =
       ms: number;
     }
   | { event: "connected"; url: string }
-  | ({ event: "registered"; cells: number } & SliceFields)
+  | ({
+      event: "registered";
+      cells: number;
+      /** Slices served now (this one included). */
+      slices?: number | undefined;
+      /** Expert bytes they hold, of the capacity offered. */
+      bytes?: number | undefined;
+      capacityBytes?: number | undefined;
+    } & SliceFields)
   | { event: "serving" }
   | {
       event: "relay";
@@ -93,8 +111,12 @@ export type WorkerEventBody =
       tokens: number;
       failed: number;
       inFlightAbandoned: number;
+      /** Slices it served (all deregistered). */
+      slices?: number | undefined;
       ms: number;
     }
+  /** A further slice could not be had (it keeps serving the ones it has). */
+  | { event: "grow-failed"; error: string; code: string }
   | { event: "stopped"; reason: string }
   | { event: "exit"; code: number }
   | { event: "error"; error: string; code: string };
@@ -137,10 +159,15 @@ export function formatWorkerEvent(e: WorkerEventBody): string {
       return `worker ${e.id} starting: hub ${e.hub}, capacity ${formatBytes(e.capacityBytes)}, cache ${e.cacheDir}, backend ${e.backend}`;
     case "hub-unreachable":
       return `hub unreachable (${e.code}: ${e.error}); retrying in ${formatMs(e.retryInMs)}`;
-    case "idle":
+    case "idle": {
+      if (e.reason === "full") {
+        return `no room for another slice: ${formatBytes(e.heldBytes ?? 0)} held, the capacity offered`;
+      }
+      const left = e.heldBytes ? `the ${formatBytes(e.capacityBytes)} left` : formatBytes(e.capacityBytes);
       return e.reason === "covered"
         ? `nothing to claim: every expert is covered; polling every ${formatMs(e.pollMs)}`
-        : `nothing to claim: ${plural(e.ranges, "range")} in demand, none fits ${formatBytes(e.capacityBytes)}; polling every ${formatMs(e.pollMs)}`;
+        : `nothing to claim: ${plural(e.ranges, "range")} in demand, none fits ${left}; polling every ${formatMs(e.pollMs)}`;
+    }
     case "demand":
       return `demand: ${plural(e.ranges, "range")} under-covered (${plural(e.cells, "expert")}, ${formatBytes(e.rangeBytes)}); best fit for ${formatBytes(e.capacityBytes)}: ${slice(e)} (${formatBytes(e.bytes)}, value ${Math.round(e.value)})`;
     case "cached":
@@ -185,11 +212,16 @@ export function formatWorkerEvent(e: WorkerEventBody): string {
     case "loaded":
       if (e.backend === "ts")
         return `loaded the TypeScript fallback in ${formatMs(e.ms)}${e.fallback ? ` (native unavailable: ${e.fallback})` : ""}`;
-      return `loaded ${e.backend}${e.device && e.device !== "CPU" ? ` on ${e.device}` : ""} (${[e.cpu, e.threads !== undefined ? plural(e.threads, "thread") : undefined].filter(Boolean).join(", ")}) in ${formatMs(e.ms)}`;
+      return `loaded ${e.backend}${e.device && e.device !== "CPU" && e.device !== e.backend ? ` on ${e.device}` : ""} (${[e.cpu, e.threads !== undefined ? plural(e.threads, "thread") : undefined].filter(Boolean).join(", ")}) in ${formatMs(e.ms)}`;
     case "connected":
       return `connected to relay ${e.url}`;
-    case "registered":
-      return `registered ${slice(e)} (${plural(e.cells, "expert")})`;
+    case "registered": {
+      const more =
+        e.slices !== undefined && e.slices > 1 && e.bytes !== undefined && e.capacityBytes !== undefined
+          ? `; ${e.slices} slices, ${formatBytes(e.bytes)} of ${formatBytes(e.capacityBytes)}`
+          : "";
+      return `registered ${slice(e)} (${plural(e.cells, "expert")}${more})`;
+    }
     case "serving":
       return "serving";
     case "relay":
@@ -198,14 +230,16 @@ export function formatWorkerEvent(e: WorkerEventBody): string {
           ? `relay connection lost${e.error ? ` (${e.error})` : ""}`
           : `reconnecting to the relay in ${formatMs(e.delayMs)} (attempt ${e.attempt})`;
       }
-      if (e.state === "connected") return "reconnected to the relay; registration replayed";
+      if (e.state === "connected") return "reconnected to the relay; registrations replayed";
       return `relay connection ${e.state}${e.error ? `: ${e.error}` : ""}`;
     case "dispatch-error":
       return `dispatch from ${e.from} (layer ${e.layer}) failed: ${e.code}: ${e.error}`;
     case "drain":
       return `drain requested (${e.reason}): finishing ${plural(e.inFlight, "in-flight request")}`;
     case "drained":
-      return `drained: served ${plural(e.requests, "request")} (${plural(e.tokens, "token")})${e.failed ? `, ${e.failed} failed` : ""}${e.inFlightAbandoned ? `, ${e.inFlightAbandoned} abandoned at the drain timeout` : ""}; deregistered`;
+      return `drained: served ${plural(e.requests, "request")} (${plural(e.tokens, "token")})${e.failed ? `, ${e.failed} failed` : ""}${e.inFlightAbandoned ? `, ${e.inFlightAbandoned} abandoned at the drain timeout` : ""}; deregistered${e.slices !== undefined && e.slices > 1 ? ` ${e.slices} slices` : ""}`;
+    case "grow-failed":
+      return `cannot take another slice (${e.code}: ${e.error}); serving the ones it has`;
     case "stopped":
       return `stopped before serving (${e.reason})`;
     case "exit":

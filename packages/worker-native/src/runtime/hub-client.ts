@@ -167,6 +167,8 @@ export class HubClient {
       capacity: ClaimCapacity;
       worker?: string;
       ttlMs?: number;
+      /** Give back every other lease of this worker first (it just started: they are a previous run's). */
+      replaceLeases?: boolean;
     },
     signal?: AbortSignal,
   ): Promise<LeaseJson> {

@@ -4,7 +4,6 @@ import { hostname } from "node:os";
 import {
   AuthError,
   abortReason,
-  decodeFrame,
   GgufError,
   InvalidArgumentError,
   isMoeswarmError,
@@ -13,24 +12,19 @@ import {
   type Range,
   TransportError,
 } from "@moeswarm/core";
-import {
-  connectRelay,
-  dialWebSocket,
-  type FrameDialer,
-  type IncomingDispatch,
-  type RelayConnection,
-} from "@moeswarm/relay-client";
+import { connectRelay, type IncomingDispatch, type RelayConnection } from "@moeswarm/relay-client";
 import { type SliceManifest, verifySlice } from "@moeswarm/shard";
 import type { ComputeBackend, ExpertCompute } from "../expert-compute.js";
 import { loadExpertCompute } from "../load.js";
 import { nativeStatus } from "../native-binding.js";
-import { chooseSlices } from "./choose.js";
+import { chooseSlices, type SliceRect } from "./choose.js";
 import { downloadResumable } from "./download.js";
 import type { WorkerEvent, WorkerEventBody } from "./events.js";
 import { type CaOption, isTransient, sleep } from "./http.js";
 import { type ClaimCapacity, HubClient, type LeaseJson } from "./hub-client.js";
 import { LeaseKeeper } from "./lease-keeper.js";
 import { listCachedSlices, removeSlice, type SlicePaths, slicePaths, writeSliceMeta } from "./slice-cache.js";
+import { SliceRouter } from "./slice-router.js";
 
 export type WorkerBackend = "auto" | "native" | "llama-cpu" | "ts";
 
@@ -39,13 +33,17 @@ export interface RunWorkerOptions {
   hub: string | URL;
   /** A worker token of the hub (`moeswarm-hub token --role worker`). */
   token: string;
-  /** Memory this worker offers for expert weights; the slice it claims fits `ramBytes + vramBytes`. */
+  /**
+   * Memory this worker offers for expert weights: the slices it claims (as many as fit) add up to
+   * at most `ramBytes + vramBytes`.
+   */
   capacity: { ramBytes: number; vramBytes?: number };
   /** Where slices are kept across restarts (`<cacheDir>/<model>/<layers>_<experts>.gguf`). */
   cacheDir: string;
   /**
    * Aborting it is how a worker is stopped: before serving it gives up its lease at once; while
    * serving it drains (no new work, in-flight requests finish, deregisters) and runWorker resolves.
+   * A lease it holds for a slice not yet registered is given back either way.
    */
   signal?: AbortSignal;
   /** Expert compute: "auto" (default: native when it loads, else TypeScript), "native", "llama-cpu", "ts". */
@@ -78,13 +76,28 @@ export interface RunWorkerOptions {
   progressIntervalMs?: number;
 }
 
+/** A slice a worker served. */
+export interface WorkerSliceSummary {
+  model: string;
+  /** "a:b" */
+  layers: string;
+  /** "a:b" */
+  experts: string;
+  path: string;
+  /** Taken from the cache (verified), not downloaded. */
+  reused: boolean;
+}
+
 export interface WorkerSummary {
   id: string;
   /** Why it ended: the caller's signal, or a `drain` from the hub. */
   reason: "signal" | "drain";
   /** Whether it reached `serving`. */
   served: boolean;
-  slice?: { model: string; layers: string; experts: string; path: string; reused: boolean } | undefined;
+  /** Every slice it registered, in order. */
+  slices: WorkerSliceSummary[];
+  /** The first of `slices` (kept for callers of one-slice workers). */
+  slice?: WorkerSliceSummary | undefined;
   backend?: ComputeBackend | undefined;
   /** Bytes downloaded by this run (0 when a cached slice was reused). */
   downloadedBytes: number;
@@ -237,27 +250,53 @@ interface Acquired {
   reused: boolean;
 }
 
+/** A slice loaded, registered and served. */
+interface Held {
+  model: string;
+  layers: Range;
+  experts: Range;
+  /** Expert bytes, as the hub counted them in the lease. */
+  bytes: number;
+  compute: ExpertCompute;
+  summary: WorkerSliceSummary;
+}
+
 /** Thrown inside the acquire loop when the lease went away: claim again. */
 class LeaseLost extends Error {}
 
 /**
  * The autonomous worker: finds what the hub's swarm needs, claims the slice that fits its capacity
  * and adds the most value, downloads it (resuming, renewing the lease), verifies every slab's
- * sha256 against the model's manifest, loads it into the expert compute, registers exactly that
- * slice on the relay and serves dispatches until the `signal` aborts or the hub sends `drain`;
- * then it stops taking work, finishes what it holds, deregisters and resolves with a summary.
+ * sha256 against the model's manifest, loads it into an expert compute, registers exactly that
+ * slice on the relay and serves dispatches. While capacity is left and the demand has something
+ * that fits, it claims, fetches, loads and registers the next slice the same way (one compute per
+ * slice; a dispatch whose slots span several of its slices is split between them and merged, with
+ * the bits of one compute over them all). It serves until the `signal` aborts or the hub sends
+ * `drain`; then it stops taking work, finishes what it holds, deregisters and resolves with a
+ * summary.
  *
  * The choice is made here from `GET /api/demand` (see `chooseSlices`), not by
  * `POST /api/claims/auto`, because only the worker knows what its cache holds: a slice it already
- * has costs no download, so it claims that one first whenever the hub still wants it.
+ * has costs no download, so it claims those first (every verified one that the hub still wants).
  *
- * Rejects on what retrying cannot fix: a refused token, a slice that fails verification
- * `maxVerifyAttempts` times, a compute that cannot load, a relay connection that closes for good.
- * Network failures and hub errors (5xx) are retried with backoff.
+ * Rejects on what retrying cannot fix before anything is served: a refused token, a slice that
+ * fails verification `maxVerifyAttempts` times, a compute that cannot load; and, at any time, a
+ * relay connection that closes for good. Such a failure of a later slice is logged
+ * (`grow-failed`) and the worker keeps serving what it has. Network failures and hub errors (5xx)
+ * are retried with backoff.
  */
 export async function runWorker(options: RunWorkerOptions): Promise<WorkerSummary> {
   const s = settings(options);
   return new WorkerRun(s, options.signal, options.log).run();
+}
+
+function overlap(a: SliceRect, b: { layers: Range; experts: Range }): boolean {
+  return (
+    a.layers.start < b.layers.end &&
+    b.layers.start < a.layers.end &&
+    a.experts.start < b.experts.end &&
+    b.experts.start < a.experts.end
+  );
 }
 
 class WorkerRun {
@@ -279,6 +318,14 @@ class WorkerRun {
   #idleWaiters: Array<() => void> = [];
   #dispatchErrors = 0;
   #fatal: MoeswarmError | undefined;
+  /** The slices served, in the order registered, and their computes per model. */
+  readonly #held: Held[] = [];
+  readonly #routers = new Map<string, SliceRouter>();
+  #conn: RelayConnection | undefined;
+  /** Cached slice files already tried in this run. */
+  readonly #cachedTried = new Set<string>();
+  /** No lease granted yet in this run. */
+  #fresh = true;
 
   constructor(s: Settings, signal: AbortSignal | undefined, log: ((event: WorkerEvent) => void) | undefined) {
     this.#s = s;
@@ -296,10 +343,15 @@ class WorkerRun {
   }
 
   #summary(extra: Partial<WorkerSummary> = {}): WorkerSummary {
+    const slices = this.#held.map((h) => ({ ...h.summary }));
+    const first = this.#held[0]?.compute.info.backend;
     return {
       id: this.#s.id,
       reason: this.#reason,
       served: false,
+      slices,
+      slice: slices[0],
+      ...(first !== undefined ? { backend: first } : {}),
       downloadedBytes: this.#downloadedBytes,
       requests: this.#requests,
       tokens: this.#tokens,
@@ -314,6 +366,15 @@ class WorkerRun {
     this.#reason = reason;
     this.#drainReason = text;
     this.#stop.abort(new TransportError("MOESWARM_TRANSPORT_DRAINING", `worker stopping: ${text}`));
+  }
+
+  /** The capacity its slices leave for another (expert bytes, as the hub counts them). */
+  #capacityLeft(): number {
+    return Math.max(0, this.#s.capacityBytes - this.#held.reduce((n, h) => n + h.bytes, 0));
+  }
+
+  #heldRects(): SliceRect[] {
+    return this.#held.map((h) => ({ model: h.model, layers: h.layers, experts: h.experts }));
   }
 
   async run(): Promise<WorkerSummary> {
@@ -334,23 +395,61 @@ class WorkerRun {
         backend: s.backend,
       });
       await mkdir(s.cacheDir, { recursive: true });
-      let acquired: Acquired | undefined;
-      try {
-        acquired = await this.#acquire();
-      } catch (error) {
-        if (this.#stop.signal.aborted) {
-          this.#emit({ event: "stopped", reason: this.#drainReason });
-          return this.#summary();
-        }
-        throw error;
+      await this.#grow();
+      if (this.#fatal) throw this.#fatal;
+      if (!this.#conn || this.#held.length === 0) {
+        this.#emit({ event: "stopped", reason: this.#drainReason });
+        return this.#summary();
       }
-      return await this.#serve(acquired);
+      return await this.#drain(this.#conn);
     } catch (error) {
       this.#emit({ event: "error", error: message(error), code: codeOf(error) });
       throw error;
     } finally {
       this.#userSignal?.removeEventListener("abort", onAbort);
+      await this.#conn?.close();
+      for (const h of this.#held) await h.compute.close().catch(() => {});
     }
+  }
+
+  /**
+   * Claims, fetches, loads and registers slices while capacity is left and the demand has
+   * something that fits (polling while it has not); returns once the worker is to stop.
+   */
+  async #grow(): Promise<void> {
+    const stop = this.#stop.signal;
+    while (!stop.aborted) {
+      let acquired: Acquired;
+      try {
+        acquired = await this.#acquire();
+      } catch (error) {
+        if (stop.aborted) return;
+        if (this.#held.length === 0) throw error;
+        await this.#stopGrowing(error);
+        return;
+      }
+      try {
+        await this.#add(acquired);
+      } catch (error) {
+        acquired.keeper.stop();
+        // not registered: the lease is not fulfilled, give it back
+        await this.#release(acquired.lease);
+        if (stop.aborted) return;
+        if (this.#held.length === 0) throw error;
+        await this.#stopGrowing(error);
+        return;
+      }
+    }
+  }
+
+  /** A later slice cannot be had: say why, keep serving the others until told to stop. */
+  async #stopGrowing(error: unknown): Promise<void> {
+    this.#emit({ event: "grow-failed", error: message(error), code: codeOf(error) });
+    const stop = this.#stop.signal;
+    await new Promise<void>((resolve) => {
+      if (stop.aborted) resolve();
+      else stop.addEventListener("abort", () => resolve(), { once: true });
+    });
   }
 
   // --- finding, claiming and fetching a slice -------------------------------------------------
@@ -358,23 +457,34 @@ class WorkerRun {
   async #acquire(): Promise<Acquired> {
     const s = this.#s;
     const stop = this.#stop.signal;
-    let cachedTried = false;
     let lastIdle = "";
     let quickRetries = 0;
     let hubFailures = 0;
     for (;;) {
       if (stop.aborted) throw abortReason(stop);
+      if (this.#held.length > 0 && this.#capacityLeft() === 0) {
+        // nothing can fit any more (slices are never given up while it runs): stop polling
+        this.#emit({
+          event: "idle",
+          reason: "full",
+          ranges: 0,
+          capacityBytes: 0,
+          pollMs: s.pollMs,
+          heldBytes: s.capacityBytes,
+        });
+        while (await sleep(2 ** 31 - 1, stop));
+        throw abortReason(stop);
+      }
       let lease: LeaseJson | undefined;
       let value: number | undefined;
       try {
-        if (!cachedTried) {
-          cachedTried = true;
-          lease = await this.#claimCached();
-        }
+        // what it has cached first (no download), then the demand, with the room left
+        lease = await this.#claimCached();
         if (!lease) {
+          const left = this.#capacityLeft();
           const demand = await s.hub.demand({ model: s.model, signal: stop });
           const ranges = demand.ranges.filter((r) => s.model === undefined || r.model === s.model);
-          const [choice] = chooseSlices(ranges, s.capacityBytes, { limit: 1 });
+          const [choice] = chooseSlices(ranges, left, { limit: 1, exclude: this.#heldRects() });
           hubFailures = 0;
           if (!choice) {
             const idle = ranges.length === 0 ? "covered" : `no-fit:${ranges.length}`;
@@ -383,8 +493,9 @@ class WorkerRun {
                 event: "idle",
                 reason: ranges.length === 0 ? "covered" : "no-fit",
                 ranges: ranges.length,
-                capacityBytes: s.capacityBytes,
+                capacityBytes: left,
                 pollMs: s.pollMs,
+                ...(this.#held.length > 0 ? { heldBytes: s.capacityBytes - left } : {}),
               });
               lastIdle = idle;
             }
@@ -402,7 +513,7 @@ class WorkerRun {
             experts: `${choice.experts.start}:${choice.experts.end}`,
             value: choice.value,
             bytes: choice.bytes,
-            capacityBytes: s.capacityBytes,
+            capacityBytes: left,
           });
           lease = await this.#tryClaim(choice.model, choice.layers, choice.experts);
           if (!lease) {
@@ -477,10 +588,16 @@ class WorkerRun {
     }
   }
 
-  /** Claims the newest cached slice the hub still needs below its target; undefined when none. */
+  /**
+   * Claims the newest cached slice, not tried yet in this run and not overlapping what the worker
+   * holds, that the hub still needs below its target; undefined when none.
+   */
   async #claimCached(): Promise<LeaseJson | undefined> {
     const s = this.#s;
     for (const c of await listCachedSlices(s.cacheDir, s.model)) {
+      if (this.#cachedTried.has(c.path)) continue;
+      this.#cachedTried.add(c.path);
+      if (this.#heldRects().some((h) => h.model === c.model && overlap(h, c))) continue;
       this.#emit({
         event: "cached",
         model: c.model,
@@ -503,7 +620,7 @@ class WorkerRun {
       experts: `${experts.start}:${experts.end}`,
     };
     try {
-      return await s.hub.claim(
+      const lease = await s.hub.claim(
         {
           ...fields,
           capacity: {
@@ -512,9 +629,13 @@ class WorkerRun {
           },
           worker: s.id,
           ...(s.leaseTtlMs !== undefined ? { ttlMs: s.leaseTtlMs } : {}),
+          // until its first lease, whatever the hub still holds for this id is a previous run's
+          ...(this.#fresh ? { replaceLeases: true } : {}),
         },
         this.#stop.signal,
       );
+      this.#fresh = false;
+      return lease;
     } catch (error) {
       if (
         isMoeswarmError(error, "MOESWARM_HUB_CONFLICT") ||
@@ -685,29 +806,24 @@ class WorkerRun {
 
   // --- serving ----------------------------------------------------------------------------------
 
-  async #serve(a: Acquired): Promise<WorkerSummary> {
+  /** Loads an acquired slice, connects (the first time), registers it and serves it. */
+  async #add(a: Acquired): Promise<void> {
     const s = this.#s;
     const stop = this.#stop.signal;
-    const sliceInfo = {
-      model: a.lease.model,
-      layers: a.lease.layers,
-      experts: a.lease.experts,
-      path: a.paths.path,
-      reused: a.reused,
-    };
-    let compute: ExpertCompute | undefined;
-    let conn: RelayConnection | undefined;
+    const model = a.lease.model;
+    const t0 = performance.now();
+    const compute = await loadExpertCompute(a.paths.path, {
+      backend: s.backend,
+      ...(s.threads !== undefined ? { threads: s.threads } : {}),
+      signal: stop,
+    });
+    let router: SliceRouter | undefined;
     try {
-      const t0 = performance.now();
-      compute = await loadExpertCompute(a.paths.path, {
-        backend: s.backend,
-        ...(s.threads !== undefined ? { threads: s.threads } : {}),
-        signal: stop,
-      });
       const info = compute.info;
+      const backend = info.device === "llama-cpu" ? "llama-cpu" : info.backend;
       this.#emit({
         event: "loaded",
-        backend: info.device === "llama-cpu" ? "llama-cpu" : info.backend,
+        backend,
         cpu: info.cpu,
         threads: info.threads,
         device: info.device,
@@ -717,69 +833,60 @@ class WorkerRun {
             : undefined,
         ms: performance.now() - t0,
       });
-      conn = await this.#connect(compute, a.lease.model);
-      conn.register({
-        model: a.lease.model,
+      this.#conn ??= await this.#connect();
+      if (stop.aborted) throw abortReason(stop);
+      router = this.#routers.get(model);
+      if (!router) {
+        router = new SliceRouter(model);
+        this.#routers.set(model, router);
+      }
+      // dispatches may reach it as soon as the relay has the registration
+      router.add({ layers: a.layers, experts: a.experts, compute });
+      this.#conn.register({
+        model,
         layers: rangeValues(a.layers),
         experts: rangeValues(a.experts),
         capacity: s.capacityBytes,
-        backend: info.device === "llama-cpu" ? "llama-cpu" : info.backend,
+        backend,
       });
-      // the registration fulfils the lease on the hub: nothing left to renew
-      a.keeper.stop();
-      this.#emit({
-        event: "registered",
-        model: a.lease.model,
+    } catch (error) {
+      router?.remove(compute);
+      await compute.close().catch(() => {});
+      throw error;
+    }
+    // the registration fulfils the lease on the hub: nothing left to renew
+    a.keeper.stop();
+    this.#held.push({
+      model,
+      layers: a.layers,
+      experts: a.experts,
+      bytes: a.lease.bytes,
+      compute,
+      summary: {
+        model,
         layers: a.lease.layers,
         experts: a.lease.experts,
-        cells: (a.layers.end - a.layers.start) * (a.experts.end - a.experts.start),
-      });
-      this.#emit({ event: "serving" });
-      await new Promise<void>((resolve) => {
-        if (stop.aborted) resolve();
-        else stop.addEventListener("abort", () => resolve(), { once: true });
-      });
-      if (this.#fatal) throw this.#fatal;
-      return await this.#drain(conn, compute, sliceInfo);
-    } catch (error) {
-      a.keeper.stop();
-      if (stop.aborted && !this.#fatal && !conn) {
-        // stopped while loading or connecting: the lease is not fulfilled yet
-        await this.#release(a.lease);
-        this.#emit({ event: "stopped", reason: this.#drainReason });
-        return this.#summary({ slice: sliceInfo, backend: compute?.info.backend });
-      }
-      throw error;
-    } finally {
-      await conn?.close();
-      await compute?.close();
-    }
+        path: a.paths.path,
+        reused: a.reused,
+      },
+    });
+    this.#emit({
+      event: "registered",
+      model,
+      layers: a.lease.layers,
+      experts: a.lease.experts,
+      cells: (a.layers.end - a.layers.start) * (a.experts.end - a.experts.start),
+      slices: this.#held.length,
+      bytes: this.#s.capacityBytes - this.#capacityLeft(),
+      capacityBytes: this.#s.capacityBytes,
+    });
+    if (this.#held.length === 1) this.#emit({ event: "serving" });
   }
 
   /** Connects to the relay, retrying transient failures until it works or the worker stops. */
-  async #connect(compute: ExpertCompute, model: string): Promise<RelayConnection> {
+  async #connect(): Promise<RelayConnection> {
     const s = this.#s;
     const stop = this.#stop.signal;
-    // the relay-client ignores relay-to-worker `drain` frames; this link wrapper sees them first
-    const dial: FrameDialer = (url, options) =>
-      dialWebSocket(url, {
-        ...options,
-        handlers: {
-          ...options.handlers,
-          frame: (bytes) => {
-            if (bytes.byteLength <= 4096) {
-              try {
-                const f = decodeFrame(bytes);
-                if (f.t === "drain")
-                  this.#requestStop("drain", `the hub asked${f.reason ? `: ${f.reason}` : ""}`);
-              } catch {
-                // not ours to judge: the connection reports bad frames
-              }
-            }
-            options.handlers.frame(bytes);
-          },
-        },
-      });
     for (let attempt = 1; ; attempt++) {
       // aborting connectRelay's signal closes the connection, and a drain must not: this one
       // only aborts while connecting
@@ -795,11 +902,13 @@ class WorkerRun {
           ...(s.hub.ca !== undefined ? { ca: s.hub.ca } : {}),
           ...(s.heartbeatMs !== undefined ? { heartbeatMs: s.heartbeatMs } : {}),
           signal: connecting.signal,
-          dial,
-          onDispatch: (req) => this.#onDispatch(req, compute, model),
+          onDispatch: (req) => this.#onDispatch(req),
+          // the hub takes this worker out of service: drain as on a signal
+          onDrain: (reason) => this.#requestStop("drain", `the hub asked${reason ? `: ${reason}` : ""}`),
         });
         this.#emit({ event: "connected", url: s.relay });
         conn.on((e) => {
+          if (e.type === "drain") return; // onDrain has it
           if (e.type === "notice") {
             this.#emit({ event: "relay", state: "notice", error: `${e.error.code}: ${e.error.message}` });
             return;
@@ -839,27 +948,28 @@ class WorkerRun {
     }
   }
 
-  async #onDispatch(req: IncomingDispatch, compute: ExpertCompute, model: string) {
+  async #onDispatch(req: IncomingDispatch) {
     if (this.#draining) {
       throw new TransportError("MOESWARM_TRANSPORT_DRAINING", `worker ${this.#s.id} is draining`);
     }
     this.#inFlight++;
     try {
-      if (req.model !== model) {
+      const router = this.#routers.get(req.model);
+      if (!router || router.size === 0) {
         throw new InvalidArgumentError(
           "MOESWARM_INVALID_ARGUMENT",
-          `model ${req.model} is not served here (${model})`,
+          `model ${req.model} is not served here (${[...this.#routers.keys()].join(", ") || "nothing yet"})`,
         );
       }
-      if (req.embd !== compute.info.nEmbd) {
+      if (req.embd !== router.nEmbd) {
         throw new InvalidArgumentError(
           "MOESWARM_INVALID_ARGUMENT",
-          `embd ${req.embd} does not match the slice's n_embd ${compute.info.nEmbd}`,
+          `embd ${req.embd} does not match the slice's n_embd ${router.nEmbd}`,
         );
       }
       const t0 = performance.now();
-      // layer and expert ids are checked against the slice by the compute (InvalidArgumentError)
-      const y = await compute.run(
+      // layer and expert ids are checked against the slices (InvalidArgumentError)
+      const y = await router.run(
         {
           layer: req.layer,
           x: req.activations(),
@@ -893,15 +1003,12 @@ class WorkerRun {
     }
   }
 
-  async #drain(
-    conn: RelayConnection,
-    compute: ExpertCompute,
-    slice: NonNullable<WorkerSummary["slice"]>,
-  ): Promise<WorkerSummary> {
+  async #drain(conn: RelayConnection): Promise<WorkerSummary> {
     const t0 = performance.now();
     this.#draining = true;
     this.#emit({ event: "drain", reason: this.#drainReason, inFlight: this.#inFlight });
     try {
+      // withdraws every registration on the relay
       conn.drain(this.#drainReason);
     } catch {
       // the connection is down: nothing to tell the relay
@@ -922,9 +1029,10 @@ class WorkerRun {
       tokens: this.#tokens,
       failed: this.#failed,
       inFlightAbandoned: abandoned,
+      slices: this.#held.length,
       ms: performance.now() - t0,
     });
-    return this.#summary({ served: true, slice, backend: compute.info.backend });
+    return this.#summary({ served: true });
   }
 }
 

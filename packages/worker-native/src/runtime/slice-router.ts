@@ -1,0 +1,114 @@
+import { InvalidArgumentError, type Range, sumSlots } from "@moeswarm/core";
+import { checkRunRequest, type ExpertCompute, type RunOptions, type RunRequest } from "../expert-compute.js";
+
+/** One slice a worker serves: a rectangle of layers x experts, computed by its own ExpertCompute. */
+export interface RoutedSlice {
+  readonly layers: Range;
+  readonly experts: Range;
+  readonly compute: ExpertCompute;
+}
+
+/**
+ * The slices a worker serves of one model, behind one `run`: a dispatch's slots may fall in
+ * several of them (a backbone groups a layer's slots by worker, not by slice).
+ *
+ * Slots that all fall in one slice go to its compute unchanged. Otherwise each slice computes its
+ * own slots in mode "each" (the others masked as empty, -1), the rows are put back in slot order,
+ * and mode "sum" is reduced afterwards with core's `sumSlots`: products rounded to f32 and added in
+ * slot order, as protocol v1 and one compute over the whole layer do, so the bits are the same.
+ */
+export class SliceRouter {
+  readonly model: string;
+  readonly #slices: RoutedSlice[] = [];
+
+  constructor(model: string) {
+    this.model = model;
+  }
+
+  get size(): number {
+    return this.#slices.length;
+  }
+
+  get nEmbd(): number | undefined {
+    return this.#slices[0]?.compute.info.nEmbd;
+  }
+
+  /** Layers served, ascending (each once). */
+  layers(): number[] {
+    const set = new Set<number>();
+    for (const s of this.#slices) for (let l = s.layers.start; l < s.layers.end; l++) set.add(l);
+    return [...set].sort((a, b) => a - b);
+  }
+
+  add(slice: RoutedSlice): void {
+    const nEmbd = this.nEmbd;
+    if (nEmbd !== undefined && slice.compute.info.nEmbd !== nEmbd) {
+      throw new InvalidArgumentError(
+        "MOESWARM_INVALID_ARGUMENT",
+        `a slice of ${this.model} with n_embd ${slice.compute.info.nEmbd} cannot join slices with n_embd ${nEmbd}`,
+      );
+    }
+    this.#slices.push(slice);
+  }
+
+  /** Forgets the slice computed by `compute` (one that could not be registered). */
+  remove(compute: ExpertCompute): void {
+    const i = this.#slices.findIndex((s) => s.compute === compute);
+    if (i >= 0) this.#slices.splice(i, 1);
+  }
+
+  async run(request: RunRequest, options: RunOptions = {}): Promise<Float32Array> {
+    const { layer, k, mode } = request;
+    const here = this.#slices.filter((s) => layer >= s.layers.start && layer < s.layers.end);
+    const experts = new Set<number>();
+    for (const s of here) for (let e = s.experts.start; e < s.experts.end; e++) experts.add(e);
+    // the whole request against the union of the slices: the same typed errors as one compute gives
+    const n = checkRunRequest(request, { layers: this.layers(), nEmbd: this.nEmbd ?? 0 }, experts);
+    const ids = request.ids;
+    const owner = new Int32Array(ids.length).fill(-1);
+    const used: number[] = [];
+    for (let i = 0; i < ids.length; i++) {
+      const id = ids[i] as number;
+      if (id === -1) continue;
+      // the first slice that holds it (a worker's slices do not overlap; if they did, one is enough)
+      let s = 0;
+      while (!(id >= (here[s] as RoutedSlice).experts.start && id < (here[s] as RoutedSlice).experts.end))
+        s++;
+      owner[i] = s;
+      if (!used.includes(s)) used.push(s);
+    }
+    if (used.length <= 1) return (here[used[0] ?? 0] as RoutedSlice).compute.run(request, options);
+    const each = await this.#split(request, n, here, owner, used, options);
+    if (mode === "each") return each;
+    return sumSlots(each, request.weights as Float32Array, ids, { n, k, embd: this.nEmbd as number });
+  }
+
+  async #split(
+    request: RunRequest,
+    n: number,
+    here: readonly RoutedSlice[],
+    owner: Int32Array,
+    used: readonly number[],
+    options: RunOptions,
+  ): Promise<Float32Array> {
+    const { ids, k } = request;
+    const embd = this.nEmbd as number;
+    const parts = await Promise.all(
+      used.map((s) => {
+        const mine = Int32Array.from(ids, (id, i) => (owner[i] === s ? id : -1));
+        return (here[s] as RoutedSlice).compute.run(
+          { layer: request.layer, x: request.x, ids: mine, k, mode: "each" },
+          options,
+        );
+      }),
+    );
+    const each = new Float32Array(n * k * embd);
+    for (let i = 0; i < ids.length; i++) {
+      const s = owner[i] as number;
+      if (s < 0) continue;
+      const y = parts[used.indexOf(s)] as Float32Array;
+      each.set(y.subarray(i * embd, (i + 1) * embd), i * embd);
+    }
+    return each;
+  }
+}

@@ -1,0 +1,262 @@
+// Workers that hold several slices: runWorker (in this process, native compute when it loads)
+// against a hub serving the synthetic qwen3moe `small` model (4 MoE layers x 64 experts). With
+// capacity to spare a worker keeps claiming, so greedy rectangles leave no strip uncovered; a
+// dispatch whose slots span two of a worker's slices gets the bits of one compute over the whole
+// model; a restart reuses every cached slice; the hub drains a worker over HTTP.
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createHub, type Hub, mintToken } from "@moeswarm/hub";
+import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
+import { ensureSyntheticModel } from "@moeswarm/shard";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { loadExpertCompute } from "../src/load.js";
+import type { WorkerEvent } from "../src/runtime/events.js";
+import { runWorker, type WorkerSummary } from "../src/runtime/run-worker.js";
+import { bitsEqual, firstBitDiff, normals, randomWeights } from "./fixtures.js";
+
+const MODEL_CACHE = process.env.MOESWARM_CACHE_DIR ?? join(tmpdir(), "moeswarm-worker-test-models");
+const MODEL = "qwen3moe-small";
+const SECRET = "worker-slices-test-secret-0123456789abcdef";
+const LAYERS = 4;
+const EXPERTS = 64;
+
+interface PlacementJson {
+  version: number;
+  registrations: Array<{ id: string; model: string; layers: number[]; experts: number[] }>;
+  owners: Array<{ layer: number; experts: string; workers: string[] }>;
+  missing: Array<{ layer: number; experts: string; count: number }>;
+}
+
+let hub: Hub;
+let url: string;
+let relayUrl: string;
+let modelPath: string;
+let bytesPerExpert: number;
+let work: string;
+const open: RelayConnection[] = [];
+
+const token = (role: "worker" | "backbone" | "admin", id?: string) =>
+  mintToken({ role, ...(id === undefined ? {} : { id }), ttlS: 600 }, SECRET);
+const range = (start: number, end: number) => Array.from({ length: end - start }, (_, i) => start + i);
+const span = (values: number[]) => `${values[0]}:${(values.at(-1) as number) + 1}`;
+
+beforeAll(async () => {
+  work = mkdtempSync(join(tmpdir(), "moeswarm-worker-slices-"));
+  modelPath = (await ensureSyntheticModel("small", { cacheDir: MODEL_CACHE })).path;
+  hub = createHub({
+    secret: SECRET,
+    models: [{ id: MODEL, path: modelPath }],
+    manifestDir: work,
+    dashboard: false,
+    market: { leaseTtlMs: 30_000 },
+  });
+  const l = await hub.listen(0);
+  url = l.url;
+  relayUrl = l.relayUrl;
+  const info = (await (await fetch(`${url}/api/models/${MODEL}`)).json()) as { expertBytes: number };
+  bytesPerExpert = info.expertBytes;
+});
+
+afterAll(async () => {
+  await Promise.all(open.map((c) => c.close()));
+  await hub?.close();
+  if (work) rmSync(work, { recursive: true, force: true });
+});
+
+async function placement(since?: number): Promise<PlacementJson | undefined> {
+  const res = await fetch(
+    `${url}/api/models/${MODEL}/placement${since === undefined ? "" : `?since=${since}&wait=2`}`,
+  );
+  if (res.status === 304) return undefined;
+  return (await res.json()) as PlacementJson;
+}
+
+async function waitPlacement(what: string, test: (p: PlacementJson) => boolean, timeoutMs = 45_000) {
+  const end = Date.now() + timeoutMs;
+  let p = (await placement()) as PlacementJson;
+  while (!test(p)) {
+    if (Date.now() > end)
+      throw new Error(`no ${what} within ${timeoutMs} ms: ${JSON.stringify(p.registrations)}`);
+    p = (await placement(p.version)) ?? p;
+  }
+  return p;
+}
+
+const complete = (p: PlacementJson) =>
+  p.missing.length === 0 && p.owners.every((o) => o.workers.length === 1);
+
+/** A runWorker in this process, with its events, stopped by its controller or by the hub. */
+function start(id: string, capacity: number, cacheDir = join(work, `cache-${id}`)) {
+  const controller = new AbortController();
+  const events: WorkerEvent[] = [];
+  const done: Promise<WorkerSummary> = runWorker({
+    hub: url,
+    token: token("worker", id),
+    capacity: { ramBytes: capacity },
+    cacheDir,
+    threads: 1,
+    pollMs: 100,
+    signal: controller.signal,
+    log: (e) => events.push(e),
+  });
+  return { id, controller, events, done, cacheDir };
+}
+
+async function drainFromHub(id: string, reason?: string): Promise<Response> {
+  return fetch(`${url}/api/workers/${id}/drain`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${token("admin")}`, "content-type": "application/json" },
+    ...(reason === undefined ? {} : { body: JSON.stringify({ reason }) }),
+  });
+}
+
+describe("workers with several slices", () => {
+  it("two workers with 15% slack cover the model: the strip the first leaves is the second's second slice", async () => {
+    const capacity = Math.ceil(((LAYERS * EXPERTS * bytesPerExpert) / 2) * 1.15);
+    const a = start("two-a", capacity);
+    const b = start("two-b", capacity);
+    const p = await waitPlacement("complete coverage", complete);
+    const rects = (id: string) =>
+      p.registrations.filter((r) => r.id === id).map((r) => `L${span(r.layers)} E${span(r.experts)}`);
+    const [first, second] = rects("two-a").length === 1 ? ["two-a", "two-b"] : ["two-b", "two-a"];
+    // the largest rectangle that fits, then what is left, in two slices
+    expect(rects(first)).toEqual(["L0:3 E0:49"]);
+    expect(rects(second)).toEqual(["L3:4 E0:64", "L0:3 E49:64"]);
+    const cells = p.registrations.reduce((n, r) => n + r.layers.length * r.experts.length, 0);
+    expect(cells).toBe(LAYERS * EXPERTS);
+
+    // the hub drains both over HTTP: each finishes, deregisters every slice and resolves
+    expect((await drainFromHub("two-a", "maintenance")).status).toBe(200);
+    expect((await drainFromHub("two-b")).status).toBe(200);
+    const [sa, sb] = await Promise.all([a.done, b.done]);
+    expect(sa).toMatchObject({ reason: "drain", served: true });
+    expect(sb).toMatchObject({ reason: "drain", served: true });
+    expect([sa, sb].map((s) => s.slices.length).sort()).toEqual([1, 2]);
+    expect(a.events.find((e) => e.event === "drain")).toMatchObject({ reason: "the hub asked: maintenance" });
+    expect(b.events.find((e) => e.event === "drain")).toMatchObject({ reason: "the hub asked" });
+    expect((await drainFromHub("two-a")).status).toBe(404); // gone
+    await waitPlacement("nobody", (x) => x.registrations.length === 0, 5000);
+  });
+
+  it("three equal workers with 15% slack cover the model, every cell once", async () => {
+    const capacity = Math.ceil(((LAYERS * EXPERTS * bytesPerExpert) / 3) * 1.15);
+    const ws = ["three-a", "three-b", "three-c"].map((id) => start(id, capacity));
+    const p = await waitPlacement("complete coverage", complete);
+    expect(p.registrations.reduce((n, r) => n + r.layers.length * r.experts.length, 0)).toBe(
+      LAYERS * EXPERTS,
+    );
+    for (const w of ws) {
+      const held = p.registrations.filter((r) => r.id === w.id);
+      expect(held.length, w.id).toBeGreaterThan(0);
+      expect(
+        held.reduce((n, r) => n + r.layers.length * r.experts.length, 0) * bytesPerExpert,
+      ).toBeLessThanOrEqual(capacity);
+    }
+    for (const w of ws) w.controller.abort("test done");
+    for (const s of await Promise.all(ws.map((w) => w.done)))
+      expect(s).toMatchObject({ reason: "signal", served: true });
+    await waitPlacement("nobody", (x) => x.registrations.length === 0, 5000);
+  });
+
+  it("answers a dispatch spanning two of its slices with the bits of one compute, and reuses both after a restart", async () => {
+    // another worker serves layers 1:4 and experts 16:48 of layer 0: what is left of layer 0 is two
+    // runs, 0:16 and 48:64, which a worker with room for 32 experts takes as two slices
+    const other = await connectRelay(relayUrl, {
+      role: "worker",
+      id: "other",
+      token: token("worker", "other"),
+      reconnect: false,
+      onDispatch: () => ({ y: new Float32Array(0) }),
+    });
+    open.push(other);
+    other.register({ model: MODEL, layers: [1, 2, 3], experts: range(0, 64) });
+    other.register({ model: MODEL, layers: [0], experts: range(16, 48) });
+    await waitPlacement(
+      "the other worker",
+      (p) => p.registrations.filter((r) => r.id === "other").length === 2,
+    );
+
+    const w = start("span", 32 * bytesPerExpert);
+    const p = await waitPlacement("complete coverage", complete);
+    expect(
+      p.registrations
+        .filter((r) => r.id === "span")
+        .map((r) => `L${span(r.layers)} E${span(r.experts)}`)
+        .sort(),
+    ).toEqual(["L0:1 E0:16", "L0:1 E48:64"]);
+    expect(w.events.filter((e) => e.event === "registered").at(-1)).toMatchObject({
+      slices: 2,
+      bytes: 32 * bytesPerExpert,
+    });
+
+    const backbone = await connectRelay(relayUrl, {
+      role: "backbone",
+      id: "bb-span",
+      token: token("backbone", "bb-span"),
+      reconnect: false,
+    });
+    open.push(backbone);
+    await using whole = await loadExpertCompute(modelPath, { backend: "auto", threads: 1 });
+    const loaded = w.events.find((e) => e.event === "loaded") as Extract<WorkerEvent, { event: "loaded" }>;
+    expect(loaded.backend).toBe(whole.info.backend); // the same kernels on both sides
+    const n = 5;
+    const k = 4;
+    const embd = whole.info.nEmbd;
+    const x = normals(n * embd, 31, 0.5);
+    // every token mixes both slices; one slot empty
+    const ids = Int32Array.from([0, 63, 15, 48, 50, 2, -1, 60, 7, 8, 55, 9, 49, 1, 62, 14, 3, 52, 12, 58]);
+    const wts = randomWeights(n, k, 5);
+    for (const mode of ["each", "sum"] as const) {
+      const reply = await backbone.request("span", {
+        model: MODEL,
+        layer: 0,
+        n,
+        embd,
+        x,
+        k,
+        ids,
+        w: wts,
+        mode,
+      });
+      const want = await whole.run({ layer: 0, x, ids, k, weights: wts, mode });
+      expect(reply.from).toBe("span");
+      expect(firstBitDiff(reply.y, want), mode).toBe(-1);
+      expect(bitsEqual(reply.y, want)).toBe(true);
+      expect(want.some((v) => v !== 0)).toBe(true);
+    }
+    // an expert the other worker serves is not computed here
+    await expect(
+      backbone.request("span", {
+        model: MODEL,
+        layer: 0,
+        n: 1,
+        embd,
+        x: x.subarray(0, embd),
+        k: 1,
+        ids: Int32Array.from([20]),
+        mode: "each",
+      }),
+    ).rejects.toMatchObject({ code: "MOESWARM_INVALID_ARGUMENT" });
+
+    w.controller.abort("restart");
+    const first = await w.done;
+    expect(first.slices.map((s) => s.reused)).toEqual([false, false]);
+    await waitPlacement("span gone", (x) => !x.registrations.some((r) => r.id === "span"), 5000);
+
+    // the restart takes both slices from its cache: verified, no byte downloaded
+    const again = start("span", 32 * bytesPerExpert, w.cacheDir);
+    await waitPlacement(
+      "span back",
+      (x) => complete(x) && x.registrations.filter((r) => r.id === "span").length === 2,
+    );
+    again.controller.abort("test done");
+    const second = await again.done;
+    expect(second.downloadedBytes).toBe(0);
+    expect(second.slices.map((s) => s.reused)).toEqual([true, true]);
+    expect(second.slices.map((s) => s.experts).sort()).toEqual(["0:16", "48:64"]);
+    expect(again.events.filter((e) => e.event === "cached")).toHaveLength(2);
+    expect(again.events.some((e) => e.event === "download-start")).toBe(false);
+    await other.close();
+  });
+});
