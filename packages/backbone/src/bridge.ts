@@ -25,16 +25,39 @@ import {
   FALLBACK_OWNER,
   type Placement,
 } from "@moeswarm/dispatch";
+import {
+  checkHubOptions,
+  connectHub,
+  type HubLink,
+  type HubLinkMetrics,
+  type HubLinkOptions,
+} from "./hub-link.js";
 
 /** Where the bridge listens: a Unix socket path, or TCP (port 0 picks a free one). */
 export type BridgeSocket = string | { readonly host?: string; readonly port: number };
 
+/** The bridge's hub: its URL, a backbone token and the model id (see {@link HubLinkOptions}). */
+export type BackboneHubOptions = Omit<HubLinkOptions, "signal">;
+
 export interface BackboneBridgeOptions {
   socket: BridgeSocket;
-  /** The model id the plugin sends (`MOESWARM_MODEL`); default `placement.model`. Others are refused. */
+  /**
+   * The model id the plugin sends (`MOESWARM_MODEL`); default `hub.model`, else `placement.model`.
+   * Others are refused.
+   */
   model?: string;
-  placement: Placement;
-  transport: ExpertTransport;
+  /**
+   * Who serves which expert, with `transport`: a Placement, or a function asked at each request
+   * (a live placement, such as `connectHub(...).placement`). Exclusive with `hub`.
+   */
+  placement?: Placement | (() => Placement);
+  transport?: ExpertTransport;
+  /**
+   * Instead of `placement` + `transport`: the bridge connects to the hub (`connectHub`), follows
+   * its live placement, sends the experts over its relay and reports routing statistics and
+   * receipts to it; closing the bridge closes that link (after a final report).
+   */
+  hub?: BackboneHubOptions;
   /** Serves experts no live worker can (e.g. `createLocalFallback(modelPath).compute`). */
   fallback?: ExpertCompute;
   /** How long each worker request may take before failover (dispatch's default: 30 s). */
@@ -89,6 +112,8 @@ export interface BridgeMetrics {
   errors: Record<string, number>;
   /** The workers' side: requests, bytes, latency and compute per worker (dispatch's totals). */
   dispatch: DispatchMetricsSnapshot;
+  /** With `hub`: the placement version followed, the poller's and the reporter's counters. */
+  hub?: HubLinkMetrics;
 }
 
 /** How often the router sent tokens of a layer to an expert (for the hub's coverage market). */
@@ -116,6 +141,8 @@ export interface BridgeStatsReport {
 export interface BackboneBridge extends AsyncDisposable {
   /** What the plugin's `MOESWARM_BRIDGE` takes: `unix:/path` or `tcp:host:port`. */
   readonly address: string;
+  /** With `hub`: the link to the hub (its live placement, relay connection and reporter). */
+  readonly hub: HubLink | undefined;
   metrics(): BridgeMetrics;
   /** Routing counts since the start or the last report, by layer then expert. */
   routingCounts(): IterableIterator<RoutingCount>;
@@ -181,10 +208,22 @@ function checkOptions(o: BackboneBridgeOptions): void {
   ) {
     throw invalid("socket must be a Unix socket path or {host, port}");
   }
-  if (!o.placement || typeof o.placement.choose !== "function")
-    throw invalid("placement must be a Placement");
-  if (!o.transport || typeof o.transport.request !== "function")
-    throw invalid("transport must have request()");
+  if (o.hub !== undefined) {
+    if (o.placement !== undefined || o.transport !== undefined) {
+      throw invalid("give either hub or placement + transport, not both");
+    }
+    checkHubOptions(o.hub);
+    if (o.model !== undefined && o.model !== o.hub.model) {
+      throw invalid(`model ${JSON.stringify(o.model)} differs from hub.model ${JSON.stringify(o.hub.model)}`);
+    }
+  } else {
+    const p = o.placement;
+    if (!p || (typeof p !== "function" && typeof p.choose !== "function")) {
+      throw invalid("placement must be a Placement or a function returning one (or give hub)");
+    }
+    if (!o.transport || typeof o.transport.request !== "function")
+      throw invalid("transport must have request() (or give hub)");
+  }
   if (o.fallback !== undefined && typeof o.fallback !== "function")
     throw invalid("fallback must be a function");
   if (o.model !== undefined && (typeof o.model !== "string" || o.model.length === 0)) {
@@ -239,9 +278,18 @@ function listen(server: Server, socket: BridgeSocket): Promise<void> {
 export async function serveBackboneBridge(options: BackboneBridgeOptions): Promise<BackboneBridge> {
   checkOptions(options);
   throwIfAborted(options.signal);
-  const { placement, transport, fallback, deadlineMs, signal, onStats } = options;
-  const model = options.model ?? placement.model;
+  const { fallback, deadlineMs, signal, onStats } = options;
   const maxFrameBytes = options.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES;
+  // the hub first: a hub that refuses us must not leave a socket listening
+  const link = options.hub ? await connectHub({ ...options.hub, ...(signal ? { signal } : {}) }) : undefined;
+  const given = options.placement;
+  const currentPlacement: () => Placement = link
+    ? link.placement
+    : typeof given === "function"
+      ? given
+      : () => given as Placement;
+  const transport = link ? link.transport : (options.transport as ExpertTransport);
+  const model = options.model ?? link?.model ?? currentPlacement().model;
 
   const controller = new AbortController();
   const sockets = new Set<Socket>();
@@ -298,6 +346,8 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
       return;
     }
     countRouting(f.layer, f.ids);
+    // this request's snapshot: a new placement from the hub applies to the requests after it
+    const placement = currentPlacement();
     let metrics: DispatchCallMetrics | undefined;
     try {
       const r = await dispatchExpertsDetailed(
@@ -408,19 +458,24 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
   try {
     await listen(server, options.socket);
   } catch (error) {
-    if (
-      socketPath &&
-      (error as NodeJS.ErrnoException).code === "EADDRINUSE" &&
-      (await staleSocket(socketPath))
-    ) {
-      rmSync(socketPath, { force: true });
-      await listen(server, options.socket);
-    } else {
-      throw new TransportError(
-        "MOESWARM_TRANSPORT_CONNECT",
-        `the bridge cannot listen on ${socketPath ?? JSON.stringify(options.socket)}: ${(error as Error).message}`,
-        { cause: error },
-      );
+    try {
+      if (
+        socketPath &&
+        (error as NodeJS.ErrnoException).code === "EADDRINUSE" &&
+        (await staleSocket(socketPath))
+      ) {
+        rmSync(socketPath, { force: true });
+        await listen(server, options.socket);
+      } else {
+        throw new TransportError(
+          "MOESWARM_TRANSPORT_CONNECT",
+          `the bridge cannot listen on ${socketPath ?? JSON.stringify(options.socket)}: ${(error as Error).message}`,
+          { cause: error },
+        );
+      }
+    } catch (failure) {
+      await link?.close();
+      throw failure;
     }
   }
   const bound = server.address();
@@ -447,14 +502,21 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
       for (const s of sockets) s.destroy();
       await closed;
       if (socketPath && (await staleSocket(socketPath))) rmSync(socketPath, { force: true });
+      // after the last answer: the final report holds everything the bridge did
+      await link?.close();
     })();
     return closing;
   };
   const onAbort = () => void close();
   signal?.addEventListener("abort", onAbort, { once: true });
+  if (signal?.aborted) {
+    await close();
+    throw abortReason(signal);
+  }
 
-  return {
+  const bridge: BackboneBridge = {
     address,
+    hub: link,
     metrics(): BridgeMetrics {
       const d = dispatchMetrics.snapshot();
       return {
@@ -465,6 +527,7 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
         layers: [...layers.entries()].sort((a, b) => a[0] - b[0]).map(([layer, l]) => l.summary(layer)),
         errors: { ...errors },
         dispatch: d,
+        ...(link ? { hub: link.metrics() } : {}),
       };
     },
     routingCounts,
@@ -505,6 +568,8 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
     close,
     [Symbol.asyncDispose]: close,
   };
+  link?.reportStatsFrom(bridge);
+  return bridge;
 }
 
 function emptyCall(f: DispatchFrame): DispatchCallMetrics {

@@ -2,6 +2,7 @@
 export {
   type BackboneBridge,
   type BackboneBridgeOptions,
+  type BackboneHubOptions,
   type BridgeLayerLatency,
   type BridgeMetrics,
   type BridgeRequestStats,
@@ -18,6 +19,20 @@ export {
   readLogits,
   runLogitsHarness,
 } from "./harness.js";
+export {
+  connectHub,
+  type HubCa,
+  type HubLink,
+  type HubLinkError,
+  type HubLinkEvent,
+  type HubLinkMetrics,
+  type HubLinkOptions,
+  type HubPlacement,
+  type HubToken,
+  parseHubPlacement,
+  type StatsOutcome,
+  type StatsSource,
+} from "./hub-link.js";
 export {
   formatLayerSelection,
   type LayerSelection,

@@ -5,7 +5,14 @@ import { InvalidArgumentError, NativeError, throwIfAborted } from "@moeswarm/cor
 import type { ExpertCompute, ExpertTransport, Placement } from "@moeswarm/dispatch";
 import { llamaCppBinsDir } from "@moeswarm/worker-native";
 import type { Llama, LlamaLogLevel, LlamaModel, LlamaModelOptions } from "node-llama-cpp";
-import { type BackboneBridge, type BridgeMetrics, type BridgeSocket, serveBackboneBridge } from "./bridge.js";
+import {
+  type BackboneBridge,
+  type BackboneHubOptions,
+  type BridgeMetrics,
+  type BridgeSocket,
+  serveBackboneBridge,
+} from "./bridge.js";
+import { checkHubOptions } from "./hub-link.js";
 import { formatLayerSelection, type LayerSelection, parseLayerSelection } from "./layers.js";
 import { pluginPath } from "./native-paths.js";
 import { createLocalFallback, type LocalFallback } from "./worker-handler.js";
@@ -15,14 +22,21 @@ export interface SwarmLlamaOptions {
   modelPath: string;
   /** MoE layers whose routed experts go to the swarm: "all", an array, or "0,1,4-7". */
   remoteLayers: LayerSelection | string;
-  placement: Placement;
-  transport: ExpertTransport;
+  /** Who serves which expert (a Placement, or a function for a live one), with `transport`. Exclusive with `hub`. */
+  placement?: Placement | (() => Placement);
+  transport?: ExpertTransport;
   /**
-   * Serves experts no live worker can: "local" (default) computes them from `modelPath` with the
-   * llama-cpu compute (started at the first need); false: none (the decode then fails); or a compute.
+   * Instead of `placement` + `transport`: the hub's URL, a backbone token and the model id. The
+   * bridge follows the hub's live placement, sends over its relay and reports statistics to it.
+   */
+  hub?: BackboneHubOptions;
+  /**
+   * Serves experts no live worker can: "local" (default, with either form) computes them from
+   * `modelPath` with the llama-cpu compute, started at the first need (so it costs nothing while
+   * the swarm covers every expert); false: none (the decode then fails); or a compute.
    */
   fallback?: ExpertCompute | "local" | false;
-  /** The model id in the plugin's requests and the placement (default `placement.model`). */
+  /** The model id in the plugin's requests and the placement (default `hub.model`, else `placement.model`). */
   model?: string;
   /** Where the bridge listens (default: a Unix socket in a fresh temporary directory). */
   socket?: BridgeSocket;
@@ -38,6 +52,7 @@ export interface SwarmLlamaOptions {
   loadModel?: Omit<LlamaModelOptions, "modelPath" | "gpuLayers">;
   /** llama.cpp's log (default: warnings and errors are dropped, as node-llama-cpp does at "warn"). */
   logger?: (level: LlamaLogLevel, message: string) => void;
+  /** Aborts the creation (the hub's connect, the model load); the SwarmLlama it returns is closed with close(). */
   signal?: AbortSignal;
 }
 
@@ -76,12 +91,33 @@ export async function createSwarmLlama(options: SwarmLlamaOptions): Promise<Swar
     throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "createSwarmLlama: modelPath is required");
   }
   const remoteLayers = parseLayerSelection(options.remoteLayers);
+  const given = options.placement;
+  if (options.hub !== undefined) {
+    if (given !== undefined || options.transport !== undefined) {
+      throw new InvalidArgumentError(
+        "MOESWARM_INVALID_ARGUMENT",
+        "createSwarmLlama: give either hub or placement + transport, not both",
+      );
+    }
+    checkHubOptions(options.hub);
+  } else if (given === undefined || options.transport === undefined) {
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      "createSwarmLlama: give hub, or placement and transport",
+    );
+  }
   throwIfAborted(options.signal);
   const plugin = pluginPath();
   const binsDir = llamaCppBinsDir();
   const { getLlama, LlamaLogLevel: Levels } = await import("node-llama-cpp");
 
+  // the bridge sees the caller's signal only while this call runs: later, close() ends it
+  const userSignal = options.signal;
+  const creating = userSignal ? new AbortController() : undefined;
+  const onCreateAbort = () => creating?.abort(userSignal?.reason);
+  userSignal?.addEventListener("abort", onCreateAbort, { once: true });
   const cleanups: (() => Promise<void> | void)[] = [];
+  cleanups.push(() => userSignal?.removeEventListener("abort", onCreateAbort));
   const cleanup = async () => {
     for (const f of cleanups.splice(0).reverse()) await f();
   };
@@ -100,16 +136,24 @@ export async function createSwarmLlama(options: SwarmLlamaOptions): Promise<Swar
     } else if (typeof options.fallback === "function") {
       fallback = options.fallback;
     }
-    const model = options.model ?? options.placement.model;
     const bridge = await serveBackboneBridge({
       socket,
-      model,
-      placement: options.placement,
-      transport: options.transport,
+      ...(options.model !== undefined ? { model: options.model } : {}),
+      ...(options.hub !== undefined
+        ? { hub: options.hub }
+        : {
+            placement: given as Placement | (() => Placement),
+            transport: options.transport as ExpertTransport,
+          }),
       ...(fallback ? { fallback } : {}),
       ...(options.deadlineMs !== undefined ? { deadlineMs: options.deadlineMs } : {}),
+      ...(creating ? { signal: creating.signal } : {}),
     });
     cleanups.push(() => bridge.close());
+    const model =
+      options.model ??
+      options.hub?.model ??
+      (typeof given === "function" ? given() : (given as Placement)).model;
 
     const saved = new Map(ENV.map((k) => [k, process.env[k]]));
     cleanups.push(() => {
@@ -174,7 +218,8 @@ export async function createSwarmLlama(options: SwarmLlamaOptions): Promise<Swar
           `${formatLayerSelection(remoteLayers)}\n  possible solution: call createSwarmLlama before any other getLlama, or run it in its own process`,
       );
     }
-    options.signal?.throwIfAborted();
+    throwIfAborted(options.signal);
+    userSignal?.removeEventListener("abort", onCreateAbort);
     let closing: Promise<void> | undefined;
     const close = () => {
       closing ??= cleanup();

@@ -55,6 +55,31 @@ describe("moeswarm-dispatcher usage", () => {
     expect(await runDispatcherCli(["--model", "/no/such.gguf", "--socket", "/tmp/x.sock"], io, signal)).toBe(
       2,
     );
+    // the hub form: its flags go together, and not with --worker
+    const hub = ["--socket", "/tmp/x.sock", "--hub", "https://127.0.0.1:1"];
+    const cases: Array<[string[], RegExp]> = [
+      [["--socket", "/tmp/x.sock", "--model", "/no/such.gguf", "--token", "t"], /--token needs --hub/],
+      [[...hub, "--token", "t"], /--hub needs --model-id/],
+      [[...hub, "--model-id", "m"], /one of --token <t> or --token-file <f>/],
+      [[...hub, "--model-id", "m", "--token", "t", "--token-file", "f"], /one of --token/],
+      [
+        [...hub, "--model-id", "m", "--token", "t", "--worker", "a=b.gguf"],
+        /--worker and --hub are exclusive/,
+      ],
+      [[...hub, "--model-id", "m", "--token-file", "/no/such/token"], /--token-file \/no\/such\/token/],
+      [[...hub, "--model-id", "m", "--token", "t", "--ca", "/no/such/ca.pem"], /--ca \/no\/such\/ca.pem/],
+      [
+        ["--socket", "/tmp/x.sock", "--hub", "nope", "--model-id", "m", "--token", "t"],
+        /--hub "nope" is not a URL/,
+      ],
+      [[...hub, "--model-id", "../m", "--token", "t"], /--model-id must be a model id/],
+      [[...hub, "--model-id", "m", "--token", "t", "--report-interval", "0"], /--report-interval must be/],
+    ];
+    for (const [args, message] of cases) {
+      const e = capture();
+      expect(await runDispatcherCli(args, { stdout: out.stream, stderr: e.stream }, signal)).toBe(2);
+      expect(e.text()).toMatch(message);
+    }
   });
 });
 

@@ -205,32 +205,32 @@ describe.skipIf(Boolean(missing))(
     });
 
     it("over TCP (MOESWARM_BRIDGE=tcp:host:port): the same bytes", async () => {
-    await using swarm = await startSwarm(
-      model,
-      split(info.nExpert, 2).map((experts, i) => ({ id: `t${i}`, experts })),
-      tmp.dir,
-      MODEL_ID,
-    );
-    await using bridge = await serveBackboneBridge({
-      socket: { host: "127.0.0.1", port: 0 },
-      placement: swarm.placement,
-      transport: swarm.transport,
+      await using swarm = await startSwarm(
+        model,
+        split(info.nExpert, 2).map((experts, i) => ({ id: `t${i}`, experts })),
+        tmp.dir,
+        MODEL_ID,
+      );
+      await using bridge = await serveBackboneBridge({
+        socket: { host: "127.0.0.1", port: 0 },
+        placement: swarm.placement,
+        transport: swarm.transport,
+      });
+      expect(bridge.address).toMatch(/^tcp:127\.0\.0\.1:\d+$/);
+      const run = await runLogitsHarness({
+        modelPath: model,
+        prompt: PROMPT,
+        nPredict: N_PREDICT,
+        threads: 1,
+        logitsPath: join(tmp.dir, "tcp.bin"),
+        plugin: { bridge: bridge.address, layers: "all", model: MODEL_ID },
+      });
+      expect(run.ok, run.stderr).toBe(true);
+      expect(firstByteDiff(readFileSync(join(tmp.dir, "tcp.bin")), plainLogits)).toBe(-1);
+      expect(bridge.metrics().requests).toBe(run.plugin!.splits);
     });
-    expect(bridge.address).toMatch(/^tcp:127\.0\.0\.1:\d+$/);
-    const run = await runLogitsHarness({
-      modelPath: model,
-      prompt: PROMPT,
-      nPredict: N_PREDICT,
-      threads: 1,
-      logitsPath: join(tmp.dir, "tcp.bin"),
-      plugin: { bridge: bridge.address, layers: "all", model: MODEL_ID },
-    });
-    expect(run.ok, run.stderr).toBe(true);
-    expect(firstByteDiff(readFileSync(join(tmp.dir, "tcp.bin")), plainLogits)).toBe(-1);
-    expect(bridge.metrics().requests).toBe(run.plugin!.splits);
-  });
 
-  it("a worker killed mid-decode: its replica takes over, the tokens and logits stay identical", async () => {
+    it("a worker killed mid-decode: its replica takes over, the tokens and logits stay identical", async () => {
       const [a, b] = split(info.nExpert, 2);
       await using swarm = await startSwarm(
         model,

@@ -1,8 +1,10 @@
 // Shared fixtures of the backbone tests: synthetic models (cached across runs), slices cut from
 // them, llama-cpu worker processes behind an in-process transport, and the skip logic.
-import { mkdtempSync, rmSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { PassThrough } from "node:stream";
 import { InProcessTransport, Placement } from "@moeswarm/dispatch";
 import {
   ensureSyntheticModel,
@@ -140,4 +142,68 @@ export function firstByteDiff(a: Uint8Array, b: Uint8Array): number {
   const n = Math.min(a.byteLength, b.byteLength);
   for (let i = 0; i < n; i++) if (a[i] !== b[i]) return i;
   return a.byteLength === b.byteLength ? -1 : n;
+}
+
+export interface LoopbackCerts {
+  ca: string;
+  cert: string;
+  key: string;
+}
+
+/** A throwaway CA and a leaf for localhost / 127.0.0.1 it signs, made with the openssl CLI. */
+export function loopbackCerts(): LoopbackCerts {
+  const dir = mkdtempSync(join(tmpdir(), "mswb-tls-"));
+  const run = (args: string[]) => execFileSync("openssl", args, { cwd: dir, stdio: "pipe" });
+  try {
+    const ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+    run(["req", "-x509", ...ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=mswb CA"]);
+    run(["req", ...ec, "-keyout", "leaf.key", "-out", "leaf.csr", "-subj", "/CN=localhost"]);
+    writeFileSync(
+      join(dir, "leaf.ext"),
+      "basicConstraints=CA:FALSE\nsubjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    );
+    run([
+      "x509",
+      "-req",
+      "-in",
+      "leaf.csr",
+      "-CA",
+      "ca.crt",
+      "-CAkey",
+      "ca.key",
+      "-CAcreateserial",
+      "-out",
+      "leaf.crt",
+      "-days",
+      "1",
+      "-extfile",
+      "leaf.ext",
+    ]);
+    const read = (f: string) => readFileSync(join(dir, f), "utf8");
+    return { ca: read("ca.crt"), cert: read("leaf.crt"), key: read("leaf.key") };
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+/** A writable stream that keeps its text; `line(re)` waits for a line that matches. */
+export function captureStream() {
+  const stream = new PassThrough();
+  let text = "";
+  const waiters: (() => void)[] = [];
+  stream.on("data", (d: Buffer) => {
+    text += d.toString();
+    for (const w of waiters.splice(0)) w();
+  });
+  return {
+    stream,
+    text: () => text,
+    async line(match: RegExp): Promise<string> {
+      for (;;) {
+        const hit = text.split("\n").find((l) => match.test(l));
+        if (hit) return hit;
+        await new Promise<void>((r) => waiters.push(r));
+      }
+    },
+  };
 }
