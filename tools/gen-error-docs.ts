@@ -12,8 +12,10 @@ const doc = `# Error codes
 Every error moeswarm throws is a \`MoeswarmError\` (from \`@moeswarm/core\`) with a stable \`code\`.
 Services answer with the same code (in \`error\` frames and JSON error bodies). Check errors with
 \`isMoeswarmError(err, "MOESWARM_...")\` or \`err instanceof GgufError\`: both work across two copies of
-the package. This table is generated from \`packages/core/src/error-codes.ts\` by \`pnpm docs:errors\`;
-a test fails when they differ.
+the package. A code received from another process (an \`error\` frame, a JSON error body) becomes
+an instance of its class with \`errorFromCode(code, message)\`; \`errorToWire(err)\` gives the
+\`{ code, msg }\` to send for any thrown value. This table is generated from
+\`packages/core/src/error-codes.ts\` by \`pnpm docs:errors\`; a test fails when they differ.
 
 | code | class | meaning |
 | --- | --- | --- |

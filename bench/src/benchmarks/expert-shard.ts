@@ -1,15 +1,13 @@
-import { execFileSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { createReadStream, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { createReadStream } from "node:fs";
 import { open } from "node:fs/promises";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
-import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { pipeline } from "node:stream/promises";
 import { fileURLToPath } from "node:url";
 import { Worker } from "node:worker_threads";
-import { createHub, type Hub } from "@moeswarm/hub";
+import { createHub, createLoopbackCertificates, type Hub } from "@moeswarm/hub";
 import { ensureSyntheticModel, loadOrBuildManifest } from "@moeswarm/shard";
 import { type Benchmark, gbPerSecond, type Row } from "../harness.js";
 
@@ -53,31 +51,6 @@ function downloader() {
       worker.postMessage({ url, ca });
     });
   return { get, close: () => worker.terminate() };
-}
-
-function selfSigned(): { cert: string; key: string } | undefined {
-  const dir = mkdtempSync(join(tmpdir(), "moeswarm-bench-tls-"));
-  try {
-    execFileSync(
-      "openssl",
-      [
-        "req",
-        "-x509",
-        ...["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"],
-        ...["-keyout", "key.pem", "-out", "cert.pem", "-days", "1", "-subj", "/CN=127.0.0.1"],
-        ...["-addext", "subjectAltName=IP:127.0.0.1"],
-      ],
-      { cwd: dir, stdio: "pipe" },
-    );
-    return {
-      cert: readFileSync(join(dir, "cert.pem"), "utf8"),
-      key: readFileSync(join(dir, "key.pem"), "utf8"),
-    };
-  } catch {
-    return undefined; // no openssl: the https row is left out
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
-  }
 }
 
 function median(xs: readonly number[]): number {
@@ -131,7 +104,8 @@ export const expertShard: Benchmark = {
     const query = `layers=${layer.layer}:${layer.layer + 1}&experts=0:${layer.nExpert}`;
 
     const secret = randomBytes(32).toString("hex");
-    const tls = selfSigned();
+    // no openssl: the https row is left out
+    const tls = await createLoopbackCertificates({ hosts: ["127.0.0.1"], days: 1 }).catch(() => undefined);
     const hubs: Hub[] = [];
     const client = downloader();
     const handle = await open(model.path, "r");
@@ -144,7 +118,7 @@ export const expertShard: Benchmark = {
       };
       const plain = await start({});
       const bigChunks = await start({ chunkSize: 8 * MB });
-      const secure = tls ? await start({ tls }) : undefined;
+      const secure = tls ? await start({ tls: { cert: tls.cert, key: tls.key } }) : undefined;
       const sliceBytes = await client.get(plain);
       // the reference server: node:http piping fs read streams of the slab ranges, nothing else
       plainServer = createServer(async (_req, res) => {
@@ -182,7 +156,7 @@ export const expertShard: Benchmark = {
         ["http download (hub chunk 1 MiB, default)", () => client.get(plain)],
         ["http download (hub chunk 8 MiB)", () => client.get(bigChunks)],
       ];
-      if (secure && tls) cases.push(["https download (hub chunk 1 MiB)", () => client.get(secure, tls.cert)]);
+      if (secure && tls) cases.push(["https download (hub chunk 1 MiB)", () => client.get(secure, tls.ca)]);
       const times = await interleaved(cases, { minTimeMs: 20_000, minRounds: 15, maxRounds: 80 });
 
       const rows: Row[] = times.map(({ label, samples }) => {
@@ -218,7 +192,7 @@ export const expertShard: Benchmark = {
         `the slice is ${sliceBytes} bytes: ${slabBytes} of expert slabs plus its GGUF header (${sliceBytes - slabBytes} bytes, slab sha256s included)`,
         `${times[0]!.samples.length} interleaved rounds; the client is a worker thread of this process (keep-alive agent); 2 cores shared with other work: the min column is the steadier figure`,
         tls
-          ? "https: TLS 1.3 with a P-256 self-signed certificate, the production path (port 443)"
+          ? "https: TLS 1.3 with a P-256 certificate (createLoopbackCertificates), the production path (port 443)"
           : "no openssl: https not measured",
       );
       return { rows, ratios, notes };

@@ -16,7 +16,7 @@ import {
   serveBackboneBridge,
 } from "@moeswarm/backbone";
 import { Placement, type WorkerRegistration } from "@moeswarm/dispatch";
-import { createHub, mintToken } from "@moeswarm/hub";
+import { createHub, createLoopbackCertificates, mintToken } from "@moeswarm/hub";
 import { connectRelay, RelayTransport } from "@moeswarm/relay-client";
 import { ensureSyntheticModel, findExpertTensors, readGguf } from "@moeswarm/shard";
 import { formatBytes } from "@moeswarm/worker-native";
@@ -24,7 +24,6 @@ import { Agent, request } from "undici";
 import { type DemoOptions, parseDemoOptions } from "./options.js";
 import { createProgress } from "./progress.js";
 import { printReport } from "./report.js";
-import { makeLoopbackCerts } from "./tls.js";
 import { spawnWorkers, stopWorkers, type WorkerView } from "./workers.js";
 
 const root = join(import.meta.dirname, "..", "..", "..");
@@ -98,8 +97,9 @@ async function run(options: DemoOptions, signal: AbortSignal): Promise<number> {
         `${formatBytes(expertBytes)} of routed experts ${model.created ? "(generated)" : "(cached)"}`,
     );
 
-    // 2. the hub: TLS on loopback, its relay on the same port
-    const certs = makeLoopbackCerts();
+    // 2. the hub: real TLS on loopback (wss relay, https downloads) as a self-hosted hub serves
+    // it, with a throwaway CA the workers and the backbone trust; its relay on the same port
+    const certs = await createLoopbackCertificates({ hosts: ["localhost", "127.0.0.1"], days: 1, signal });
     const caFile = join(tmp, "ca.pem");
     writeFileSync(caFile, certs.ca);
     const secret = randomBytes(32).toString("hex");

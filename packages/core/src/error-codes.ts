@@ -202,6 +202,10 @@ export const ERROR_CODES = {
     area: "HubError",
     text: "The hub failed while answering (a bug or an I/O error); the request may be retried.",
   },
+  MOESWARM_HUB_TLS: {
+    area: "HubError",
+    text: "Self-signed TLS certificates could not be made: the openssl CLI is missing or failed.",
+  },
 } as const satisfies Record<string, { area: string; text: string }>;
 
 export type ErrorCode = keyof typeof ERROR_CODES;

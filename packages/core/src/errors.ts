@@ -1,4 +1,4 @@
-import { ERROR_CODES, type ErrorCode } from "./error-codes.js";
+import { ERROR_CODES, type ErrorCode, isErrorCode } from "./error-codes.js";
 
 // Brands live in the global symbol registry so `instanceof` holds across two copies of this
 // package (a bundled dependency next to the workspace one, CJS next to ESM).
@@ -72,6 +72,9 @@ type AreaErrorClass<A extends Area> = {
   readonly kind: A;
 };
 
+// Every area's class by its name, for turning a code back into its class (errorFromCode).
+const AREA_CLASSES = new Map<Area, AreaErrorClass<Area>>();
+
 // One factory instead of seven copies of the same class body.
 function defineArea<A extends Area>(kind: A): AreaErrorClass<A> {
   const cls = class extends MoeswarmError {
@@ -84,6 +87,7 @@ function defineArea<A extends Area>(kind: A): AreaErrorClass<A> {
     }
   };
   Object.defineProperty(cls, "name", { value: kind });
+  AREA_CLASSES.set(kind, cls as unknown as AreaErrorClass<Area>);
   return cls as unknown as AreaErrorClass<A>;
 }
 
@@ -105,6 +109,50 @@ export const NativeError = defineArea("NativeError");
 export type NativeError = InstanceType<typeof NativeError>;
 export const HubError = defineArea("HubError");
 export type HubError = InstanceType<typeof HubError>;
+
+export interface ErrorFromCodeOptions extends MoeswarmErrorOptions {
+  /**
+   * What a code this build does not know (one from a newer peer) becomes, with the original code
+   * kept in `details.code` (default MOESWARM_DISPATCH_FAILED, a DispatchError).
+   */
+  fallback?: ErrorCode;
+}
+
+/**
+ * The typed error for a `MOESWARM_*` code that crossed a process or language boundary (an `error`
+ * frame, a hub's JSON error, a native addon's rejection): an instance of the class that owns the
+ * code, so that `instanceof AuthError` works on the receiving side.
+ */
+export function errorFromCode(
+  code: string,
+  message: string,
+  options: ErrorFromCodeOptions = {},
+): MoeswarmError {
+  const { fallback = "MOESWARM_DISPATCH_FAILED", ...rest } = options;
+  if (isErrorCode(code)) return new (classOf(code))(code as never, message, rest);
+  return new (classOf(fallback))(fallback as never, `${code}: ${message}`, {
+    ...rest,
+    details: { ...rest.details, code },
+  });
+}
+
+function classOf(code: ErrorCode): AreaErrorClass<Area> {
+  // defineArea registered every area (errors.test.ts turns every code of the table into its class)
+  return AREA_CLASSES.get(ERROR_CODES[code].area)!;
+}
+
+/** Longest `msg` errorToWire writes: well under the protocol's 16 KiB, whatever the characters. */
+const WIRE_MESSAGE_CHARS = 4096;
+
+/**
+ * The code and message an `error` frame carries for any thrown value: a moeswarm error's own,
+ * anything else as MOESWARM_DISPATCH_FAILED.
+ */
+export function errorToWire(error: unknown): { code: ErrorCode; msg: string } {
+  if (isMoeswarmError(error)) return { code: error.code, msg: error.message.slice(0, WIRE_MESSAGE_CHARS) };
+  const msg = error instanceof Error ? error.message : String(error);
+  return { code: "MOESWARM_DISPATCH_FAILED", msg: msg.slice(0, WIRE_MESSAGE_CHARS) };
+}
 
 /** True for any moeswarm error, from any copy of the package; optionally with the given code. */
 export function isMoeswarmError(value: unknown, code?: ErrorCode): value is MoeswarmError {

@@ -5,11 +5,13 @@ import {
   decodeFrame,
   dispatchFrame,
   encodeFrame,
+  encodeLengthPrefixed,
   errorFrame,
   type Frame,
   helloFrame,
   InvalidArgumentError,
   isMoeswarmError,
+  LENGTH_PREFIX_BYTES,
   PROTOCOL_LIMITS,
   ProtocolError,
   pingFrame,
@@ -42,6 +44,12 @@ function rawDispatch(overrides: Record<string, unknown> = {}): Record<string, un
 }
 function bytes(a: ArrayBufferView): Uint8Array {
   return new Uint8Array(a.buffer, a.byteOffset, a.byteLength).slice();
+}
+/** The frame as a plain object with byte bins, as @msgpack/msgpack encodes it independently. */
+function plainObject(frame: Frame): Record<string, unknown> {
+  const o: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(frame)) o[k] = ArrayBuffer.isView(v) ? bytes(v) : v;
+  return o;
 }
 function pack(o: unknown): Uint8Array {
   return msgpackEncode(o);
@@ -186,9 +194,7 @@ describe("canonical encoding", () => {
       mode: "sum",
       deadline: 70000,
     });
-    const o: Record<string, unknown> = {};
-    for (const [k, v] of Object.entries(frame)) o[k] = ArrayBuffer.isView(v) ? bytes(v) : v;
-    expect(hex(encodeFrame(frame))).toBe(hex(msgpackEncode(o)));
+    expect(hex(encodeFrame(frame))).toBe(hex(msgpackEncode(plainObject(frame))));
   });
 
   it("returns bytes no later encode overwrites", () => {
@@ -214,6 +220,62 @@ describe("canonical encoding", () => {
     }
     expect(hex(a)).toBe(hex(aCopy));
     expect(hex(b)).toBe(hex(bCopy));
+  });
+
+  it("assembles frames with large tensors byte for byte as @msgpack/msgpack encodes them", () => {
+    // 16 keys (a map 16 header), bin 32 / bin 16 / bin 8 tensors, ids after a tensor
+    const n = 100;
+    const dispatch = dispatchFrame({
+      id: 2 ** 32 - 1,
+      to: "worker-1",
+      from: "backbone",
+      model: "qwen3-30b-a3b",
+      layer: 47,
+      n,
+      embd: 700,
+      dtype: "bf16",
+      x: new Uint16Array(n * 700).map((_, i) => (i * 2654435761) >>> 16),
+      k: 1,
+      ids: new Int32Array(n).map((_, i) => (i % 9) - 1),
+      w: new Float32Array(n).fill(1),
+      mode: "sum",
+      deadline: 2 ** 32 - 1,
+    });
+    // a float field holding an integer above 2^32 (uint 64), a result above the slab's range
+    const result = resultFrame({
+      id: 7,
+      mode: "each",
+      n: 4,
+      k: 8,
+      embd: 2048,
+      y: new Float32Array(4 * 8 * 2048).map((_, i) => Math.sin(i)),
+      ms: 2 ** 40,
+    });
+    const small = dispatchFrame({
+      ...dispatch,
+      dtype: "bf16",
+      n: 1,
+      x: new Uint16Array(700).fill(0x3f80),
+      ids: new Int32Array(1),
+      w: new Float32Array(1),
+    });
+    for (const frame of [dispatch, result, small]) {
+      const payload = encodeFrame(frame);
+      expect(payload.constructor).toBe(Uint8Array);
+      expect(hex(payload)).toBe(hex(msgpackEncode(plainObject(frame))));
+      // the memory around the view holds nothing but zeros (no stale bytes behind `.buffer`)
+      if (payload.buffer.byteLength - payload.byteLength < 16) {
+        const whole = new Uint8Array(payload.buffer);
+        expect(whole.subarray(0, payload.byteOffset).every((b) => b === 0)).toBe(true);
+      }
+      // the main tensor is 8-byte aligned, framed or not, and decodes as a view
+      for (const framed of [payload, encodeLengthPrefixed(frame).subarray(LENGTH_PREFIX_BYTES)]) {
+        const decoded = decodeFrame(framed) as unknown as Record<string, ArrayBufferView>;
+        const main = frame.t === "dispatch" ? decoded.x! : decoded.y!;
+        expect(main.buffer === framed.buffer).toBe(true);
+        expect(main.byteOffset % 8).toBe(0);
+      }
+    }
   });
 
   it("sends only the frame type's fields", () => {

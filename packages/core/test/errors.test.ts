@@ -2,15 +2,21 @@ import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
 import {
   AbortError,
+  AuthError,
   abortReason,
   DispatchError,
   ERROR_CODES,
+  errorFromCode,
+  errorToWire,
   GgufError,
+  HubError,
   InvalidArgumentError,
   isErrorCode,
   isMoeswarmError,
   MoeswarmError,
+  NativeError,
   ProtocolError,
+  TransportError,
   throwIfAborted,
 } from "../src/index.js";
 
@@ -106,6 +112,70 @@ describe("error code table", () => {
     }
     const table = new Map(Object.entries(ERROR_CODES).map(([c, { area, text }]) => [c, `${area}|${text}`]));
     expect(documented).toEqual(table);
+  });
+});
+
+describe("errors across the wire", () => {
+  const classes = {
+    InvalidArgumentError,
+    AbortError,
+    GgufError,
+    ProtocolError,
+    DispatchError,
+    TransportError,
+    AuthError,
+    NativeError,
+    HubError,
+  };
+
+  it("errorFromCode gives every code of the table the class its area names", () => {
+    for (const [code, { area }] of Object.entries(ERROR_CODES)) {
+      const e = errorFromCode(code, `m ${code}`, { details: { peer: "w1" } });
+      expect(e).toBeInstanceOf(classes[area]);
+      expect(e.name).toBe(area);
+      for (const [other, cls] of Object.entries(classes)) {
+        if (other !== area) expect(e).not.toBeInstanceOf(cls);
+      }
+      expect(e.toJSON()).toEqual({ name: area, code, message: `m ${code}`, details: { peer: "w1" } });
+    }
+    const cause = new Error("socket");
+    expect(errorFromCode("MOESWARM_AUTH_EXPIRED", "late", { cause }).cause).toBe(cause);
+    expect(errorFromCode("MOESWARM_AUTH_EXPIRED", "late").details).toBeUndefined();
+  });
+
+  it("errorFromCode turns a code this build does not know into the fallback, keeping the code", () => {
+    const e = errorFromCode("MOESWARM_FROM_THE_FUTURE", "news", { details: { from: "w2" } });
+    expect(e).toBeInstanceOf(DispatchError);
+    expect(e.toJSON()).toEqual({
+      name: "DispatchError",
+      code: "MOESWARM_DISPATCH_FAILED",
+      message: "MOESWARM_FROM_THE_FUTURE: news",
+      details: { from: "w2", code: "MOESWARM_FROM_THE_FUTURE" },
+    });
+    // `details.code` is the peer's even when the caller's details had one
+    expect(errorFromCode("toString", "x", { details: { code: "mine" } }).details).toEqual({
+      code: "toString",
+    });
+    const native = errorFromCode("NOT_A_CODE", "x", { fallback: "MOESWARM_NATIVE_COMPUTE" });
+    expect(native).toBeInstanceOf(NativeError);
+    expect(native).toMatchObject({ code: "MOESWARM_NATIVE_COMPUTE", details: { code: "NOT_A_CODE" } });
+  });
+
+  it("errorToWire keeps a moeswarm error's code, sends anything else as DISPATCH_FAILED, bounds msg", () => {
+    expect(errorToWire(new AuthError("MOESWARM_AUTH_ROLE", "no"))).toEqual({
+      code: "MOESWARM_AUTH_ROLE",
+      msg: "no",
+    });
+    expect(errorToWire(new RangeError("bad"))).toEqual({ code: "MOESWARM_DISPATCH_FAILED", msg: "bad" });
+    expect(errorToWire(42)).toEqual({ code: "MOESWARM_DISPATCH_FAILED", msg: "42" });
+    const long = errorToWire(new HubError("MOESWARM_HUB_INTERNAL", "\u{1F600}".repeat(10_000)));
+    expect(long.msg.length).toBe(4096);
+    expect(Buffer.byteLength(long.msg)).toBeLessThanOrEqual(16 * 1024);
+    // what one side writes, the other reads back as the same class and code
+    const { code, msg } = errorToWire(new GgufError("MOESWARM_GGUF_TRUNCATED", "cut"));
+    const back = errorFromCode(code, msg);
+    expect(back).toBeInstanceOf(GgufError);
+    expect(back).toMatchObject({ code: "MOESWARM_GGUF_TRUNCATED", message: "cut" });
   });
 });
 

@@ -26,6 +26,11 @@ export {
 } from "./hub.js";
 export { type ListenRelayOptions, listenRelay, type RelayListener } from "./listen.js";
 export {
+  createLoopbackCertificates,
+  type LoopbackCertificateOptions,
+  type LoopbackCertificates,
+} from "./loopback-tls.js";
+export {
   type AutoClaimRequest,
   type ClaimRequest,
   type CoverageGrid,

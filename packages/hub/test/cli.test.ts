@@ -1,6 +1,7 @@
 import { type ChildProcess, spawn } from "node:child_process";
-import { existsSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { X509Certificate } from "node:crypto";
+import { existsSync, mkdirSync, readFileSync, realpathSync, writeFileSync } from "node:fs";
+import { dirname, join } from "node:path";
 import { Writable } from "node:stream";
 import { fileURLToPath } from "node:url";
 import { connectRelay } from "@moeswarm/relay-client";
@@ -46,8 +47,8 @@ interface Spawned {
   exited: Promise<number | null>;
 }
 
-function startBin(args: string[]): Spawned {
-  const child = spawn(process.execPath, [BIN, ...args], { stdio: ["ignore", "pipe", "pipe"] });
+function startBin(args: string[], options: { env?: NodeJS.ProcessEnv; cwd?: string } = {}): Spawned {
+  const child = spawn(process.execPath, [BIN, ...args], { stdio: ["ignore", "pipe", "pipe"], ...options });
   const lines: Array<Record<string, unknown>> = [];
   let buffered = "";
   let stderr = "";
@@ -147,6 +148,75 @@ describe("the moeswarm-hub bin", () => {
     expect(existsSync(db)).toBe(true);
   });
 
+  it("serves https and wss with --tls-self-signed, writing the CA that clients trust to --tls-ca-out", async () => {
+    const caFile = join(tmp.dir, "tls", "ca.pem");
+    mkdirSync(dirname(caFile));
+    const run = startBin([
+      "serve",
+      ...["--model", tiny, "--port", "0", "--db", ":memory:", "--json"],
+      ...["--tls-self-signed", "--tls-ca-out", caFile],
+    ]);
+    try {
+      const listening = await until(
+        () => run.lines.find((l) => l.event === "listening"),
+        `the listening line (stderr: ${run.stderr()})`,
+      );
+      expect(listening.url).toBe(`https://127.0.0.1:${listening.port}`);
+      expect(listening.relayUrl).toBe(`wss://127.0.0.1:${listening.port}/relay`);
+      const tls = listening.tls as { selfSigned: boolean; ca: string; hosts: string[] };
+      expect(tls.selfSigned).toBe(true);
+      expect(tls.ca).toBe(caFile);
+      expect(tls.hosts.slice(0, 3)).toEqual(["localhost", "127.0.0.1", "::1"]);
+      const ca = readFileSync(caFile, "utf8");
+      expect(new X509Certificate(ca).ca).toBe(true);
+      const models = await call(`${listening.url}/api/models`, { ca });
+      expect(json(models)).toMatchObject({ models: [{ experts: 8 }] });
+      // by name too, and over wss for a worker that trusts the CA
+      const byName = await call(`https://localhost:${listening.port}/api/models`, { ca });
+      expect(byName.status).toBe(200);
+      const tokens = listening.tokens as { worker: string };
+      const conn = await connectRelay(listening.relayUrl as string, {
+        role: "worker",
+        id: "tls-worker",
+        token: tokens.worker,
+        ca,
+        reconnect: false,
+      });
+      await conn.close();
+      // a client that does not trust the CA is refused by its own TLS check
+      await expect(call(`${listening.url}/api/models`)).rejects.toMatchObject({
+        code: expect.stringMatching(/UNABLE_TO_VERIFY_LEAF_SIGNATURE|SELF_SIGNED|UNABLE_TO_GET_ISSUER/),
+      });
+    } finally {
+      run.child.kill("SIGTERM");
+    }
+    expect(await run.exited).toBe(0);
+  });
+
+  it("says where the CA is in its human-readable output, and fails with one line without openssl", async () => {
+    const cwd = join(tmp.dir, "cwd");
+    mkdirSync(cwd);
+    const args = ["serve", "--model", tiny, "--port", "0", "--db", ":memory:", "--tls-self-signed"];
+    const run = startBin(args, { cwd });
+    try {
+      const line = await until(
+        () => run.lines.find((l) => String(l.text).includes("CA certificate")),
+        `the TLS line (stderr: ${run.stderr()})`,
+      );
+      // without --tls-ca-out: moeswarm-hub-ca.pem in the working directory, named in full
+      const caPath = join(realpathSync(cwd), "moeswarm-hub-ca.pem");
+      expect(line.text).toContain(`CA certificate: ${caPath}`);
+      expect(run.lines.map((l) => l.text).join("\n")).toContain(`--ca ${caPath}`);
+      expect(existsSync(caPath)).toBe(true);
+    } finally {
+      run.child.kill("SIGTERM");
+    }
+    expect(await run.exited).toBe(0);
+    const noOpenssl = startBin(args, { cwd, env: { ...process.env, PATH: cwd } });
+    expect(await noOpenssl.exited).toBe(1);
+    expect(noOpenssl.stderr()).toMatch(/^moeswarm-hub: MOESWARM_HUB_TLS: .*openssl.*\n$/);
+  });
+
   it("prints one typed line and exits 2 for a usage error, 1 for a model it cannot read", async () => {
     const usage = startBin(["serve", "--model", tiny, "--port", "http"]);
     expect(await usage.exited).toBe(2);
@@ -200,13 +270,28 @@ describe("runCli", () => {
     expect((await cli([])).code).toBe(2);
     const help = await cli(["serve", "--help"]);
     expect(help.code).toBe(0);
-    for (const flag of ["--model", "--port", "--host", "--tls-cert", "--tls-key", "--secret-file", "--db"]) {
-      expect(help.stdout).toContain(flag);
-    }
+    const flags =
+      "--model --port --host --tls-cert --tls-key --tls-self-signed --tls-ca-out --secret-file --db";
+    for (const flag of flags.split(" ")) expect(help.stdout).toContain(flag);
     const unknown = await cli(["serve", "--nope"]);
     expect(unknown.code).toBe(2);
     expect(unknown.stderr).toMatch(/^moeswarm-hub: MOESWARM_INVALID_ARGUMENT: /);
     expect((await cli(["serve", "--port", "1"])).stderr).toMatch(/--model/);
     expect((await cli(["serve", "--model", tiny, "--tls-cert", "x"])).stderr).toMatch(/go together/);
+    const both = await cli([
+      "serve",
+      "--model",
+      tiny,
+      "--tls-self-signed",
+      "--tls-cert",
+      "c",
+      "--tls-key",
+      "k",
+    ]);
+    expect(both.code).toBe(2);
+    expect(both.stderr).toMatch(/not both/);
+    const caOnly = await cli(["serve", "--model", tiny, "--tls-ca-out", "ca.pem"]);
+    expect(caOnly.code).toBe(2);
+    expect(caOnly.stderr).toMatch(/--tls-ca-out goes with --tls-self-signed/);
   });
 });

@@ -3,8 +3,14 @@ import { join } from "node:path";
 import { connectRelay, type IncomingDispatch, type RelayConnection } from "@moeswarm/relay-client";
 import { bufferSource, parseManifest, verifySlice } from "@moeswarm/shard";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createHub, type HubWorkerInfo, mintToken } from "../src/index.js";
-import { fakeExperts, makeCerts, sameBytes, type TestCerts } from "./helpers.js";
+import {
+  createHub,
+  createLoopbackCertificates,
+  type HubWorkerInfo,
+  type LoopbackCertificates,
+  mintToken,
+} from "../src/index.js";
+import { fakeExperts, sameBytes } from "./helpers.js";
 import {
   call,
   copyModel,
@@ -20,14 +26,14 @@ import {
 
 const SECRET = "hub-test-secret-0123456789abcdef";
 
-let certs: TestCerts;
+let certs: LoopbackCertificates;
 let tmp: TempDir;
 let modelDir: string;
 let dbPath: string;
 const open: RelayConnection[] = [];
 
 beforeAll(async () => {
-  certs = makeCerts();
+  certs = await createLoopbackCertificates({ hosts: ["localhost", "127.0.0.1"], days: 2 });
   tmp = tempDir();
   modelDir = join(tmp.dir, "models");
   const { mkdirSync } = await import("node:fs");

@@ -9,16 +9,21 @@ import {
   RelayTransport,
 } from "@moeswarm/relay-client";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { listenRelay, mintToken, type RelayListener, type RelayServerEvent } from "../src/index.js";
+import {
+  createLoopbackCertificates,
+  type LoopbackCertificates,
+  listenRelay,
+  mintToken,
+  type RelayListener,
+  type RelayServerEvent,
+} from "../src/index.js";
 import {
   fakeExperts,
-  makeCerts,
   prng,
   randomRequest,
   sameBytes,
   startProxy,
   type TcpProxy,
-  type TestCerts,
   waitFor,
 } from "./helpers.js";
 
@@ -29,7 +34,7 @@ const FAST = { heartbeatMs: 100, deadPeerMs: 1000 };
 const unhandled: unknown[] = [];
 const onUnhandled = (e: unknown) => unhandled.push(e);
 
-let certs: TestCerts;
+let certs: LoopbackCertificates;
 let listener: RelayListener;
 let port: number;
 let proxy: TcpProxy;
@@ -101,7 +106,7 @@ function registered(id: string) {
 
 beforeAll(async () => {
   process.on("unhandledRejection", onUnhandled);
-  certs = makeCerts();
+  certs = await createLoopbackCertificates({ hosts: ["localhost", "127.0.0.1"], days: 2 });
   listener = await startRelay();
   port = listener.port;
   proxy = await startProxy(port);

@@ -1,6 +1,8 @@
 import {
   AuthError,
   abortReason,
+  errorFromCode,
+  errorToWire,
   InvalidArgumentError,
   type MoeswarmError,
   ProtocolError,
@@ -32,7 +34,6 @@ import {
   type Role,
   type WireDtype,
 } from "./wire.js";
-import { errorFromWire, errorToWire } from "./wire-errors.js";
 
 export type RelayState = "connecting" | "connected" | "reconnecting" | "closed";
 
@@ -796,7 +797,7 @@ class Connection implements RelayConnection {
     if (this.#hello && this.#hello.link === link) {
       if (frame.t === "hello") this.#hello.resolve();
       else if (frame.t === "error" && frame.id === undefined) {
-        this.#hello.reject(errorFromWire(frame.code, frame.msg));
+        this.#hello.reject(errorFromCode(frame.code, frame.msg));
       }
       return;
     }
@@ -818,11 +819,11 @@ class Connection implements RelayConnection {
       }
       case "error": {
         if (frame.id === undefined) {
-          this.#emit({ type: "notice", error: errorFromWire(frame.code, frame.msg) });
+          this.#emit({ type: "notice", error: errorFromCode(frame.code, frame.msg) });
           return;
         }
         const p = this.#pending.get(frame.id);
-        p?.reject(errorFromWire(frame.code, frame.msg, { from: frame.from ?? p.to }));
+        p?.reject(errorFromCode(frame.code, frame.msg, { details: { from: frame.from ?? p.to } }));
         return;
       }
       case "dispatch":
@@ -1048,7 +1049,7 @@ function closeToError(info: LinkCloseInfo, duringHello: boolean): Error {
     const code = info.reason.startsWith("MOESWARM_AUTH_")
       ? info.reason.split(/\s/)[0]
       : "MOESWARM_AUTH_INVALID";
-    return errorFromWire(code as string, `the relay refused the hello: ${info.reason}`);
+    return errorFromCode(code as string, `the relay refused the hello: ${info.reason}`);
   }
   if (info.error) return info.error;
   return new TransportError(

@@ -1,8 +1,11 @@
 import { randomBytes } from "node:crypto";
-import { readFile } from "node:fs/promises";
+import { readFile, writeFile } from "node:fs/promises";
+import { hostname, networkInterfaces } from "node:os";
+import { resolve as resolvePath } from "node:path";
 import { parseArgs } from "node:util";
 import { InvalidArgumentError, isMoeswarmError } from "@moeswarm/core";
 import { createHub, type HubEvent } from "../hub.js";
+import { createLoopbackCertificates, isCertificateHost, type LoopbackCertificates } from "../loopback-tls.js";
 import { mintToken, type TokenRole } from "../token.js";
 
 export const CLI_NAME = "moeswarm-hub";
@@ -70,6 +73,28 @@ async function readSecret(path: string): Promise<string> {
 }
 
 const DAY_S = 86_400;
+const DEFAULT_CA_OUT = "moeswarm-hub-ca.pem";
+
+/**
+ * The names a self-signed certificate covers: loopback, this machine's name, the bound address,
+ * and on a wildcard bind every address of this machine, so that workers on the network can dial
+ * any of them.
+ */
+function certificateHosts(bind: string): string[] {
+  const hosts = ["localhost", "127.0.0.1", "::1"];
+  const add = (h: string) => {
+    if (!hosts.includes(h) && isCertificateHost(h)) hosts.push(h);
+  };
+  add(hostname());
+  if (bind === "0.0.0.0" || bind === "::") {
+    for (const addresses of Object.values(networkInterfaces())) {
+      for (const a of addresses ?? []) add(a.address);
+    }
+  } else {
+    add(bind);
+  }
+  return hosts.slice(0, 64);
+}
 
 function size(bytes: number): string {
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -96,6 +121,15 @@ const serve: Command = {
     host: { type: "string", description: 'interface to bind (default 127.0.0.1; "0.0.0.0" for the network)' },
     "tls-cert": { type: "string", description: "PEM certificate: serve https and wss" },
     "tls-key": { type: "string", description: "PEM private key of --tls-cert" },
+    "tls-self-signed": {
+      type: "boolean",
+      description:
+        "serve https and wss with a throwaway CA made at start (openssl CLI; for loopback and self-hosted networks)",
+    },
+    "tls-ca-out": {
+      type: "string",
+      description: `where --tls-self-signed writes its CA certificate, for workers' --ca (default ${DEFAULT_CA_OUT})`,
+    },
     "secret-file": {
       type: "string",
       description:
@@ -134,10 +168,36 @@ const serve: Command = {
     if ((certPath === undefined) !== (keyPath === undefined)) {
       throw usageError("--tls-cert and --tls-key go together");
     }
-    const tls =
-      certPath && keyPath
-        ? { cert: await readText(certPath, "certificate"), key: await readText(keyPath, "key") }
-        : undefined;
+    const selfSigned = values["tls-self-signed"] === true;
+    const caOut = str(values, "tls-ca-out");
+    if (selfSigned && certPath !== undefined) {
+      throw usageError(
+        "--tls-self-signed makes its own certificate: give it or --tls-cert/--tls-key, not both",
+      );
+    }
+    if (caOut !== undefined && !selfSigned) throw usageError("--tls-ca-out goes with --tls-self-signed");
+    let tls: { cert: string; key: string } | undefined;
+    let selfSignedInfo: { ca: string; hosts: string[] } | undefined;
+    if (certPath && keyPath) {
+      tls = { cert: await readText(certPath, "certificate"), key: await readText(keyPath, "key") };
+    } else if (selfSigned) {
+      const hosts = certificateHosts(host);
+      let certs: LoopbackCertificates;
+      try {
+        certs = await createLoopbackCertificates({ hosts, signal });
+      } catch (error) {
+        if (signal.aborted) return; // stopped while starting
+        throw error;
+      }
+      const ca = resolvePath(caOut ?? DEFAULT_CA_OUT);
+      try {
+        await writeFile(ca, certs.ca);
+      } catch (error) {
+        throw usageError(`cannot write the CA certificate to ${ca}: ${(error as Error).message}`);
+      }
+      tls = { cert: certs.cert, key: certs.key };
+      selfSignedInfo = { ca, hosts };
+    }
     const secretFile = str(values, "secret-file");
     const generated = secretFile === undefined;
     const secret = generated ? randomBytes(32).toString("base64url") : await readSecret(secretFile);
@@ -250,6 +310,12 @@ const serve: Command = {
         `  dashboard: ${listener.url}/${values.private === true ? "#token=<token>" : ""}`,
         `  store: ${hub.store.kind}${hub.store.kind === "sqlite" ? ` (${str(values, "db") ?? "moeswarm-hub.db"})` : ""}; reads ${values.private === true ? "need a token" : "are public"}`,
       ];
+      if (selfSignedInfo) {
+        lines.push(
+          `  TLS: self-signed for ${selfSignedInfo.hosts.join(", ")}; CA certificate: ${selfSignedInfo.ca}`,
+          `    (workers and backbones trust it with --ca ${selfSignedInfo.ca})`,
+        );
+      }
       if (tokens) {
         lines.push(
           `${CLI_NAME}: no --secret-file given: generated a secret for this run only. These tokens (valid 7 days)`,
@@ -267,6 +333,9 @@ const serve: Command = {
         port: listener.port,
         models: infos,
         store: hub.store.kind,
+        ...(selfSignedInfo
+          ? { tls: { selfSigned: true, ca: selfSignedInfo.ca, hosts: selfSignedInfo.hosts } }
+          : {}),
         ...(tokens ? { tokens, secretGenerated: true } : {}),
       });
       await new Promise<void>((resolve) => {

@@ -2,13 +2,13 @@ import { type ClientRequest, request as httpRequest, type IncomingMessage } from
 import { request as httpsRequest } from "node:https";
 import {
   abortReason,
+  errorFromCode,
   HubError,
   InvalidArgumentError,
   isMoeswarmError,
   type MoeswarmError,
   TransportError,
 } from "@moeswarm/core";
-import { errorFromWire } from "@moeswarm/relay-client";
 
 /*
  * HTTP with node:http/https rather than fetch: a self-hosted hub's CA is one `ca` option here
@@ -161,7 +161,7 @@ export function hubAnswerError(status: number, body: Buffer, url: URL): Moeswarm
   if (err && typeof err.code === "string" && typeof err.message === "string") {
     const details =
       typeof err.details === "object" && err.details !== null ? (err.details as Record<string, unknown>) : {};
-    return errorFromWire(err.code, err.message, { ...details, status });
+    return errorFromCode(err.code, err.message, { details: { ...details, status } });
   }
   const text = body.toString("utf8", 0, Math.min(body.byteLength, 200)).trim();
   return new HubError(
