@@ -15,9 +15,8 @@ import {
   runLogitsHarness,
   serveBackboneBridge,
 } from "@moeswarm/backbone";
-import { Placement, type WorkerRegistration } from "@moeswarm/dispatch";
+import type { WorkerRegistration } from "@moeswarm/dispatch";
 import { createHub, createLoopbackCertificates, mintToken } from "@moeswarm/hub";
-import { connectRelay, RelayTransport } from "@moeswarm/relay-client";
 import { ensureSyntheticModel, findExpertTensors, readGguf } from "@moeswarm/shard";
 import { formatBytes } from "@moeswarm/worker-native";
 import { Agent, request } from "undici";
@@ -153,24 +152,20 @@ async function run(options: DemoOptions, signal: AbortSignal): Promise<number> {
     progress.done();
     out(`swarm     every expert of every layer has an owner (placement version ${placementBody.version})`);
 
-    // 4. the backbone: relay connection, placement from the hub, the bridge the plugin talks to
-    const backbone = await connectRelay(listener.relayUrl, {
-      role: "backbone",
-      id: "demo-backbone",
-      token: mintToken({ role: "backbone", id: "demo-backbone", ttlS: 3600 }, secret),
-      ca: certs.ca,
-      reconnect: false,
-      signal,
-    });
-    cleanup.push(() => backbone.close());
-    const placement = Placement.fromRegistrations(placementBody.registrations, { model: modelId });
+    // 4. the backbone: the bridge the plugin talks to, linked to the hub (relay connection, live
+    // placement, routing statistics and receipts), with the model's own experts as last resort
     const fallback = await createLocalFallback(model.path, { threads: options.threads });
     cleanup.push(() => fallback.close());
     const bridge = await serveBackboneBridge({
       socket: join(tmp, "bridge.sock"),
-      placement,
-      transport: new RelayTransport(backbone),
+      hub: {
+        url: listener.url,
+        token: mintToken({ role: "backbone", id: "demo-backbone", ttlS: 3600 }, secret),
+        model: modelId,
+        ca: certs.ca,
+      },
       fallback: fallback.compute,
+      signal,
     });
     cleanup.push(() => bridge.close());
 
@@ -195,17 +190,7 @@ async function run(options: DemoOptions, signal: AbortSignal): Promise<number> {
     if (!swarm.ok) throw new Error(`llama.cpp with the swarm failed:\n${swarm.stderr}`);
 
     // the backbone's receipts credit the workers on the hub's dashboard
-    const stats = bridge.takeStatsReport({ nExpert });
-    await request(`${listener.url}/api/models/${modelId}/stats`, {
-      method: "POST",
-      dispatcher,
-      signal,
-      headers: {
-        authorization: `Bearer ${mintToken({ role: "backbone", id: "demo-backbone", ttlS: 600 }, secret)}`,
-        "content-type": "application/json",
-      },
-      body: JSON.stringify(stats),
-    }).then((r) => r.body.dump());
+    await bridge.hub?.reportStats();
 
     const identical = plain.tokens.filter((t, i) => swarm.tokens[i] === t).length;
     const sameLength = plain.tokens.length === swarm.tokens.length;

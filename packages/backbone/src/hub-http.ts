@@ -1,12 +1,12 @@
 import {
   abortReason,
+  errorFromCode,
   HubError,
   InvalidArgumentError,
   isMoeswarmError,
   type MoeswarmError,
   TransportError,
 } from "@moeswarm/core";
-import { errorFromWire } from "@moeswarm/relay-client";
 import { Agent, type Dispatcher, request } from "undici";
 
 /*
@@ -184,7 +184,7 @@ function httpError(status: number, json: unknown, text: string, where: string): 
   if (err && typeof err.code === "string" && typeof err.message === "string") {
     const details =
       typeof err.details === "object" && err.details !== null ? (err.details as Record<string, unknown>) : {};
-    return errorFromWire(err.code, `${where}: ${err.message}`, { ...details, status });
+    return errorFromCode(err.code, `${where}: ${err.message}`, { details: { ...details, status } });
   }
   const shown = text.slice(0, 200).trim();
   return new HubError(

@@ -1,11 +1,9 @@
-// Shared fixtures of the backbone tests: synthetic models (cached across runs), slices cut from
-// them, llama-cpu worker processes behind an in-process transport, and the skip logic.
-import { execFileSync } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { PassThrough } from "node:stream";
 import { InProcessTransport, Placement } from "@moeswarm/dispatch";
+import { createLoopbackCertificates, type LoopbackCertificates } from "@moeswarm/hub";
 import {
   ensureSyntheticModel,
   findExpertTensors,
@@ -144,46 +142,9 @@ export function firstByteDiff(a: Uint8Array, b: Uint8Array): number {
   return a.byteLength === b.byteLength ? -1 : n;
 }
 
-export interface LoopbackCerts {
-  ca: string;
-  cert: string;
-  key: string;
-}
-
-/** A throwaway CA and a leaf for localhost / 127.0.0.1 it signs, made with the openssl CLI. */
-export function loopbackCerts(): LoopbackCerts {
-  const dir = mkdtempSync(join(tmpdir(), "mswb-tls-"));
-  const run = (args: string[]) => execFileSync("openssl", args, { cwd: dir, stdio: "pipe" });
-  try {
-    const ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
-    run(["req", "-x509", ...ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=mswb CA"]);
-    run(["req", ...ec, "-keyout", "leaf.key", "-out", "leaf.csr", "-subj", "/CN=localhost"]);
-    writeFileSync(
-      join(dir, "leaf.ext"),
-      "basicConstraints=CA:FALSE\nsubjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
-    );
-    run([
-      "x509",
-      "-req",
-      "-in",
-      "leaf.csr",
-      "-CA",
-      "ca.crt",
-      "-CAkey",
-      "ca.key",
-      "-CAcreateserial",
-      "-out",
-      "leaf.crt",
-      "-days",
-      "1",
-      "-extfile",
-      "leaf.ext",
-    ]);
-    const read = (f: string) => readFileSync(join(dir, f), "utf8");
-    return { ca: read("ca.crt"), cert: read("leaf.crt"), key: read("leaf.key") };
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
-  }
+/** A throwaway CA and a loopback leaf it signs (the hub's own helper, openssl CLI). */
+export function loopbackCerts(): Promise<LoopbackCertificates> {
+  return createLoopbackCertificates({ hosts: ["localhost", "127.0.0.1"], days: 1 });
 }
 
 /** A writable stream that keeps its text; `line(re)` waits for a line that matches. */
@@ -207,3 +168,5 @@ export function captureStream() {
     },
   };
 }
+
+export type LoopbackCerts = LoopbackCertificates;

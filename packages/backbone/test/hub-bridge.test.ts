@@ -87,7 +87,7 @@ describe.skipIf(Boolean(missing))("serveBackboneBridge({hub}): follows the hub's
   };
 
   beforeAll(async () => {
-    certs = loopbackCerts();
+    certs = await loopbackCerts();
     model = await syntheticModel("small", "qwen3moe");
     info = await modelInfo(model);
     hub = createHub({ secret: SECRET, models: [{ id: MODEL_ID, path: model }], tls: certs });

@@ -107,7 +107,7 @@ describe("connectHub", () => {
   };
 
   beforeAll(async () => {
-    certs = loopbackCerts();
+    certs = await loopbackCerts();
     model = await syntheticModel("tiny", "qwen3moe");
     info = await modelInfo(model);
     hub = createHub({ secret: SECRET, models: [{ id: MODEL_ID, path: model }], tls: certs });
