@@ -107,7 +107,9 @@ describe("downloadResumable", () => {
     expect(seen[1]?.["if-range"]).toBe(etagOf(file));
     expect(seen[2]?.range).toBe(`bytes=${retries[1]}-`);
     expect(retries[0]).toBeGreaterThan(0);
-    expect(retries[1]).toBeGreaterThan(retries[0] as number);
+    // the server destroys the socket shortly after handing the bytes to the kernel, so how many of
+    // them the client read before the cut depends on scheduling: never fewer than before
+    expect(retries[1]).toBeGreaterThanOrEqual(retries[0] as number);
     expect(existsSync(`${dest}.part`)).toBe(false);
     expect(existsSync(`${dest}.part.json`)).toBe(false);
   });
