@@ -34,6 +34,7 @@
 
 #include "moeswarm-frame.h"
 #include "moeswarm-msgpack.h"
+#include "moeswarm-trace.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -993,6 +994,7 @@ static bool moeswarm_round_trip(moeswarm_backend_context * ctx, const moeswarm_c
     const uint32_t len = (uint32_t) (ctx->tx.buf.size() - 4);
     for (int i = 0; i < 4; ++i) ctx->tx.buf[i] = (uint8_t) (len >> (8 * i));
     bytes_out = ctx->tx.buf.size();
+    moeswarm_trace_hop("plugin.send", p.layer);
     if (!moeswarm_send_all(c, ctx->tx.buf.data(), ctx->tx.buf.size(), deadline, err)) {
         moeswarm_conn_close(c);
         return false;
@@ -1041,6 +1043,7 @@ static bool moeswarm_round_trip(moeswarm_backend_context * ctx, const moeswarm_c
             moeswarm_conn_close(c);
             return false;
         }
+        moeswarm_trace_hop("plugin.recv", p.layer);
         const uint8_t * y = f.y.ptr;
         ggml_tensor * out = p.out;
         if (out->nb[0] == 4 && out->nb[1] == (size_t) p.n_embd * 4) {

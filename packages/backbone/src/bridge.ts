@@ -14,6 +14,7 @@ import {
   resultFrame,
   TransportError,
   throwIfAborted,
+  traceHop,
 } from "@moeswarm/core";
 import {
   type DispatchCallMetrics,
@@ -350,6 +351,7 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
     const placement = currentPlacement();
     let metrics: DispatchCallMetrics | undefined;
     try {
+      traceHop("bridge.dispatch", f.layer);
       const r = await dispatchExpertsDetailed(
         f.x,
         { n: f.n, k: f.k, ids: f.ids, weights: f.w },
@@ -366,6 +368,7 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
         },
       );
       metrics = r.metrics;
+      traceHop("bridge.combined", f.layer);
       spanTokens.set(f.layer, (spanTokens.get(f.layer) ?? 0) + f.n);
       for (const [id, o] of Object.entries(metrics.owners)) {
         if (o.failures === o.requests) continue;
@@ -377,6 +380,7 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
       }
       const ms = performance.now() - t0;
       send(socket, resultFrame({ id: f.id, mode: "sum", n: f.n, k: f.k, embd: f.embd, y: r.output, ms }));
+      traceHop("bridge.out", f.layer);
       totals.tokens += f.n;
       let l = layers.get(f.layer);
       if (!l) {
@@ -431,6 +435,7 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
       socket.removeListener("data", onData);
     };
     const onData = (chunk: Buffer) => {
+      traceHop("bridge.in");
       let payloads: Uint8Array[];
       try {
         payloads = reader.push(chunk);

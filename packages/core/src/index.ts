@@ -117,3 +117,4 @@ export {
   toF32,
   typedArrayFromBytes,
 } from "./tensor.js";
+export { traceEnabled, traceFlush, traceHop } from "./trace.js";

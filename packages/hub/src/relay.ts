@@ -12,6 +12,7 @@ import {
   type PeerRole,
   PROTOCOL_VERSION,
   type ResultFrame,
+  traceHop,
 } from "@moeswarm/core";
 import {
   CLOSE_AUTH,
@@ -521,6 +522,7 @@ class RelayServer implements Relay {
 
   #onMessage(peer: Peer, data: Buffer, isBinary: boolean): void {
     if (peer.closed) return;
+    traceHop("hub.in");
     peer.lastSeen = Date.now();
     this.#stats.framesIn++;
     this.#stats.bytesIn += data.byteLength;
@@ -766,6 +768,7 @@ class RelayServer implements Relay {
     backbone.outstanding.add(route);
     this.#stats.routed++;
     this.#sendBytes(worker, bytes);
+    traceHop("hub.out.dispatch", relayId);
   }
 
   #finishRoute(route: Route): void {
@@ -832,6 +835,7 @@ class RelayServer implements Relay {
       return;
     }
     this.#sendBytes(backbone, bytes);
+    traceHop("hub.out.answer", route.relayId);
   }
 
   // --- queries ------------------------------------------------------------------------------

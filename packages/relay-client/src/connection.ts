@@ -8,6 +8,7 @@ import {
   ProtocolError,
   registerFrame,
   TransportError,
+  traceHop,
 } from "@moeswarm/core";
 import { type Backoff, backoffDelay, normalizeBackoff, type ReconnectOptions } from "./backoff.js";
 import { Channel } from "./channel.js";
@@ -786,6 +787,7 @@ class Connection implements RelayConnection {
 
   #onFrame(link: FrameLink, bytes: Uint8Array): void {
     if (link !== this.#link) return;
+    traceHop("rc.in");
     this.#lastSeen = now();
     let frame: Frame;
     try {
@@ -874,6 +876,7 @@ class Connection implements RelayConnection {
       if (!reply) return true;
       try {
         this.#send(link, reply);
+        traceHop("rc.answered", self.id);
       } catch (error) {
         // e.g. a result larger than maxFrameBytes: the backbone still gets an answer
         this.#send(link, {
@@ -951,6 +954,7 @@ class Connection implements RelayConnection {
   request(to: string, req: DispatchRequest, options: RequestOptions = {}): Promise<DispatchReply> {
     const { signal } = options;
     if (signal?.aborted) return Promise.reject(abortReason(signal));
+    traceHop("rc.request", req.layer);
     let deadlineMs: number;
     let bytes: Uint8Array;
     let id: number;
@@ -1031,6 +1035,7 @@ class Connection implements RelayConnection {
         },
       });
       link.send(bytes);
+      traceHop("rc.sent", id);
     });
   }
 

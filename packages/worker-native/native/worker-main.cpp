@@ -10,6 +10,7 @@
 #include "moeswarm-frame.h"
 #include "moeswarm-msgpack.h"
 #include "moeswarm-slice.h"
+#include "moeswarm-trace.h"
 
 #include "gguf.h"
 
@@ -237,7 +238,9 @@ static serve_end serve(worker_state * st, int in_fd, int out_fd) {
         bool ok = true;
         switch (f.type) {
             case MOESWARM_FRAME_DISPATCH:
+                moeswarm_trace_hop("child.in", f.id);
                 ok = handle_dispatch(st, out_fd, &f);
+                moeswarm_trace_hop("child.out", f.id);
                 break;
             case MOESWARM_FRAME_PING:
                 st->out.buf.clear();

@@ -3,7 +3,7 @@
 # HIP backend in addition to the CPU one. Not part of `pnpm build`: Debian has neither the CUDA
 # toolkit nor ROCm's hipBLAS, so CI cannot build these.
 #
-#   scripts/build-gpu.sh cuda [extra cmake args]    needs the CUDA toolkit (nvcc, cuBLAS), 12.x;
+#   scripts/build-gpu.sh cuda [extra cmake args]    needs the CUDA toolkit (nvcc, cuBLAS), 12.x or 13.x;
 #                                                   e.g. -DCMAKE_CUDA_ARCHITECTURES="80;90"
 #   scripts/build-gpu.sh hip  [extra cmake args]    needs ROCm 6.x (hipcc/clang, hipBLAS, rocBLAS);
 #                                                   e.g. -DAMDGPU_TARGETS=gfx1100
@@ -37,8 +37,13 @@ case "$kind" in
     ;;
 esac
 
-src=$(node ../../tools/llama-source.mjs)
-inc=$(node_modules/.bin/cmake-js print-cmakejs-include 2>/dev/null | grep node-api-headers)
+# MOESWARM_LLAMA_SRC: an extracted copy of the pinned source, for machines without Node (the
+# GPU check in scripts/gpu-check.py needs only the executable); the addon needs Node's cmake-js
+src=${MOESWARM_LLAMA_SRC:-$(node ../../tools/llama-source.mjs)}
+inc=""
+if command -v node >/dev/null 2>&1 && [ -x node_modules/.bin/cmake-js ]; then
+  inc=$(node_modules/.bin/cmake-js print-cmakejs-include 2>/dev/null | grep node-api-headers || true)
+fi
 dir=build/linux-x64-$kind
 generator=""
 command -v ninja >/dev/null 2>&1 && generator="-G Ninja"
@@ -52,6 +57,10 @@ cmake --build "$dir" --parallel "$(nproc)"
 
 out=prebuilds/linux-x64-$kind
 mkdir -p "$out"
-cp "$dir/moeswarm_expert.node" "$out/node.napi.glibc.node"
+if [ -f "$dir/moeswarm_expert.node" ]; then
+  cp "$dir/moeswarm_expert.node" "$out/node.napi.glibc.node"
+else
+  echo "build-gpu: no Node/cmake-js here, so the executable only (no addon)"
+fi
 cp "$dir/moeswarm-expert-worker" "$out/moeswarm-expert-worker"
 echo "build-gpu: $out/ ($("$out/moeswarm-expert-worker" --version))"

@@ -13,6 +13,7 @@ import {
   readFrames,
   TransportError,
   throwIfAborted,
+  traceHop,
   writeFrame,
 } from "@moeswarm/core";
 import { readGguf } from "@moeswarm/shard";
@@ -288,6 +289,7 @@ export class WorkerProcessCompute implements ExpertCompute {
   }
 
   #onFrame(frame: Frame): void {
+    traceHop("wp.read", frame.t === "result" ? frame.id : undefined);
     if (frame.t === "result") {
       const p = this.#pending.get(frame.id);
       if (!p) return; // aborted by the caller: the late answer is dropped
@@ -350,6 +352,7 @@ export class WorkerProcessCompute implements ExpertCompute {
       const cleanup = () => signal?.removeEventListener("abort", onAbort);
       signal?.addEventListener("abort", onAbort, { once: true });
       this.#pending.set(id, { resolve, reject, n, k: request.k, mode: request.mode, cleanup });
+      traceHop("wp.write", id);
       writeFrame(this.#child.stdin, frame, { maxFrameBytes: this.#maxFrameBytes }).catch((error: unknown) => {
         if (this.#pending.delete(id)) {
           cleanup();

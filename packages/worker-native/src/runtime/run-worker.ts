@@ -11,6 +11,7 @@ import {
   parseRange,
   type Range,
   TransportError,
+  traceHop,
 } from "@moeswarm/core";
 import { connectRelay, type IncomingDispatch, type RelayConnection } from "@moeswarm/relay-client";
 import { type SliceManifest, verifySlice } from "@moeswarm/shard";
@@ -968,6 +969,7 @@ class WorkerRun {
         );
       }
       const t0 = performance.now();
+      traceHop("worker.run", req.layer);
       // layer and expert ids are checked against the slices (InvalidArgumentError)
       const y = await router.run(
         {
@@ -980,6 +982,7 @@ class WorkerRun {
         },
         { signal: req.signal },
       );
+      traceHop("worker.ran", req.layer);
       this.#requests++;
       this.#tokens += req.n;
       return { y, ms: performance.now() - t0 };
