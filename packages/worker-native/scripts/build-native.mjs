@@ -96,8 +96,11 @@ function variants(target, napiInclude) {
       if (bins) {
         out.push({
           name: "linux-x64-llama",
-          defs: { MOESWARM_GGML: "shared", MOESWARM_GGML_BASE_LIB: join(bins, "libggml-base.so") },
-          copy: [["moeswarm-expert-worker-llama", "linux-x64/moeswarm-expert-worker-llama"]],
+          defs: { MOESWARM_GGML: "shared", MOESWARM_GGML_BASE_LIB: join(bins, "libggml-base.so"), ...addon },
+          copy: [
+            ["moeswarm-expert-worker-llama", "linux-x64/moeswarm-expert-worker-llama"],
+            ["moeswarm_expert_llama.node", "linux-x64/llama-cpu/moeswarm_expert_llama.node"],
+          ],
         });
       } else {
         skipOrFail(

@@ -12,8 +12,11 @@ export {
 } from "./expert-compute.js";
 export {
   type LlamaCppBinsOptions,
+  type LoadLlamaCpuOptions,
   llamaCppBinsDir,
+  llamaCpuAddonPath,
   llamaExpertWorkerPath,
+  loadLlamaCpuCompute,
   type SpawnLlamaExpertWorkerOptions,
   spawnLlamaExpertWorker,
 } from "./llama-cpu.js";

@@ -1,8 +1,9 @@
-import { existsSync, readFileSync, realpathSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, realpathSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join, resolve } from "node:path";
-import { NativeError } from "@moeswarm/core";
-import { packageRoot } from "./native-binding.js";
+import { NativeError, throwIfAborted } from "@moeswarm/core";
+import { type NativeAddon, nativeError, packageRoot } from "./native-binding.js";
+import { NativeExpertCompute, type NativeLoadOptions } from "./native-compute.js";
 import {
   type SpawnExpertWorkerOptions,
   spawnExpertWorker,
@@ -135,4 +136,78 @@ export async function spawnLlamaExpertWorker(
       [ENV_DIR]: dir,
     },
   });
+}
+
+/** Path of the in-process llama-cpu addon (linux-x64; built by this package's build script), or undefined. */
+export function llamaCpuAddonPath(): string | undefined {
+  if (process.platform !== "linux" || process.arch !== "x64") return undefined;
+  const path = join(packageRoot(), "prebuilds", "linux-x64", "llama-cpu", "moeswarm_expert_llama.node");
+  return existsSync(path) ? path : undefined;
+}
+
+// dlopen flags (glibc's values; Node's os.constants.dlopen lacks RTLD_NODELETE)
+const RTLD_NOW = 0x2;
+const RTLD_GLOBAL = 0x100;
+const RTLD_NODELETE = 0x1000;
+
+const loadedAddons = new Map<string, NativeAddon>();
+
+/**
+ * Loads the llama-cpu addon into this process. node-llama-cpp's libggml-base.so and libggml.so go
+ * in first, RTLD_GLOBAL, so that the addon's DT_NEEDED entries are satisfied by those very files
+ * (a loaded soname is reused wherever the addon lives), and RTLD_NODELETE, because
+ * `process.dlopen` closes a library that is not an addon, and a libggml-base unloaded after its
+ * static initialisers ran leaves std::terminate pointing into unmapped code. A process that already
+ * holds node-llama-cpp's ggml (a backbone) shares it: one ggml per process.
+ */
+function requireLlamaCpuAddon(binsDir: string): NativeAddon {
+  const path = llamaCpuAddonPath();
+  if (!path) {
+    throw new NativeError(
+      "MOESWARM_NATIVE_LOAD",
+      "the llama-cpu addon is not built: pnpm --filter @moeswarm/worker-native build, with node-llama-cpp installed",
+    );
+  }
+  const cached = loadedAddons.get(path);
+  if (cached) return cached;
+  const libs = [
+    "libggml-base.so",
+    ...readdirSync(binsDir).filter((f) => /^libggml(\.v[\d.]+)?\.so$/.test(f)),
+  ];
+  for (const lib of libs) {
+    try {
+      process.dlopen({ exports: {} }, join(binsDir, lib), RTLD_NOW | RTLD_GLOBAL | RTLD_NODELETE);
+    } catch (error) {
+      // "did not self-register" is expected (it is no addon); anything else is a load failure
+      if (!/did not self-register/.test((error as Error).message)) throw nativeError(error);
+    }
+  }
+  let addon: NativeAddon;
+  try {
+    addon = createRequire(import.meta.url)(path) as NativeAddon;
+  } catch (error) {
+    throw nativeError(error);
+  }
+  loadedAddons.set(path, addon);
+  return addon;
+}
+
+export interface LoadLlamaCpuOptions extends NativeLoadOptions {
+  /** node-llama-cpp's bins directory (default: {@link llamaCppBinsDir}). */
+  binsDir?: string;
+}
+
+/**
+ * The llama-cpu compute in this process: the same core and kernels as `moeswarm-expert-worker-llama`
+ * (bit-identical to llama.cpp's MUL_MAT_ID here), without the stdio hop per request. `info.backend`
+ * is "native", `info.device` "llama-cpu".
+ */
+export async function loadLlamaCpuCompute(
+  slicePath: string,
+  options: LoadLlamaCpuOptions = {},
+): Promise<NativeExpertCompute> {
+  throwIfAborted(options.signal);
+  const { binsDir, device: _device, ...rest } = options;
+  const dir = llamaCppBinsDir(binsDir !== undefined ? { dir: binsDir } : {});
+  return NativeExpertCompute.loadWith(requireLlamaCpuAddon(dir), slicePath, rest, "llama-cpu");
 }

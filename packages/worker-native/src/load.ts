@@ -1,6 +1,6 @@
 import { InvalidArgumentError, NativeError, throwIfAborted } from "@moeswarm/core";
 import type { Activation, ExpertCompute } from "./expert-compute.js";
-import { spawnLlamaExpertWorker } from "./llama-cpu.js";
+import { llamaCpuAddonPath, loadLlamaCpuCompute, spawnLlamaExpertWorker } from "./llama-cpu.js";
 import { probeNative } from "./native-binding.js";
 import { NativeExpertCompute } from "./native-compute.js";
 import { TsExpertCompute } from "./ts-compute.js";
@@ -10,11 +10,15 @@ export interface LoadExpertComputeOptions {
    * "native": the N-API addon, or NativeError MOESWARM_NATIVE_LOAD saying why it cannot load;
    * "ts": the TypeScript path; "auto" (default): native when it loads, else TypeScript
    * (`info.backend` says which; `nativeStatus()` says why native was not used);
-   * "llama-cpu": `moeswarm-expert-worker-llama` in a child process, computing with the CPU backend
-   * library of node-llama-cpp that llama.cpp itself uses here (`info.backend` "worker",
-   * `info.device` "llama-cpu"): bit-identical to llama.cpp's MUL_MAT_ID on this machine.
+   * "llama-cpu": the compute core built against node-llama-cpp's ggml, computing with the CPU
+   * backend library that llama.cpp itself uses here: bit-identical to llama.cpp's MUL_MAT_ID on this
+   * machine (`info.device` "llama-cpu"). In this process when its addon is built (`info.backend`
+   * "native"), else `moeswarm-expert-worker-llama` in a child process (`info.backend` "worker");
+   * `llamaProcess: true` asks for the child process.
    */
   backend?: "native" | "ts" | "auto" | "llama-cpu";
+  /** "llama-cpu": compute in a child process even when the in-process addon is built. */
+  llamaProcess?: boolean;
   /** "llama-cpu": node-llama-cpp's bins directory (default: found from the installed package). */
   binsDir?: string;
   /** Compute threads of the native path (default: all CPUs). */
@@ -48,6 +52,15 @@ export async function loadExpertCompute(
   throwIfAborted(options.signal);
   const { signal, threads, act, repack, cacheBytes, device, binsDir } = options;
   if (backend === "llama-cpu") {
+    if (!options.llamaProcess && llamaCpuAddonPath() !== undefined) {
+      return loadLlamaCpuCompute(slicePath, {
+        ...(threads !== undefined ? { threads } : {}),
+        ...(act !== undefined ? { act } : {}),
+        ...(repack !== undefined ? { repack } : {}),
+        ...(binsDir !== undefined ? { binsDir } : {}),
+        ...(signal ? { signal } : {}),
+      });
+    }
     return spawnLlamaExpertWorker(slicePath, {
       ...(threads !== undefined ? { threads } : {}),
       ...(act !== undefined ? { act } : {}),

@@ -9,6 +9,7 @@ import {
   type RunRequest,
 } from "./expert-compute.js";
 import {
+  type NativeAddon,
   type NativeSliceHandle,
   type NativeSliceInfo,
   nativeError,
@@ -64,33 +65,53 @@ export class NativeExpertCompute implements ExpertCompute {
   readonly #experts: ReadonlySet<number>;
   #closed = false;
 
-  private constructor(handle: NativeSliceHandle) {
+  private constructor(handle: NativeSliceHandle, device?: string) {
     this.#handle = handle;
     this.native = handle.info();
     this.info = toInfo(this.native);
+    if (device !== undefined) this.info.device = device;
     this.#experts = new Set(this.info.experts);
   }
 
   /** Loads a slice GGUF into ggml CPU buffers (off the event loop). */
   static async load(slicePath: string, options: NativeLoadOptions = {}): Promise<NativeExpertCompute> {
     throwIfAborted(options.signal);
-    const { threads, repack, act, device } = options;
+    if (options.act !== undefined && options.act !== "auto" && !ACTIVATIONS.includes(options.act)) {
+      throw new NativeError("MOESWARM_NATIVE_LOAD", `unknown activation ${String(options.act)}`);
+    }
+    const addon = await requireNative(options.signal ? { signal: options.signal } : {});
+    return NativeExpertCompute.loadWith(addon, slicePath, options);
+  }
+
+  /**
+   * Loads with a given build of the addon: the llama-cpu one (llama-cpu.ts) reports `device`
+   * "llama-cpu", as the llama-cpu executable registers.
+   * @internal
+   */
+  static async loadWith(
+    addon: NativeAddon,
+    slicePath: string,
+    options: NativeLoadOptions,
+    device?: string,
+  ): Promise<NativeExpertCompute> {
+    throwIfAborted(options.signal);
+    const { threads, repack, act } = options;
     if (act !== undefined && act !== "auto" && !ACTIVATIONS.includes(act)) {
       throw new NativeError("MOESWARM_NATIVE_LOAD", `unknown activation ${String(act)}`);
     }
-    const addon = await requireNative(options.signal ? { signal: options.signal } : {});
+    const dev = device === undefined ? options.device : undefined;
     let loaded: { handle: NativeSliceHandle };
     try {
       loaded = await addon.loadSlice(slicePath, {
         ...(threads !== undefined ? { threads } : {}),
         ...(repack !== undefined ? { repack } : {}),
         ...(act !== undefined ? { act } : {}),
-        ...(device !== undefined ? { device } : {}),
+        ...(dev !== undefined ? { device: dev } : {}),
       });
     } catch (cause) {
       throw nativeError(cause);
     }
-    const compute = new NativeExpertCompute(loaded.handle);
+    const compute = new NativeExpertCompute(loaded.handle, device);
     if (options.signal?.aborted) {
       await compute.close();
       throwIfAborted(options.signal);

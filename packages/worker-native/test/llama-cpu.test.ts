@@ -3,14 +3,17 @@
 // equal, bit for bit, one monolithic MUL_MAT_ID graph over the whole tensors (build_moe_ffn's, on
 // the same library), and its sums the weighting MUL and ADDs of that graph.
 import { execFileSync } from "node:child_process";
+import { readFileSync, realpathSync } from "node:fs";
 import { join } from "node:path";
 import { sumSlots } from "@moeswarm/core";
 import { GgmlType } from "@moeswarm/shard";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   llamaCppBinsDir,
+  llamaCpuAddonPath,
   llamaExpertWorkerPath,
   loadExpertCompute,
+  loadLlamaCpuCompute,
   spawnLlamaExpertWorker,
 } from "../src/index.js";
 import {
@@ -98,8 +101,14 @@ describe.skipIf(Boolean(missing))("llama-cpu expert compute (moeswarm-expert-wor
           backend: "llama-cpu",
           threads: 1,
         });
-        await using b = await spawnLlamaExpertWorker(join(tmp.dir, `${c.type}-half1.gguf`), { threads: 1 });
-        expect(a.info).toMatchObject({ backend: "worker", device: "llama-cpu", experts: halves[0] });
+        // the other half in a child process: the addon in this process and the executable agree
+        await using b = await loadExpertCompute(join(tmp.dir, `${c.type}-half1.gguf`), {
+          backend: "llama-cpu",
+          llamaProcess: true,
+          threads: 1,
+        });
+        expect(a.info).toMatchObject({ backend: "native", device: "llama-cpu", experts: halves[0] });
+        expect(b.info).toMatchObject({ backend: "worker", device: "llama-cpu", experts: halves[1] });
         expect(reference.info.device).toBe("llama-cpu");
 
         const x = normals(N * N_EMBD, 5);
@@ -127,6 +136,27 @@ describe.skipIf(Boolean(missing))("llama-cpu expert compute (moeswarm-expert-wor
       });
     });
   }
+
+  it("the in-process addon shares node-llama-cpp's ggml: one libggml-base in the process", async () => {
+    expect(llamaCpuAddonPath()).toBeDefined();
+    const model = await writeModel(
+      { type: GgmlType.Q8_0, nEmbd: 64, nFf: 64, nExpert: 4, layers: [0], seed: 3 },
+      tmp.dir,
+    );
+    await using c = await loadLlamaCpuCompute(model.path, { threads: 1 });
+    expect(c.info.device).toBe("llama-cpu");
+    const maps = readFileSync("/proc/self/maps", "utf8");
+    const bases = new Set(
+      maps
+        .split("\n")
+        .map((l) => l.slice(l.indexOf("/")))
+        .filter((p) => p.endsWith("/libggml-base.so")),
+    );
+    expect([...bases].map((p) => realpathSync(p))).toEqual([realpathSync(join(binsDir, "libggml-base.so"))]);
+    const y = await c.run({ layer: 0, x: normals(64, 1), ids: new Int32Array([0, 3]), k: 2, mode: "each" });
+    expect(y.length).toBe(128);
+    expect(y.some((v) => v !== 0)).toBe(true);
+  });
 
   it("refuses a missing bins directory with a clear error", async () => {
     await expect(
