@@ -89,29 +89,28 @@ def mp_pack(v, out: bytearray) -> None:
         raise TypeError(type(v))
 
 
+def _mp_count(b: bytes, i: int, c: int, fix_hi: int, c16: int) -> tuple[int, int]:
+    """Element count and the offset after the header of a map (fix 0x80) or array (fix 0x90)."""
+    if c <= fix_hi:
+        return c & 0x0F, i + 1
+    if c == c16:
+        return struct.unpack_from(">H", b, i + 1)[0], i + 3
+    return struct.unpack_from(">I", b, i + 1)[0], i + 5
+
+
 def mp_unpack(b: bytes, i: int = 0):
     c = b[i]
     if c <= 0x7F:
         return c, i + 1
     if 0x80 <= c <= 0x8F or c in (0xDE, 0xDF):
-        if c <= 0x8F:
-            n, i = c & 0x0F, i + 1
-        elif c == 0xDE:
-            n, i = struct.unpack_from(">H", b, i + 1)[0], i + 3
-        else:
-            n, i = struct.unpack_from(">I", b, i + 1)[0], i + 5
+        n, i = _mp_count(b, i, c, 0x8F, 0xDE)
         d = {}
         for _ in range(n):
             key, i = mp_unpack(b, i)
             d[key], i = mp_unpack(b, i)
         return d, i
     if 0x90 <= c <= 0x9F or c in (0xDC, 0xDD):
-        if c <= 0x9F:
-            n, i = c & 0x0F, i + 1
-        elif c == 0xDC:
-            n, i = struct.unpack_from(">H", b, i + 1)[0], i + 3
-        else:
-            n, i = struct.unpack_from(">I", b, i + 1)[0], i + 5
+        n, i = _mp_count(b, i, c, 0x9F, 0xDC)
         a = []
         for _ in range(n):
             v, i = mp_unpack(b, i)
