@@ -3,9 +3,9 @@
 // capacity to spare a worker keeps claiming, so greedy rectangles leave no strip uncovered; a
 // dispatch whose slots span two of a worker's slices gets the bits of one compute over the whole
 // model; a restart reuses every cached slice; the hub drains a worker over HTTP.
-import { mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { createHub, type Hub, mintToken } from "@moeswarm/hub";
 import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
 import { ensureSyntheticModel } from "@moeswarm/shard";
@@ -87,7 +87,7 @@ const complete = (p: PlacementJson) =>
   p.missing.length === 0 && p.owners.every((o) => o.workers.length === 1);
 
 /** A runWorker in this process, with its events, stopped by its controller or by the hub. */
-function start(id: string, capacity: number, cacheDir = join(work, `cache-${id}`)) {
+function start(id: string, capacity: number, cacheDir = join(work, `cache-${id}`), cacheMaxBytes?: number) {
   const controller = new AbortController();
   const events: WorkerEvent[] = [];
   const done: Promise<WorkerSummary> = runWorker({
@@ -95,6 +95,7 @@ function start(id: string, capacity: number, cacheDir = join(work, `cache-${id}`
     token: token("worker", id),
     capacity: { ramBytes: capacity },
     cacheDir,
+    ...(cacheMaxBytes !== undefined ? { cacheMaxBytes } : {}),
     threads: 1,
     pollMs: 100,
     signal: controller.signal,
@@ -110,6 +111,30 @@ async function drainFromHub(id: string, reason?: string): Promise<Response> {
     ...(reason === undefined ? {} : { body: JSON.stringify({ reason }) }),
   });
 }
+
+describe("a worker's cache under --cache-max", () => {
+  it("deletes a stale slice of another model to make room for the one it downloads", async () => {
+    const cacheDir = join(work, "cache-pruner");
+    // a slice another model left behind, as big as this model's whole expert weights
+    const whole = LAYERS * EXPERTS * bytesPerExpert;
+    const stale = join(cacheDir, "gone-model", "0-1_0-8.gguf");
+    mkdirSync(dirname(stale), { recursive: true });
+    writeFileSync(stale, Buffer.alloc(whole));
+    writeFileSync(
+      stale.replace(/\.gguf$/, ".json"),
+      JSON.stringify({ model: "gone-model", layers: "0:1", experts: "0:8", fileBytes: whole, savedAt: 1 }),
+    );
+    const w = start("pruner", whole * 2, cacheDir, Math.ceil(whole * 1.5));
+    await waitPlacement("complete coverage", complete);
+    const pruned = w.events.filter((e) => e.event === "cache-pruned");
+    expect(pruned.length).toBeGreaterThanOrEqual(1);
+    expect(pruned[0]).toMatchObject({ fits: true, removed: [{ path: stale, kind: "slice", bytes: whole }] });
+    expect(existsSync(stale)).toBe(false);
+    expect((await drainFromHub("pruner")).status).toBe(200);
+    expect(await w.done).toMatchObject({ reason: "drain", served: true });
+    await waitPlacement("nobody", (x) => x.registrations.length === 0, 5000);
+  });
+});
 
 describe("workers with several slices", () => {
   it("two workers with 15% slack cover the model: the strip the first leaves is the second's second slice", async () => {

@@ -263,6 +263,7 @@ describe("runWorker", () => {
       [{ relay: "http://x" }, /ws:\/\//],
       [{ id: "someone-else" }, /bound to worker "wk-x"/],
       [{ threads: 0 }, /threads/],
+      [{ cacheMaxBytes: -5 }, /cacheMaxBytes/],
     ];
     for (const [patch, message] of cases) {
       const error = await runWorker({ ...base, ...patch } as never).catch((e) => e);

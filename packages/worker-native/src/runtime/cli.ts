@@ -28,6 +28,8 @@ downloads and verifies it, serves it through the hub's relay until SIGINT/SIGTER
   --capacity SIZE      memory offered for expert weights, e.g. 2GiB (default: half the free memory)
   --vram SIZE          device memory offered besides (default 0)
   --cache-dir DIR      where slices are kept across restarts (default ~/.cache/moeswarm/worker)
+  --cache-max SIZE     most disk the cache may use, e.g. 20GiB; least recently used slices not
+                       being served are deleted to make room (default: no limit)
   --id ID              this worker's id (default: the token's, else <hostname>-<random>)
   --backend B          auto | native | llama-cpu | ts (default auto)
   --threads N          compute threads (default: all CPUs)
@@ -136,6 +138,7 @@ export async function runWorkerCli(
         capacity: { type: "string" },
         vram: { type: "string" },
         "cache-dir": { type: "string" },
+        "cache-max": { type: "string" },
         id: { type: "string" },
         backend: { type: "string" },
         threads: { type: "string" },
@@ -192,6 +195,7 @@ export async function runWorkerCli(
     }
     const ramBytes = size(str("capacity"), "capacity") ?? Math.floor(freemem() / 2);
     const vramBytes = size(str("vram"), "vram");
+    const cacheMaxBytes = size(str("cache-max"), "cache-max");
     const cacheDir =
       str("cache-dir") ?? join(env.XDG_CACHE_HOME || join(homedir(), ".cache"), "moeswarm", "worker");
     const pollMs = seconds(str("poll"), "poll", 0.01);
@@ -202,6 +206,7 @@ export async function runWorkerCli(
       token,
       capacity: { ramBytes, ...(vramBytes !== undefined ? { vramBytes } : {}) },
       cacheDir,
+      ...(cacheMaxBytes !== undefined ? { cacheMaxBytes } : {}),
       signal,
       backend,
       log,

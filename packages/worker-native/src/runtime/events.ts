@@ -35,6 +35,17 @@ export type WorkerEventBody =
       capacityBytes: number;
     } & SliceFields)
   | ({ event: "cached"; path: string } & SliceFields)
+  | {
+      event: "cache-pruned";
+      /** Deleted to make room, least recently used first. */
+      removed: Array<{ path: string; bytes: number; kind: "slice" | "partial"; model: string }>;
+      /** Bytes left in the cache, before the download. */
+      cacheBytes: number;
+      incomingBytes: number;
+      maxBytes: number;
+      /** False: the slices being served alone exceed the limit (the download goes ahead). */
+      fits: boolean;
+    }
   | ({ event: "claim-refused"; reason: string; retryAfterMs?: number | undefined } & SliceFields)
   | ({
       event: "claimed";
@@ -172,6 +183,16 @@ export function formatWorkerEvent(e: WorkerEventBody): string {
       return `demand: ${plural(e.ranges, "range")} under-covered (${plural(e.cells, "expert")}, ${formatBytes(e.rangeBytes)}); best fit for ${formatBytes(e.capacityBytes)}: ${slice(e)} (${formatBytes(e.bytes)}, value ${Math.round(e.value)})`;
     case "cached":
       return `found cached ${slice(e)} (${e.path})`;
+    case "cache-pruned": {
+      const freed = e.removed.reduce((n, r) => n + r.bytes, 0);
+      const what =
+        e.removed.length > 0
+          ? `deleted ${e.removed.length} cached file(s) (${formatBytes(freed)})`
+          : "deleted nothing";
+      return e.fits
+        ? `cache limit ${formatBytes(e.maxBytes)}: ${what} to make room for ${formatBytes(e.incomingBytes)}`
+        : `cache limit ${formatBytes(e.maxBytes)}: ${what}; the slices served alone hold ${formatBytes(e.cacheBytes)}, downloading ${formatBytes(e.incomingBytes)} anyway`;
+    }
     case "claim-refused": {
       const why =
         e.reason === "leased"

@@ -24,7 +24,15 @@ import type { WorkerEvent, WorkerEventBody } from "./events.js";
 import { type CaOption, isTransient, sleep } from "./http.js";
 import { type ClaimCapacity, HubClient, type LeaseJson } from "./hub-client.js";
 import { LeaseKeeper } from "./lease-keeper.js";
-import { listCachedSlices, removeSlice, type SlicePaths, slicePaths, writeSliceMeta } from "./slice-cache.js";
+import {
+  listCachedSlices,
+  pruneSliceCache,
+  removeSlice,
+  type SlicePaths,
+  slicePaths,
+  touchSlice,
+  writeSliceMeta,
+} from "./slice-cache.js";
 import { SliceRouter } from "./slice-router.js";
 
 export type WorkerBackend = "auto" | "native" | "llama-cpu" | "ts";
@@ -41,6 +49,13 @@ export interface RunWorkerOptions {
   capacity: { ramBytes: number; vramBytes?: number };
   /** Where slices are kept across restarts (`<cacheDir>/<model>/<layers>_<experts>.gguf`). */
   cacheDir: string;
+  /**
+   * Most bytes the cache may hold (default: no limit). Before a download, abandoned partial
+   * downloads and then the least recently used slices not being served are deleted until the new
+   * slice fits; slices being served are never deleted, so the cache can exceed this when they
+   * alone do.
+   */
+  cacheMaxBytes?: number;
   /**
    * Aborting it is how a worker is stopped: before serving it gives up its lease at once; while
    * serving it drains (no new work, in-flight requests finish, deregisters) and runWorker resolves.
@@ -117,6 +132,7 @@ interface Settings {
   capacity: ClaimCapacity;
   capacityBytes: number;
   cacheDir: string;
+  cacheMaxBytes: number | undefined;
   backend: WorkerBackend;
   threads: number | undefined;
   pollMs: number;
@@ -211,6 +227,8 @@ function settings(o: RunWorkerOptions): Settings {
     capacity: { ramBytes, ...(vramBytes ? { vramBytes } : {}), backend: "cpu" },
     capacityBytes: ramBytes + vramBytes,
     cacheDir: o.cacheDir,
+    cacheMaxBytes:
+      o.cacheMaxBytes === undefined ? undefined : bytesOption("cacheMaxBytes", o.cacheMaxBytes, true),
     backend,
     threads: o.threads,
     pollMs: msOption("pollMs", o.pollMs, 10_000, 10),
@@ -687,6 +705,7 @@ class WorkerRun {
     if (cached) {
       try {
         await this.#verify(manifest, paths, signal, true);
+        await touchSlice(paths);
         return true;
       } catch (error) {
         lost();
@@ -703,6 +722,25 @@ class WorkerRun {
       }
     }
     await mkdir(paths.dir, { recursive: true });
+    if (s.cacheMaxBytes !== undefined) {
+      const keep = new Set(this.#held.map((h) => slicePaths(s.cacheDir, h.model, h.layers, h.experts).path));
+      keep.add(paths.path);
+      const pruned = await pruneSliceCache(s.cacheDir, {
+        maxBytes: s.cacheMaxBytes,
+        incomingBytes: lease.bytes,
+        keep,
+      });
+      if (pruned.removed.length > 0 || !pruned.fits) {
+        this.#emit({
+          event: "cache-pruned",
+          removed: pruned.removed,
+          cacheBytes: pruned.bytes,
+          incomingBytes: lease.bytes,
+          maxBytes: s.cacheMaxBytes,
+          fits: pruned.fits,
+        });
+      }
+    }
     for (let attempt = 1; ; attempt++) {
       const url = s.hub.resolve(lease.url);
       let lastProgress = 0;

@@ -1,5 +1,5 @@
 import { mkdir, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { InvalidArgumentError, type Range } from "@moeswarm/core";
 
 /*
@@ -29,6 +29,8 @@ export interface CachedSliceMeta {
   sourceSha256?: string | undefined;
   /** Unix ms when it was downloaded and verified. */
   savedAt: number;
+  /** Unix ms when a run last reused it (the cache prunes the least recently used first). */
+  usedAt?: number | undefined;
   /** The lease it was downloaded under (informative). */
   lease?: { leaseId: string; expiresAt: number; hub: string } | undefined;
 }
@@ -111,4 +113,121 @@ export async function listCachedSlices(cacheDir: string, model?: string): Promis
     }
   }
   return out.sort((a, b) => b.meta.savedAt - a.meta.savedAt);
+}
+
+/** A cached slice or abandoned partial download that {@link pruneSliceCache} deleted. */
+export interface PrunedSlice {
+  path: string;
+  bytes: number;
+  /** "slice": a complete slice; "partial": a `.part` download no run is resuming. */
+  kind: "slice" | "partial";
+  model: string;
+}
+
+export interface PruneOptions {
+  /** Bytes the cache may hold once `incomingBytes` more are written. */
+  maxBytes: number;
+  /** Bytes about to be downloaded into the cache. */
+  incomingBytes: number;
+  /** Slice paths (`.gguf`) never to delete: the ones served, the one being downloaded (and its `.part`). */
+  keep: ReadonlySet<string>;
+}
+
+export interface PruneResult {
+  removed: PrunedSlice[];
+  /** Bytes in the cache after pruning, before the incoming download. */
+  bytes: number;
+  /** Whether `bytes + incomingBytes <= maxBytes` now (false: what must be kept is already too much). */
+  fits: boolean;
+}
+
+/**
+ * Makes room for a download: deletes abandoned partial downloads first (oldest first), then
+ * complete slices by least recent use (`usedAt`, else `savedAt`), never one in `keep`, until the
+ * cache plus `incomingBytes` fits `maxBytes`. Files it cannot read or delete are left alone.
+ */
+export async function pruneSliceCache(cacheDir: string, options: PruneOptions): Promise<PruneResult> {
+  const { maxBytes, incomingBytes, keep } = options;
+  interface Entry extends PrunedSlice {
+    at: number;
+    remove(): Promise<void>;
+  }
+  const entries: Entry[] = [];
+  let models: string[];
+  try {
+    models = await readdir(cacheDir);
+  } catch {
+    models = [];
+  }
+  for (const m of models) {
+    if (!MODEL_ID.test(m)) continue;
+    let names: string[];
+    try {
+      names = await readdir(join(cacheDir, m));
+    } catch {
+      continue;
+    }
+    for (const name of names) {
+      if (!name.endsWith(".gguf.part")) continue;
+      const path = join(cacheDir, m, name);
+      const slicePath = path.slice(0, -".part".length);
+      if (keep.has(slicePath)) continue;
+      try {
+        const st = await stat(path);
+        entries.push({
+          path,
+          bytes: st.size,
+          kind: "partial",
+          model: m,
+          at: st.mtimeMs,
+          remove: async () => {
+            await rm(path, { force: true });
+            await rm(`${path}.json`, { force: true });
+          },
+        });
+      } catch {
+        // gone meanwhile
+      }
+    }
+  }
+  let kept = 0;
+  for (const c of await listCachedSlices(cacheDir)) {
+    if (keep.has(c.path)) {
+      kept += c.meta.fileBytes;
+      continue;
+    }
+    entries.push({
+      path: c.path,
+      bytes: c.meta.fileBytes,
+      kind: "slice",
+      model: c.model,
+      at: c.meta.usedAt ?? c.meta.savedAt,
+      remove: () => removeSlice({ dir: dirname(c.path), path: c.path, metaPath: c.metaPath }),
+    });
+  }
+  // partial downloads go first, then the least recently used slices
+  entries.sort((a, b) => (a.kind === b.kind ? a.at - b.at : a.kind === "partial" ? -1 : 1));
+  let total = kept + entries.reduce((n, e) => n + e.bytes, 0);
+  const removed: PrunedSlice[] = [];
+  for (const e of entries) {
+    if (total + incomingBytes <= maxBytes) break;
+    try {
+      await e.remove();
+    } catch {
+      continue;
+    }
+    total -= e.bytes;
+    removed.push({ path: e.path, bytes: e.bytes, kind: e.kind, model: e.model });
+  }
+  return { removed, bytes: total, fits: total + incomingBytes <= maxBytes };
+}
+
+/** Records that a run reused a cached slice now (for {@link pruneSliceCache}'s order). */
+export async function touchSlice(paths: SlicePaths): Promise<void> {
+  try {
+    const meta = JSON.parse(await readFile(paths.metaPath, "utf8")) as CachedSliceMeta;
+    await writeFile(paths.metaPath, `${JSON.stringify({ ...meta, usedAt: Date.now() }, null, 2)}\n`);
+  } catch {
+    // metadata unreadable: the slice is pruned by its file order, no harm
+  }
 }
