@@ -64,6 +64,10 @@ export {
   type CachedSlice,
   type CachedSliceMeta,
   listCachedSlices,
+  type PrunedSlice,
+  type PruneOptions,
+  type PruneResult,
+  pruneSliceCache,
 } from "./runtime/slice-cache.js";
 export { type SliceLayer, type SliceLayout, type SliceTensor, sliceLayout } from "./slice-layout.js";
 export { TsExpertCompute, type TsLoadOptions } from "./ts-compute.js";
