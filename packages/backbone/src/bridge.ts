@@ -25,6 +25,10 @@ import {
   type ExpertTransport,
   FALLBACK_OWNER,
   type Placement,
+  REFERENCE_OWNER,
+  SpotCheck,
+  type SpotCheckOptions,
+  type SpotCheckSnapshot,
 } from "@moeswarm/dispatch";
 import {
   checkHubOptions,
@@ -69,6 +73,13 @@ export interface BackboneBridgeOptions {
   signal?: AbortSignal;
   /** Called after every answered or failed request (for logs, the hub's statistics). */
   onStats?: (stats: BridgeRequestStats) => void;
+  /**
+   * Result spot-checking (dispatch's `SpotCheck`): this share of the workers' answers is
+   * re-computed by `fallback` (else by another owner) before the combine; a worker that disagrees
+   * is quarantined (`bridge.spotCheck.release(id)` lets it back). `SpotCheckOptions` without
+   * `reference`: the fallback is the reference. Off by default.
+   */
+  spotCheck?: Omit<SpotCheckOptions, "reference">;
 }
 
 /** One plugin request as the bridge saw it. */
@@ -113,6 +124,8 @@ export interface BridgeMetrics {
   errors: Record<string, number>;
   /** The workers' side: requests, bytes, latency and compute per worker (dispatch's totals). */
   dispatch: DispatchMetricsSnapshot;
+  /** With `spotCheck`: checks, disagreements, the quarantined workers and their strikes. */
+  spotCheck?: SpotCheckSnapshot;
   /** With `hub`: the placement version followed, the poller's and the reporter's counters. */
   hub?: HubLinkMetrics;
 }
@@ -144,6 +157,8 @@ export interface BackboneBridge extends AsyncDisposable {
   readonly address: string;
   /** With `hub`: the link to the hub (its live placement, relay connection and reporter). */
   readonly hub: HubLink | undefined;
+  /** With `spotCheck`: the checker shared by every request (`quarantined()`, `release(id)`). */
+  readonly spotCheck: SpotCheck | undefined;
   metrics(): BridgeMetrics;
   /** Routing counts since the start or the last report, by layer then expert. */
   routingCounts(): IterableIterator<RoutingCount>;
@@ -230,6 +245,10 @@ function checkOptions(o: BackboneBridgeOptions): void {
   if (o.model !== undefined && (typeof o.model !== "string" || o.model.length === 0)) {
     throw invalid("model must be a non-empty string");
   }
+  const sc = o.spotCheck;
+  if (sc !== undefined && (typeof sc !== "object" || sc === null || "reference" in sc)) {
+    throw invalid("spotCheck must be { fraction, minCosine?, seed?, ... } (the fallback is its reference)");
+  }
   const max = o.maxFrameBytes;
   if (max !== undefined && (!Number.isInteger(max) || max < 1024 || max > 0xffff_ffff)) {
     throw invalid("maxFrameBytes must be an integer in 1024..2^32-1");
@@ -278,6 +297,10 @@ function listen(server: Server, socket: BridgeSocket): Promise<void> {
  */
 export async function serveBackboneBridge(options: BackboneBridgeOptions): Promise<BackboneBridge> {
   checkOptions(options);
+  // SpotCheck validates the rest (InvalidArgumentError), before anything connects
+  const verify = options.spotCheck
+    ? new SpotCheck({ ...options.spotCheck, ...(options.fallback ? { reference: options.fallback } : {}) })
+    : undefined;
   throwIfAborted(options.signal);
   const { fallback, deadlineMs, signal, onStats } = options;
   const maxFrameBytes = options.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES;
@@ -364,6 +387,7 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
           signal: controller.signal,
           metrics: dispatchMetrics,
           ...(fallback ? { fallback } : {}),
+          ...(verify ? { verify } : {}),
           ...(deadlineMs !== undefined ? { deadlineMs } : {}),
         },
       );
@@ -371,7 +395,7 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
       traceHop("bridge.combined", f.layer);
       spanTokens.set(f.layer, (spanTokens.get(f.layer) ?? 0) + f.n);
       for (const [id, o] of Object.entries(metrics.owners)) {
-        if (o.failures === o.requests) continue;
+        if (o.failures === o.requests || id === REFERENCE_OWNER) continue;
         const rec = receipts.get(id) ?? { slots: 0, requests: 0, latencyMs: 0 };
         rec.slots += o.slots;
         rec.requests += o.requests - o.failures;
@@ -522,6 +546,7 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
   const bridge: BackboneBridge = {
     address,
     hub: link,
+    spotCheck: verify,
     metrics(): BridgeMetrics {
       const d = dispatchMetrics.snapshot();
       return {
@@ -532,6 +557,7 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
         layers: [...layers.entries()].sort((a, b) => a[0] - b[0]).map(([layer, l]) => l.summary(layer)),
         errors: { ...errors },
         dispatch: d,
+        ...(verify ? { spotCheck: verify.snapshot() } : {}),
         ...(link ? { hub: link.metrics() } : {}),
       };
     },
@@ -588,6 +614,9 @@ function emptyCall(f: DispatchFrame): DispatchCallMetrics {
     bytesIn: 0,
     failovers: 0,
     fallbacks: 0,
+    spotChecks: 0,
+    spotDisagreements: 0,
+    spotUnverifiable: 0,
     owners: Object.create(null) as DispatchCallMetrics["owners"],
     wallMs: 0,
   };

@@ -13,10 +13,12 @@ import {
   type DispatchMetrics,
   FALLBACK_OWNER,
   type OwnerCallMetrics,
+  REFERENCE_OWNER,
 } from "./metrics.js";
 import { checkRouting } from "./oracle.js";
 import type { Placement } from "./placement.js";
 import type { Routing } from "./route.js";
+import { SpotCheck } from "./spot-check.js";
 import type { ExpertCompute, ExpertRequest, ExpertResult, ExpertTransport } from "./transport.js";
 
 export interface DispatchOptions {
@@ -42,6 +44,12 @@ export interface DispatchOptions {
   readonly retry?: boolean;
   /** Aggregate collector; every call, failed ones too, is recorded. */
   readonly metrics?: DispatchMetrics;
+  /**
+   * Result spot-checking, shared across calls: a sampled share of the workers' answers is
+   * re-computed (its `reference`, else a replica) before the combine; a disagreeing answer is
+   * replaced and its worker struck, and quarantined workers get no requests.
+   */
+  readonly verify?: SpotCheck;
 }
 
 export interface DispatchResult<T extends Float32Array | Float64Array> {
@@ -61,6 +69,11 @@ interface Part {
   readonly tokens: Int32Array;
   readonly ids: Int32Array;
   readonly y: Float32Array | Float64Array;
+  readonly experts: readonly number[];
+  /** The worker that answered; undefined for the fallback and the reference. */
+  readonly worker: string | undefined;
+  /** A spot check compared it (or it is the re-computation that replaced a worker's answer). */
+  readonly verified: boolean;
 }
 
 /** Index of the first NaN or ±Infinity in `y[from .. from+count)`, or -1. */
@@ -118,6 +131,12 @@ function validateOptions(options: DispatchOptions): void {
       "dispatchExperts: fallback must be a function",
     );
   }
+  if (options.verify !== undefined && !(options.verify instanceof SpotCheck)) {
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      "dispatchExperts: verify must be a SpotCheck",
+    );
+  }
 }
 
 /**
@@ -156,6 +175,7 @@ class CallState {
   readonly transport: ExpertTransport;
   readonly fallback: ExpertCompute | undefined;
   readonly retry: boolean;
+  readonly verify: SpotCheck | undefined;
   readonly hidden: Float32Array | Float64Array;
   readonly routing: Routing;
   readonly embd: number;
@@ -182,6 +202,7 @@ class CallState {
     this.transport = options.transport;
     this.fallback = options.fallback;
     this.retry = options.retry ?? true;
+    this.verify = options.verify;
     this.hidden = hidden;
     this.routing = routing;
     this.embd = embd;
@@ -204,6 +225,9 @@ class CallState {
       bytesIn: 0,
       failovers: 0,
       fallbacks: 0,
+      spotChecks: 0,
+      spotDisagreements: 0,
+      spotUnverifiable: 0,
       // worker ids are untrusted (a peer may call itself "__proto__"): no prototype to pollute
       owners: Object.create(null) as Record<string, OwnerCallMetrics>,
       wallMs: 0,
@@ -301,11 +325,17 @@ class CallState {
    * One request to one worker (or the fallback) with the deadline; settles once. A reply that
    * arrives after the deadline or after the call ended is dropped.
    */
-  attempt(worker: string, experts: readonly number[], via: "transport" | "fallback"): Promise<Part> {
+  attempt(
+    worker: string,
+    experts: readonly number[],
+    via: "transport" | "fallback" | "reference",
+  ): Promise<Part> {
     const { request, tokens, slots } = this.build(new Set(experts));
     // a transport may transfer (detach) the request's buffers: keep the slot ids for the combine
     const ids = request.ids.slice();
-    const key = via === "fallback" ? FALLBACK_OWNER : worker;
+    const key = via === "fallback" ? FALLBACK_OWNER : via === "reference" ? REFERENCE_OWNER : worker;
+    const who =
+      via === "fallback" ? "the fallback" : via === "reference" ? "the reference" : `worker ${worker}`;
     const om = this.owner(key);
     om.requests++;
     om.tokens += request.n;
@@ -343,7 +373,7 @@ class CallState {
           reject(
             new DispatchError(
               "MOESWARM_DISPATCH_BAD_RESULT",
-              `layer ${this.layer}: ${via === "fallback" ? "the fallback" : `worker ${worker}`} answered experts ${describeExperts(experts)} with a bad result: ${bad}`,
+              `layer ${this.layer}: ${who} answered experts ${describeExperts(experts)} with a bad result: ${bad}`,
               { details: { layer: this.layer, worker: key, experts: describeExperts(experts), reason: bad } },
             ),
           );
@@ -352,14 +382,21 @@ class CallState {
         om.bytesIn += r.y.byteLength;
         this.metrics.bytesIn += r.y.byteLength;
         if (typeof r.ms === "number" && Number.isFinite(r.ms)) om.computeMs += r.ms;
-        resolve({ tokens, ids, y: r.y });
+        resolve({
+          tokens,
+          ids,
+          y: r.y,
+          experts,
+          worker: via === "transport" ? worker : undefined,
+          verified: false,
+        });
       };
       const onCallAbort = (reason: unknown) => finish(reason);
       const timer = setTimeout(() => {
         finish(
           new DispatchError(
             "MOESWARM_WORKER_TIMEOUT",
-            `layer ${this.layer}: ${via === "fallback" ? "the fallback" : `worker ${worker}`} did not answer experts ${describeExperts(experts)} within ${this.deadlineMs} ms`,
+            `layer ${this.layer}: ${who} did not answer experts ${describeExperts(experts)} within ${this.deadlineMs} ms`,
             {
               details: {
                 layer: this.layer,
@@ -378,13 +415,14 @@ class CallState {
       this.#active.add(onCallAbort);
       let pending: Promise<ExpertResult>;
       try {
-        pending =
-          via === "fallback"
-            ? Promise.resolve(this.fallback!(request, { signal: attemptController.signal }))
-            : this.transport.request(worker, request, {
-                signal: attemptController.signal,
-                deadlineMs: this.deadlineMs,
-              });
+        const local =
+          via === "fallback" ? this.fallback : via === "reference" ? this.verify?.reference : undefined;
+        pending = local
+          ? Promise.resolve(local(request, { signal: attemptController.signal }))
+          : this.transport.request(worker, request, {
+              signal: attemptController.signal,
+              deadlineMs: this.deadlineMs,
+            });
         if (!pending || typeof pending.then !== "function")
           throw new TypeError("transport.request did not return a promise");
       } catch (error) {
@@ -431,46 +469,142 @@ class CallState {
     }
   }
 
+  /** Workers `choose` must skip: the quarantined ones, plus `also`. */
+  exclude(also?: string): Set<string> | undefined {
+    const out = this.verify?.excluded();
+    if (also === undefined) return out;
+    return out ? out.add(also) : new Set([also]);
+  }
+
+  /** One worker's answer for its experts, spot-checked when the draw says so. */
+  async answer(worker: string, experts: readonly number[]): Promise<Part> {
+    // drawn before sending, so the draws follow the call's (deterministic) send order, not arrival
+    const sampled = this.verify?.sample() ?? false;
+    const part = await this.attempt(worker, experts, "transport");
+    return sampled ? this.spotCheck(worker, part) : part;
+  }
+
+  /** Another owner of every expert of the part, not quarantined, chosen as `choose` would. */
+  replicaOfAll(worker: string, experts: readonly number[]): string | undefined {
+    const exclude = this.exclude(worker)!;
+    const first = experts[0]!;
+    for (const id of this.placement.owners(this.layer, first)) {
+      if (exclude.has(id)) continue;
+      if (!experts.every((e) => this.placement.owners(this.layer, e).includes(id))) exclude.add(id);
+    }
+    return this.placement.choose(this.layer, first, { rotation: this.rotation, exclude });
+  }
+
+  /**
+   * Re-computes a worker's part (the reference, else a replica) and compares. The worker's part
+   * when it agrees or cannot be checked; the re-computation when it disagrees (and a strike).
+   */
+  async spotCheck(worker: string, part: Part): Promise<Part> {
+    const v = this.verify!;
+    const { experts } = part;
+    const replica = v.reference ? undefined : this.replicaOfAll(worker, experts);
+    if (!v.reference && replica === undefined) {
+      v.unverifiable();
+      this.metrics.spotUnverifiable++;
+      return part;
+    }
+    let ref: Part;
+    try {
+      ref = await (replica === undefined
+        ? this.attempt(worker, experts, "reference")
+        : this.attempt(replica, experts, "transport"));
+    } catch (error) {
+      if (this.controller.signal.aborted) throw error;
+      v.unverifiable();
+      this.metrics.spotUnverifiable++;
+      return part;
+    }
+    const n = part.tokens.length;
+    const c = v.compare(this.mode, n, this.routing.k, this.embd, part.ids, part.tokens, part.y, ref.y);
+    this.metrics.spotChecks++;
+    if (c.reason === undefined) {
+      v.agreed();
+      return { ...part, verified: true };
+    }
+    this.metrics.spotDisagreements++;
+    // its answer was refused: no credit for it
+    this.owner(worker).failures++;
+    v.disagreed({
+      worker,
+      layer: this.layer,
+      experts,
+      cosine: c.cosine,
+      reason: `${replica === undefined ? "the reference" : `replica ${replica}`} disagrees: ${c.reason}`,
+    });
+    return { ...ref, verified: true };
+  }
+
   /** One worker's experts: the request, then once on replicas, then the fallback. */
   async serve(worker: string, experts: readonly number[]): Promise<Part[]> {
     try {
-      return [await this.attempt(worker, experts, "transport")];
+      return [await this.answer(worker, experts)];
     } catch (error) {
       if (this.controller.signal.aborted) throw error;
-      const byReplica = new Map<string, number[]>();
-      const orphans: number[] = [];
-      const exclude = new Set([worker]);
-      for (const e of experts) {
-        const r = this.retry
-          ? this.placement.choose(this.layer, e, {
-              rotation: this.rotation,
-              exclude,
-              chosen: new Set(byReplica.keys()),
-            })
-          : undefined;
-        if (r === undefined) orphans.push(e);
-        else {
-          const list = byReplica.get(r);
-          if (list) list.push(e);
-          else byReplica.set(r, [e]);
-        }
-      }
-      if (byReplica.size > 0) this.metrics.failovers++;
-      const jobs: Promise<Part[]>[] = [];
-      for (const [replica, list] of byReplica) {
-        jobs.push(
-          this.attempt(replica, list, "transport").then(
-            (p) => [p],
-            (e: unknown) => {
-              if (this.controller.signal.aborted) throw e;
-              return this.fallbackFor(e, replica, list, `its replica ${replica} failed too`);
-            },
-          ),
-        );
-      }
-      if (orphans.length > 0) jobs.push(this.fallbackFor(error, worker, orphans, "no replica is left"));
-      return (await Promise.all(jobs)).flat();
+      return this.failover(worker, experts, error);
     }
+  }
+
+  /** A worker's experts again without it: regrouped on replicas, the rest on the fallback. */
+  async failover(worker: string, experts: readonly number[], error: unknown): Promise<Part[]> {
+    const byReplica = new Map<string, number[]>();
+    const orphans: number[] = [];
+    const exclude = this.exclude(worker);
+    for (const e of experts) {
+      const r = this.retry
+        ? this.placement.choose(this.layer, e, {
+            rotation: this.rotation,
+            exclude,
+            chosen: new Set(byReplica.keys()),
+          })
+        : undefined;
+      if (r === undefined) orphans.push(e);
+      else {
+        const list = byReplica.get(r);
+        if (list) list.push(e);
+        else byReplica.set(r, [e]);
+      }
+    }
+    if (byReplica.size > 0) this.metrics.failovers++;
+    const jobs: Promise<Part[]>[] = [];
+    for (const [replica, list] of byReplica) {
+      jobs.push(
+        this.answer(replica, list).then(
+          (p) => [p],
+          (e: unknown) => {
+            if (this.controller.signal.aborted) throw e;
+            return this.fallbackFor(e, replica, list, `its replica ${replica} failed too`);
+          },
+        ),
+      );
+    }
+    if (orphans.length > 0) jobs.push(this.fallbackFor(error, worker, orphans, "no replica is left"));
+    return (await Promise.all(jobs)).flat();
+  }
+
+  /**
+   * Every part, with those of workers quarantined while the call ran (by another part's check)
+   * served again without them, unless a check vouched for that very answer.
+   */
+  async collect(jobs: Promise<Part[]>[]): Promise<Part[]> {
+    const parts = (await Promise.all(jobs)).flat();
+    if (!this.verify) return parts;
+    const keep: Part[] = [];
+    const again: Promise<Part[]>[] = [];
+    for (const p of parts) {
+      if (p.worker !== undefined && !p.verified && this.verify.isQuarantined(p.worker)) {
+        const why = new DispatchError(
+          "MOESWARM_DISPATCH_BAD_RESULT",
+          `worker ${p.worker} was quarantined by a spot check`,
+        );
+        again.push(this.failover(p.worker, p.experts, why));
+      } else keep.push(p);
+    }
+    return again.length === 0 ? parts : [...keep, ...(await Promise.all(again)).flat()];
   }
 }
 
@@ -603,12 +737,15 @@ async function run<T extends Float32Array | Float64Array>(
   try {
     // group the experts of this call by the owner chosen for each
     const unique = [...new Set(ids)].filter((id) => id >= 0).sort((a, b) => a - b);
+    // a quarantined worker gets no traffic; its experts go to replicas or the fallback
+    const quarantined = state.exclude();
     const groups = new Map<string, number[]>();
     const orphans: number[] = [];
     for (const id of unique) {
       const owner = options.placement.choose(layer, id, {
         rotation: state.rotation,
         chosen: new Set(groups.keys()),
+        ...(quarantined ? { exclude: quarantined } : {}),
       });
       if (owner === undefined) orphans.push(id);
       else {
@@ -620,7 +757,7 @@ async function run<T extends Float32Array | Float64Array>(
     if (orphans.length > 0 && !options.fallback) {
       throw new DispatchError(
         "MOESWARM_DISPATCH_NO_OWNER",
-        `layer ${layer}: experts ${describeExperts(orphans)} have no owner and there is no fallback`,
+        `layer ${layer}: experts ${describeExperts(orphans)} have no owner${quarantined?.size ? ` (quarantined: ${[...quarantined].slice(0, 8).join(", ")}${quarantined.size > 8 ? ", ..." : ""})` : ""} and there is no fallback`,
         { details: { layer, experts: describeExperts(orphans), model: state.model } },
       );
     }
@@ -632,13 +769,13 @@ async function run<T extends Float32Array | Float64Array>(
       );
       jobs.push(state.fallbackFor(none, "(none)", orphans, "no owner is registered"));
     }
-    const all = Promise.all(jobs);
+    const all = state.collect(jobs);
     const aborted = new Promise<never>((_, reject) => {
       if (!signal) return;
       onAbort = () => reject(abortReason(signal));
       signal.addEventListener("abort", onAbort, { once: true });
     });
-    const parts = (await Promise.race([all, aborted])).flat();
+    const parts = await Promise.race([all, aborted]);
 
     const output = make(n * embd);
     if (state.mode === "each") {

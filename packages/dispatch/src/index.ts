@@ -27,6 +27,7 @@ export {
   FALLBACK_OWNER,
   type OwnerCallMetrics,
   type OwnerTotals,
+  REFERENCE_OWNER,
 } from "./metrics.js";
 export {
   checkRouting,
@@ -69,6 +70,15 @@ export {
   ROUTING_ARCHITECTURES,
   routingConfigFromGguf,
 } from "./routing-config.js";
+export {
+  DEFAULT_MIN_COSINE,
+  DEFAULT_NORM_TOLERANCE,
+  type PartComparison,
+  type QuarantineEvent,
+  SpotCheck,
+  type SpotCheckOptions,
+  type SpotCheckSnapshot,
+} from "./spot-check.js";
 export type {
   ExpertCallOptions,
   ExpertCompute,

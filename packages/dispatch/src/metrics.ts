@@ -14,6 +14,7 @@ export interface OwnerCallMetrics {
   latencyMsMax: number;
   /** Compute milliseconds the worker reported (`ms`), summed. */
   computeMs: number;
+  /** Requests that failed, or whose answer a spot check refused. */
   failures: number;
 }
 
@@ -31,7 +32,12 @@ export interface DispatchCallMetrics {
   failovers: number;
   /** Requests answered by the local fallback. */
   fallbacks: number;
-  /** Per worker id; the fallback appears as "<fallback>". */
+  /** Worker answers compared with a re-computation (`verify`), and those that disagreed (replaced). */
+  spotChecks: number;
+  spotDisagreements: number;
+  /** Answers drawn for a check that nothing could re-compute. */
+  spotUnverifiable: number;
+  /** Per worker id; the fallback appears as "<fallback>", a spot check's reference as "<reference>". */
   owners: Record<string, OwnerCallMetrics>;
   wallMs: number;
   /** The error code when the call failed. */
@@ -56,6 +62,9 @@ export interface DispatchMetricsSnapshot {
   bytesIn: number;
   failovers: number;
   fallbacks: number;
+  spotChecks: number;
+  spotDisagreements: number;
+  spotUnverifiable: number;
   wallMsTotal: number;
   owners: Record<string, OwnerTotals>;
   /** Failed calls by error code. */
@@ -64,6 +73,9 @@ export interface DispatchMetricsSnapshot {
 
 /** The fallback's key in {@link DispatchCallMetrics.owners}. */
 export const FALLBACK_OWNER = "<fallback>";
+
+/** The key of a spot check's local re-computation (`SpotCheck` `reference`) in {@link DispatchCallMetrics.owners}. */
+export const REFERENCE_OWNER = "<reference>";
 
 /**
  * Aggregates {@link DispatchCallMetrics} over many calls (pass it as `metrics` to
@@ -81,6 +93,9 @@ export class DispatchMetrics {
       bytesIn: 0,
       failovers: 0,
       fallbacks: 0,
+      spotChecks: 0,
+      spotDisagreements: 0,
+      spotUnverifiable: 0,
       wallMsTotal: 0,
       owners: Object.create(null) as Record<string, OwnerTotals>,
       errors: Object.create(null) as Record<string, number>,
@@ -99,6 +114,10 @@ export class DispatchMetrics {
     s.bytesIn += call.bytesIn;
     s.failovers += call.failovers;
     s.fallbacks += call.fallbacks;
+    // `?? 0`: calls recorded by code built before these counters existed
+    s.spotChecks += call.spotChecks ?? 0;
+    s.spotDisagreements += call.spotDisagreements ?? 0;
+    s.spotUnverifiable += call.spotUnverifiable ?? 0;
     s.wallMsTotal += call.wallMs;
     for (const [id, o] of Object.entries(call.owners)) {
       let t = Object.hasOwn(s.owners, id) ? s.owners[id] : undefined;

@@ -1,0 +1,140 @@
+// The bridge's `spotCheck` option: a raw socket plays the plugin, functions play the workers
+// (no llama.cpp). The spot check itself is tested in @moeswarm/dispatch; this checks the plumbing.
+
+import { existsSync } from "node:fs";
+import { connect } from "node:net";
+import { join } from "node:path";
+import {
+  decodeFrame,
+  dispatchFrame,
+  encodeLengthPrefixed,
+  type Frame,
+  FrameReader,
+  InvalidArgumentError,
+  type ResultFrame,
+} from "@moeswarm/core";
+import { type ExpertCompute, InProcessTransport, Placement } from "@moeswarm/dispatch";
+import { afterAll, describe, expect, it } from "vitest";
+import { serveBackboneBridge } from "../src/index.js";
+import { tempDir } from "./helpers.js";
+
+const EMBD = 4;
+const K = 2;
+const MODEL = "unit";
+
+/** Expert e's output for a row x: fround(x * (e + 1) + e); `scale` makes a liar. */
+function worker(calls: { n: number }, scale = 1): ExpertCompute {
+  return (req) => {
+    calls.n++;
+    const { n, k, embd } = req;
+    const y = new Float32Array(n * k * embd);
+    for (let i = 0; i < n; i++) {
+      for (let j = 0; j < k; j++) {
+        const e = req.ids[i * k + j]!;
+        if (e < 0) continue;
+        for (let c = 0; c < embd; c++) {
+          const v = Math.fround(Math.fround(req.x[i * embd + c]! * (e + 1)) + e);
+          y[(i * k + j) * embd + c] = Math.fround(v * scale);
+        }
+      }
+    }
+    return { mode: "each", n, k, embd, y };
+  };
+}
+
+/** One request over a fresh connection; the answer frame. */
+function ask(address: string, frame: Frame): Promise<Frame> {
+  return new Promise((resolve, reject) => {
+    const socket = connect(address.slice("unix:".length));
+    const reader = new FrameReader();
+    socket.on("data", (chunk: Buffer) => {
+      const [p] = reader.push(chunk);
+      if (p) {
+        resolve(decodeFrame(p, { copy: true }));
+        socket.destroy();
+      }
+    });
+    socket.on("error", reject);
+    socket.write(encodeLengthPrefixed(frame));
+  });
+}
+
+const x = Float32Array.from({ length: 3 * EMBD }, (_, i) => Math.sin(i));
+const ids = Int32Array.from([0, 1, 1, 2, 2, 0]);
+const w = Float32Array.from([0.5, 0.25, 0.75, 0.125, 0.375, 0.625]);
+const frame = (id: number) =>
+  dispatchFrame({ id, model: MODEL, layer: 0, n: 3, embd: EMBD, dtype: "f32", x, k: K, ids, w, mode: "sum" });
+
+describe("serveBackboneBridge spotCheck", () => {
+  const tmp = tempDir("mswb-sc-");
+  afterAll(() => tmp.remove());
+
+  it("checks against the fallback, answers with its numbers, quarantines the liar and reports it", async () => {
+    const liar = { n: 0 };
+    const good = { n: 0 };
+    const local = { n: 0 };
+    const placement = Placement.fromRegistrations([
+      { id: "liar", model: MODEL, layers: [0], experts: [0, 1, 2] },
+      { id: "good", model: MODEL, layers: [0], experts: [0, 1, 2] },
+    ]);
+    const transport = new InProcessTransport({ liar: worker(liar, 1.05), good: worker(good) });
+    const quarantined: string[] = [];
+    await using bridge = await serveBackboneBridge({
+      socket: join(tmp.dir, "sc.sock"),
+      placement,
+      transport,
+      fallback: worker(local),
+      spotCheck: { fraction: 1, seed: 1, onQuarantine: (e) => quarantined.push(e.worker) },
+    });
+    // the honest answer: every request goes to "good" (a bridge without the liar)
+    await using plain = await serveBackboneBridge({
+      socket: join(tmp.dir, "plain.sock"),
+      placement: Placement.fromRegistrations([{ id: "good", model: MODEL, layers: [0], experts: [0, 1, 2] }]),
+      transport,
+    });
+    const want = ((await ask(plain.address, frame(1))) as ResultFrame).y;
+    good.n = 0;
+
+    const first = (await ask(bridge.address, frame(2))) as ResultFrame;
+    expect(first.t).toBe("result");
+    expect([...first.y]).toEqual([...want]);
+    expect([liar.n, good.n, local.n]).toEqual([1, 0, 1]);
+    expect(quarantined).toEqual(["liar"]);
+    expect(bridge.spotCheck?.quarantined()).toEqual(["liar"]);
+
+    const second = (await ask(bridge.address, frame(3))) as ResultFrame;
+    expect([...second.y]).toEqual([...want]);
+    expect([liar.n, good.n, local.n]).toEqual([1, 1, 2]);
+    const m = bridge.metrics();
+    expect(m.spotCheck).toMatchObject({ checks: 2, disagreements: 1, quarantined: ["liar"] });
+    expect(m.dispatch).toMatchObject({ spotChecks: 2, spotDisagreements: 1, fallbacks: 0 });
+    // the reference is not a worker to credit, nor is a refused answer
+    expect(Object.keys(bridge.takeStatsReport({ nExpert: 3 }).receipts)).toEqual(["good"]);
+  });
+
+  it("validates the option before listening", async () => {
+    const placement = Placement.fromRegistrations([{ id: "a", model: MODEL, layers: [0], experts: [0] }]);
+    const transport = new InProcessTransport({ a: worker({ n: 0 }) });
+    const socket = join(tmp.dir, "bad.sock");
+    for (const spotCheck of [
+      { fraction: 1.5 },
+      { fraction: Number.NaN },
+      { fraction: 0.5, minCosine: 2 },
+      { fraction: 0.5, strikes: 0 },
+      { fraction: 0.5, reference: worker({ n: 0 }) },
+      null,
+    ]) {
+      await expect(
+        serveBackboneBridge({
+          socket,
+          placement,
+          transport,
+          spotCheck: spotCheck as { fraction: number },
+        }),
+      ).rejects.toSatisfy(
+        (e: unknown) => e instanceof InvalidArgumentError && e.code === "MOESWARM_INVALID_ARGUMENT",
+      );
+    }
+    expect(existsSync(socket)).toBe(false);
+  });
+});
