@@ -383,7 +383,9 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
           placement,
           transport,
           model,
-          mode: "each",
+          // each worker's sum where it holds a token's every slot (bit-identical, k times fewer
+          // bytes back), per-slot outputs elsewhere
+          mode: "auto",
           signal: controller.signal,
           metrics: dispatchMetrics,
           ...(fallback ? { fallback } : {}),
@@ -606,7 +608,8 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
 function emptyCall(f: DispatchFrame): DispatchCallMetrics {
   return {
     layer: f.layer,
-    mode: "each",
+    mode: "auto",
+    sumRequests: 0,
     tokens: f.n,
     k: f.k,
     requests: 0,

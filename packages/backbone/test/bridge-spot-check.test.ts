@@ -12,6 +12,7 @@ import {
   FrameReader,
   InvalidArgumentError,
   type ResultFrame,
+  sumSlots,
 } from "@moeswarm/core";
 import { type ExpertCompute, InProcessTransport, Placement } from "@moeswarm/dispatch";
 import { afterAll, describe, expect, it } from "vitest";
@@ -38,6 +39,8 @@ function worker(calls: { n: number }, scale = 1): ExpertCompute {
         }
       }
     }
+    if (req.mode === "sum")
+      return { mode: "sum", n, k, embd, y: sumSlots(y, req.w!, req.ids, { n, k, embd }) };
     return { mode: "each", n, k, embd, y };
   };
 }

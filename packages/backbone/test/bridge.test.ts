@@ -13,6 +13,7 @@ import {
   type Frame,
   FrameReader,
   type ResultFrame,
+  sumSlots,
 } from "@moeswarm/core";
 import { type ExpertCompute, type ExpertRequest, InProcessTransport, Placement } from "@moeswarm/dispatch";
 import { afterAll, describe, expect, it } from "vitest";
@@ -46,6 +47,9 @@ function fakeWorker(calls: ExpertRequest[] = []): ExpertCompute {
         if (e >= 0) y.set(expertOut(x, e), (i * k + j) * embd);
       }
     }
+    // a worker answers the mode it is asked (the bridge asks "sum" where one worker holds a token's slots)
+    if (request.mode === "sum")
+      return { mode: "sum", n, k, embd, y: sumSlots(y, request.w!, request.ids, { n, k, embd }), ms: 0.1 };
     return { mode: "each", n, k, embd, y, ms: 0.1 };
   };
 }

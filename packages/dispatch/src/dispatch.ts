@@ -32,12 +32,17 @@ export interface DispatchOptions {
   /** How long to wait for each request before failing over (default 30000 ms). */
   readonly deadlineMs?: number;
   /**
-   * "each" (default): workers return every slot's output and the combine here is in the
-   * router's k order, bit-identical whatever the placement. "sum": workers return their partial
-   * sums (less traffic); partials from several workers are added here, which is not
-   * bit-identical across placements (f32 addition is not associative; see README).
+   * "each" (default): workers return every slot's output and the combine here is in the router's
+   * k order, bit-identical whatever the placement. "auto" (recommended; the backbone bridge uses
+   * it): per worker request, "sum" when the worker holds every filled slot of every token it is
+   * sent (its weighted sum, products rounded to f32 and added in slot order, is then the whole sum,
+   * the same bits as the combine here: k times fewer bytes back), else "each"; bit-identical to
+   * "each" whatever the placement, but every worker must answer both modes as the protocol says.
+   * "sum": workers always return their partial sums; partials from several workers are added here,
+   * which is not bit-identical across placements (f32 addition is not associative; see README).
+   * The f64 path treats "auto" as "each".
    */
-  readonly mode?: "each" | "sum";
+  readonly mode?: "each" | "sum" | "auto";
   /** Serves experts whose workers failed (after the replica retry) or that have no owner. */
   readonly fallback?: ExpertCompute;
   /** Retry a failed request once on replicas (default true). */
@@ -69,6 +74,8 @@ interface Part {
   readonly tokens: Int32Array;
   readonly ids: Int32Array;
   readonly y: Float32Array | Float64Array;
+  /** The layout of `y`: the request's mode. */
+  readonly mode: "each" | "sum";
   readonly experts: readonly number[];
   /** The worker that answered; undefined for the fallback and the reference. */
   readonly worker: string | undefined;
@@ -119,7 +126,12 @@ function validateOptions(options: DispatchOptions): void {
       "dispatchExperts: deadlineMs must be in (0, 2^31)",
     );
   }
-  if (options.mode !== undefined && options.mode !== "each" && options.mode !== "sum") {
+  if (
+    options.mode !== undefined &&
+    options.mode !== "each" &&
+    options.mode !== "sum" &&
+    options.mode !== "auto"
+  ) {
     throw new InvalidArgumentError(
       "MOESWARM_INVALID_ARGUMENT",
       `dispatchExperts: unknown mode ${String(options.mode)}`,
@@ -169,7 +181,7 @@ class CallState {
   readonly precision: Precision;
   readonly layer: number;
   readonly model: string;
-  readonly mode: "each" | "sum";
+  readonly mode: "each" | "sum" | "auto";
   readonly deadlineMs: number;
   readonly placement: Placement;
   readonly transport: ExpertTransport;
@@ -196,7 +208,7 @@ class CallState {
     this.precision = precision;
     this.layer = options.layer;
     this.model = options.model ?? options.placement.model;
-    this.mode = options.mode ?? "each";
+    this.mode = precision === "f64" && options.mode !== "sum" ? "each" : (options.mode ?? "each");
     this.deadlineMs = options.deadlineMs ?? DEFAULT_DEADLINE_MS;
     this.placement = options.placement;
     this.transport = options.transport;
@@ -218,6 +230,7 @@ class CallState {
     this.metrics = {
       layer: options.layer,
       mode: this.mode,
+      sumRequests: 0,
       tokens: routing.n,
       k: routing.k,
       requests: 0,
@@ -271,9 +284,22 @@ class CallState {
     }
     const m = tokenList.length;
     const tokens = Int32Array.from(tokenList);
+    let mode: "each" | "sum" = this.mode === "each" ? "each" : "sum";
+    if (this.mode === "auto") {
+      // "sum" only when no token it gets has a filled slot owned elsewhere
+      scan: for (const i of tokenList) {
+        for (let j = 0; j < k; j++) {
+          const id = ids[i * k + j]!;
+          if (id >= 0 && !experts.has(id)) {
+            mode = "each";
+            break scan;
+          }
+        }
+      }
+    }
     const x = this.precision === "f32" ? new Float32Array(m * embd) : new Float64Array(m * embd);
     const rid = new Int32Array(m * k);
-    const w = this.mode === "sum" ? new Float32Array(m * k) : undefined;
+    const w = mode === "sum" ? new Float32Array(m * k) : undefined;
     for (let r = 0; r < m; r++) {
       const i = tokens[r]!;
       x.set(this.hidden.subarray(i * embd, (i + 1) * embd), r * embd);
@@ -294,7 +320,7 @@ class CallState {
       k,
       ids: rid,
       ...(w ? { w } : {}),
-      mode: this.mode,
+      mode,
       deadline: Math.ceil(this.deadlineMs),
     };
     return { request, tokens, slots };
@@ -344,6 +370,7 @@ class CallState {
     om.bytesOut += out;
     this.metrics.bytesOut += out;
     this.metrics.requests++;
+    if (request.mode === "sum") this.metrics.sumRequests++;
     if (via === "fallback") this.metrics.fallbacks++;
     const callSignal = this.controller.signal;
     const attemptController = new AbortController();
@@ -386,6 +413,7 @@ class CallState {
           tokens,
           ids,
           y: r.y,
+          mode: request.mode,
           experts,
           worker: via === "transport" ? worker : undefined,
           verified: false,
@@ -520,7 +548,7 @@ class CallState {
       return part;
     }
     const n = part.tokens.length;
-    const c = v.compare(this.mode, n, this.routing.k, this.embd, part.ids, part.tokens, part.y, ref.y);
+    const c = v.compare(part.mode, n, this.routing.k, this.embd, part.ids, part.tokens, part.y, ref.y);
     this.metrics.spotChecks++;
     if (c.reason === undefined) {
       v.agreed();
@@ -613,7 +641,6 @@ function sourcesFromParts<T extends Float32Array | Float64Array>(
   n: number,
   k: number,
   embd: number,
-  mode: "each" | "sum",
 ): SlotSources<T> & { part: Int32Array } {
   const src: (T | undefined)[] = new Array(n * k);
   const off = new Float64Array(n * k);
@@ -625,7 +652,7 @@ function sourcesFromParts<T extends Float32Array | Float64Array>(
         if (p.ids[r * k + j]! < 0) continue;
         const s = i * k + j;
         src[s] = p.y as T;
-        off[s] = mode === "each" ? (r * k + j) * embd : r * embd;
+        off[s] = p.mode === "each" ? (r * k + j) * embd : r * embd;
         part[s] = pi;
       }
     }
@@ -662,6 +689,44 @@ function combinePartials(
         for (let c = 0; c < embd; c++) out[o + c]! += y[yo + c]!;
       }
     }
+  }
+}
+
+/**
+ * mode "auto": a token whose slots one "sum" part answered takes that part's row as it is (the
+ * worker's sum is this combine's, bit for bit); every other token is combined from its "each" slots.
+ */
+function combineAuto(
+  out: Float32Array,
+  n: number,
+  k: number,
+  embd: number,
+  ids: Int32Array,
+  weights: Float32Array,
+  parts: Part[],
+): void {
+  const sources = sourcesFromParts<Float32Array>(parts, n, k, embd);
+  const sumRow = new Int32Array(n).fill(-1);
+  for (let i = 0; i < n; i++) {
+    for (let j = 0; j < k; j++) {
+      const s = i * k + j;
+      if (ids[s]! < 0) continue;
+      const p = parts[sources.part[s]!]!;
+      if (p.mode === "sum") {
+        // a "sum" part holds every filled slot of the token: its row, once
+        sumRow[i] = s;
+        for (let jj = 0; jj < k; jj++) sources.src[i * k + jj] = undefined;
+      }
+      break;
+    }
+  }
+  combineSlotsF32(out, n, k, embd, weights, sources);
+  for (let i = 0; i < n; i++) {
+    const s = sumRow[i]!;
+    if (s < 0) continue;
+    const p = parts[sources.part[s]!]!;
+    const off = sources.off[s]!;
+    out.set(p.y.subarray(off, off + embd), i * embd);
   }
 }
 
@@ -778,8 +843,10 @@ async function run<T extends Float32Array | Float64Array>(
     const parts = await Promise.race([all, aborted]);
 
     const output = make(n * embd);
-    if (state.mode === "each") {
-      const sources = sourcesFromParts<T>(parts, n, k, embd, "each");
+    if (state.mode === "auto") {
+      combineAuto(output as Float32Array, n, k, embd, ids, weights, parts);
+    } else if (state.mode === "each") {
+      const sources = sourcesFromParts<T>(parts, n, k, embd);
       if (precision === "f32") {
         combineSlotsF32(
           output as Float32Array,
@@ -793,7 +860,7 @@ async function run<T extends Float32Array | Float64Array>(
         combineSlotsF64(output as Float64Array, n, k, embd, weights, sources);
       }
     } else {
-      combinePartials(output, n, k, embd, ids, sourcesFromParts<T>(parts, n, k, embd, "sum"));
+      combinePartials(output, n, k, embd, ids, sourcesFromParts<T>(parts, n, k, embd));
     }
     const final = wbf ? foldSlots(output, routing.ids, routing.n, routing.k, embd, make) : output;
     state.metrics.wallMs = performance.now() - t0;

@@ -21,7 +21,10 @@ export interface OwnerCallMetrics {
 /** What one `dispatchExperts` call did; a plain object for logs and the hub. */
 export interface DispatchCallMetrics {
   layer: number;
-  mode: "each" | "sum";
+  /** The call's mode ("auto" chooses per request: see `sumRequests`). */
+  mode: "each" | "sum" | "auto";
+  /** Requests that asked for the worker's sum (mode "sum", or "auto" where one worker held a token's every slot). */
+  sumRequests: number;
   tokens: number;
   k: number;
   /** Requests sent, retries and fallback calls included. */
@@ -58,6 +61,8 @@ export interface DispatchMetricsSnapshot {
   calls: number;
   failedCalls: number;
   requests: number;
+  /** Requests answered with the worker's sum (see {@link DispatchCallMetrics.sumRequests}). */
+  sumRequests: number;
   bytesOut: number;
   bytesIn: number;
   failovers: number;
@@ -89,6 +94,7 @@ export class DispatchMetrics {
       calls: 0,
       failedCalls: 0,
       requests: 0,
+      sumRequests: 0,
       bytesOut: 0,
       bytesIn: 0,
       failovers: 0,
@@ -110,6 +116,7 @@ export class DispatchMetrics {
       s.errors[call.error] = (Object.hasOwn(s.errors, call.error) ? s.errors[call.error]! : 0) + 1;
     }
     s.requests += call.requests;
+    s.sumRequests += call.sumRequests ?? 0;
     s.bytesOut += call.bytesOut;
     s.bytesIn += call.bytesIn;
     s.failovers += call.failovers;

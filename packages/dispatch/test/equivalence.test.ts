@@ -4,7 +4,9 @@ import {
   combineEach,
   createReferenceWorker,
   dispatchExperts,
+  dispatchExpertsDetailed,
   dispatchExpertsF64,
+  type ExpertRequest,
   type Routing,
   referenceMoe,
 } from "../src/index.js";
@@ -147,6 +149,85 @@ describe("equivalence 1: sharded dispatch + combine == monolithic oracle", () =>
       }),
       { numRuns: 100 },
     );
+  });
+
+  it("f32 path, mode auto: the bits of mode each, and a worker's sum exactly when it holds all of a token's slots", async () => {
+    let sums = 0;
+    let eaches = 0;
+    await fc.assert(
+      fc.asyncProperty(caseArb, async (c) => {
+        const { layer, model, hidden, routing } = setup(c);
+        const activation = c.activation;
+        const regs = randomRegistrations(c.seed + 5, c.workers, c.nExpert, [0, 1, 2], c.replicas);
+        const each = swarm(regs, () => createReferenceWorker(model, { activation }));
+        const a = await dispatchExperts(hidden, routing, { layer, ...each, mode: "each" });
+        const auto = swarm(regs, () => createReferenceWorker(model, { activation }));
+        // what each worker was asked, checked against the routing the dispatcher sent
+        const seen: ExpertRequest[] = [];
+        const request = auto.transport.request.bind(auto.transport);
+        auto.transport.request = (to, req, opts) => {
+          seen.push({ ...req, ids: req.ids.slice() });
+          return request(to, req, opts);
+        };
+        const b = await dispatchExpertsDetailed(hidden, routing, {
+          layer,
+          placement: auto.placement,
+          transport: auto.transport,
+          mode: "auto",
+        });
+        expect(sameBits(a, b.output)).toBe(true);
+        expect(b.metrics.mode).toBe("auto");
+        // the routing the workers see (llama4's is expanded: one slot per row)
+        const r = routing.weightBeforeFfn
+          ? { k: 1, ids: routing.ids.filter(() => true), n: routing.n * routing.k }
+          : { k: routing.k, ids: routing.ids, n: routing.n };
+        for (const req of seen) {
+          const mine = new Set(Array.from(req.ids).filter((id) => id >= 0));
+          const rows: number[] = [];
+          for (let i = 0; i < r.n; i++) {
+            for (let j = 0; j < r.k; j++)
+              if (mine.has(r.ids[i * r.k + j]!)) {
+                rows.push(i);
+                break;
+              }
+          }
+          expect(rows.length).toBe(req.n);
+          // whether every filled slot of every row it got is its own
+          const whole = rows.every((i) => {
+            for (let j = 0; j < r.k; j++) {
+              const id = r.ids[i * r.k + j]!;
+              if (id >= 0 && !mine.has(id)) return false;
+            }
+            return true;
+          });
+          expect(req.mode).toBe(whole ? "sum" : "each");
+          if (whole) sums++;
+          else eaches++;
+        }
+        expect(b.metrics.sumRequests).toBe(seen.filter((q) => q.mode === "sum").length);
+      }),
+      { numRuns: 150 },
+    );
+    // both kinds of request occurred across the random placements
+    expect(sums).toBeGreaterThan(0);
+    expect(eaches).toBeGreaterThan(0);
+  });
+
+  it("mode auto: a layer on one worker comes back as one row per token, k times fewer bytes", async () => {
+    const model = tinyModel(11, { nExpert: 8, nEmbd: 16, nFf: 5 });
+    const hidden = randomHidden(4, 3, 16);
+    const routing = randomRouting(5, 3, 4, 8);
+    const regs = [
+      { id: "l0", model: "tiny", layers: [0], experts: [0, 1, 2, 3, 4, 5, 6, 7] },
+      { id: "l1", model: "tiny", layers: [1], experts: [0, 1, 2, 3, 4, 5, 6, 7] },
+    ];
+    const each = swarm(regs, () => createReferenceWorker(model));
+    const auto = swarm(regs, () => createReferenceWorker(model));
+    const e = await dispatchExpertsDetailed(hidden, routing, { layer: 0, ...each, mode: "each" });
+    const a = await dispatchExpertsDetailed(hidden, routing, { layer: 0, ...auto, mode: "auto" });
+    expect(sameBits(e.output, a.output)).toBe(true);
+    expect(a.metrics).toMatchObject({ requests: 1, sumRequests: 1, bytesIn: 3 * 16 * 4 });
+    expect(e.metrics).toMatchObject({ requests: 1, sumRequests: 0, bytesIn: 3 * 4 * 16 * 4 });
   });
 
   it("f32 path, mode sum: equal to mode each when every token's experts sit on one worker", async () => {
