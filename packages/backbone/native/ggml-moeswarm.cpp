@@ -24,6 +24,8 @@
 //   MOESWARM_BRIDGE      unix:/path/to/socket | tcp:host:port
 //   MOESWARM_MODEL       model id in the dispatch frames (default "moeswarm")
 //   MOESWARM_TIMEOUT_MS  how long one split may wait for its result (default 120000)
+//   MOESWARM_CLAIM_FILE  optional, environment only: a line is appended to this file for every
+//                        weight buffer the device allocates (proof of a claim for the host)
 // They are read again whenever they change: a backend (one per llama context) keeps the values
 // of its creation, the load-time probe uses the current ones.
 
@@ -590,6 +592,27 @@ static const char * moeswarm_buft_get_name(ggml_backend_buffer_type_t buft) {
     return MOESWARM_NAME;
 }
 
+// MOESWARM_CLAIM_FILE: a host that cannot see llama.cpp's load log (node-llama-cpp routes it to the
+// logger of its first Llama only) learns from this file that the device claimed weights: one line
+// per weight buffer allocated (ggml never calls alloc_buffer for the load probe's empty buffers).
+static void moeswarm_note_claim(size_t size) {
+    const char * path = getenv("MOESWARM_CLAIM_FILE");
+    if (path == nullptr || path[0] == '\0') {
+        return;
+    }
+    const int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        GGML_LOG_WARN("%s: cannot open MOESWARM_CLAIM_FILE %s: %s\n", __func__, path, strerror(errno));
+        return;
+    }
+    char line[64];
+    const int n = snprintf(line, sizeof(line), "buffer %zu\n", size);
+    if (n > 0 && write(fd, line, (size_t) n) != (ssize_t) n) {
+        GGML_LOG_WARN("%s: cannot write MOESWARM_CLAIM_FILE %s\n", __func__, path);
+    }
+    close(fd);
+}
+
 static ggml_backend_buffer_t moeswarm_buft_alloc_buffer(ggml_backend_buffer_type_t buft, size_t size) {
     // address space only: pages cost RAM when first written, and weight pages never are
     void * base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -600,6 +623,7 @@ static ggml_backend_buffer_t moeswarm_buft_alloc_buffer(ggml_backend_buffer_type
     moeswarm_buffer_context * ctx = new moeswarm_buffer_context();
     ctx->base = base;
     ctx->size = size;
+    moeswarm_note_claim(size);
     return ggml_backend_buffer_init(buft, k_moeswarm_buffer_i, ctx, size);
 }
 

@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { InvalidArgumentError, NativeError, throwIfAborted } from "@moeswarm/core";
@@ -75,6 +75,7 @@ const ENV = [
   "MOESWARM_MODEL",
   "MOESWARM_TIMEOUT_MS",
   "MOESWARM_CONFIG",
+  "MOESWARM_CLAIM_FILE",
 ] as const;
 
 /**
@@ -177,7 +178,13 @@ export async function createSwarmLlama(options: SwarmLlamaOptions): Promise<Swar
       process.env.MOESWARM_TIMEOUT_MS = String(options.pluginTimeoutMs);
     delete process.env.MOESWARM_CONFIG;
 
-    // the plugin's buffer shows in llama.cpp's load log: the proof that it was loaded and claimed
+    // Proof that the plugin was loaded and claimed: it appends to MOESWARM_CLAIM_FILE for each
+    // weight buffer. (Its buffer also shows in llama.cpp's load log, but node-llama-cpp sends
+    // that only to the logger of the first Llama of the process.)
+    const claimDir = mkdtempSync(join(tmpdir(), "moeswarm-claim-"));
+    cleanups.push(() => rmSync(claimDir, { recursive: true, force: true }));
+    const claimFile = join(claimDir, "claims");
+    process.env.MOESWARM_CLAIM_FILE = claimFile;
     let claimed = false;
     const userLogger = options.logger;
     const rank: Record<string, number> = {
@@ -209,12 +216,13 @@ export async function createSwarmLlama(options: SwarmLlamaOptions): Promise<Swar
       gpuLayers: 0,
     });
     cleanups.push(() => loaded.dispose());
+    claimed ||= existsSync(claimFile) && readFileSync(claimFile, "utf8").includes("buffer ");
     const wantsRemote = remoteLayers === "all" || remoteLayers.length > 0;
     if (wantsRemote && !claimed) {
       throw new NativeError(
         "MOESWARM_NATIVE_LOAD",
         "llama.cpp loaded the model without the MOESWARM device: node-llama-cpp had loaded its backends before " +
-          "GGML_BACKEND_PATH was set (another getLlama ran first in this process), or no layer of the model matched " +
+          "GGML_BACKEND_PATH was set (another getLlama without it ran first in this process), or no layer of the model matched " +
           `${formatLayerSelection(remoteLayers)}\n  possible solution: call createSwarmLlama before any other getLlama, or run it in its own process`,
       );
     }

@@ -95,4 +95,27 @@ describe.skipIf(Boolean(missing))("createSwarmLlama: node-llama-cpp with the plu
     );
     for (const context of contexts) await context.dispose();
   });
+
+  it("a second createSwarmLlama in the same process, after the first closed, claims and decodes the same", async () => {
+    // node-llama-cpp sends llama.cpp's load log only to its first Llama's logger: the claim is
+    // proven by the plugin's MOESWARM_CLAIM_FILE instead
+    await using again = await createSwarmLlama({
+      modelPath: model,
+      remoteLayers: "all",
+      placement: swarm.placement,
+      transport: swarm.transport,
+      socket: join(tmp.dir, "nlc2.sock"),
+      fallback: false,
+    });
+    const context = await again.model.createContext({ contextSize: 512, batchSize: 512, threads: 1 });
+    const tokens: number[] = [];
+    for await (const token of context.getSequence().evaluate(plain.prompt as never[], { temperature: 0 })) {
+      tokens.push(token as number);
+      if (tokens.length === 8) break;
+    }
+    await context.dispose();
+    expect(tokens).toEqual(plain.tokens.slice(0, 8));
+    expect(again.metrics().requests).toBeGreaterThanOrEqual(8 * info.layers.length);
+    expect(process.env.MOESWARM_CLAIM_FILE).toBeDefined();
+  });
 });
