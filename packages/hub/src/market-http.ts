@@ -304,6 +304,7 @@ export function getDemand(
           value: d.value,
           bytes: d.bytes,
           bytesPerExpert: d.bytesPerExpert,
+          nExpert: d.nExpert,
           url: shardUrl(d.model, layers, experts),
         };
       }),

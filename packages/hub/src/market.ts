@@ -101,6 +101,8 @@ export interface DemandRange {
   /** Expert weight bytes of the range. */
   readonly bytes: number;
   readonly bytesPerExpert: number;
+  /** Experts of the layer (all of them, in demand or not): a slice of 0:nExpert is a whole layer. */
+  readonly nExpert: number;
 }
 
 export interface ClaimRequest {
@@ -447,7 +449,18 @@ interface Candidate {
   end: number;
   value: number;
   bytes: number;
+  /** Every expert of its layers (0:nExpert): one owner answers a token's whole layer. */
+  whole: boolean;
 }
+
+/**
+ * A whole-layer slice wins over a larger part-layer one while it is worth at least this share of
+ * it. A token's top-k experts of a layer then sit on one worker: one request per layer, answered
+ * with the worker's sum (dispatch mode "auto"), instead of one per owner with every slot's output.
+ * A worker that holds whole layers keeps claiming with what capacity is left, so coverage loses
+ * little; 0.5 keeps hot experts elsewhere from being starved by the preference.
+ */
+export const WHOLE_LAYER_SHARE = 0.5;
 
 /**
  * The coverage market: coverage from workers' registrations, demand from backbones' routing
@@ -802,6 +815,7 @@ export class CoverageMarket {
             value: round(value, 6),
             bytes: count * l.bytesPerExpert,
             bytesPerExpert: l.bytesPerExpert,
+            nExpert: l.nExpert,
           });
           e = end;
         }
@@ -998,9 +1012,10 @@ export class CoverageMarket {
   /**
    * The slice the market would grant this worker now, or undefined: the rectangle (consecutive
    * MoE layers x consecutive experts, every cell below target and not already the worker's) that
-   * fits the capacity left beside what the worker holds (registered slices and leases) with the
-   * most total value; ties go to more value per byte, then fewer layers, then the model, layer
-   * and first expert in ascending order.
+   * fits the capacity left beside what the worker holds (registered slices and leases): whole
+   * layers first while worth {@link WHOLE_LAYER_SHARE} of the best part-layer slice, then the most
+   * total value; ties go to more value per byte, then fewer layers, then the model, layer and
+   * first expert in ascending order.
    */
   bestSlice(
     request: AutoClaimRequest,
@@ -1021,10 +1036,12 @@ export class CoverageMarket {
         let width = Number.POSITIVE_INFINITY;
         let rowBytes = 0;
         const open = new Uint8Array(grid.maxExpert).fill(1);
+        let maxNExpert = 0;
         for (let r1 = r0; r1 < L.length; r1++) {
           const l = L[r1] as MarketLayer;
           if (r1 > r0 && l.layer !== (L[r1 - 1] as MarketLayer).layer + 1) break;
           width = Math.min(width, l.nExpert);
+          maxNExpert = Math.max(maxNExpert, l.nExpert);
           rowBytes += l.bytesPerExpert;
           const off = grid.offsets[r1] as number;
           let any = false;
@@ -1069,6 +1086,7 @@ export class CoverageMarket {
               end: bestStart + w,
               value: bestSum,
               bytes: rowBytes * w,
+              whole: bestStart === 0 && bestStart + w === maxNExpert && width === maxNExpert,
             };
             if (!best || better(c, best)) best = c;
             e = end;
@@ -1431,6 +1449,10 @@ function overlaps(lease: Lease, layers: Range, experts: Range): boolean {
 }
 
 function better(a: Candidate, b: Candidate): boolean {
+  if (a.whole !== b.whole) {
+    const [w, o] = a.whole ? [a, b] : [b, a];
+    if (w.value >= WHOLE_LAYER_SHARE * o.value) return a.whole;
+  }
   if (a.value !== b.value) return a.value > b.value;
   const pa = a.bytes > 0 ? a.value / a.bytes : Number.POSITIVE_INFINITY;
   const pb = b.bytes > 0 ? b.value / b.bytes : Number.POSITIVE_INFINITY;

@@ -120,6 +120,7 @@ describe("demand, claims and leases over HTTP", () => {
         value: 8 * (100 + 1),
         bytes: 8 * per,
         bytesPerExpert: per,
+        nExpert: 8,
         url: `/api/models/${ID}/expert-shard?layers=${layer}:${layer + 1}&experts=0:8`,
       })),
     );

@@ -67,6 +67,7 @@ describe("demand formula", () => {
         value: Math.round(2 * (100 + (h[2] as number)) * 1e6) / 1e6,
         bytes: 2 * MiB,
         bytesPerExpert: MiB,
+        nExpert: 4,
       },
       {
         model: "ex",
@@ -81,6 +82,7 @@ describe("demand formula", () => {
         value: Math.round((h[0] as number) * 1e6) / 1e6,
         bytes: MiB,
         bytesPerExpert: MiB,
+        nExpert: 4,
       },
     ]);
     expect(ranges[0]?.value).toBe(200.846154);
@@ -561,9 +563,9 @@ describe("several slices per worker", () => {
     return m.placement("small");
   }
 
-  it("covers the model with two workers and slack: the strip the first leaves goes to the second", () => {
-    // 30.7 MB each: the first takes layers 0:3 x experts 0:49 (the largest rectangle that fits), the
-    // second layer 3, then (a second slice) the strip layers 0:3 x experts 49:64 nobody else could take
+  it("covers the model with two workers and slack: whole layers each, one owner per layer", () => {
+    // 30.7 MB each: layers 0:3 x experts 0:49 is the largest rectangle that fits, but two whole
+    // layers (128 cells) are worth more than half of it: a token's layer then needs one request
     const capacity = Math.ceil(((256 * B) / 2) * 1.15);
     const p = fill(2, capacity);
     expect(p.missing).toEqual([]);
@@ -574,9 +576,18 @@ describe("several slices per worker", () => {
         `${r.experts[0]}:${r.experts.at(-1)! + 1}`,
       ]),
     ).toEqual([
-      ["w0", "0:3", "0:49"],
-      ["w1", "3:4", "0:64"],
-      ["w1", "0:3", "49:64"],
+      ["w0", "0:2", "0:64"],
+      ["w1", "2:4", "0:64"],
+    ]);
+  });
+
+  it("a worker smaller than a layer still takes the most valuable part-layer slice", () => {
+    // 40 experts' worth: no whole layer fits, so the widest run of one layer (value first)
+    const p = fill(1, 40 * B);
+    const r = p.registrations[0]!;
+    expect([`${r.layers[0]}:${r.layers.at(-1)! + 1}`, `${r.experts[0]}:${r.experts.at(-1)! + 1}`]).toEqual([
+      "0:1",
+      "0:40",
     ]);
   });
 

@@ -249,3 +249,38 @@ describe("chooseSlices", () => {
     expect(() => chooseSlices([], Number.NaN)).toThrow(/capacityBytes/);
   });
 });
+
+describe("chooseSlices: whole layers first", () => {
+  // 4 layers x 64 experts, the hub listing each layer's expert count
+  const whole = (layers: number) => uncoveredModel(layers, 64).map((r) => ({ ...r, nExpert: 64 }));
+
+  it("takes whole layers over a larger part-layer rectangle worth less than twice as much", () => {
+    // room for 147 experts: 3 layers x 49 experts (147 cells) or 2 whole layers (128 cells)
+    const [c] = chooseSlices(whole(4), 147 * 1000, { limit: 1 });
+    expect(brief(c)).toBe("m L0:2 E0:64");
+    expect(c?.whole).toBe(true);
+  });
+
+  it("without the hub's expert counts it ranks by value alone, as before", () => {
+    const [c] = chooseSlices(uncoveredModel(4, 64), 147 * 1000, { limit: 1 });
+    expect(brief(c)).toBe("m L0:3 E0:49");
+    expect(c?.whole).toBe(false);
+  });
+
+  it("a part-layer slice worth more than twice the whole layer wins (hot experts)", () => {
+    // experts 0:16 of every layer are hot; room for 64 experts: one whole layer (16 hot + 48 cold)
+    // or the hot strip of 4 layers (64 hot)
+    const ranges = [0, 1, 2, 3].flatMap((l) => [
+      { ...range(l, "0:16", 1000), nExpert: 64 },
+      { ...range(l, "16:64", 101), nExpert: 64 },
+    ]);
+    const [c] = chooseSlices(ranges, 64 * 1000, { limit: 1 });
+    expect(brief(c)).toBe("m L0:4 E0:16");
+    expect(c?.whole).toBe(false);
+  });
+
+  it("a worker smaller than a layer gets the widest run, as before", () => {
+    const [c] = chooseSlices(whole(4), 40 * 1000, { limit: 1 });
+    expect(brief(c)).toBe("m L0:1 E0:40");
+  });
+});

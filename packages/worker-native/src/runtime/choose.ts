@@ -10,6 +10,8 @@ export interface DemandRangeInput {
   value: number;
   /** Bytes of one expert of this layer. */
   bytesPerExpert: number;
+  /** Experts of the layer, in demand or not (hubs that list it): 0:nExpert is a whole layer. */
+  nExpert?: number;
 }
 
 /** A rectangle of one model's cells: consecutive layers x consecutive experts (half-open). */
@@ -30,11 +32,18 @@ export interface SliceChoice {
   value: number;
   /** value / bytes. */
   valuePerByte: number;
+  /** Every expert of its layers: one owner answers a token's whole layer (one request, its sum). */
+  whole: boolean;
 }
+
+/** As the hub's market: a whole-layer slice wins while worth this share of a part-layer one. */
+export const WHOLE_LAYER_SHARE = 0.5;
 
 interface LayerRow {
   layer: number;
   bytesPerExpert: number;
+  /** The layer's expert count when the hub listed it. */
+  nExpert: number | undefined;
   /** Value of each expert in demand, NaN for the others. */
   values: Float64Array;
 }
@@ -45,6 +54,10 @@ function differ(a: number, b: number): boolean {
 }
 
 function better(a: SliceChoice, b: SliceChoice): boolean {
+  if (a.whole !== b.whole) {
+    const [w, o] = a.whole ? [a, b] : [b, a];
+    if (w.value >= WHOLE_LAYER_SHARE * o.value) return a.whole;
+  }
   if (differ(a.value, b.value)) return a.value > b.value;
   if (differ(a.valuePerByte, b.valuePerByte)) return a.valuePerByte > b.valuePerByte;
   const la = a.layers.end - a.layers.start;
@@ -65,8 +78,10 @@ export function compareChoices(a: SliceChoice, b: SliceChoice): number {
 /**
  * The slices a worker with `capacityBytes` should claim, best first: every rectangle of
  * consecutive MoE layers x consecutive experts whose cells are all in demand, clipped to the
- * widest run of experts that fits, ranked by the value it adds to the swarm, then by value per
- * byte, then fewer layers, then model, first layer and first expert (deterministic).
+ * widest run of experts that fits, ranked whole layers first (while worth
+ * {@link WHOLE_LAYER_SHARE} of the other: a token's layer then needs one request), then by the
+ * value it adds to the swarm, then by value per byte, then fewer layers, then model, first layer
+ * and first expert (deterministic).
  *
  * Why value first: every uncovered cell is worth `uncoveredValue` (100) plus its load, so value per
  * byte barely differs between uncovered ranges; ranking by it alone would send a 2 GiB worker to a
@@ -89,7 +104,10 @@ export function chooseSlices(
   }
   const limit = options.limit ?? 8;
   const maxLayers = options.maxLayers ?? Number.POSITIVE_INFINITY;
-  const byModel = new Map<string, Map<number, { bytesPerExpert: number; cells: Array<[Range, number]> }>>();
+  const byModel = new Map<
+    string,
+    Map<number, { bytesPerExpert: number; nExpert: number | undefined; cells: Array<[Range, number]> }>
+  >();
   for (const r of ranges) {
     if (
       typeof r.model !== "string" ||
@@ -113,9 +131,10 @@ export function chooseSlices(
     }
     let row = layers.get(r.layer);
     if (!row) {
-      row = { bytesPerExpert: r.bytesPerExpert, cells: [] };
+      row = { bytesPerExpert: r.bytesPerExpert, nExpert: undefined, cells: [] };
       layers.set(r.layer, row);
     }
+    if (Number.isInteger(r.nExpert) && (r.nExpert as number) > 0) row.nExpert = r.nExpert;
     row.cells.push([experts, r.value / (experts.end - experts.start)]);
   }
 
@@ -123,7 +142,7 @@ export function chooseSlices(
   for (const [model, layerMap] of byModel) {
     const rows: LayerRow[] = [...layerMap.entries()]
       .sort((a, b) => a[0] - b[0])
-      .map(([layer, { bytesPerExpert, cells }]) => {
+      .map(([layer, { bytesPerExpert, nExpert, cells }]) => {
         const width = Math.max(...cells.map(([e]) => e.end));
         const values = new Float64Array(width).fill(Number.NaN);
         for (const [e, v] of cells) values.fill(v, e.start, e.end);
@@ -131,7 +150,7 @@ export function chooseSlices(
           if (x.model !== model || layer < x.layers.start || layer >= x.layers.end) continue;
           values.fill(Number.NaN, Math.max(0, x.experts.start), Math.min(width, x.experts.end));
         }
-        return { layer, bytesPerExpert, values };
+        return { layer, bytesPerExpert, nExpert, values };
       });
     for (let i = 0; i < rows.length; i++) {
       // columns every layer of rows[i..j] has in demand, with their summed value
@@ -151,6 +170,10 @@ export function chooseSlices(
         const best = bestWindow(column, width);
         if (!best) break; // no column is in demand in every layer: more layers cannot add one
         const bytes = (best.end - best.start) * bytesPerColumn;
+        const span = rows.slice(i, j + 1);
+        const n0 = span[0]!.nExpert;
+        const whole =
+          n0 !== undefined && best.start === 0 && best.end === n0 && span.every((r) => r.nExpert === n0);
         out.push({
           model,
           layers: { start: rows[i]!.layer, end: row.layer + 1 },
@@ -158,6 +181,7 @@ export function chooseSlices(
           bytes,
           value: best.value,
           valuePerByte: best.value / bytes,
+          whole,
         });
       }
     }

@@ -27,6 +27,8 @@ export interface DemandRangeJson {
   value: number;
   bytes: number;
   bytesPerExpert: number;
+  /** Experts of the layer (hubs of this version list it). */
+  nExpert?: number;
   url: string;
 }
 
