@@ -80,6 +80,11 @@ export interface BackboneBridgeOptions {
    * `reference`: the fallback is the reference. Off by default.
    */
   spotCheck?: Omit<SpotCheckOptions, "reference">;
+  /**
+   * Hedged requests (dispatch's `hedgeMs`): a worker silent for this long gets a twin request to
+   * a replica; the first answer wins. Off by default.
+   */
+  hedgeMs?: number;
 }
 
 /** One plugin request as the bridge saw it. */
@@ -249,6 +254,10 @@ function checkOptions(o: BackboneBridgeOptions): void {
   if (sc !== undefined && (typeof sc !== "object" || sc === null || "reference" in sc)) {
     throw invalid("spotCheck must be { fraction, minCosine?, seed?, ... } (the fallback is its reference)");
   }
+  const h = o.hedgeMs;
+  if (h !== undefined && !(typeof h === "number" && Number.isFinite(h) && h >= 0)) {
+    throw invalid("hedgeMs must be a finite number >= 0");
+  }
   const max = o.maxFrameBytes;
   if (max !== undefined && (!Number.isInteger(max) || max < 1024 || max > 0xffff_ffff)) {
     throw invalid("maxFrameBytes must be an integer in 1024..2^32-1");
@@ -390,6 +399,7 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
           metrics: dispatchMetrics,
           ...(fallback ? { fallback } : {}),
           ...(verify ? { verify } : {}),
+          ...(options.hedgeMs !== undefined ? { hedgeMs: options.hedgeMs } : {}),
           ...(deadlineMs !== undefined ? { deadlineMs } : {}),
         },
       );
@@ -620,6 +630,8 @@ function emptyCall(f: DispatchFrame): DispatchCallMetrics {
     spotChecks: 0,
     spotDisagreements: 0,
     spotUnverifiable: 0,
+    hedges: 0,
+    hedgeWins: 0,
     owners: Object.create(null) as DispatchCallMetrics["owners"],
     wallMs: 0,
   };

@@ -366,6 +366,9 @@ describe("serveBackboneBridge", () => {
     await expect(
       serveBackboneBridge({ socket: join(tmp.dir, "v.sock"), placement: {} as Placement, transport }),
     ).rejects.toMatchObject({ code: "MOESWARM_INVALID_ARGUMENT" });
+    await expect(
+      serveBackboneBridge({ socket: join(tmp.dir, "h.sock"), placement, transport, hedgeMs: -1 }),
+    ).rejects.toMatchObject({ code: "MOESWARM_INVALID_ARGUMENT", message: /hedgeMs/ });
   });
 });
 

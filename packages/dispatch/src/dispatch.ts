@@ -50,6 +50,13 @@ export interface DispatchOptions {
   /** Aggregate collector; every call, failed ones too, is recorded. */
   readonly metrics?: DispatchMetrics;
   /**
+   * Hedged requests (tail latency): a worker that has not answered after this many ms gets a
+   * twin request to a replica owning all the same experts; the first good answer is used and the
+   * other request is cancelled. Off by default. Replicas on other hardware round differently, so
+   * with hedging the output bits can depend on which replica was faster (the values never do).
+   */
+  readonly hedgeMs?: number;
+  /**
    * Result spot-checking, shared across calls: a sampled share of the workers' answers is
    * re-computed (its `reference`, else a replica) before the combine; a disagreeing answer is
    * replaced and its worker struck, and quarantined workers get no requests.
@@ -143,6 +150,13 @@ function validateOptions(options: DispatchOptions): void {
       "dispatchExperts: fallback must be a function",
     );
   }
+  const h = options.hedgeMs;
+  if (h !== undefined && !(typeof h === "number" && Number.isFinite(h) && h >= 0)) {
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      "dispatchExperts: hedgeMs must be a finite number >= 0",
+    );
+  }
   if (options.verify !== undefined && !(options.verify instanceof SpotCheck)) {
     throw new InvalidArgumentError(
       "MOESWARM_INVALID_ARGUMENT",
@@ -188,6 +202,7 @@ class CallState {
   readonly fallback: ExpertCompute | undefined;
   readonly retry: boolean;
   readonly verify: SpotCheck | undefined;
+  readonly hedgeMs: number | undefined;
   readonly hidden: Float32Array | Float64Array;
   readonly routing: Routing;
   readonly embd: number;
@@ -215,6 +230,7 @@ class CallState {
     this.fallback = options.fallback;
     this.retry = options.retry ?? true;
     this.verify = options.verify;
+    this.hedgeMs = options.hedgeMs;
     this.hidden = hidden;
     this.routing = routing;
     this.embd = embd;
@@ -241,6 +257,8 @@ class CallState {
       spotChecks: 0,
       spotDisagreements: 0,
       spotUnverifiable: 0,
+      hedges: 0,
+      hedgeWins: 0,
       // worker ids are untrusted (a peer may call itself "__proto__"): no prototype to pollute
       owners: Object.create(null) as Record<string, OwnerCallMetrics>,
       wallMs: 0,
@@ -355,6 +373,7 @@ class CallState {
     worker: string,
     experts: readonly number[],
     via: "transport" | "fallback" | "reference",
+    cancel?: AbortSignal,
   ): Promise<Part> {
     const { request, tokens, slots } = this.build(new Set(experts));
     // a transport may transfer (detach) the request's buffers: keep the slot ids for the combine
@@ -378,18 +397,25 @@ class CallState {
     if (via === "transport") this.placement.acquire(worker);
     return new Promise<Part>((resolve, reject) => {
       let settled = false;
+      let cancelled = false;
+      const onCancel = () => {
+        cancelled = true;
+        finish(cancel?.reason ?? new AbortError("MOESWARM_ABORTED", "the hedge's twin answered first"));
+      };
       const finish = (error: unknown, result?: ExpertResult) => {
         if (settled) return;
         settled = true;
         clearTimeout(timer);
         this.#active.delete(onCallAbort);
+        cancel?.removeEventListener("abort", onCancel);
         if (via === "transport") this.placement.release(worker);
         const ms = performance.now() - t0;
         om.latencyMs += ms;
         om.latencyMsMax = Math.max(om.latencyMsMax, ms);
         if (error !== undefined) {
           attemptController.abort(error);
-          om.failures++;
+          // the loser of a hedge did nothing wrong
+          if (!cancelled) om.failures++;
           reject(error);
           return;
         }
@@ -440,6 +466,11 @@ class CallState {
         finish(callSignal.reason);
         return;
       }
+      if (cancel?.aborted) {
+        onCancel();
+        return;
+      }
+      cancel?.addEventListener("abort", onCancel, { once: true });
       this.#active.add(onCallAbort);
       let pending: Promise<ExpertResult>;
       try {
@@ -505,16 +536,78 @@ class CallState {
   }
 
   /** One worker's answer for its experts, spot-checked when the draw says so. */
-  async answer(worker: string, experts: readonly number[]): Promise<Part> {
+  async answer(worker: string, experts: readonly number[], avoid?: string): Promise<Part> {
     // drawn before sending, so the draws follow the call's (deterministic) send order, not arrival
     const sampled = this.verify?.sample() ?? false;
-    const part = await this.attempt(worker, experts, "transport");
-    return sampled ? this.spotCheck(worker, part) : part;
+    const part =
+      this.hedgeMs === undefined
+        ? await this.attempt(worker, experts, "transport")
+        : await this.hedged(worker, experts, this.hedgeMs, avoid);
+    return sampled ? this.spotCheck(part.worker ?? worker, part) : part;
+  }
+
+  /**
+   * The request, and after `hedgeMs` without an answer a twin to a replica owning all the same
+   * experts: the first good answer wins and the other request is cancelled. When both fail, the
+   * worker's own error is thrown (failover takes it from there).
+   */
+  async hedged(worker: string, experts: readonly number[], hedgeMs: number, avoid?: string): Promise<Part> {
+    const cancelFirst = new AbortController();
+    const first = this.attempt(worker, experts, "transport", cancelFirst.signal);
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const early = await Promise.race([
+      first.then(
+        (part) => ({ part }),
+        (error: unknown) => ({ error }),
+      ),
+      new Promise<undefined>((resolve) => {
+        timer = setTimeout(() => resolve(undefined), hedgeMs);
+      }),
+    ]);
+    clearTimeout(timer);
+    if (early !== undefined) {
+      if ("error" in early) throw early.error;
+      return early.part;
+    }
+    const replica = this.replicaOfAll(worker, experts, avoid);
+    if (replica === undefined || this.controller.signal.aborted) return first;
+    this.metrics.hedges++;
+    const cancelSecond = new AbortController();
+    const second = this.attempt(replica, experts, "transport", cancelSecond.signal);
+    return new Promise<Part>((resolve, reject) => {
+      let failed = 0;
+      let firstError: unknown;
+      const lost = () => {
+        if (++failed === 2) reject(firstError);
+      };
+      first.then(
+        (part) => {
+          cancelSecond.abort();
+          resolve(part);
+        },
+        (error: unknown) => {
+          firstError = error;
+          lost();
+        },
+      );
+      second.then(
+        (part) => {
+          this.metrics.hedgeWins++;
+          cancelFirst.abort();
+          resolve(part);
+        },
+        (error: unknown) => {
+          firstError ??= error;
+          lost();
+        },
+      );
+    });
   }
 
   /** Another owner of every expert of the part, not quarantined, chosen as `choose` would. */
-  replicaOfAll(worker: string, experts: readonly number[]): string | undefined {
+  replicaOfAll(worker: string, experts: readonly number[], avoid?: string): string | undefined {
     const exclude = this.exclude(worker)!;
+    if (avoid !== undefined) exclude.add(avoid);
     const first = experts[0]!;
     for (const id of this.placement.owners(this.layer, first)) {
       if (exclude.has(id)) continue;
@@ -601,7 +694,8 @@ class CallState {
     const jobs: Promise<Part[]>[] = [];
     for (const [replica, list] of byReplica) {
       jobs.push(
-        this.answer(replica, list).then(
+        // a hedge of the replica's request must not go back to the worker that just failed
+        this.answer(replica, list, worker).then(
           (p) => [p],
           (e: unknown) => {
             if (this.controller.signal.aborted) throw e;

@@ -40,6 +40,9 @@ export interface DispatchCallMetrics {
   spotDisagreements: number;
   /** Answers drawn for a check that nothing could re-compute. */
   spotUnverifiable: number;
+  /** Hedged requests sent (`hedgeMs`), and those the replica won. */
+  hedges: number;
+  hedgeWins: number;
   /** Per worker id; the fallback appears as "<fallback>", a spot check's reference as "<reference>". */
   owners: Record<string, OwnerCallMetrics>;
   wallMs: number;
@@ -70,6 +73,9 @@ export interface DispatchMetricsSnapshot {
   spotChecks: number;
   spotDisagreements: number;
   spotUnverifiable: number;
+  /** Hedged requests sent (`hedgeMs`), and those the replica won. */
+  hedges: number;
+  hedgeWins: number;
   wallMsTotal: number;
   owners: Record<string, OwnerTotals>;
   /** Failed calls by error code. */
@@ -102,6 +108,8 @@ export class DispatchMetrics {
       spotChecks: 0,
       spotDisagreements: 0,
       spotUnverifiable: 0,
+      hedges: 0,
+      hedgeWins: 0,
       wallMsTotal: 0,
       owners: Object.create(null) as Record<string, OwnerTotals>,
       errors: Object.create(null) as Record<string, number>,
@@ -125,6 +133,8 @@ export class DispatchMetrics {
     s.spotChecks += call.spotChecks ?? 0;
     s.spotDisagreements += call.spotDisagreements ?? 0;
     s.spotUnverifiable += call.spotUnverifiable ?? 0;
+    s.hedges += call.hedges ?? 0;
+    s.hedgeWins += call.hedgeWins ?? 0;
     s.wallMsTotal += call.wallMs;
     for (const [id, o] of Object.entries(call.owners)) {
       let t = Object.hasOwn(s.owners, id) ? s.owners[id] : undefined;

@@ -1,0 +1,166 @@
+import { InvalidArgumentError, isMoeswarmError } from "@moeswarm/core";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  createReferenceWorker,
+  dispatchExpertsDetailed,
+  type ExpertRequest,
+  type ExpertResult,
+  type ExpertTransport,
+  Placement,
+} from "../src/index.js";
+import { randomHidden, randomRouting, sameBits, tinyModel } from "./helpers.js";
+
+// Hedged requests: a slow worker's experts are asked again of a replica after `hedgeMs`; the first
+// good answer is combined, the other request is cancelled, and nothing rejects unobserved.
+const unhandled: unknown[] = [];
+const onUnhandled = (reason: unknown) => unhandled.push(reason);
+beforeAll(() => {
+  process.on("unhandledRejection", onUnhandled);
+});
+afterAll(async () => {
+  await new Promise((r) => setTimeout(r, 100));
+  process.off("unhandledRejection", onUnhandled);
+  expect(unhandled.map((e) => String(e))).toEqual([]);
+});
+
+const model = tinyModel(21, { nExpert: 4, nEmbd: 6, nFf: 5 });
+const compute = createReferenceWorker(model);
+const hidden = randomHidden(22, 3, 6);
+const routing = randomRouting(23, 3, 2, 4);
+const ALL = [0, 1, 2, 3];
+
+type Behaviour = { delayMs: number; fail?: boolean };
+
+/** A transport over the reference worker where each worker answers after its own delay (or fails). */
+function slowTransport(behaviour: Record<string, Behaviour>) {
+  const log: Array<{ to: string; aborted: () => boolean }> = [];
+  const transport: ExpertTransport = {
+    request(to: string, req: ExpertRequest, options: { signal?: AbortSignal } = {}): Promise<ExpertResult> {
+      const signal = options.signal;
+      log.push({ to, aborted: () => signal?.aborted ?? false });
+      const b = behaviour[to]!;
+      return new Promise((resolve, reject) => {
+        const timer = setTimeout(async () => {
+          if (b.fail) reject(new Error(`${to} broke`));
+          else resolve(await compute(req, { signal: new AbortController().signal }));
+        }, b.delayMs);
+        signal?.addEventListener("abort", () => {
+          clearTimeout(timer);
+          reject(signal.reason);
+        });
+      });
+    },
+  };
+  return { transport, log };
+}
+
+function twoReplicas() {
+  return Placement.fromRegistrations([
+    { id: "a", model: "tiny", layers: [0], experts: ALL },
+    { id: "b", model: "tiny", layers: [0], experts: ALL },
+  ]);
+}
+
+async function healthy(): Promise<Float32Array> {
+  const placement = Placement.fromRegistrations([{ id: "a", model: "tiny", layers: [0], experts: ALL }]);
+  const { transport } = slowTransport({ a: { delayMs: 0 } });
+  return (await dispatchExpertsDetailed(hidden, routing, { layer: 0, placement, transport, mode: "each" }))
+    .output;
+}
+
+describe("hedged requests (hedgeMs)", () => {
+  it("a silent worker's experts go to a replica, whose answer is used; the first request is cancelled", async () => {
+    const { transport, log } = slowTransport({ a: { delayMs: 5000 }, b: { delayMs: 5000 } });
+    // whichever is asked first stays silent; the twin answers at once
+    const first = { done: false };
+    const quick: ExpertTransport = {
+      request(to, req, options) {
+        if (!first.done) {
+          first.done = true;
+          return transport.request(to, req, options);
+        }
+        return Promise.resolve(compute(req, { signal: new AbortController().signal }));
+      },
+    };
+    const r = await dispatchExpertsDetailed(hidden, routing, {
+      layer: 0,
+      placement: twoReplicas(),
+      transport: quick,
+      mode: "each",
+      hedgeMs: 20,
+    });
+    expect(sameBits(r.output, await healthy())).toBe(true);
+    expect(r.metrics).toMatchObject({ hedges: 1, hedgeWins: 1, requests: 2 });
+    expect(log).toHaveLength(1);
+    expect(log[0]!.aborted()).toBe(true);
+    // the cancelled loser is not a failure
+    expect(Object.values(r.metrics.owners).reduce((n, o) => n + o.failures, 0)).toBe(0);
+  });
+
+  it("a worker that answers within hedgeMs is never hedged", async () => {
+    const { transport, log } = slowTransport({ a: { delayMs: 0 }, b: { delayMs: 0 } });
+    const r = await dispatchExpertsDetailed(hidden, routing, {
+      layer: 0,
+      placement: twoReplicas(),
+      transport,
+      mode: "each",
+      hedgeMs: 200,
+    });
+    expect(sameBits(r.output, await healthy())).toBe(true);
+    expect(r.metrics).toMatchObject({ hedges: 0, hedgeWins: 0, requests: 1 });
+    expect(log).toHaveLength(1);
+  });
+
+  it("the primary still wins when it answers before its twin; the twin is cancelled", async () => {
+    const { transport, log } = slowTransport({ a: { delayMs: 60 }, b: { delayMs: 60 } });
+    const r = await dispatchExpertsDetailed(hidden, routing, {
+      layer: 0,
+      placement: twoReplicas(),
+      transport,
+      mode: "each",
+      hedgeMs: 20,
+    });
+    expect(sameBits(r.output, await healthy())).toBe(true);
+    expect(r.metrics).toMatchObject({ hedges: 1, hedgeWins: 0, requests: 2 });
+    expect(log.map((l) => l.aborted())).toEqual([false, true]);
+  });
+
+  it("without a replica a slow worker is simply waited for", async () => {
+    const placement = Placement.fromRegistrations([{ id: "a", model: "tiny", layers: [0], experts: ALL }]);
+    const { transport } = slowTransport({ a: { delayMs: 50 } });
+    const r = await dispatchExpertsDetailed(hidden, routing, { layer: 0, placement, transport, hedgeMs: 5 });
+    expect(r.metrics).toMatchObject({ hedges: 0, requests: 1 });
+    expect(sameBits(r.output, await healthy())).toBe(true);
+  });
+
+  it("when both the worker and its twin fail, failover and the fallback take over", async () => {
+    const { transport } = slowTransport({ a: { delayMs: 30, fail: true }, b: { delayMs: 30, fail: true } });
+    const r = await dispatchExpertsDetailed(hidden, routing, {
+      layer: 0,
+      placement: twoReplicas(),
+      transport,
+      mode: "each",
+      hedgeMs: 5,
+      fallback: compute,
+    });
+    expect(sameBits(r.output, await healthy())).toBe(true);
+    expect(r.metrics.hedges).toBe(1);
+    expect(r.metrics.fallbacks).toBeGreaterThanOrEqual(1);
+    const noFallback = await dispatchExpertsDetailed(hidden, routing, {
+      layer: 0,
+      placement: twoReplicas(),
+      transport,
+      hedgeMs: 5,
+    }).catch((e: unknown) => e);
+    expect(isMoeswarmError(noFallback)).toBe(true);
+  });
+
+  it("refuses a bad hedgeMs", async () => {
+    for (const hedgeMs of [-1, Number.NaN, Number.POSITIVE_INFINITY]) {
+      const { transport } = slowTransport({ a: { delayMs: 0 }, b: { delayMs: 0 } });
+      await expect(
+        dispatchExpertsDetailed(hidden, routing, { layer: 0, placement: twoReplicas(), transport, hedgeMs }),
+      ).rejects.toBeInstanceOf(InvalidArgumentError);
+    }
+  });
+});
