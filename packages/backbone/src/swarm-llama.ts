@@ -7,6 +7,7 @@ import { llamaCppBinsDir } from "@moeswarm/worker-native";
 import type { Llama, LlamaLogLevel, LlamaModel, LlamaModelOptions } from "node-llama-cpp";
 import {
   type BackboneBridge,
+  type BackboneBridgeOptions,
   type BackboneHubOptions,
   type BridgeMetrics,
   type BridgeSocket,
@@ -42,6 +43,10 @@ export interface SwarmLlamaOptions {
   socket?: BridgeSocket;
   /** How long each worker request may take before failover (dispatch's default 30 s). */
   deadlineMs?: number;
+  /** The bridge's result spot-checking (`serveBackboneBridge`'s `spotCheck`; the fallback is its reference). */
+  spotCheck?: BackboneBridgeOptions["spotCheck"];
+  /** The bridge's hedged requests (`serveBackboneBridge`'s `hedgeMs`). */
+  hedgeMs?: number;
   /** How long the plugin waits for one layer's result (`MOESWARM_TIMEOUT_MS`, default 120 s). */
   pluginTimeoutMs?: number;
   /**
@@ -148,6 +153,8 @@ export async function createSwarmLlama(options: SwarmLlamaOptions): Promise<Swar
           }),
       ...(fallback ? { fallback } : {}),
       ...(options.deadlineMs !== undefined ? { deadlineMs: options.deadlineMs } : {}),
+      ...(options.spotCheck !== undefined ? { spotCheck: options.spotCheck } : {}),
+      ...(options.hedgeMs !== undefined ? { hedgeMs: options.hedgeMs } : {}),
       ...(creating ? { signal: creating.signal } : {}),
     });
     cleanups.push(() => bridge.close());

@@ -74,6 +74,9 @@ describe("moeswarm-dispatcher usage", () => {
       ],
       [[...hub, "--model-id", "../m", "--token", "t"], /--model-id must be a model id/],
       [[...hub, "--model-id", "m", "--token", "t", "--report-interval", "0"], /--report-interval must be/],
+      [[...hub, "--model-id", "m", "--token", "t", "--spot-check", "1.5"], /--spot-check must be a share/],
+      [[...hub, "--model-id", "m", "--token", "t", "--spot-check", "x"], /--spot-check must be a share/],
+      [[...hub, "--model-id", "m", "--token", "t", "--hedge-ms", "1.5"], /--hedge-ms must be/],
     ];
     for (const [args, message] of cases) {
       const e = capture();
@@ -108,7 +111,11 @@ describe.skipIf(Boolean(missing))("moeswarm-dispatcher beside a llama.cpp with t
     const controller = new AbortController();
     const socket = join(tmp.dir, "d.sock");
     const exit = runDispatcherCli(
-      ["--socket", socket, "--model", model, "--model-id", "cli", "--no-fallback", "--json", ...workers],
+      [
+        ...["--socket", socket, "--model", model, "--model-id", "cli", "--no-fallback", "--json"],
+        // every answer drawn for a spot check; with no fallback and no replica none can be checked
+        ...["--spot-check", "1", "--hedge-ms", "60000", ...workers],
+      ],
       { stdout: out.stream, stderr: err.stream },
       controller.signal,
     );
@@ -136,9 +143,18 @@ describe.skipIf(Boolean(missing))("moeswarm-dispatcher beside a llama.cpp with t
 
     controller.abort();
     expect(await exit).toBe(0);
-    const metrics = JSON.parse(await out.line(/"event":"metrics"/)) as { requests: number; failed: number };
+    const metrics = JSON.parse(await out.line(/"event":"metrics"/)) as {
+      requests: number;
+      failed: number;
+      spotCheck?: { sampled: number; unverifiable: number; quarantined: string[] };
+      dispatch: { hedges: number };
+    };
     expect(metrics.requests).toBe(remote.plugin!.splits);
     expect(metrics.failed).toBe(0);
+    expect(metrics.spotCheck?.sampled).toBeGreaterThan(0);
+    expect(metrics.spotCheck?.unverifiable).toBe(metrics.spotCheck?.sampled);
+    expect(metrics.spotCheck?.quarantined).toEqual([]);
+    expect(metrics.dispatch.hedges).toBe(0);
     expect(err.text()).toBe("");
   });
 

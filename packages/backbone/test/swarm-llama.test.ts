@@ -106,6 +106,9 @@ describe.skipIf(Boolean(missing))("createSwarmLlama: node-llama-cpp with the plu
       transport: swarm.transport,
       socket: join(tmp.dir, "nlc2.sock"),
       fallback: false,
+      // passed on to the bridge: every answer drawn, none checkable (no fallback, no replica)
+      spotCheck: { fraction: 1 },
+      hedgeMs: 60_000,
     });
     const context = await again.model.createContext({ contextSize: 512, batchSize: 512, threads: 1 });
     const tokens: number[] = [];
@@ -117,5 +120,7 @@ describe.skipIf(Boolean(missing))("createSwarmLlama: node-llama-cpp with the plu
     expect(tokens).toEqual(plain.tokens.slice(0, 8));
     expect(again.metrics().requests).toBeGreaterThanOrEqual(8 * info.layers.length);
     expect(process.env.MOESWARM_CLAIM_FILE).toBeDefined();
+    expect(again.bridge.spotCheck?.snapshot()).toMatchObject({ quarantined: [] });
+    expect(again.metrics().spotCheck?.sampled).toBeGreaterThan(0);
   });
 });

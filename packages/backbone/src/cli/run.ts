@@ -6,6 +6,7 @@ import { findExpertTensors, readGguf } from "@moeswarm/shard";
 import { spawnLlamaExpertWorker, type WorkerProcessCompute } from "@moeswarm/worker-native";
 import {
   type BackboneBridge,
+  type BackboneBridgeOptions,
   type BackboneHubOptions,
   type BridgeSocket,
   serveBackboneBridge,
@@ -49,6 +50,9 @@ routing statistics and receipts to the hub.
   --threads <n>           compute threads per worker and for the fallback (default 1)
   --no-fallback           experts no worker serves fail the decode instead of running here
   --deadline-ms <ms>      per worker request, before failover (default 30000)
+  --spot-check <share>    recompute this share (0..1) of the workers' answers with the local
+                          fallback (else a replica) and quarantine a worker that disagrees
+  --hedge-ms <ms>         ask a replica too when a worker has not answered after this long
   --stats-interval <s>    print the metrics every s seconds (default: only at exit)
   --json                  one JSON object per line on stdout
   --help                  this text
@@ -71,6 +75,31 @@ function int(text: string | undefined, name: string, fallback: number, min: numb
     throw usageError(`--${name} must be an integer in ${min}..${max}, got ${JSON.stringify(text)}`);
   }
   return Number(text);
+}
+
+/** The bridge options of --spot-check and --hedge-ms, with quarantines reported as they happen. */
+function resilience(
+  values: { "spot-check"?: string | undefined; "hedge-ms"?: string | undefined },
+  json: boolean,
+  io: CliIo,
+): Pick<BackboneBridgeOptions, "spotCheck" | "hedgeMs"> {
+  const out: Pick<BackboneBridgeOptions, "spotCheck" | "hedgeMs"> = {};
+  const share = values["spot-check"];
+  if (share !== undefined) {
+    const fraction = Number(share);
+    if (!/^(0|1|0?\.\d+|1\.0*)$/.test(share) || !(fraction >= 0 && fraction <= 1)) {
+      throw usageError(`--spot-check must be a share in 0..1, got ${JSON.stringify(share)}`);
+    }
+    out.spotCheck = {
+      fraction,
+      onQuarantine: (e) => {
+        if (json) io.stdout.write(`${JSON.stringify({ event: "quarantine", ...e })}\n`);
+        else io.stderr.write(`${CLI_NAME}: quarantined worker ${e.worker} (layer ${e.layer}): ${e.reason}\n`);
+      },
+    };
+  }
+  if (values["hedge-ms"] !== undefined) out.hedgeMs = int(values["hedge-ms"], "hedge-ms", 0, 0, 2 ** 31 - 1);
+  return out;
 }
 
 function describeExperts(experts: readonly number[]): string {
@@ -135,6 +164,7 @@ export async function runDispatcherCli(
     const reportS = int(values["report-interval"], "report-interval", 10, 1, 86_400);
     const modelId = values["model-id"] ?? "moeswarm";
     const noFallback = values["no-fallback"] === true || modelPath === undefined;
+    const extra = resilience(values, json, io);
     if (hubUrl !== undefined) {
       const hub = hubOptions(hubUrl, values, modelId, reportS * 1000);
       return await serveHub({
@@ -148,6 +178,7 @@ export async function runDispatcherCli(
         deadlineMs,
         statsS,
         hub,
+        extra,
       });
     }
     if (modelPath === undefined) throw usageError("--model <gguf> is required");
@@ -190,6 +221,7 @@ export async function runDispatcherCli(
       placement,
       transport,
       deadlineMs,
+      ...extra,
       ...(fallback ? { fallback: fallback.compute } : {}),
     });
     // the remote layers: those some worker serves, or all (every expert then runs in the fallback)
@@ -327,6 +359,7 @@ interface HubServe {
   deadlineMs: number;
   statsS: number;
   hub: BackboneHubOptions;
+  extra: Pick<BackboneBridgeOptions, "spotCheck" | "hedgeMs">;
 }
 
 /** --hub: the bridge follows the hub's placement and reaches its workers through the relay. */
@@ -378,6 +411,7 @@ async function serveHub(o: HubServe): Promise<number> {
       socket: o.socket,
       hub: { ...o.hub, onEvent },
       deadlineMs: o.deadlineMs,
+      ...o.extra,
       signal,
       ...(fallback ? { fallback: fallback.compute } : {}),
     });
@@ -450,6 +484,8 @@ function parse(args: readonly string[]) {
         threads: { type: "string" },
         "no-fallback": { type: "boolean" },
         "deadline-ms": { type: "string" },
+        "spot-check": { type: "string" },
+        "hedge-ms": { type: "string" },
         "stats-interval": { type: "string" },
         hub: { type: "string" },
         token: { type: "string" },
