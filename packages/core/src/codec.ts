@@ -294,6 +294,9 @@ function readField(
     case "str":
       if (kind !== Kind.str) return ctx.bad(field, `must be a string, found ${describeKind(kind, r)}`);
       return readStr(r, rule, field, ctx);
+    case "bool":
+      if (kind !== Kind.bool) return ctx.bad(field, `must be true or false, found ${describeKind(kind, r)}`);
+      return r.num === 1;
     case "bin":
       if (kind !== Kind.bin) return ctx.bad(field, `must be bin, found ${describeKind(kind, r)}`);
       return r.bytes.subarray(r.pos, r.pos + r.num);
@@ -434,7 +437,19 @@ function decodeTensors(t: FrameType, o: Record<string, unknown>, ctx: Checker, c
     const n = o.n as number;
     const k = o.k as number;
     const embd = o.embd as number;
-    if (o.mode === "each") lengthIs(o, "y", n * k * embd * 4, 'n*k*embd*4 for mode "each"', ctx);
+    if (o.compact === true) {
+      // the filled slots' rows: their count is the dispatch's, which a relay does not know
+      const got = (o.y as Uint8Array).byteLength;
+      if (o.mode !== "each")
+        ctx.fail("MOESWARM_PROTOCOL_BAD_FIELD", "compact", 'a compact result must be mode "each"');
+      if (got % (embd * 4) !== 0 || got > n * k * embd * 4) {
+        ctx.fail(
+          "MOESWARM_PROTOCOL_BAD_LENGTH",
+          "y",
+          `${got} bytes, expected a multiple of embd*4 up to n*k*embd*4 (${n * k * embd * 4}) for a compact result`,
+        );
+      }
+    } else if (o.mode === "each") lengthIs(o, "y", n * k * embd * 4, 'n*k*embd*4 for mode "each"', ctx);
     else lengthIs(o, "y", n * embd * 4, 'n*embd*4 for mode "sum"', ctx);
     o.y = typedArrayFromBytes("f32", o.y as Uint8Array, { copy });
   }
@@ -443,6 +458,9 @@ function decodeTensors(t: FrameType, o: Record<string, unknown>, ctx: Checker, c
 /** Rules that involve more than one field or the values inside a tensor; shared by both directions. */
 function checkCrossFields(t: FrameType, o: Record<string, unknown>, ctx: Checker, maxExpert?: number): void {
   if (t !== "dispatch") return;
+  if (o.compact === true && o.mode !== "each") {
+    ctx.fail("MOESWARM_PROTOCOL_BAD_FIELD", "compact", 'compact results exist for mode "each" only');
+  }
   if (o.mode === "sum" && o.w === undefined) {
     ctx.fail("MOESWARM_PROTOCOL_MISSING_FIELD", "w", 'router weights are required for mode "sum"');
   }
@@ -497,6 +515,9 @@ function checkValue(value: unknown, rule: FieldRule, field: string, ctx: Checker
     }
     case "bin":
       // element types and lengths are checked per frame type
+      return;
+    case "bool":
+      if (typeof value !== "boolean") ctx.bad(field, `must be true or false, got ${describeJs(value)}`);
       return;
     case "uints": {
       if (!Array.isArray(value)) ctx.bad(field, `must be an array of integers, got ${describeJs(value)}`);
@@ -570,6 +591,20 @@ function checkTensorTypes(t: FrameType, o: Record<string, unknown>, ctx: Checker
     const k = o.k as number;
     const embd = o.embd as number;
     const each = o.mode === "each";
+    if (o.compact === true) {
+      const y = o.y;
+      if (!(y instanceof Float32Array)) ctx.bad("y", `must be a Float32Array, got ${describeJs(y)}`);
+      if (!each) ctx.fail("MOESWARM_PROTOCOL_BAD_FIELD", "compact", 'a compact result must be mode "each"');
+      const got = (y as Float32Array).length;
+      if (got % embd !== 0 || got > n * k * embd) {
+        ctx.fail(
+          "MOESWARM_PROTOCOL_BAD_LENGTH",
+          "y",
+          `${got} elements, expected a multiple of embd up to n*k*embd (${n * k * embd}) for a compact result`,
+        );
+      }
+      return;
+    }
     elementsAre(o, "y", Float32Array, each ? n * k * embd : n * embd, each ? "n*k*embd" : "n*embd", ctx);
   }
 }
@@ -682,6 +717,9 @@ function wireValue(value: unknown, rule: FieldRule, w: Wire): unknown {
     case "float":
       w.bound += 9;
       return wireNumber(value as number, w);
+    case "bool":
+      w.bound += 1;
+      return value;
     case "str":
       w.bound += 5 + 3 * (value as string).length;
       return value;

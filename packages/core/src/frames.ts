@@ -102,6 +102,11 @@ interface DispatchCommon extends Routed {
   mode: DispatchMode;
   /** Milliseconds the sender will wait, counted from sending. */
   deadline?: number;
+  /**
+   * Mode "each" only: the sender accepts a compact result, the filled slots' rows alone (a worker
+   * may still answer in full).
+   */
+  compact?: boolean;
 }
 
 /** Activations are `n*embd` values, token-major: f32 as `Float32Array`, f16/bf16 as raw bits. */
@@ -116,10 +121,15 @@ export interface ResultFrame extends Routed {
   n: number;
   k: number;
   embd: number;
-  /** mode "each": n*k*embd (slot (i,j) at ((i*k)+j)*embd); mode "sum": n*embd. */
+  /**
+   * mode "each": n*k*embd (slot (i,j) at ((i*k)+j)*embd), or with `compact` only the rows of the
+   * dispatch's filled slots (ids >= 0) in slot order; mode "sum": n*embd.
+   */
   y: Float32Array;
   /** Compute time in milliseconds. */
   ms?: number;
+  /** `y` holds the filled slots' rows only (the dispatch asked for `compact`). */
+  compact?: boolean;
 }
 
 export interface ErrorFrame extends Routed {
@@ -178,7 +188,8 @@ export type FieldRule =
   | { type: "bin" }
   | { type: "uints"; maxItems: number; max: number; ascending?: boolean }
   | { type: "strs"; maxItems: number; min: number; max: number }
-  | { type: "caps" };
+  | { type: "caps" }
+  | { type: "bool" };
 
 export interface FieldSpec {
   readonly key: string;
@@ -223,6 +234,7 @@ export const FRAME_FIELDS: Readonly<Record<FrameType, readonly FieldSpec[]>> = O
     f("w", { type: "bin" }, false),
     mode,
     u32("deadline", false),
+    f("compact", { type: "bool" }, false),
   ],
   result: [
     u32("id"),
@@ -234,6 +246,7 @@ export const FRAME_FIELDS: Readonly<Record<FrameType, readonly FieldSpec[]>> = O
     f("embd", { type: "uint", min: 1, max: L.maxEmbd }),
     f("y", { type: "bin" }),
     f("ms", { type: "float", min: 0 }, false),
+    f("compact", { type: "bool" }, false),
   ],
   error: [
     u32("id", false),

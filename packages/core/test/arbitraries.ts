@@ -89,6 +89,7 @@ const dispatch = fc
         ...(mode === "sum" || withW ? { w: finiteF32(n * k) } : {}),
         mode: fc.constant(mode),
         deadline: u32,
+        ...(mode === "each" ? { compact: fc.boolean() } : {}),
       },
       {
         requiredKeys: [
@@ -116,8 +117,10 @@ const result = fc
     embd: fc.integer({ min: 1, max: 6 }),
     k: fc.integer({ min: 1, max: 3 }),
     mode: fc.constantFrom("each" as const, "sum" as const),
+    // a compact "each" result: the rows of some filled slots only (here n of the n*k)
+    compact: fc.boolean(),
   })
-  .chain(({ n, embd, k, mode }) =>
+  .chain(({ n, embd, k, mode, compact }) =>
     fc.record(
       {
         t: fc.constant("result" as const),
@@ -129,10 +132,23 @@ const result = fc
         n: fc.constant(n),
         k: fc.constant(k),
         embd: fc.constant(embd),
-        y: f32Bits(mode === "each" ? n * k * embd : n * embd),
+        y: f32Bits(mode === "each" && !compact ? n * k * embd : n * embd),
         ms: fc.oneof(fc.double({ min: 0, noNaN: true, noDefaultInfinity: true }), fc.nat()),
+        ...(mode === "each" && compact ? { compact: fc.constant(true) } : {}),
       },
-      { requiredKeys: ["t", "v", "id", "mode", "n", "k", "embd", "y"] },
+      {
+        requiredKeys: [
+          "t",
+          "v",
+          "id",
+          "mode",
+          "n",
+          "k",
+          "embd",
+          "y",
+          ...(mode === "each" && compact ? ["compact" as const] : []),
+        ],
+      },
     ),
   );
 

@@ -15,6 +15,7 @@ import {
   PROTOCOL_LIMITS,
   ProtocolError,
   pingFrame,
+  type ResultFrame,
   registerFrame,
   resultFrame,
   validateFrame,
@@ -668,5 +669,48 @@ describe("validateFrame, builders and encodeFrame", () => {
       "MOESWARM_PROTOCOL_FRAME_TOO_LARGE",
     );
     expect(encodeFrame(frame, { maxFrameBytes: size }).length).toBe(size);
+  });
+});
+
+describe("compact results (mode each, the filled slots' rows only)", () => {
+  const base = { id: 5, model: "m", layer: 1, n: 2, embd: 3, dtype: "f32" as const, k: 2 };
+  const x = Float32Array.from([1, 2, 3, 4, 5, 6]);
+  const ids = Int32Array.from([4, -1, 0, 7]);
+
+  it("round-trips a compact dispatch and a compact result, as bool keys at the end", () => {
+    const d = dispatchFrame({ ...base, x, ids, mode: "each", compact: true });
+    const bytes = encodeFrame(d);
+    // the last entry: fixstr "compact", then 0xc3
+    expect(Buffer.from(bytes.subarray(bytes.length - 9)).toString("hex")).toBe(
+      `a7${Buffer.from("compact").toString("hex")}c3`,
+    );
+    expect(decodeFrame(bytes)).toMatchObject({ t: "dispatch", compact: true, mode: "each" });
+    // three filled slots: three rows
+    const y = Float32Array.from({ length: 9 }, (_, i) => i / 2);
+    const r = decodeFrame(
+      encodeFrame(resultFrame({ id: 5, mode: "each", n: 2, k: 2, embd: 3, y, compact: true })),
+    );
+    expect(r).toMatchObject({ t: "result", compact: true });
+    expect(Array.from((r as ResultFrame).y)).toEqual(Array.from(y));
+  });
+
+  it("refuses compact with mode sum, a compact length that is no whole rows, and a non-bool compact", () => {
+    expect(() =>
+      dispatchFrame({ ...base, x, ids, w: Float32Array.from([1, 1, 1, 1]), mode: "sum", compact: true }),
+    ).toThrow(/compact/);
+    expect(() =>
+      resultFrame({ id: 5, mode: "each", n: 2, k: 2, embd: 3, y: new Float32Array(7), compact: true }),
+    ).toThrow(/multiple of embd/);
+    expect(() =>
+      resultFrame({ id: 5, mode: "each", n: 2, k: 2, embd: 3, y: new Float32Array(15), compact: true }),
+    ).toThrow(/up to n\*k\*embd/);
+    // on the wire: compact as 1 instead of true
+    const good = encodeFrame(dispatchFrame({ ...base, x, ids, mode: "each", compact: true }));
+    const bad = Uint8Array.from(good);
+    bad[bad.length - 1] = 0x01;
+    expect(() => decodeFrame(bad)).toThrow(expect.objectContaining({ code: "MOESWARM_PROTOCOL_BAD_FIELD" }));
+    // a decoder that never heard of compact would skip it: a full result stays valid without it
+    const full = resultFrame({ id: 5, mode: "each", n: 2, k: 2, embd: 3, y: new Float32Array(12) });
+    expect(decodeFrame(encodeFrame(full))).not.toHaveProperty("compact");
   });
 });

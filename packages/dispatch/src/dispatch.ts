@@ -90,6 +90,34 @@ interface Part {
   readonly verified: boolean;
 }
 
+/**
+ * A compact "each" result (the filled slots' rows, in slot order) laid out in full: `n*k*embd`,
+ * zeros for the empty slots; or why it cannot be (a string).
+ */
+function expandCompact(request: ExpertRequest, ids: Int32Array, r: ExpertResult): ExpertResult | string {
+  const { n, k, embd } = request;
+  if (request.mode !== "each" || request.compact !== true)
+    return "a compact result to a request that did not ask for one";
+  if (r.mode !== "each") return `a compact result must be mode "each", not ${String(r.mode)}`;
+  if (r.n !== n || r.k !== k || r.embd !== embd) {
+    return `shape n=${r.n} k=${r.k} embd=${r.embd}, expected n=${n} k=${k} embd=${embd}`;
+  }
+  if (!(r.y instanceof Float32Array)) return "y must be a Float32Array";
+  let filled = 0;
+  for (let s = 0; s < n * k; s++) if (ids[s]! >= 0) filled++;
+  if (r.y.length !== filled * embd) {
+    return `a compact y has ${r.y.length} values, expected ${filled * embd} (${filled} filled slots)`;
+  }
+  const y = new Float32Array(n * k * embd);
+  let row = 0;
+  for (let s = 0; s < n * k; s++) {
+    if (ids[s]! < 0) continue;
+    y.set(r.y.subarray(row * embd, (row + 1) * embd), s * embd);
+    row++;
+  }
+  return { ...r, y, compact: false };
+}
+
 /** Index of the first NaN or ±Infinity in `y[from .. from+count)`, or -1. */
 function nonFinite(y: Float32Array | Float64Array, from: number, count: number): number {
   for (let i = from; i < from + count; i++) {
@@ -340,6 +368,8 @@ class CallState {
       ...(w ? { w } : {}),
       mode,
       deadline: Math.ceil(this.deadlineMs),
+      // only the owned slots' rows need to come back (f32 only: the wire has no f64)
+      ...(mode === "each" && this.precision === "f32" ? { compact: true } : {}),
     };
     return { request, tokens, slots };
   }
@@ -419,7 +449,30 @@ class CallState {
           reject(error);
           return;
         }
-        const r = result!;
+        let r = result!;
+        let wireBytes = typeof r === "object" && r !== null && r.y ? r.y.byteLength : 0;
+        if (typeof r === "object" && r !== null && r.compact === true) {
+          const full = expandCompact(request, ids, r);
+          if (typeof full === "string") {
+            om.failures++;
+            reject(
+              new DispatchError(
+                "MOESWARM_DISPATCH_BAD_RESULT",
+                `layer ${this.layer}: ${who} answered experts ${describeExperts(experts)} with a bad result: ${full}`,
+                {
+                  details: {
+                    layer: this.layer,
+                    worker: key,
+                    experts: describeExperts(experts),
+                    reason: full,
+                  },
+                },
+              ),
+            );
+            return;
+          }
+          r = full;
+        }
         const bad = this.check(request, ids, r);
         if (bad !== undefined) {
           om.failures++;
@@ -432,8 +485,10 @@ class CallState {
           );
           return;
         }
-        om.bytesIn += r.y.byteLength;
-        this.metrics.bytesIn += r.y.byteLength;
+        // what travelled: a compact answer's rows, not the expanded layout
+        wireBytes ||= r.y.byteLength;
+        om.bytesIn += wireBytes;
+        this.metrics.bytesIn += wireBytes;
         if (typeof r.ms === "number" && Number.isFinite(r.ms)) om.computeMs += r.ms;
         resolve({
           tokens,

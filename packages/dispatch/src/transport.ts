@@ -24,6 +24,11 @@ export interface ExpertRequest {
   readonly mode: "each" | "sum";
   /** Milliseconds the sender will wait, relative to sending. */
   readonly deadline?: number;
+  /**
+   * Mode "each": the dispatcher accepts a compact result (the filled slots' rows only, protocol
+   * section 5); a worker or transport may ignore it and answer in full.
+   */
+  readonly compact?: boolean;
 }
 
 /** What comes back: the fields of the `result` frame. */
@@ -40,6 +45,8 @@ export interface ExpertResult {
   readonly y: Float32Array | Float64Array;
   /** Compute milliseconds reported by the worker. */
   readonly ms?: number;
+  /** `y` holds only the rows of the request's filled slots, in slot order (f x embd). */
+  readonly compact?: boolean;
 }
 
 export interface ExpertCallOptions {

@@ -77,11 +77,15 @@ export interface DispatchRequest {
   /** n*k router weights; required for mode "sum". */
   w?: Float32Array;
   mode: DispatchMode;
+  /** Mode "each": accept a compact result (the filled slots' rows only; protocol section 5). */
+  compact?: boolean;
 }
 
 export interface DispatchReply {
-  /** mode "each": n*k*embd; mode "sum": n*embd. */
+  /** mode "each": n*k*embd, or with `compact` the filled slots' rows only; mode "sum": n*embd. */
   y: Float32Array;
+  /** `y` holds the filled slots' rows only. */
+  compact?: boolean;
   /** The worker's compute time. */
   ms?: number;
   /** The peer that answered. */
@@ -118,6 +122,11 @@ export interface IncomingDispatch {
   readonly w: Float32Array | undefined;
   /** The ms the sender waits, if it said. */
   readonly deadline: number | undefined;
+  /**
+   * The sender accepts a compact result: `respond` then sends only the filled slots' rows of a
+   * full mode-"each" answer.
+   */
+  readonly compact: boolean;
   /** Aborted when the connection drops or the sender's deadline passes: stop computing. */
   readonly signal: AbortSignal;
   /** Activations as f32, whatever their wire dtype. */
@@ -347,6 +356,21 @@ interface Pending {
 
 const now = () => performance.now();
 
+/** The rows of the filled slots (ids >= 0) of a full mode-"each" y, in slot order. */
+function filledRows(y: Float32Array, ids: Int32Array, embd: number): Float32Array {
+  let filled = 0;
+  for (let s = 0; s < ids.length; s++) if (ids[s]! >= 0) filled++;
+  if (filled === ids.length) return y;
+  const out = new Float32Array(filled * embd);
+  let row = 0;
+  for (let s = 0; s < ids.length; s++) {
+    if (ids[s]! < 0) continue;
+    out.set(y.subarray(s * embd, (s + 1) * embd), row * embd);
+    row++;
+  }
+  return out;
+}
+
 class Incoming implements IncomingDispatch {
   readonly controller = new AbortController();
   readonly id: number;
@@ -362,6 +386,7 @@ class Incoming implements IncomingDispatch {
   readonly ids: Int32Array;
   readonly w: Float32Array | undefined;
   readonly deadline: number | undefined;
+  readonly compact: boolean;
   timer: ReturnType<typeof setTimeout> | undefined;
   done = false;
 
@@ -382,6 +407,7 @@ class Incoming implements IncomingDispatch {
     this.ids = frame.ids;
     this.w = frame.w;
     this.deadline = frame.deadline;
+    this.compact = frame.compact === true && frame.mode === "each";
   }
 
   get signal(): AbortSignal {
@@ -412,8 +438,9 @@ class Incoming implements IncomingDispatch {
       n: this.n,
       k: this.k,
       embd: this.embd,
-      y,
+      y: this.compact ? filledRows(y, this.ids, this.embd) : y,
       ms: answer.ms,
+      ...(this.compact ? { compact: true } : {}),
     });
   }
 
@@ -816,7 +843,12 @@ class Connection implements RelayConnection {
           );
           return;
         }
-        p.resolve({ y: frame.y, ms: frame.ms, from: frame.from ?? p.to });
+        p.resolve({
+          y: frame.y,
+          ms: frame.ms,
+          from: frame.from ?? p.to,
+          ...(frame.compact === true ? { compact: true } : {}),
+        });
         return;
       }
       case "error": {
@@ -986,6 +1018,7 @@ class Connection implements RelayConnection {
           w: req.w,
           mode: req.mode,
           deadline: Math.min(0xffff_ffff, Math.ceil(deadlineMs)),
+          ...(req.compact === true && req.mode === "each" ? { compact: true } : {}),
         },
         { maxFrameBytes: this.#s.maxFrameBytes },
       );

@@ -20,6 +20,8 @@ export interface TransportRequest {
   readonly w?: Float32Array;
   readonly mode: DispatchMode;
   readonly deadline?: number;
+  /** Mode "each": the dispatcher accepts a compact result (passed on to the worker). */
+  readonly compact?: boolean;
 }
 
 export interface TransportResult {
@@ -29,6 +31,8 @@ export interface TransportResult {
   readonly embd: number;
   readonly y: Float32Array;
   readonly ms?: number;
+  /** `y` holds the request's filled slots' rows only. */
+  readonly compact?: boolean;
 }
 
 export interface TransportCallOptions {
@@ -93,10 +97,18 @@ export class RelayTransport {
         ids: req.ids,
         w: req.w,
         mode: req.mode,
+        ...(req.compact === true && req.mode === "each" ? { compact: true } : {}),
       },
       { signal: options.signal, deadlineMs: options.deadlineMs ?? req.deadline },
     );
-    const result = { mode: req.mode, n: req.n, k: req.k, embd: req.embd, y: reply.y };
+    const result = {
+      mode: req.mode,
+      n: req.n,
+      k: req.k,
+      embd: req.embd,
+      y: reply.y,
+      ...(reply.compact === true ? { compact: true } : {}),
+    };
     return reply.ms === undefined ? result : { ...result, ms: reply.ms };
   }
 }

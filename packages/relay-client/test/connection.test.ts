@@ -462,6 +462,43 @@ describe("worker side", () => {
     });
   });
 
+  it("answers a compact dispatch with the filled slots' rows only", async () => {
+    relay = await FakeRelay.start();
+    await connect({
+      role: "worker",
+      id: "w",
+      // a handler answers in full: slot s holds the value s in each of its 2 columns
+      onDispatch: (req) => ({
+        y: Float32Array.from({ length: req.n * req.k * req.embd }, (_, i) => Math.floor(i / req.embd)),
+      }),
+    });
+    const send = (id: number, compact: boolean) =>
+      relay.send(relay.last, {
+        t: "dispatch",
+        v: PROTOCOL_VERSION,
+        id,
+        model: "m",
+        layer: 0,
+        n: 2,
+        embd: 2,
+        dtype: "f32",
+        x: new Float32Array(4),
+        k: 3,
+        ids: Int32Array.from([5, -1, 2, -1, -1, 7]),
+        mode: "each",
+        ...(compact ? { compact: true } : {}),
+      });
+    send(1, true);
+    send(2, false);
+    await waitFor(() => relay.framesOf("result").length === 2, "answers");
+    const [compact, full] = relay.framesOf("result");
+    // slots 0, 2 and 5 are filled
+    expect(compact).toMatchObject({ id: 1, compact: true });
+    expect([...(compact!.y as Float32Array)]).toEqual([0, 0, 2, 2, 5, 5]);
+    expect(full).not.toHaveProperty("compact");
+    expect((full!.y as Float32Array).length).toBe(12);
+  });
+
   it("refuses dispatches on a backbone connection", async () => {
     relay = await FakeRelay.start();
     await connect();
@@ -502,6 +539,10 @@ describe("RelayTransport", () => {
     });
     // bf16 of -1, -0.75, -0.5, -0.25 is exact
     expect(result).toMatchObject({ mode: "each", n: 1, k: 1, embd: 4, ms: 1.5 });
+    // the dispatcher's wish for a compact answer goes on the wire
+    await transport.request("w7", { ...req, compact: true }, { signal: new AbortController().signal });
+    expect(relay.framesOf("dispatch")[1]).toMatchObject({ compact: true, mode: "each" });
+    expect(relay.framesOf("dispatch")[0]).not.toHaveProperty("compact");
     expect([...result.y]).toEqual([-1, -0.75, -0.5, -0.25]);
     await expect(
       transport.request(
