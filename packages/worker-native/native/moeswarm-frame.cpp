@@ -26,6 +26,7 @@ enum field_kind {
     FK_UINT_ARRAY, // at most hi2 entries, each lo..hi; `ascending` when strictly ascending
     FK_STR_ARRAY,  // at most hi2 entries, each lo..hi bytes
     FK_CAPS,       // the hello caps map
+    FK_BOOL,       // true or false
 };
 
 struct field_spec {
@@ -72,6 +73,7 @@ static const field_spec k_dispatch[] = {
     { "w",        FK_BIN,  false, 0, 0,           0, { nullptr }, false },
     { "mode",     FK_ENUM, true,  0, 0,           0, { "each", "sum", nullptr }, false },
     { "deadline", FK_UINT, false, 0, 0xffffffffu, 0, { nullptr }, false },
+    { "compact",  FK_BOOL, false, 0, 0,           0, { nullptr }, false },
 };
 static const field_spec k_result[] = {
     { "id",   FK_UINT,  true,  0, 0xffffffffu, 0, { nullptr }, false },
@@ -83,6 +85,7 @@ static const field_spec k_result[] = {
     { "embd", FK_UINT,  true,  1, 65536,       0, { nullptr }, false },
     { "y",    FK_BIN,   true,  0, 0,           0, { nullptr }, false },
     { "ms",   FK_FLOAT, false, 1, 0,           0, { nullptr }, false },
+    { "compact", FK_BOOL, false, 0, 0,         0, { nullptr }, false },
 };
 static const field_spec k_error[] = {
     { "id",   FK_UINT, false, 0, 0xffffffffu, 0, { nullptr }, false },
@@ -123,7 +126,7 @@ static const frame_spec k_frames[] = {
 static const char * k_known_keys[] = {
     "t", "v", "role", "id", "token", "caps", "model", "layers", "experts", "capacity", "backend", "to", "from",
     "layer", "n", "embd", "dtype", "x", "k", "ids", "w", "mode", "deadline", "y", "ms", "code", "msg", "seq",
-    "ts", "reason",
+    "ts", "reason", "compact",
 };
 #define N_KNOWN (sizeof(k_known_keys) / sizeof(k_known_keys[0]))
 
@@ -218,6 +221,11 @@ static bool check_field(const uint8_t * data, size_t size, size_t pos, const fie
         case FK_BIN:
             if (v.type != MOESWARM_MP_BIN) {
                 return fail_field(err, bad, frame, fs.key, "must be bin");
+            }
+            return true;
+        case FK_BOOL:
+            if (v.type != MOESWARM_MP_BOOL) {
+                return fail_field(err, bad, frame, fs.key, "must be true or false");
             }
             return true;
         case FK_UINT_ARRAY:
@@ -316,6 +324,13 @@ static double read_float(const uint8_t * data, size_t size, const known_value & 
     moeswarm_mp_value v;
     value_at(data, size, kv.pos, &v, &r);
     return v.type == MOESWARM_MP_FLOAT ? v.f : v.type == MOESWARM_MP_UINT ? (double) v.u : (double) v.i;
+}
+
+static bool read_bool(const uint8_t * data, size_t size, const known_value & kv) {
+    moeswarm_mp_reader r;
+    moeswarm_mp_value v;
+    value_at(data, size, kv.pos, &v, &r);
+    return v.type == MOESWARM_MP_BOOL && v.b;
 }
 
 bool moeswarm_frame_decode(const uint8_t * data, size_t size, uint32_t max_expert, struct moeswarm_frame * f,
@@ -432,7 +447,21 @@ bool moeswarm_frame_decode(const uint8_t * data, size_t size, uint32_t max_exper
         read_str(data, size, kv("mode"), &mode);
         f->mode = bytes_eq(mode.ptr, mode.len, "sum") ? MOESWARM_MODE_SUM : MOESWARM_MODE_EACH;
     }
-    if (f->type == MOESWARM_FRAME_RESULT) {
+    if (f->type == MOESWARM_FRAME_DISPATCH || f->type == MOESWARM_FRAME_RESULT) {
+        f->compact = kv("compact").seen && read_bool(data, size, kv("compact"));
+        if (f->compact && f->mode != MOESWARM_MODE_EACH) {
+            return moeswarm_error_set(err, "MOESWARM_PROTOCOL_BAD_FIELD", "compact is for mode each only");
+        }
+    }
+    if (f->type == MOESWARM_FRAME_RESULT && f->compact) {
+        // the filled slots' rows: a whole number of rows, at most n*k
+        read_str(data, size, kv("y"), &f->y);
+        const uint64_t row = (uint64_t) f->embd * 4;
+        if (f->y.len % row != 0 || f->y.len > (uint64_t) f->n * f->k * row) {
+            return moeswarm_error_set(err, "MOESWARM_PROTOCOL_BAD_LENGTH", "a compact result.y has %u bytes, not whole rows of n*k at most",
+                f->y.len);
+        }
+    } else if (f->type == MOESWARM_FRAME_RESULT) {
         moeswarm_str & y = f->y;
         read_str(data, size, kv("y"), &y);
         const uint64_t want = (uint64_t) f->n * (f->mode == MOESWARM_MODE_EACH ? f->k : 1) * f->embd * 4;
@@ -633,7 +662,9 @@ void moeswarm_frame_write_pong(struct moeswarm_mp_writer * w, uint64_t seq, doub
 
 void moeswarm_frame_write_result(struct moeswarm_mp_writer * w, const struct moeswarm_frame * req, const float * y,
         size_t n_y, double ms) {
-    write_envelope(w, 7 + route_fields(req), "result");
+    // a compact answer to a compact dispatch: the filled slots' rows only (protocol section 5)
+    const bool compact = req->compact && req->mode == MOESWARM_MODE_EACH;
+    write_envelope(w, 7 + route_fields(req) + (compact ? 1 : 0), "result");
     write_key(w, "id");
     moeswarm_mp_write_uint(w, req->id);
     write_route(w, req);
@@ -647,10 +678,35 @@ void moeswarm_frame_write_result(struct moeswarm_mp_writer * w, const struct moe
     moeswarm_mp_write_uint(w, req->embd);
     write_key(w, "y");
     // little-endian hosts only (x86-64, aarch64): the floats are their own wire bytes
-    uint8_t * dst = moeswarm_mp_write_bin_reserve(w, n_y * sizeof(float));
-    memcpy(dst, y, n_y * sizeof(float));
+    if (compact) {
+        const size_t nk = (size_t) req->n * req->k;
+        size_t filled = 0;
+        for (size_t s = 0; s < nk; ++s) {
+            int32_t id;
+            memcpy(&id, req->ids.ptr + 4 * s, 4);
+            filled += id >= 0 ? 1 : 0;
+        }
+        const size_t row = (size_t) req->embd;
+        uint8_t * dst = moeswarm_mp_write_bin_reserve(w, filled * row * sizeof(float));
+        for (size_t s = 0; s < nk && s * row < n_y; ++s) {
+            int32_t id;
+            memcpy(&id, req->ids.ptr + 4 * s, 4);
+            if (id < 0) {
+                continue;
+            }
+            memcpy(dst, y + s * row, row * sizeof(float));
+            dst += row * sizeof(float);
+        }
+    } else {
+        uint8_t * dst = moeswarm_mp_write_bin_reserve(w, n_y * sizeof(float));
+        memcpy(dst, y, n_y * sizeof(float));
+    }
     write_key(w, "ms");
     moeswarm_mp_write_number(w, ms);
+    if (compact) {
+        write_key(w, "compact");
+        moeswarm_mp_write_bool(w, true);
+    }
 }
 
 void moeswarm_frame_write_dispatch(struct moeswarm_mp_writer * w, const struct moeswarm_dispatch_desc * d) {

@@ -60,6 +60,7 @@ struct moeswarm_frame {
     int32_t  mode;         // enum moeswarm_mode
     bool     has_deadline;
     uint64_t deadline;
+    bool     compact;      // dispatch: a compact result is welcome; result: y is compact (mode each)
 
     // ping / pong
     uint64_t seq;

@@ -168,6 +168,70 @@ describe.skipIf(Boolean(missing))("moeswarm-expert-worker (standalone executable
     expect((await p.exit).code).toBe(0);
   });
 
+  it("answers a compact dispatch with the filled slots' rows only, canonically", async () => {
+    const p = startWorker(binary!, ["--slice", slicePath, "--threads", "1"]);
+    await p.peer.frames(2);
+    const n = 3;
+    const x = normals(n * N_EMBD, 4);
+    const ids = new Int32Array([5, 0, -1, 2, 7, 5, 0, 2, -1, -1, -1, -1]);
+    const frame = (id: number, compact: boolean) =>
+      encodeLengthPrefixed(
+        dispatchFrame({
+          id,
+          model: "m",
+          layer: 2,
+          n,
+          embd: N_EMBD,
+          dtype: "f32",
+          x,
+          k: K,
+          ids,
+          mode: "each",
+          compact,
+        }),
+      );
+    p.peer.write(frame(1, false));
+    p.peer.write(frame(2, true));
+    // frames(n): the first n frames of the connection (hello and register first)
+    const [, , full, compact] = await p.peer.frames(4);
+    const f = full!.frame as ResultFrame;
+    const c = compact!.frame as ResultFrame;
+    expect(f.compact).toBeUndefined();
+    expect(c).toMatchObject({ id: 2, compact: true, mode: "each", n, k: K });
+    // the filled slots in order, each the row the full answer holds at its place
+    const filled = [...ids.keys()].filter((s) => ids[s]! >= 0);
+    expect(c.y.length).toBe(filled.length * N_EMBD);
+    filled.forEach((s, row) => {
+      expect(
+        bitsEqual(c.y.subarray(row * N_EMBD, (row + 1) * N_EMBD), f.y.subarray(s * N_EMBD, (s + 1) * N_EMBD)),
+      ).toBe(true);
+    });
+    expect(encodeFrame(c)).toEqual(compact!.bytes);
+    // compact is for mode each only
+    p.peer.write(
+      rawFrame({
+        t: "dispatch",
+        v: 1,
+        id: 3,
+        model: "m",
+        layer: 2,
+        n,
+        embd: N_EMBD,
+        dtype: "f32",
+        x: new Uint8Array(x.buffer, x.byteOffset, x.byteLength),
+        k: K,
+        ids: new Uint8Array(ids.buffer),
+        w: new Uint8Array(new Float32Array(n * K).fill(0.5).buffer),
+        mode: "sum",
+        compact: true,
+      }),
+    );
+    const refusal = (await p.peer.frames(5))[4];
+    expect(refusal!.frame).toMatchObject({ t: "error", id: 3, code: "MOESWARM_PROTOCOL_BAD_FIELD" });
+    p.peer.write(encodeLengthPrefixed({ t: "drain", v: 1 }));
+    expect((await p.exit).code).toBe(0);
+  });
+
   it("takes f16 and bf16 activations as their f32 values", async () => {
     await using worker = await spawnExpertWorker(binary!, slicePath, { threads: 1 });
     const p = startWorker(binary!, ["--slice", slicePath, "--threads", "1"]);
