@@ -1,6 +1,6 @@
 import { getEventListeners } from "node:events";
 import { DispatchError, InvalidArgumentError, isMoeswarmError } from "@moeswarm/core";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import {
   createReferenceWorker,
   DispatchMetrics,
@@ -12,21 +12,11 @@ import {
   InProcessTransport,
   Placement,
 } from "../src/index.js";
-import { randomHidden, randomRouting, sameBits, tinyModel } from "./helpers.js";
+import { expectNoUnhandledRejections, randomHidden, randomRouting, sameBits, tinyModel } from "./helpers.js";
 
 // Every failure path must end in the right numbers (bit-identical to a healthy run) or a typed
 // error; never a partial sum, never an unhandled rejection.
-const unhandled: unknown[] = [];
-const onUnhandled = (reason: unknown) => unhandled.push(reason);
-beforeAll(() => {
-  process.on("unhandledRejection", onUnhandled);
-});
-afterAll(async () => {
-  // give late replies and abandoned timers the chance to reject unobserved
-  await new Promise((r) => setTimeout(r, 150));
-  process.off("unhandledRejection", onUnhandled);
-  expect(unhandled.map((e) => String(e))).toEqual([]);
-});
+expectNoUnhandledRejections();
 
 const model = tinyModel(11, { nExpert: 4, nEmbd: 6, nFf: 5 });
 const good = createReferenceWorker(model);

@@ -1,5 +1,5 @@
 import { InvalidArgumentError, isMoeswarmError } from "@moeswarm/core";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import {
   createReferenceWorker,
   dispatchExpertsDetailed,
@@ -8,20 +8,11 @@ import {
   type ExpertTransport,
   Placement,
 } from "../src/index.js";
-import { randomHidden, randomRouting, sameBits, tinyModel } from "./helpers.js";
+import { expectNoUnhandledRejections, randomHidden, randomRouting, sameBits, tinyModel } from "./helpers.js";
 
 // Hedged requests: a slow worker's experts are asked again of a replica after `hedgeMs`; the first
 // good answer is combined, the other request is cancelled, and nothing rejects unobserved.
-const unhandled: unknown[] = [];
-const onUnhandled = (reason: unknown) => unhandled.push(reason);
-beforeAll(() => {
-  process.on("unhandledRejection", onUnhandled);
-});
-afterAll(async () => {
-  await new Promise((r) => setTimeout(r, 100));
-  process.off("unhandledRejection", onUnhandled);
-  expect(unhandled.map((e) => String(e))).toEqual([]);
-});
+expectNoUnhandledRejections();
 
 const model = tinyModel(21, { nExpert: 4, nEmbd: 6, nFf: 5 });
 const compute = createReferenceWorker(model);

@@ -1,3 +1,4 @@
+import { afterAll, beforeAll, expect } from "vitest";
 import {
   type ExpertCompute,
   type ExpertMatrices,
@@ -136,4 +137,21 @@ export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
   let m = 0;
   for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]! - b[i]!));
   return m;
+}
+
+/**
+ * Fails the file if any promise rejected unobserved during it: every failure path must be
+ * handled, late replies and abandoned timers included (they get `settleMs` to show up).
+ */
+export function expectNoUnhandledRejections(settleMs = 150): void {
+  const unhandled: unknown[] = [];
+  const onUnhandled = (reason: unknown) => unhandled.push(reason);
+  beforeAll(() => {
+    process.on("unhandledRejection", onUnhandled);
+  });
+  afterAll(async () => {
+    await new Promise((r) => setTimeout(r, settleMs));
+    process.off("unhandledRejection", onUnhandled);
+    expect(unhandled.map((e) => String(e))).toEqual([]);
+  });
 }

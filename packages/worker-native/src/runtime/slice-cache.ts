@@ -78,23 +78,30 @@ export async function removeSlice(paths: SlicePaths): Promise<void> {
   await rm(`${paths.path}.part.json`, { force: true });
 }
 
-/** Complete slices in the cache, newest first (a slice whose file is missing or of another size is skipped). */
-export async function listCachedSlices(cacheDir: string, model?: string): Promise<CachedSlice[]> {
+/** The model directories of the cache (or the one of `model`) and the names in each; unreadable ones skipped. */
+async function modelDirs(cacheDir: string, model?: string): Promise<Array<[string, string[]]>> {
   let models: string[];
   try {
     models = model === undefined ? await readdir(cacheDir) : [model];
   } catch {
     return [];
   }
-  const out: CachedSlice[] = [];
+  const out: Array<[string, string[]]> = [];
   for (const m of models) {
     if (!MODEL_ID.test(m)) continue;
-    let names: string[];
     try {
-      names = await readdir(join(cacheDir, m));
+      out.push([m, await readdir(join(cacheDir, m))]);
     } catch {
-      continue;
+      // not a directory, or gone meanwhile
     }
+  }
+  return out;
+}
+
+/** Complete slices in the cache, newest first (a slice whose file is missing or of another size is skipped). */
+export async function listCachedSlices(cacheDir: string, model?: string): Promise<CachedSlice[]> {
+  const out: CachedSlice[] = [];
+  for (const [m, names] of await modelDirs(cacheDir, model)) {
     for (const name of names) {
       const f = FILE.exec(name);
       if (!f) continue;
@@ -153,20 +160,7 @@ export async function pruneSliceCache(cacheDir: string, options: PruneOptions): 
     remove(): Promise<void>;
   }
   const entries: Entry[] = [];
-  let models: string[];
-  try {
-    models = await readdir(cacheDir);
-  } catch {
-    models = [];
-  }
-  for (const m of models) {
-    if (!MODEL_ID.test(m)) continue;
-    let names: string[];
-    try {
-      names = await readdir(join(cacheDir, m));
-    } catch {
-      continue;
-    }
+  for (const [m, names] of await modelDirs(cacheDir)) {
     for (const name of names) {
       if (!name.endsWith(".gguf.part")) continue;
       const path = join(cacheDir, m, name);
