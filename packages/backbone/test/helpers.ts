@@ -3,7 +3,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { PassThrough } from "node:stream";
 import { InProcessTransport, Placement } from "@moeswarm/dispatch";
-import { createLoopbackCertificates, type LoopbackCertificates } from "@moeswarm/hub";
+import { createLoopbackCertificates, type LoopbackCertificates, mintToken } from "@moeswarm/hub";
+import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
 import {
   ensureSyntheticModel,
   findExpertTensors,
@@ -13,6 +14,7 @@ import {
   sliceExperts,
 } from "@moeswarm/shard";
 import {
+  type ExpertCompute,
   llamaCppBinsDir,
   llamaExpertWorkerPath,
   spawnLlamaExpertWorker,
@@ -170,3 +172,34 @@ export function captureStream() {
 }
 
 export type LoopbackCerts = LoopbackCertificates;
+
+/**
+ * A worker on a relay: a connection with the worker role (a token minted with `secret`) whose
+ * dispatches run on `compute`, as the worker runtime serves them. Register its slice on it.
+ */
+export function connectComputeToRelay(
+  relayUrl: string,
+  options: { id: string; secret: string; compute: ExpertCompute; ca?: string; ttlS?: number },
+): Promise<RelayConnection> {
+  const { id, secret, compute } = options;
+  return connectRelay(relayUrl, {
+    role: "worker",
+    id,
+    token: mintToken({ role: "worker", id, ttlS: options.ttlS ?? 3600 }, secret),
+    ...(options.ca !== undefined ? { ca: options.ca } : {}),
+    reconnect: false,
+    onDispatch: async (d) => ({
+      y: await compute.run(
+        {
+          layer: d.layer,
+          x: d.activations(),
+          ids: d.ids,
+          k: d.k,
+          ...(d.w ? { weights: d.w } : {}),
+          mode: d.mode,
+        },
+        { signal: d.signal },
+      ),
+    }),
+  });
+}

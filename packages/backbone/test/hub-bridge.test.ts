@@ -5,7 +5,7 @@
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { createHub, type Hub, mintToken } from "@moeswarm/hub";
-import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
+import type { RelayConnection } from "@moeswarm/relay-client";
 import { sliceExperts } from "@moeswarm/shard";
 import { spawnLlamaExpertWorker, type WorkerProcessCompute } from "@moeswarm/worker-native";
 import { Agent, request } from "undici";
@@ -20,6 +20,7 @@ import {
 } from "../src/index.js";
 import {
   captureStream,
+  connectComputeToRelay,
   firstByteDiff,
   type LoopbackCerts,
   loopbackCerts,
@@ -56,26 +57,7 @@ describe.skipIf(Boolean(missing))("serveBackboneBridge({hub}): follows the hub's
     await slice.write(path);
     const worker = await spawnLlamaExpertWorker(path, { threads: 1 });
     processes.set(id, worker);
-    const c = await connectRelay(relayUrl, {
-      role: "worker",
-      id,
-      token: mintToken({ role: "worker", id, ttlS: 3600 }, SECRET),
-      ca: certs.ca,
-      reconnect: false,
-      onDispatch: async (d) => ({
-        y: await worker.run(
-          {
-            layer: d.layer,
-            x: d.activations(),
-            ids: d.ids,
-            k: d.k,
-            ...(d.w ? { weights: d.w } : {}),
-            mode: d.mode,
-          },
-          { signal: d.signal },
-        ),
-      }),
-    });
+    const c = await connectComputeToRelay(relayUrl, { id, secret: SECRET, compute: worker, ca: certs.ca });
     connections.set(id, c);
     c.register({ model: MODEL_ID, layers: info.layers, experts, backend: "llama-cpu" });
   };

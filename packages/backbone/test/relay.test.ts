@@ -10,6 +10,7 @@ import { spawnLlamaExpertWorker, type WorkerProcessCompute } from "@moeswarm/wor
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runLogitsHarness, serveBackboneBridge } from "../src/index.js";
 import {
+  connectComputeToRelay,
   firstByteDiff,
   type ModelInfo,
   modelInfo,
@@ -54,27 +55,7 @@ describe.skipIf(Boolean(missing))("llama.cpp + plugin + workers behind the hub's
       await slice.write(path);
       const worker = await spawnLlamaExpertWorker(path, { threads: 1 });
       workers.push(worker);
-      connections.push(
-        await connectRelay(relayUrl, {
-          role: "worker",
-          id,
-          token: mintToken({ role: "worker", id, ttlS: 3600 }, SECRET),
-          reconnect: false,
-          onDispatch: async (d) => ({
-            y: await worker.run(
-              {
-                layer: d.layer,
-                x: d.activations(),
-                ids: d.ids,
-                k: d.k,
-                ...(d.w ? { weights: d.w } : {}),
-                mode: d.mode,
-              },
-              { signal: d.signal },
-            ),
-          }),
-        }),
-      );
+      connections.push(await connectComputeToRelay(relayUrl, { id, secret: SECRET, compute: worker }));
       connections.at(-1)!.register({ model: MODEL_ID, layers: info.layers, experts, backend: "llama-cpu" });
       placement.register({ id, model: MODEL_ID, layers: info.layers, experts });
     }

@@ -2,10 +2,11 @@
 // the process's first getLlama): only the hub's URL, a backbone token and the model id. The local
 // fallback over the model file is created by default and must stay unused while workers cover it.
 import { createHub, type Hub, mintToken } from "@moeswarm/hub";
-import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
+import type { RelayConnection } from "@moeswarm/relay-client";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createSwarmLlama, runLogitsHarness } from "../src/index.js";
 import {
+  connectComputeToRelay,
   type ModelInfo,
   modelInfo,
   nativeMissing,
@@ -49,25 +50,7 @@ describe.skipIf(Boolean(missing))("createSwarmLlama({hub})", () => {
     for (const [i, experts] of halves.entries()) {
       const id = `w${i}`;
       const worker = swarm.workers.get(id)!;
-      const c = await connectRelay(relayUrl, {
-        role: "worker",
-        id,
-        token: mintToken({ role: "worker", id, ttlS: 600 }, SECRET),
-        reconnect: false,
-        onDispatch: async (d) => ({
-          y: await worker.run(
-            {
-              layer: d.layer,
-              x: d.activations(),
-              ids: d.ids,
-              k: d.k,
-              ...(d.w ? { weights: d.w } : {}),
-              mode: d.mode,
-            },
-            { signal: d.signal },
-          ),
-        }),
-      });
+      const c = await connectComputeToRelay(relayUrl, { id, secret: SECRET, compute: worker, ttlS: 600 });
       relays.push(c);
       c.register({ model: MODEL_ID, layers: info.layers, experts });
     }
