@@ -73,6 +73,45 @@ export async function measure(
   };
 }
 
+/** The middle value (the upper one of an even count). */
+export function median(xs: readonly number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[s.length >> 1]!;
+}
+
+/** Median over rounds of baseline time / measured time (a throughput ratio of the same round). */
+export function pairedRatio(baseline: readonly number[], measured: readonly number[]): number {
+  return median(baseline.map((b, i) => b / measured[i]!));
+}
+
+/**
+ * Runs the cases in turn, round after round (after one warm-up round), rotating their order each
+ * round, so that every case sees the same load: on a shared machine, timing each case in its own
+ * block compares different loads. Sample r of every case comes from round r (nanoseconds).
+ */
+export async function interleaved(
+  cases: ReadonlyArray<[string, () => Promise<unknown>]>,
+  options: { minTimeMs: number; minRounds: number; maxRounds?: number },
+): Promise<Array<{ label: string; samples: number[] }>> {
+  const out = cases.map(([label]) => ({ label, samples: [] as number[] }));
+  for (const [, fn] of cases) await fn();
+  const maxRounds = options.maxRounds ?? Number.POSITIVE_INFINITY;
+  const start = performance.now();
+  for (
+    let round = 0;
+    round < maxRounds && (round < options.minRounds || performance.now() - start < options.minTimeMs);
+    round++
+  ) {
+    for (let j = 0; j < cases.length; j++) {
+      const i = (round + j) % cases.length;
+      const t0 = process.hrtime.bigint();
+      await cases[i]![1]();
+      out[i]!.samples.push(Number(process.hrtime.bigint() - t0));
+    }
+  }
+  return out;
+}
+
 /** Bytes per nanosecond is GB/s. */
 export function gbPerSecond(bytes: number, ns: number): number {
   return bytes / ns;

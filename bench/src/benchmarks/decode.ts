@@ -24,18 +24,13 @@ import {
 import { InProcessTransport, Placement } from "@moeswarm/dispatch";
 import { ensureSyntheticModel, findExpertTensors, readGguf, sliceExperts } from "@moeswarm/shard";
 import { spawnLlamaExpertWorker, type WorkerProcessCompute } from "@moeswarm/worker-native";
-import type { Benchmark, Row } from "../harness.js";
+import { type Benchmark, median, type Row } from "../harness.js";
 
 const CACHE_DIR = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..", ".cache", "models");
 const N_PREDICT = 64;
 const ROUNDS = 3;
 const WORKERS = 2;
 const PROMPT = "The swarm decodes";
-
-function median(v: number[]): number {
-  const s = [...v].sort((a, b) => a - b);
-  return s[Math.floor(s.length / 2)]!;
-}
 
 export const decode: Benchmark = {
   name: "decode",

@@ -9,7 +9,7 @@ import { fileURLToPath } from "node:url";
 import { Worker } from "node:worker_threads";
 import { createHub, createLoopbackCertificates, type Hub } from "@moeswarm/hub";
 import { ensureSyntheticModel, loadOrBuildManifest } from "@moeswarm/shard";
-import { type Benchmark, gbPerSecond, type Row } from "../harness.js";
+import { type Benchmark, gbPerSecond, interleaved, median, pairedRatio, type Row } from "../harness.js";
 
 // Downloading layer 0 x all 64 experts of the `medium` synthetic qwen3moe (~53 MiB of Q8_0 slabs)
 // from the hub's expert-shard endpoint over loopback, next to reading the same byte ranges of the
@@ -51,39 +51,6 @@ function downloader() {
       worker.postMessage({ url, ca });
     });
   return { get, close: () => worker.terminate() };
-}
-
-function median(xs: readonly number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[s.length >> 1]!;
-}
-
-/** Median over rounds of baseline time / measured time (a throughput ratio of the same round). */
-function pairedRatio(baseline: readonly number[], measured: readonly number[]): number {
-  return median(baseline.map((b, i) => b / measured[i]!));
-}
-
-/** Runs the cases round after round (after a warm-up round), rotating their order each round. */
-async function interleaved(
-  cases: ReadonlyArray<[string, () => Promise<unknown>]>,
-  options: { minTimeMs: number; minRounds: number; maxRounds: number },
-): Promise<Array<{ label: string; samples: number[] }>> {
-  const out = cases.map(([label]) => ({ label, samples: [] as number[] }));
-  for (const [, fn] of cases) await fn();
-  const start = performance.now();
-  for (
-    let round = 0;
-    round < options.maxRounds && (round < options.minRounds || performance.now() - start < options.minTimeMs);
-    round++
-  ) {
-    for (let j = 0; j < cases.length; j++) {
-      const i = (round + j) % cases.length;
-      const t0 = process.hrtime.bigint();
-      await cases[i]![1]();
-      out[i]!.samples.push(Number(process.hrtime.bigint() - t0));
-    }
-  }
-  return out;
 }
 
 export const expertShard: Benchmark = {

@@ -11,7 +11,15 @@ import {
   readGguf,
   sliceExperts,
 } from "@moeswarm/shard";
-import { type Benchmark, gbPerSecond, measure, type Row } from "../harness.js";
+import {
+  type Benchmark,
+  gbPerSecond,
+  interleaved,
+  measure,
+  median,
+  pairedRatio,
+  type Row,
+} from "../harness.js";
 
 // Slicing layer 0 x all 64 experts of the `medium` synthetic qwen3moe (~460 MB, Q8_0 experts)
 // against reading the same byte ranges of the same file in the same run, page cache warm:
@@ -46,40 +54,6 @@ async function peakRss<T>(fn: () => Promise<T>): Promise<{ value: T; before: num
 }
 
 const MB = 1024 * 1024;
-
-function median(xs: readonly number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[s.length >> 1]!;
-}
-
-/** Median over rounds of baseline time / measured time (a throughput ratio). */
-function pairedRatio(baseline: readonly number[], measured: readonly number[]): number {
-  return median(baseline.map((b, i) => b / measured[i]!));
-}
-
-/**
- * Runs the cases in turn, round after round (after one warm-up round), so that every case sees the
- * same load: on a shared machine, timing each case in its own block compares different loads.
- * Sample r of every case comes from round r.
- */
-async function interleaved(
-  cases: ReadonlyArray<[string, () => Promise<unknown>]>,
-  options: { minTimeMs: number; minRounds: number },
-): Promise<Array<{ label: string; samples: number[] }>> {
-  const out = cases.map(([label]) => ({ label, samples: [] as number[] }));
-  for (const [, fn] of cases) await fn();
-  const start = performance.now();
-  for (let round = 0; round < options.minRounds || performance.now() - start < options.minTimeMs; round++) {
-    // Rotated each round, so no case always runs right after another's allocations or processes.
-    for (let j = 0; j < cases.length; j++) {
-      const i = (round + j) % cases.length;
-      const t0 = process.hrtime.bigint();
-      await cases[i]![1]();
-      out[i]!.samples.push(Number(process.hrtime.bigint() - t0));
-    }
-  }
-  return out;
-}
 
 export const slice: Benchmark = {
   name: "slice",
