@@ -1,7 +1,6 @@
-import { randomBytes } from "node:crypto";
-import { open, rename, unlink } from "node:fs/promises";
 import type { Writable } from "node:stream";
 import { abortReason, GgufError, InvalidArgumentError, throwIfAborted } from "@moeswarm/core";
+import { writeAll, writeFileAtomically } from "./atomic-file.js";
 import type { ByteSource } from "./byte-source.js";
 import { type GgmlType, ggmlTensorBytes, ggmlTypeTraits, isGgmlType } from "./ggml-type.js";
 import {
@@ -679,46 +678,20 @@ async function writeFile(plan: GgufPlan, path: string, options: WriteGgufOptions
   const stream = options.headerOnly
     ? undefined
     : ggufByteStream(plan, { signal, chunkSize: options.chunkSize });
-  const tmp = `${path}.${process.pid}-${randomBytes(4).toString("hex")}.tmp`;
-  let handle: Awaited<ReturnType<typeof open>>;
-  try {
-    handle = await open(tmp, "wx");
-  } catch (error) {
-    throw new GgufError("MOESWARM_GGUF_IO", `cannot create ${tmp}: ${(error as Error).message}`, {
-      cause: error,
-    });
-  }
-  let closed = false;
-  try {
-    if (stream) {
-      for await (const chunk of stream) {
-        throwIfAborted(signal);
-        let done = 0;
-        while (done < chunk.byteLength) {
-          const { bytesWritten } = await handle.write(chunk, done, chunk.byteLength - done);
-          done += bytesWritten;
+  await writeFileAtomically(
+    path,
+    async (handle) => {
+      if (stream) {
+        for await (const chunk of stream) {
+          throwIfAborted(signal);
+          await writeAll(handle, chunk);
         }
+      } else {
+        await handle.write(plan.header, 0, plan.header.byteLength, 0);
+        throwIfAborted(signal);
+        await handle.truncate(checkedNumber(plan.totalSize, "the file size", "MOESWARM_GGUF_LIMIT"));
       }
-    } else {
-      await handle.write(plan.header, 0, plan.header.byteLength, 0);
-      throwIfAborted(signal);
-      await handle.truncate(checkedNumber(plan.totalSize, "the file size", "MOESWARM_GGUF_LIMIT"));
-    }
-    closed = true;
-    await handle.close();
-    throwIfAborted(signal);
-    await rename(tmp, path);
-  } catch (error) {
-    if (!closed) await handle.close().catch(() => undefined);
-    await unlink(tmp).catch(() => undefined);
-    if (
-      error instanceof Error &&
-      "code" in error &&
-      typeof error.code === "string" &&
-      !error.code.startsWith("MOESWARM_")
-    ) {
-      throw new GgufError("MOESWARM_GGUF_IO", `writing ${path}: ${error.message}`, { cause: error });
-    }
-    throw error;
-  }
+    },
+    signal,
+  );
 }

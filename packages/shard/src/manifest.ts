@@ -1,7 +1,7 @@
-import { randomBytes } from "node:crypto";
-import { readFile, rename, stat, unlink, writeFile } from "node:fs/promises";
+import { readFile, stat } from "node:fs/promises";
 import { basename } from "node:path";
 import { GgufError, InvalidArgumentError, throwIfAborted } from "@moeswarm/core";
+import { writeFileAtomically } from "./atomic-file.js";
 import { type ByteSource, type ByteSourceInput, openByteSource } from "./byte-source.js";
 import { ggmlTypeName } from "./ggml-type.js";
 import { getString } from "./gguf-metadata.js";
@@ -343,13 +343,10 @@ export async function loadOrBuildManifest(
   const built = await buildManifest(path, options);
   const manifest: SliceManifest = { ...built, source: { ...built.source, mtimeMs: st.mtimeMs } };
   if (options.writeCache !== false) {
-    const tmp = `${manifestPath}.${process.pid}-${randomBytes(4).toString("hex")}.tmp`;
-    try {
-      await writeFile(tmp, `${JSON.stringify(manifest)}\n`, { flag: "wx" });
-      await rename(tmp, manifestPath);
-    } catch {
-      await unlink(tmp).catch(() => undefined);
-    }
+    // a cache: a failed write costs a rebuild next time, nothing more
+    await writeFileAtomically(manifestPath, (h) => h.writeFile(`${JSON.stringify(manifest)}\n`)).catch(
+      () => undefined,
+    );
   }
   return { manifest, cached: false, manifestPath };
 }

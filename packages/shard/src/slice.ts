@@ -1,6 +1,5 @@
-import { randomBytes } from "node:crypto";
-import { open, rename, unlink } from "node:fs/promises";
 import { checkRange, GgufError, InvalidArgumentError, type Range, throwIfAborted } from "@moeswarm/core";
+import { writeAll, writeFileAtomically } from "./atomic-file.js";
 import { type ByteSourceInput, openByteSource } from "./byte-source.js";
 import { GgufValueType } from "./gguf-constants.js";
 import { type GgufMetadataValue, ggufValue } from "./gguf-metadata.js";
@@ -390,42 +389,18 @@ async function writeStream(
     throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "write needs a non-empty path");
   }
   throwIfAborted(options.signal);
-  const tmp = `${path}.${process.pid}-${randomBytes(4).toString("hex")}.tmp`;
-  let handle: Awaited<ReturnType<typeof open>>;
-  try {
-    handle = await open(tmp, "wx");
-  } catch (error) {
-    throw new GgufError("MOESWARM_GGUF_IO", `cannot create ${tmp}: ${(error as Error).message}`, {
-      cause: error,
-    });
-  }
-  let closed = false;
   let written = 0;
-  try {
-    for await (const chunk of chunks) {
-      let done = 0;
-      while (done < chunk.byteLength)
-        done += (await handle.write(chunk, done, chunk.byteLength - done)).bytesWritten;
-      written += chunk.byteLength;
-      options.onProgress?.({ bytesWritten: written, totalBytes: total });
-    }
-    closed = true;
-    await handle.close();
-    throwIfAborted(options.signal);
-    await rename(tmp, path);
-  } catch (error) {
-    if (!closed) await handle.close().catch(() => undefined);
-    await unlink(tmp).catch(() => undefined);
-    if (
-      error instanceof Error &&
-      "code" in error &&
-      typeof error.code === "string" &&
-      !error.code.startsWith("MOESWARM_")
-    ) {
-      throw new GgufError("MOESWARM_GGUF_IO", `writing ${path}: ${error.message}`, { cause: error });
-    }
-    throw error;
-  }
+  await writeFileAtomically(
+    path,
+    async (handle) => {
+      for await (const chunk of chunks) {
+        await writeAll(handle, chunk);
+        written += chunk.byteLength;
+        options.onProgress?.({ bytesWritten: written, totalBytes: total });
+      }
+    },
+    options.signal,
+  );
 }
 
 /** The layers and experts a slice file holds, from its `moeswarm.slice.*` keys. */

@@ -2,6 +2,7 @@ import { createHash, randomBytes } from "node:crypto";
 import { open, rename, unlink } from "node:fs/promises";
 import type { Writable } from "node:stream";
 import { abortReason, GgufError, InvalidArgumentError, throwIfAborted } from "@moeswarm/core";
+import { writeAll } from "../atomic-file.js";
 import { type GgufPlan, planGguf } from "../gguf-writer.js";
 import { quantize } from "../quant/quantize.js";
 import { streamFor } from "./prng.js";
@@ -114,8 +115,7 @@ async function fileSink(path: string): Promise<ChunkSink> {
   let used = 0;
   let closed = false;
   const flush = async () => {
-    let done = 0;
-    while (done < used) done += (await handle.write(buffer, done, used - done)).bytesWritten;
+    await writeAll(handle, buffer.subarray(0, used));
     used = 0;
   };
   const io = async <T>(what: string, fn: () => Promise<T>): Promise<T> => {
@@ -132,9 +132,7 @@ async function fileSink(path: string): Promise<ChunkSink> {
       io("writing", async () => {
         if (used + chunk.byteLength > buffer.byteLength) await flush();
         if (chunk.byteLength > buffer.byteLength) {
-          let done = 0;
-          while (done < chunk.byteLength)
-            done += (await handle.write(chunk, done, chunk.byteLength - done)).bytesWritten;
+          await writeAll(handle, chunk);
           return;
         }
         buffer.set(chunk, used);
