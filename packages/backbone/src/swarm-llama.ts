@@ -192,7 +192,6 @@ export async function createSwarmLlama(options: SwarmLlamaOptions): Promise<Swar
     cleanups.push(() => rmSync(claimDir, { recursive: true, force: true }));
     const claimFile = join(claimDir, "claims");
     process.env.MOESWARM_CLAIM_FILE = claimFile;
-    let claimed = false;
     const userLogger = options.logger;
     const rank: Record<string, number> = {
       disabled: -1,
@@ -211,7 +210,6 @@ export async function createSwarmLlama(options: SwarmLlamaOptions): Promise<Swar
       progressLogs: false,
       logLevel: Levels.info,
       logger: (level, message) => {
-        if (message.includes("MOESWARM model buffer size")) claimed = true;
         if (userLogger && (rank[level] ?? 4) <= rank.warn!) userLogger(level, message);
       },
     });
@@ -223,7 +221,7 @@ export async function createSwarmLlama(options: SwarmLlamaOptions): Promise<Swar
       gpuLayers: 0,
     });
     cleanups.push(() => loaded.dispose());
-    claimed ||= existsSync(claimFile) && readFileSync(claimFile, "utf8").includes("buffer ");
+    const claimed = existsSync(claimFile) && readFileSync(claimFile, "utf8").includes("buffer ");
     const wantsRemote = remoteLayers === "all" || remoteLayers.length > 0;
     if (wantsRemote && !claimed) {
       throw new NativeError(

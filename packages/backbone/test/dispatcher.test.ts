@@ -2,12 +2,12 @@
 // plugin saves: expert weights handed to it are dropped, never resident.
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { PassThrough } from "node:stream";
 import { sliceExperts } from "@moeswarm/shard";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runDispatcherCli } from "../src/cli/run.js";
 import { runLogitsHarness, serveBackboneBridge } from "../src/index.js";
 import {
+  captureStream,
   firstByteDiff,
   type ModelInfo,
   modelInfo,
@@ -20,31 +20,10 @@ import {
 
 const missing = nativeMissing();
 
-function capture() {
-  const stream = new PassThrough();
-  let text = "";
-  const waiters: (() => void)[] = [];
-  stream.on("data", (d: Buffer) => {
-    text += d.toString();
-    for (const w of waiters.splice(0)) w();
-  });
-  return {
-    stream,
-    text: () => text,
-    async line(match: RegExp): Promise<string> {
-      for (;;) {
-        const hit = text.split("\n").find((l) => match.test(l));
-        if (hit) return hit;
-        await new Promise<void>((r) => waiters.push(r));
-      }
-    },
-  };
-}
-
 describe("moeswarm-dispatcher usage", () => {
   it("prints its usage and refuses bad command lines with status 2", async () => {
-    const out = capture();
-    const err = capture();
+    const out = captureStream();
+    const err = captureStream();
     const io = { stdout: out.stream, stderr: err.stream };
     const signal = new AbortController().signal;
     expect(await runDispatcherCli(["--help"], io, signal)).toBe(0);
@@ -79,7 +58,7 @@ describe("moeswarm-dispatcher usage", () => {
       [[...hub, "--model-id", "m", "--token", "t", "--hedge-ms", "1.5"], /--hedge-ms must be/],
     ];
     for (const [args, message] of cases) {
-      const e = capture();
+      const e = captureStream();
       expect(await runDispatcherCli(args, { stdout: out.stream, stderr: e.stream }, signal)).toBe(2);
       expect(e.text()).toMatch(message);
     }
@@ -106,8 +85,8 @@ describe.skipIf(Boolean(missing))("moeswarm-dispatcher beside a llama.cpp with t
       await slice.write(path);
       workers.push("--worker", `w${i}=${path}`);
     }
-    const out = capture();
-    const err = capture();
+    const out = captureStream();
+    const err = captureStream();
     const controller = new AbortController();
     const socket = join(tmp.dir, "d.sock");
     const exit = runDispatcherCli(

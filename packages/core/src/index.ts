@@ -100,7 +100,7 @@ export {
   toRanges,
 } from "./ids.js";
 export { cosine, maxAbsDiff, relL2 } from "./numerics.js";
-export { type SlotShape, sumSlots } from "./slots.js";
+export { compactSlots, expandSlots, filledSlots, type SlotShape, sumSlots } from "./slots.js";
 export {
   bytesOf,
   DTYPES,

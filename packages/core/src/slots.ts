@@ -61,3 +61,55 @@ export function sumSlots(
   }
   return out;
 }
+
+/** How many of the slots are filled (id >= 0): the rows of a compact "each" result. */
+export function filledSlots(ids: Int32Array): number {
+  let filled = 0;
+  for (let s = 0; s < ids.length; s++) if (ids[s]! >= 0) filled++;
+  return filled;
+}
+
+/**
+ * The compact layout of an "each" result (protocol section 5): the rows of the filled slots, in
+ * slot order. `y` is the full layout (ids.length * embd); returned as is when every slot is filled.
+ */
+export function compactSlots(y: Float32Array, ids: Int32Array, embd: number): Float32Array {
+  const filled = filledSlots(ids);
+  if (y.length !== ids.length * embd) {
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      `compactSlots: y has ${y.length} values, ${ids.length} slots of ${embd} need ${ids.length * embd}`,
+    );
+  }
+  if (filled === ids.length) return y;
+  const out = new Float32Array(filled * embd);
+  let row = 0;
+  for (let s = 0; s < ids.length; s++) {
+    if (ids[s]! < 0) continue;
+    out.set(y.subarray(s * embd, (s + 1) * embd), row * embd);
+    row++;
+  }
+  return out;
+}
+
+/**
+ * The full "each" layout of a compact result: row r of `rows` goes to the r-th filled slot, empty
+ * slots are zeros. `rows` must hold exactly one row per filled slot.
+ */
+export function expandSlots(rows: Float32Array, ids: Int32Array, embd: number): Float32Array {
+  const filled = filledSlots(ids);
+  if (rows.length !== filled * embd) {
+    throw new InvalidArgumentError(
+      "MOESWARM_INVALID_ARGUMENT",
+      `expandSlots: ${rows.length} values, ${filled} filled slots of ${embd} need ${filled * embd}`,
+    );
+  }
+  const out = new Float32Array(ids.length * embd);
+  let row = 0;
+  for (let s = 0; s < ids.length; s++) {
+    if (ids[s]! < 0) continue;
+    out.set(rows.subarray(row * embd, (row + 1) * embd), s * embd);
+    row++;
+  }
+  return out;
+}

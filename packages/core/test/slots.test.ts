@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { InvalidArgumentError, sumSlots } from "../src/index.js";
+import { compactSlots, expandSlots, filledSlots, InvalidArgumentError, sumSlots } from "../src/index.js";
 
 describe("sumSlots", () => {
   it("rounds every product to f32 and adds in slot order", () => {
@@ -36,5 +36,22 @@ describe("sumSlots", () => {
     expect(() =>
       sumSlots(new Float32Array(3), new Float32Array(2), new Int32Array(2), { n: 1, k: 2, embd: 2 }),
     ).toThrow(InvalidArgumentError);
+  });
+});
+
+describe("compactSlots / expandSlots", () => {
+  it("keep the filled slots' rows in slot order, and lay them out again with zeros", () => {
+    const ids = Int32Array.from([4, -1, 0, -1, 7, -1]);
+    const y = Float32Array.from({ length: 12 }, (_, i) => (ids[i >> 1]! >= 0 ? i + 1 : 0));
+    const rows = compactSlots(y, ids, 2);
+    expect(Array.from(rows)).toEqual([1, 2, 5, 6, 9, 10]);
+    expect(filledSlots(ids)).toBe(3);
+    expect(Array.from(expandSlots(rows, ids, 2))).toEqual(Array.from(y));
+    // every slot filled: the full layout is already compact
+    const all = Int32Array.from([1, 2]);
+    const full = Float32Array.from([1, 2, 3, 4]);
+    expect(compactSlots(full, all, 2)).toBe(full);
+    expect(() => expandSlots(new Float32Array(5), ids, 2)).toThrow(InvalidArgumentError);
+    expect(() => compactSlots(new Float32Array(5), ids, 2)).toThrow(InvalidArgumentError);
   });
 });

@@ -2,6 +2,8 @@ import {
   AbortError,
   abortReason,
   DispatchError,
+  expandSlots,
+  filledSlots,
   formatRange,
   InvalidArgumentError,
   isMoeswarmError,
@@ -103,19 +105,11 @@ function expandCompact(request: ExpertRequest, ids: Int32Array, r: ExpertResult)
     return `shape n=${r.n} k=${r.k} embd=${r.embd}, expected n=${n} k=${k} embd=${embd}`;
   }
   if (!(r.y instanceof Float32Array)) return "y must be a Float32Array";
-  let filled = 0;
-  for (let s = 0; s < n * k; s++) if (ids[s]! >= 0) filled++;
+  const filled = filledSlots(ids);
   if (r.y.length !== filled * embd) {
     return `a compact y has ${r.y.length} values, expected ${filled * embd} (${filled} filled slots)`;
   }
-  const y = new Float32Array(n * k * embd);
-  let row = 0;
-  for (let s = 0; s < n * k; s++) {
-    if (ids[s]! < 0) continue;
-    y.set(r.y.subarray(row * embd, (row + 1) * embd), s * embd);
-    row++;
-  }
-  return { ...r, y, compact: false };
+  return { ...r, y: expandSlots(r.y, ids, embd), compact: false };
 }
 
 /** Index of the first NaN or ±Infinity in `y[from .. from+count)`, or -1. */
@@ -374,6 +368,16 @@ class CallState {
     return { request, tokens, slots };
   }
 
+  /** The result in the full layout (a compact one expanded), checked; or why it is refused. */
+  accept(request: ExpertRequest, ids: Int32Array, result: ExpertResult): ExpertResult | string {
+    if (typeof result === "object" && result !== null && result.compact === true) {
+      const full = expandCompact(request, ids, result);
+      if (typeof full === "string") return full;
+      result = full;
+    }
+    return this.check(request, ids, result) ?? result;
+  }
+
   /** Checks shape, type and finiteness of a result before anything is combined. */
   check(request: ExpertRequest, ids: Int32Array, result: ExpertResult): string | undefined {
     if (typeof result !== "object" || result === null) return "the result is not an object";
@@ -449,44 +453,20 @@ class CallState {
           reject(error);
           return;
         }
-        let r = result!;
-        let wireBytes = typeof r === "object" && r !== null && r.y ? r.y.byteLength : 0;
-        if (typeof r === "object" && r !== null && r.compact === true) {
-          const full = expandCompact(request, ids, r);
-          if (typeof full === "string") {
-            om.failures++;
-            reject(
-              new DispatchError(
-                "MOESWARM_DISPATCH_BAD_RESULT",
-                `layer ${this.layer}: ${who} answered experts ${describeExperts(experts)} with a bad result: ${full}`,
-                {
-                  details: {
-                    layer: this.layer,
-                    worker: key,
-                    experts: describeExperts(experts),
-                    reason: full,
-                  },
-                },
-              ),
-            );
-            return;
-          }
-          r = full;
-        }
-        const bad = this.check(request, ids, r);
-        if (bad !== undefined) {
+        const r = this.accept(request, ids, result!);
+        if (typeof r === "string") {
           om.failures++;
           reject(
             new DispatchError(
               "MOESWARM_DISPATCH_BAD_RESULT",
-              `layer ${this.layer}: ${who} answered experts ${describeExperts(experts)} with a bad result: ${bad}`,
-              { details: { layer: this.layer, worker: key, experts: describeExperts(experts), reason: bad } },
+              `layer ${this.layer}: ${who} answered experts ${describeExperts(experts)} with a bad result: ${r}`,
+              { details: { layer: this.layer, worker: key, experts: describeExperts(experts), reason: r } },
             ),
           );
           return;
         }
-        // what travelled: a compact answer's rows, not the expanded layout
-        wireBytes ||= r.y.byteLength;
+        // what travelled: a compact answer's rows, not the layout they were expanded to
+        const wireBytes = result!.y.byteLength;
         om.bytesIn += wireBytes;
         this.metrics.bytesIn += wireBytes;
         if (typeof r.ms === "number" && Number.isFinite(r.ms)) om.computeMs += r.ms;

@@ -1,4 +1,4 @@
-import { isMoeswarmError } from "@moeswarm/core";
+import { compactSlots, isMoeswarmError } from "@moeswarm/core";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import {
@@ -15,13 +15,7 @@ import { randomHidden, randomRegistrations, randomRouting, sameBits, swarm, tiny
 
 /** The rows of the request's filled slots, in slot order. */
 function compactOf(req: ExpertRequest, res: ExpertResult): ExpertResult {
-  const rows: Float32Array[] = [];
-  for (let s = 0; s < req.n * req.k; s++) {
-    if (req.ids[s]! >= 0) rows.push((res.y as Float32Array).subarray(s * req.embd, (s + 1) * req.embd));
-  }
-  const y = new Float32Array(rows.length * req.embd);
-  for (const [i, r] of rows.entries()) y.set(r, i * req.embd);
-  return { ...res, y, compact: true };
+  return { ...res, y: compactSlots(res.y as Float32Array, req.ids, req.embd), compact: true };
 }
 
 /** A transport whose workers answer compactly when asked (as relay workers do). */

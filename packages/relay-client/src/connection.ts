@@ -1,6 +1,7 @@
 import {
   AuthError,
   abortReason,
+  compactSlots,
   errorFromCode,
   errorToWire,
   InvalidArgumentError,
@@ -356,21 +357,6 @@ interface Pending {
 
 const now = () => performance.now();
 
-/** The rows of the filled slots (ids >= 0) of a full mode-"each" y, in slot order. */
-function filledRows(y: Float32Array, ids: Int32Array, embd: number): Float32Array {
-  let filled = 0;
-  for (let s = 0; s < ids.length; s++) if (ids[s]! >= 0) filled++;
-  if (filled === ids.length) return y;
-  const out = new Float32Array(filled * embd);
-  let row = 0;
-  for (let s = 0; s < ids.length; s++) {
-    if (ids[s]! < 0) continue;
-    out.set(y.subarray(s * embd, (s + 1) * embd), row * embd);
-    row++;
-  }
-  return out;
-}
-
 class Incoming implements IncomingDispatch {
   readonly controller = new AbortController();
   readonly id: number;
@@ -438,7 +424,7 @@ class Incoming implements IncomingDispatch {
       n: this.n,
       k: this.k,
       embd: this.embd,
-      y: this.compact ? filledRows(y, this.ids, this.embd) : y,
+      y: this.compact ? compactSlots(y, this.ids, this.embd) : y,
       ms: answer.ms,
       ...(this.compact ? { compact: true } : {}),
     });

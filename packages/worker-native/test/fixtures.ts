@@ -5,6 +5,7 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { createHub, type Hub } from "@moeswarm/hub";
 import {
   dequantize,
   GgmlType,
@@ -381,4 +382,23 @@ export function firstBitDiff(a: Float32Array, b: Float32Array): number {
   const ub = new Uint32Array(b.buffer, b.byteOffset, b.length);
   for (let i = 0; i < Math.min(ua.length, ub.length); i++) if (ua[i] !== ub[i]) return i;
   return a.length === b.length ? -1 : Math.min(a.length, b.length);
+}
+
+/** A hub serving one model on loopback (no dashboard), for the runtime's tests. */
+export async function startTestHub(options: {
+  secret: string;
+  model: string;
+  path: string;
+  work: string;
+  leaseTtlMs?: number;
+}): Promise<{ hub: Hub; url: string; relayUrl: string }> {
+  const hub = createHub({
+    secret: options.secret,
+    models: [{ id: options.model, path: options.path }],
+    manifestDir: options.work,
+    dashboard: false,
+    ...(options.leaseTtlMs !== undefined ? { market: { leaseTtlMs: options.leaseTtlMs } } : {}),
+  });
+  const { url, relayUrl } = await hub.listen(0);
+  return { hub, url, relayUrl };
 }

@@ -6,14 +6,14 @@
 import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
-import { createHub, type Hub, mintToken } from "@moeswarm/hub";
+import { type Hub, mintToken } from "@moeswarm/hub";
 import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
 import { ensureSyntheticModel } from "@moeswarm/shard";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadExpertCompute } from "../src/load.js";
 import type { WorkerEvent } from "../src/runtime/events.js";
 import { runWorker, type WorkerSummary } from "../src/runtime/run-worker.js";
-import { bitsEqual, firstBitDiff, normals, randomWeights } from "./fixtures.js";
+import { bitsEqual, firstBitDiff, normals, randomWeights, startTestHub } from "./fixtures.js";
 
 const MODEL_CACHE = process.env.MOESWARM_CACHE_DIR ?? join(tmpdir(), "moeswarm-worker-test-models");
 const MODEL = "qwen3moe-small";
@@ -44,16 +44,13 @@ const span = (values: number[]) => `${values[0]}:${(values.at(-1) as number) + 1
 beforeAll(async () => {
   work = mkdtempSync(join(tmpdir(), "moeswarm-worker-slices-"));
   modelPath = (await ensureSyntheticModel("small", { cacheDir: MODEL_CACHE })).path;
-  hub = createHub({
+  ({ hub, url, relayUrl } = await startTestHub({
     secret: SECRET,
-    models: [{ id: MODEL, path: modelPath }],
-    manifestDir: work,
-    dashboard: false,
-    market: { leaseTtlMs: 30_000 },
-  });
-  const l = await hub.listen(0);
-  url = l.url;
-  relayUrl = l.relayUrl;
+    model: MODEL,
+    path: modelPath,
+    work,
+    leaseTtlMs: 30_000,
+  }));
   const info = (await (await fetch(`${url}/api/models/${MODEL}`)).json()) as { expertBytes: number };
   bytesPerExpert = info.expertBytes;
 });

@@ -9,14 +9,14 @@ import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { createHub, type Hub, mintToken } from "@moeswarm/hub";
+import { type Hub, mintToken } from "@moeswarm/hub";
 import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
 import { ensureSyntheticModel } from "@moeswarm/shard";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { ExpertCompute } from "../src/expert-compute.js";
 import { loadExpertCompute } from "../src/load.js";
 import type { WorkerEvent } from "../src/runtime/events.js";
-import { normals, rng } from "./fixtures.js";
+import { normals, rng, startTestHub } from "./fixtures.js";
 
 const BIN = fileURLToPath(new URL("../dist/worker-cli.js", import.meta.url));
 const OUTPUT = fileURLToPath(new URL("../test-output/", import.meta.url));
@@ -245,16 +245,13 @@ beforeAll(async () => {
     throw new Error(`${BIN} is missing: run \`pnpm --filter @moeswarm/worker-native build\` first`);
   work = mkdtempSync(join(tmpdir(), "moeswarm-worker-swarm-"));
   modelPath = (await ensureSyntheticModel("small", { cacheDir: MODEL_CACHE })).path;
-  hub = createHub({
+  ({ hub, url, relayUrl } = await startTestHub({
     secret: SECRET,
-    models: [{ id: MODEL, path: modelPath }],
-    manifestDir: work,
-    dashboard: false,
-    market: { leaseTtlMs: 30_000 },
-  });
-  const l = await hub.listen(0);
-  url = l.url;
-  relayUrl = l.relayUrl;
+    model: MODEL,
+    path: modelPath,
+    work,
+    leaseTtlMs: 30_000,
+  }));
   const info = (await (await fetch(`${url}/api/models/${MODEL}`)).json()) as {
     expertBytes: number;
     experts: number;

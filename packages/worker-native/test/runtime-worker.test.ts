@@ -5,13 +5,14 @@ import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { decodeFrame, encodeFrame, type Frame, isMoeswarmError, PROTOCOL_VERSION } from "@moeswarm/core";
-import { createHub, type Hub, mintToken } from "@moeswarm/hub";
+import { type Hub, mintToken } from "@moeswarm/hub";
 import { ensureSyntheticModel } from "@moeswarm/shard";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { WebSocketServer } from "ws";
 import { loadExpertCompute } from "../src/load.js";
 import type { WorkerEvent } from "../src/runtime/events.js";
 import { runWorker } from "../src/runtime/run-worker.js";
+import { startTestHub } from "./fixtures.js";
 
 const MODEL_CACHE = process.env.MOESWARM_CACHE_DIR ?? join(tmpdir(), "moeswarm-worker-test-models");
 const MODEL = "qwen3moe-tiny";
@@ -29,13 +30,7 @@ const cacheDir = () => join(work, `cache-${n++}`);
 beforeAll(async () => {
   work = mkdtempSync(join(tmpdir(), "moeswarm-run-worker-"));
   modelPath = (await ensureSyntheticModel("tiny", { cacheDir: MODEL_CACHE })).path;
-  hub = createHub({
-    secret: SECRET,
-    models: [{ id: MODEL, path: modelPath }],
-    manifestDir: work,
-    dashboard: false,
-  });
-  url = (await hub.listen(0)).url;
+  ({ hub, url } = await startTestHub({ secret: SECRET, model: MODEL, path: modelPath, work }));
 });
 
 afterAll(async () => {
