@@ -72,18 +72,46 @@ type AreaErrorClass<A extends Area> = {
   readonly kind: A;
 };
 
+/** An area class that also takes just a message, for its most common code. */
+type DefaultedErrorClass<A extends Area> = AreaErrorClass<A> & {
+  new (message: string, options?: MoeswarmErrorOptions): MoeswarmError & { readonly code: CodeOf<A> };
+  readonly defaultCode: CodeOf<A>;
+};
+
 // Every area's class by its name, for turning a code back into its class (errorFromCode).
 const AREA_CLASSES = new Map<Area, AreaErrorClass<Area>>();
 
-// One factory instead of seven copies of the same class body.
-function defineArea<A extends Area>(kind: A): AreaErrorClass<A> {
+function isCodeOf(value: unknown, kind: Area): boolean {
+  return typeof value === "string" && isErrorCode(value) && ERROR_CODES[value].area === kind;
+}
+
+// One factory instead of nine copies of the same class body. With a default code the class also
+// accepts `new InvalidArgumentError(message, options?)`: a first argument that is not one of the
+// area's codes is the message.
+function defineArea<A extends Area>(kind: A): AreaErrorClass<A>;
+function defineArea<A extends Area>(kind: A, defaultCode: CodeOf<A>): DefaultedErrorClass<A>;
+function defineArea<A extends Area>(kind: A, defaultCode?: CodeOf<A>): AreaErrorClass<A> {
   const cls = class extends MoeswarmError {
     static override readonly kind: string = kind;
-    constructor(code: CodeOf<A>, message?: string, options?: MoeswarmErrorOptions) {
-      if (ERROR_CODES[code].area !== kind) {
-        throw new TypeError(`error code ${code} belongs to ${ERROR_CODES[code].area}, not ${kind}`);
+    static readonly defaultCode = defaultCode;
+    constructor(
+      codeOrMessage: string,
+      messageOrOptions?: string | MoeswarmErrorOptions,
+      options?: MoeswarmErrorOptions,
+    ) {
+      if (isCodeOf(codeOrMessage, kind)) {
+        super(codeOrMessage as ErrorCode, messageOrOptions as string | undefined, options);
+        return;
       }
-      super(code, message, options);
+      if (isErrorCode(codeOrMessage)) {
+        throw new TypeError(
+          `error code ${codeOrMessage} belongs to ${ERROR_CODES[codeOrMessage].area}, not ${kind}`,
+        );
+      }
+      if (defaultCode === undefined) {
+        throw new TypeError(`${kind} needs an explicit code (got ${JSON.stringify(codeOrMessage)})`);
+      }
+      super(defaultCode, codeOrMessage, messageOrOptions as MoeswarmErrorOptions | undefined);
     }
   };
   Object.defineProperty(cls, "name", { value: kind });
@@ -91,19 +119,19 @@ function defineArea<A extends Area>(kind: A): AreaErrorClass<A> {
   return cls as unknown as AreaErrorClass<A>;
 }
 
-export const InvalidArgumentError = defineArea("InvalidArgumentError");
+export const InvalidArgumentError = defineArea("InvalidArgumentError", "MOESWARM_INVALID_ARGUMENT");
 export type InvalidArgumentError = InstanceType<typeof InvalidArgumentError>;
-export const AbortError = defineArea("AbortError");
+export const AbortError = defineArea("AbortError", "MOESWARM_ABORTED");
 export type AbortError = InstanceType<typeof AbortError>;
 export const GgufError = defineArea("GgufError");
 export type GgufError = InstanceType<typeof GgufError>;
-export const ProtocolError = defineArea("ProtocolError");
+export const ProtocolError = defineArea("ProtocolError", "MOESWARM_PROTOCOL_MALFORMED");
 export type ProtocolError = InstanceType<typeof ProtocolError>;
-export const DispatchError = defineArea("DispatchError");
+export const DispatchError = defineArea("DispatchError", "MOESWARM_DISPATCH_FAILED");
 export type DispatchError = InstanceType<typeof DispatchError>;
 export const TransportError = defineArea("TransportError");
 export type TransportError = InstanceType<typeof TransportError>;
-export const AuthError = defineArea("AuthError");
+export const AuthError = defineArea("AuthError", "MOESWARM_AUTH_INVALID");
 export type AuthError = InstanceType<typeof AuthError>;
 export const NativeError = defineArea("NativeError");
 export type NativeError = InstanceType<typeof NativeError>;

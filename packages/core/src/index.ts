@@ -1,5 +1,7 @@
 // Public API of @moeswarm/core.
 
+export { linkedSignal, onAbort, sleep } from "./abort.js";
+
 export {
   canonicalKeys,
   type DecodeOptions,
@@ -29,6 +31,13 @@ export {
   TransportError,
   throwIfAborted,
 } from "./errors.js";
+export type {
+  ExpertCallOptions,
+  ExpertHandler,
+  ExpertRequest,
+  ExpertResult,
+  ExpertTransport,
+} from "./expert-contract.js";
 export {
   dispatchFrame,
   drainFrame,
@@ -100,6 +109,7 @@ export {
   toRanges,
 } from "./ids.js";
 export { cosine, maxAbsDiff, relL2 } from "./numerics.js";
+export { mulberry32 } from "./prng.js";
 export { compactSlots, expandSlots, filledSlots, type SlotShape, sumSlots } from "./slots.js";
 export {
   bytesOf,

@@ -116,3 +116,17 @@ describe("numerics", () => {
     }
   });
 });
+
+describe("mulberry32", () => {
+  it("replays from its seed and matches the reference sequence", async () => {
+    const { mulberry32 } = await import("../src/index.js");
+    const a = mulberry32(42);
+    const b = mulberry32(42);
+    const first = [a(), a(), a()];
+    expect([b(), b(), b()]).toEqual(first);
+    // pinned: a change to the generator would silently reseed every seeded test and spot check
+    expect(first[0]).toBeCloseTo(0.6011037519201636, 15);
+    for (const v of first) expect(v >= 0 && v < 1).toBe(true);
+    expect(mulberry32(43)()).not.toBe(first[0]);
+  });
+});
