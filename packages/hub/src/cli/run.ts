@@ -4,7 +4,8 @@ import { hostname, networkInterfaces } from "node:os";
 import { resolve as resolvePath } from "node:path";
 import { parseArgs } from "node:util";
 import { InvalidArgumentError, isMoeswarmError } from "@moeswarm/core";
-import { createHub, type HubEvent } from "../hub.js";
+import { createHub } from "../hub.js";
+import type { HubEvent } from "../hub-types.js";
 import { createLoopbackCertificates, isCertificateHost, type LoopbackCertificates } from "../loopback-tls.js";
 import { mintToken, type TokenRole } from "../token.js";
 
