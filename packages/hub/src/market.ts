@@ -78,12 +78,12 @@ export type {
  * claimant's own, and the slice fits the capacity it declares beside what it already holds
  * (registered slices and other leases), so workers polling at once never take a cell beyond its
  * target and no worker takes more than it offers.
+ *
+ * The sections live in modules named for them, as functions over one MarketState: leases
+ * (market-leases.ts), demand (market-demand.ts), claims and the auto-claim search
+ * (market-claims.ts), placement and views (market-views.ts), credits and persistence
+ * (market-accounting.ts); models and coverage from the relay stay here.
  */
-//
-// The sections live in modules named for them, as functions over one MarketState: leases
-// (market-leases.ts), demand (market-demand.ts), claims and the auto-claim search
-// (market-claims.ts), placement and views (market-views.ts), credits and persistence
-// (market-accounting.ts); models and coverage from the relay stay here.
 
 /**
  * The coverage market: coverage from workers' registrations, demand from backbones' routing
