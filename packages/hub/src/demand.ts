@@ -27,7 +27,7 @@ export const DEFAULT_DEMAND_POLICY: DemandPolicy = Object.freeze({
 
 function finitePositive(name: string, value: number): number {
   if (typeof value !== "number" || !Number.isFinite(value) || value <= 0) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", `market option ${name} must be a number > 0`);
+    throw new InvalidArgumentError(`market option ${name} must be a number > 0`);
   }
   return value;
 }
@@ -39,13 +39,10 @@ export function demandPolicy(overrides: Partial<DemandPolicy> = {}): DemandPolic
   finitePositive("hotLoad", p.hotLoad);
   finitePositive("uncoveredValue", p.uncoveredValue);
   if (typeof p.prior !== "number" || !Number.isFinite(p.prior) || p.prior < 0) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "market option prior must be a number >= 0");
+    throw new InvalidArgumentError("market option prior must be a number >= 0");
   }
   if (!Number.isInteger(p.maxReplicas) || p.maxReplicas < 1 || p.maxReplicas > 1024) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      "market option maxReplicas must be an integer in 1..1024",
-    );
+    throw new InvalidArgumentError("market option maxReplicas must be an integer in 1..1024");
   }
   return Object.freeze(p);
 }

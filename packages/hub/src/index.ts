@@ -13,17 +13,16 @@ export {
   type HubErrorBody,
   httpStatusOf,
 } from "./http-errors.js";
-export {
-  createHub,
-  createHubHandler,
-  type Hub,
-  type HubEvent,
-  type HubListener,
-  type HubMarketOptions,
-  type HubModelSource,
-  type HubOptions,
-  type HubStatus,
-} from "./hub.js";
+export { createHub, createHubHandler } from "./hub.js";
+export type {
+  Hub,
+  HubEvent,
+  HubListener,
+  HubMarketOptions,
+  HubModelSource,
+  HubOptions,
+  HubStatus,
+} from "./hub-types.js";
 export { type ListenRelayOptions, listenRelay, type RelayListener } from "./listen.js";
 export {
   createLoopbackCertificates,

@@ -29,7 +29,7 @@ export interface RelayListener extends AsyncDisposable {
 export async function listenRelay(options: ListenRelayOptions): Promise<RelayListener> {
   const { port = 0, host = "127.0.0.1", tls, ...relayOptions } = options;
   if (!Number.isInteger(port) || port < 0 || port > 65535) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "port must be an integer in 0..65535");
+    throw new InvalidArgumentError("port must be an integer in 0..65535");
   }
   const relay = createRelay(relayOptions);
   const server: HttpServer | HttpsServer = tls

@@ -54,10 +54,7 @@ export async function createLoopbackCertificates(
   const hosts = checkHosts(options.hosts ?? DEFAULT_HOSTS);
   const days = options.days ?? 365;
   if (!Number.isInteger(days) || days < 1 || days > MAX_DAYS) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `days must be an integer in 1..${MAX_DAYS}, got ${String(days)}`,
-    );
+    throw new InvalidArgumentError(`days must be an integer in 1..${MAX_DAYS}, got ${String(days)}`);
   }
   throwIfAborted(signal);
   const dir = await mkdtemp(join(tmpdir(), "moeswarm-tls-"));
@@ -143,18 +140,12 @@ export function isCertificateHost(host: string): boolean {
 
 function checkHosts(hosts: readonly string[]): string[] {
   if (!Array.isArray(hosts) || hosts.length === 0 || hosts.length > MAX_HOSTS) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `hosts must be a list of 1..${MAX_HOSTS} DNS names or IP addresses`,
-    );
+    throw new InvalidArgumentError(`hosts must be a list of 1..${MAX_HOSTS} DNS names or IP addresses`);
   }
   const out: string[] = [];
   for (const host of hosts) {
     if (typeof host !== "string" || !isCertificateHost(host)) {
-      throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
-        `${JSON.stringify(host)} is neither a DNS name nor an IP address`,
-      );
+      throw new InvalidArgumentError(`${JSON.stringify(host)} is neither a DNS name nor an IP address`);
     }
     if (!out.includes(host)) out.push(host);
   }

@@ -1,4 +1,4 @@
-import { HubError, isMoeswarmError } from "@moeswarm/core";
+import { HubError, isMoeswarmError, onAbort } from "@moeswarm/core";
 import { CoverageMarket, type Lease, type MarketModel, type MarketOptions } from "./market.js";
 import type { RelayServerEvent } from "./relay.js";
 import type { StatsReport } from "./stats.js";
@@ -275,19 +275,20 @@ export class MarketBook {
         return;
       }
       let timer: ReturnType<typeof setTimeout> | undefined;
+      let aborted: Disposable | undefined;
       const waiter: Waiter = {
         model,
         since,
         resolve: () => {
           clearTimeout(timer);
-          signal.removeEventListener("abort", waiter.resolve);
+          aborted?.[Symbol.dispose]();
           this.#waiters.delete(waiter);
           resolve();
         },
       };
       timer = setTimeout(waiter.resolve, ms);
       timer.unref?.();
-      signal.addEventListener("abort", waiter.resolve, { once: true });
+      aborted = onAbort(signal, () => waiter.resolve());
       this.#waiters.add(waiter);
     });
   }

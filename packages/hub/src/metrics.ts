@@ -63,197 +63,21 @@ export class HubMetrics {
   readonly #reports: Counter<"outcome">;
 
   constructor(sources: HubMetricsSources, options: { defaultMetrics?: boolean } = {}) {
+    // registered in this order, which is the order of the exposition
     const registers = [this.registry];
-    const { relay } = sources;
-    this.#requests = new Counter({
-      name: "moeswarm_http_requests_total",
-      help: "HTTP requests answered, by route template, method and status",
-      labelNames: ["route", "method", "status"],
-      registers,
-    });
-    this.#duration = new Histogram({
-      name: "moeswarm_http_request_duration_seconds",
-      help: "Time from a request's arrival to the end of its answer (downloads included)",
-      labelNames: ["route"],
-      buckets: [0.001, 0.005, 0.025, 0.1, 0.5, 2.5, 10, 60, 300],
-      registers,
-    });
-    this.#bytes = new Counter({
-      name: "moeswarm_http_bytes_served_total",
-      help: "Body bytes handed to the network, by route template",
-      labelNames: ["route"],
-      registers,
-    });
-    this.#handlerErrors = new Counter({
-      name: "moeswarm_http_internal_errors_total",
-      help: "Requests that failed on the hub's side (answered 5xx or cut)",
-      labelNames: ["route"],
-      registers,
-    });
-    new Gauge({
-      name: "moeswarm_relay_connections",
-      help: "Open relay connections that said hello, by role",
-      labelNames: ["role"],
-      registers,
-      collect() {
-        const s = relay.stats();
-        this.set({ role: "worker" }, s.workers);
-        this.set({ role: "backbone" }, s.backbones);
-        this.set({ role: "pending" }, Math.max(0, s.connections - s.workers - s.backbones));
-      },
-    });
-    this.#connects = new Counter({
-      name: "moeswarm_relay_connects_total",
-      help: "Relay connections accepted (hello verified), by role",
-      labelNames: ["role"],
-      registers,
-    });
-    // The relay counts these itself; the counters mirror its totals at every scrape.
-    new Counter({
-      name: "moeswarm_relay_frames_total",
-      help: "Frames through the relay, by direction",
-      labelNames: ["direction"],
-      registers,
-      collect() {
-        const s = relay.stats();
-        this.reset();
-        this.inc({ direction: "in" }, s.framesIn);
-        this.inc({ direction: "out" }, s.framesOut);
-      },
-    });
-    new Counter({
-      name: "moeswarm_relay_bytes_total",
-      help: "Frame bytes through the relay, by direction",
-      labelNames: ["direction"],
-      registers,
-      collect() {
-        const s = relay.stats();
-        this.reset();
-        this.inc({ direction: "in" }, s.bytesIn);
-        this.inc({ direction: "out" }, s.bytesOut);
-      },
-    });
-    new Counter({
-      name: "moeswarm_relay_dispatches_total",
-      help: "Dispatch frames: routed to a worker, or refused by the relay (unknown peer, limits, lost worker)",
-      labelNames: ["outcome"],
-      registers,
-      collect() {
-        const s = relay.stats();
-        this.reset();
-        this.inc({ outcome: "routed" }, s.routed);
-        this.inc({ outcome: "refused" }, s.refused);
-      },
-    });
-    new Counter({
-      name: "moeswarm_relay_violations_total",
-      help: "Protocol violations by peers (bad frames, wrong role)",
-      registers,
-      collect() {
-        this.reset();
-        this.inc(relay.stats().violations);
-      },
-    });
-    this.#routeSeconds = new Histogram({
-      name: "moeswarm_relay_route_seconds",
-      help: "Relay-side round trip of a routed dispatch (in from the backbone to the answer out), by outcome",
-      labelNames: ["outcome"],
-      buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
-      registers,
-    });
-    new Gauge({
-      name: "moeswarm_http_downloads_in_flight",
-      help: "Expert-shard downloads being streamed now",
-      registers,
-      collect() {
-        this.set(sources.downloads());
-      },
-    });
-    new Gauge({
-      name: "moeswarm_hub_models",
-      help: "Models the hub serves",
-      registers,
-      collect() {
-        this.set(sources.models());
-      },
-    });
-    new Gauge({
-      name: "moeswarm_hub_workers_known",
-      help: "Workers the hub remembers (live or not)",
-      registers,
-      collect() {
-        this.set(sources.workersKnown());
-      },
-    });
-    this.#storeErrors = new Counter({
-      name: "moeswarm_hub_store_errors_total",
-      help: "Failed writes to the hub's persistent store",
-      registers,
-    });
-    const market = sources.market ?? (() => []);
-    new Gauge({
-      name: "moeswarm_hub_cells",
-      help: "(layer, expert) cells of each model: all, without a live replica, below their replica target, hot (target above 1)",
-      labelNames: ["model", "state"],
-      registers,
-      collect() {
-        this.reset();
-        for (const m of market()) {
-          this.set({ model: m.model, state: "total" }, m.cells);
-          this.set({ model: m.model, state: "uncovered" }, m.uncovered);
-          this.set({ model: m.model, state: "below_target" }, m.belowTarget);
-          this.set({ model: m.model, state: "hot" }, m.hot);
-        }
-      },
-    });
-    new Gauge({
-      name: "moeswarm_hub_leases",
-      help: "Active leases (claims granted, not yet registered), by model",
-      labelNames: ["model"],
-      registers,
-      collect() {
-        this.reset();
-        for (const m of market()) this.set({ model: m.model }, m.leases);
-      },
-    });
-    new Gauge({
-      name: "moeswarm_hub_tokens_per_second",
-      help: "Tokens per second the backbones reported (fresh reports only), by model",
-      labelNames: ["model"],
-      registers,
-      collect() {
-        this.reset();
-        for (const m of market()) this.set({ model: m.model }, m.tokensPerSecond);
-      },
-    });
-    new Counter({
-      name: "moeswarm_hub_expert_tokens_served_total",
-      help: "Expert-tokens workers served, from the backbones' receipts (credits), by model",
-      labelNames: ["model"],
-      registers,
-      collect() {
-        this.reset();
-        for (const m of market()) this.inc({ model: m.model }, m.expertTokensServed);
-      },
-    });
-    this.#claims = new Counter({
-      name: "moeswarm_hub_claims_total",
-      help: "Claims answered: granted, or refused by reason (capacity, held, covered, leased, invalid)",
-      labelNames: ["outcome"],
-      registers,
-    });
-    this.#leasesEnded = new Counter({
-      name: "moeswarm_hub_leases_ended_total",
-      help: "Leases that ended: fulfilled (the worker registered the slice), expired, released",
-      labelNames: ["reason"],
-      registers,
-    });
-    this.#reports = new Counter({
-      name: "moeswarm_hub_stats_reports_total",
-      help: "Backbone stats reports: accepted, duplicate (a retried seq), rejected",
-      labelNames: ["outcome"],
-      registers,
-    });
+    const http = httpFamilies(registers);
+    this.#requests = http.requests;
+    this.#duration = http.duration;
+    this.#bytes = http.bytes;
+    this.#handlerErrors = http.handlerErrors;
+    const relay = relayFamilies(registers, sources.relay);
+    this.#connects = relay.connects;
+    this.#routeSeconds = relay.routeSeconds;
+    this.#storeErrors = hubFamilies(registers, sources);
+    const market = marketFamilies(registers, sources.market ?? (() => []));
+    this.#claims = market.claims;
+    this.#leasesEnded = market.leasesEnded;
+    this.#reports = market.reports;
     if (options.defaultMetrics) {
       // process and event-loop metrics: they install observers that live as long as the
       // process, so only a hub that owns its process (the bin) turns them on
@@ -309,4 +133,214 @@ export class HubMetrics {
   get contentType(): string {
     return this.registry.contentType;
   }
+}
+
+type Registers = Registry[];
+
+/** The HTTP API's requests, durations, bytes and internal errors. */
+function httpFamilies(registers: Registers) {
+  const requests = new Counter({
+    name: "moeswarm_http_requests_total",
+    help: "HTTP requests answered, by route template, method and status",
+    labelNames: ["route", "method", "status"],
+    registers,
+  });
+  const duration = new Histogram({
+    name: "moeswarm_http_request_duration_seconds",
+    help: "Time from a request's arrival to the end of its answer (downloads included)",
+    labelNames: ["route"],
+    buckets: [0.001, 0.005, 0.025, 0.1, 0.5, 2.5, 10, 60, 300],
+    registers,
+  });
+  const bytes = new Counter({
+    name: "moeswarm_http_bytes_served_total",
+    help: "Body bytes handed to the network, by route template",
+    labelNames: ["route"],
+    registers,
+  });
+  const handlerErrors = new Counter({
+    name: "moeswarm_http_internal_errors_total",
+    help: "Requests that failed on the hub's side (answered 5xx or cut)",
+    labelNames: ["route"],
+    registers,
+  });
+  return { requests, duration, bytes, handlerErrors };
+}
+
+/** The relay's connections and traffic (mirrored from its own counters at each scrape) and route times. */
+function relayFamilies(registers: Registers, relay: Relay) {
+  new Gauge({
+    name: "moeswarm_relay_connections",
+    help: "Open relay connections that said hello, by role",
+    labelNames: ["role"],
+    registers,
+    collect() {
+      const s = relay.stats();
+      this.set({ role: "worker" }, s.workers);
+      this.set({ role: "backbone" }, s.backbones);
+      this.set({ role: "pending" }, Math.max(0, s.connections - s.workers - s.backbones));
+    },
+  });
+  const connects = new Counter({
+    name: "moeswarm_relay_connects_total",
+    help: "Relay connections accepted (hello verified), by role",
+    labelNames: ["role"],
+    registers,
+  });
+  // The relay counts these itself; the counters mirror its totals at every scrape.
+  new Counter({
+    name: "moeswarm_relay_frames_total",
+    help: "Frames through the relay, by direction",
+    labelNames: ["direction"],
+    registers,
+    collect() {
+      const s = relay.stats();
+      this.reset();
+      this.inc({ direction: "in" }, s.framesIn);
+      this.inc({ direction: "out" }, s.framesOut);
+    },
+  });
+  new Counter({
+    name: "moeswarm_relay_bytes_total",
+    help: "Frame bytes through the relay, by direction",
+    labelNames: ["direction"],
+    registers,
+    collect() {
+      const s = relay.stats();
+      this.reset();
+      this.inc({ direction: "in" }, s.bytesIn);
+      this.inc({ direction: "out" }, s.bytesOut);
+    },
+  });
+  new Counter({
+    name: "moeswarm_relay_dispatches_total",
+    help: "Dispatch frames: routed to a worker, or refused by the relay (unknown peer, limits, lost worker)",
+    labelNames: ["outcome"],
+    registers,
+    collect() {
+      const s = relay.stats();
+      this.reset();
+      this.inc({ outcome: "routed" }, s.routed);
+      this.inc({ outcome: "refused" }, s.refused);
+    },
+  });
+  new Counter({
+    name: "moeswarm_relay_violations_total",
+    help: "Protocol violations by peers (bad frames, wrong role)",
+    registers,
+    collect() {
+      this.reset();
+      this.inc(relay.stats().violations);
+    },
+  });
+  const routeSeconds = new Histogram({
+    name: "moeswarm_relay_route_seconds",
+    help: "Relay-side round trip of a routed dispatch (in from the backbone to the answer out), by outcome",
+    labelNames: ["outcome"],
+    buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+    registers,
+  });
+  return { connects, routeSeconds };
+}
+
+/** The hub's own gauges (downloads, models, workers) and its store's failures. */
+function hubFamilies(registers: Registers, sources: HubMetricsSources): Counter {
+  new Gauge({
+    name: "moeswarm_http_downloads_in_flight",
+    help: "Expert-shard downloads being streamed now",
+    registers,
+    collect() {
+      this.set(sources.downloads());
+    },
+  });
+  new Gauge({
+    name: "moeswarm_hub_models",
+    help: "Models the hub serves",
+    registers,
+    collect() {
+      this.set(sources.models());
+    },
+  });
+  new Gauge({
+    name: "moeswarm_hub_workers_known",
+    help: "Workers the hub remembers (live or not)",
+    registers,
+    collect() {
+      this.set(sources.workersKnown());
+    },
+  });
+  const storeErrors = new Counter({
+    name: "moeswarm_hub_store_errors_total",
+    help: "Failed writes to the hub's persistent store",
+    registers,
+  });
+  return storeErrors;
+}
+
+/** The market's figures per model (read at each scrape), claims, lease ends and stats reports. */
+function marketFamilies(registers: Registers, market: () => MarketFigures[]) {
+  new Gauge({
+    name: "moeswarm_hub_cells",
+    help: "(layer, expert) cells of each model: all, without a live replica, below their replica target, hot (target above 1)",
+    labelNames: ["model", "state"],
+    registers,
+    collect() {
+      this.reset();
+      for (const m of market()) {
+        this.set({ model: m.model, state: "total" }, m.cells);
+        this.set({ model: m.model, state: "uncovered" }, m.uncovered);
+        this.set({ model: m.model, state: "below_target" }, m.belowTarget);
+        this.set({ model: m.model, state: "hot" }, m.hot);
+      }
+    },
+  });
+  new Gauge({
+    name: "moeswarm_hub_leases",
+    help: "Active leases (claims granted, not yet registered), by model",
+    labelNames: ["model"],
+    registers,
+    collect() {
+      this.reset();
+      for (const m of market()) this.set({ model: m.model }, m.leases);
+    },
+  });
+  new Gauge({
+    name: "moeswarm_hub_tokens_per_second",
+    help: "Tokens per second the backbones reported (fresh reports only), by model",
+    labelNames: ["model"],
+    registers,
+    collect() {
+      this.reset();
+      for (const m of market()) this.set({ model: m.model }, m.tokensPerSecond);
+    },
+  });
+  new Counter({
+    name: "moeswarm_hub_expert_tokens_served_total",
+    help: "Expert-tokens workers served, from the backbones' receipts (credits), by model",
+    labelNames: ["model"],
+    registers,
+    collect() {
+      this.reset();
+      for (const m of market()) this.inc({ model: m.model }, m.expertTokensServed);
+    },
+  });
+  const claims = new Counter({
+    name: "moeswarm_hub_claims_total",
+    help: "Claims answered: granted, or refused by reason (capacity, held, covered, leased, invalid)",
+    labelNames: ["outcome"],
+    registers,
+  });
+  const leasesEnded = new Counter({
+    name: "moeswarm_hub_leases_ended_total",
+    help: "Leases that ended: fulfilled (the worker registered the slice), expired, released",
+    labelNames: ["reason"],
+    registers,
+  });
+  const reports = new Counter({
+    name: "moeswarm_hub_stats_reports_total",
+    help: "Backbone stats reports: accepted, duplicate (a retried seq), rejected",
+    labelNames: ["outcome"],
+    registers,
+  });
+  return { claims, leasesEnded, reports };
 }

@@ -2,16 +2,12 @@ import type { Server as HttpServer, IncomingMessage } from "node:http";
 import type { Server as HttpsServer } from "node:https";
 import type { Duplex } from "node:stream";
 import {
-  type DispatchFrame,
   decodeFrame,
-  type ErrorFrame,
   encodeFrame,
   type Frame,
   InvalidArgumentError,
   isMoeswarmError,
-  type PeerRole,
   PROTOCOL_VERSION,
-  type ResultFrame,
   traceHop,
 } from "@moeswarm/core";
 import {
@@ -20,208 +16,36 @@ import {
   CLOSE_HOSTILE,
   CLOSE_REPLACED,
   CLOSE_SHUTDOWN,
-  CLOSE_SLOW_CONSUMER,
 } from "@moeswarm/relay-client";
 import { type WebSocket, WebSocketServer } from "ws";
-import { checkSecret, type TokenSecret, verifyToken } from "./token.js";
+import { Peer, type RelaySettings, readRelayOptions, sliceKey } from "./relay-peer.js";
+import { answerBackbone, finishRoute, type RelayLink, routeAnswer, routeDispatch } from "./relay-routing.js";
+import type {
+  BackboneInfo,
+  Relay,
+  RelayOptions,
+  RelayServerEvent,
+  RelayStats,
+  WorkerInfo,
+} from "./relay-types.js";
+import { verifyToken } from "./token.js";
 import { TokenBucket } from "./token-bucket.js";
 
-export interface RelayOptions {
-  /** HMAC secret(s) of the peers' tokens. */
-  secret: TokenSecret;
-  /** URL path of the WebSocket endpoint (default "/relay"). */
-  path?: string;
-  /**
-   * Largest frame routed (default 64 MiB). A larger one is refused with an `error` frame and
-   * the connection survives; one over twice this size is cut off by the WebSocket layer (1009)
-   * before it is buffered.
-   */
-  maxFrameBytes?: number;
-  /** Requests a backbone may have outstanding, and a worker may hold (default 256). */
-  maxInFlight?: number;
-  /** Sustained frames per second per connection, answers excluded (default 2000). */
-  ratePerSec?: number;
-  /** Burst size of the rate limit (default ratePerSec). */
-  burst?: number;
-  /** Interval of the relay's pings (default 5000 ms). */
-  heartbeatMs?: number;
-  /** Silence after which a peer is dropped and its requests fail (default 15000 ms). */
-  deadPeerMs?: number;
-  /** Time a new connection has to say hello (default 10000 ms). */
-  helloTimeoutMs?: number;
-  /** How long a routed request without a deadline is tracked (default 120000 ms). */
-  requestTimeoutMs?: number;
-  /** Bytes that may wait in one peer's send buffer (default 128 MiB, at least 2 frames). */
-  maxQueueBytes?: number;
-  /** Protocol violations within violationWindowMs that close a connection (default 10). */
-  maxViolations?: number;
-  violationWindowMs?: number;
-  /** Open connections (default 10000); more are answered 503. */
-  maxConnections?: number;
-  /** Slices (register frames that differ) one worker may hold at once, all models (default 256). */
-  maxSlicesPerWorker?: number;
-  /** Observability hook (metrics, logs); its exceptions are swallowed. */
-  onEvent?: (event: RelayServerEvent) => void;
-}
-
-export type RelayServerEvent =
-  | { type: "connect"; role: PeerRole; id: string; remote: string }
-  | { type: "disconnect"; role?: PeerRole; id?: string; code: number; reason: string }
-  | { type: "refused"; code: string; msg: string; remote: string }
-  | {
-      type: "register";
-      id: string;
-      model: string;
-      layers: number[];
-      experts: number[];
-      capacity?: number;
-      backend?: string;
-    }
-  /** The worker stopped taking work (its slices are withdrawn): it said so, or the hub asked it. */
-  | { type: "drain"; id: string; reason?: string; by: "worker" | "hub" }
-  | {
-      type: "routed";
-      from: string;
-      to: string;
-      /** `result` delivered, or the code of the error the backbone got. */
-      outcome: "result" | string;
-      /** Relay-side round trip, dispatch in to answer out. */
-      ms: number;
-    }
-  | { type: "violation"; id?: string; code: string; msg: string; closed: boolean };
-
-export interface SliceInfo {
-  model: string;
-  layers: number[];
-  experts: number[];
-  capacity?: number;
-  backend?: string;
-}
-
-export interface WorkerInfo {
-  id: string;
-  /** What the worker registered, one entry per slice (register frame), in the order registered. */
-  slices: SliceInfo[];
-  /** Unix ms of the last bytes received. */
-  lastSeen: number;
-  connectedAt: number;
-  /** Dispatches routed to it and not yet answered. */
-  inFlight: number;
-  draining: boolean;
-  rttMs?: number;
-  remote: string;
-}
-
-export interface BackboneInfo {
-  id: string;
-  lastSeen: number;
-  connectedAt: number;
-  /** Its requests not yet answered. */
-  inFlight: number;
-  rttMs?: number;
-  remote: string;
-}
-
-export interface RelayStats {
-  connections: number;
-  workers: number;
-  backbones: number;
-  framesIn: number;
-  framesOut: number;
-  bytesIn: number;
-  bytesOut: number;
-  /** Dispatches forwarded to a worker. */
-  routed: number;
-  /** Dispatches answered by the relay itself with an error (unknown peer, limit, worker lost...). */
-  refused: number;
-  violations: number;
-}
-
-export interface Relay extends AsyncDisposable {
-  readonly path: string;
-  /**
-   * Takes an HTTP upgrade for the relay's path; returns false (touching nothing) for any other
-   * path, so a server can route other upgrades itself.
-   */
-  handleUpgrade(req: IncomingMessage, socket: Duplex, head: Buffer): boolean;
-  /** Serves the relay on a node:http/https server's upgrades; returns the detach function. */
-  attach(server: HttpServer | HttpsServer): () => void;
-  workers(): WorkerInfo[];
-  backbones(): BackboneInfo[];
-  /**
-   * Takes a live worker out of service: sends it a `drain` frame, routes it no new dispatches from
-   * now on (`MOESWARM_TRANSPORT_DRAINING`) and withdraws its slices; what it holds it finishes.
-   * Returns false when no worker with that id is connected.
-   */
-  drainWorker(id: string, reason?: string): boolean;
-  stats(): RelayStats;
-  /** Closes every connection (1001) and stops accepting. */
-  close(): Promise<void>;
-}
-
-type Role = PeerRole;
-
-interface Route {
-  relayId: number;
-  origId: number;
-  backbone: Peer;
-  worker: Peer;
-  started: number;
-  timer: ReturnType<typeof setTimeout>;
-}
-
-class Peer {
-  role: Role | undefined;
-  id: string | undefined;
-  live = false;
-  closed = false;
-  readonly connectedAt = Date.now();
-  lastSeen = Date.now();
-  lastPing = 0;
-  pingSeq = 0;
-  rttMs: number | undefined;
-  readonly violations: number[] = [];
-  /** Registered slices by `sliceKey` (model, layers, experts), in the order registered. */
-  readonly slices = new Map<string, SliceInfo>();
-  draining = false;
-  /** Worker side: relay request id -> route. */
-  readonly routes = new Map<number, Route>();
-  /** Backbone side: its routes not yet answered. */
-  readonly outstanding = new Set<Route>();
-  nextRouteId = 0;
-  /** The largest frame the peer said it accepts (hello caps.maxFrame). */
-  maxFrame = Number.POSITIVE_INFINITY;
-  killTimer: ReturnType<typeof setTimeout> | undefined;
-
-  constructor(
-    readonly ws: WebSocket,
-    readonly remote: string,
-    readonly bucket: TokenBucket,
-  ) {}
-}
+export type {
+  BackboneInfo,
+  Relay,
+  RelayOptions,
+  RelayServerEvent,
+  RelayStats,
+  SliceInfo,
+  WorkerInfo,
+} from "./relay-types.js";
 
 const noop = () => {};
 
-function servesModel(peer: Peer, model: string): boolean {
-  for (const s of peer.slices.values()) if (s.model === model) return true;
-  return false;
-}
-
-/** One slice of a worker: its model, layers and experts (a register frame's identity). */
-function sliceKey(model: string, layers: readonly number[], experts: readonly number[]): string {
-  return `${model}\0${layers.join(",")}\0${experts.join(",")}`;
-}
-
-function num(name: string, value: number | undefined, fallback: number, min: number): number {
-  const v = value ?? fallback;
-  if (typeof v !== "number" || !Number.isFinite(v) || v < min) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `relay option ${name} must be a number >= ${min}`,
-    );
-  }
-  return v;
-}
+// The relay server: connections (admission, hello and its token, heartbeats, violations, drops)
+// and the frames they carry. The peer state and options are in relay-peer.ts, the routing of
+// dispatches and answers in relay-routing.ts, the public shapes in relay-types.ts.
 
 /**
  * Creates the relay: peers dial in over WebSocket, say hello with a token, workers register
@@ -229,68 +53,14 @@ function num(name: string, value: number | undefined, fallback: number, min: num
  * It serves no port itself; mount it with attach(server) or handleUpgrade().
  */
 export function createRelay(options: RelayOptions): Relay {
-  if (typeof options !== "object" || options === null) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "createRelay needs an options object");
-  }
-  // fail now on a missing or short secret, not at the first hello
-  checkSecret(options.secret);
-  const path = options.path ?? "/relay";
-  if (typeof path !== "string" || !path.startsWith("/")) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", 'relay path must start with "/"');
-  }
-  const maxFrameBytes = num("maxFrameBytes", options.maxFrameBytes, 64 * 1024 * 1024, 1024);
-  if (maxFrameBytes > 0x7fff_ffff) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "maxFrameBytes must be below 2 GiB");
-  }
-  const heartbeatMs = num("heartbeatMs", options.heartbeatMs, 5000, 5);
-  const deadPeerMs = num("deadPeerMs", options.deadPeerMs, Math.max(15_000, 3 * heartbeatMs), 10);
-  if (deadPeerMs <= heartbeatMs) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      "deadPeerMs must be greater than heartbeatMs",
-    );
-  }
-  const ratePerSec = num("ratePerSec", options.ratePerSec, 2000, 1);
-  return new RelayServer({
-    secret: options.secret,
-    path,
-    maxFrameBytes,
-    maxInFlight: num("maxInFlight", options.maxInFlight, 256, 1),
-    ratePerSec,
-    burst: num("burst", options.burst, ratePerSec, 1),
-    heartbeatMs,
-    deadPeerMs,
-    helloTimeoutMs: num("helloTimeoutMs", options.helloTimeoutMs, 10_000, 1),
-    requestTimeoutMs: num("requestTimeoutMs", options.requestTimeoutMs, 120_000, 1),
-    maxQueueBytes: num(
-      "maxQueueBytes",
-      options.maxQueueBytes,
-      Math.max(128 * 1024 * 1024, 2 * maxFrameBytes),
-      maxFrameBytes,
-    ),
-    maxViolations: num("maxViolations", options.maxViolations, 10, 1),
-    violationWindowMs: num("violationWindowMs", options.violationWindowMs, 10_000, 1),
-    maxConnections: num("maxConnections", options.maxConnections, 10_000, 1),
-    maxSlicesPerWorker: num("maxSlicesPerWorker", options.maxSlicesPerWorker, 256, 1),
-    onEvent: options.onEvent,
-  });
+  return new RelayServer(readRelayOptions(options));
 }
-
-type Settings = Required<Omit<RelayOptions, "onEvent">> & Pick<RelayOptions, "onEvent">;
-
-// Answers a relay gives for a dispatch it cannot route.
-type RouteErrorCode =
-  | "MOESWARM_TRANSPORT_UNKNOWN_PEER"
-  | "MOESWARM_TRANSPORT_DRAINING"
-  | "MOESWARM_TRANSPORT_LIMIT"
-  | "MOESWARM_TRANSPORT_BACKPRESSURE"
-  | "MOESWARM_TRANSPORT_CLOSED"
-  | "MOESWARM_TRANSPORT_TIMEOUT"
-  | "MOESWARM_PROTOCOL_FRAME_TOO_LARGE";
 
 class RelayServer implements Relay {
   readonly path: string;
-  readonly #s: Settings;
+  readonly #s: RelaySettings;
+  /** What relay-routing.ts reaches of this server. */
+  readonly #link: RelayLink;
   readonly #wss: WebSocketServer;
   readonly #peers = new Set<Peer>();
   readonly #workers = new Map<string, Peer>();
@@ -310,7 +80,7 @@ class RelayServer implements Relay {
     violations: 0,
   };
 
-  constructor(s: Settings) {
+  constructor(s: RelaySettings) {
     this.#s = s;
     this.path = s.path;
     this.#wss = new WebSocketServer({
@@ -325,6 +95,17 @@ class RelayServer implements Relay {
     const tick = Math.max(5, Math.min(s.heartbeatMs, s.deadPeerMs / 4));
     this.#sweep = setInterval(() => this.#guard(() => this.#onTick()), tick);
     this.#sweep.unref?.();
+    this.#link = {
+      s,
+      stats: this.#stats,
+      workers: this.#workers,
+      guard: (fn) => this.#guard(fn),
+      emit: (event) => this.#emit(event),
+      sendBytes: (peer, bytes) => this.#sendBytes(peer, bytes),
+      error: (peer, code, msg, id, from) => this.#error(peer, code, msg, id, from),
+      violation: (peer, code, msg, id) => this.#violation(peer, code, msg, id),
+      drop: (peer, code, reason, destroy) => this.#drop(peer, code, reason, destroy),
+    };
   }
 
   // --- plumbing -----------------------------------------------------------------------------
@@ -474,8 +255,8 @@ class RelayServer implements Relay {
       this.#stats.backbones = this.#backbones.size;
     }
     for (const route of [...peer.routes.values()]) {
-      this.#finishRoute(route);
-      this.#answerBackbone(route, {
+      finishRoute(route);
+      answerBackbone(this.#link, route, {
         t: "error",
         v: PROTOCOL_VERSION,
         id: route.origId,
@@ -602,12 +383,12 @@ class RelayServer implements Relay {
         this.#setDraining(peer, frame.reason, "worker");
         return;
       case "dispatch":
-        this.#onDispatch(peer, frame);
+        routeDispatch(this.#link, peer, frame);
         return;
       case "result":
       case "error":
         if (peer.role !== "worker") return; // a backbone has nothing to answer; ignored
-        this.#onAnswer(peer, frame);
+        routeAnswer(this.#link, peer, frame);
         return;
     }
   }
@@ -626,10 +407,7 @@ class RelayServer implements Relay {
 
   drainWorker(id: string, reason?: string): boolean {
     if (reason !== undefined && (typeof reason !== "string" || Buffer.byteLength(reason) > 1024)) {
-      throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
-        "a drain reason must be a string of at most 1024 bytes",
-      );
+      throw new InvalidArgumentError("a drain reason must be a string of at most 1024 bytes");
     }
     const peer = this.#workers.get(id);
     if (!peer || peer.closed) return false;
@@ -676,166 +454,6 @@ class RelayServer implements Relay {
       },
     });
     this.#emit({ type: "connect", role: frame.role, id: frame.id, remote: peer.remote });
-  }
-
-  #onDispatch(backbone: Peer, frame: DispatchFrame): void {
-    const refuse = (code: RouteErrorCode, msg: string) => {
-      this.#stats.refused++;
-      this.#error(backbone, code, msg, frame.id, frame.to);
-    };
-    if (backbone.role !== "backbone") {
-      this.#violation(backbone, "MOESWARM_AUTH_ROLE", "a worker cannot send dispatch", frame.id);
-      return;
-    }
-    if (frame.to === undefined) {
-      this.#violation(backbone, "MOESWARM_PROTOCOL_MISSING_FIELD", "dispatch.to names no worker", frame.id);
-      return;
-    }
-    if (backbone.outstanding.size >= this.#s.maxInFlight) {
-      refuse(
-        "MOESWARM_TRANSPORT_LIMIT",
-        `${backbone.outstanding.size} requests in flight (limit ${this.#s.maxInFlight})`,
-      );
-      return;
-    }
-    const worker = this.#workers.get(frame.to);
-    if (!worker || worker.closed) {
-      refuse("MOESWARM_TRANSPORT_UNKNOWN_PEER", `no live worker ${JSON.stringify(frame.to)}`);
-      return;
-    }
-    if (worker.draining) {
-      refuse("MOESWARM_TRANSPORT_DRAINING", `worker ${frame.to} is draining`);
-      return;
-    }
-    if (!servesModel(worker, frame.model)) {
-      refuse(
-        "MOESWARM_TRANSPORT_UNKNOWN_PEER",
-        `worker ${frame.to} has registered no slice of ${frame.model}`,
-      );
-      return;
-    }
-    if (worker.routes.size >= this.#s.maxInFlight) {
-      refuse("MOESWARM_TRANSPORT_LIMIT", `worker ${frame.to} holds ${worker.routes.size} requests`);
-      return;
-    }
-    let relayId = worker.nextRouteId;
-    while (worker.routes.has(relayId)) relayId = (relayId + 1) >>> 0;
-    worker.nextRouteId = (relayId + 1) >>> 0;
-    let bytes: Uint8Array;
-    try {
-      bytes = encodeFrame(
-        { ...frame, id: relayId, from: backbone.id, to: frame.to },
-        { maxFrameBytes: this.#s.maxFrameBytes },
-      );
-    } catch (error) {
-      // e.g. the added `from` pushed a frame at the limit over it
-      const e = isMoeswarmError(error) ? error : undefined;
-      this.#stats.refused++;
-      this.#error(
-        backbone,
-        e?.code ?? "MOESWARM_PROTOCOL_MALFORMED",
-        e?.message ?? "cannot forward",
-        frame.id,
-      );
-      return;
-    }
-    if (bytes.byteLength > worker.maxFrame) {
-      // the worker would drop its link on it; refusing keeps the worker and fails only this request
-      refuse(
-        "MOESWARM_PROTOCOL_FRAME_TOO_LARGE",
-        `dispatch of ${bytes.byteLength} bytes exceeds worker ${frame.to}'s limit of ${worker.maxFrame}`,
-      );
-      return;
-    }
-    if (worker.ws.bufferedAmount + bytes.byteLength > this.#s.maxQueueBytes) {
-      refuse("MOESWARM_TRANSPORT_BACKPRESSURE", `the send queue to worker ${frame.to} is full`);
-      return;
-    }
-    const route: Route = {
-      relayId,
-      origId: frame.id,
-      backbone,
-      worker,
-      started: performance.now(),
-      // the backbone gives up at its deadline; the relay forgets the route a little later
-      timer: setTimeout(
-        () => this.#guard(() => this.#expire(route)),
-        (frame.deadline ?? this.#s.requestTimeoutMs) + 1000,
-      ),
-    };
-    route.timer.unref?.();
-    worker.routes.set(relayId, route);
-    backbone.outstanding.add(route);
-    this.#stats.routed++;
-    this.#sendBytes(worker, bytes);
-    traceHop("hub.out.dispatch", relayId);
-  }
-
-  #finishRoute(route: Route): void {
-    clearTimeout(route.timer);
-    route.worker.routes.delete(route.relayId);
-    route.backbone.outstanding.delete(route);
-  }
-
-  #expire(route: Route): void {
-    if (route.worker.routes.get(route.relayId) !== route) return;
-    this.#finishRoute(route);
-    this.#answerBackbone(route, {
-      t: "error",
-      v: PROTOCOL_VERSION,
-      id: route.origId,
-      code: "MOESWARM_TRANSPORT_TIMEOUT",
-      msg: `worker ${route.worker.id} did not answer in time`,
-    });
-  }
-
-  #onAnswer(worker: Peer, frame: ResultFrame | ErrorFrame): void {
-    if (frame.id === undefined) return; // a worker's connection-level notice; nothing to route
-    const route = worker.routes.get(frame.id);
-    if (!route) return; // late: the route expired or its backbone's connection is gone
-    this.#finishRoute(route);
-    this.#answerBackbone(route, { ...frame, id: route.origId });
-  }
-
-  #answerBackbone(route: Route, frame: ResultFrame | ErrorFrame): void {
-    const backbone = route.backbone;
-    this.#emit({
-      type: "routed",
-      from: backbone.id as string,
-      to: route.worker.id as string,
-      outcome: frame.t === "result" ? "result" : frame.code,
-      ms: performance.now() - route.started,
-    });
-    if (backbone.closed) return;
-    let bytes: Uint8Array;
-    try {
-      bytes = encodeFrame(
-        { ...frame, from: route.worker.id, to: backbone.id },
-        { maxFrameBytes: this.#s.maxFrameBytes },
-      );
-    } catch (error) {
-      const e = isMoeswarmError(error) ? error : undefined;
-      this.#error(
-        backbone,
-        e?.code ?? "MOESWARM_PROTOCOL_MALFORMED",
-        e?.message ?? "the answer could not be re-encoded",
-        route.origId,
-        route.worker.id,
-      );
-      return;
-    }
-    if (backbone.ws.bufferedAmount + bytes.byteLength > this.#s.maxQueueBytes) {
-      // the backbone does not read its answers: cut it off rather than buffer without bound
-      this.#drop(
-        backbone,
-        CLOSE_SLOW_CONSUMER,
-        "MOESWARM_TRANSPORT_BACKPRESSURE: answers are not being read",
-        true,
-      );
-      return;
-    }
-    this.#sendBytes(backbone, bytes);
-    traceHop("hub.out.answer", route.relayId);
   }
 
   // --- queries ------------------------------------------------------------------------------

@@ -233,25 +233,98 @@ export interface SqliteStoreOptions {
  */
 export function openSqliteStore(path: string, options: SqliteStoreOptions = {}): HubStore {
   if (typeof path !== "string" || path.length === 0) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "openSqliteStore needs a file path");
+    throw new InvalidArgumentError("openSqliteStore needs a file path");
   }
   const busy = options.busyTimeoutMs ?? 5000;
   if (!Number.isInteger(busy) || busy < 0) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "busyTimeoutMs must be an integer >= 0");
+    throw new InvalidArgumentError("busyTimeoutMs must be an integer >= 0");
   }
-  const db = openDatabase(path);
-  try {
-    db.pragma(`busy_timeout = ${busy}`);
-    if (path !== ":memory:") db.pragma("journal_mode = WAL");
-    db.pragma("synchronous = NORMAL");
-    db.pragma("foreign_keys = ON");
-    migrate(db, path);
-  } catch (error) {
-    db.close();
-    throw error instanceof HubError ? error : storeError(`cannot open the SQLite store ${path}`, error);
-  }
+  const db = openConfigured(path, busy);
 
-  const q = {
+  const q = prepareStatements(db);
+  const tx = writeTransactions(db, q);
+
+  let closed = false;
+  // better-sqlite3 is synchronous: each call runs to completion before the promise settles
+  const run = async <T>(what: string, fn: () => T): Promise<T> => {
+    if (closed) throw new HubError("MOESWARM_HUB_STORE", "the hub store is closed");
+    try {
+      return fn();
+    } catch (error) {
+      throw storeError(what, error);
+    }
+  };
+
+  const store: HubStore = {
+    kind: "sqlite",
+    listModels: () =>
+      run("listing models", () =>
+        q.models.all().map((r): StoredModel => ({ id: r.id, path: r.path, addedAt: r.added_at })),
+      ),
+    putModel: (m) =>
+      run("storing a model", () => {
+        q.putModel.run(m.id, m.path, m.addedAt);
+      }),
+    deleteModel: (id) => run("deleting a model", () => q.deleteModel.run(id).changes > 0),
+    listWorkers: () => run("listing workers", () => workersOf(q)),
+    putWorkers: (list) =>
+      run("storing workers", () => {
+        tx.putWorkers.immediate(list);
+      }),
+    deleteWorkersSeenBefore: (before) =>
+      run("forgetting workers", () => q.forget.run(Math.floor(before)).changes),
+    listLeases: () => run("listing leases", () => q.leases.all().map(leaseOfRow)),
+    putLeases: (list) =>
+      run("storing leases", () => {
+        tx.putLeases.immediate(list);
+      }),
+    deleteLeases: (ids) => run("deleting leases", () => tx.deleteLeases.immediate(ids)),
+    listDemand: () =>
+      run("listing demand", () =>
+        q.demand.all().map(
+          (r): StoredDemandRow => ({
+            model: r.model,
+            layer: r.layer,
+            at: r.at,
+            counts: blobToCounts(r.counts),
+          }),
+        ),
+      ),
+    putDemand: (rows) =>
+      run("storing demand", () => {
+        tx.putDemand.immediate(rows);
+      }),
+    deleteDemand: (model) => run("deleting demand", () => q.deleteDemand.run(model).changes),
+    listCredits: () =>
+      run("listing credits", () =>
+        q.credits.all().map(
+          (r): StoredCredit => ({
+            worker: r.worker,
+            model: r.model,
+            expertTokens: r.expert_tokens,
+            updatedAt: r.updated_at,
+          }),
+        ),
+      ),
+    putCredits: (rows) =>
+      run("storing credits", () => {
+        tx.putCredits.immediate(rows);
+      }),
+    async close() {
+      if (closed) return;
+      closed = true;
+      db.close();
+    },
+    [Symbol.asyncDispose]() {
+      return store.close();
+    },
+  };
+  return store;
+}
+
+/** The statements the store runs, prepared once. */
+function prepareStatements(db: Database.Database) {
+  return {
     models: db.prepare<[], ModelRow>("SELECT id, path, added_at FROM models ORDER BY added_at, rowid"),
     putModel: db.prepare<[string, string, number]>(
       "INSERT INTO models (id, path, added_at) VALUES (?, ?, ?) ON CONFLICT (id) DO UPDATE SET path = excluded.path, added_at = excluded.added_at",
@@ -299,6 +372,12 @@ export function openSqliteStore(path: string, options: SqliteStoreOptions = {}):
        ON CONFLICT (worker, model) DO UPDATE SET expert_tokens = excluded.expert_tokens, updated_at = excluded.updated_at`,
     ),
   };
+}
+
+type Statements = ReturnType<typeof prepareStatements>;
+
+/** The multi-row writes, each one transaction. */
+function writeTransactions(db: Database.Database, q: Statements) {
   const putLeases = db.transaction((list: readonly StoredLease[]) => {
     for (const l of list) {
       q.putLease.run(
@@ -343,122 +422,63 @@ export function openSqliteStore(path: string, options: SqliteStoreOptions = {}):
       }
     }
   });
+  return { putLeases, deleteLeases, putDemand, putCredits, putWorkers };
+}
 
-  let closed = false;
-  // better-sqlite3 is synchronous: each call runs to completion before the promise settles
-  const run = async <T>(what: string, fn: () => T): Promise<T> => {
-    if (closed) throw new HubError("MOESWARM_HUB_STORE", "the hub store is closed");
-    try {
-      return fn();
-    } catch (error) {
-      throw storeError(what, error);
-    }
-  };
+/** The workers table with each worker's slices, in registration order. */
+function workersOf(q: Statements): StoredWorker[] {
+  const slices = new Map<string, StoredSlice[]>();
+  for (const r of q.slices.all()) {
+    const s: StoredSlice = {
+      model: r.model,
+      layers: unpackIndices(r.layers),
+      experts: unpackIndices(r.experts),
+      registeredAt: r.registered_at,
+      ...(r.capacity === null ? {} : { capacity: r.capacity }),
+      ...(r.backend === null ? {} : { backend: r.backend }),
+    };
+    const list = slices.get(r.worker);
+    if (list) list.push(s);
+    else slices.set(r.worker, [s]);
+  }
+  return q.workers.all().map(
+    (r): StoredWorker => ({
+      id: r.id,
+      firstSeen: r.first_seen,
+      lastSeen: r.last_seen,
+      connected: r.connected === 1,
+      draining: r.draining === 1,
+      slices: slices.get(r.id) ?? [],
+    }),
+  );
+}
 
-  const store: HubStore = {
-    kind: "sqlite",
-    listModels: () =>
-      run("listing models", () =>
-        q.models.all().map((r): StoredModel => ({ id: r.id, path: r.path, addedAt: r.added_at })),
-      ),
-    putModel: (m) =>
-      run("storing a model", () => {
-        q.putModel.run(m.id, m.path, m.addedAt);
-      }),
-    deleteModel: (id) => run("deleting a model", () => q.deleteModel.run(id).changes > 0),
-    listWorkers: () =>
-      run("listing workers", () => {
-        const slices = new Map<string, StoredSlice[]>();
-        for (const r of q.slices.all()) {
-          const s: StoredSlice = {
-            model: r.model,
-            layers: unpackIndices(r.layers),
-            experts: unpackIndices(r.experts),
-            registeredAt: r.registered_at,
-            ...(r.capacity === null ? {} : { capacity: r.capacity }),
-            ...(r.backend === null ? {} : { backend: r.backend }),
-          };
-          const list = slices.get(r.worker);
-          if (list) list.push(s);
-          else slices.set(r.worker, [s]);
-        }
-        return q.workers.all().map(
-          (r): StoredWorker => ({
-            id: r.id,
-            firstSeen: r.first_seen,
-            lastSeen: r.last_seen,
-            connected: r.connected === 1,
-            draining: r.draining === 1,
-            slices: slices.get(r.id) ?? [],
-          }),
-        );
-      }),
-    putWorkers: (list) =>
-      run("storing workers", () => {
-        putWorkers.immediate(list);
-      }),
-    deleteWorkersSeenBefore: (before) =>
-      run("forgetting workers", () => q.forget.run(Math.floor(before)).changes),
-    listLeases: () =>
-      run("listing leases", () =>
-        q.leases.all().map(
-          (r): StoredLease => ({
-            id: r.id,
-            worker: r.worker,
-            model: r.model,
-            layers: parseRange(r.layers),
-            experts: parseRange(r.experts),
-            bytes: r.bytes,
-            grantedAt: r.granted_at,
-            expiresAt: r.expires_at,
-            capacity: capacityOf(r.capacity),
-          }),
-        ),
-      ),
-    putLeases: (list) =>
-      run("storing leases", () => {
-        putLeases.immediate(list);
-      }),
-    deleteLeases: (ids) => run("deleting leases", () => deleteLeases.immediate(ids)),
-    listDemand: () =>
-      run("listing demand", () =>
-        q.demand.all().map(
-          (r): StoredDemandRow => ({
-            model: r.model,
-            layer: r.layer,
-            at: r.at,
-            counts: blobToCounts(r.counts),
-          }),
-        ),
-      ),
-    putDemand: (rows) =>
-      run("storing demand", () => {
-        putDemand.immediate(rows);
-      }),
-    deleteDemand: (model) => run("deleting demand", () => q.deleteDemand.run(model).changes),
-    listCredits: () =>
-      run("listing credits", () =>
-        q.credits.all().map(
-          (r): StoredCredit => ({
-            worker: r.worker,
-            model: r.model,
-            expertTokens: r.expert_tokens,
-            updatedAt: r.updated_at,
-          }),
-        ),
-      ),
-    putCredits: (rows) =>
-      run("storing credits", () => {
-        putCredits.immediate(rows);
-      }),
-    async close() {
-      if (closed) return;
-      closed = true;
-      db.close();
-    },
-    [Symbol.asyncDispose]() {
-      return store.close();
-    },
+function leaseOfRow(r: LeaseRow): StoredLease {
+  return {
+    id: r.id,
+    worker: r.worker,
+    model: r.model,
+    layers: parseRange(r.layers),
+    experts: parseRange(r.experts),
+    bytes: r.bytes,
+    grantedAt: r.granted_at,
+    expiresAt: r.expires_at,
+    capacity: capacityOf(r.capacity),
   };
-  return store;
+}
+
+/** The database, its journal and foreign keys set and its schema migrated. */
+function openConfigured(path: string, busy: number): Database.Database {
+  const db = openDatabase(path);
+  try {
+    db.pragma(`busy_timeout = ${busy}`);
+    if (path !== ":memory:") db.pragma("journal_mode = WAL");
+    db.pragma("synchronous = NORMAL");
+    db.pragma("foreign_keys = ON");
+    migrate(db, path);
+  } catch (error) {
+    db.close();
+    throw error instanceof HubError ? error : storeError(`cannot open the SQLite store ${path}`, error);
+  }
+  return db;
 }

@@ -38,7 +38,7 @@ function secretsOf(secret: TokenSecret): Buffer[] {
       : Array.isArray(secret)
         ? [...(secret as ReadonlyArray<string | Uint8Array>)]
         : [];
-  if (list.length === 0) throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "no token secret given");
+  if (list.length === 0) throw new InvalidArgumentError("no token secret given");
   return list.map((s) => {
     const b =
       typeof s === "string"
@@ -48,7 +48,6 @@ function secretsOf(secret: TokenSecret): Buffer[] {
           : Buffer.alloc(0);
     if (b.byteLength < MIN_SECRET_BYTES) {
       throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
         `a token secret needs at least ${MIN_SECRET_BYTES} bytes (32 random bytes recommended)`,
       );
     }
@@ -79,16 +78,13 @@ export interface MintTokenOptions {
 export function mintToken(options: MintTokenOptions, secret: TokenSecret): string {
   const { role, id, ttlS } = options ?? ({} as MintTokenOptions);
   if (!ROLES.includes(role)) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `token role must be one of ${ROLES.join(", ")}`,
-    );
+    throw new InvalidArgumentError(`token role must be one of ${ROLES.join(", ")}`);
   }
   if (id !== undefined && (typeof id !== "string" || id.length === 0 || Buffer.byteLength(id) > 128)) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "token id must be a string of 1..128 bytes");
+    throw new InvalidArgumentError("token id must be a string of 1..128 bytes");
   }
   if (typeof ttlS !== "number" || !Number.isFinite(ttlS) || ttlS <= 0) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "ttlS must be a positive number of seconds");
+    throw new InvalidArgumentError("ttlS must be a positive number of seconds");
   }
   const iat = Math.floor((options.now ?? Date.now()) / 1000);
   const claims: Record<string, unknown> = { r: role };
@@ -121,12 +117,11 @@ export function verifyToken(
   if (token === undefined || token === null || token === "") {
     throw new AuthError("MOESWARM_AUTH_MISSING", "no token presented");
   }
-  const invalid = (msg: string) => new AuthError("MOESWARM_AUTH_INVALID", msg);
   if (typeof token !== "string" || token.length > MAX_TOKEN_CHARS || !token.startsWith(PREFIX)) {
-    throw invalid("the token is not a moeswarm v1 token");
+    throw new AuthError("the token is not a moeswarm v1 token");
   }
   const dot = token.lastIndexOf(".");
-  if (dot <= PREFIX.length) throw invalid("the token is not a moeswarm v1 token");
+  if (dot <= PREFIX.length) throw new AuthError("the token is not a moeswarm v1 token");
   const body = token.slice(0, dot);
   const sig = Buffer.from(token.slice(dot + 1), "base64url");
   let ok = false;
@@ -135,15 +130,15 @@ export function verifyToken(
     // timingSafeEqual needs equal lengths; a wrong length is no secret
     if (sig.byteLength === expected.byteLength && timingSafeEqual(sig, expected)) ok = true;
   }
-  if (!ok) throw invalid("the token's signature does not verify");
+  if (!ok) throw new AuthError("the token's signature does not verify");
 
   let raw: unknown;
   try {
     raw = JSON.parse(Buffer.from(body.slice(PREFIX.length), "base64url").toString("utf8"));
   } catch {
-    throw invalid("the token's claims are not JSON");
+    throw new AuthError("the token's claims are not JSON");
   }
-  if (typeof raw !== "object" || raw === null) throw invalid("the token's claims are not an object");
+  if (typeof raw !== "object" || raw === null) throw new AuthError("the token's claims are not an object");
   const c = raw as Record<string, unknown>;
   if (
     !ROLES.includes(c.r as TokenRole) ||
@@ -151,7 +146,7 @@ export function verifyToken(
     !Number.isInteger(c.exp) ||
     (c.sub !== undefined && typeof c.sub !== "string")
   ) {
-    throw invalid("the token's claims are malformed");
+    throw new AuthError("the token's claims are malformed");
   }
   const claims: TokenClaims = { role: c.r as TokenRole, iat: c.iat as number, exp: c.exp as number };
   if (c.sub !== undefined) claims.id = c.sub as string;

@@ -4,6 +4,7 @@ import { existsSync, mkdirSync, readFileSync, realpathSync, writeFileSync } from
 import { dirname, join } from "node:path";
 import { Writable } from "node:stream";
 import { fileURLToPath } from "node:url";
+import { sleep } from "@moeswarm/core";
 import { connectRelay } from "@moeswarm/relay-client";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runCli } from "../src/cli/run.js";
@@ -76,7 +77,7 @@ async function until<T>(get: () => T | undefined, what: string, timeoutMs = 20_0
     const v = get();
     if (v !== undefined) return v;
     if (Date.now() - start > timeoutMs) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
+    await sleep(20);
   }
 }
 

@@ -1,5 +1,7 @@
 import { createServer, type Server, type Socket, connect as tcpConnect } from "node:net";
 
+export { waitFor } from "@moeswarm/testkit";
+
 export interface TcpProxy {
   readonly port: number;
   /** Stops moving bytes both ways on the open connections (a black hole); new ones pass. */
@@ -62,15 +64,6 @@ export async function startProxy(targetPort: number): Promise<TcpProxy> {
   };
 }
 
-/** Polls `check` until it returns true; fails after `timeoutMs` (a bound, not a measurement). */
-export async function waitFor(check: () => boolean, what: string, timeoutMs = 8000): Promise<void> {
-  const start = Date.now();
-  while (!check()) {
-    if (Date.now() - start > timeoutMs) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
-
 export interface ComputeInput {
   layer: number;
   n: number;
@@ -111,18 +104,6 @@ export function fakeExperts(salt: number, req: ComputeInput): Float32Array {
     }
   }
   return sum;
-}
-
-/** A seeded PRNG (mulberry32), so failures reproduce. */
-export function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 export function randomRequest(

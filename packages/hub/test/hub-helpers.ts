@@ -11,6 +11,8 @@ import {
   sliceExperts,
 } from "@moeswarm/shard";
 
+export { waitFor } from "@moeswarm/testkit";
+
 /** Synthetic models are cached across runs (generation is deterministic; `small` takes seconds). */
 export const MODEL_CACHE = process.env.MOESWARM_CACHE_DIR ?? join(tmpdir(), "moeswarm-hub-test-models");
 
@@ -143,14 +145,6 @@ export function partialDownload(
     req.on("error", (error) => (cutDone ? undefined : reject(error)));
     req.end();
   });
-}
-
-export async function waitFor(check: () => boolean | Promise<boolean>, what: string, timeoutMs = 8000) {
-  const start = Date.now();
-  while (!(await check())) {
-    if (Date.now() - start > timeoutMs) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
 }
 
 /** One sample of the Prometheus exposition: `name{labels} value`. */

@@ -1,6 +1,7 @@
 import { createHash } from "node:crypto";
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
+import { sleep } from "@moeswarm/core";
 import { Placement } from "@moeswarm/dispatch";
 import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
 import { parseManifest, type SliceManifest } from "@moeswarm/shard";
@@ -343,7 +344,7 @@ describe("placement for backbones", () => {
 
     const started = Date.now();
     const polled = get(`/api/models/${ID}/placement?since=${first.body.version}&wait=5`);
-    await new Promise((r) => setTimeout(r, 100));
+    await sleep(100);
     const w8 = await worker("w8");
     w8.register({ model: ID, layers: [1], experts: [6, 7] });
     const changed = await polled;
@@ -353,7 +354,7 @@ describe("placement for backbones", () => {
     expect(changed.body.registrations.map((r: { id: string }) => r.id)).toEqual(["w5", "w8"]);
 
     const polledDrain = get(`/api/models/${ID}/placement?since=${changed.body.version}&wait=5`);
-    await new Promise((r) => setTimeout(r, 50));
+    await sleep(50);
     w8.drain("going away");
     const drained = await polledDrain;
     expect(drained.body.registrations.map((r: { id: string }) => r.id)).toEqual(["w5"]);
@@ -414,7 +415,7 @@ describe("several slices per worker, and a drain from the hub", () => {
     expect((await post(path, [1], token("admin"))).status).toBe(400);
 
     const polled = get(`/api/models/${ID}/placement?since=${before.body.version}&wait=5`);
-    await new Promise((r) => setTimeout(r, 50));
+    await sleep(50);
     const drained = await post(path, { reason: "maintenance" }, token("admin"));
     expect(drained).toMatchObject({ status: 200, body: { worker: "w9", draining: true, inFlight: 0 } });
     // at once: no slice of it in the placement, the relay refuses dispatches to it

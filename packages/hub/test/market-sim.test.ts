@@ -1,7 +1,8 @@
 import { formatRange, type Range } from "@moeswarm/core";
+import { rng } from "@moeswarm/testkit";
 import { describe, expect, it } from "vitest";
 import type { Lease } from "../src/market.js";
-import { CoverageMarket, isMoeswarmHubConflict, type MarketModel, prng } from "./market-helpers.js";
+import { CoverageMarket, isMoeswarmHubConflict, type MarketModel } from "./market-helpers.js";
 
 /*
  * The issue's simulation, in-process and in simulated time: 50 workers with random capacities
@@ -61,7 +62,7 @@ interface Outcome {
 }
 
 function simulate(seed: number): Outcome {
-  const rand = prng(seed);
+  const rand = rng(seed);
   let ids = 0;
   const market = new CoverageMarket({
     newId: () => `L${++ids}`,

@@ -1,10 +1,18 @@
-import { decodeFrame, encodeFrame, type Frame, isMoeswarmError, PROTOCOL_VERSION } from "@moeswarm/core";
+import {
+  decodeFrame,
+  encodeFrame,
+  type Frame,
+  isMoeswarmError,
+  PROTOCOL_VERSION,
+  sleep,
+} from "@moeswarm/core";
 import { connectRelay, type IncomingDispatch, type RelayConnection } from "@moeswarm/relay-client";
+import { rng } from "@moeswarm/testkit";
 import { encode as msgpack } from "@msgpack/msgpack";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import WebSocket from "ws";
 import { listenRelay, mintToken, type RelayListener } from "../src/index.js";
-import { fakeExperts, prng, randomRequest, sameBytes, startProxy, waitFor } from "./helpers.js";
+import { fakeExperts, randomRequest, sameBytes, startProxy, waitFor } from "./helpers.js";
 
 const SECRET = "hostile-test-secret-0123456789abcdef";
 const MAX = 64 * 1024;
@@ -193,7 +201,7 @@ describe("relay against bad peers (plain ws://)", () => {
   });
 
   it("survives a seeded fuzz of random and truncated frames, then still routes", async () => {
-    const rand = prng(42);
+    const rand = rng(42);
     const valid = encodeFrame({
       t: "dispatch",
       v: PROTOCOL_VERSION,
@@ -227,7 +235,7 @@ describe("relay against bad peers (plain ws://)", () => {
         for (let i = 0; i < 3; i++) data[Math.floor(rand() * data.byteLength)] = Math.floor(rand() * 256);
       }
       peer.send(data);
-      await new Promise((r) => setTimeout(r, 1));
+      await sleep(1);
     }
     // unauthenticated garbage too
     for (let i = 0; i < 20; i++) {
@@ -243,7 +251,7 @@ describe("relay against bad peers (plain ws://)", () => {
     worker.register({ model: MODEL, layers: [0], experts: [0, 1, 2, 3] });
     const backbone = await client("backbone", "fb");
     await waitFor(() => listener.relay.workers().some((w) => w.id === "fw" && w.slices.length === 1), "fw");
-    const req = randomRequest(prng(43), { n: 3, embd: 16, k: 2, experts: 4, mode: "sum" });
+    const req = randomRequest(rng(43), { n: 3, embd: 16, k: 2, experts: 4, mode: "sum" });
     const reply = await backbone.request("fw", req);
     expect(sameBytes(reply.y, fakeExperts(5, req))).toBe(true);
     expect(listener.relay.stats().violations).toBeGreaterThan(20);
@@ -265,10 +273,10 @@ describe("relay against bad peers (plain ws://)", () => {
       () => listener.relay.workers().some((w) => w.id === "tiny" && w.slices.length === 1),
       "tiny",
     );
-    const big = randomRequest(prng(46), { n: 4, embd: 256, k: 1, experts: 2, mode: "each" });
+    const big = randomRequest(rng(46), { n: 4, embd: 256, k: 1, experts: 2, mode: "each" });
     const error = await backbone.request("tiny", big).catch((e: unknown) => e);
     expect(isMoeswarmError(error, "MOESWARM_PROTOCOL_FRAME_TOO_LARGE")).toBe(true);
-    const small = randomRequest(prng(47), { n: 1, embd: 16, k: 1, experts: 2, mode: "each" });
+    const small = randomRequest(rng(47), { n: 1, embd: 16, k: 1, experts: 2, mode: "each" });
     const reply = await backbone.request("tiny", small);
     expect(sameBytes(reply.y, fakeExperts(4, small))).toBe(true);
     expect(worker.state).toBe("connected");
@@ -289,7 +297,7 @@ describe("relay against bad peers (plain ws://)", () => {
       () => listener.relay.workers().some((w) => w.id === "slow" && w.slices.length === 1),
       "slow",
     );
-    const req = randomRequest(prng(44), { n: 1, embd: 8, k: 1, experts: 2, mode: "each" });
+    const req = randomRequest(rng(44), { n: 1, embd: 8, k: 1, experts: 2, mode: "each" });
     const results = Array.from({ length: 6 }, () =>
       backbone.request("slow", req).then(
         (r) => sameBytes(r.y, fakeExperts(3, req)),
@@ -435,7 +443,7 @@ describe("relay against bad peers (plain ws://)", () => {
       const backbone = await connect("backbone", "pusher", small.url);
       await waitFor(() => small.relay.workers().some((w) => w.slices.length === 1), "stuck registered");
       proxy.freeze(); // the worker stops reading: its socket buffers fill, then the relay's queue
-      const big = randomRequest(prng(45), { n: 8, embd: 1024, k: 1, experts: 1, mode: "each" }); // 32 KiB of x
+      const big = randomRequest(rng(45), { n: 8, embd: 1024, k: 1, experts: 1, mode: "each" }); // 32 KiB of x
       const codes = new Map<string, number>();
       let relayRefusal: unknown;
       const pending: Promise<void>[] = [];

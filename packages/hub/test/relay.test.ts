@@ -8,6 +8,7 @@ import {
   type RelayEvent,
   RelayTransport,
 } from "@moeswarm/relay-client";
+import { rng } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   createLoopbackCertificates,
@@ -17,15 +18,7 @@ import {
   type RelayListener,
   type RelayServerEvent,
 } from "../src/index.js";
-import {
-  fakeExperts,
-  prng,
-  randomRequest,
-  sameBytes,
-  startProxy,
-  type TcpProxy,
-  waitFor,
-} from "./helpers.js";
+import { fakeExperts, randomRequest, sameBytes, startProxy, type TcpProxy, waitFor } from "./helpers.js";
 
 const SECRET = "relay-test-secret-0123456789abcdef";
 const MODEL = "test-moe";
@@ -138,7 +131,7 @@ async function expectCode(promise: Promise<unknown>, code: string): Promise<unkn
 
 describe("relay over wss (self-signed CA)", () => {
   it("routes dispatches to the named worker and returns byte-exact results", async () => {
-    const rand = prng(1);
+    const rand = rng(1);
     const shapes = [
       { n: 1, embd: 64, k: 8, experts: 8, mode: "each" as const },
       { n: 7, embd: 96, k: 4, experts: 8, mode: "sum" as const, layer: 1 },
@@ -187,7 +180,7 @@ describe("relay over wss (self-signed CA)", () => {
 
   it("keeps two backbones' equal request ids apart", async () => {
     const bb2 = await connect(url(port), "backbone", "bb2");
-    const rand = prng(2);
+    const rand = rng(2);
     const a = Array.from({ length: 20 }, () =>
       randomRequest(rand, { n: 2, embd: 16, k: 2, experts: 8, mode: "each" }),
     );
@@ -205,7 +198,7 @@ describe("relay over wss (self-signed CA)", () => {
   });
 
   it("answers at once for an unknown worker, an unregistered model and a draining worker", async () => {
-    const req = randomRequest(prng(3), { n: 1, embd: 8, k: 1, experts: 8, mode: "each" });
+    const req = randomRequest(rng(3), { n: 1, embd: 8, k: 1, experts: 8, mode: "each" });
     await expectCode(bb.request("nobody", req), "MOESWARM_TRANSPORT_UNKNOWN_PEER");
     await expectCode(bb.request("w1", { ...req, model: "other" }), "MOESWARM_TRANSPORT_UNKNOWN_PEER");
     const w3 = await connect(url(port), "worker", "w3");
@@ -238,7 +231,7 @@ describe("relay over wss (self-signed CA)", () => {
     expect(registers.map((e) => e.experts)).toEqual([[0, 1, 2, 3], [4, 5], [0], [0, 1, 2, 3]]);
     expect(registers.at(-1)?.capacity).toBe(99);
     // a dispatch for experts of both slices is routed (the worker splits it)
-    const req = randomRequest(prng(9), { n: 3, embd: 8, k: 2, experts: 6, mode: "sum" });
+    const req = randomRequest(rng(9), { n: 3, embd: 8, k: 2, experts: 6, mode: "sum" });
     expect(sameBytes((await bb.request("w4", req)).y, fakeExperts(4, req))).toBe(true);
 
     // the hub drains it: the worker is told, gets no new dispatches, its slices are withdrawn
@@ -277,14 +270,14 @@ describe("relay over wss (self-signed CA)", () => {
 
   it("RelayTransport serves the dispatcher's request shape", async () => {
     const transport = new RelayTransport(bb);
-    const req = randomRequest(prng(4), { n: 4, embd: 24, k: 3, experts: 8, mode: "sum" });
+    const req = randomRequest(rng(4), { n: 4, embd: 24, k: 3, experts: 8, mode: "sum" });
     const result = await transport.request("w1", { ...req, dtype: "f32" }, { deadlineMs: 5000 });
     expect(sameBytes(result.y, fakeExperts(1, req))).toBe(true);
     expect(typeof result.ms).toBe("number");
   });
 
   it("aborts and deadlines reject, remove their listeners and drop the late answer", async () => {
-    const req = randomRequest(prng(5), { n: 1, embd: 8, k: 1, experts: 8, mode: "each" });
+    const req = randomRequest(rng(5), { n: 1, embd: 8, k: 1, experts: 8, mode: "each" });
     const before = computed.w1!;
     const aborted = AbortSignal.abort(new Error("already"));
     await expect(bb.request("w1", req, { signal: aborted })).rejects.toThrow("already");
@@ -319,7 +312,7 @@ describe("relay over wss (self-signed CA)", () => {
   });
 
   it("a worker killed mid-request fails that request at once; the others keep going", async () => {
-    const req = randomRequest(prng(6), { n: 2, embd: 8, k: 2, experts: 8, mode: "each" });
+    const req = randomRequest(rng(6), { n: 2, embd: 8, k: 2, experts: 8, mode: "each" });
     let started = false;
     hold = async (inc) => {
       if (inc.from === "bb" && inc.n === 2) started = true;
@@ -341,7 +334,7 @@ describe("relay over wss (self-signed CA)", () => {
   });
 
   it("a worker that goes silent is dropped after deadPeerMs and its requests fail", async () => {
-    const req = randomRequest(prng(7), { n: 1, embd: 8, k: 1, experts: 8, mode: "each" });
+    const req = randomRequest(rng(7), { n: 1, embd: 8, k: 1, experts: 8, mode: "each" });
     await waitFor(() => registered("w2"), "w2 registered");
     const drops = events.length;
     proxy.freeze(); // bytes stop both ways; no socket closes
@@ -359,7 +352,7 @@ describe("relay over wss (self-signed CA)", () => {
   it("restarting the relay reconnects everyone and requests resume after re-registration", async () => {
     const states: RelayEvent[] = [];
     const off = bb.on((e) => states.push(e));
-    const req = randomRequest(prng(8), { n: 2, embd: 8, k: 2, experts: 8, mode: "sum" });
+    const req = randomRequest(rng(8), { n: 2, embd: 8, k: 2, experts: 8, mode: "sum" });
     hold = (inc) => new Promise((r) => inc.signal.addEventListener("abort", () => r(), { once: true }));
     const inFlight = bb.request("w1", req, { deadlineMs: 20_000 });
     await waitFor(() => listener.relay.workers().some((w) => w.id === "w1" && w.inFlight === 1), "in flight");

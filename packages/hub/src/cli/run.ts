@@ -3,9 +3,11 @@ import { readFile, writeFile } from "node:fs/promises";
 import { hostname, networkInterfaces } from "node:os";
 import { resolve as resolvePath } from "node:path";
 import { parseArgs } from "node:util";
-import { InvalidArgumentError, isMoeswarmError } from "@moeswarm/core";
-import { createHub, type HubEvent } from "../hub.js";
+import { InvalidArgumentError, isMoeswarmError, onAbort } from "@moeswarm/core";
+import { createHub } from "../hub.js";
+import type { HubEvent, HubListener } from "../hub-types.js";
 import { createLoopbackCertificates, isCertificateHost, type LoopbackCertificates } from "../loopback-tls.js";
+import type { ModelInfo } from "../model.js";
 import { mintToken, type TokenRole } from "../token.js";
 
 export const CLI_NAME = "moeswarm-hub";
@@ -35,7 +37,7 @@ interface Command {
 
 /** A mistake in the command line (exit status 2), as opposed to a failure of the work (1). */
 function usageError(message: string): InvalidArgumentError {
-  return new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", message, { details: { usage: true } });
+  return new InvalidArgumentError(message, { details: { usage: true } });
 }
 
 function isUsageError(error: unknown): boolean {
@@ -107,6 +109,161 @@ function size(bytes: number): string {
   return `${u === 0 ? v : v.toFixed(1)} ${units[u]}`;
 }
 
+type SelfSignedInfo = { ca: string; hosts: string[] };
+
+/** The certificate the options name (files, or a self-signed one made now); undefined if stopped meanwhile. */
+async function serveTls(
+  values: Values,
+  host: string,
+  signal: AbortSignal,
+): Promise<{ tls?: { cert: string; key: string }; selfSignedInfo?: SelfSignedInfo } | undefined> {
+  const certPath = str(values, "tls-cert");
+  const keyPath = str(values, "tls-key");
+  if ((certPath === undefined) !== (keyPath === undefined)) {
+    throw usageError("--tls-cert and --tls-key go together");
+  }
+  const selfSigned = values["tls-self-signed"] === true;
+  const caOut = str(values, "tls-ca-out");
+  if (selfSigned && certPath !== undefined) {
+    throw usageError(
+      "--tls-self-signed makes its own certificate: give it or --tls-cert/--tls-key, not both",
+    );
+  }
+  if (caOut !== undefined && !selfSigned) throw usageError("--tls-ca-out goes with --tls-self-signed");
+  let tls: { cert: string; key: string } | undefined;
+  let selfSignedInfo: SelfSignedInfo | undefined;
+  if (certPath && keyPath) {
+    tls = { cert: await readText(certPath, "certificate"), key: await readText(keyPath, "key") };
+  } else if (selfSigned) {
+    const hosts = certificateHosts(host);
+    let certs: LoopbackCertificates;
+    try {
+      certs = await createLoopbackCertificates({ hosts, signal });
+    } catch (error) {
+      if (signal.aborted) return undefined; // stopped while starting
+      throw error;
+    }
+    const ca = resolvePath(caOut ?? DEFAULT_CA_OUT);
+    try {
+      await writeFile(ca, certs.ca);
+    } catch (error) {
+      throw usageError(`cannot write the CA certificate to ${ca}: ${(error as Error).message}`);
+    }
+    tls = { cert: certs.cert, key: certs.key };
+    selfSignedInfo = { ca, hosts };
+  }
+  return { ...(tls ? { tls } : {}), ...(selfSignedInfo ? { selfSignedInfo } : {}) };
+}
+
+type Say = (line: string, event: Record<string, unknown>) => void;
+
+/** The hub's events as the CLI prints them: a line each for what an operator wants to see. */
+function hubEventPrinter(say: Say, io: CliIo): (e: HubEvent) => void {
+  const lastPercent = new Map<string, number>();
+  const loadingSince = new Map<string, number>();
+  return (e: HubEvent) => {
+    switch (e.type) {
+      case "model-loading":
+        loadingSince.set(e.id, performance.now());
+        say(`${CLI_NAME}: loading ${e.id} (${e.path})`, { event: e.type, id: e.id, path: e.path });
+        return;
+      case "model-progress": {
+        // building a manifest reads every expert byte once: when that takes a while, say how
+        // far it is, every 10%
+        if (performance.now() - (loadingSince.get(e.id) ?? 0) < 2000) return;
+        const pct = e.bytesTotal === 0 ? 100 : Math.floor((e.bytesDone / e.bytesTotal) * 10) * 10;
+        if (pct === lastPercent.get(e.id) || pct === 0) return;
+        lastPercent.set(e.id, pct);
+        say(`${CLI_NAME}: hashing ${e.id}'s experts for its manifest: ${pct}%`, {
+          event: e.type,
+          id: e.id,
+          bytesDone: e.bytesDone,
+          bytesTotal: e.bytesTotal,
+        });
+        return;
+      }
+      case "lease":
+        // renewals come every few seconds per download: not worth a line each
+        if (e.action === "renewed") return;
+        say(
+          `${CLI_NAME}: lease ${e.action}: ${e.worker} ${e.model} layers ${e.layers} experts ${e.experts}`,
+          {
+            event: "lease",
+            action: e.action,
+            id: e.id,
+            worker: e.worker,
+            model: e.model,
+            layers: e.layers,
+            experts: e.experts,
+          },
+        );
+        return;
+      case "relay":
+        // an operator's drain is worth a line; the rest of the relay's traffic is in /metrics
+        if (e.event.type === "drain" && e.event.by === "hub") {
+          say(
+            `${CLI_NAME}: worker ${e.event.id} drained by the hub${e.event.reason ? `: ${e.event.reason}` : ""}`,
+            { event: "drain", worker: e.event.id, ...(e.event.reason ? { reason: e.event.reason } : {}) },
+          );
+        }
+        return;
+      case "model-unavailable":
+        io.stderr.write(
+          `${CLI_NAME}: model ${e.id} (${e.path}) is not served: ${isMoeswarmError(e.error) ? `${e.error.code}: ${e.error.message}` : String(e.error)}\n`,
+        );
+        return;
+      case "request-error":
+      case "store-error": {
+        const err = e.error;
+        const text = isMoeswarmError(err) ? `${err.code}: ${err.message}` : String(err);
+        io.stderr.write(
+          `${CLI_NAME}: ${e.type === "store-error" ? "store" : `${e.method} ${e.url}`}: ${text.replace(/\s*\n\s*/g, " ")}\n`,
+        );
+        return;
+      }
+      default:
+        return;
+    }
+  };
+}
+
+/** What `serve` prints once it listens (humans; --json prints the same as one object). */
+function listeningLines(
+  values: Values,
+  storeKind: string,
+  listener: HubListener,
+  infos: readonly ModelInfo[],
+  selfSignedInfo: SelfSignedInfo | undefined,
+  tokens: { admin: string; worker: string; backbone: string } | undefined,
+): string[] {
+  const lines = [
+    `${CLI_NAME}: serving ${infos.length} model${infos.length === 1 ? "" : "s"} on ${listener.url} (relay ${listener.relayUrl})`,
+    ...infos.map(
+      (m) =>
+        `  ${m.id}  ${m.arch ?? "?"}  ${m.layers} layers x ${m.experts} experts  ${size(m.expertBytes)}/expert  file ${size(m.fileSize)}`,
+    ),
+    `  dashboard: ${listener.url}/${values.private === true ? "#token=<token>" : ""}`,
+    `  store: ${storeKind}${storeKind === "sqlite" ? ` (${str(values, "db") ?? "moeswarm-hub.db"})` : ""}; reads ${values.private === true ? "need a token" : "are public"}`,
+  ];
+  if (selfSignedInfo) {
+    lines.push(
+      `  TLS: self-signed for ${selfSignedInfo.hosts.join(", ")}; CA certificate: ${selfSignedInfo.ca}`,
+      `    (workers and backbones trust it with --ca ${selfSignedInfo.ca})`,
+    );
+  }
+  if (tokens) {
+    lines.push(
+      `${CLI_NAME}: no --secret-file given: generated a secret for this run only. These tokens (valid 7 days)`,
+      "  stop working when this hub stops; give --secret-file <file> and mint tokens with",
+      `  \`${CLI_NAME} token\` to keep them across restarts.`,
+      `  admin token:    ${tokens.admin}`,
+      `  worker token:   ${tokens.worker}`,
+      `  backbone token: ${tokens.backbone}`,
+    );
+  }
+  return lines;
+}
+
 const serve: Command = {
   name: "serve",
   summary: "serve models (expert-shard API, manifests, metrics) and the relay on one port",
@@ -163,113 +320,16 @@ const serve: Command = {
     }
     const port = int(values, "port", 8443, 0, 65535);
     const host = str(values, "host") ?? "127.0.0.1";
-    const certPath = str(values, "tls-cert");
-    const keyPath = str(values, "tls-key");
-    if ((certPath === undefined) !== (keyPath === undefined)) {
-      throw usageError("--tls-cert and --tls-key go together");
-    }
-    const selfSigned = values["tls-self-signed"] === true;
-    const caOut = str(values, "tls-ca-out");
-    if (selfSigned && certPath !== undefined) {
-      throw usageError(
-        "--tls-self-signed makes its own certificate: give it or --tls-cert/--tls-key, not both",
-      );
-    }
-    if (caOut !== undefined && !selfSigned) throw usageError("--tls-ca-out goes with --tls-self-signed");
-    let tls: { cert: string; key: string } | undefined;
-    let selfSignedInfo: { ca: string; hosts: string[] } | undefined;
-    if (certPath && keyPath) {
-      tls = { cert: await readText(certPath, "certificate"), key: await readText(keyPath, "key") };
-    } else if (selfSigned) {
-      const hosts = certificateHosts(host);
-      let certs: LoopbackCertificates;
-      try {
-        certs = await createLoopbackCertificates({ hosts, signal });
-      } catch (error) {
-        if (signal.aborted) return; // stopped while starting
-        throw error;
-      }
-      const ca = resolvePath(caOut ?? DEFAULT_CA_OUT);
-      try {
-        await writeFile(ca, certs.ca);
-      } catch (error) {
-        throw usageError(`cannot write the CA certificate to ${ca}: ${(error as Error).message}`);
-      }
-      tls = { cert: certs.cert, key: certs.key };
-      selfSignedInfo = { ca, hosts };
-    }
+    const served = await serveTls(values, host, signal);
+    if (served === undefined) return; // stopped while starting
+    const { tls, selfSignedInfo } = served;
     const secretFile = str(values, "secret-file");
     const generated = secretFile === undefined;
     const secret = generated ? randomBytes(32).toString("base64url") : await readSecret(secretFile);
     const say = (line: string, event: Record<string, unknown>) => {
       io.stdout.write(json ? `${JSON.stringify(event)}\n` : `${line}\n`);
     };
-    const lastPercent = new Map<string, number>();
-    const loadingSince = new Map<string, number>();
-    const onEvent = (e: HubEvent) => {
-      switch (e.type) {
-        case "model-loading":
-          loadingSince.set(e.id, performance.now());
-          say(`${CLI_NAME}: loading ${e.id} (${e.path})`, { event: e.type, id: e.id, path: e.path });
-          return;
-        case "model-progress": {
-          // building a manifest reads every expert byte once: when that takes a while, say how
-          // far it is, every 10%
-          if (performance.now() - (loadingSince.get(e.id) ?? 0) < 2000) return;
-          const pct = e.bytesTotal === 0 ? 100 : Math.floor((e.bytesDone / e.bytesTotal) * 10) * 10;
-          if (pct === lastPercent.get(e.id) || pct === 0) return;
-          lastPercent.set(e.id, pct);
-          say(`${CLI_NAME}: hashing ${e.id}'s experts for its manifest: ${pct}%`, {
-            event: e.type,
-            id: e.id,
-            bytesDone: e.bytesDone,
-            bytesTotal: e.bytesTotal,
-          });
-          return;
-        }
-        case "lease":
-          // renewals come every few seconds per download: not worth a line each
-          if (e.action === "renewed") return;
-          say(
-            `${CLI_NAME}: lease ${e.action}: ${e.worker} ${e.model} layers ${e.layers} experts ${e.experts}`,
-            {
-              event: "lease",
-              action: e.action,
-              id: e.id,
-              worker: e.worker,
-              model: e.model,
-              layers: e.layers,
-              experts: e.experts,
-            },
-          );
-          return;
-        case "relay":
-          // an operator's drain is worth a line; the rest of the relay's traffic is in /metrics
-          if (e.event.type === "drain" && e.event.by === "hub") {
-            say(
-              `${CLI_NAME}: worker ${e.event.id} drained by the hub${e.event.reason ? `: ${e.event.reason}` : ""}`,
-              { event: "drain", worker: e.event.id, ...(e.event.reason ? { reason: e.event.reason } : {}) },
-            );
-          }
-          return;
-        case "model-unavailable":
-          io.stderr.write(
-            `${CLI_NAME}: model ${e.id} (${e.path}) is not served: ${isMoeswarmError(e.error) ? `${e.error.code}: ${e.error.message}` : String(e.error)}\n`,
-          );
-          return;
-        case "request-error":
-        case "store-error": {
-          const err = e.error;
-          const text = isMoeswarmError(err) ? `${err.code}: ${err.message}` : String(err);
-          io.stderr.write(
-            `${CLI_NAME}: ${e.type === "store-error" ? "store" : `${e.method} ${e.url}`}: ${text.replace(/\s*\n\s*/g, " ")}\n`,
-          );
-          return;
-        }
-        default:
-          return;
-      }
-    };
+    const onEvent = hubEventPrinter(say, io);
     const leaseTtlS = int(values, "lease-ttl", 120, 1, 86_400);
     const hub = createHub({
       secret,
@@ -288,8 +348,7 @@ const serve: Command = {
       },
       onEvent,
     });
-    const stop = () => void hub.close();
-    signal.addEventListener("abort", stop, { once: true });
+    const stopping = onAbort(signal, () => void hub.close());
     try {
       if (signal.aborted) return;
       const listener = await hub.listen(port, host);
@@ -301,31 +360,7 @@ const serve: Command = {
             backbone: mintToken({ role: "backbone", ttlS: 7 * DAY_S }, secret),
           }
         : undefined;
-      const lines = [
-        `${CLI_NAME}: serving ${infos.length} model${infos.length === 1 ? "" : "s"} on ${listener.url} (relay ${listener.relayUrl})`,
-        ...infos.map(
-          (m) =>
-            `  ${m.id}  ${m.arch ?? "?"}  ${m.layers} layers x ${m.experts} experts  ${size(m.expertBytes)}/expert  file ${size(m.fileSize)}`,
-        ),
-        `  dashboard: ${listener.url}/${values.private === true ? "#token=<token>" : ""}`,
-        `  store: ${hub.store.kind}${hub.store.kind === "sqlite" ? ` (${str(values, "db") ?? "moeswarm-hub.db"})` : ""}; reads ${values.private === true ? "need a token" : "are public"}`,
-      ];
-      if (selfSignedInfo) {
-        lines.push(
-          `  TLS: self-signed for ${selfSignedInfo.hosts.join(", ")}; CA certificate: ${selfSignedInfo.ca}`,
-          `    (workers and backbones trust it with --ca ${selfSignedInfo.ca})`,
-        );
-      }
-      if (tokens) {
-        lines.push(
-          `${CLI_NAME}: no --secret-file given: generated a secret for this run only. These tokens (valid 7 days)`,
-          "  stop working when this hub stops; give --secret-file <file> and mint tokens with",
-          `  \`${CLI_NAME} token\` to keep them across restarts.`,
-          `  admin token:    ${tokens.admin}`,
-          `  worker token:   ${tokens.worker}`,
-          `  backbone token: ${tokens.backbone}`,
-        );
-      }
+      const lines = listeningLines(values, hub.store.kind, listener, infos, selfSignedInfo, tokens);
       say(lines.join("\n"), {
         event: "listening",
         url: listener.url,
@@ -338,13 +373,10 @@ const serve: Command = {
           : {}),
         ...(tokens ? { tokens, secretGenerated: true } : {}),
       });
-      await new Promise<void>((resolve) => {
-        if (signal.aborted) resolve();
-        else signal.addEventListener("abort", () => resolve(), { once: true });
-      });
+      await new Promise<void>((resolve) => onAbort(signal, () => resolve()));
       say(`${CLI_NAME}: shutting down`, { event: "closing" });
     } finally {
-      signal.removeEventListener("abort", stop);
+      stopping[Symbol.dispose]();
       await hub.close();
     }
   },

@@ -1,0 +1,175 @@
+// The hub's public shapes: its options, the events it reports, what `status()` answers and the
+// `Hub` handle itself (the implementation lives in hub.ts).
+import type { Server as HttpServer, IncomingMessage, ServerResponse } from "node:http";
+import type { Server as HttpsServer } from "node:https";
+import type { CoverageGrid, CoverageMarket, MarketOptions } from "./market.js";
+import type { BackboneRate } from "./market-book.js";
+import type { HubMetrics } from "./metrics.js";
+import type { ModelInfo } from "./model.js";
+import type { Relay, RelayOptions, RelayServerEvent } from "./relay.js";
+import type { HubStore } from "./store.js";
+import type { TokenSecret } from "./token.js";
+import type { HubWorkerInfo } from "./worker-book.js";
+
+export interface HubModelSource {
+  /** The model id in URLs and frames (default: the file name without `.gguf`). */
+  id?: string;
+  /** The GGUF file. */
+  path: string;
+}
+
+export interface HubOptions {
+  /** HMAC secret(s) of the tokens: relay peers, and writes to the HTTP API (admin role). */
+  secret: TokenSecret;
+  /** Models served from the start (configuration: not written to the store). */
+  models?: readonly HubModelSource[];
+  /**
+   * The directory `POST /api/models` may register files from (paths relative to it; nothing
+   * outside it, symbolic links included). Without it the API takes no registrations.
+   */
+  modelDir?: string;
+  /**
+   * Where registered models and workers persist: a HubStore, or the path of a SQLite file
+   * (`":memory:"` for none). Default: in this process's memory. A store passed in is the
+   * caller's to close; one opened from a path is closed with the hub.
+   */
+  store?: HubStore | string;
+  /** Options of the relay mounted on `/relay` (its secret is the hub's). */
+  relay?: Omit<RelayOptions, "secret">;
+  /** Serve https/wss with this certificate and key (PEM) from `listen()`. */
+  tls?: { cert: string | Uint8Array; key: string | Uint8Array; ca?: string | Uint8Array };
+  /** Reads (models, manifests, slices, workers, metrics) without a token (default true). */
+  publicReads?: boolean;
+  /** Where manifests are cached (default beside each model, `<file>.manifest.json`). */
+  manifestDir?: string;
+  /** Read size of slice streams (default 1 MiB). */
+  chunkSize?: number;
+  /** Slices kept planned per model (default 32). */
+  sliceCacheSize?: number;
+  /** A download whose client takes nothing for this long is cut (default 120000 ms). */
+  idleTimeoutMs?: number;
+  /** Largest request body (default 64 KiB). */
+  maxBodyBytes?: number;
+  /** How often workers' last-seen times are written (default 10000 ms). */
+  persistIntervalMs?: number;
+  /** Workers not seen for this long are forgotten (default 7 days). */
+  forgetWorkersAfterMs?: number;
+  /** Also export prom-client's process metrics (they live as long as the process; default false). */
+  defaultMetrics?: boolean;
+  /** The coverage market: demand decay, replica targets, values, leases (README "Demand"). */
+  market?: HubMarketOptions;
+  /**
+   * The dashboard on `GET /`: the hub's own server (`listen()`) serves it unless this is false;
+   * `handleRequest`/`createHubHandler` only when it is true (an embedder's `/` is its own).
+   */
+  dashboard?: boolean;
+  /** Largest backbone stats report (default 4 MiB). */
+  maxStatsBytes?: number;
+  /** Longest wait of a placement long-poll (default 60000 ms). */
+  maxPollMs?: number;
+  /** The market's clock, unix ms (default Date.now; tests inject one). */
+  clock?: () => number;
+  /** Observability hook (logs); its exceptions are swallowed. */
+  onEvent?: (event: HubEvent) => void;
+}
+
+export interface HubMarketOptions extends Omit<MarketOptions, "newId"> {
+  /** A backbone report older than this no longer counts towards tokens/s (default 30000 ms). */
+  statsStaleMs?: number;
+}
+
+/** What `GET /api/status` answers (the dashboard's data). */
+export interface HubStatus {
+  time: number;
+  /** Tokens/s over all models, from fresh backbone reports. */
+  tokensPerSecond: number;
+  models: Array<{
+    id: string;
+    arch: string | null;
+    layers: number[];
+    experts: number;
+    placementVersion: number;
+    cells: number;
+    uncovered: number;
+    belowTarget: number;
+    hot: number;
+    leases: number;
+    tokensPerSecond: number;
+    grid: Omit<CoverageGrid, "model" | "layers">;
+  }>;
+  workers: Array<{
+    id: string;
+    live: boolean;
+    draining: boolean;
+    slices: Array<{ model: string; layers: string; experts: string }>;
+    expertTokens: number;
+    rttMs?: number;
+    latencyMs?: number;
+    inFlight?: number;
+  }>;
+  leases: Array<{
+    worker: string;
+    model: string;
+    layers: string;
+    experts: string;
+    bytes: number;
+    expiresAt: number;
+  }>;
+  backbones: BackboneRate[];
+}
+
+export type HubEvent =
+  | { type: "model-loading"; id: string; path: string }
+  | { type: "model-progress"; id: string; bytesDone: number; bytesTotal: number }
+  | { type: "model-ready"; id: string; path: string; ms: number }
+  | { type: "model-unavailable"; id: string; path: string; error: unknown }
+  | { type: "model-removed"; id: string }
+  | { type: "request-error"; method: string; url: string; status: number; error: unknown }
+  | { type: "store-error"; error: unknown }
+  | {
+      type: "lease";
+      action: "granted" | "renewed" | "released" | "expired" | "fulfilled";
+      id: string;
+      worker: string;
+      model: string;
+      layers: string;
+      experts: string;
+    }
+  | { type: "relay"; event: RelayServerEvent };
+
+export interface HubListener {
+  readonly server: HttpServer | HttpsServer;
+  readonly port: number;
+  /** Base URL of the HTTP API, e.g. https://127.0.0.1:8443 */
+  readonly url: string;
+  /** The relay's URL, e.g. wss://127.0.0.1:8443/relay */
+  readonly relayUrl: string;
+}
+
+export interface Hub extends AsyncDisposable {
+  readonly relay: Relay;
+  readonly store: HubStore;
+  readonly metrics: HubMetrics;
+  /** The coverage market (coverage, demand, leases, credits); the HTTP API is a thin layer over it. */
+  readonly market: CoverageMarket;
+  /** Resolves when the configured and stored models are loaded; rejects if a configured one fails. */
+  readonly ready: Promise<void>;
+  /** Set once `listen()` resolved. */
+  readonly listener: HubListener | undefined;
+  models(): ModelInfo[];
+  workers(): HubWorkerInfo[];
+  /** What the dashboard shows (`GET /api/status`). */
+  status(options?: { model?: string }): HubStatus;
+  /**
+   * Answers a request to the hub's API (`/api/...`, `/metrics`, and `/` for the dashboard with
+   * `dashboard: true`) and returns true, or returns false, touching nothing, for any other path
+   * (the embedder's own routes).
+   */
+  handleRequest(req: IncomingMessage, res: ServerResponse): boolean;
+  /** Takes the relay's WebSocket upgrade (`/relay`); false for any other path. */
+  handleUpgrade: Relay["handleUpgrade"];
+  /** One server for the API and the relay; plain http/ws, or https/wss with `tls`. */
+  listen(port?: number, host?: string): Promise<HubListener>;
+  /** Stops the server (when listening), the relay and downloads in flight, writes the store, closes files. */
+  close(): Promise<void>;
+}

@@ -1,0 +1,184 @@
+// The coverage market's public shapes: models, capacities, leases, demand, placement and what it
+// persists (the market itself is market.ts).
+import type { Range } from "@moeswarm/core";
+import type { DemandPolicy } from "./demand.js";
+
+/** One MoE layer of a model as the market sees it. */
+export interface MarketLayer {
+  /** Block number (what `layers=a:b` selects). */
+  readonly layer: number;
+  readonly nExpert: number;
+  /** Bytes of one expert of this layer (all its tensors), as a slice carries them. */
+  readonly bytesPerExpert: number;
+}
+
+export interface MarketModel {
+  readonly id: string;
+  /** The MoE layers, ascending. */
+  readonly layers: readonly MarketLayer[];
+}
+
+/** What a worker offers when it claims. */
+export interface WorkerCapacity {
+  /** Host memory offered for expert weights, bytes. */
+  readonly ramBytes?: number;
+  /** Device memory offered, bytes. The slice must fit `ramBytes + vramBytes`. */
+  readonly vramBytes?: number;
+  /** "cpu", "cuda", "hip", "vulkan", "metal"... (informative). */
+  readonly backend?: string;
+  /** Measured download bandwidth, bytes/s (informative). */
+  readonly bandwidthBps?: number;
+}
+
+/** A claim granted: the worker may download and register this slice before `expiresAt`. */
+export interface Lease {
+  readonly id: string;
+  readonly worker: string;
+  readonly model: string;
+  /** Half-open block range. */
+  readonly layers: Range;
+  /** Half-open expert range. */
+  readonly experts: Range;
+  /** Expert weight bytes of the slice (the manifest's slabs; the mini-GGUF adds its header). */
+  readonly bytes: number;
+  readonly grantedAt: number;
+  readonly expiresAt: number;
+  readonly capacity: WorkerCapacity;
+}
+
+/** A run of under-covered experts of one layer, all with the same target, coverage and pending. */
+export interface DemandRange {
+  readonly model: string;
+  readonly layer: number;
+  readonly experts: Range;
+  /** Experts in the range. */
+  readonly count: number;
+  /** Replicas wanted per expert. */
+  readonly target: number;
+  /** Live replicas per expert. */
+  readonly coverage: number;
+  /** Leased (claimed, not yet registered) replicas per expert. */
+  readonly pending: number;
+  /** `target - coverage - pending` (>= 1). */
+  readonly missing: number;
+  /** Target above 1. */
+  readonly hot: boolean;
+  /** Sum of the experts' values (README "Demand"), rounded to 1e-6. */
+  readonly value: number;
+  /** Expert weight bytes of the range. */
+  readonly bytes: number;
+  readonly bytesPerExpert: number;
+  /** Experts of the layer (all of them, in demand or not): a slice of 0:nExpert is a whole layer. */
+  readonly nExpert: number;
+}
+
+export interface ClaimRequest {
+  readonly worker: string;
+  readonly model: string;
+  readonly layers: Range;
+  readonly experts: Range;
+  readonly capacity: WorkerCapacity;
+  /** Lease lifetime (default the market's leaseTtlMs; at most maxLeaseTtlMs). */
+  readonly ttlMs?: number;
+  /**
+   * Replace every lease this worker holds (all models), not only those the slice overlaps: a
+   * worker that just started holds none, so what the market still has for its id is a previous
+   * run's (they are dropped only if this claim is granted).
+   */
+  readonly replaceLeases?: boolean;
+}
+
+export interface AutoClaimRequest {
+  readonly worker: string;
+  /** Only this model (default: every model the market knows). */
+  readonly model?: string;
+  readonly capacity: WorkerCapacity;
+  readonly ttlMs?: number;
+}
+
+/** One registered slice of a worker, as dispatch's `Placement.fromRegistrations` takes it. */
+export interface PlacementRegistration {
+  id: string;
+  model: string;
+  layers: number[];
+  experts: number[];
+}
+
+/** The live placement of one model (GET /api/models/:model/placement). */
+export interface PlacementJson {
+  model: string;
+  /** Changes whenever the registrations change; increases, also across restarts (it is >= the clock). */
+  version: number;
+  /** The MoE layers. */
+  layers: number[];
+  /** Experts per layer (the largest layer's). */
+  experts: number;
+  /**
+   * Live, non-draining workers' slices, by worker id then in the order registered, one entry per
+   * slice (a worker may have several): `Placement.fromRegistrations(registrations)` merges them.
+   */
+  registrations: PlacementRegistration[];
+  /** The same, per cell: runs of experts of one layer with the same owners. */
+  owners: Array<{ layer: number; experts: string; workers: string[] }>;
+  /** Experts nobody serves, per layer (`a:b,c:d`), as dispatch's `Placement.missing` reports them. */
+  missing: Array<{ layer: number; experts: string; count: number }>;
+}
+
+/** Coverage of a model per cell, for the dashboard (rows are the MoE layers in order). */
+export interface CoverageGrid {
+  model: string;
+  layers: number[];
+  nExpert: number[];
+  replicas: number[][];
+  pending: number[][];
+  targets: number[][];
+  /** Hotness `h` (1 = an average expert of its layer), rounded to 1e-3. */
+  load: number[][];
+}
+
+export interface CoverageSummary {
+  model: string;
+  cells: number;
+  /** Cells without a live replica. */
+  uncovered: number;
+  /** Cells with fewer live replicas than their target. */
+  belowTarget: number;
+  /** Cells whose target is above 1. */
+  hot: number;
+  leases: number;
+  version: number;
+}
+
+export interface StoredDemandRow {
+  readonly model: string;
+  readonly layer: number;
+  /** The instant the counts refer to (unix ms). */
+  readonly at: number;
+  readonly counts: Float64Array;
+}
+
+export interface CreditRow {
+  readonly worker: string;
+  readonly model: string;
+  readonly expertTokens: number;
+  readonly updatedAt: number;
+}
+
+/** What changed since the last `takeChanges()`: what the hub writes to its store. */
+export interface MarketChanges {
+  demand: StoredDemandRow[];
+  /** Leases gone by expiry, fulfilment or their model's removal (grants, renewals and releases are written by the caller at once). */
+  deadLeases: string[];
+  credits: CreditRow[];
+}
+
+export interface MarketOptions extends Partial<DemandPolicy> {
+  /** Lease lifetime when a claim asks for none (default 120000 ms). */
+  leaseTtlMs?: number;
+  /** Longest lease a claim may ask for (default 3600000 ms). */
+  maxLeaseTtlMs?: number;
+  /** Lease ids (default 16 random bytes, base64url); tests pass a counter. */
+  newId?: () => string;
+  /** Told of every lease that ends by itself: expired, or fulfilled by a registration. Must not throw. */
+  onLeaseEnd?: (lease: Lease, reason: "expired" | "fulfilled") => void;
+}

@@ -1,0 +1,191 @@
+// Routing in the relay: a backbone's dispatch forwarded to the worker it names (with the limits
+// and back-pressure checks that refuse it), and the worker's answer, or a timeout, sent back.
+import {
+  type DispatchFrame,
+  type ErrorFrame,
+  encodeFrame,
+  isMoeswarmError,
+  PROTOCOL_VERSION,
+  type ResultFrame,
+  traceHop,
+} from "@moeswarm/core";
+import { CLOSE_SLOW_CONSUMER } from "@moeswarm/relay-client";
+import { type Peer, type RelaySettings, type Route, servesModel } from "./relay-peer.js";
+import type { RelayServerEvent, RelayStats } from "./relay-types.js";
+
+// Answers a relay gives for a dispatch it cannot route.
+export type RouteErrorCode =
+  | "MOESWARM_TRANSPORT_UNKNOWN_PEER"
+  | "MOESWARM_TRANSPORT_DRAINING"
+  | "MOESWARM_TRANSPORT_LIMIT"
+  | "MOESWARM_TRANSPORT_BACKPRESSURE"
+  | "MOESWARM_TRANSPORT_CLOSED"
+  | "MOESWARM_TRANSPORT_TIMEOUT"
+  | "MOESWARM_PROTOCOL_FRAME_TOO_LARGE";
+
+/** What routing needs of the relay server: its settings, counters, peers and plumbing. */
+export interface RelayLink {
+  readonly s: RelaySettings;
+  readonly stats: RelayStats;
+  readonly workers: ReadonlyMap<string, Peer>;
+  guard(fn: () => void): void;
+  emit(event: RelayServerEvent): void;
+  sendBytes(peer: Peer, bytes: Uint8Array): boolean;
+  error(peer: Peer, code: string, msg: string, id?: number, from?: string): void;
+  violation(peer: Peer, code: string, msg: string, id?: number): void;
+  drop(peer: Peer, code: number, reason: string, destroy: boolean): void;
+}
+
+/** Forwards a backbone's dispatch to the worker it names, or refuses it with an error frame. */
+export function routeDispatch(link: RelayLink, backbone: Peer, frame: DispatchFrame): void {
+  const refuse = (code: RouteErrorCode, msg: string) => {
+    link.stats.refused++;
+    link.error(backbone, code, msg, frame.id, frame.to);
+  };
+  if (backbone.role !== "backbone") {
+    link.violation(backbone, "MOESWARM_AUTH_ROLE", "a worker cannot send dispatch", frame.id);
+    return;
+  }
+  if (frame.to === undefined) {
+    link.violation(backbone, "MOESWARM_PROTOCOL_MISSING_FIELD", "dispatch.to names no worker", frame.id);
+    return;
+  }
+  if (backbone.outstanding.size >= link.s.maxInFlight) {
+    refuse(
+      "MOESWARM_TRANSPORT_LIMIT",
+      `${backbone.outstanding.size} requests in flight (limit ${link.s.maxInFlight})`,
+    );
+    return;
+  }
+  const worker = link.workers.get(frame.to);
+  if (!worker || worker.closed) {
+    refuse("MOESWARM_TRANSPORT_UNKNOWN_PEER", `no live worker ${JSON.stringify(frame.to)}`);
+    return;
+  }
+  if (worker.draining) {
+    refuse("MOESWARM_TRANSPORT_DRAINING", `worker ${frame.to} is draining`);
+    return;
+  }
+  if (!servesModel(worker, frame.model)) {
+    refuse("MOESWARM_TRANSPORT_UNKNOWN_PEER", `worker ${frame.to} has registered no slice of ${frame.model}`);
+    return;
+  }
+  if (worker.routes.size >= link.s.maxInFlight) {
+    refuse("MOESWARM_TRANSPORT_LIMIT", `worker ${frame.to} holds ${worker.routes.size} requests`);
+    return;
+  }
+  let relayId = worker.nextRouteId;
+  while (worker.routes.has(relayId)) relayId = (relayId + 1) >>> 0;
+  worker.nextRouteId = (relayId + 1) >>> 0;
+  let bytes: Uint8Array;
+  try {
+    bytes = encodeFrame(
+      { ...frame, id: relayId, from: backbone.id, to: frame.to },
+      { maxFrameBytes: link.s.maxFrameBytes },
+    );
+  } catch (error) {
+    // e.g. the added `from` pushed a frame at the limit over it
+    const e = isMoeswarmError(error) ? error : undefined;
+    link.stats.refused++;
+    link.error(backbone, e?.code ?? "MOESWARM_PROTOCOL_MALFORMED", e?.message ?? "cannot forward", frame.id);
+    return;
+  }
+  if (bytes.byteLength > worker.maxFrame) {
+    // the worker would drop its link on it; refusing keeps the worker and fails only this request
+    refuse(
+      "MOESWARM_PROTOCOL_FRAME_TOO_LARGE",
+      `dispatch of ${bytes.byteLength} bytes exceeds worker ${frame.to}'s limit of ${worker.maxFrame}`,
+    );
+    return;
+  }
+  if (worker.ws.bufferedAmount + bytes.byteLength > link.s.maxQueueBytes) {
+    refuse("MOESWARM_TRANSPORT_BACKPRESSURE", `the send queue to worker ${frame.to} is full`);
+    return;
+  }
+  const route: Route = {
+    relayId,
+    origId: frame.id,
+    backbone,
+    worker,
+    started: performance.now(),
+    // the backbone gives up at its deadline; the relay forgets the route a little later
+    timer: setTimeout(
+      () => link.guard(() => expireRoute(link, route)),
+      (frame.deadline ?? link.s.requestTimeoutMs) + 1000,
+    ),
+  };
+  route.timer.unref?.();
+  worker.routes.set(relayId, route);
+  backbone.outstanding.add(route);
+  link.stats.routed++;
+  link.sendBytes(worker, bytes);
+  traceHop("hub.out.dispatch", relayId);
+}
+
+export function finishRoute(route: Route): void {
+  clearTimeout(route.timer);
+  route.worker.routes.delete(route.relayId);
+  route.backbone.outstanding.delete(route);
+}
+
+function expireRoute(link: RelayLink, route: Route): void {
+  if (route.worker.routes.get(route.relayId) !== route) return;
+  finishRoute(route);
+  answerBackbone(link, route, {
+    t: "error",
+    v: PROTOCOL_VERSION,
+    id: route.origId,
+    code: "MOESWARM_TRANSPORT_TIMEOUT",
+    msg: `worker ${route.worker.id} did not answer in time`,
+  });
+}
+
+/** A worker's result or error, sent back to the backbone whose dispatch it answers. */
+export function routeAnswer(link: RelayLink, worker: Peer, frame: ResultFrame | ErrorFrame): void {
+  if (frame.id === undefined) return; // a worker's connection-level notice; nothing to route
+  const route = worker.routes.get(frame.id);
+  if (!route) return; // late: the route expired or its backbone's connection is gone
+  finishRoute(route);
+  answerBackbone(link, route, { ...frame, id: route.origId });
+}
+
+export function answerBackbone(link: RelayLink, route: Route, frame: ResultFrame | ErrorFrame): void {
+  const backbone = route.backbone;
+  link.emit({
+    type: "routed",
+    from: backbone.id as string,
+    to: route.worker.id as string,
+    outcome: frame.t === "result" ? "result" : frame.code,
+    ms: performance.now() - route.started,
+  });
+  if (backbone.closed) return;
+  let bytes: Uint8Array;
+  try {
+    bytes = encodeFrame(
+      { ...frame, from: route.worker.id, to: backbone.id },
+      { maxFrameBytes: link.s.maxFrameBytes },
+    );
+  } catch (error) {
+    const e = isMoeswarmError(error) ? error : undefined;
+    link.error(
+      backbone,
+      e?.code ?? "MOESWARM_PROTOCOL_MALFORMED",
+      e?.message ?? "the answer could not be re-encoded",
+      route.origId,
+      route.worker.id,
+    );
+    return;
+  }
+  if (backbone.ws.bufferedAmount + bytes.byteLength > link.s.maxQueueBytes) {
+    // the backbone does not read its answers: cut it off rather than buffer without bound
+    link.drop(
+      backbone,
+      CLOSE_SLOW_CONSUMER,
+      "MOESWARM_TRANSPORT_BACKPRESSURE: answers are not being read",
+      true,
+    );
+    return;
+  }
+  link.sendBytes(backbone, bytes);
+  traceHop("hub.out.answer", route.relayId);
+}
