@@ -37,6 +37,7 @@ import {
   type HubLinkMetrics,
   type HubLinkOptions,
 } from "./hub-link.js";
+import type { BridgeStatsReport } from "./stats-report.js";
 
 /** Where the bridge listens: a Unix socket path, or TCP (port 0 picks a free one). */
 export type BridgeSocket = string | { readonly host?: string; readonly port: number };
@@ -140,21 +141,6 @@ export interface RoutingCount {
   layer: number;
   expert: number;
   count: number;
-}
-
-/**
- * What happened since the previous report, in the shape of the hub's backbone stats
- * (`POST /api/models/:model/stats`, without `seq` and `backbone`, which the reporter adds).
- */
-export interface BridgeStatsReport {
-  /** Tokens that went through the lowest remote layer (every ubatch passes there whole). */
-  tokens: number;
-  /** The report's span, ms. */
-  ms: number;
-  /** Per layer (decimal key): how many (token, slot) selections chose each expert, one count per expert. */
-  counts: Record<string, number[]>;
-  /** Per worker: the (token, expert) pairs it computed and returned, and its mean round trip, ms. */
-  receipts: Record<string, { expertTokens: number; ms?: number }>;
 }
 
 export interface BackboneBridge extends AsyncDisposable {

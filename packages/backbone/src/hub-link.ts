@@ -17,8 +17,8 @@ import {
   type RelayState,
   RelayTransport,
 } from "@moeswarm/relay-client";
-import type { BridgeStatsReport } from "./bridge.js";
 import { type HubCa, HubHttp, type HubToken, isTransient, tokenValue } from "./hub-http.js";
+import type { BridgeStatsReport, StatsSource } from "./stats-report.js";
 
 export type { HubCa, HubToken } from "./hub-http.js";
 
@@ -69,11 +69,6 @@ export interface HubPlacement {
   readonly missing: readonly MissingExperts[];
   /** When this version arrived (epoch ms). */
   readonly receivedAt: number;
-}
-
-/** Where reports come from: the bridge (`takeStatsReport`). */
-export interface StatsSource {
-  takeStatsReport(options: { nExpert: number }): BridgeStatsReport;
 }
 
 /** The hub's answer to a report. */

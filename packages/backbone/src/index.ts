@@ -7,7 +7,6 @@ export {
   type BridgeMetrics,
   type BridgeRequestStats,
   type BridgeSocket,
-  type BridgeStatsReport,
   type RoutingCount,
   serveBackboneBridge,
 } from "./bridge.js";
@@ -31,7 +30,6 @@ export {
   type HubToken,
   parseHubPlacement,
   type StatsOutcome,
-  type StatsSource,
 } from "./hub-link.js";
 export {
   formatLayerSelection,
@@ -40,6 +38,7 @@ export {
   parseLayerSelection,
 } from "./layers.js";
 export { logitsHarnessPath, pluginPath } from "./native-paths.js";
+export type { BridgeStatsReport, StatsSource } from "./stats-report.js";
 export { createSwarmLlama, type SwarmLlama, type SwarmLlamaOptions } from "./swarm-llama.js";
 export {
   createLocalFallback,
