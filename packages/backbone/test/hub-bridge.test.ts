@@ -7,6 +7,7 @@ import { join } from "node:path";
 import { createHub, type Hub, mintToken } from "@moeswarm/hub";
 import type { RelayConnection } from "@moeswarm/relay-client";
 import { sliceExperts } from "@moeswarm/shard";
+import { captureStream } from "@moeswarm/testkit";
 import { spawnLlamaExpertWorker, type WorkerProcessCompute } from "@moeswarm/worker-native";
 import { Agent, request } from "undici";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -19,7 +20,6 @@ import {
   serveBackboneBridge,
 } from "../src/index.js";
 import {
-  captureStream,
   connectComputeToRelay,
   firstByteDiff,
   type LoopbackCerts,

@@ -21,3 +21,4 @@ export function expectNoUnhandledRejections(settleMs = 150): void {
     expect(unhandled.map((e) => String(e))).toEqual([]);
   });
 }
+export { type CapturedStream, captureStream } from "./streams.js";
