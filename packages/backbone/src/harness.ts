@@ -1,6 +1,6 @@
 import { spawn } from "node:child_process";
 import { readFile } from "node:fs/promises";
-import { abortReason, InvalidArgumentError, NativeError, throwIfAborted } from "@moeswarm/core";
+import { InvalidArgumentError, NativeError, onAbort, throwIfAborted } from "@moeswarm/core";
 import { llamaCppBinsDir } from "@moeswarm/worker-native";
 import { formatLayerSelection, type LayerSelection, parseLayerSelection } from "./layers.js";
 import { logitsHarnessPath, pluginPath } from "./native-paths.js";
@@ -97,7 +97,7 @@ const MOESWARM_ENV = [
 
 function intOption(name: string, v: number | undefined, lo: number, hi: number): void {
   if (v !== undefined && (!Number.isSafeInteger(v) || v < lo || v > hi)) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", `${name} must be an integer in ${lo}..${hi}`);
+    throw new InvalidArgumentError(`${name} must be an integer in ${lo}..${hi}`);
   }
 }
 
@@ -108,7 +108,7 @@ function intOption(name: string, v: number | undefined, lo: number, hi: number):
  */
 export async function runLogitsHarness(options: LogitsHarnessOptions): Promise<LogitsHarnessResult> {
   if (typeof options?.modelPath !== "string" || options.modelPath.length === 0) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "runLogitsHarness: modelPath is required");
+    throw new InvalidArgumentError("runLogitsHarness: modelPath is required");
   }
   intOption("nPredict", options.nPredict, 0, 1 << 20);
   intOption("threads", options.threads, 1, 512);
@@ -163,9 +163,7 @@ export async function runLogitsHarness(options: LogitsHarnessOptions): Promise<L
       kill(new NativeError("MOESWARM_NATIVE_COMPUTE", `llama-logits did not finish within ${timeoutMs} ms`)),
     timeoutMs,
   );
-  const signal = options.signal;
-  const onAbort = () => kill(abortReason(signal!) as Error);
-  signal?.addEventListener("abort", onAbort, { once: true });
+  const aborting = onAbort(options.signal, (reason) => kill(reason as Error));
   const exit = await new Promise<{ code: number | null; sig: NodeJS.Signals | null }>((resolve, reject) => {
     child.once("error", (e) =>
       reject(new NativeError("MOESWARM_NATIVE_LOAD", `cannot start ${binary}: ${e.message}`, { cause: e })),
@@ -173,7 +171,7 @@ export async function runLogitsHarness(options: LogitsHarnessOptions): Promise<L
     child.once("close", (code, sig) => resolve({ code, sig }));
   }).finally(() => {
     clearTimeout(timer);
-    signal?.removeEventListener("abort", onAbort);
+    aborting[Symbol.dispose]();
   });
   if (killedFor) throw killedFor;
   const line = stdout.trim().split("\n").pop() ?? "";
@@ -194,10 +192,7 @@ export async function runLogitsHarness(options: LogitsHarnessOptions): Promise<L
 export async function readLogits(path: string, nVocab: number): Promise<Float32Array[]> {
   const bytes = await readFile(path);
   if (bytes.byteLength % (4 * nVocab) !== 0) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `${path} is not a whole number of ${nVocab}-float rows`,
-    );
+    throw new InvalidArgumentError(`${path} is not a whole number of ${nVocab}-float rows`);
   }
   const all = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4).slice();
   const rows: Float32Array[] = [];

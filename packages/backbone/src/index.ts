@@ -3,14 +3,9 @@ export {
   type BackboneBridge,
   type BackboneBridgeOptions,
   type BackboneHubOptions,
-  type BridgeLayerLatency,
-  type BridgeMetrics,
-  type BridgeRequestStats,
-  type BridgeSocket,
-  type BridgeStatsReport,
-  type RoutingCount,
   serveBackboneBridge,
 } from "./bridge.js";
+export type { BridgeLayerLatency, BridgeMetrics, BridgeRequestStats } from "./bridge-metrics.js";
 export {
   type LogitsHarnessOptions,
   type LogitsHarnessPlugin,
@@ -19,20 +14,11 @@ export {
   readLogits,
   runLogitsHarness,
 } from "./harness.js";
-export {
-  connectHub,
-  type HubCa,
-  type HubLink,
-  type HubLinkError,
-  type HubLinkEvent,
-  type HubLinkMetrics,
-  type HubLinkOptions,
-  type HubPlacement,
-  type HubToken,
-  parseHubPlacement,
-  type StatsOutcome,
-  type StatsSource,
-} from "./hub-link.js";
+export type { HubLinkError, HubLinkEvent, StatsOutcome } from "./hub-events.js";
+export type { HubCa, HubToken } from "./hub-http.js";
+export { connectHub, type HubLink, type HubLinkMetrics } from "./hub-link.js";
+export type { HubLinkOptions } from "./hub-options.js";
+export { type HubPlacement, parseHubPlacement } from "./hub-placement.js";
 export {
   formatLayerSelection,
   type LayerSelection,
@@ -40,6 +26,9 @@ export {
   parseLayerSelection,
 } from "./layers.js";
 export { logitsHarnessPath, pluginPath } from "./native-paths.js";
+export type { BridgeSocket } from "./plugin-socket.js";
+export type { RoutingCount } from "./routing-stats.js";
+export type { BridgeStatsReport, StatsSource } from "./stats-report.js";
 export { createSwarmLlama, type SwarmLlama, type SwarmLlamaOptions } from "./swarm-llama.js";
 export {
   createLocalFallback,

@@ -5,10 +5,6 @@ export type LayerSelection = "all" | readonly number[];
 
 const MAX_LAYER = 4095; // the plugin's bound (MOESWARM_MAX_LAYERS - 1)
 
-function invalid(message: string): InvalidArgumentError {
-  return new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", message);
-}
-
 /**
  * Parses "all", "none", or a list like "0,1,4-7" (what `MOESWARM_LAYERS` takes) into a
  * selection; an array of layer numbers is checked and sorted.
@@ -17,16 +13,20 @@ export function parseLayerSelection(input: string | LayerSelection): LayerSelect
   if (input === "all") return "all";
   if (Array.isArray(input)) return checkLayers(input as readonly number[]);
   if (typeof input !== "string")
-    throw invalid('layers must be "all", a list like "0,1,4-7" or an array of numbers');
+    throw new InvalidArgumentError('layers must be "all", a list like "0,1,4-7" or an array of numbers');
   const text = input.trim();
   if (text === "" || text === "none") return [];
   const out = new Set<number>();
   for (const part of text.split(",")) {
     const m = /^\s*(\d{1,4})\s*(?:-\s*(\d{1,4})\s*)?$/.exec(part);
-    if (!m) throw invalid(`bad layer list ${JSON.stringify(input)}: expected "all" or items like 3 or 4-7`);
+    if (!m)
+      throw new InvalidArgumentError(
+        `bad layer list ${JSON.stringify(input)}: expected "all" or items like 3 or 4-7`,
+      );
     const a = Number(m[1]);
     const b = m[2] === undefined ? a : Number(m[2]);
-    if (a > b || b > MAX_LAYER) throw invalid(`bad layer range ${part.trim()} (0..${MAX_LAYER}, ascending)`);
+    if (a > b || b > MAX_LAYER)
+      throw new InvalidArgumentError(`bad layer range ${part.trim()} (0..${MAX_LAYER}, ascending)`);
     for (let l = a; l <= b; l++) out.add(l);
   }
   return [...out].sort((x, y) => x - y);
@@ -35,7 +35,7 @@ export function parseLayerSelection(input: string | LayerSelection): LayerSelect
 function checkLayers(layers: readonly number[]): number[] {
   for (const l of layers) {
     if (!Number.isInteger(l) || l < 0 || l > MAX_LAYER)
-      throw invalid(`layer ${String(l)} is not in 0..${MAX_LAYER}`);
+      throw new InvalidArgumentError(`layer ${String(l)} is not in 0..${MAX_LAYER}`);
   }
   return [...new Set(layers)].sort((x, y) => x - y);
 }
@@ -68,6 +68,6 @@ export function moeswarmOverride(selection: LayerSelection): string {
   const tensors = "ffn_(gate|up|down|gate_up)_exps\\..*";
   if (selection === "all") return `blk\\.\\d+\\.${tensors}=MOESWARM`;
   const layers = checkLayers(selection);
-  if (layers.length === 0) throw invalid("an -ot override needs at least one layer");
+  if (layers.length === 0) throw new InvalidArgumentError("an -ot override needs at least one layer");
   return `blk\\.(${layers.join("|")})\\.${tensors}=MOESWARM`;
 }

@@ -1,21 +1,28 @@
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { InvalidArgumentError, NativeError, throwIfAborted } from "@moeswarm/core";
-import type { ExpertCompute, ExpertTransport, Placement } from "@moeswarm/dispatch";
+import {
+  type ExpertHandler,
+  type ExpertTransport,
+  InvalidArgumentError,
+  linkedSignal,
+  NativeError,
+  throwIfAborted,
+} from "@moeswarm/core";
+import type { Placement } from "@moeswarm/dispatch";
 import { llamaCppBinsDir } from "@moeswarm/worker-native";
 import type { Llama, LlamaLogLevel, LlamaModel, LlamaModelOptions } from "node-llama-cpp";
 import {
   type BackboneBridge,
   type BackboneBridgeOptions,
   type BackboneHubOptions,
-  type BridgeMetrics,
-  type BridgeSocket,
   serveBackboneBridge,
 } from "./bridge.js";
-import { checkHubOptions } from "./hub-link.js";
+import type { BridgeMetrics } from "./bridge-metrics.js";
+import { checkHubOptions } from "./hub-options.js";
 import { formatLayerSelection, type LayerSelection, parseLayerSelection } from "./layers.js";
 import { pluginPath } from "./native-paths.js";
+import type { BridgeSocket } from "./plugin-socket.js";
 import { createLocalFallback, type LocalFallback } from "./worker-handler.js";
 
 export interface SwarmLlamaOptions {
@@ -36,7 +43,7 @@ export interface SwarmLlamaOptions {
    * `modelPath` with the llama-cpu compute, started at the first need (so it costs nothing while
    * the swarm covers every expert); false: none (the decode then fails); or a compute.
    */
-  fallback?: ExpertCompute | "local" | false;
+  fallback?: ExpertHandler | "local" | false;
   /** The model id in the plugin's requests and the placement (default `hub.model`, else `placement.model`). */
   model?: string;
   /** Where the bridge listens (default: a Unix socket in a fresh temporary directory). */
@@ -83,6 +90,167 @@ const ENV = [
   "MOESWARM_CLAIM_FILE",
 ] as const;
 
+/** Undone in reverse order at close, or when the creation fails half-way. */
+class Cleanups {
+  private readonly steps: (() => Promise<void> | void)[] = [];
+
+  push(step: () => Promise<void> | void): void {
+    this.steps.push(step);
+  }
+
+  async run(): Promise<void> {
+    for (const f of this.steps.splice(0).reverse()) await f();
+  }
+}
+
+/** Checks what can be checked before anything starts; the remote layers. */
+function checkSwarmOptions(options: SwarmLlamaOptions): LayerSelection {
+  if (typeof options !== "object" || options === null || typeof options.modelPath !== "string") {
+    throw new InvalidArgumentError("createSwarmLlama: modelPath is required");
+  }
+  const remoteLayers = parseLayerSelection(options.remoteLayers);
+  if (options.hub !== undefined) {
+    if (options.placement !== undefined || options.transport !== undefined) {
+      throw new InvalidArgumentError("createSwarmLlama: give either hub or placement + transport, not both");
+    }
+    checkHubOptions(options.hub);
+  } else if (options.placement === undefined || options.transport === undefined) {
+    throw new InvalidArgumentError("createSwarmLlama: give hub, or placement and transport");
+  }
+  return remoteLayers;
+}
+
+/** The bridge on its socket (a fresh temporary one by default), with the fallback asked for. */
+async function startBridge(
+  options: SwarmLlamaOptions,
+  binsDir: string,
+  signal: AbortSignal | undefined,
+  cleanups: Cleanups,
+): Promise<BackboneBridge> {
+  let socket = options.socket;
+  if (socket === undefined) {
+    const dir = mkdtempSync(join(tmpdir(), "moeswarm-bridge-"));
+    cleanups.push(() => rmSync(dir, { recursive: true, force: true }));
+    socket = join(dir, "bridge.sock");
+  }
+  let fallback: ExpertHandler | undefined;
+  if (options.fallback === undefined || options.fallback === "local") {
+    const local: LocalFallback = await createLocalFallback(options.modelPath, { binsDir });
+    cleanups.push(() => local.close());
+    fallback = local.compute;
+  } else if (typeof options.fallback === "function") {
+    fallback = options.fallback;
+  }
+  const bridge = await serveBackboneBridge({
+    socket,
+    ...(options.model !== undefined ? { model: options.model } : {}),
+    ...(options.hub !== undefined
+      ? { hub: options.hub }
+      : {
+          placement: options.placement as Placement | (() => Placement),
+          transport: options.transport as ExpertTransport,
+        }),
+    ...(fallback ? { fallback } : {}),
+    ...(options.deadlineMs !== undefined ? { deadlineMs: options.deadlineMs } : {}),
+    ...(options.spotCheck !== undefined ? { spotCheck: options.spotCheck } : {}),
+    ...(options.hedgeMs !== undefined ? { hedgeMs: options.hedgeMs } : {}),
+    ...(signal ? { signal } : {}),
+  });
+  cleanups.push(() => bridge.close());
+  return bridge;
+}
+
+/**
+ * The plugin's environment for the next model load (restored at close); the claim file, where the
+ * plugin proves it was loaded and claimed the expert weights.
+ */
+function pluginEnvironment(
+  plugin: string,
+  settings: { bridge: string; layers: LayerSelection; model: string; timeoutMs: number | undefined },
+  cleanups: Cleanups,
+): string {
+  const saved = new Map(ENV.map((k) => [k, process.env[k]]));
+  cleanups.push(() => {
+    for (const [k, v] of saved) {
+      if (v === undefined) delete process.env[k];
+      else process.env[k] = v;
+    }
+  });
+  const previousPlugin = process.env.GGML_BACKEND_PATH;
+  if (previousPlugin && previousPlugin !== plugin) {
+    throw new InvalidArgumentError(
+      `GGML_BACKEND_PATH is already ${previousPlugin}: ggml loads one out-of-tree backend per process`,
+    );
+  }
+  process.env.GGML_BACKEND_PATH = plugin;
+  process.env.MOESWARM_BRIDGE = settings.bridge;
+  process.env.MOESWARM_LAYERS = formatLayerSelection(settings.layers);
+  process.env.MOESWARM_MODEL = settings.model;
+  if (settings.timeoutMs !== undefined) process.env.MOESWARM_TIMEOUT_MS = String(settings.timeoutMs);
+  delete process.env.MOESWARM_CONFIG;
+
+  // Proof that the plugin was loaded and claimed: it appends to MOESWARM_CLAIM_FILE for each
+  // weight buffer. (Its buffer also shows in llama.cpp's load log, but node-llama-cpp sends
+  // that only to the logger of the first Llama of the process.)
+  const claimDir = mkdtempSync(join(tmpdir(), "moeswarm-claim-"));
+  cleanups.push(() => rmSync(claimDir, { recursive: true, force: true }));
+  const claimFile = join(claimDir, "claims");
+  process.env.MOESWARM_CLAIM_FILE = claimFile;
+  return claimFile;
+}
+
+const LOG_RANK: Record<string, number> = {
+  disabled: -1,
+  fatal: 0,
+  error: 1,
+  warn: 2,
+  info: 3,
+  log: 3,
+  debug: 4,
+};
+
+/** node-llama-cpp's Llama on the CPU, from its prebuilt binaries; the model loaded into it. */
+async function loadLlama(
+  { getLlama, LlamaLogLevel: Levels }: typeof import("node-llama-cpp"),
+  options: SwarmLlamaOptions,
+  cleanups: Cleanups,
+): Promise<{ llama: Llama; model: LlamaModel }> {
+  const userLogger = options.logger;
+  const llama = await getLlama({
+    gpu: false,
+    build: "never",
+    usePrebuiltBinaries: true,
+    skipDownload: true,
+    progressLogs: false,
+    logLevel: Levels.info,
+    logger: (level, message) => {
+      if (userLogger && (LOG_RANK[level] ?? 4) <= LOG_RANK.warn!) userLogger(level, message);
+    },
+  });
+  cleanups.push(() => llama.dispose());
+  const model = await llama.loadModel({
+    useMmap: false,
+    ...options.loadModel,
+    modelPath: options.modelPath,
+    gpuLayers: 0,
+  });
+  cleanups.push(() => model.dispose());
+  return { llama, model };
+}
+
+function checkClaimed(claimFile: string, remoteLayers: LayerSelection): void {
+  const claimed = existsSync(claimFile) && readFileSync(claimFile, "utf8").includes("buffer ");
+  const wantsRemote = remoteLayers === "all" || remoteLayers.length > 0;
+  if (wantsRemote && !claimed) {
+    throw new NativeError(
+      "MOESWARM_NATIVE_LOAD",
+      "llama.cpp loaded the model without the MOESWARM device: node-llama-cpp had loaded its backends before " +
+        "GGML_BACKEND_PATH was set (another getLlama without it ran first in this process), or no layer of the model matched " +
+        `${formatLayerSelection(remoteLayers)}\n  possible solution: call createSwarmLlama before any other getLlama, or run it in its own process`,
+    );
+  }
+}
+
 /**
  * node-llama-cpp in this process with libggml-moeswarm.so loaded, its MoE layers answered by a
  * bridge on this process's event loop (node-llama-cpp decodes on its own threads, so the plugin
@@ -93,154 +261,40 @@ const ENV = [
  * the bridge may differ between calls (the plugin re-reads its environment at each model load).
  */
 export async function createSwarmLlama(options: SwarmLlamaOptions): Promise<SwarmLlama> {
-  if (typeof options !== "object" || options === null || typeof options.modelPath !== "string") {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "createSwarmLlama: modelPath is required");
-  }
-  const remoteLayers = parseLayerSelection(options.remoteLayers);
-  const given = options.placement;
-  if (options.hub !== undefined) {
-    if (given !== undefined || options.transport !== undefined) {
-      throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
-        "createSwarmLlama: give either hub or placement + transport, not both",
-      );
-    }
-    checkHubOptions(options.hub);
-  } else if (given === undefined || options.transport === undefined) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      "createSwarmLlama: give hub, or placement and transport",
-    );
-  }
+  const remoteLayers = checkSwarmOptions(options);
   throwIfAborted(options.signal);
   const plugin = pluginPath();
   const binsDir = llamaCppBinsDir();
-  const { getLlama, LlamaLogLevel: Levels } = await import("node-llama-cpp");
+  const nodeLlamaCpp = await import("node-llama-cpp");
 
   // the bridge sees the caller's signal only while this call runs: later, close() ends it
-  const userSignal = options.signal;
-  const creating = userSignal ? new AbortController() : undefined;
-  const onCreateAbort = () => creating?.abort(userSignal?.reason);
-  userSignal?.addEventListener("abort", onCreateAbort, { once: true });
-  const cleanups: (() => Promise<void> | void)[] = [];
-  cleanups.push(() => userSignal?.removeEventListener("abort", onCreateAbort));
-  const cleanup = async () => {
-    for (const f of cleanups.splice(0).reverse()) await f();
-  };
+  const creating = options.signal ? linkedSignal([options.signal]) : undefined;
+  const cleanups = new Cleanups();
+  cleanups.push(() => creating?.dispose());
   try {
-    let socket = options.socket;
-    if (socket === undefined) {
-      const dir = mkdtempSync(join(tmpdir(), "moeswarm-bridge-"));
-      cleanups.push(() => rmSync(dir, { recursive: true, force: true }));
-      socket = join(dir, "bridge.sock");
-    }
-    let fallback: ExpertCompute | undefined;
-    if (options.fallback === undefined || options.fallback === "local") {
-      const local: LocalFallback = await createLocalFallback(options.modelPath, { binsDir });
-      cleanups.push(() => local.close());
-      fallback = local.compute;
-    } else if (typeof options.fallback === "function") {
-      fallback = options.fallback;
-    }
-    const bridge = await serveBackboneBridge({
-      socket,
-      ...(options.model !== undefined ? { model: options.model } : {}),
-      ...(options.hub !== undefined
-        ? { hub: options.hub }
-        : {
-            placement: given as Placement | (() => Placement),
-            transport: options.transport as ExpertTransport,
-          }),
-      ...(fallback ? { fallback } : {}),
-      ...(options.deadlineMs !== undefined ? { deadlineMs: options.deadlineMs } : {}),
-      ...(options.spotCheck !== undefined ? { spotCheck: options.spotCheck } : {}),
-      ...(options.hedgeMs !== undefined ? { hedgeMs: options.hedgeMs } : {}),
-      ...(creating ? { signal: creating.signal } : {}),
-    });
-    cleanups.push(() => bridge.close());
+    const bridge = await startBridge(options, binsDir, creating?.signal, cleanups);
+    const given = options.placement;
     const model =
       options.model ??
       options.hub?.model ??
       (typeof given === "function" ? given() : (given as Placement)).model;
-
-    const saved = new Map(ENV.map((k) => [k, process.env[k]]));
-    cleanups.push(() => {
-      for (const [k, v] of saved) {
-        if (v === undefined) delete process.env[k];
-        else process.env[k] = v;
-      }
-    });
-    const previousPlugin = process.env.GGML_BACKEND_PATH;
-    if (previousPlugin && previousPlugin !== plugin) {
-      throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
-        `GGML_BACKEND_PATH is already ${previousPlugin}: ggml loads one out-of-tree backend per process`,
-      );
-    }
-    process.env.GGML_BACKEND_PATH = plugin;
-    process.env.MOESWARM_BRIDGE = bridge.address;
-    process.env.MOESWARM_LAYERS = formatLayerSelection(remoteLayers);
-    process.env.MOESWARM_MODEL = model;
-    if (options.pluginTimeoutMs !== undefined)
-      process.env.MOESWARM_TIMEOUT_MS = String(options.pluginTimeoutMs);
-    delete process.env.MOESWARM_CONFIG;
-
-    // Proof that the plugin was loaded and claimed: it appends to MOESWARM_CLAIM_FILE for each
-    // weight buffer. (Its buffer also shows in llama.cpp's load log, but node-llama-cpp sends
-    // that only to the logger of the first Llama of the process.)
-    const claimDir = mkdtempSync(join(tmpdir(), "moeswarm-claim-"));
-    cleanups.push(() => rmSync(claimDir, { recursive: true, force: true }));
-    const claimFile = join(claimDir, "claims");
-    process.env.MOESWARM_CLAIM_FILE = claimFile;
-    const userLogger = options.logger;
-    const rank: Record<string, number> = {
-      disabled: -1,
-      fatal: 0,
-      error: 1,
-      warn: 2,
-      info: 3,
-      log: 3,
-      debug: 4,
-    };
-    const llama = await getLlama({
-      gpu: false,
-      build: "never",
-      usePrebuiltBinaries: true,
-      skipDownload: true,
-      progressLogs: false,
-      logLevel: Levels.info,
-      logger: (level, message) => {
-        if (userLogger && (rank[level] ?? 4) <= rank.warn!) userLogger(level, message);
-      },
-    });
-    cleanups.push(() => llama.dispose());
-    const loaded = await llama.loadModel({
-      useMmap: false,
-      ...options.loadModel,
-      modelPath: options.modelPath,
-      gpuLayers: 0,
-    });
-    cleanups.push(() => loaded.dispose());
-    const claimed = existsSync(claimFile) && readFileSync(claimFile, "utf8").includes("buffer ");
-    const wantsRemote = remoteLayers === "all" || remoteLayers.length > 0;
-    if (wantsRemote && !claimed) {
-      throw new NativeError(
-        "MOESWARM_NATIVE_LOAD",
-        "llama.cpp loaded the model without the MOESWARM device: node-llama-cpp had loaded its backends before " +
-          "GGML_BACKEND_PATH was set (another getLlama without it ran first in this process), or no layer of the model matched " +
-          `${formatLayerSelection(remoteLayers)}\n  possible solution: call createSwarmLlama before any other getLlama, or run it in its own process`,
-      );
-    }
+    const claimFile = pluginEnvironment(
+      plugin,
+      { bridge: bridge.address, layers: remoteLayers, model, timeoutMs: options.pluginTimeoutMs },
+      cleanups,
+    );
+    const loaded = await loadLlama(nodeLlamaCpp, options, cleanups);
+    checkClaimed(claimFile, remoteLayers);
     throwIfAborted(options.signal);
-    userSignal?.removeEventListener("abort", onCreateAbort);
+    creating?.dispose();
     let closing: Promise<void> | undefined;
     const close = () => {
-      closing ??= cleanup();
+      closing ??= cleanups.run();
       return closing;
     };
     return {
-      llama,
-      model: loaded,
+      llama: loaded.llama,
+      model: loaded.model,
       bridge,
       remoteLayers,
       metrics: () => bridge.metrics(),
@@ -248,7 +302,7 @@ export async function createSwarmLlama(options: SwarmLlamaOptions): Promise<Swar
       [Symbol.asyncDispose]: close,
     };
   } catch (error) {
-    await cleanup();
+    await cleanups.run();
     throw error;
   }
 }

@@ -1,5 +1,10 @@
-import { InvalidArgumentError, throwIfAborted } from "@moeswarm/core";
-import type { ExpertCompute, ExpertRequest, ExpertResult } from "@moeswarm/dispatch";
+import {
+  type ExpertHandler,
+  type ExpertRequest,
+  type ExpertResult,
+  InvalidArgumentError,
+  throwIfAborted,
+} from "@moeswarm/core";
 import {
   type LoadExpertComputeOptions,
   loadExpertCompute,
@@ -11,11 +16,10 @@ import {
  * an `InProcessTransport` or a dispatch `fallback` calls. `ms` in the result is the time `run`
  * took as seen here (for a worker process: its compute and the stdio hop).
  */
-export function expertComputeHandler(compute: WorkerCompute): ExpertCompute {
+export function expertComputeHandler(compute: WorkerCompute): ExpertHandler {
   return async (request: ExpertRequest, { signal }): Promise<ExpertResult> => {
     if (request.dtype !== "f32" || !(request.x instanceof Float32Array)) {
       throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
         "expert computes take f32 activations (the f64 oracle path is not for them)",
       );
     }
@@ -55,7 +59,7 @@ export interface LocalFallbackOptions {
 /** The bridge's last resort: the model's own experts, computed here. */
 export interface LocalFallback extends AsyncDisposable {
   /** Pass as `fallback` to the bridge or to `dispatchExperts`. */
-  readonly compute: ExpertCompute;
+  readonly compute: ExpertHandler;
   /** Whether the compute has been started (it starts at the first request by default). */
   readonly started: boolean;
   close(): Promise<void>;
@@ -72,7 +76,7 @@ export async function createLocalFallback(
   options: LocalFallbackOptions = {},
 ): Promise<LocalFallback> {
   if (typeof modelPath !== "string" || modelPath.length === 0) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "createLocalFallback: modelPath is required");
+    throw new InvalidArgumentError("createLocalFallback: modelPath is required");
   }
   throwIfAborted(options.signal);
   const load: LoadExpertComputeOptions = {
@@ -83,10 +87,7 @@ export async function createLocalFallback(
   let starting: Promise<WorkerCompute> | undefined;
   let closed = false;
   const start = (): Promise<WorkerCompute> => {
-    if (closed)
-      return Promise.reject(
-        new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "the local fallback is closed"),
-      );
+    if (closed) return Promise.reject(new InvalidArgumentError("the local fallback is closed"));
     if (!starting) {
       starting = loadExpertCompute(modelPath, load);
       // a failed start is retried by the next request
@@ -97,7 +98,7 @@ export async function createLocalFallback(
     return starting;
   };
   if (options.eager) await start();
-  const compute: ExpertCompute = async (request, opts) => expertComputeHandler(await start())(request, opts);
+  const compute: ExpertHandler = async (request, opts) => expertComputeHandler(await start())(request, opts);
   const close = async () => {
     closed = true;
     const pending = starting;

@@ -7,6 +7,7 @@ import { join } from "node:path";
 import {
   decodeFrame,
   dispatchFrame,
+  type ExpertHandler,
   encodeLengthPrefixed,
   type Frame,
   FrameReader,
@@ -14,7 +15,7 @@ import {
   type ResultFrame,
   sumSlots,
 } from "@moeswarm/core";
-import { type ExpertCompute, InProcessTransport, Placement } from "@moeswarm/dispatch";
+import { InProcessTransport, Placement } from "@moeswarm/dispatch";
 import { afterAll, describe, expect, it } from "vitest";
 import { serveBackboneBridge } from "../src/index.js";
 import { tempDir } from "./helpers.js";
@@ -24,7 +25,7 @@ const K = 2;
 const MODEL = "unit";
 
 /** Expert e's output for a row x: fround(x * (e + 1) + e); `scale` makes a liar. */
-function worker(calls: { n: number }, scale = 1): ExpertCompute {
+function worker(calls: { n: number }, scale = 1): ExpertHandler {
   return (req) => {
     calls.n++;
     const { n, k, embd } = req;

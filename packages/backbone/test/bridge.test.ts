@@ -9,13 +9,15 @@ import {
   decodeFrame,
   dispatchFrame,
   type ErrorFrame,
+  type ExpertHandler,
+  type ExpertRequest,
   encodeLengthPrefixed,
   type Frame,
   FrameReader,
   type ResultFrame,
   sumSlots,
 } from "@moeswarm/core";
-import { type ExpertCompute, type ExpertRequest, InProcessTransport, Placement } from "@moeswarm/dispatch";
+import { InProcessTransport, Placement } from "@moeswarm/dispatch";
 import { afterAll, describe, expect, it } from "vitest";
 import {
   formatLayerSelection,
@@ -35,7 +37,7 @@ function expertOut(x: Float32Array, e: number): Float32Array {
   return x.map((v) => Math.fround(Math.fround(v * (e + 1)) + e));
 }
 
-function fakeWorker(calls: ExpertRequest[] = []): ExpertCompute {
+function fakeWorker(calls: ExpertRequest[] = []): ExpertHandler {
   return (request) => {
     calls.push(request);
     const { n, k, embd } = request;

@@ -3,11 +3,11 @@
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { sliceExperts } from "@moeswarm/shard";
+import { captureStream } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runDispatcherCli } from "../src/cli/run.js";
 import { runLogitsHarness, serveBackboneBridge } from "../src/index.js";
 import {
-  captureStream,
   firstByteDiff,
   type ModelInfo,
   modelInfo,

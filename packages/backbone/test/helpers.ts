@@ -1,7 +1,6 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { PassThrough } from "node:stream";
 import { InProcessTransport, Placement } from "@moeswarm/dispatch";
 import { createLoopbackCertificates, type LoopbackCertificates, mintToken } from "@moeswarm/hub";
 import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
@@ -147,28 +146,6 @@ export function firstByteDiff(a: Uint8Array, b: Uint8Array): number {
 /** A throwaway CA and a loopback leaf it signs (the hub's own helper, openssl CLI). */
 export function loopbackCerts(): Promise<LoopbackCertificates> {
   return createLoopbackCertificates({ hosts: ["localhost", "127.0.0.1"], days: 1 });
-}
-
-/** A writable stream that keeps its text; `line(re)` waits for a line that matches. */
-export function captureStream() {
-  const stream = new PassThrough();
-  let text = "";
-  const waiters: (() => void)[] = [];
-  stream.on("data", (d: Buffer) => {
-    text += d.toString();
-    for (const w of waiters.splice(0)) w();
-  });
-  return {
-    stream,
-    text: () => text,
-    async line(match: RegExp): Promise<string> {
-      for (;;) {
-        const hit = text.split("\n").find((l) => match.test(l));
-        if (hit) return hit;
-        await new Promise<void>((r) => waiters.push(r));
-      }
-    },
-  };
 }
 
 export type LoopbackCerts = LoopbackCertificates;

@@ -7,6 +7,7 @@ import { join } from "node:path";
 import { createHub, type Hub, mintToken } from "@moeswarm/hub";
 import type { RelayConnection } from "@moeswarm/relay-client";
 import { sliceExperts } from "@moeswarm/shard";
+import { captureStream } from "@moeswarm/testkit";
 import { spawnLlamaExpertWorker, type WorkerProcessCompute } from "@moeswarm/worker-native";
 import { Agent, request } from "undici";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -19,7 +20,6 @@ import {
   serveBackboneBridge,
 } from "../src/index.js";
 import {
-  captureStream,
   connectComputeToRelay,
   firstByteDiff,
   type LoopbackCerts,
@@ -87,6 +87,21 @@ describe.skipIf(Boolean(missing))("serveBackboneBridge({hub}): follows the hub's
     tmp.remove();
   });
 
+  /** An operator drains a worker (`POST /api/workers/:id/drain`); the answer's status. */
+  async function drain(id: string): Promise<number> {
+    const drained = await request(`${url}/api/workers/${id}/drain`, {
+      method: "POST",
+      dispatcher: agent,
+      headers: {
+        authorization: `Bearer ${mintToken({ role: "admin", ttlS: 600 }, SECRET)}`,
+        "content-type": "application/json",
+      },
+      body: "{}",
+    });
+    await drained.body.dump();
+    return drained.statusCode;
+  }
+
   it("workers join and leave; decodes stay bit-identical, never fall back, and stats reach the hub", async () => {
     const [lo, hi] = split(info.nExpert, 2) as [number[], number[]];
     const all = [...lo, ...hi];
@@ -137,17 +152,7 @@ describe.skipIf(Boolean(missing))("serveBackboneBridge({hub}): follows the hub's
     await join_("hw2", all);
     const withThird = await link.waitForPlacement((p) => p.workers.includes("hw2"));
     expect(withThird.version).toBeGreaterThan(complete.version);
-    const drained = await request(`${url}/api/workers/hw1/drain`, {
-      method: "POST",
-      dispatcher: agent,
-      headers: {
-        authorization: `Bearer ${mintToken({ role: "admin", ttlS: 600 }, SECRET)}`,
-        "content-type": "application/json",
-      },
-      body: "{}",
-    });
-    expect(drained.statusCode).toBe(200);
-    await drained.body.dump();
+    expect(await drain("hw1")).toBe(200);
     const afterDrain = await link.waitForPlacement((p) => !p.workers.includes("hw1"));
     expect(afterDrain.version).toBeGreaterThan(withThird.version);
     expect(afterDrain.missing).toEqual([]);

@@ -1,7 +1,7 @@
 // connectHub against a real hub (TLS on loopback, a throwaway CA): the placement it follows by
 // long-polling, the stats it reports (seq, credits, tokens/s), failures retried and counted, close.
 // Workers here only register on the relay; nothing is computed (hub-bridge.test.ts decodes).
-import { AuthError, HubError, InvalidArgumentError, TransportError } from "@moeswarm/core";
+import { AuthError, HubError, InvalidArgumentError, sleep, TransportError } from "@moeswarm/core";
 import { createHub, type Hub, mintToken } from "@moeswarm/hub";
 import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
 import { Agent, request } from "undici";
@@ -245,7 +245,7 @@ describe("connectHub", () => {
     source.queue.push(report(info, { sa: 11 }), report(info, { sa: 13, stranger: 5 }));
     const stats = () =>
       events.filter((e): e is Extract<HubLinkEvent, { type: "stats" }> => e.type === "stats");
-    while (stats().length < 3) await new Promise((r) => setTimeout(r, 20));
+    while (stats().length < 3) await sleep(20);
     const [r1, r2, r3] = stats();
     expect(r1!.accepted && r2!.accepted && r3!.accepted).toBe(true);
     expect(r1!.credited).toEqual(["sa"]);
@@ -255,7 +255,7 @@ describe("connectHub", () => {
     expect(await credits("sa")).toBe(before + 24);
     // the idle span after the work was reported once (rate 0), later idle spans are not sent
     const takenThen = source.taken;
-    while (source.taken < takenThen + 3) await new Promise((r) => setTimeout(r, 20));
+    while (source.taken < takenThen + 3) await sleep(20);
     expect(stats().length).toBe(3);
 
     // close sends a final report with what accumulated since
@@ -284,7 +284,7 @@ describe("connectHub", () => {
       counts: { "999": new Array<number>(info.nExpert).fill(1) },
       receipts: {},
     });
-    while (link.metrics().statsDropped < 1) await new Promise((r) => setTimeout(r, 20));
+    while (link.metrics().statsDropped < 1) await sleep(20);
     const dropped = events.find((e) => e.type === "error" && e.source === "stats");
     expect(dropped).toMatchObject({ dropped: true, error: { code: "MOESWARM_HUB_BAD_REQUEST" } });
 
@@ -312,7 +312,7 @@ describe("connectHub", () => {
     // every span from now on has work: whichever report arrives last, the rate is 7 / 0.5 s
     source.otherwise = report(info, {}, 7);
     while (link.metrics().pollErrors < 2 || link.metrics().statsErrors < 2) {
-      await new Promise((r) => setTimeout(r, 20));
+      await sleep(20);
     }
     expect(link.metrics().lastPollError?.code).toMatch(/^MOESWARM_TRANSPORT_/);
     // the same port again: the poller and the pending report get through
@@ -320,7 +320,7 @@ describe("connectHub", () => {
     try {
       await again.listen(port);
       await link.waitForPlacement((p) => p.version !== v0);
-      while (link.metrics().statsAccepted < 1) await new Promise((r) => setTimeout(r, 20));
+      while (link.metrics().statsAccepted < 1) await sleep(20);
       const status = (await (
         await request(`${tempUrl}/api/status?model=${MODEL_ID}`, { dispatcher: agent })
       ).body.json()) as { tokensPerSecond: number };
