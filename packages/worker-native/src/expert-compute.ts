@@ -1,7 +1,30 @@
-import { InvalidArgumentError } from "@moeswarm/core";
+import { type ExpertRequest, InvalidArgumentError } from "@moeswarm/core";
 
-/** Which implementation computes: the N-API addon, the standalone executable, or TypeScript. */
-export type ComputeBackend = "native" | "worker" | "ts";
+/**
+ * Which implementation computes: "native" the N-API addon, "llama-cpu" the compute core built
+ * against node-llama-cpp's ggml (llama.cpp's own CPU kernels), "worker" the standalone executable in
+ * a child process, "ts" TypeScript. A compute's `info.backend` says where it runs: a llama-cpu
+ * compute reports "native" (in this process) or "worker" (child process) with `info.device`
+ * "llama-cpu".
+ */
+export type ComputeBackend = "native" | "llama-cpu" | "worker" | "ts";
+
+/** What a caller asks for: a backend, or "auto" (native when it loads, else TypeScript). */
+export type BackendChoice = ComputeBackend | "auto";
+
+/** Every `BackendChoice`, for validating options and command lines. */
+export const BACKEND_CHOICES: readonly BackendChoice[] = Object.freeze([
+  "auto",
+  "native",
+  "llama-cpu",
+  "worker",
+  "ts",
+]);
+
+/** True when `value` is a `BackendChoice`. */
+export function isBackendChoice(value: unknown): value is BackendChoice {
+  return (BACKEND_CHOICES as readonly unknown[]).includes(value);
+}
 
 /** The activation between the gate/up and down projections, as llama.cpp's llm_ffn_op_type. */
 export type Activation = "silu" | "gelu" | "relu" | "swiglu_oai" | "relu_sqr";
@@ -17,19 +40,15 @@ export const ACTIVATIONS: readonly Activation[] = Object.freeze([
 /** `each`: one output row per slot (zero for empty slots); `sum`: the router-weighted sum per token. */
 export type RunMode = "each" | "sum";
 
-/** One layer's routed-expert computation for a batch of tokens. */
-export interface RunRequest {
-  /** Global layer index; must be one of `info.layers`. */
-  layer: number;
+/**
+ * One layer's routed-expert computation for a batch of tokens: core's `ExpertRequest` (same field
+ * names and meanings) without what the slice already knows (model, n and embd follow from `ids`,
+ * `k` and the slice, activations are f32). `layer` must be one of `info.layers`, `k` is 1..256,
+ * `w` is required for mode "sum" and ignored for "each".
+ */
+export interface RunRequest extends Pick<ExpertRequest, "layer" | "ids" | "k" | "w" | "mode"> {
   /** Activations, n tokens x n_embd, token-major. */
-  x: Float32Array;
-  /** n x k global expert ids, token-major; -1 marks an empty slot. */
-  ids: Int32Array;
-  /** Slots per token (1..256). */
-  k: number;
-  /** n x k router weights; required for mode "sum", ignored for "each". */
-  weights?: Float32Array;
-  mode: RunMode;
+  readonly x: Float32Array;
 }
 
 export interface RunOptions {
@@ -84,7 +103,7 @@ export interface ExpertCompute extends AsyncDisposable {
 }
 
 function invalid(message: string, details?: Record<string, unknown>): InvalidArgumentError {
-  return new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", message, details ? { details } : {});
+  return new InvalidArgumentError(message, details ? { details } : {});
 }
 
 /** Number of tokens of a request that fits the slice; throws InvalidArgumentError otherwise. */
@@ -94,7 +113,7 @@ export function checkRunRequest(
   expertSet: ReadonlySet<number>,
 ): number {
   if (typeof request !== "object" || request === null) throw invalid("run needs a request object");
-  const { layer, x, ids, k, weights, mode } = request;
+  const { layer, x, ids, k, w, mode } = request;
   if (!Number.isInteger(layer) || !info.layers.includes(layer)) {
     throw invalid(`layer ${String(layer)} is not in this slice (layers ${info.layers.join(", ")})`, {
       layer,
@@ -125,12 +144,11 @@ export function checkRunRequest(
       });
     }
   }
-  if (weights !== undefined) {
-    if (!(weights instanceof Float32Array)) throw invalid("weights must be a Float32Array");
-    if (weights.length !== ids.length)
-      throw invalid(`weights holds ${weights.length} values, expected n*k = ${ids.length}`);
-    for (let i = 0; i < weights.length; i++) {
-      if (!Number.isFinite(weights[i]!)) throw invalid(`weight ${i} is not finite`, { index: i });
+  if (w !== undefined) {
+    if (!(w instanceof Float32Array)) throw invalid("w must be a Float32Array");
+    if (w.length !== ids.length) throw invalid(`w holds ${w.length} values, expected n*k = ${ids.length}`);
+    for (let i = 0; i < w.length; i++) {
+      if (!Number.isFinite(w[i]!)) throw invalid(`weight ${i} is not finite`, { index: i });
     }
   } else if (mode === "sum") {
     throw invalid('mode "sum" needs the router weights');

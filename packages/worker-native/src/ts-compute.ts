@@ -288,7 +288,7 @@ export class TsExpertCompute implements ExpertCompute {
   }
 
   async #compute(request: RunRequest, n: number, signal: AbortSignal | undefined): Promise<Float32Array> {
-    const { layer, x, ids, k, weights, mode } = request;
+    const { layer, x, ids, k, w: weights, mode } = request;
     const L = this.#layout.layers.find((l) => l.layer === layer)!;
     const nEmbd = this.#layout.nEmbd;
     const each = new Float32Array(n * k * nEmbd);

@@ -341,7 +341,7 @@ export class WorkerProcessCompute implements ExpertCompute {
       x: request.x,
       k: request.k,
       ids: request.ids,
-      ...(request.weights ? { w: request.weights } : {}),
+      ...(request.w ? { w: request.w } : {}),
       mode: request.mode,
     });
     return new Promise<Float32Array>((resolve, reject) => {

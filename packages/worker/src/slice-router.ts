@@ -1,5 +1,10 @@
 import { InvalidArgumentError, type Range, sumSlots } from "@moeswarm/core";
-import { checkRunRequest, type ExpertCompute, type RunOptions, type RunRequest } from "../expert-compute.js";
+import {
+  checkRunRequest,
+  type ExpertCompute,
+  type RunOptions,
+  type RunRequest,
+} from "@moeswarm/worker-native";
 
 /** One slice a worker serves: a rectangle of layers x experts, computed by its own ExpertCompute. */
 export interface RoutedSlice {
@@ -80,7 +85,7 @@ export class SliceRouter {
     if (used.length <= 1) return (here[used[0] ?? 0] as RoutedSlice).compute.run(request, options);
     const each = await this.#split(request, n, here, owner, used, options);
     if (mode === "each") return each;
-    return sumSlots(each, request.weights as Float32Array, ids, { n, k, embd: this.nEmbd as number });
+    return sumSlots(each, request.w as Float32Array, ids, { n, k, embd: this.nEmbd as number });
   }
 
   async #split(

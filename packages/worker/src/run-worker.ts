@@ -4,26 +4,41 @@ import { hostname } from "node:os";
 import {
   AuthError,
   abortReason,
+  type ClaimCapacityJson as ClaimCapacity,
   GgufError,
   InvalidArgumentError,
   isMoeswarmError,
+  type LeaseJson,
   type MoeswarmError,
   parseRange,
   type Range,
+  sleep,
   TransportError,
   traceHop,
 } from "@moeswarm/core";
-import { connectRelay, type IncomingDispatch, type RelayConnection } from "@moeswarm/relay-client";
+import {
+  type HubCa as CaOption,
+  connectRelay,
+  HubClient,
+  type IncomingDispatch,
+  isTransient,
+  type RelayConnection,
+} from "@moeswarm/relay-client";
 import { type SliceManifest, verifySlice } from "@moeswarm/shard";
-import type { ComputeBackend, ExpertCompute } from "../expert-compute.js";
-import { loadExpertCompute } from "../load.js";
-import { nativeStatus } from "../native-binding.js";
+import {
+  BACKEND_CHOICES,
+  type BackendChoice,
+  type ComputeBackend,
+  type ExpertCompute,
+  isBackendChoice,
+  loadExpertCompute,
+  nativeStatus,
+} from "@moeswarm/worker-native";
 import { chooseSlices, type SliceRect } from "./choose.js";
 import { downloadResumable } from "./download.js";
 import type { WorkerEvent, WorkerEventBody } from "./events.js";
-import { type CaOption, isTransient, sleep } from "./http.js";
-import { type ClaimCapacity, HubClient, type LeaseJson } from "./hub-client.js";
 import { LeaseKeeper } from "./lease-keeper.js";
+import { manifestOf } from "./manifest.js";
 import {
   listCachedSlices,
   pruneSliceCache,
@@ -34,8 +49,6 @@ import {
   writeSliceMeta,
 } from "./slice-cache.js";
 import { SliceRouter } from "./slice-router.js";
-
-export type WorkerBackend = "auto" | "native" | "llama-cpu" | "ts";
 
 export interface RunWorkerOptions {
   /** The hub's base URL (http or https). */
@@ -63,7 +76,7 @@ export interface RunWorkerOptions {
    */
   signal?: AbortSignal;
   /** Expert compute: "auto" (default: native when it loads, else TypeScript), "native", "llama-cpu", "ts". */
-  backend?: WorkerBackend;
+  backend?: BackendChoice;
   /** Compute threads (native paths; default all CPUs). */
   threads?: number;
   /** This worker's id on the relay (default: the token's bound id, else `<hostname>-<random>`). */
@@ -133,7 +146,7 @@ interface Settings {
   capacityBytes: number;
   cacheDir: string;
   cacheMaxBytes: number | undefined;
-  backend: WorkerBackend;
+  backend: BackendChoice;
   threads: number | undefined;
   pollMs: number;
   model: string | undefined;
@@ -190,8 +203,10 @@ function settings(o: RunWorkerOptions): Settings {
   if (typeof o.cacheDir !== "string" || o.cacheDir.length === 0)
     throw invalid("cacheDir must be a directory path");
   const backend = o.backend ?? "auto";
-  if (!["auto", "native", "llama-cpu", "ts"].includes(backend)) {
-    throw invalid(`backend must be "auto", "native", "llama-cpu" or "ts", got ${String(backend)}`);
+  if (!isBackendChoice(backend)) {
+    throw invalid(
+      `backend must be ${BACKEND_CHOICES.map((b) => `"${b}"`).join(", ")}, got ${String(backend)}`,
+    );
   }
   if (o.threads !== undefined && (!Number.isInteger(o.threads) || o.threads < 1 || o.threads > 1024)) {
     throw invalid("threads must be an integer in 1..1024");
@@ -207,7 +222,7 @@ function settings(o: RunWorkerOptions): Settings {
     throw invalid(`the token is bound to worker ${JSON.stringify(bound)}, not ${JSON.stringify(o.id)}`);
   }
   const id = o.id ?? bound ?? `${hostname().slice(0, 64) || "worker"}-${randomBytes(3).toString("hex")}`;
-  const hub = new HubClient(o.hub, o.token, o.ca);
+  const hub = new HubClient({ base: o.hub, token: o.token, ca: o.ca });
   let relay = o.relay ?? hub.relayUrl();
   try {
     const u = new URL(relay);
@@ -306,7 +321,11 @@ class LeaseLost extends Error {}
  */
 export async function runWorker(options: RunWorkerOptions): Promise<WorkerSummary> {
   const s = settings(options);
-  return new WorkerRun(s, options.signal, options.log).run();
+  try {
+    return await new WorkerRun(s, options.signal, options.log).run();
+  } finally {
+    await s.hub.close();
+  }
 }
 
 function overlap(a: SliceRect, b: { layers: Range; experts: Range }): boolean {
@@ -491,8 +510,8 @@ class WorkerRun {
           pollMs: s.pollMs,
           heldBytes: s.capacityBytes,
         });
-        while (await sleep(2 ** 31 - 1, stop));
-        throw abortReason(stop);
+        // nothing to do until stopped: the sleep rejects with the stop's reason
+        for (;;) await sleep(2 ** 31 - 1, stop);
       }
       let lease: LeaseJson | undefined;
       let value: number | undefined;
@@ -518,7 +537,7 @@ class WorkerRun {
               });
               lastIdle = idle;
             }
-            if (!(await sleep(jitter(s.pollMs), stop))) throw abortReason(stop);
+            await sleep(jitter(s.pollMs), stop);
             continue;
           }
           value = choice.value;
@@ -540,7 +559,7 @@ class WorkerRun {
             quickRetries++;
             const pause = quickRetries < 5 ? 50 + Math.random() * 250 : jitter(s.pollMs);
             if (quickRetries >= 5) quickRetries = 0;
-            if (!(await sleep(pause, stop))) throw abortReason(stop);
+            await sleep(pause, stop);
             continue;
           }
         }
@@ -550,7 +569,7 @@ class WorkerRun {
         hubFailures++;
         const retryInMs = Math.min(s.pollMs, 30_000, 500 * 2 ** Math.min(hubFailures - 1, 10));
         this.#emit({ event: "hub-unreachable", error: message(error), code: codeOf(error), retryInMs });
-        if (!(await sleep(jitter(retryInMs), stop))) throw abortReason(stop);
+        await sleep(jitter(retryInMs), stop);
         continue;
       }
       lastIdle = "";
@@ -599,7 +618,7 @@ class WorkerRun {
             code: codeOf(error),
             retryInMs: s.pollMs,
           });
-          if (!(await sleep(jitter(s.pollMs), stop))) throw abortReason(stop);
+          await sleep(jitter(s.pollMs), stop);
           continue;
         }
         throw error;
@@ -697,7 +716,7 @@ class WorkerRun {
     };
     let manifest: SliceManifest;
     try {
-      manifest = await s.hub.manifest(lease.manifest, signal);
+      manifest = await manifestOf(s.hub, lease.manifest, signal);
     } catch (error) {
       lost();
       throw error;
@@ -750,8 +769,8 @@ class WorkerRun {
       try {
         result = await downloadResumable(url, paths.path, {
           signal,
-          ca: s.hub.ca,
-          headers: s.hub.authHeader(),
+          client: s.hub,
+          headers: await s.hub.authHeader(),
           ...s.download,
           onResponse: ({ offset, total }) => {
             if (started) return;
@@ -980,7 +999,7 @@ class WorkerRun {
         if (error instanceof AuthError || !isTransient(error)) throw error;
         const retryInMs = Math.min(30_000, 500 * 2 ** Math.min(attempt - 1, 10));
         this.#emit({ event: "hub-unreachable", error: message(error), code: codeOf(error), retryInMs });
-        if (!(await sleep(jitter(retryInMs), stop))) throw abortReason(stop);
+        await sleep(jitter(retryInMs), stop);
       } finally {
         stop.removeEventListener("abort", onStop);
       }
@@ -1015,7 +1034,7 @@ class WorkerRun {
           x: req.activations(),
           ids: req.ids,
           k: req.k,
-          ...(req.w ? { weights: req.w } : {}),
+          ...(req.w ? { w: req.w } : {}),
           mode: req.mode,
         },
         { signal: req.signal },

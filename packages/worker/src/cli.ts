@@ -4,9 +4,10 @@ import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { InvalidArgumentError, isMoeswarmError } from "@moeswarm/core";
 import { parseByteSize } from "@moeswarm/shard";
+import { BACKEND_CHOICES, isBackendChoice } from "@moeswarm/worker-native";
 import cliProgress from "cli-progress";
 import { formatBytes, formatWorkerEvent, type WorkerEvent } from "./events.js";
-import { runWorker, type WorkerBackend } from "./run-worker.js";
+import { runWorker } from "./run-worker.js";
 
 export const WORKER_CLI_NAME = "moeswarm-worker";
 
@@ -31,7 +32,7 @@ downloads and verifies it, serves it through the hub's relay until SIGINT/SIGTER
   --cache-max SIZE     most disk the cache may use, e.g. 20GiB; least recently used slices not
                        being served are deleted to make room (default: no limit)
   --id ID              this worker's id (default: the token's, else <hostname>-<random>)
-  --backend B          auto | native | llama-cpu | ts (default auto)
+  --backend B          auto | native | llama-cpu | worker | ts (default auto)
   --threads N          compute threads (default: all CPUs)
   --model ID           serve only this model
   --ca FILE            PEM CA to trust for a self-hosted hub
@@ -176,9 +177,9 @@ export async function runWorkerCli(
       }
     }
     if (!token) throw usageError("a worker token is required: --token, --token-file or MOESWARM_TOKEN");
-    const backend = (str("backend") ?? "auto") as WorkerBackend;
-    if (!["auto", "native", "llama-cpu", "ts"].includes(backend)) {
-      throw usageError(`--backend must be auto, native, llama-cpu or ts, got ${JSON.stringify(backend)}`);
+    const backend = str("backend") ?? "auto";
+    if (!isBackendChoice(backend)) {
+      throw usageError(`--backend must be ${BACKEND_CHOICES.join(", ")}, got ${JSON.stringify(backend)}`);
     }
     const threadsText = str("threads");
     if (threadsText !== undefined && !/^[1-9]\d{0,3}$/.test(threadsText)) {
