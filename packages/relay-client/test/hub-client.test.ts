@@ -109,7 +109,7 @@ describe("HubClient", () => {
 
   it("rejects with the signal's reason: already aborted, and aborted while waiting", async () => {
     await using_(new HubClient({ base, token: "t" }), async (hub) => {
-      const reason = new AbortError("MOESWARM_ABORTED", "stop");
+      const reason = new AbortError("stop");
       await expect(hub.request("/p", { signal: AbortSignal.abort(reason) })).rejects.toBe(reason);
       handler = () => {}; // never answers
       const controller = new AbortController();

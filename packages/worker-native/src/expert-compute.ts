@@ -102,56 +102,70 @@ export interface ExpertCompute extends AsyncDisposable {
   close(): Promise<void>;
 }
 
-function invalid(message: string, details?: Record<string, unknown>): InvalidArgumentError {
-  return new InvalidArgumentError(message, details ? { details } : {});
-}
-
 /** Number of tokens of a request that fits the slice; throws InvalidArgumentError otherwise. */
 export function checkRunRequest(
   request: RunRequest,
   info: Pick<ExpertComputeInfo, "layers" | "nEmbd">,
   expertSet: ReadonlySet<number>,
 ): number {
-  if (typeof request !== "object" || request === null) throw invalid("run needs a request object");
+  if (typeof request !== "object" || request === null)
+    throw new InvalidArgumentError("run needs a request object");
   const { layer, x, ids, k, w, mode } = request;
   if (!Number.isInteger(layer) || !info.layers.includes(layer)) {
-    throw invalid(`layer ${String(layer)} is not in this slice (layers ${info.layers.join(", ")})`, {
-      layer,
-    });
+    throw new InvalidArgumentError(
+      `layer ${String(layer)} is not in this slice (layers ${info.layers.join(", ")})`,
+      {
+        details: {
+          layer,
+        },
+      },
+    );
   }
-  if (mode !== "each" && mode !== "sum") throw invalid(`mode must be "each" or "sum", got ${String(mode)}`);
+  if (mode !== "each" && mode !== "sum")
+    throw new InvalidArgumentError(`mode must be "each" or "sum", got ${String(mode)}`);
   if (!Number.isInteger(k) || k < 1 || k > 256)
-    throw invalid(`k must be an integer in 1..256, got ${String(k)}`);
-  if (!(ids instanceof Int32Array)) throw invalid("ids must be an Int32Array");
-  if (!(x instanceof Float32Array)) throw invalid("x must be a Float32Array");
+    throw new InvalidArgumentError(`k must be an integer in 1..256, got ${String(k)}`);
+  if (!(ids instanceof Int32Array)) throw new InvalidArgumentError("ids must be an Int32Array");
+  if (!(x instanceof Float32Array)) throw new InvalidArgumentError("x must be a Float32Array");
   const n = ids.length / k;
   if (!Number.isInteger(n) || n < 1 || n > 65536) {
-    throw invalid(`ids holds ${ids.length} values: expected n*k with k=${k} and 1 <= n <= 65536`);
+    throw new InvalidArgumentError(
+      `ids holds ${ids.length} values: expected n*k with k=${k} and 1 <= n <= 65536`,
+    );
   }
   if (x.length !== n * info.nEmbd) {
-    throw invalid(`x holds ${x.length} values, expected n*n_embd = ${n}*${info.nEmbd}`, {
-      n,
-      nEmbd: info.nEmbd,
+    throw new InvalidArgumentError(`x holds ${x.length} values, expected n*n_embd = ${n}*${info.nEmbd}`, {
+      details: {
+        n,
+        nEmbd: info.nEmbd,
+      },
     });
   }
   for (let i = 0; i < ids.length; i++) {
     const id = ids[i]!;
     if (id !== -1 && !expertSet.has(id)) {
-      throw invalid(`expert ${id} (token ${Math.floor(i / k)}, slot ${i % k}) is not in this slice`, {
-        expert: id,
-        token: Math.floor(i / k),
-        slot: i % k,
-      });
+      throw new InvalidArgumentError(
+        `expert ${id} (token ${Math.floor(i / k)}, slot ${i % k}) is not in this slice`,
+        {
+          details: {
+            expert: id,
+            token: Math.floor(i / k),
+            slot: i % k,
+          },
+        },
+      );
     }
   }
   if (w !== undefined) {
-    if (!(w instanceof Float32Array)) throw invalid("w must be a Float32Array");
-    if (w.length !== ids.length) throw invalid(`w holds ${w.length} values, expected n*k = ${ids.length}`);
+    if (!(w instanceof Float32Array)) throw new InvalidArgumentError("w must be a Float32Array");
+    if (w.length !== ids.length)
+      throw new InvalidArgumentError(`w holds ${w.length} values, expected n*k = ${ids.length}`);
     for (let i = 0; i < w.length; i++) {
-      if (!Number.isFinite(w[i]!)) throw invalid(`weight ${i} is not finite`, { index: i });
+      if (!Number.isFinite(w[i]!))
+        throw new InvalidArgumentError(`weight ${i} is not finite`, { details: { index: i } });
     }
   } else if (mode === "sum") {
-    throw invalid('mode "sum" needs the router weights');
+    throw new InvalidArgumentError('mode "sum" needs the router weights');
   }
   return n;
 }

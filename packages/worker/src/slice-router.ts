@@ -49,7 +49,6 @@ export class SliceRouter {
     const nEmbd = this.nEmbd;
     if (nEmbd !== undefined && slice.compute.info.nEmbd !== nEmbd) {
       throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
         `a slice of ${this.model} with n_embd ${slice.compute.info.nEmbd} cannot join slices with n_embd ${nEmbd}`,
       );
     }
