@@ -135,7 +135,7 @@ function request(n: number, seed: number) {
       w[i * K + j] = 1 / K;
     }
   }
-  return { layer: LAYER, x: uniform(n * N_EMBD, seed, 1), ids, k: K, weights: w, mode: "sum" as const };
+  return { layer: LAYER, x: uniform(n * N_EMBD, seed, 1), ids, k: K, w, mode: "sum" as const };
 }
 
 export const expertCompute: Benchmark = {

@@ -18,7 +18,7 @@ import {
 import type { WorkerRegistration } from "@moeswarm/dispatch";
 import { createHub, createLoopbackCertificates, mintToken } from "@moeswarm/hub";
 import { ensureSyntheticModel, findExpertTensors, readGguf } from "@moeswarm/shard";
-import { formatBytes } from "@moeswarm/worker-native";
+import { formatBytes } from "@moeswarm/worker";
 import { Agent, request } from "undici";
 import { type DemoOptions, parseDemoOptions } from "./options.js";
 import { createProgress } from "./progress.js";

@@ -1,4 +1,4 @@
-import { formatBytes, formatWorkerEvent, type WorkerEvent } from "@moeswarm/worker-native";
+import { formatBytes, formatWorkerEvent, type WorkerEvent } from "@moeswarm/worker";
 import cliProgress from "cli-progress";
 import type { WorkerView } from "./workers.js";
 

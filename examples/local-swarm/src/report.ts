@@ -1,5 +1,5 @@
 import type { BridgeMetrics, LogitsHarnessResult } from "@moeswarm/backbone";
-import { formatBytes } from "@moeswarm/worker-native";
+import { formatBytes } from "@moeswarm/worker";
 import type { WorkerView } from "./workers.js";
 
 export interface DemoReport {

@@ -2,7 +2,7 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
-import type { WorkerEvent } from "@moeswarm/worker-native";
+import type { WorkerEvent } from "@moeswarm/worker";
 
 /** What the demo learns about one worker process from its `--json` event lines. */
 export interface WorkerView {
@@ -32,10 +32,10 @@ export interface SpawnWorkersOptions {
   onEvent: (worker: WorkerView, event: WorkerEvent) => void;
 }
 
-/** The `moeswarm-worker` bin of @moeswarm/worker-native, run with this Node. */
+/** The `moeswarm-worker` bin of @moeswarm/worker, run with this Node. */
 export function workerBinPath(): string {
   const require = createRequire(import.meta.url);
-  const pkgPath = require.resolve("@moeswarm/worker-native/package.json");
+  const pkgPath = require.resolve("@moeswarm/worker/package.json");
   const pkg = require(pkgPath) as { bin: Record<string, string> };
   return join(dirname(pkgPath), pkg.bin["moeswarm-worker"]!);
 }

@@ -30,7 +30,7 @@ export function expertComputeHandler(compute: WorkerCompute): ExpertHandler {
         x: request.x,
         ids: request.ids,
         k: request.k,
-        ...(request.w ? { weights: request.w } : {}),
+        ...(request.w ? { w: request.w } : {}),
         mode: request.mode,
       },
       { signal },

@@ -172,7 +172,7 @@ export function connectComputeToRelay(
           x: d.activations(),
           ids: d.ids,
           k: d.k,
-          ...(d.w ? { weights: d.w } : {}),
+          ...(d.w ? { w: d.w } : {}),
           mode: d.mode,
         },
         { signal: d.signal },

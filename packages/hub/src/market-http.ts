@@ -1,5 +1,21 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { AuthError, formatRange, isMoeswarmError, parseRange } from "@moeswarm/core";
+import {
+  AUTO_CLAIM_BODY_SHAPE,
+  AuthError,
+  CAPACITY_SHAPE,
+  CLAIM_BODY_SHAPE,
+  type DemandJson,
+  formatRange,
+  isMoeswarmError,
+  type LeaseJson,
+  manifestUrl,
+  type PlacementJson,
+  parseRange,
+  RENEW_BODY_SHAPE,
+  type ReleasedJson,
+  type StatsOutcomeJson,
+  shardUrl,
+} from "@moeswarm/core";
 import { readJsonBody } from "./http-body.js";
 import { badRequest, methodNotAllowed, sendJson } from "./http-errors.js";
 import { capacityBytes, isWorkerId, type Lease, type MarketModel, type WorkerCapacity } from "./market.js";
@@ -25,28 +41,9 @@ export interface MarketHttpContext {
   maxPollMs: number;
 }
 
-/** A lease as the HTTP API answers it. */
-export interface LeaseJson {
-  leaseId: string;
-  worker: string;
-  model: string;
-  layers: string;
-  experts: string;
-  bytes: number;
-  grantedAt: number;
-  expiresAt: number;
-  /** Milliseconds left, by the hub's clock (renew well before it reaches 0). */
-  ttlMs: number;
-  /** The slice to download (relative to the hub's base URL). */
-  url: string;
-  /** The model's manifest (slab sha256s to verify the download against). */
-  manifest: string;
-  capacity: WorkerCapacity;
-}
-
-export function shardUrl(model: string, layers: string, experts: string): string {
-  return `/api/models/${encodeURIComponent(model)}/expert-shard?layers=${layers}&experts=${experts}`;
-}
+// The bodies (LeaseJson, DemandJson, the claim shapes, StatsReport...) are core's hub-api.ts,
+// shared with the clients.
+export { type LeaseJson, shardUrl } from "@moeswarm/core";
 
 export function leaseJson(lease: Lease, now: number): LeaseJson {
   const layers = formatRange(lease.layers);
@@ -62,7 +59,7 @@ export function leaseJson(lease: Lease, now: number): LeaseJson {
     expiresAt: lease.expiresAt,
     ttlMs: Math.max(0, lease.expiresAt - now),
     url: shardUrl(lease.model, layers, experts),
-    manifest: `/api/models/${encodeURIComponent(lease.model)}/manifest`,
+    manifest: manifestUrl(lease.model),
     capacity: lease.capacity,
   };
 }
@@ -105,7 +102,7 @@ function owner(claims: TokenClaims): string | undefined {
 function capacityOf(body: Record<string, unknown>): WorkerCapacity {
   const c = body.capacity;
   if (!isObject(c)) {
-    throw badRequest('"capacity" must be an object {"ramBytes", "vramBytes"?, "backend"?, "bandwidthBps"?}');
+    throw badRequest(`"capacity" must be an object ${CAPACITY_SHAPE}`);
   }
   const capacity: WorkerCapacity = {
     ...(c.ramBytes === undefined ? {} : { ramBytes: c.ramBytes as number }),
@@ -158,9 +155,7 @@ export async function postClaim(
   const claims = ctx.authorize(req, "worker");
   const body = objectBody(
     await readJsonBody(req, res, ctx.maxBodyBytes),
-    auto
-      ? '{"model"?, "capacity": {...}, "worker"?, "ttlMs"?}'
-      : '{"model", "layers": "a:b", "experts": "c:d", "capacity": {...}, "worker"?, "ttlMs"?, "replaceLeases"?}',
+    auto ? AUTO_CLAIM_BODY_SHAPE : CLAIM_BODY_SHAPE,
   );
   const worker = claimant(claims, body);
   const capacity = capacityOf(body);
@@ -222,7 +217,7 @@ export async function leaseRoute(
   if (renew) {
     if (method !== "POST") throw methodNotAllowed(method, ["POST"]);
     const claims = ctx.authorize(req, "worker");
-    const body = objectBody(await readJsonBody(req, res, ctx.maxBodyBytes), '{"ttlMs"?}');
+    const body = objectBody(await readJsonBody(req, res, ctx.maxBodyBytes), RENEW_BODY_SHAPE);
     const ttlMs = ttlOf(body);
     const lease = await book.writeLease(
       () => market.renew(id, owner(claims), book.now(), ttlMs),
@@ -237,7 +232,7 @@ export async function leaseRoute(
     const lease = market.release(id, owner(claims), book.now());
     ctx.metrics.leaseEnded("released");
     await book.deleteLease(lease.id);
-    sendJson(res, 200, { released: lease.id });
+    sendJson(res, 200, { released: lease.id } satisfies ReleasedJson);
     return { action: "released", lease };
   }
   if (method !== "GET" && method !== "HEAD") throw methodNotAllowed(method, ["GET", "HEAD", "DELETE"]);
@@ -273,45 +268,40 @@ export function getDemand(
   const market = book.market;
   const ranges = market.demand(now, model === undefined ? {} : { model });
   const p = market.policy;
-  sendJson(
-    res,
-    200,
-    {
-      time: now,
-      policy: {
-        halfLifeMs: p.halfLifeMs,
-        prior: p.prior,
-        hotLoad: p.hotLoad,
-        maxReplicas: p.maxReplicas,
-        uncoveredValue: p.uncoveredValue,
-        leaseTtlMs: market.leaseTtlMs,
-      },
-      models: (model === undefined ? market.modelIds() : [model]).map((m) => market.summary(m, now)),
-      ranges: ranges.slice(0, limit).map((d) => {
-        const layers = `${d.layer}:${d.layer + 1}`;
-        const experts = formatRange(d.experts);
-        return {
-          model: d.model,
-          layer: d.layer,
-          layers,
-          experts,
-          count: d.count,
-          target: d.target,
-          coverage: d.coverage,
-          pending: d.pending,
-          missing: d.missing,
-          hot: d.hot,
-          value: d.value,
-          bytes: d.bytes,
-          bytesPerExpert: d.bytesPerExpert,
-          nExpert: d.nExpert,
-          url: shardUrl(d.model, layers, experts),
-        };
-      }),
+  const body: DemandJson = {
+    time: now,
+    policy: {
+      halfLifeMs: p.halfLifeMs,
+      prior: p.prior,
+      hotLoad: p.hotLoad,
+      maxReplicas: p.maxReplicas,
+      uncoveredValue: p.uncoveredValue,
+      leaseTtlMs: market.leaseTtlMs,
     },
-    {},
-    req.method === "HEAD",
-  );
+    models: (model === undefined ? market.modelIds() : [model]).map((m) => market.summary(m, now)),
+    ranges: ranges.slice(0, limit).map((d) => {
+      const layers = `${d.layer}:${d.layer + 1}`;
+      const experts = formatRange(d.experts);
+      return {
+        model: d.model,
+        layer: d.layer,
+        layers,
+        experts,
+        count: d.count,
+        target: d.target,
+        coverage: d.coverage,
+        pending: d.pending,
+        missing: d.missing,
+        hot: d.hot,
+        value: d.value,
+        bytes: d.bytes,
+        bytesPerExpert: d.bytesPerExpert,
+        nExpert: d.nExpert,
+        url: shardUrl(d.model, layers, experts),
+      };
+    }),
+  };
+  sendJson(res, 200, body, {}, req.method === "HEAD");
 }
 
 /** GET /api/models/:model/placement?since=&wait= (long-poll). */
@@ -360,7 +350,7 @@ export async function getPlacement(
   sendJson(
     res,
     200,
-    market.placement(model),
+    market.placement(model) satisfies PlacementJson,
     { etag: etagOf(version), "cache-control": "no-cache" },
     req.method === "HEAD",
   );
@@ -389,5 +379,5 @@ export async function postStats(
   const backbone = claims.id ?? report.backbone ?? "backbone";
   const outcome = ctx.book.ingest(model, backbone, report);
   ctx.metrics.statsReport(outcome.accepted ? "accepted" : "duplicate");
-  sendJson(res, 200, { model, backbone, ...outcome });
+  sendJson(res, 200, { model, backbone, ...outcome } satisfies StatsOutcomeJson);
 }

@@ -20,6 +20,22 @@ export {
   type RelayState,
   type RequestOptions,
 } from "./connection.js";
+// The hub's HTTP API client (the worker runtime's and the backbone's).
+export {
+  discardBody,
+  type HubCa,
+  HubClient,
+  type HubClientOptions,
+  type HubOpenOptions,
+  type HubRequestOptions,
+  type HubResponse,
+  type HubStream,
+  type HubToken,
+  hubAnswerError,
+  isTransient,
+  networkError,
+  tokenValue,
+} from "./hub-client.js";
 export {
   type DialOptions,
   dialWebSocket,

@@ -1,7 +1,30 @@
-import { InvalidArgumentError } from "@moeswarm/core";
+import { type ExpertRequest, InvalidArgumentError } from "@moeswarm/core";
 
-/** Which implementation computes: the N-API addon, the standalone executable, or TypeScript. */
-export type ComputeBackend = "native" | "worker" | "ts";
+/**
+ * Which implementation computes: "native" the N-API addon, "llama-cpu" the compute core built
+ * against node-llama-cpp's ggml (llama.cpp's own CPU kernels), "worker" the standalone executable in
+ * a child process, "ts" TypeScript. A compute's `info.backend` says where it runs: a llama-cpu
+ * compute reports "native" (in this process) or "worker" (child process) with `info.device`
+ * "llama-cpu".
+ */
+export type ComputeBackend = "native" | "llama-cpu" | "worker" | "ts";
+
+/** What a caller asks for: a backend, or "auto" (native when it loads, else TypeScript). */
+export type BackendChoice = ComputeBackend | "auto";
+
+/** Every `BackendChoice`, for validating options and command lines. */
+export const BACKEND_CHOICES: readonly BackendChoice[] = Object.freeze([
+  "auto",
+  "native",
+  "llama-cpu",
+  "worker",
+  "ts",
+]);
+
+/** True when `value` is a `BackendChoice`. */
+export function isBackendChoice(value: unknown): value is BackendChoice {
+  return (BACKEND_CHOICES as readonly unknown[]).includes(value);
+}
 
 /** The activation between the gate/up and down projections, as llama.cpp's llm_ffn_op_type. */
 export type Activation = "silu" | "gelu" | "relu" | "swiglu_oai" | "relu_sqr";
@@ -17,19 +40,15 @@ export const ACTIVATIONS: readonly Activation[] = Object.freeze([
 /** `each`: one output row per slot (zero for empty slots); `sum`: the router-weighted sum per token. */
 export type RunMode = "each" | "sum";
 
-/** One layer's routed-expert computation for a batch of tokens. */
-export interface RunRequest {
-  /** Global layer index; must be one of `info.layers`. */
-  layer: number;
+/**
+ * One layer's routed-expert computation for a batch of tokens: core's `ExpertRequest` (same field
+ * names and meanings) without what the slice already knows (model, n and embd follow from `ids`,
+ * `k` and the slice, activations are f32). `layer` must be one of `info.layers`, `k` is 1..256,
+ * `w` is required for mode "sum" and ignored for "each".
+ */
+export interface RunRequest extends Pick<ExpertRequest, "layer" | "ids" | "k" | "w" | "mode"> {
   /** Activations, n tokens x n_embd, token-major. */
-  x: Float32Array;
-  /** n x k global expert ids, token-major; -1 marks an empty slot. */
-  ids: Int32Array;
-  /** Slots per token (1..256). */
-  k: number;
-  /** n x k router weights; required for mode "sum", ignored for "each". */
-  weights?: Float32Array;
-  mode: RunMode;
+  readonly x: Float32Array;
 }
 
 export interface RunOptions {
@@ -83,57 +102,70 @@ export interface ExpertCompute extends AsyncDisposable {
   close(): Promise<void>;
 }
 
-function invalid(message: string, details?: Record<string, unknown>): InvalidArgumentError {
-  return new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", message, details ? { details } : {});
-}
-
 /** Number of tokens of a request that fits the slice; throws InvalidArgumentError otherwise. */
 export function checkRunRequest(
   request: RunRequest,
   info: Pick<ExpertComputeInfo, "layers" | "nEmbd">,
   expertSet: ReadonlySet<number>,
 ): number {
-  if (typeof request !== "object" || request === null) throw invalid("run needs a request object");
-  const { layer, x, ids, k, weights, mode } = request;
+  if (typeof request !== "object" || request === null)
+    throw new InvalidArgumentError("run needs a request object");
+  const { layer, x, ids, k, w, mode } = request;
   if (!Number.isInteger(layer) || !info.layers.includes(layer)) {
-    throw invalid(`layer ${String(layer)} is not in this slice (layers ${info.layers.join(", ")})`, {
-      layer,
-    });
+    throw new InvalidArgumentError(
+      `layer ${String(layer)} is not in this slice (layers ${info.layers.join(", ")})`,
+      {
+        details: {
+          layer,
+        },
+      },
+    );
   }
-  if (mode !== "each" && mode !== "sum") throw invalid(`mode must be "each" or "sum", got ${String(mode)}`);
+  if (mode !== "each" && mode !== "sum")
+    throw new InvalidArgumentError(`mode must be "each" or "sum", got ${String(mode)}`);
   if (!Number.isInteger(k) || k < 1 || k > 256)
-    throw invalid(`k must be an integer in 1..256, got ${String(k)}`);
-  if (!(ids instanceof Int32Array)) throw invalid("ids must be an Int32Array");
-  if (!(x instanceof Float32Array)) throw invalid("x must be a Float32Array");
+    throw new InvalidArgumentError(`k must be an integer in 1..256, got ${String(k)}`);
+  if (!(ids instanceof Int32Array)) throw new InvalidArgumentError("ids must be an Int32Array");
+  if (!(x instanceof Float32Array)) throw new InvalidArgumentError("x must be a Float32Array");
   const n = ids.length / k;
   if (!Number.isInteger(n) || n < 1 || n > 65536) {
-    throw invalid(`ids holds ${ids.length} values: expected n*k with k=${k} and 1 <= n <= 65536`);
+    throw new InvalidArgumentError(
+      `ids holds ${ids.length} values: expected n*k with k=${k} and 1 <= n <= 65536`,
+    );
   }
   if (x.length !== n * info.nEmbd) {
-    throw invalid(`x holds ${x.length} values, expected n*n_embd = ${n}*${info.nEmbd}`, {
-      n,
-      nEmbd: info.nEmbd,
+    throw new InvalidArgumentError(`x holds ${x.length} values, expected n*n_embd = ${n}*${info.nEmbd}`, {
+      details: {
+        n,
+        nEmbd: info.nEmbd,
+      },
     });
   }
   for (let i = 0; i < ids.length; i++) {
     const id = ids[i]!;
     if (id !== -1 && !expertSet.has(id)) {
-      throw invalid(`expert ${id} (token ${Math.floor(i / k)}, slot ${i % k}) is not in this slice`, {
-        expert: id,
-        token: Math.floor(i / k),
-        slot: i % k,
-      });
+      throw new InvalidArgumentError(
+        `expert ${id} (token ${Math.floor(i / k)}, slot ${i % k}) is not in this slice`,
+        {
+          details: {
+            expert: id,
+            token: Math.floor(i / k),
+            slot: i % k,
+          },
+        },
+      );
     }
   }
-  if (weights !== undefined) {
-    if (!(weights instanceof Float32Array)) throw invalid("weights must be a Float32Array");
-    if (weights.length !== ids.length)
-      throw invalid(`weights holds ${weights.length} values, expected n*k = ${ids.length}`);
-    for (let i = 0; i < weights.length; i++) {
-      if (!Number.isFinite(weights[i]!)) throw invalid(`weight ${i} is not finite`, { index: i });
+  if (w !== undefined) {
+    if (!(w instanceof Float32Array)) throw new InvalidArgumentError("w must be a Float32Array");
+    if (w.length !== ids.length)
+      throw new InvalidArgumentError(`w holds ${w.length} values, expected n*k = ${ids.length}`);
+    for (let i = 0; i < w.length; i++) {
+      if (!Number.isFinite(w[i]!))
+        throw new InvalidArgumentError(`weight ${i} is not finite`, { details: { index: i } });
     }
   } else if (mode === "sum") {
-    throw invalid('mode "sum" needs the router weights');
+    throw new InvalidArgumentError('mode "sum" needs the router weights');
   }
   return n;
 }

@@ -1,9 +1,17 @@
 import { InvalidArgumentError, NativeError, throwIfAborted } from "@moeswarm/core";
-import type { Activation, ExpertCompute } from "./expert-compute.js";
+import {
+  type Activation,
+  BACKEND_CHOICES,
+  type BackendChoice,
+  type ExpertCompute,
+  isBackendChoice,
+} from "./expert-compute.js";
 import { llamaCpuAddonPath, loadLlamaCpuCompute, spawnLlamaExpertWorker } from "./llama-cpu.js";
 import { probeNative } from "./native-binding.js";
 import { NativeExpertCompute } from "./native-compute.js";
 import { TsExpertCompute } from "./ts-compute.js";
+import { expertWorkerPath } from "./worker-binary.js";
+import { spawnExpertWorker } from "./worker-process.js";
 
 export interface LoadExpertComputeOptions {
   /**
@@ -14,9 +22,11 @@ export interface LoadExpertComputeOptions {
    * backend library that llama.cpp itself uses here: bit-identical to llama.cpp's MUL_MAT_ID on this
    * machine (`info.device` "llama-cpu"). In this process when its addon is built (`info.backend`
    * "native"), else `moeswarm-expert-worker-llama` in a child process (`info.backend` "worker");
-   * `llamaProcess: true` asks for the child process.
+   * `llamaProcess: true` asks for the child process;
+   * "worker": the standalone `moeswarm-expert-worker` executable (`expertWorkerPath()`) in a child
+   * process, as `spawnExpertWorker` starts it.
    */
-  backend?: "native" | "ts" | "auto" | "llama-cpu";
+  backend?: BackendChoice;
   /** "llama-cpu": compute in a child process even when the in-process addon is built. */
   llamaProcess?: boolean;
   /** "llama-cpu": node-llama-cpp's bins directory (default: found from the installed package). */
@@ -40,14 +50,13 @@ export async function loadExpertCompute(
   options: LoadExpertComputeOptions = {},
 ): Promise<ExpertCompute> {
   const backend = options.backend ?? "auto";
-  if (backend !== "native" && backend !== "ts" && backend !== "auto" && backend !== "llama-cpu") {
+  if (!isBackendChoice(backend)) {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `backend must be "native", "ts", "auto" or "llama-cpu", got ${String(backend)}`,
+      `backend must be ${BACKEND_CHOICES.map((b) => `"${b}"`).join(", ")}, got ${String(backend)}`,
     );
   }
   if (typeof slicePath !== "string" || slicePath.length === 0) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "slicePath must be a non-empty string");
+    throw new InvalidArgumentError("slicePath must be a non-empty string");
   }
   throwIfAborted(options.signal);
   const { signal, threads, act, repack, cacheBytes, device, binsDir } = options;
@@ -66,6 +75,15 @@ export async function loadExpertCompute(
       ...(act !== undefined ? { act } : {}),
       ...(repack !== undefined ? { repack } : {}),
       ...(binsDir !== undefined ? { binsDir } : {}),
+      ...(signal ? { signal } : {}),
+    });
+  }
+  if (backend === "worker") {
+    return spawnExpertWorker(expertWorkerPath(), slicePath, {
+      ...(threads !== undefined ? { threads } : {}),
+      ...(act !== undefined ? { act } : {}),
+      ...(repack !== undefined ? { repack } : {}),
+      ...(device !== undefined ? { device } : {}),
       ...(signal ? { signal } : {}),
     });
   }

@@ -151,11 +151,11 @@ export class NativeExpertCompute implements ExpertCompute {
     } catch (error) {
       return Promise.reject(error);
     }
-    const { layer, x, ids, k, weights, mode } = request;
+    const { layer, x, ids, k, w, mode } = request;
     return this.#queue.enqueue(
       async () => {
         try {
-          return await this.#handle.run(layer, x, ids, k, weights ?? null, mode === "sum" ? 1 : 0, reference);
+          return await this.#handle.run(layer, x, ids, k, w ?? null, mode === "sum" ? 1 : 0, reference);
         } catch (cause) {
           throw nativeError(cause);
         }

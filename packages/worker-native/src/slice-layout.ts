@@ -262,7 +262,7 @@ export function sliceLayout(header: GgufHeader, options: { act?: Activation | "a
     throw bad("MOESWARM_GGUF_BAD_TENSOR", "kimi-k3's SITU activation is not supported yet");
   const actOption = options.act ?? "auto";
   if (actOption !== "auto" && !ACTIVATIONS.includes(actOption)) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", `unknown activation ${String(actOption)}`);
+    throw new InvalidArgumentError(`unknown activation ${String(actOption)}`);
   }
   const act = actOption === "auto" ? actForArch(arch) : actOption;
   const clamp = arch ? header.metadata.get(`${arch}.swiglu_clamp_exp`) : undefined;

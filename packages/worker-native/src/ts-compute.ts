@@ -108,10 +108,7 @@ export class TsExpertCompute implements ExpertCompute {
     throwIfAborted(options.signal);
     const cacheBytes = options.cacheBytes ?? DEFAULT_CACHE_BYTES;
     if (!Number.isSafeInteger(cacheBytes) || cacheBytes < 0) {
-      throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
-        `cacheBytes must be a non-negative integer, got ${String(cacheBytes)}`,
-      );
+      throw new InvalidArgumentError(`cacheBytes must be a non-negative integer, got ${String(cacheBytes)}`);
     }
     const header = await readGguf(slicePath, options.signal ? { signal: options.signal } : {});
     const layout = sliceLayout(header, options.act ? { act: options.act } : {});
@@ -288,7 +285,7 @@ export class TsExpertCompute implements ExpertCompute {
   }
 
   async #compute(request: RunRequest, n: number, signal: AbortSignal | undefined): Promise<Float32Array> {
-    const { layer, x, ids, k, weights, mode } = request;
+    const { layer, x, ids, k, w: weights, mode } = request;
     const L = this.#layout.layers.find((l) => l.layer === layer)!;
     const nEmbd = this.#layout.nEmbd;
     const each = new Float32Array(n * k * nEmbd);

@@ -69,10 +69,7 @@ const STDERR_TAIL = 4096;
 function checkOptions(o: SpawnExpertWorkerOptions): void {
   const int = (name: string, v: number | undefined, lo: number, hi: number) => {
     if (v !== undefined && (!Number.isSafeInteger(v) || v < lo || v > hi)) {
-      throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
-        `${name} must be an integer in ${lo}..${hi}, got ${String(v)}`,
-      );
+      throw new InvalidArgumentError(`${name} must be an integer in ${lo}..${hi}, got ${String(v)}`);
     }
   };
   int("threads", o.threads, 0, 512);
@@ -80,16 +77,16 @@ function checkOptions(o: SpawnExpertWorkerOptions): void {
   int("startTimeoutMs", o.startTimeoutMs, 1, 2 ** 31 - 1);
   int("closeTimeoutMs", o.closeTimeoutMs, 1, 2 ** 31 - 1);
   if (o.act !== undefined && o.act !== "auto" && !ACTIVATIONS.includes(o.act)) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", `unknown activation ${String(o.act)}`);
+    throw new InvalidArgumentError(`unknown activation ${String(o.act)}`);
   }
   if (
     o.extraArgs !== undefined &&
     (!Array.isArray(o.extraArgs) || o.extraArgs.some((a: unknown) => typeof a !== "string"))
   ) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "extraArgs must be an array of strings");
+    throw new InvalidArgumentError("extraArgs must be an array of strings");
   }
   if (o.model !== undefined && (typeof o.model !== "string" || o.model.length === 0)) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "model must be a non-empty string");
+    throw new InvalidArgumentError("model must be a non-empty string");
   }
 }
 
@@ -341,7 +338,7 @@ export class WorkerProcessCompute implements ExpertCompute {
       x: request.x,
       k: request.k,
       ids: request.ids,
-      ...(request.weights ? { w: request.weights } : {}),
+      ...(request.w ? { w: request.w } : {}),
       mode: request.mode,
     });
     return new Promise<Float32Array>((resolve, reject) => {

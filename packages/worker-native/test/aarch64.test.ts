@@ -99,7 +99,7 @@ describe.skipIf(Boolean(skip))("android-arm64 executables under qemu-user", () =
         );
         const w = randomWeights(n, K, 60);
         for (const mode of ["each", "sum"] as const) {
-          const req = { layer: 4, x, ids, k: K, weights: w, mode };
+          const req = { layer: 4, x, ids, k: K, w: w, mode };
           const [a, b] = await Promise.all([arm.run(req), ref.run(req)]);
           const rel = relL2(a, b);
           if (mode === "each") measured.push(`${variant} ${ggmlTypeName(type)} ${rel.toExponential(2)}`);

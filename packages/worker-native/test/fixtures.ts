@@ -5,7 +5,6 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { createHub, type Hub } from "@moeswarm/hub";
 import {
   dequantize,
   GgmlType,
@@ -17,7 +16,10 @@ import {
   quantize as shardQuantize,
   writeGguf,
 } from "@moeswarm/shard";
+import { rng } from "@moeswarm/testkit";
 import { type NativeAddon, probeNative, requireNative } from "../src/native-binding.js";
+
+export { rng };
 
 export const TYPES = [
   GgmlType.F32,
@@ -29,18 +31,7 @@ export const TYPES = [
   GgmlType.Q6_K,
 ] as const;
 
-/** A seeded PRNG (mulberry32) and normal samples from it. */
-export function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
+/** Normal samples from a seeded PRNG (testkit's mulberry32). */
 export function normals(n: number, seed: number, scale = 1): Float32Array {
   const r = rng(seed);
   const out = new Float32Array(n);
@@ -382,23 +373,4 @@ export function firstBitDiff(a: Float32Array, b: Float32Array): number {
   const ub = new Uint32Array(b.buffer, b.byteOffset, b.length);
   for (let i = 0; i < Math.min(ua.length, ub.length); i++) if (ua[i] !== ub[i]) return i;
   return a.length === b.length ? -1 : Math.min(a.length, b.length);
-}
-
-/** A hub serving one model on loopback (no dashboard), for the runtime's tests. */
-export async function startTestHub(options: {
-  secret: string;
-  model: string;
-  path: string;
-  work: string;
-  leaseTtlMs?: number;
-}): Promise<{ hub: Hub; url: string; relayUrl: string }> {
-  const hub = createHub({
-    secret: options.secret,
-    models: [{ id: options.model, path: options.path }],
-    manifestDir: options.work,
-    dashboard: false,
-    ...(options.leaseTtlMs !== undefined ? { market: { leaseTtlMs: options.leaseTtlMs } } : {}),
-  });
-  const { url, relayUrl } = await hub.listen(0);
-  return { hub, url, relayUrl };
 }

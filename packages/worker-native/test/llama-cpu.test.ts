@@ -129,7 +129,7 @@ describe.skipIf(Boolean(missing))("llama-cpu expert compute (moeswarm-expert-wor
           expect(merged.some((v) => v !== 0)).toBe(true);
 
           // the f32 combine in slot order is ggml's weighting MUL and ADDs, bit for bit
-          const sum = await reference.run({ layer, x, ids, k: K, weights: w, mode: "sum" });
+          const sum = await reference.run({ layer, x, ids, k: K, w: w, mode: "sum" });
           const combined = sumSlots(merged, w, ids, { n: N, k: K, embd: N_EMBD });
           expect(bitsEqual(combined, sum)).toBe(true);
         }

@@ -121,7 +121,7 @@ describe.skipIf(!status.available)("native expert compute (N-API addon)", () => 
       const ids = randomIds(n, K, [...Array(N_EXPERT).keys()], 22);
       const w = randomWeights(n, K, 23);
       const each = await full.runReference({ layer: 3, x, ids, k: K, mode: "each" });
-      const sum = await full.runReference({ layer: 3, x, ids, k: K, weights: w, mode: "sum" });
+      const sum = await full.runReference({ layer: 3, x, ids, k: K, w: w, mode: "sum" });
       // llama.cpp's own reduction (ggml_mul + ggml_add in slot order) equals the protocol's
       expect(bitsEqual(sum, sumSlots(each, w, ids, { n, k: K, embd: N_EMBD }))).toBe(true);
 
@@ -141,10 +141,10 @@ describe.skipIf(!status.available)("native expert compute (N-API addon)", () => 
       }
       expect(filled).toBeGreaterThan(0);
       // and its weighted partial sum is the protocol's sum over its slots, bit for bit
-      const partSum = await slice.run({ layer: 3, x, ids: mine, k: K, weights: w, mode: "sum" });
+      const partSum = await slice.run({ layer: 3, x, ids: mine, k: K, w: w, mode: "sum" });
       expect(bitsEqual(partSum, sumSlots(part, w, mine, { n, k: K, embd: N_EMBD }))).toBe(true);
       // all slots in one worker: the sum is llama.cpp's, bit for bit
-      const whole = await full.run({ layer: 3, x, ids, k: K, weights: w, mode: "sum" });
+      const whole = await full.run({ layer: 3, x, ids, k: K, w: w, mode: "sum" });
       expect(bitsEqual(whole, sum)).toBe(true);
     });
   }
@@ -298,7 +298,7 @@ describe.skipIf(!status.available)("native expert compute (N-API addon)", () => 
     await bad({ k: 3 }, "MOESWARM_INVALID_ARGUMENT", /ids holds/);
     await bad({ mode: "sum" }, "MOESWARM_INVALID_ARGUMENT", /router weights/);
     await bad(
-      { mode: "sum", weights: new Float32Array(8).fill(Number.NaN) },
+      { mode: "sum", w: new Float32Array(8).fill(Number.NaN) },
       "MOESWARM_INVALID_ARGUMENT",
       /not finite/,
     );

@@ -72,7 +72,7 @@ describe("TypeScript compute path", () => {
       worst.push(`${ggmlTypeName(type)} ${min.toFixed(9)}`);
       expect(min, ggmlTypeName(type)).toBeGreaterThanOrEqual(0.999999);
       const w = randomWeights(n, K, 72);
-      const sum = await compute.run({ layer: 2, x, ids, k: K, weights: w, mode: "sum" });
+      const sum = await compute.run({ layer: 2, x, ids, k: K, w: w, mode: "sum" });
       expect(bitsEqual(sum, sumSlots(y, w, ids, { n, k: K, embd: N_EMBD }))).toBe(true);
     }
   });
@@ -114,8 +114,8 @@ describe("TypeScript compute path", () => {
     const x = normals(6 * N_EMBD, 80);
     const ids = randomIds(6, K, [0, 1, 2, 3, 4], 81);
     const w = randomWeights(6, K, 82);
-    const a = await ts.run({ layer: 2, x, ids, k: K, weights: w, mode: "sum" });
-    const b = await nat.run({ layer: 2, x, ids, k: K, weights: w, mode: "sum" });
+    const a = await ts.run({ layer: 2, x, ids, k: K, w: w, mode: "sum" });
+    const b = await nat.run({ layer: 2, x, ids, k: K, w: w, mode: "sum" });
     expect(cosine(a, b)).toBeGreaterThan(0.9995);
   });
 

@@ -96,7 +96,7 @@ describe.skipIf(Boolean(missing))("moeswarm-expert-worker (standalone executable
         );
         const w = randomWeights(n, K, 200 + n);
         for (const mode of ["each", "sum"] as const) {
-          const req = { layer, x, ids, k: K, weights: w, mode };
+          const req = { layer, x, ids, k: K, w: w, mode };
           const [a, b] = await Promise.all([worker.run(req), addon.run(req)]);
           expect(bitsEqual(a, b), `n=${n} ${mode}`).toBe(true);
         }

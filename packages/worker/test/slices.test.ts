@@ -9,10 +9,10 @@ import { dirname, join } from "node:path";
 import { type Hub, mintToken } from "@moeswarm/hub";
 import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
 import { ensureSyntheticModel } from "@moeswarm/shard";
+import { loadExpertCompute } from "@moeswarm/worker-native";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { loadExpertCompute } from "../src/load.js";
-import type { WorkerEvent } from "../src/runtime/events.js";
-import { runWorker, type WorkerSummary } from "../src/runtime/run-worker.js";
+import type { WorkerEvent } from "../src/events.js";
+import { runWorker, type WorkerSummary } from "../src/run-worker.js";
 import { bitsEqual, firstBitDiff, normals, randomWeights, startTestHub } from "./fixtures.js";
 
 const MODEL_CACHE = process.env.MOESWARM_CACHE_DIR ?? join(tmpdir(), "moeswarm-worker-test-models");
@@ -241,7 +241,7 @@ describe("workers with several slices", () => {
         w: wts,
         mode,
       });
-      const want = await whole.run({ layer: 0, x, ids, k, weights: wts, mode });
+      const want = await whole.run({ layer: 0, x, ids, k, w: wts, mode });
       expect(reply.from).toBe("span");
       expect(firstBitDiff(reply.y, want), mode).toBe(-1);
       expect(bitsEqual(reply.y, want)).toBe(true);

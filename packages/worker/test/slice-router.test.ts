@@ -4,12 +4,15 @@
 import { join } from "node:path";
 import { isMoeswarmError } from "@moeswarm/core";
 import { GgmlType } from "@moeswarm/shard";
+import {
+  type ExpertCompute,
+  llamaExpertWorkerPath,
+  loadExpertCompute,
+  nativeStatus,
+  probeNative,
+} from "@moeswarm/worker-native";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { ExpertCompute } from "../src/expert-compute.js";
-import { llamaExpertWorkerPath } from "../src/llama-cpu.js";
-import { loadExpertCompute } from "../src/load.js";
-import { nativeStatus, probeNative } from "../src/native-binding.js";
-import { SliceRouter } from "../src/runtime/slice-router.js";
+import { SliceRouter } from "../src/slice-router.js";
 import {
   bitsEqual,
   type Fixture,
@@ -100,8 +103,8 @@ describe.each(BACKENDS)("SliceRouter ($backend)", ({ backend, skip }) => {
           ids.set([1, 3, 0, 4], K);
           const w = randomWeights(N, K, seed + 2);
           for (const mode of ["each", "sum"] as const) {
-            const want = await whole.run({ layer, x, ids, k: K, weights: w, mode });
-            const got = await router.run({ layer, x, ids, k: K, weights: w, mode });
+            const want = await whole.run({ layer, x, ids, k: K, w: w, mode });
+            const got = await router.run({ layer, x, ids, k: K, w: w, mode });
             expect(firstBitDiff(got, want), `layer ${layer} trial ${trial} ${mode}`).toBe(-1);
             expect(bitsEqual(got, want)).toBe(true);
           }
@@ -113,13 +116,13 @@ describe.each(BACKENDS)("SliceRouter ($backend)", ({ backend, skip }) => {
       const w = randomWeights(2, K, 8);
       expect(
         bitsEqual(
-          await router.run({ layer: 0, x, ids: one, k: K, weights: w, mode: "sum" }),
-          await whole.run({ layer: 0, x, ids: one, k: K, weights: w, mode: "sum" }),
+          await router.run({ layer: 0, x, ids: one, k: K, w: w, mode: "sum" }),
+          await whole.run({ layer: 0, x, ids: one, k: K, w: w, mode: "sum" }),
         ),
       ).toBe(true);
       // what no slice holds is refused with a typed error, as one compute refuses it
       const refused = async (layer: number, ids: Int32Array) => {
-        const e = await router.run({ layer, x, ids, k: K, weights: w, mode: "sum" }).catch((err) => err);
+        const e = await router.run({ layer, x, ids, k: K, w: w, mode: "sum" }).catch((err) => err);
         expect(isMoeswarmError(e, "MOESWARM_INVALID_ARGUMENT"), String(e)).toBe(true);
         return (e as Error).message;
       };

@@ -7,11 +7,11 @@ import { join } from "node:path";
 import { decodeFrame, encodeFrame, type Frame, isMoeswarmError, PROTOCOL_VERSION } from "@moeswarm/core";
 import { type Hub, mintToken } from "@moeswarm/hub";
 import { ensureSyntheticModel } from "@moeswarm/shard";
+import { loadExpertCompute } from "@moeswarm/worker-native";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { WebSocketServer } from "ws";
-import { loadExpertCompute } from "../src/load.js";
-import type { WorkerEvent } from "../src/runtime/events.js";
-import { runWorker } from "../src/runtime/run-worker.js";
+import type { WorkerEvent } from "../src/events.js";
+import { runWorker } from "../src/run-worker.js";
 import { startTestHub } from "./fixtures.js";
 
 const MODEL_CACHE = process.env.MOESWARM_CACHE_DIR ?? join(tmpdir(), "moeswarm-worker-test-models");

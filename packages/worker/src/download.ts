@@ -1,16 +1,23 @@
-import { createWriteStream } from "node:fs";
-import { readFile, rename, rm, stat, writeFile } from "node:fs/promises";
-import type { IncomingMessage } from "node:http";
-import { pipeline } from "node:stream/promises";
+import { open, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
+import type { Readable } from "node:stream";
 import {
   abortReason,
   InvalidArgumentError,
   type MoeswarmError,
+  sleep,
   TransportError,
   throwIfAborted,
 } from "@moeswarm/core";
-import { backoffDelay } from "@moeswarm/relay-client";
-import { type CaOption, hubAnswerError, networkError, openRequest, readBody, sleep } from "./http.js";
+import {
+  backoffDelay,
+  discardBody,
+  type HubCa,
+  HubClient,
+  type HubStream,
+  hubAnswerError,
+  isTransient,
+  networkError,
+} from "@moeswarm/relay-client";
 
 export interface DownloadProgress {
   /** Bytes of the file on disk so far. */
@@ -30,7 +37,10 @@ export interface DownloadRetry {
 
 export interface DownloadOptions {
   signal?: AbortSignal | undefined;
-  ca?: CaOption | undefined;
+  /** The hub's client to download through (its connections and CA); one is made when absent. */
+  client?: HubClient | undefined;
+  /** PEM CA(s) to trust (without `client`). */
+  ca?: HubCa | undefined;
   /** Extra request headers (Authorization...). */
   headers?: Record<string, string>;
   /** Consecutive failed attempts (without new bytes) before giving up (default 6). */
@@ -107,7 +117,7 @@ export async function downloadResumable(
   const target = new URL(String(url));
   const maxAttempts = options.maxAttempts ?? 6;
   if (!Number.isInteger(maxAttempts) || maxAttempts < 1) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "maxAttempts must be an integer >= 1");
+    throw new InvalidArgumentError("maxAttempts must be an integer >= 1");
   }
   const backoff = {
     initialDelayMs: options.initialDelayMs ?? 250,
@@ -133,29 +143,11 @@ export async function downloadResumable(
   let failures = 0;
   let total = state?.total;
   let etag = state?.etag;
-
-  for (;;) {
-    throwIfAborted(signal);
-    const before = have;
-    try {
-      const done = await attempt();
-      if (done) break;
-    } catch (error) {
-      if (signal?.aborted) throw abortReason(signal);
-      const e = networkError(error, target, "downloading");
-      if (!retriable(e)) throw e;
-      failures = have > before ? 1 : failures + 1;
-      if (failures >= maxAttempts) {
-        throw new TransportError(
-          "MOESWARM_TRANSPORT_CLOSED",
-          `download of ${target.pathname} failed ${failures} times in a row: ${e.message}`,
-          { cause: e, details: { url: target.href, received: have, total } },
-        );
-      }
-      const delayMs = backoffDelay(failures, backoff);
-      options.onRetry?.({ attempt: failures, error: e, delayMs, received: have });
-      if (!(await sleep(delayMs, signal))) throw abortReason(signal as AbortSignal);
-    }
+  const client = options.client ?? new HubClient({ base: target, ca: options.ca });
+  try {
+    await download();
+  } finally {
+    if (client !== options.client) await client.close();
   }
   await rename(part, dest);
   await rm(statePath, { force: true });
@@ -169,6 +161,34 @@ export async function downloadResumable(
     ms: performance.now() - t0,
   };
 
+  /** Attempts until the file is complete, backing off after failures. */
+  async function download(): Promise<void> {
+    for (;;) {
+      throwIfAborted(signal);
+      const before = have;
+      try {
+        const done = await attempt();
+        if (done) break;
+      } catch (error) {
+        if (signal?.aborted) throw abortReason(signal);
+        const e = networkError(error, target, "downloading");
+        // an error answer larger than the limit is not a hub in trouble
+        if (!isTransient(e) || e.code === "MOESWARM_TRANSPORT_LIMIT") throw e;
+        failures = have > before ? 1 : failures + 1;
+        if (failures >= maxAttempts) {
+          throw new TransportError(
+            "MOESWARM_TRANSPORT_CLOSED",
+            `download of ${target.pathname} failed ${failures} times in a row: ${e.message}`,
+            { cause: e, details: { url: target.href, received: have, total } },
+          );
+        }
+        const delayMs = backoffDelay(failures, backoff);
+        options.onRetry?.({ attempt: failures, error: e, delayMs, received: have });
+        await sleep(delayMs, signal);
+      }
+    }
+  }
+
   /** One request; true when the file is complete. */
   async function attempt(): Promise<boolean> {
     const headers: Record<string, string> = { ...options.headers };
@@ -178,17 +198,16 @@ export async function downloadResumable(
       headers["if-range"] = etag as string;
     }
     requests++;
-    const res = await openRequest(target, {
+    const res = await client.open(target, {
       headers,
-      ca: options.ca,
       signal,
-      timeoutMs: options.headersTimeoutMs ?? 30_000,
+      headersTimeoutMs: options.headersTimeoutMs ?? 30_000,
     });
-    const status = res.statusCode ?? 0;
+    const { status } = res;
     if (status === 416 && resuming) {
       // we hold at least the whole file: complete if the sizes agree, else start over
       const m = /^bytes \*\/(\d+)$/.exec(String(res.headers["content-range"] ?? ""));
-      res.resume();
+      discardBody(res.body);
       if (m && Number(m[1]) === have && have === total) return true;
       await restart();
       throw new TransportError("MOESWARM_TRANSPORT_CLOSED", `the server refused the range from ${have}`);
@@ -197,7 +216,7 @@ export async function downloadResumable(
     if (status === 206) {
       const m = CONTENT_RANGE.exec(String(res.headers["content-range"] ?? ""));
       if (!resuming || !m || Number(m[1]) !== have || Number(m[2]) + 1 !== Number(m[3])) {
-        res.destroy();
+        discardBody(res.body);
         await restart();
         throw new TransportError(
           "MOESWARM_TRANSPORT_CLOSED",
@@ -214,10 +233,11 @@ export async function downloadResumable(
       offset = 0;
       have = 0;
     } else {
-      const body = await readBody(res, 64 * 1024, target).catch(() => Buffer.alloc(0));
-      throw hubAnswerError(status, body, target);
+      throw await answerError(res, target);
     }
     options.onResponse?.({ status, offset, total });
+    // take the body's bytes from now on: undici drops what it buffered when the connection is cut
+    const chunks = takeChunks(res.body);
     const newTag = res.headers.etag;
     etag = typeof newTag === "string" && !newTag.startsWith("W/") ? newTag : undefined;
     if (etag !== undefined && total !== undefined) {
@@ -225,7 +245,7 @@ export async function downloadResumable(
     } else {
       await rm(statePath, { force: true });
     }
-    await receive(res, offset);
+    await receive(res.body, chunks, offset);
     if (total !== undefined && have !== total) {
       throw new TransportError("MOESWARM_TRANSPORT_CLOSED", `the body ended after ${have} of ${total} bytes`);
     }
@@ -240,7 +260,7 @@ export async function downloadResumable(
     await rm(statePath, { force: true });
   }
 
-  async function receive(res: IncomingMessage, offset: number): Promise<void> {
+  async function receive(res: Readable, chunks: AsyncIterable<Buffer>, offset: number): Promise<void> {
     let idle: ReturnType<typeof setTimeout> | undefined;
     const arm = () => {
       clearTimeout(idle);
@@ -259,39 +279,114 @@ export async function downloadResumable(
       lastReport = now;
       options.onProgress?.({ received: have, total });
     };
-    const onAbort = () => res.destroy(abortReason(signal as AbortSignal) as Error);
-    signal?.addEventListener("abort", onAbort, { once: true });
+    // Each chunk is on disk before the next is taken: a cut connection then keeps every byte that
+    // arrived (a write stream destroyed by a broken pipe drops the writes it still queues).
+    const file = await open(part, offset > 0 ? "a" : "w");
     arm();
     try {
-      await pipeline(
-        res,
-        async function* count(source: AsyncIterable<Buffer>) {
-          for await (const chunk of source) {
-            arm();
-            have += chunk.byteLength;
-            if (total !== undefined && have > total) {
-              throw new TransportError(
-                "MOESWARM_TRANSPORT_CLOSED",
-                `the body is longer than its ${total} bytes`,
-              );
-            }
-            yield chunk;
-            report(false);
-          }
-        },
-        createWriteStream(part, { flags: offset > 0 ? "a" : "w" }),
-      );
+      for await (const chunk of chunks) {
+        arm();
+        if (total !== undefined && have + chunk.byteLength > total) {
+          throw new TransportError("MOESWARM_TRANSPORT_CLOSED", `the body is longer than its ${total} bytes`);
+        }
+        await file.write(chunk);
+        have += chunk.byteLength;
+        report(false);
+      }
       report(true);
     } finally {
       clearTimeout(idle);
-      signal?.removeEventListener("abort", onAbort);
-      // bytes counted but not yet written when the pipe broke are not on disk: trust the file
+      await file.close();
+      // trust the file over the count
       have = await sizeOf(part);
     }
   }
 }
 
-function retriable(error: MoeswarmError): boolean {
-  if (error.code === "MOESWARM_HUB_INTERNAL" || error.code === "MOESWARM_HUB_STORE") return true;
-  return error instanceof TransportError && error.code !== "MOESWARM_TRANSPORT_LIMIT";
+/** Bytes queued from a body before it is paused (the disk is slower than the network). */
+const QUEUE_BYTES = 8 * 1024 * 1024;
+
+/**
+ * The body's chunks, taken from the stream as they arrive (from this call on) and queued until
+ * read; its error comes after the chunks that arrived before it, where a stream destroyed by the
+ * error would drop them.
+ */
+function takeChunks(body: Readable): AsyncIterable<Buffer> {
+  const queue: Buffer[] = [];
+  let queued = 0;
+  let ended = false;
+  let failure: unknown;
+  let wake: (() => void) | undefined;
+  const notify = () => {
+    wake?.();
+    wake = undefined;
+  };
+  body.on("data", (chunk: Buffer) => {
+    queue.push(chunk);
+    queued += chunk.byteLength;
+    if (queued > QUEUE_BYTES) body.pause();
+    notify();
+  });
+  body.on("end", () => {
+    ended = true;
+    notify();
+  });
+  body.on("error", (error) => {
+    failure = error;
+    notify();
+  });
+  body.on("close", () => {
+    if (!ended && failure === undefined) {
+      failure = new TransportError("MOESWARM_TRANSPORT_CLOSED", "the body was closed before its end");
+    }
+    notify();
+  });
+  return {
+    async *[Symbol.asyncIterator]() {
+      try {
+        for (;;) {
+          const chunk = queue.shift();
+          if (chunk !== undefined) {
+            queued -= chunk.byteLength;
+            if (queued <= QUEUE_BYTES && body.isPaused()) body.resume();
+            yield chunk;
+          } else if (failure !== undefined) {
+            throw failure;
+          } else if (ended) {
+            return;
+          } else {
+            await new Promise<void>((resolve) => {
+              wake = resolve;
+            });
+          }
+        }
+      } finally {
+        if (!ended) discardBody(body);
+      }
+    },
+  };
+}
+
+/** The error a non-2xx answer stands for: the hub's JSON error body, or the status. */
+async function answerError(res: HubStream, url: URL): Promise<MoeswarmError> {
+  const parts: Buffer[] = [];
+  let size = 0;
+  try {
+    for await (const chunk of res.body) {
+      size += (chunk as Buffer).byteLength;
+      if (size > 64 * 1024) break;
+      parts.push(chunk as Buffer);
+    }
+  } catch {
+    // the status alone says enough
+  }
+  discardBody(res.body);
+  const text = Buffer.concat(parts).toString("utf8");
+  let json: unknown;
+  try {
+    json = JSON.parse(text);
+  } catch {
+    json = undefined;
+  }
+  return hubAnswerError(res.status, json, text, url.pathname);
 }

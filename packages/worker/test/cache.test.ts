@@ -9,7 +9,7 @@ import {
   pruneSliceCache,
   slicePaths,
   touchSlice,
-} from "../src/runtime/slice-cache.js";
+} from "../src/slice-cache.js";
 import { tempDir } from "./fixtures.js";
 
 const tmp = tempDir("moeswarm-cache-");

@@ -52,10 +52,7 @@ export interface SlicePaths {
 
 export function checkModelId(model: string): string {
   if (typeof model !== "string" || !MODEL_ID.test(model)) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `model id ${JSON.stringify(model)} cannot name a cache directory`,
-    );
+    throw new InvalidArgumentError(`model id ${JSON.stringify(model)} cannot name a cache directory`);
   }
   return model;
 }

@@ -4,9 +4,10 @@ import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { InvalidArgumentError, isMoeswarmError } from "@moeswarm/core";
 import { parseByteSize } from "@moeswarm/shard";
+import { BACKEND_CHOICES, isBackendChoice } from "@moeswarm/worker-native";
 import cliProgress from "cli-progress";
 import { formatBytes, formatWorkerEvent, type WorkerEvent } from "./events.js";
-import { runWorker, type WorkerBackend } from "./run-worker.js";
+import { type RunWorkerOptions, runWorker } from "./run-worker.js";
 
 export const WORKER_CLI_NAME = "moeswarm-worker";
 
@@ -31,7 +32,7 @@ downloads and verifies it, serves it through the hub's relay until SIGINT/SIGTER
   --cache-max SIZE     most disk the cache may use, e.g. 20GiB; least recently used slices not
                        being served are deleted to make room (default: no limit)
   --id ID              this worker's id (default: the token's, else <hostname>-<random>)
-  --backend B          auto | native | llama-cpu | ts (default auto)
+  --backend B          auto | native | llama-cpu | worker | ts (default auto)
   --threads N          compute threads (default: all CPUs)
   --model ID           serve only this model
   --ca FILE            PEM CA to trust for a self-hosted hub
@@ -42,7 +43,7 @@ downloads and verifies it, serves it through the hub's relay until SIGINT/SIGTER
   -h, --help           this text`;
 
 function usageError(message: string): InvalidArgumentError {
-  return new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", message, { details: { usage: true } });
+  return new InvalidArgumentError(message, { details: { usage: true } });
 }
 
 function isUsageError(error: unknown): boolean {
@@ -118,6 +119,89 @@ function printer(io: WorkerCliIo, json: boolean): (e: WorkerEvent) => void {
   };
 }
 
+const OPTIONS = {
+  hub: { type: "string" },
+  token: { type: "string" },
+  "token-file": { type: "string" },
+  capacity: { type: "string" },
+  vram: { type: "string" },
+  "cache-dir": { type: "string" },
+  "cache-max": { type: "string" },
+  id: { type: "string" },
+  backend: { type: "string" },
+  threads: { type: "string" },
+  model: { type: "string" },
+  ca: { type: "string" },
+  relay: { type: "string" },
+  poll: { type: "string" },
+  "lease-ttl": { type: "string" },
+  json: { type: "boolean" },
+  help: { type: "boolean", short: "h" },
+} as const;
+
+type Values = Record<string, string | boolean | undefined>;
+
+async function readOption(path: string, option: string): Promise<string> {
+  try {
+    return await readFile(path, "utf8");
+  } catch (error) {
+    throw usageError(`cannot read --${option} ${path}: ${(error as Error).message}`);
+  }
+}
+
+/** The token: --token, --token-file or MOESWARM_TOKEN. */
+async function tokenOf(str: (name: string) => string | undefined, env: NodeJS.ProcessEnv): Promise<string> {
+  let token = str("token") ?? env.MOESWARM_TOKEN;
+  const tokenFile = str("token-file");
+  if (tokenFile !== undefined) {
+    if (token !== undefined && str("token") !== undefined)
+      throw usageError("give --token or --token-file, not both");
+    token = (await readOption(tokenFile, "token-file")).trim();
+  }
+  if (!token) throw usageError("a worker token is required: --token, --token-file or MOESWARM_TOKEN");
+  return token;
+}
+
+/** runWorker's options from the command line (usage errors say which option is wrong). */
+async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Promise<RunWorkerOptions> {
+  const str = (name: string) => (typeof values[name] === "string" ? (values[name] as string) : undefined);
+  const hub = str("hub") ?? env.MOESWARM_HUB;
+  if (!hub) throw usageError("--hub <url> is required");
+  const token = await tokenOf(str, env);
+  const backend = str("backend") ?? "auto";
+  if (!isBackendChoice(backend)) {
+    throw usageError(`--backend must be ${BACKEND_CHOICES.join(", ")}, got ${JSON.stringify(backend)}`);
+  }
+  const threadsText = str("threads");
+  if (threadsText !== undefined && !/^[1-9]\d{0,3}$/.test(threadsText)) {
+    throw usageError(`--threads must be a positive integer, got ${JSON.stringify(threadsText)}`);
+  }
+  const caFile = str("ca");
+  const ca = caFile === undefined ? undefined : await readOption(caFile, "ca");
+  const ramBytes = size(str("capacity"), "capacity") ?? Math.floor(freemem() / 2);
+  const vramBytes = size(str("vram"), "vram");
+  const cacheMaxBytes = size(str("cache-max"), "cache-max");
+  const cacheDir =
+    str("cache-dir") ?? join(env.XDG_CACHE_HOME || join(homedir(), ".cache"), "moeswarm", "worker");
+  const pollMs = seconds(str("poll"), "poll", 0.01);
+  const leaseTtlMs = seconds(str("lease-ttl"), "lease-ttl", 1);
+  return {
+    hub,
+    token,
+    capacity: { ramBytes, ...(vramBytes !== undefined ? { vramBytes } : {}) },
+    cacheDir,
+    ...(cacheMaxBytes !== undefined ? { cacheMaxBytes } : {}),
+    backend,
+    ...(threadsText !== undefined ? { threads: Number(threadsText) } : {}),
+    ...(str("id") !== undefined ? { id: str("id") as string } : {}),
+    ...(ca !== undefined ? { ca } : {}),
+    ...(str("model") !== undefined ? { model: str("model") as string } : {}),
+    ...(str("relay") !== undefined ? { relay: str("relay") as string } : {}),
+    ...(pollMs !== undefined ? { pollMs } : {}),
+    ...(leaseTtlMs !== undefined ? { leaseTtlMs } : {}),
+  };
+}
+
 /** The `moeswarm-worker` command; resolves with the exit status (0 drained, 1 failure, 2 usage). */
 export async function runWorkerCli(
   argv: readonly string[],
@@ -125,32 +209,10 @@ export async function runWorkerCli(
   signal: AbortSignal,
 ): Promise<number> {
   const env = io.env ?? process.env;
-  let values: Record<string, string | boolean | undefined>;
+  let values: Values;
   try {
-    values = parseArgs({
-      args: [...argv],
-      strict: true,
-      allowPositionals: false,
-      options: {
-        hub: { type: "string" },
-        token: { type: "string" },
-        "token-file": { type: "string" },
-        capacity: { type: "string" },
-        vram: { type: "string" },
-        "cache-dir": { type: "string" },
-        "cache-max": { type: "string" },
-        id: { type: "string" },
-        backend: { type: "string" },
-        threads: { type: "string" },
-        model: { type: "string" },
-        ca: { type: "string" },
-        relay: { type: "string" },
-        poll: { type: "string" },
-        "lease-ttl": { type: "string" },
-        json: { type: "boolean" },
-        help: { type: "boolean", short: "h" },
-      },
-    }).values as Record<string, string | boolean | undefined>;
+    values = parseArgs({ args: [...argv], strict: true, allowPositionals: false, options: OPTIONS })
+      .values as Values;
   } catch (error) {
     io.stderr.write(`${WORKER_CLI_NAME}: ${(error as Error).message}\n${USAGE}\n`);
     return 2;
@@ -159,65 +221,10 @@ export async function runWorkerCli(
     io.stdout.write(`${USAGE}\n`);
     return 0;
   }
-  const json = values.json === true;
-  const str = (name: string) => (typeof values[name] === "string" ? (values[name] as string) : undefined);
   try {
-    const hub = str("hub") ?? env.MOESWARM_HUB;
-    if (!hub) throw usageError("--hub <url> is required");
-    let token = str("token") ?? env.MOESWARM_TOKEN;
-    const tokenFile = str("token-file");
-    if (tokenFile !== undefined) {
-      if (token !== undefined && str("token") !== undefined)
-        throw usageError("give --token or --token-file, not both");
-      try {
-        token = (await readFile(tokenFile, "utf8")).trim();
-      } catch (error) {
-        throw usageError(`cannot read --token-file ${tokenFile}: ${(error as Error).message}`);
-      }
-    }
-    if (!token) throw usageError("a worker token is required: --token, --token-file or MOESWARM_TOKEN");
-    const backend = (str("backend") ?? "auto") as WorkerBackend;
-    if (!["auto", "native", "llama-cpu", "ts"].includes(backend)) {
-      throw usageError(`--backend must be auto, native, llama-cpu or ts, got ${JSON.stringify(backend)}`);
-    }
-    const threadsText = str("threads");
-    if (threadsText !== undefined && !/^[1-9]\d{0,3}$/.test(threadsText)) {
-      throw usageError(`--threads must be a positive integer, got ${JSON.stringify(threadsText)}`);
-    }
-    const caFile = str("ca");
-    let ca: string | undefined;
-    if (caFile !== undefined) {
-      try {
-        ca = await readFile(caFile, "utf8");
-      } catch (error) {
-        throw usageError(`cannot read --ca ${caFile}: ${(error as Error).message}`);
-      }
-    }
-    const ramBytes = size(str("capacity"), "capacity") ?? Math.floor(freemem() / 2);
-    const vramBytes = size(str("vram"), "vram");
-    const cacheMaxBytes = size(str("cache-max"), "cache-max");
-    const cacheDir =
-      str("cache-dir") ?? join(env.XDG_CACHE_HOME || join(homedir(), ".cache"), "moeswarm", "worker");
-    const pollMs = seconds(str("poll"), "poll", 0.01);
-    const leaseTtlMs = seconds(str("lease-ttl"), "lease-ttl", 1);
-    const log = printer(io, json);
-    await runWorker({
-      hub,
-      token,
-      capacity: { ramBytes, ...(vramBytes !== undefined ? { vramBytes } : {}) },
-      cacheDir,
-      ...(cacheMaxBytes !== undefined ? { cacheMaxBytes } : {}),
-      signal,
-      backend,
-      log,
-      ...(threadsText !== undefined ? { threads: Number(threadsText) } : {}),
-      ...(str("id") !== undefined ? { id: str("id") as string } : {}),
-      ...(ca !== undefined ? { ca } : {}),
-      ...(str("model") !== undefined ? { model: str("model") as string } : {}),
-      ...(str("relay") !== undefined ? { relay: str("relay") as string } : {}),
-      ...(pollMs !== undefined ? { pollMs } : {}),
-      ...(leaseTtlMs !== undefined ? { leaseTtlMs } : {}),
-    });
+    const options = await workerOptions(values, env);
+    const log = printer(io, values.json === true);
+    await runWorker({ ...options, signal, log });
     log({ event: "exit", code: 0, time: new Date().toISOString() });
     return 0;
   } catch (error) {

@@ -100,7 +100,7 @@ export function chooseSlices(
   options: { limit?: number; maxLayers?: number; exclude?: readonly SliceRect[] } = {},
 ): SliceChoice[] {
   if (!Number.isFinite(capacityBytes) || capacityBytes < 0) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "capacityBytes must be a number >= 0");
+    throw new InvalidArgumentError("capacityBytes must be a number >= 0");
   }
   const limit = options.limit ?? 8;
   const maxLayers = options.maxLayers ?? Number.POSITIVE_INFINITY;

@@ -12,10 +12,10 @@ import { fileURLToPath } from "node:url";
 import { type Hub, mintToken } from "@moeswarm/hub";
 import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
 import { ensureSyntheticModel } from "@moeswarm/shard";
+import type { ExpertCompute } from "@moeswarm/worker-native";
+import { loadExpertCompute } from "@moeswarm/worker-native";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { ExpertCompute } from "../src/expert-compute.js";
-import { loadExpertCompute } from "../src/load.js";
-import type { WorkerEvent } from "../src/runtime/events.js";
+import type { WorkerEvent } from "../src/events.js";
 import { normals, rng, startTestHub } from "./fixtures.js";
 
 const BIN = fileURLToPath(new URL("../dist/worker-cli.js", import.meta.url));
@@ -242,7 +242,7 @@ function ownersOf(p: Placement, id: string): Set<string> {
 
 beforeAll(async () => {
   if (!existsSync(BIN))
-    throw new Error(`${BIN} is missing: run \`pnpm --filter @moeswarm/worker-native build\` first`);
+    throw new Error(`${BIN} is missing: run \`pnpm --filter @moeswarm/worker build\` first`);
   work = mkdtempSync(join(tmpdir(), "moeswarm-worker-swarm-"));
   modelPath = (await ensureSyntheticModel("small", { cacheDir: MODEL_CACHE })).path;
   ({ hub, url, relayUrl } = await startTestHub({
@@ -349,7 +349,7 @@ describe("moeswarm-worker processes against a hub", () => {
             w,
             mode,
           });
-          const want = await full.run({ layer, x, ids, k, weights: w, mode });
+          const want = await full.run({ layer, x, ids, k, w: w, mode });
           expect(reply.from).toBe(reg.id);
           expect(reply.y.length).toBe(want.length);
           expect(Buffer.from(reply.y.buffer, reply.y.byteOffset, reply.y.byteLength)).toEqual(

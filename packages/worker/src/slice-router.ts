@@ -1,5 +1,10 @@
 import { InvalidArgumentError, type Range, sumSlots } from "@moeswarm/core";
-import { checkRunRequest, type ExpertCompute, type RunOptions, type RunRequest } from "../expert-compute.js";
+import {
+  checkRunRequest,
+  type ExpertCompute,
+  type RunOptions,
+  type RunRequest,
+} from "@moeswarm/worker-native";
 
 /** One slice a worker serves: a rectangle of layers x experts, computed by its own ExpertCompute. */
 export interface RoutedSlice {
@@ -44,7 +49,6 @@ export class SliceRouter {
     const nEmbd = this.nEmbd;
     if (nEmbd !== undefined && slice.compute.info.nEmbd !== nEmbd) {
       throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
         `a slice of ${this.model} with n_embd ${slice.compute.info.nEmbd} cannot join slices with n_embd ${nEmbd}`,
       );
     }
@@ -80,7 +84,7 @@ export class SliceRouter {
     if (used.length <= 1) return (here[used[0] ?? 0] as RoutedSlice).compute.run(request, options);
     const each = await this.#split(request, n, here, owner, used, options);
     if (mode === "each") return each;
-    return sumSlots(each, request.weights as Float32Array, ids, { n, k, embd: this.nEmbd as number });
+    return sumSlots(each, request.w as Float32Array, ids, { n, k, embd: this.nEmbd as number });
   }
 
   async #split(

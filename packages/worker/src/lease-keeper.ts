@@ -1,5 +1,6 @@
+import type { LeaseJson } from "@moeswarm/core";
 import { isMoeswarmError } from "@moeswarm/core";
-import type { HubClient, LeaseJson } from "./hub-client.js";
+import type { HubClient } from "@moeswarm/relay-client";
 
 /**
  * Keeps a lease alive while its slice downloads: renews it every `ttl / 3`, so one lost renewal

@@ -6,7 +6,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { isMoeswarmError } from "@moeswarm/core";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { downloadResumable } from "../src/runtime/download.js";
+import { downloadResumable } from "../src/download.js";
 
 /**
  * A file server with the hub's resume semantics (Range + If-Range against a strong ETag) that

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { chooseSlices, type DemandRangeInput, type SliceChoice } from "../src/runtime/choose.js";
+import { chooseSlices, type DemandRangeInput, type SliceChoice } from "../src/choose.js";
 
 const M = "m";
 

@@ -1,0 +1,223 @@
+import { randomBytes } from "node:crypto";
+import { hostname } from "node:os";
+import { type ClaimCapacityJson as ClaimCapacity, InvalidArgumentError } from "@moeswarm/core";
+import { type HubCa as CaOption, HubClient } from "@moeswarm/relay-client";
+import {
+  BACKEND_CHOICES,
+  type BackendChoice,
+  type ComputeBackend,
+  isBackendChoice,
+} from "@moeswarm/worker-native";
+import type { WorkerEvent } from "./events.js";
+
+// runWorker's options, checked once into Settings, and the summary it resolves with.
+
+export interface RunWorkerOptions {
+  /** The hub's base URL (http or https). */
+  hub: string | URL;
+  /** A worker token of the hub (`moeswarm-hub token --role worker`). */
+  token: string;
+  /**
+   * Memory this worker offers for expert weights: the slices it claims (as many as fit) add up to
+   * at most `ramBytes + vramBytes`.
+   */
+  capacity: { ramBytes: number; vramBytes?: number };
+  /** Where slices are kept across restarts (`<cacheDir>/<model>/<layers>_<experts>.gguf`). */
+  cacheDir: string;
+  /**
+   * Most bytes the cache may hold (default: no limit). Before a download, abandoned partial
+   * downloads and then the least recently used slices not being served are deleted until the new
+   * slice fits; slices being served are never deleted, so the cache can exceed this when they
+   * alone do.
+   */
+  cacheMaxBytes?: number;
+  /**
+   * Aborting it is how a worker is stopped: before serving it gives up its lease at once; while
+   * serving it drains (no new work, in-flight requests finish, deregisters) and runWorker resolves.
+   * A lease it holds for a slice not yet registered is given back either way.
+   */
+  signal?: AbortSignal;
+  /** Expert compute: "auto" (default: native when it loads, else TypeScript), "native", "llama-cpu", "ts". */
+  backend?: BackendChoice;
+  /** Compute threads (native paths; default all CPUs). */
+  threads?: number;
+  /** This worker's id on the relay (default: the token's bound id, else `<hostname>-<random>`). */
+  id?: string;
+  /** PEM CA certificate(s) to trust for a self-hosted hub (https and wss). */
+  ca?: CaOption;
+  /** Every step, one event each. Exceptions it throws are ignored. */
+  log?: (event: WorkerEvent) => void;
+  /** Pause between demand polls while there is nothing to claim (default 10000 ms, +-20% jitter). */
+  pollMs?: number;
+  /** Serve only this model (default: whatever the hub needs). */
+  model?: string;
+  /** Lease lifetime to ask for (default: the hub's). */
+  leaseTtlMs?: number;
+  /** The relay's URL (default: the hub's `/relay`, ws or wss as the hub is http or https). */
+  relay?: string;
+  /** Downloads of a slice that fail its sha256 check before giving up (default 3). */
+  maxVerifyAttempts?: number;
+  /** Longest wait for in-flight requests when draining (default 30000 ms). */
+  drainTimeoutMs?: number;
+  /** Relay heartbeat interval (default relay-client's, 5000 ms). */
+  heartbeatMs?: number;
+  /** Download retries: consecutive failures without progress (default 6) and the idle cut (30 s). */
+  download?: { maxAttempts?: number; initialDelayMs?: number; maxDelayMs?: number; idleTimeoutMs?: number };
+  /** Least time between two `progress` events (default 250 ms). */
+  progressIntervalMs?: number;
+}
+
+/** A slice a worker served. */
+export interface WorkerSliceSummary {
+  model: string;
+  /** "a:b" */
+  layers: string;
+  /** "a:b" */
+  experts: string;
+  path: string;
+  /** Taken from the cache (verified), not downloaded. */
+  reused: boolean;
+}
+
+export interface WorkerSummary {
+  id: string;
+  /** Why it ended: the caller's signal, or a `drain` from the hub. */
+  reason: "signal" | "drain";
+  /** Whether it reached `serving`. */
+  served: boolean;
+  /** Every slice it registered, in order. */
+  slices: WorkerSliceSummary[];
+  /** The first of `slices` (kept for callers of one-slice workers). */
+  slice?: WorkerSliceSummary | undefined;
+  backend?: ComputeBackend | undefined;
+  /** Bytes downloaded by this run (0 when a cached slice was reused). */
+  downloadedBytes: number;
+  /** Dispatches answered with a result, and their tokens. */
+  requests: number;
+  tokens: number;
+  /** Dispatches answered with an error. */
+  failed: number;
+  ms: number;
+}
+
+/** The options, checked and with their defaults. */
+export interface Settings {
+  hub: HubClient;
+  token: string;
+  id: string;
+  capacity: ClaimCapacity;
+  capacityBytes: number;
+  cacheDir: string;
+  cacheMaxBytes: number | undefined;
+  backend: BackendChoice;
+  threads: number | undefined;
+  pollMs: number;
+  model: string | undefined;
+  leaseTtlMs: number | undefined;
+  relay: string;
+  maxVerifyAttempts: number;
+  drainTimeoutMs: number;
+  heartbeatMs: number | undefined;
+  download: NonNullable<RunWorkerOptions["download"]>;
+  progressIntervalMs: number;
+}
+
+function bytesOption(name: string, v: unknown, required: boolean): number {
+  if (v === undefined && !required) return 0;
+  if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 0) {
+    throw new InvalidArgumentError(`${name} must be an integer number of bytes >= 0`);
+  }
+  return v;
+}
+
+function msOption(name: string, v: number | undefined, fallback: number, min: number): number {
+  const x = v ?? fallback;
+  if (typeof x !== "number" || !Number.isFinite(x) || x < min)
+    throw new InvalidArgumentError(`${name} must be a number >= ${min}`);
+  return x;
+}
+
+/** The id a `msw1.` token is bound to (read, not verified: the hub verifies). */
+export function tokenSubject(token: string): string | undefined {
+  const parts = token.split(".");
+  if (parts.length !== 3 || parts[0] !== "msw1") return undefined;
+  try {
+    const claims = JSON.parse(Buffer.from(parts[1] as string, "base64url").toString("utf8")) as {
+      sub?: unknown;
+    };
+    return typeof claims.sub === "string" ? claims.sub : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+export function settings(o: RunWorkerOptions): Settings {
+  if (typeof o !== "object" || o === null)
+    throw new InvalidArgumentError("runWorker needs an options object");
+  if (typeof o.token !== "string" || o.token.length === 0)
+    throw new InvalidArgumentError("token must be a non-empty string");
+  if (typeof o.capacity !== "object" || o.capacity === null)
+    throw new InvalidArgumentError("capacity must be {ramBytes, vramBytes?}");
+  const ramBytes = bytesOption("capacity.ramBytes", o.capacity.ramBytes, true);
+  const vramBytes = bytesOption("capacity.vramBytes", o.capacity.vramBytes, false);
+  if (ramBytes + vramBytes <= 0) throw new InvalidArgumentError("capacity must offer some bytes");
+  if (typeof o.cacheDir !== "string" || o.cacheDir.length === 0)
+    throw new InvalidArgumentError("cacheDir must be a directory path");
+  const backend = o.backend ?? "auto";
+  if (!isBackendChoice(backend)) {
+    throw new InvalidArgumentError(
+      `backend must be ${BACKEND_CHOICES.map((b) => `"${b}"`).join(", ")}, got ${String(backend)}`,
+    );
+  }
+  if (o.threads !== undefined && (!Number.isInteger(o.threads) || o.threads < 1 || o.threads > 1024)) {
+    throw new InvalidArgumentError("threads must be an integer in 1..1024");
+  }
+  const bound = tokenSubject(o.token);
+  if (
+    o.id !== undefined &&
+    (typeof o.id !== "string" || o.id.length === 0 || Buffer.byteLength(o.id) > 128)
+  ) {
+    throw new InvalidArgumentError("id must be a string of 1..128 bytes");
+  }
+  if (o.id !== undefined && bound !== undefined && o.id !== bound) {
+    throw new InvalidArgumentError(
+      `the token is bound to worker ${JSON.stringify(bound)}, not ${JSON.stringify(o.id)}`,
+    );
+  }
+  const id = o.id ?? bound ?? `${hostname().slice(0, 64) || "worker"}-${randomBytes(3).toString("hex")}`;
+  const hub = new HubClient({ base: o.hub, token: o.token, ca: o.ca });
+  let relay = o.relay ?? hub.relayUrl();
+  try {
+    const u = new URL(relay);
+    if (u.protocol !== "ws:" && u.protocol !== "wss:") throw new Error();
+    relay = u.href;
+  } catch {
+    throw new InvalidArgumentError(`relay must be a ws:// or wss:// URL, got ${JSON.stringify(o.relay)}`);
+  }
+  if (o.model !== undefined && typeof o.model !== "string")
+    throw new InvalidArgumentError("model must be a string");
+  const maxVerifyAttempts = o.maxVerifyAttempts ?? 3;
+  if (!Number.isInteger(maxVerifyAttempts) || maxVerifyAttempts < 1)
+    throw new InvalidArgumentError("maxVerifyAttempts must be an integer >= 1");
+  return {
+    hub,
+    token: o.token,
+    id,
+    capacity: { ramBytes, ...(vramBytes ? { vramBytes } : {}), backend: "cpu" },
+    capacityBytes: ramBytes + vramBytes,
+    cacheDir: o.cacheDir,
+    cacheMaxBytes:
+      o.cacheMaxBytes === undefined ? undefined : bytesOption("cacheMaxBytes", o.cacheMaxBytes, true),
+    backend,
+    threads: o.threads,
+    pollMs: msOption("pollMs", o.pollMs, 10_000, 10),
+    model: o.model,
+    leaseTtlMs: o.leaseTtlMs === undefined ? undefined : msOption("leaseTtlMs", o.leaseTtlMs, 0, 1000),
+    relay,
+    maxVerifyAttempts,
+    drainTimeoutMs: msOption("drainTimeoutMs", o.drainTimeoutMs, 30_000, 0),
+    heartbeatMs: o.heartbeatMs,
+    download: o.download ?? {},
+    progressIntervalMs: msOption("progressIntervalMs", o.progressIntervalMs, 250, 0),
+  };
+}

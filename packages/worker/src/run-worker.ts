@@ -1,0 +1,651 @@
+import { mkdir } from "node:fs/promises";
+import {
+  AuthError,
+  abortReason,
+  InvalidArgumentError,
+  isMoeswarmError,
+  type LeaseJson,
+  type MoeswarmError,
+  parseRange,
+  type Range,
+  sleep,
+  TransportError,
+  traceHop,
+} from "@moeswarm/core";
+import {
+  connectRelay,
+  type IncomingDispatch,
+  isTransient,
+  type RelayConnection,
+} from "@moeswarm/relay-client";
+import { type ExpertCompute, loadExpertCompute, nativeStatus } from "@moeswarm/worker-native";
+import { chooseSlices, type SliceRect } from "./choose.js";
+import { Claims } from "./claims.js";
+import type { WorkerEvent, WorkerEventBody } from "./events.js";
+import { type FetchContext, fetchSlice, LeaseLost } from "./fetch-slice.js";
+import { LeaseKeeper } from "./lease-keeper.js";
+import {
+  type RunWorkerOptions,
+  type Settings,
+  settings,
+  type WorkerSliceSummary,
+  type WorkerSummary,
+} from "./options.js";
+import { codeOf, jitter, message, rangeValues } from "./run-helpers.js";
+import { listCachedSlices, type SlicePaths, slicePaths } from "./slice-cache.js";
+import { SliceRouter } from "./slice-router.js";
+
+export type { RunWorkerOptions, WorkerSliceSummary, WorkerSummary } from "./options.js";
+
+/** A lease whose slice is on disk and verified. */
+interface Acquired {
+  lease: LeaseJson;
+  keeper: LeaseKeeper;
+  layers: Range;
+  experts: Range;
+  paths: SlicePaths;
+  reused: boolean;
+}
+
+/** The acquire loop's pacing between polls and claims. */
+interface PollState {
+  lastIdle: string;
+  quickRetries: number;
+  hubFailures: number;
+}
+
+/** A slice loaded, registered and served. */
+interface Held {
+  model: string;
+  layers: Range;
+  experts: Range;
+  /** Expert bytes, as the hub counted them in the lease. */
+  bytes: number;
+  compute: ExpertCompute;
+  summary: WorkerSliceSummary;
+}
+
+/**
+ * The autonomous worker: finds what the hub's swarm needs, claims the slice that fits its capacity
+ * and adds the most value, downloads it (resuming, renewing the lease), verifies every slab's
+ * sha256 against the model's manifest, loads it into an expert compute, registers exactly that
+ * slice on the relay and serves dispatches. While capacity is left and the demand has something
+ * that fits, it claims, fetches, loads and registers the next slice the same way (one compute per
+ * slice; a dispatch whose slots span several of its slices is split between them and merged, with
+ * the bits of one compute over them all). It serves until the `signal` aborts or the hub sends
+ * `drain`; then it stops taking work, finishes what it holds, deregisters and resolves with a
+ * summary.
+ *
+ * The choice is made here from `GET /api/demand` (see `chooseSlices`), not by
+ * `POST /api/claims/auto`, because only the worker knows what its cache holds: a slice it already
+ * has costs no download, so it claims those first (every verified one that the hub still wants).
+ *
+ * Rejects on what retrying cannot fix before anything is served: a refused token, a slice that
+ * fails verification `maxVerifyAttempts` times, a compute that cannot load; and, at any time, a
+ * relay connection that closes for good. Such a failure of a later slice is logged
+ * (`grow-failed`) and the worker keeps serving what it has. Network failures and hub errors (5xx)
+ * are retried with backoff.
+ */
+export async function runWorker(options: RunWorkerOptions): Promise<WorkerSummary> {
+  const s = settings(options);
+  try {
+    return await new WorkerRun(s, options.signal, options.log).run();
+  } finally {
+    await s.hub.close();
+  }
+}
+
+class WorkerRun {
+  readonly #s: Settings;
+  readonly #log: ((event: WorkerEvent) => void) | undefined;
+  readonly #userSignal: AbortSignal | undefined;
+  /** Aborted to stop: by the caller's signal, or by a drain from the hub. */
+  readonly #stop = new AbortController();
+  #reason: "signal" | "drain" = "signal";
+  #drainReason = "";
+  readonly #t0 = performance.now();
+  #downloadedBytes = 0;
+  #bandwidthBps: number | undefined;
+  #requests = 0;
+  #tokens = 0;
+  #failed = 0;
+  #inFlight = 0;
+  #draining = false;
+  #idleWaiters: Array<() => void> = [];
+  #dispatchErrors = 0;
+  #fatal: MoeswarmError | undefined;
+  /** The slices served, in the order registered, and their computes per model. */
+  readonly #held: Held[] = [];
+  readonly #routers = new Map<string, SliceRouter>();
+  #conn: RelayConnection | undefined;
+  readonly #claims: Claims;
+
+  constructor(s: Settings, signal: AbortSignal | undefined, log: ((event: WorkerEvent) => void) | undefined) {
+    this.#s = s;
+    this.#userSignal = signal;
+    this.#log = log;
+    this.#claims = new Claims({
+      s,
+      emit: (body) => this.#emit(body),
+      stop: this.#stop.signal,
+      heldRects: () => this.#heldRects(),
+      bandwidthBps: () => this.#bandwidthBps,
+    });
+  }
+
+  #emit(body: WorkerEventBody): void {
+    if (!this.#log) return;
+    try {
+      this.#log({ ...body, time: new Date().toISOString() } as WorkerEvent);
+    } catch {
+      // a logger's failure is its own
+    }
+  }
+
+  #summary(extra: Partial<WorkerSummary> = {}): WorkerSummary {
+    const slices = this.#held.map((h) => ({ ...h.summary }));
+    const first = this.#held[0]?.compute.info.backend;
+    return {
+      id: this.#s.id,
+      reason: this.#reason,
+      served: false,
+      slices,
+      slice: slices[0],
+      ...(first !== undefined ? { backend: first } : {}),
+      downloadedBytes: this.#downloadedBytes,
+      requests: this.#requests,
+      tokens: this.#tokens,
+      failed: this.#failed,
+      ms: performance.now() - this.#t0,
+      ...extra,
+    };
+  }
+
+  #requestStop(reason: "signal" | "drain", text: string): void {
+    if (this.#stop.signal.aborted) return;
+    this.#reason = reason;
+    this.#drainReason = text;
+    this.#stop.abort(new TransportError("MOESWARM_TRANSPORT_DRAINING", `worker stopping: ${text}`));
+  }
+
+  /** The capacity its slices leave for another (expert bytes, as the hub counts them). */
+  #capacityLeft(): number {
+    return Math.max(0, this.#s.capacityBytes - this.#held.reduce((n, h) => n + h.bytes, 0));
+  }
+
+  #fetchContext(): FetchContext {
+    return {
+      s: this.#s,
+      emit: (body) => this.#emit(body),
+      stop: this.#stop.signal,
+      servedPaths: () =>
+        this.#held.map((h) => slicePaths(this.#s.cacheDir, h.model, h.layers, h.experts).path),
+      downloaded: (fresh, bps) => {
+        this.#downloadedBytes += fresh;
+        if (bps > 0) this.#bandwidthBps = bps;
+      },
+    };
+  }
+
+  #heldRects(): SliceRect[] {
+    return this.#held.map((h) => ({ model: h.model, layers: h.layers, experts: h.experts }));
+  }
+
+  async run(): Promise<WorkerSummary> {
+    const s = this.#s;
+    const onAbort = () => {
+      const why = this.#userSignal?.reason;
+      this.#requestStop("signal", typeof why === "string" && why.length <= 64 ? why : "stop requested");
+    };
+    if (this.#userSignal?.aborted) onAbort();
+    this.#userSignal?.addEventListener("abort", onAbort, { once: true });
+    try {
+      this.#emit({
+        event: "start",
+        id: s.id,
+        hub: s.hub.base.href,
+        capacityBytes: s.capacityBytes,
+        cacheDir: s.cacheDir,
+        backend: s.backend,
+      });
+      await mkdir(s.cacheDir, { recursive: true });
+      await this.#grow();
+      if (this.#fatal) throw this.#fatal;
+      if (!this.#conn || this.#held.length === 0) {
+        this.#emit({ event: "stopped", reason: this.#drainReason });
+        return this.#summary();
+      }
+      return await this.#drain(this.#conn);
+    } catch (error) {
+      this.#emit({ event: "error", error: message(error), code: codeOf(error) });
+      throw error;
+    } finally {
+      this.#userSignal?.removeEventListener("abort", onAbort);
+      await this.#conn?.close();
+      for (const h of this.#held) await h.compute.close().catch(() => {});
+    }
+  }
+
+  /**
+   * Claims, fetches, loads and registers slices while capacity is left and the demand has
+   * something that fits (polling while it has not); returns once the worker is to stop.
+   */
+  async #grow(): Promise<void> {
+    const stop = this.#stop.signal;
+    while (!stop.aborted) {
+      let acquired: Acquired;
+      try {
+        acquired = await this.#acquire();
+      } catch (error) {
+        if (stop.aborted) return;
+        if (this.#held.length === 0) throw error;
+        await this.#stopGrowing(error);
+        return;
+      }
+      try {
+        await this.#add(acquired);
+      } catch (error) {
+        acquired.keeper.stop();
+        // not registered: the lease is not fulfilled, give it back
+        await this.#claims.release(acquired.lease);
+        if (stop.aborted) return;
+        if (this.#held.length === 0) throw error;
+        await this.#stopGrowing(error);
+        return;
+      }
+    }
+  }
+
+  /** A later slice cannot be had: say why, keep serving the others until told to stop. */
+  async #stopGrowing(error: unknown): Promise<void> {
+    this.#emit({ event: "grow-failed", error: message(error), code: codeOf(error) });
+    const stop = this.#stop.signal;
+    await new Promise<void>((resolve) => {
+      if (stop.aborted) resolve();
+      else stop.addEventListener("abort", () => resolve(), { once: true });
+    });
+  }
+
+  // --- finding, claiming and fetching a slice -------------------------------------------------
+
+  async #acquire(): Promise<Acquired> {
+    const s = this.#s;
+    const stop = this.#stop.signal;
+    const poll: PollState = { lastIdle: "", quickRetries: 0, hubFailures: 0 };
+    for (;;) {
+      if (stop.aborted) throw abortReason(stop);
+      if (this.#held.length > 0 && this.#capacityLeft() === 0) {
+        // nothing can fit any more (slices are never given up while it runs): stop polling
+        this.#emit({
+          event: "idle",
+          reason: "full",
+          ranges: 0,
+          capacityBytes: 0,
+          pollMs: s.pollMs,
+          heldBytes: s.capacityBytes,
+        });
+        // nothing to do until stopped: the sleep rejects with the stop's reason
+        for (;;) await sleep(2 ** 31 - 1, stop);
+      }
+      const claimed = await this.#claimNext(poll);
+      if (!claimed) continue;
+      poll.lastIdle = "";
+      poll.quickRetries = 0;
+      const acquired = await this.#fetchClaimed(claimed.lease, claimed.value);
+      if (acquired) return acquired;
+    }
+  }
+
+  /**
+   * One claim: a cached slice, else the demand's best fit for the room left. Undefined after
+   * waiting (nothing fits, the claim was refused, the hub is unreachable): try again.
+   */
+  async #claimNext(poll: PollState): Promise<{ lease: LeaseJson; value: number | undefined } | undefined> {
+    const s = this.#s;
+    const stop = this.#stop.signal;
+    let value: number | undefined;
+    let lease: LeaseJson | undefined;
+    try {
+      // what it has cached first (no download), then the demand, with the room left
+      lease = await this.#claims.claimCached();
+      if (!lease) {
+        const left = this.#capacityLeft();
+        const demand = await s.hub.demand({ model: s.model, signal: stop });
+        const ranges = demand.ranges.filter((r) => s.model === undefined || r.model === s.model);
+        const [choice] = chooseSlices(ranges, left, { limit: 1, exclude: this.#heldRects() });
+        poll.hubFailures = 0;
+        if (!choice) {
+          const idle = ranges.length === 0 ? "covered" : `no-fit:${ranges.length}`;
+          if (idle !== poll.lastIdle) {
+            this.#emit({
+              event: "idle",
+              reason: ranges.length === 0 ? "covered" : "no-fit",
+              ranges: ranges.length,
+              capacityBytes: left,
+              pollMs: s.pollMs,
+              ...(this.#held.length > 0 ? { heldBytes: s.capacityBytes - left } : {}),
+            });
+            poll.lastIdle = idle;
+          }
+          await sleep(jitter(s.pollMs), stop);
+          return undefined;
+        }
+        value = choice.value;
+        this.#emit({
+          event: "demand",
+          ranges: ranges.length,
+          cells: ranges.reduce((n, r) => n + r.count, 0),
+          rangeBytes: ranges.reduce((n, r) => n + r.bytes, 0),
+          model: choice.model,
+          layers: `${choice.layers.start}:${choice.layers.end}`,
+          experts: `${choice.experts.start}:${choice.experts.end}`,
+          value: choice.value,
+          bytes: choice.bytes,
+          capacityBytes: left,
+        });
+        lease = await this.#claims.tryClaim(choice.model, choice.layers, choice.experts);
+        if (!lease) {
+          // another worker took it first: the demand has changed, read it again soon
+          poll.quickRetries++;
+          const pause = poll.quickRetries < 5 ? 50 + Math.random() * 250 : jitter(s.pollMs);
+          if (poll.quickRetries >= 5) poll.quickRetries = 0;
+          await sleep(pause, stop);
+          return undefined;
+        }
+      }
+    } catch (error) {
+      if (stop.aborted) throw abortReason(stop);
+      if (!isTransient(error)) throw error;
+      poll.hubFailures++;
+      const retryInMs = Math.min(s.pollMs, 30_000, 500 * 2 ** Math.min(poll.hubFailures - 1, 10));
+      this.#emit({ event: "hub-unreachable", error: message(error), code: codeOf(error), retryInMs });
+      await sleep(jitter(retryInMs), stop);
+      return undefined;
+    }
+    return { lease, value };
+  }
+
+  /** Fetches a claimed slice while keeping its lease; undefined when it is to be claimed anew. */
+  async #fetchClaimed(lease: LeaseJson, value: number | undefined): Promise<Acquired | undefined> {
+    const s = this.#s;
+    const stop = this.#stop.signal;
+    const layers = parseRange(lease.layers);
+    const experts = parseRange(lease.experts);
+    const paths = slicePaths(s.cacheDir, lease.model, layers, experts);
+    const cached = (await listCachedSlices(s.cacheDir, lease.model)).some((c) => c.path === paths.path);
+    this.#emit({
+      event: "claimed",
+      model: lease.model,
+      layers: lease.layers,
+      experts: lease.experts,
+      leaseId: lease.leaseId,
+      bytes: lease.bytes,
+      ttlMs: lease.ttlMs,
+      cached,
+      value,
+    });
+    const keeper = new LeaseKeeper(s.hub, lease, {
+      ttlMs: s.leaseTtlMs,
+      onRenewed: (l) => this.#emit({ event: "lease-renewed", leaseId: l.leaseId, ttlMs: l.ttlMs }),
+      onLost: (e) => this.#emit({ event: "lease-lost", leaseId: lease.leaseId, error: message(e) }),
+    });
+    try {
+      const reused = await fetchSlice(this.#fetchContext(), lease, keeper, paths, cached);
+      return { lease, keeper, layers, experts, paths, reused };
+    } catch (error) {
+      keeper.stop();
+      if (stop.aborted) {
+        await this.#claims.release(lease);
+        throw abortReason(stop);
+      }
+      if (error instanceof LeaseLost) return undefined;
+      await this.#claims.release(lease);
+      if (isMoeswarmError(error, "MOESWARM_HUB_NOT_FOUND")) {
+        // the model left the hub while we fetched it: pick again
+        this.#emit({ event: "lease-lost", leaseId: lease.leaseId, error: message(error) });
+        return undefined;
+      }
+      if (isTransient(error)) {
+        // the download gave up on the network: claim again later (the .part file stays for resume)
+        this.#emit({
+          event: "hub-unreachable",
+          error: message(error),
+          code: codeOf(error),
+          retryInMs: s.pollMs,
+        });
+        await sleep(jitter(s.pollMs), stop);
+        return undefined;
+      }
+      throw error;
+    }
+  }
+
+  // --- serving ----------------------------------------------------------------------------------
+
+  /** Loads an acquired slice, connects (the first time), registers it and serves it. */
+  async #add(a: Acquired): Promise<void> {
+    const s = this.#s;
+    const stop = this.#stop.signal;
+    const model = a.lease.model;
+    const t0 = performance.now();
+    const compute = await loadExpertCompute(a.paths.path, {
+      backend: s.backend,
+      ...(s.threads !== undefined ? { threads: s.threads } : {}),
+      signal: stop,
+    });
+    let router: SliceRouter | undefined;
+    try {
+      const info = compute.info;
+      const backend = info.device === "llama-cpu" ? "llama-cpu" : info.backend;
+      this.#emit({
+        event: "loaded",
+        backend,
+        cpu: info.cpu,
+        threads: info.threads,
+        device: info.device,
+        fallback:
+          info.backend === "ts" && s.backend === "auto"
+            ? (nativeStatus()?.message?.split("\n")[0] ?? "the native addon did not load")
+            : undefined,
+        ms: performance.now() - t0,
+      });
+      this.#conn ??= await this.#connect();
+      if (stop.aborted) throw abortReason(stop);
+      router = this.#routers.get(model);
+      if (!router) {
+        router = new SliceRouter(model);
+        this.#routers.set(model, router);
+      }
+      // dispatches may reach it as soon as the relay has the registration
+      router.add({ layers: a.layers, experts: a.experts, compute });
+      this.#conn.register({
+        model,
+        layers: rangeValues(a.layers),
+        experts: rangeValues(a.experts),
+        capacity: s.capacityBytes,
+        backend,
+      });
+    } catch (error) {
+      router?.remove(compute);
+      await compute.close().catch(() => {});
+      throw error;
+    }
+    // the registration fulfils the lease on the hub: nothing left to renew
+    a.keeper.stop();
+    this.#held.push({
+      model,
+      layers: a.layers,
+      experts: a.experts,
+      bytes: a.lease.bytes,
+      compute,
+      summary: {
+        model,
+        layers: a.lease.layers,
+        experts: a.lease.experts,
+        path: a.paths.path,
+        reused: a.reused,
+      },
+    });
+    this.#emit({
+      event: "registered",
+      model,
+      layers: a.lease.layers,
+      experts: a.lease.experts,
+      cells: (a.layers.end - a.layers.start) * (a.experts.end - a.experts.start),
+      slices: this.#held.length,
+      bytes: this.#s.capacityBytes - this.#capacityLeft(),
+      capacityBytes: this.#s.capacityBytes,
+    });
+    if (this.#held.length === 1) this.#emit({ event: "serving" });
+  }
+
+  /** Connects to the relay, retrying transient failures until it works or the worker stops. */
+  async #connect(): Promise<RelayConnection> {
+    const s = this.#s;
+    const stop = this.#stop.signal;
+    for (let attempt = 1; ; attempt++) {
+      // aborting connectRelay's signal closes the connection, and a drain must not: this one
+      // only aborts while connecting
+      const connecting = new AbortController();
+      const onStop = () => connecting.abort(abortReason(stop));
+      stop.addEventListener("abort", onStop, { once: true });
+      if (stop.aborted) onStop();
+      try {
+        const conn = await connectRelay(s.relay, {
+          role: "worker",
+          id: s.id,
+          token: s.token,
+          ...(s.hub.ca !== undefined ? { ca: s.hub.ca } : {}),
+          ...(s.heartbeatMs !== undefined ? { heartbeatMs: s.heartbeatMs } : {}),
+          signal: connecting.signal,
+          onDispatch: (req) => this.#onDispatch(req),
+          // the hub takes this worker out of service: drain as on a signal
+          onDrain: (reason) => this.#requestStop("drain", `the hub asked${reason ? `: ${reason}` : ""}`),
+        });
+        this.#emit({ event: "connected", url: s.relay });
+        conn.on((e) => {
+          if (e.type === "drain") return; // onDrain has it
+          if (e.type === "notice") {
+            this.#emit({ event: "relay", state: "notice", error: `${e.error.code}: ${e.error.message}` });
+            return;
+          }
+          if (e.state === "closed") {
+            if (!stop.aborted) {
+              this.#fatal =
+                e.error && isMoeswarmError(e.error)
+                  ? e.error
+                  : new TransportError(
+                      "MOESWARM_TRANSPORT_CLOSED",
+                      `the relay connection closed${e.error ? `: ${e.error.message}` : ""}`,
+                    );
+              this.#emit({ event: "relay", state: "closed", error: this.#fatal.message });
+              this.#requestStop("signal", "relay connection closed");
+            }
+            return;
+          }
+          this.#emit({
+            event: "relay",
+            state: e.state,
+            attempt: e.attempt,
+            delayMs: e.delayMs,
+            error: e.error ? message(e.error) : undefined,
+          });
+        });
+        return conn;
+      } catch (error) {
+        if (stop.aborted) throw abortReason(stop);
+        if (error instanceof AuthError || !isTransient(error)) throw error;
+        const retryInMs = Math.min(30_000, 500 * 2 ** Math.min(attempt - 1, 10));
+        this.#emit({ event: "hub-unreachable", error: message(error), code: codeOf(error), retryInMs });
+        await sleep(jitter(retryInMs), stop);
+      } finally {
+        stop.removeEventListener("abort", onStop);
+      }
+    }
+  }
+
+  async #onDispatch(req: IncomingDispatch) {
+    if (this.#draining) {
+      throw new TransportError("MOESWARM_TRANSPORT_DRAINING", `worker ${this.#s.id} is draining`);
+    }
+    this.#inFlight++;
+    try {
+      const router = this.#routers.get(req.model);
+      if (!router || router.size === 0) {
+        throw new InvalidArgumentError(
+          `model ${req.model} is not served here (${[...this.#routers.keys()].join(", ") || "nothing yet"})`,
+        );
+      }
+      if (req.embd !== router.nEmbd) {
+        throw new InvalidArgumentError(`embd ${req.embd} does not match the slice's n_embd ${router.nEmbd}`);
+      }
+      const t0 = performance.now();
+      traceHop("worker.run", req.layer);
+      // layer and expert ids are checked against the slices (InvalidArgumentError)
+      const y = await router.run(
+        {
+          layer: req.layer,
+          x: req.activations(),
+          ids: req.ids,
+          k: req.k,
+          ...(req.w ? { w: req.w } : {}),
+          mode: req.mode,
+        },
+        { signal: req.signal },
+      );
+      traceHop("worker.ran", req.layer);
+      this.#requests++;
+      this.#tokens += req.n;
+      return { y, ms: performance.now() - t0 };
+    } catch (error) {
+      this.#failed++;
+      this.#dispatchErrors++;
+      // a hostile or confused backbone must not flood the log: the first ten, then every hundredth
+      if (this.#dispatchErrors <= 10 || this.#dispatchErrors % 100 === 0) {
+        this.#emit({
+          event: "dispatch-error",
+          error: message(error),
+          code: codeOf(error),
+          layer: req.layer,
+          from: req.from,
+        });
+      }
+      throw error;
+    } finally {
+      this.#inFlight--;
+      if (this.#inFlight === 0) for (const w of this.#idleWaiters.splice(0)) w();
+    }
+  }
+
+  async #drain(conn: RelayConnection): Promise<WorkerSummary> {
+    const t0 = performance.now();
+    this.#draining = true;
+    this.#emit({ event: "drain", reason: this.#drainReason, inFlight: this.#inFlight });
+    try {
+      // withdraws every registration on the relay
+      conn.drain(this.#drainReason);
+    } catch {
+      // the connection is down: nothing to tell the relay
+    }
+    let abandoned = 0;
+    if (this.#inFlight > 0) {
+      const idle = new Promise<void>((resolve) => this.#idleWaiters.push(resolve));
+      const timedOut = !(await Promise.race([
+        idle.then(() => true),
+        sleep(this.#s.drainTimeoutMs).then(() => false),
+      ]));
+      if (timedOut) abandoned = this.#inFlight;
+    }
+    await conn.close();
+    this.#emit({
+      event: "drained",
+      requests: this.#requests,
+      tokens: this.#tokens,
+      failed: this.#failed,
+      inFlightAbandoned: abandoned,
+      slices: this.#held.length,
+      ms: performance.now() - t0,
+    });
+    return this.#summary({ served: true });
+  }
+}

@@ -1,0 +1,3 @@
+import { packageTests } from "../../vitest.shared.ts";
+
+export default packageTests("worker");
