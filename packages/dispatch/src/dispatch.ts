@@ -1,3 +1,4 @@
+import type { ExpertHandler, ExpertRequest, ExpertResult, ExpertTransport } from "@moeswarm/core";
 import {
   AbortError,
   abortReason,
@@ -21,7 +22,6 @@ import { checkRouting } from "./oracle.js";
 import type { Placement } from "./placement.js";
 import type { Routing } from "./route.js";
 import { SpotCheck } from "./spot-check.js";
-import type { ExpertCompute, ExpertRequest, ExpertResult, ExpertTransport } from "./transport.js";
 
 export interface DispatchOptions {
   /** The MoE layer (block index) the routing belongs to. */
@@ -46,7 +46,7 @@ export interface DispatchOptions {
    */
   readonly mode?: "each" | "sum" | "auto";
   /** Serves experts whose workers failed (after the replica retry) or that have no owner. */
-  readonly fallback?: ExpertCompute;
+  readonly fallback?: ExpertHandler;
   /** Retry a failed request once on replicas (default true). */
   readonly retry?: boolean;
   /** Aggregate collector; every call, failed ones too, is recorded. */
@@ -221,7 +221,7 @@ class CallState {
   readonly deadlineMs: number;
   readonly placement: Placement;
   readonly transport: ExpertTransport;
-  readonly fallback: ExpertCompute | undefined;
+  readonly fallback: ExpertHandler | undefined;
   readonly retry: boolean;
   readonly verify: SpotCheck | undefined;
   readonly hedgeMs: number | undefined;

@@ -1,3 +1,4 @@
+import type { ExpertHandler, ExpertRequest, ExpertResult } from "@moeswarm/core";
 import { InvalidArgumentError, throwIfAborted } from "@moeswarm/core";
 import { type ActivationSpec, normalizeActivation } from "./activation.js";
 import {
@@ -7,7 +8,6 @@ import {
   expertForwardF64,
   expertShape,
 } from "./oracle.js";
-import type { ExpertCompute, ExpertRequest, ExpertResult } from "./transport.js";
 
 export interface ReferenceWorkerOptions {
   /** Default "silu". */
@@ -48,7 +48,7 @@ export function validateExpertRequest(request: ExpertRequest, nEmbd?: number): v
 export function createReferenceWorker(
   experts: ExpertWeights,
   options: ReferenceWorkerOptions = {},
-): ExpertCompute {
+): ExpertHandler {
   const act = normalizeActivation(options.activation);
   const cache = new Map<string, { m: ExpertMatrices; shape: ExpertShape }>();
   const get = (layer: number, id: number) => {

@@ -1,6 +1,6 @@
 import { getRandomValues } from "node:crypto";
+import type { ExpertHandler } from "@moeswarm/core";
 import { cosine, InvalidArgumentError } from "@moeswarm/core";
-import type { ExpertCompute } from "./transport.js";
 
 /**
  * Default lowest cosine per slot (mode "each") or token row ("sum") between a worker's answer and
@@ -44,7 +44,7 @@ export interface SpotCheckOptions {
    * Where the sampled answers are re-computed: a local compute (e.g. the backbone's own weights).
    * Without it, another owner of all the part's experts is asked through the same transport.
    */
-  readonly reference?: ExpertCompute;
+  readonly reference?: ExpertHandler;
   /** Seed of the sampling PRNG, a uint32 (default: random, from node:crypto). */
   readonly seed?: number;
   /** Disagreements that quarantine a worker (default 1). */
@@ -98,7 +98,7 @@ export class SpotCheck {
   readonly fraction: number;
   readonly minCosine: number;
   readonly normTolerance: number;
-  readonly reference: ExpertCompute | undefined;
+  readonly reference: ExpertHandler | undefined;
   readonly strikes: number;
   readonly quarantineMs: number | undefined;
   readonly #onQuarantine: ((event: QuarantineEvent) => void) | undefined;

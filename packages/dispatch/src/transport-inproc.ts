@@ -1,11 +1,11 @@
-import { abortReason, InvalidArgumentError, TransportError } from "@moeswarm/core";
 import type {
   ExpertCallOptions,
-  ExpertCompute,
+  ExpertHandler,
   ExpertRequest,
   ExpertResult,
   ExpertTransport,
-} from "./transport.js";
+} from "@moeswarm/core";
+import { abortReason, InvalidArgumentError, TransportError } from "@moeswarm/core";
 
 /**
  * Workers as functions in this process: `request(owner, ...)` calls the owner's compute. Nothing
@@ -13,18 +13,18 @@ import type {
  * aborts, even if the compute keeps running.
  */
 export class InProcessTransport implements ExpertTransport {
-  readonly #workers = new Map<string, ExpertCompute>();
+  readonly #workers = new Map<string, ExpertHandler>();
 
-  constructor(workers: Record<string, ExpertCompute> | Iterable<readonly [string, ExpertCompute]> = {}) {
+  constructor(workers: Record<string, ExpertHandler> | Iterable<readonly [string, ExpertHandler]> = {}) {
     const entries =
       Symbol.iterator in Object(workers)
-        ? (workers as Iterable<readonly [string, ExpertCompute]>)
-        : Object.entries(workers as Record<string, ExpertCompute>);
+        ? (workers as Iterable<readonly [string, ExpertHandler]>)
+        : Object.entries(workers as Record<string, ExpertHandler>);
     for (const [id, compute] of entries) this.set(id, compute);
   }
 
   /** Adds or replaces a worker. */
-  set(id: string, compute: ExpertCompute): this {
+  set(id: string, compute: ExpertHandler): this {
     if (typeof compute !== "function") {
       throw new InvalidArgumentError(
         "MOESWARM_INVALID_ARGUMENT",

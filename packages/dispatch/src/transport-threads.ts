@@ -1,4 +1,11 @@
 import { parentPort, Worker } from "node:worker_threads";
+import type {
+  ExpertCallOptions,
+  ExpertHandler,
+  ExpertRequest,
+  ExpertResult,
+  ExpertTransport,
+} from "@moeswarm/core";
 import {
   abortReason,
   DispatchError,
@@ -6,13 +13,6 @@ import {
   isMoeswarmError,
   TransportError,
 } from "@moeswarm/core";
-import type {
-  ExpertCallOptions,
-  ExpertCompute,
-  ExpertRequest,
-  ExpertResult,
-  ExpertTransport,
-} from "./transport.js";
 
 // Messages between the transport and its threads. Tensors travel as transferred ArrayBuffers.
 type ToThread = { t: "req"; id: number; req: ExpertRequest } | { t: "cancel"; id: number };
@@ -190,7 +190,7 @@ export class WorkerThreadTransport implements ExpertTransport, AsyncDisposable {
  * Runs inside a worker thread started by {@link WorkerThreadTransport}: answers each request
  * with `compute`, transferring the result tensor back. Throws when not in a worker thread.
  */
-export function serveExpertThread(compute: ExpertCompute): void {
+export function serveExpertThread(compute: ExpertHandler): void {
   const port = parentPort;
   if (!port) {
     throw new InvalidArgumentError(

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, expect } from "vitest";
 import {
-  type ExpertCompute,
+  type ExpertHandler,
   type ExpertMatrices,
   type ExpertWeights,
   InProcessTransport,
@@ -116,7 +116,7 @@ export function randomRegistrations(
 
 export function swarm(
   regs: WorkerRegistration[],
-  computeFor: (reg: WorkerRegistration) => ExpertCompute,
+  computeFor: (reg: WorkerRegistration) => ExpertHandler,
 ): { placement: Placement; transport: InProcessTransport } {
   const placement = Placement.fromRegistrations(regs);
   const transport = new InProcessTransport(regs.map((r) => [r.id, computeFor(r)] as const));

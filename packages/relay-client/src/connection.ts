@@ -2,6 +2,7 @@ import {
   AuthError,
   abortReason,
   compactSlots,
+  type ExpertRequest,
   errorFromCode,
   errorToWire,
   InvalidArgumentError,
@@ -60,26 +61,23 @@ export interface RelayRegistration {
   backend?: string;
 }
 
-/** One request for a worker's expert compute (the fields of a `dispatch` frame). */
-export interface DispatchRequest {
-  model: string;
-  layer: number;
-  /** Tokens. */
-  n: number;
-  embd: number;
+/**
+ * core's ExpertRequest as the relay carries it: activations travel as f32 values or as the raw bits
+ * of f16/bf16 (the wire has no f64).
+ */
+interface WireExpertRequest extends Omit<ExpertRequest, "dtype" | "x"> {
+  readonly dtype: WireDtype;
+  /** n*embd activations, token-major: f32 values, or the raw bits of f16/bf16. */
+  readonly x: Float32Array | Uint16Array;
+}
+
+/**
+ * One request for a worker's expert compute (the fields of a `dispatch` frame). Its deadline is
+ * `RequestOptions.deadlineMs`.
+ */
+export interface DispatchRequest extends Omit<WireExpertRequest, "dtype" | "deadline"> {
   /** How `x` travels (default f32): f32 values are converted, a Uint16Array is taken as raw bits. */
-  dtype?: WireDtype;
-  /** n*embd activations, token-major. */
-  x: Float32Array | Uint16Array;
-  /** Expert slots per token. */
-  k: number;
-  /** n*k global expert ids, -1 for an empty slot. */
-  ids: Int32Array;
-  /** n*k router weights; required for mode "sum". */
-  w?: Float32Array;
-  mode: DispatchMode;
-  /** Mode "each": accept a compact result (the filled slots' rows only; protocol section 5). */
-  compact?: boolean;
+  readonly dtype?: WireDtype;
 }
 
 export interface DispatchReply {
@@ -106,20 +104,10 @@ export interface DispatchAnswer {
 }
 
 /** A dispatch that reached this worker; answer it once with respond() or fail(). */
-export interface IncomingDispatch {
+export interface IncomingDispatch extends WireExpertRequest {
   readonly id: number;
   /** The requesting backbone. */
   readonly from: string;
-  readonly model: string;
-  readonly layer: number;
-  readonly n: number;
-  readonly embd: number;
-  readonly k: number;
-  readonly dtype: WireDtype;
-  readonly mode: DispatchMode;
-  /** n*embd activations as sent: f32 values, or the raw bits of f16/bf16. */
-  readonly x: Float32Array | Uint16Array;
-  readonly ids: Int32Array;
   readonly w: Float32Array | undefined;
   /** The ms the sender waits, if it said. */
   readonly deadline: number | undefined;

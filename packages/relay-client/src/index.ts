@@ -28,11 +28,5 @@ export {
   type FrameLinkHandlers,
   type LinkCloseInfo,
 } from "./link.js";
-export {
-  RelayTransport,
-  type RelayTransportOptions,
-  type TransportCallOptions,
-  type TransportRequest,
-  type TransportResult,
-} from "./transport.js";
+export { RelayTransport, type RelayTransportOptions } from "./transport.js";
 export { errorFromWire, errorToWire } from "./wire-errors.js";

@@ -5,6 +5,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import {
   AuthError,
+  type ExpertTransport,
   encodeFrame,
   InvalidArgumentError,
   isMoeswarmError,
@@ -12,7 +13,6 @@ import {
   ProtocolError,
   TransportError,
 } from "@moeswarm/core";
-import type { ExpertTransport } from "@moeswarm/dispatch";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import {
   type ConnectRelayOptions,
@@ -524,10 +524,10 @@ describe("worker side", () => {
 });
 
 describe("RelayTransport", () => {
-  it("implements dispatch's ExpertTransport over a backbone connection", async () => {
+  it("implements core's ExpertTransport over a backbone connection", async () => {
     relay = await FakeRelay.start();
     const conn = await connect();
-    // a compile-time check against the dispatcher's interface, and the runtime shape below
+    // a compile-time check against the expert contract's interface, and the runtime shape below
     const transport: ExpertTransport = new RelayTransport(conn, { wireDtype: "bf16" });
     const req = { ...request(1, 4, 1), dtype: "f32" as const, deadline: 1000 };
     const result = await transport.request("w7", req, { signal: new AbortController().signal });
