@@ -1,9 +1,9 @@
 import {
   AbortError,
+  abortable,
   DispatchError,
   InvalidArgumentError,
   isMoeswarmError,
-  onAbort,
   throwIfAborted,
 } from "@moeswarm/core";
 import { nonFinite } from "./accept.js";
@@ -99,20 +99,6 @@ function serveAll(call: CallState, groups: Map<string, number[]>, orphans: numbe
   return collect(call, answer, jobs);
 }
 
-/** `pending`, unless `signal` aborts first (then its reason); nothing stays registered. */
-async function unlessAborted<T>(pending: Promise<T>, signal: AbortSignal | undefined): Promise<T> {
-  if (!signal) return pending;
-  let registration: Disposable | undefined;
-  const aborted = new Promise<never>((_, reject) => {
-    registration = onAbort(signal, reject);
-  });
-  try {
-    return await Promise.race([pending, aborted]);
-  } finally {
-    registration?.[Symbol.dispose]();
-  }
-}
-
 async function run<T extends Float32Array | Float64Array>(
   precision: Precision,
   hidden: Float32Array | Float64Array,
@@ -135,7 +121,7 @@ async function run<T extends Float32Array | Float64Array>(
   const t0 = performance.now();
   try {
     const { groups, orphans } = groupByOwner(call);
-    const parts = await unlessAborted(serveAll(call, groups, orphans), options.signal);
+    const parts = await abortable(serveAll(call, groups, orphans), options.signal);
     const output = make(work.routing.n * embd);
     combineParts(output, call.mode, precision, work.routing, embd, parts);
     const final = wbf ? foldSlots(output, routing.ids, routing.n, routing.k, embd, make) : output;

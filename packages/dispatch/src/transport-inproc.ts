@@ -5,7 +5,7 @@ import type {
   ExpertResult,
   ExpertTransport,
 } from "@moeswarm/core";
-import { abortReason, InvalidArgumentError, TransportError } from "@moeswarm/core";
+import { abortable, abortReason, InvalidArgumentError, TransportError } from "@moeswarm/core";
 
 /**
  * Workers as functions in this process: `request(owner, ...)` calls the owner's compute. Nothing
@@ -58,26 +58,13 @@ export class InProcessTransport implements ExpertTransport {
         ),
       );
     }
-    return new Promise<ExpertResult>((resolve, reject) => {
-      const onAbort = () => reject(abortReason(signal));
-      signal.addEventListener("abort", onAbort, { once: true });
-      const done = () => signal.removeEventListener("abort", onAbort);
-      let pending: Promise<ExpertResult>;
-      try {
-        pending = Promise.resolve(compute(request, { signal }));
-      } catch (error) {
-        pending = Promise.reject(error);
-      }
-      pending.then(
-        (r) => {
-          done();
-          resolve(r);
-        },
-        (e: unknown) => {
-          done();
-          reject(e);
-        },
-      );
-    });
+    let pending: Promise<ExpertResult>;
+    try {
+      pending = Promise.resolve(compute(request, { signal }));
+    } catch (error) {
+      pending = Promise.reject(error);
+    }
+    // settles at the abort even if the compute keeps running
+    return abortable(pending, signal);
   }
 }

@@ -11,6 +11,7 @@ import {
   DispatchError,
   InvalidArgumentError,
   isMoeswarmError,
+  onAbort,
   TransportError,
 } from "@moeswarm/core";
 
@@ -149,12 +150,11 @@ export class WorkerThreadTransport implements ExpertTransport, AsyncDisposable {
     const id = this.#nextId;
     this.#nextId = (this.#nextId % 0xffff_fffe) + 1;
     return new Promise<ExpertResult>((resolve, reject) => {
-      const onAbort = () => {
+      const aborted = onAbort(signal, (reason) => {
         peer.cancel(id);
-        reject(abortReason(signal));
-      };
-      signal.addEventListener("abort", onAbort, { once: true });
-      const cleanup = () => signal.removeEventListener("abort", onAbort);
+        reject(reason);
+      });
+      const cleanup = () => aborted[Symbol.dispose]();
       try {
         peer.send(id, request, {
           resolve: (r) => {

@@ -5,7 +5,7 @@ import {
   type ExpertTransport,
   InvalidArgumentError,
 } from "@moeswarm/core";
-import type { RelayConnection } from "./connection.js";
+import type { RelayConnection } from "./connection-types.js";
 import type { WireDtype } from "./wire.js";
 
 export interface RelayTransportOptions {
