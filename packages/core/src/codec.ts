@@ -62,7 +62,7 @@ class Checker {
   fail(code: ProtocolCode, field: string, message: string): never {
     const text = `${this.type}${field ? `.${field}` : ""}: ${message}`;
     if (this.encoding) {
-      throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", text, {
+      throw new InvalidArgumentError(text, {
         details: { type: this.type, field, protocolCode: code },
       });
     }
@@ -79,10 +79,7 @@ class Checker {
 function checkMaxFrameBytes(value: number | undefined): number {
   if (value === undefined) return DEFAULT_MAX_FRAME_BYTES;
   if (!Number.isSafeInteger(value) || value < 1 || value > 0xffff_ffff) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `maxFrameBytes must be an integer in 1..2^32-1, got ${String(value)}`,
-    );
+    throw new InvalidArgumentError(`maxFrameBytes must be an integer in 1..2^32-1, got ${String(value)}`);
   }
   return value;
 }
@@ -90,10 +87,7 @@ function checkMaxFrameBytes(value: number | undefined): number {
 function checkMaxExpert(value: number | undefined): number | undefined {
   if (value === undefined) return undefined;
   if (!Number.isSafeInteger(value) || value < 1 || value > 0x8000_0000) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `maxExpert must be an integer in 1..2^31, got ${String(value)}`,
-    );
+    throw new InvalidArgumentError(`maxExpert must be an integer in 1..2^31, got ${String(value)}`);
   }
   return value;
 }
@@ -143,7 +137,7 @@ export function decodeFrame(bytes: Uint8Array, options: DecodeOptions = {}): Fra
   const maxFrameBytes = checkMaxFrameBytes(options.maxFrameBytes);
   const maxExpert = checkMaxExpert(options.maxExpert);
   if (!(bytes instanceof Uint8Array)) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "decodeFrame needs a Uint8Array");
+    throw new InvalidArgumentError("decodeFrame needs a Uint8Array");
   }
   if (bytes.byteLength > maxFrameBytes) {
     throw new ProtocolError(
@@ -155,19 +149,15 @@ export function decodeFrame(bytes: Uint8Array, options: DecodeOptions = {}): Fra
   const r = new MsgpackReader(bytes);
   const top = r.head();
   if (top !== Kind.map) {
-    throw new ProtocolError(
-      "MOESWARM_PROTOCOL_MALFORMED",
-      `a frame is a msgpack map, found ${describeKind(top, r)}`,
-      { details: { offset: 0 } },
-    );
+    throw new ProtocolError(`a frame is a msgpack map, found ${describeKind(top, r)}`, {
+      details: { offset: 0 },
+    });
   }
   const fields = indexMap(r, r.num, KNOWN_KEYS);
   if (r.pos !== r.end) {
-    throw new ProtocolError(
-      "MOESWARM_PROTOCOL_MALFORMED",
-      `${r.end - r.pos} bytes after the end of the frame's map`,
-      { details: { offset: r.pos } },
-    );
+    throw new ProtocolError(`${r.end - r.pos} bytes after the end of the frame's map`, {
+      details: { offset: r.pos },
+    });
   }
 
   const ctx: Checker = new Checker("frame", false);
@@ -229,11 +219,9 @@ export function decodeFrame(bytes: Uint8Array, options: DecodeOptions = {}): Fra
  */
 function indexMap(r: MsgpackReader, count: number, known: ReadonlySet<string>): Map<string, number> {
   if (count * 2 > r.end - r.pos) {
-    throw new ProtocolError(
-      "MOESWARM_PROTOCOL_MALFORMED",
-      `msgpack map declares ${count} entries but only ${r.end - r.pos} bytes remain`,
-      { details: { offset: r.pos } },
-    );
+    throw new ProtocolError(`msgpack map declares ${count} entries but only ${r.end - r.pos} bytes remain`, {
+      details: { offset: r.pos },
+    });
   }
   const fields = new Map<string, number>();
   for (let i = 0; i < count; i++) {
@@ -241,7 +229,6 @@ function indexMap(r: MsgpackReader, count: number, known: ReadonlySet<string>): 
     const kind = r.head();
     if (kind !== Kind.str) {
       throw new ProtocolError(
-        "MOESWARM_PROTOCOL_MALFORMED",
         `map keys must be strings, found ${describeKind(kind, r)} at offset ${keyOffset}`,
         { details: { offset: keyOffset } },
       );
@@ -254,7 +241,7 @@ function indexMap(r: MsgpackReader, count: number, known: ReadonlySet<string>): 
     r.skip(2);
     if (key !== undefined && known.has(key)) {
       if (fields.has(key)) {
-        throw new ProtocolError("MOESWARM_PROTOCOL_MALFORMED", `duplicate key ${JSON.stringify(key)}`, {
+        throw new ProtocolError(`duplicate key ${JSON.stringify(key)}`, {
           details: { offset: keyOffset },
         });
       }
@@ -617,7 +604,7 @@ function checkTensorTypes(t: FrameType, o: Record<string, unknown>, ctx: Checker
 export function validateFrame(frame: Frame, options: { maxExpert?: number } = {}): void {
   const maxExpert = checkMaxExpert(options.maxExpert);
   if (typeof frame !== "object" || frame === null) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "a frame must be an object");
+    throw new InvalidArgumentError("a frame must be an object");
   }
   const o = frame as unknown as Record<string, unknown>;
   const ctx: Checker = new Checker(isFrameType(o.t) ? o.t : "frame", true);

@@ -22,10 +22,7 @@ export interface FramingOptions {
 function maxFrameBytesOf(options: FramingOptions): number {
   const max = options.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES;
   if (!Number.isSafeInteger(max) || max < 1 || max > 0xffff_ffff) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `maxFrameBytes must be an integer in 1..2^32-1, got ${String(max)}`,
-    );
+    throw new InvalidArgumentError(`maxFrameBytes must be an integer in 1..2^32-1, got ${String(max)}`);
   }
   return max;
 }
@@ -86,7 +83,6 @@ export class FrameReader {
     if (this.failure) throw this.failure;
     if (!(chunk instanceof Uint8Array)) {
       throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
         "FrameReader needs binary chunks (Uint8Array/Buffer), not strings: do not set an encoding on the stream",
       );
     }

@@ -17,7 +17,7 @@ export interface ReferenceWorkerOptions {
 }
 
 function bad(message: string): InvalidArgumentError {
-  return new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", `reference worker: ${message}`);
+  return new InvalidArgumentError(`reference worker: ${message}`);
 }
 
 /** Checks a request's sizes the way a worker must before touching its tensors. */

@@ -190,16 +190,12 @@ function logitsFromHidden(
 ): Float32Array {
   if (gateWeights.length % nExpert !== 0 || gateWeights.length === 0) {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
       `gateWeights has ${gateWeights.length} values, not a multiple of nExpert (${nExpert})`,
     );
   }
   const nEmbd = gateWeights.length / nExpert;
   if (hidden.length % nEmbd !== 0) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `hidden has ${hidden.length} values, not a multiple of n_embd (${nEmbd})`,
-    );
+    throw new InvalidArgumentError(`hidden has ${hidden.length} values, not a multiple of n_embd (${nEmbd})`);
   }
   const n = hidden.length / nEmbd;
   const logits = new Float32Array(n * nExpert);
@@ -234,13 +230,11 @@ export function route(input: RouterInput, config: RoutingConfig, options: RouteO
     logits = logitsFromHidden(input.hidden, input.gateWeights, nExpert);
   } else {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
       "route: input must be a Float32Array of logits or { hidden, gateWeights }",
     );
   }
   if (logits.length % nExpert !== 0) {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
       `route: ${logits.length} logits is not a multiple of nExpert (${nExpert})`,
     );
   }
@@ -257,18 +251,12 @@ export function route(input: RouterInput, config: RoutingConfig, options: RouteO
   const selected = options.selected;
   if (selected !== undefined) {
     if (!(selected instanceof Int32Array) || selected.length !== n * k) {
-      throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
-        `route: selected must be an Int32Array of n*k = ${n * k} ids`,
-      );
+      throw new InvalidArgumentError(`route: selected must be an Int32Array of n*k = ${n * k} ids`);
     }
     for (let i = 0; i < selected.length; i++) {
       const id = selected[i]!;
       if (id < 0 || id >= nExpert) {
-        throw new InvalidArgumentError(
-          "MOESWARM_INVALID_ARGUMENT",
-          `route: selected[${i}] = ${id} out of range`,
-        );
+        throw new InvalidArgumentError(`route: selected[${i}] = ${id} out of range`);
       }
     }
   }

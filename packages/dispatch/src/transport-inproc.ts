@@ -26,10 +26,7 @@ export class InProcessTransport implements ExpertTransport {
   /** Adds or replaces a worker. */
   set(id: string, compute: ExpertHandler): this {
     if (typeof compute !== "function") {
-      throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
-        `InProcessTransport: worker ${id} is not a function`,
-      );
+      throw new InvalidArgumentError(`InProcessTransport: worker ${id} is not a function`);
     }
     this.#workers.set(id, compute);
     return this;

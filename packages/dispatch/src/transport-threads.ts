@@ -62,7 +62,7 @@ class ThreadPeer {
     if (msg.t === "res") p.resolve(msg.res);
     else {
       p.reject(
-        new DispatchError("MOESWARM_DISPATCH_FAILED", `worker thread ${this.id}: ${msg.message}`, {
+        new DispatchError(`worker thread ${this.id}: ${msg.message}`, {
           details: { worker: this.id, remoteCode: msg.code },
         }),
       );
@@ -122,10 +122,7 @@ export class WorkerThreadTransport implements ExpertTransport, AsyncDisposable {
 
   constructor(workers: Record<string, string | URL | ThreadWorkerSpec>) {
     if (typeof workers !== "object" || workers === null) {
-      throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
-        "WorkerThreadTransport: workers must be an object",
-      );
+      throw new InvalidArgumentError("WorkerThreadTransport: workers must be an object");
     }
     for (const [id, spec] of Object.entries(workers)) {
       const s: ThreadWorkerSpec = typeof spec === "string" || spec instanceof URL ? { script: spec } : spec;
@@ -193,10 +190,7 @@ export class WorkerThreadTransport implements ExpertTransport, AsyncDisposable {
 export function serveExpertThread(compute: ExpertHandler): void {
   const port = parentPort;
   if (!port) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      "serveExpertThread must run inside a worker thread",
-    );
+    throw new InvalidArgumentError("serveExpertThread must run inside a worker thread");
   }
   const running = new Map<number, AbortController>();
   port.on("message", (msg: ToThread) => {

@@ -1,5 +1,6 @@
 import { getEventListeners } from "node:events";
 import { DispatchError, InvalidArgumentError, isMoeswarmError } from "@moeswarm/core";
+import { expectNoUnhandledRejections } from "@moeswarm/testkit";
 import { describe, expect, it } from "vitest";
 import {
   createReferenceWorker,
@@ -12,7 +13,7 @@ import {
   InProcessTransport,
   Placement,
 } from "../src/index.js";
-import { expectNoUnhandledRejections, randomHidden, randomRouting, sameBits, tinyModel } from "./helpers.js";
+import { randomHidden, randomRouting, sameBits, tinyModel } from "./helpers.js";
 
 // Every failure path must end in the right numbers (bit-identical to a healthy run) or a typed
 // error; never a partial sum, never an unhandled rejection.

@@ -1,5 +1,6 @@
 import { InvalidArgumentError } from "@moeswarm/core";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { expectNoUnhandledRejections } from "@moeswarm/testkit";
+import { describe, expect, it } from "vitest";
 import {
   createReferenceWorker,
   DispatchMetrics,
@@ -29,16 +30,7 @@ import {
 
 // A spot check must end in the honest numbers (bit-identical to an all-honest run) whenever it
 // catches a lie, never strike an honest worker, and draw its samples reproducibly from its seed.
-const unhandled: unknown[] = [];
-const onUnhandled = (reason: unknown) => unhandled.push(reason);
-beforeAll(() => {
-  process.on("unhandledRejection", onUnhandled);
-});
-afterAll(async () => {
-  await new Promise((r) => setTimeout(r, 50));
-  process.off("unhandledRejection", onUnhandled);
-  expect(unhandled.map((e) => String(e))).toEqual([]);
-});
+expectNoUnhandledRejections(50);
 
 const N_EXPERT = 6;
 const EMBD = 8;

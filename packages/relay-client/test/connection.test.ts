@@ -13,7 +13,8 @@ import {
   ProtocolError,
   TransportError,
 } from "@moeswarm/core";
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { expectNoUnhandledRejections } from "@moeswarm/testkit";
+import { afterEach, beforeAll, describe, expect, it } from "vitest";
 import {
   type ConnectRelayOptions,
   connectRelay,
@@ -24,21 +25,13 @@ import {
 } from "../src/index.js";
 import { FakeRelay, waitFor } from "./fake-relay.js";
 
-const unhandled: unknown[] = [];
-const onUnhandled = (e: unknown) => unhandled.push(e);
+expectNoUnhandledRejections(0);
 let relay: FakeRelay;
 const open: RelayConnection[] = [];
 
-beforeAll(() => {
-  process.on("unhandledRejection", onUnhandled);
-});
 afterEach(async () => {
   await Promise.all(open.splice(0).map((c) => c.close()));
   await relay?.close();
-});
-afterAll(() => {
-  process.off("unhandledRejection", onUnhandled);
-  expect(unhandled).toEqual([]);
 });
 
 async function connect(extra: Partial<ConnectRelayOptions> = {}, url = relay.url): Promise<RelayConnection> {
