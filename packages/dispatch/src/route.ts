@@ -211,18 +211,8 @@ function logitsFromHidden(
   return logits;
 }
 
-/**
- * Routes n tokens exactly as llama.cpp's `build_moe_ffn` (src/llama-graph.cpp:1938-2096):
- * gating, selection bias, expert groups, top-k, weights from the unbiased probabilities,
- * softmax over the selected (softmax_weight), normalisation by the clamped sum, scale. Every step
- * is f32 as ggml-cpu computes it; ties go to the lower expert index.
- *
- * With `{hidden, gateWeights}` the logits are computed in f64 and rounded to f32, which is not
- * bit-identical to ggml's f32/f16 matmul: for exact agreement pass llama.cpp's own logits.
- */
-export function route(input: RouterInput, config: RoutingConfig, options: RouteOptions = {}): Routing {
-  validateRoutingConfig(config);
-  const { nExpert, nExpertUsed: k } = config;
+/** The router's logits (given, or computed from hidden states), checked: n whole rows, all finite. */
+function routerLogits(input: RouterInput, nExpert: number): ArrayLike<number> {
   let logits: ArrayLike<number>;
   if (input instanceof Float32Array) {
     logits = input;
@@ -238,7 +228,6 @@ export function route(input: RouterInput, config: RoutingConfig, options: RouteO
       `route: ${logits.length} logits is not a multiple of nExpert (${nExpert})`,
     );
   }
-  const n = logits.length / nExpert;
   for (let i = 0; i < logits.length; i++) {
     if (!Number.isFinite(logits[i])) {
       throw new InvalidArgumentError(
@@ -248,18 +237,61 @@ export function route(input: RouterInput, config: RoutingConfig, options: RouteO
       );
     }
   }
-  const selected = options.selected;
-  if (selected !== undefined) {
-    if (!(selected instanceof Int32Array) || selected.length !== n * k) {
-      throw new InvalidArgumentError(`route: selected must be an Int32Array of n*k = ${n * k} ids`);
-    }
-    for (let i = 0; i < selected.length; i++) {
-      const id = selected[i]!;
-      if (id < 0 || id >= nExpert) {
-        throw new InvalidArgumentError(`route: selected[${i}] = ${id} out of range`);
-      }
+  return logits;
+}
+
+/** `options.selected`: n*k expert ids, each in range. */
+function checkSelected(selected: Int32Array, n: number, k: number, nExpert: number): void {
+  if (!(selected instanceof Int32Array) || selected.length !== n * k) {
+    throw new InvalidArgumentError(`route: selected must be an Int32Array of n*k = ${n * k} ids`);
+  }
+  for (let i = 0; i < selected.length; i++) {
+    const id = selected[i]!;
+    if (id < 0 || id >= nExpert) {
+      throw new InvalidArgumentError(`route: selected[${i}] = ${id} out of range`);
     }
   }
+}
+
+/** The gating function over one token's (biased) logits, into `probs`, in f32 as ggml-cpu computes it. */
+function gate(
+  gating: RoutingConfig["gating"],
+  row: Float32Array,
+  probs: Float32Array,
+  nExpert: number,
+): void {
+  switch (gating) {
+    case "softmax":
+      softmaxRowF32(row, 0, nExpert, probs, 0);
+      break;
+    case "sigmoid":
+      for (let e = 0; e < nExpert; e++) probs[e] = sigmoidF32(row[e]!);
+      break;
+    case "softmax_weight":
+      probs.set(row);
+      break;
+    case "sqrt_softplus":
+      for (let e = 0; e < nExpert; e++) probs[e] = sqrtF32(softplusF32(row[e]!));
+      break;
+  }
+}
+
+/**
+ * Routes n tokens exactly as llama.cpp's `build_moe_ffn` (src/llama-graph.cpp:1938-2096):
+ * gating, selection bias, expert groups, top-k, weights from the unbiased probabilities,
+ * softmax over the selected (softmax_weight), normalisation by the clamped sum, scale. Every step
+ * is f32 as ggml-cpu computes it; ties go to the lower expert index.
+ *
+ * With `{hidden, gateWeights}` the logits are computed in f64 and rounded to f32, which is not
+ * bit-identical to ggml's f32/f16 matmul: for exact agreement pass llama.cpp's own logits.
+ */
+export function route(input: RouterInput, config: RoutingConfig, options: RouteOptions = {}): Routing {
+  validateRoutingConfig(config);
+  const { nExpert, nExpertUsed: k } = config;
+  const logits = routerLogits(input, nExpert);
+  const n = logits.length / nExpert;
+  const selected = options.selected;
+  if (selected !== undefined) checkSelected(selected, n, k, nExpert);
 
   const selectOn = config.selectOn ?? "probs";
   const groups = (config.nExpertGroups ?? 0) > 1 ? config.nExpertGroups! : 0;
@@ -286,20 +318,7 @@ export function route(input: RouterInput, config: RoutingConfig, options: RouteO
     for (let e = 0; e < nExpert; e++) {
       row[e] = logitBias ? Math.fround(logits[lo + e]! + logitBias[e]!) : logits[lo + e]!;
     }
-    switch (config.gating) {
-      case "softmax":
-        softmaxRowF32(row, 0, nExpert, probs, 0);
-        break;
-      case "sigmoid":
-        for (let e = 0; e < nExpert; e++) probs[e] = sigmoidF32(row[e]!);
-        break;
-      case "softmax_weight":
-        probs.set(row);
-        break;
-      case "sqrt_softplus":
-        for (let e = 0; e < nExpert; e++) probs[e] = sqrtF32(softplusF32(row[e]!));
-        break;
-    }
+    gate(config.gating, row, probs, nExpert);
     const io = t * k;
     if (selected) {
       for (let j = 0; j < k; j++) ids[io + j] = selected[io + j]!;
