@@ -18,6 +18,8 @@ export function onAbort(signal: AbortSignal | undefined, listener: (reason: unkn
   else signal.addEventListener("abort", fire, { once: true });
   return {
     [Symbol.dispose]() {
+      // after firing there is nothing left to remove
+      if (!live) return;
       live = false;
       signal.removeEventListener("abort", fire);
     },
@@ -60,4 +62,31 @@ export function linkedSignal(
       for (const r of registrations) r[Symbol.dispose]();
     },
   };
+}
+
+/**
+ * `promise`, unless `signal` aborts first: then a rejection with the signal's reason (see
+ * {@link abortReason}). The listener is removed either way; the promise runs on, and a later
+ * rejection of it counts as handled.
+ */
+export function abortable<T>(promise: PromiseLike<T>, signal: AbortSignal | undefined): Promise<T> {
+  const settled = Promise.resolve(promise);
+  if (signal === undefined) return settled;
+  if (signal.aborted) {
+    settled.catch(() => {});
+    return Promise.reject(abortReason(signal));
+  }
+  return new Promise<T>((resolve, reject) => {
+    const registration = onAbort(signal, reject);
+    settled.then(
+      (value) => {
+        registration[Symbol.dispose]();
+        resolve(value);
+      },
+      (error: unknown) => {
+        registration[Symbol.dispose]();
+        reject(error);
+      },
+    );
+  });
 }

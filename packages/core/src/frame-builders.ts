@@ -23,7 +23,7 @@ export type FrameInit<F extends Frame> = F extends unknown ? Omit<F, "t" | "v"> 
 // frame type's own fields are kept, in canonical order.
 function build<F extends Frame>(t: FrameType, init: object): F {
   if (typeof init !== "object" || init === null) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", `${t}Frame needs an object of fields`);
+    throw new InvalidArgumentError(`${t}Frame needs an object of fields`);
   }
   const src = init as Record<string, unknown>;
   const frame: Record<string, unknown> = { t, v: PROTOCOL_VERSION };

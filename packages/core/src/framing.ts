@@ -1,12 +1,7 @@
 import type { Writable } from "node:stream";
+import { onAbort } from "./abort.js";
 import { encodeFrameWithPrefixSpace } from "./codec.js";
-import {
-  abortReason,
-  InvalidArgumentError,
-  ProtocolError,
-  TransportError,
-  throwIfAborted,
-} from "./errors.js";
+import { InvalidArgumentError, ProtocolError, TransportError, throwIfAborted } from "./errors.js";
 import { DEFAULT_MAX_FRAME_BYTES, type Frame } from "./frames.js";
 import { firstLargeBinOffset } from "./msgpack-read.js";
 import { Slab } from "./slab.js";
@@ -27,10 +22,7 @@ export interface FramingOptions {
 function maxFrameBytesOf(options: FramingOptions): number {
   const max = options.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES;
   if (!Number.isSafeInteger(max) || max < 1 || max > 0xffff_ffff) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `maxFrameBytes must be an integer in 1..2^32-1, got ${String(max)}`,
-    );
+    throw new InvalidArgumentError(`maxFrameBytes must be an integer in 1..2^32-1, got ${String(max)}`);
   }
   return max;
 }
@@ -91,7 +83,6 @@ export class FrameReader {
     if (this.failure) throw this.failure;
     if (!(chunk instanceof Uint8Array)) {
       throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
         "FrameReader needs binary chunks (Uint8Array/Buffer), not strings: do not set an encoding on the stream",
       );
     }
@@ -183,12 +174,11 @@ export async function* readFrames(
   const reader = new FrameReader(options);
   throwIfAborted(signal);
   const it = source[Symbol.asyncIterator]();
-  let onAbort: (() => void) | undefined;
+  let registration: Disposable | undefined;
   const aborted =
     signal &&
     new Promise<never>((_, reject) => {
-      onAbort = () => reject(abortReason(signal));
-      signal.addEventListener("abort", onAbort, { once: true });
+      registration = onAbort(signal, reject);
     });
   // the race below observes it; this keeps an abort after the loop from being unhandled
   aborted?.catch(() => {});
@@ -217,7 +207,7 @@ export async function* readFrames(
       }
     }
   } finally {
-    if (onAbort) signal?.removeEventListener("abort", onAbort);
+    registration?.[Symbol.dispose]();
     if (!done) {
       if (pending) {
         // an async generator (a Node Readable's iterator is one) queues return() behind the
@@ -272,7 +262,7 @@ export async function writeFrame(
       stream.off("drain", onDrain);
       stream.off("close", onClose);
       stream.off("error", onError);
-      signal?.removeEventListener("abort", onAbort);
+      aborted[Symbol.dispose]();
     };
     const onDrain = () => {
       cleanup();
@@ -288,13 +278,12 @@ export async function writeFrame(
         new TransportError("MOESWARM_TRANSPORT_CLOSED", "the stream failed before it drained", { cause }),
       );
     };
-    const onAbort = () => {
-      cleanup();
-      reject(abortReason(signal as AbortSignal));
-    };
     stream.on("drain", onDrain);
     stream.on("close", onClose);
     stream.on("error", onError);
-    signal?.addEventListener("abort", onAbort, { once: true });
+    const aborted = onAbort(signal, (reason) => {
+      cleanup();
+      reject(reason);
+    });
   });
 }

@@ -1,6 +1,6 @@
 // Public API of @moeswarm/core.
 
-export { linkedSignal, onAbort, sleep } from "./abort.js";
+export { abortable, linkedSignal, onAbort, sleep } from "./abort.js";
 
 export {
   canonicalKeys,

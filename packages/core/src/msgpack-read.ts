@@ -39,7 +39,7 @@ function float(b: Uint8Array, p: number, size: 4 | 8): number {
 }
 
 function malformed(message: string, offset: number): never {
-  throw new ProtocolError("MOESWARM_PROTOCOL_MALFORMED", message, { details: { offset } });
+  throw new ProtocolError(message, { details: { offset } });
 }
 
 /**

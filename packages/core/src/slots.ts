@@ -36,7 +36,6 @@ export function sumSlots(
     out.length !== n * embd
   ) {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
       `sumSlots: lengths y=${y.length}, w=${w.length}, ids=${ids.length}, out=${out.length} do not fit n=${n}, k=${k}, embd=${embd}`,
     );
   }
@@ -77,7 +76,6 @@ export function compactSlots(y: Float32Array, ids: Int32Array, embd: number): Fl
   const filled = filledSlots(ids);
   if (y.length !== ids.length * embd) {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
       `compactSlots: y has ${y.length} values, ${ids.length} slots of ${embd} need ${ids.length * embd}`,
     );
   }
@@ -100,7 +98,6 @@ export function expandSlots(rows: Float32Array, ids: Int32Array, embd: number): 
   const filled = filledSlots(ids);
   if (rows.length !== filled * embd) {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
       `expandSlots: ${rows.length} values, ${filled} filled slots of ${embd} need ${filled * embd}`,
     );
   }

@@ -45,7 +45,6 @@ export function isDtype(value: unknown): value is Dtype {
 function checkDtype(dtype: unknown): asserts dtype is Dtype {
   if (!isDtype(dtype)) {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
       `unknown dtype ${JSON.stringify(dtype)}; expected one of ${DTYPES.join(", ")}`,
     );
   }
@@ -60,22 +59,18 @@ export function dtypeSize(dtype: Dtype): number {
 /** Number of elements of a shape (1 for a scalar `[]`); rejects negative, fractional or unsafe dims. */
 export function shapeSize(shape: readonly number[]): number {
   if (!Array.isArray(shape)) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "a shape must be an array of integers");
+    throw new InvalidArgumentError("a shape must be an array of integers");
   }
   let n = 1;
   for (const d of shape) {
     if (!Number.isSafeInteger(d) || d < 0) {
       throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
         `shape [${shape.join(", ")}]: dimension ${String(d)} is not a non-negative integer`,
       );
     }
     n *= d;
     if (!Number.isSafeInteger(n)) {
-      throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
-        `shape [${shape.join(", ")}] has more than 2^53 elements`,
-      );
+      throw new InvalidArgumentError(`shape [${shape.join(", ")}] has more than 2^53 elements`);
     }
   }
   return n;
@@ -85,7 +80,7 @@ export function shapeSize(shape: readonly number[]): number {
 export function tensorByteSize(dtype: Dtype, shape: readonly number[]): number {
   const bytes = shapeSize(shape) * dtypeSize(dtype);
   if (!Number.isSafeInteger(bytes)) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "tensor byte size exceeds 2^53");
+    throw new InvalidArgumentError("tensor byte size exceeds 2^53");
   }
   return bytes;
 }
@@ -106,21 +101,16 @@ export function tensor<D extends Dtype>(
     // a zero tensor is an explicit request, but keep it inside what a typed array can hold
     if (n * SIZES[dtype] > 2 ** 32) {
       throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
         `shape [${shape.join(", ")}] is too large to allocate (${n * SIZES[dtype]} bytes)`,
       );
     }
     return Object.freeze({ dtype, shape: Object.freeze([...shape]), data: new ctor(n) });
   }
   if (!(data instanceof ctor)) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `dtype ${dtype} needs a ${ctor.name}, got ${describe(data)}`,
-    );
+    throw new InvalidArgumentError(`dtype ${dtype} needs a ${ctor.name}, got ${describe(data)}`);
   }
   if (data.length !== n) {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
       `shape [${shape.join(", ")}] has ${n} elements but the ${ctor.name} holds ${data.length}`,
     );
   }
@@ -151,7 +141,6 @@ export function typedArrayFromBytes<D extends Dtype>(
   const size = SIZES[dtype];
   if (!(bytes instanceof Uint8Array) || bytes.byteLength % size !== 0) {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
       `${dtype} data must be a Uint8Array whose length is a multiple of ${size}`,
     );
   }

@@ -1,6 +1,7 @@
 import { afterEach, describe, expect, it, vi } from "vitest";
 import {
   AbortError,
+  abortable,
   InvalidArgumentError,
   isMoeswarmError,
   linkedSignal,
@@ -132,5 +133,43 @@ describe("default error codes", () => {
   it("still takes an explicit code, and refuses another area's code", () => {
     expect(new InvalidArgumentError("MOESWARM_INVALID_RANGE", "bad").code).toBe("MOESWARM_INVALID_RANGE");
     expect(() => new InvalidArgumentError("MOESWARM_HUB_CONFLICT" as never, "x")).toThrow(TypeError);
+  });
+});
+
+describe("abortable", () => {
+  it("settles as the promise does when the signal stays quiet, and removes its listener", async () => {
+    const controller = new AbortController();
+    const remove = vi.spyOn(controller.signal, "removeEventListener");
+    await expect(abortable(Promise.resolve(7), controller.signal)).resolves.toBe(7);
+    const why = new Error("no");
+    await expect(abortable(Promise.reject(why), controller.signal)).rejects.toBe(why);
+    expect(remove).toHaveBeenCalledTimes(2);
+    await expect(abortable(Promise.resolve(8), undefined)).resolves.toBe(8);
+  });
+
+  it("rejects at once when the signal is already aborted, and the promise's rejection is handled", async () => {
+    const reason = new Error("stop");
+    const unhandled: unknown[] = [];
+    const onUnhandled = (e: unknown) => unhandled.push(e);
+    process.on("unhandledRejection", onUnhandled);
+    try {
+      const late = new Promise<number>((_, reject) => setTimeout(() => reject(new Error("late")), 1));
+      await expect(abortable(late, AbortSignal.abort(reason))).rejects.toBe(reason);
+      await new Promise((r) => setTimeout(r, 20));
+    } finally {
+      process.off("unhandledRejection", onUnhandled);
+    }
+    expect(unhandled).toEqual([]);
+  });
+
+  it("rejects mid-way with the signal's reason and leaves no listener behind", async () => {
+    const controller = new AbortController();
+    const remove = vi.spyOn(controller.signal, "removeEventListener");
+    const p = abortable(new Promise<never>(() => {}), controller.signal);
+    controller.abort("why");
+    const error = await p.catch((e: unknown) => e);
+    expect(isMoeswarmError(error, "MOESWARM_ABORTED")).toBe(true);
+    expect((error as Error).cause).toBe("why");
+    expect(remove).toHaveBeenCalledTimes(1);
   });
 });

@@ -52,10 +52,7 @@ export function normalizeActivation(spec: ActivationSpec | undefined): ExpertAct
         return spec;
     }
   }
-  throw new InvalidArgumentError(
-    "MOESWARM_INVALID_ARGUMENT",
-    `invalid expert activation ${JSON.stringify(spec)}`,
-  );
+  throw new InvalidArgumentError(`invalid expert activation ${JSON.stringify(spec)}`);
 }
 
 const SQRT_2_OVER_PI = Math.sqrt(2 / Math.PI);
@@ -93,22 +90,21 @@ export function activate(act: ExpertActivation, gate: number | undefined, up: nu
     case "relu_sqr": {
       if (gate !== undefined) {
         // llama.cpp aborts on gated squared relu (llama-graph.cpp:2239)
-        throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "relu_sqr takes no gate tensor");
+        throw new InvalidArgumentError("relu_sqr takes no gate tensor");
       }
       const r = Math.max(up, 0);
       return r * r;
     }
     case "swiglu_oai": {
       if (gate === undefined) {
-        throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "swiglu_oai needs a gate tensor");
+        throw new InvalidArgumentError("swiglu_oai needs a gate tensor");
       }
       const x = Math.min(gate, act.limit);
       const y = Math.min(Math.max(up, -act.limit), act.limit);
       return (x / (1 + Math.exp(-act.alpha * x))) * (y + 1);
     }
     case "situ": {
-      if (gate === undefined)
-        throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "situ needs a gate tensor");
+      if (gate === undefined) throw new InvalidArgumentError("situ needs a gate tensor");
       const a = act.beta * Math.tanh(gate / act.beta) * sigmoid(gate);
       const u = act.linearBeta > 0 ? act.linearBeta * Math.tanh(up / act.linearBeta) : up;
       return a * u;

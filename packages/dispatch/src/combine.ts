@@ -84,10 +84,7 @@ export function combineEach(
 ): Float32Array {
   const { n, k, embd, ids } = shape;
   if (y.length !== n * k * embd || weights.length !== n * k || (ids !== undefined && ids.length !== n * k)) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      "combineEach: y, weights and ids disagree with n, k, embd",
-    );
+    throw new InvalidArgumentError("combineEach: y, weights and ids disagree with n, k, embd");
   }
   const out = new Float32Array(n * embd);
   const src: (Float32Array | undefined)[] = new Array(n * k);

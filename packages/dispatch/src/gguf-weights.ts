@@ -41,10 +41,6 @@ const FIELDS: Readonly<Record<string, Field>> = {
   "down.bias": "downBias",
 };
 
-function invalid(message: string): InvalidArgumentError {
-  return new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", message);
-}
-
 /**
  * Dequantises the routed experts of a GGUF (a whole model or a moeswarm slice, whose slab i is
  * expert `moeswarm.slice.experts[i]`) into f64 {@link ExpertWeights} for the oracle: for each
@@ -57,7 +53,7 @@ export async function loadExpertWeightsFromGguf(
   options: LoadExpertWeightsOptions = {},
 ): Promise<GgufExpertWeights> {
   const layout = findExpertTensors(header);
-  if (layout.layers.length === 0) throw invalid("the GGUF has no routed-expert tensors");
+  if (layout.layers.length === 0) throw new InvalidArgumentError("the GGUF has no routed-expert tensors");
   const sliceIds = header.metadata.has(SLICE_KEYS.experts)
     ? getNumberArray(header, SLICE_KEYS.experts)
     : undefined;
@@ -70,15 +66,17 @@ export async function loadExpertWeightsFromGguf(
   const store = new Map<string, ExpertMatrices>();
   for (const layer of layers) {
     const l = layout.layers.find((x) => x.layer === layer);
-    if (!l) throw invalid(`layer ${layer} has no routed-expert tensors`);
+    if (!l) throw new InvalidArgumentError(`layer ${layer} has no routed-expert tensors`);
     const down = l.tensors.find((t) => t.projection === "down" && t.suffix === "weight");
-    if (down?.info.shape.length !== 3) throw invalid(`layer ${layer} has no 3-D ffn_down_exps.weight`);
+    if (down?.info.shape.length !== 3)
+      throw new InvalidArgumentError(`layer ${layer} has no 3-D ffn_down_exps.weight`);
     const embd = down.info.shape[1]!;
-    if (nEmbd !== 0 && embd !== nEmbd) throw invalid(`layer ${layer} has n_embd ${embd}, not ${nEmbd}`);
+    if (nEmbd !== 0 && embd !== nEmbd)
+      throw new InvalidArgumentError(`layer ${layer} has n_embd ${embd}, not ${nEmbd}`);
     nEmbd = embd;
     for (const id of experts) {
       const slab = slabOf.get(id);
-      if (slab === undefined) throw invalid(`expert ${id} is not in this GGUF`);
+      if (slab === undefined) throw new InvalidArgumentError(`expert ${id} is not in this GGUF`);
       const m: Record<string, Float64Array | number> = {};
       for (const t of l.tensors) {
         const field = FIELDS[`${t.projection}.${t.suffix}`];
@@ -99,7 +97,7 @@ export async function loadExpertWeightsFromGguf(
     experts: [...experts],
     expert(layer, expert) {
       const m = store.get(`${layer}:${expert}`);
-      if (!m) throw invalid(`expert ${expert} of layer ${layer} was not loaded`);
+      if (!m) throw new InvalidArgumentError(`expert ${expert} of layer ${layer} was not loaded`);
       return m;
     },
   };

@@ -1,4 +1,14 @@
 // Public API of @moeswarm/dispatch.
+
+// The expert contract is core's (one definition for every package); re-exported so dispatch's
+// users need not import core for it.
+export type {
+  ExpertCallOptions,
+  ExpertHandler,
+  ExpertRequest,
+  ExpertResult,
+  ExpertTransport,
+} from "@moeswarm/core";
 export {
   type ActivationSpec,
   activate,
@@ -79,12 +89,5 @@ export {
   type SpotCheckOptions,
   type SpotCheckSnapshot,
 } from "./spot-check.js";
-export type {
-  ExpertCallOptions,
-  ExpertCompute,
-  ExpertRequest,
-  ExpertResult,
-  ExpertTransport,
-} from "./transport.js";
 export { InProcessTransport } from "./transport-inproc.js";
 export { serveExpertThread, type ThreadWorkerSpec, WorkerThreadTransport } from "./transport-threads.js";

@@ -42,7 +42,7 @@ export interface ExpertWeights {
 }
 
 function shapeError(message: string): InvalidArgumentError {
-  return new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", message);
+  return new InvalidArgumentError(message);
 }
 
 /** Validated shape of one expert: the FFN width and which path it takes. */
@@ -150,37 +150,23 @@ export interface ReferenceMoeOptions {
 export function checkRouting(hidden: ArrayLike<number>, routing: Routing, what: string): number {
   const { n, k, ids, weights } = routing ?? ({} as Routing);
   if (!Number.isInteger(n) || n < 0 || !Number.isInteger(k) || k < 1 || k > 256) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `${what}: routing n/k invalid (n ${n}, k ${k})`,
-    );
+    throw new InvalidArgumentError(`${what}: routing n/k invalid (n ${n}, k ${k})`);
   }
   if (!(ids instanceof Int32Array) || ids.length !== n * k) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `${what}: routing.ids must be an Int32Array of n*k`,
-    );
+    throw new InvalidArgumentError(`${what}: routing.ids must be an Int32Array of n*k`);
   }
   if (!(weights instanceof Float32Array) || weights.length !== n * k) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `${what}: routing.weights must be a Float32Array of n*k`,
-    );
+    throw new InvalidArgumentError(`${what}: routing.weights must be a Float32Array of n*k`);
   }
   if (n === 0) {
-    if (hidden.length !== 0)
-      throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", `${what}: n = 0 but hidden is not empty`);
+    if (hidden.length !== 0) throw new InvalidArgumentError(`${what}: n = 0 but hidden is not empty`);
     return 0;
   }
   if (hidden.length === 0 || hidden.length % n !== 0) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `${what}: hidden has ${hidden.length} values, not n (${n}) rows`,
-    );
+    throw new InvalidArgumentError(`${what}: hidden has ${hidden.length} values, not n (${n}) rows`);
   }
   for (let i = 0; i < ids.length; i++) {
-    if (ids[i]! < -1)
-      throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", `${what}: ids[${i}] = ${ids[i]}`);
+    if (ids[i]! < -1) throw new InvalidArgumentError(`${what}: ids[${i}] = ${ids[i]}`);
     if (!Number.isFinite(weights[i]!)) {
       throw new InvalidArgumentError("MOESWARM_NUMERIC", `${what}: weights[${i}] is not finite`);
     }
@@ -202,7 +188,6 @@ export function referenceMoe(
   const nEmbd = checkRouting(x, routing, "referenceMoe");
   if (routing.n > 0 && nEmbd !== experts.nEmbd) {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
       `referenceMoe: hidden rows have ${nEmbd} values, experts expect ${experts.nEmbd}`,
     );
   }

@@ -26,15 +26,11 @@ const MAX_ID = 0x7fff_ffff;
 
 function checkIds(values: readonly number[], what: string, workerId: string): number[] {
   if (!Array.isArray(values)) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `worker ${workerId}: ${what} must be an array`,
-    );
+    throw new InvalidArgumentError(`worker ${workerId}: ${what} must be an array`);
   }
   for (const v of values) {
     if (!Number.isInteger(v) || v < 0 || v > MAX_ID) {
       throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
         `worker ${workerId}: ${what} must be non-negative integers, got ${String(v)}`,
       );
     }
@@ -63,10 +59,7 @@ export class Placement {
 
   constructor(options: PlacementOptions) {
     if (typeof options?.model !== "string") {
-      throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
-        "Placement: options.model must be a string",
-      );
+      throw new InvalidArgumentError("Placement: options.model must be a string");
     }
     this.model = options.model;
   }
@@ -83,10 +76,7 @@ export class Placement {
     const regs = [...registrations];
     const model = options.model ?? regs[0]?.model;
     if (model === undefined) {
-      throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
-        "Placement.fromRegistrations: no registrations and no model given",
-      );
+      throw new InvalidArgumentError("Placement.fromRegistrations: no registrations and no model given");
     }
     const placement = new Placement({ model });
     for (const r of regs) placement.add(r);
@@ -96,14 +86,10 @@ export class Placement {
   #check(registration: WorkerRegistration): { id: string; layers: number[]; experts: number[] } {
     const { id, model } = registration ?? ({} as WorkerRegistration);
     if (typeof id !== "string" || id.length === 0 || Buffer.byteLength(id) > 128) {
-      throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
-        "worker id must be a string of 1..128 bytes",
-      );
+      throw new InvalidArgumentError("worker id must be a string of 1..128 bytes");
     }
     if (model !== this.model) {
       throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
         `worker ${id} registered model ${JSON.stringify(model)}, this placement is for ${JSON.stringify(this.model)}`,
       );
     }
@@ -204,10 +190,7 @@ export class Placement {
    */
   validate(options: { layers: Iterable<number>; nExpert: number }): void {
     if (!Number.isInteger(options?.nExpert) || options.nExpert < 1) {
-      throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
-        "validate: nExpert must be a positive integer",
-      );
+      throw new InvalidArgumentError("validate: nExpert must be a positive integer");
     }
     const missing = this.missing(options);
     if (missing.length === 0) return;

@@ -1,3 +1,4 @@
+import type { ExpertHandler, ExpertRequest, ExpertResult } from "@moeswarm/core";
 import { InvalidArgumentError, throwIfAborted } from "@moeswarm/core";
 import { type ActivationSpec, normalizeActivation } from "./activation.js";
 import {
@@ -7,7 +8,6 @@ import {
   expertForwardF64,
   expertShape,
 } from "./oracle.js";
-import type { ExpertCompute, ExpertRequest, ExpertResult } from "./transport.js";
 
 export interface ReferenceWorkerOptions {
   /** Default "silu". */
@@ -17,7 +17,7 @@ export interface ReferenceWorkerOptions {
 }
 
 function bad(message: string): InvalidArgumentError {
-  return new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", `reference worker: ${message}`);
+  return new InvalidArgumentError(`reference worker: ${message}`);
 }
 
 /** Checks a request's sizes the way a worker must before touching its tensors. */
@@ -48,7 +48,7 @@ export function validateExpertRequest(request: ExpertRequest, nEmbd?: number): v
 export function createReferenceWorker(
   experts: ExpertWeights,
   options: ReferenceWorkerOptions = {},
-): ExpertCompute {
+): ExpertHandler {
   const act = normalizeActivation(options.activation);
   const cache = new Map<string, { m: ExpertMatrices; shape: ExpertShape }>();
   const get = (layer: number, id: number) => {

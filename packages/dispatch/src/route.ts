@@ -190,16 +190,12 @@ function logitsFromHidden(
 ): Float32Array {
   if (gateWeights.length % nExpert !== 0 || gateWeights.length === 0) {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
       `gateWeights has ${gateWeights.length} values, not a multiple of nExpert (${nExpert})`,
     );
   }
   const nEmbd = gateWeights.length / nExpert;
   if (hidden.length % nEmbd !== 0) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `hidden has ${hidden.length} values, not a multiple of n_embd (${nEmbd})`,
-    );
+    throw new InvalidArgumentError(`hidden has ${hidden.length} values, not a multiple of n_embd (${nEmbd})`);
   }
   const n = hidden.length / nEmbd;
   const logits = new Float32Array(n * nExpert);
@@ -215,6 +211,71 @@ function logitsFromHidden(
   return logits;
 }
 
+/** The router's logits (given, or computed from hidden states), checked: n whole rows, all finite. */
+function routerLogits(input: RouterInput, nExpert: number): ArrayLike<number> {
+  let logits: ArrayLike<number>;
+  if (input instanceof Float32Array) {
+    logits = input;
+  } else if (typeof input === "object" && input !== null && "hidden" in input && "gateWeights" in input) {
+    logits = logitsFromHidden(input.hidden, input.gateWeights, nExpert);
+  } else {
+    throw new InvalidArgumentError(
+      "route: input must be a Float32Array of logits or { hidden, gateWeights }",
+    );
+  }
+  if (logits.length % nExpert !== 0) {
+    throw new InvalidArgumentError(
+      `route: ${logits.length} logits is not a multiple of nExpert (${nExpert})`,
+    );
+  }
+  for (let i = 0; i < logits.length; i++) {
+    if (!Number.isFinite(logits[i])) {
+      throw new InvalidArgumentError(
+        "MOESWARM_NUMERIC",
+        `route: logit ${i % nExpert} of token ${Math.floor(i / nExpert)} is not finite`,
+        { details: { token: Math.floor(i / nExpert), expert: i % nExpert } },
+      );
+    }
+  }
+  return logits;
+}
+
+/** `options.selected`: n*k expert ids, each in range. */
+function checkSelected(selected: Int32Array, n: number, k: number, nExpert: number): void {
+  if (!(selected instanceof Int32Array) || selected.length !== n * k) {
+    throw new InvalidArgumentError(`route: selected must be an Int32Array of n*k = ${n * k} ids`);
+  }
+  for (let i = 0; i < selected.length; i++) {
+    const id = selected[i]!;
+    if (id < 0 || id >= nExpert) {
+      throw new InvalidArgumentError(`route: selected[${i}] = ${id} out of range`);
+    }
+  }
+}
+
+/** The gating function over one token's (biased) logits, into `probs`, in f32 as ggml-cpu computes it. */
+function gate(
+  gating: RoutingConfig["gating"],
+  row: Float32Array,
+  probs: Float32Array,
+  nExpert: number,
+): void {
+  switch (gating) {
+    case "softmax":
+      softmaxRowF32(row, 0, nExpert, probs, 0);
+      break;
+    case "sigmoid":
+      for (let e = 0; e < nExpert; e++) probs[e] = sigmoidF32(row[e]!);
+      break;
+    case "softmax_weight":
+      probs.set(row);
+      break;
+    case "sqrt_softplus":
+      for (let e = 0; e < nExpert; e++) probs[e] = sqrtF32(softplusF32(row[e]!));
+      break;
+  }
+}
+
 /**
  * Routes n tokens exactly as llama.cpp's `build_moe_ffn` (src/llama-graph.cpp:1938-2096):
  * gating, selection bias, expert groups, top-k, weights from the unbiased probabilities,
@@ -227,51 +288,10 @@ function logitsFromHidden(
 export function route(input: RouterInput, config: RoutingConfig, options: RouteOptions = {}): Routing {
   validateRoutingConfig(config);
   const { nExpert, nExpertUsed: k } = config;
-  let logits: ArrayLike<number>;
-  if (input instanceof Float32Array) {
-    logits = input;
-  } else if (typeof input === "object" && input !== null && "hidden" in input && "gateWeights" in input) {
-    logits = logitsFromHidden(input.hidden, input.gateWeights, nExpert);
-  } else {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      "route: input must be a Float32Array of logits or { hidden, gateWeights }",
-    );
-  }
-  if (logits.length % nExpert !== 0) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `route: ${logits.length} logits is not a multiple of nExpert (${nExpert})`,
-    );
-  }
+  const logits = routerLogits(input, nExpert);
   const n = logits.length / nExpert;
-  for (let i = 0; i < logits.length; i++) {
-    if (!Number.isFinite(logits[i])) {
-      throw new InvalidArgumentError(
-        "MOESWARM_NUMERIC",
-        `route: logit ${i % nExpert} of token ${Math.floor(i / nExpert)} is not finite`,
-        { details: { token: Math.floor(i / nExpert), expert: i % nExpert } },
-      );
-    }
-  }
   const selected = options.selected;
-  if (selected !== undefined) {
-    if (!(selected instanceof Int32Array) || selected.length !== n * k) {
-      throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
-        `route: selected must be an Int32Array of n*k = ${n * k} ids`,
-      );
-    }
-    for (let i = 0; i < selected.length; i++) {
-      const id = selected[i]!;
-      if (id < 0 || id >= nExpert) {
-        throw new InvalidArgumentError(
-          "MOESWARM_INVALID_ARGUMENT",
-          `route: selected[${i}] = ${id} out of range`,
-        );
-      }
-    }
-  }
+  if (selected !== undefined) checkSelected(selected, n, k, nExpert);
 
   const selectOn = config.selectOn ?? "probs";
   const groups = (config.nExpertGroups ?? 0) > 1 ? config.nExpertGroups! : 0;
@@ -298,20 +318,7 @@ export function route(input: RouterInput, config: RoutingConfig, options: RouteO
     for (let e = 0; e < nExpert; e++) {
       row[e] = logitBias ? Math.fround(logits[lo + e]! + logitBias[e]!) : logits[lo + e]!;
     }
-    switch (config.gating) {
-      case "softmax":
-        softmaxRowF32(row, 0, nExpert, probs, 0);
-        break;
-      case "sigmoid":
-        for (let e = 0; e < nExpert; e++) probs[e] = sigmoidF32(row[e]!);
-        break;
-      case "softmax_weight":
-        probs.set(row);
-        break;
-      case "sqrt_softplus":
-        for (let e = 0; e < nExpert; e++) probs[e] = sqrtF32(softplusF32(row[e]!));
-        break;
-    }
+    gate(config.gating, row, probs, nExpert);
     const io = t * k;
     if (selected) {
       for (let j = 0; j < k; j++) ids[io + j] = selected[io + j]!;

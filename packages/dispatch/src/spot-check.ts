@@ -1,6 +1,6 @@
 import { getRandomValues } from "node:crypto";
-import { cosine, InvalidArgumentError } from "@moeswarm/core";
-import type { ExpertCompute } from "./transport.js";
+import type { ExpertHandler } from "@moeswarm/core";
+import { cosine, InvalidArgumentError, mulberry32 } from "@moeswarm/core";
 
 /**
  * Default lowest cosine per slot (mode "each") or token row ("sum") between a worker's answer and
@@ -44,7 +44,7 @@ export interface SpotCheckOptions {
    * Where the sampled answers are re-computed: a local compute (e.g. the backbone's own weights).
    * Without it, another owner of all the part's experts is asked through the same transport.
    */
-  readonly reference?: ExpertCompute;
+  readonly reference?: ExpertHandler;
   /** Seed of the sampling PRNG, a uint32 (default: random, from node:crypto). */
   readonly seed?: number;
   /** Disagreements that quarantine a worker (default 1). */
@@ -78,10 +78,6 @@ export interface PartComparison {
   readonly reason: string | undefined;
 }
 
-function invalid(message: string): InvalidArgumentError {
-  return new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", `SpotCheck: ${message}`);
-}
-
 function inUnit(v: unknown): v is number {
   return typeof v === "number" && v >= 0 && v <= 1;
 }
@@ -98,11 +94,12 @@ export class SpotCheck {
   readonly fraction: number;
   readonly minCosine: number;
   readonly normTolerance: number;
-  readonly reference: ExpertCompute | undefined;
+  readonly reference: ExpertHandler | undefined;
   readonly strikes: number;
   readonly quarantineMs: number | undefined;
   readonly #onQuarantine: ((event: QuarantineEvent) => void) | undefined;
-  #state: number;
+  /** Draws in [0, 1): mulberry32, so a seed replays the same samples. */
+  readonly #random: () => number;
   /** Worker -> when its quarantine ends (performance.now() ms; Infinity: until released). */
   readonly #quarantine = new Map<string, number>();
   readonly #strikes = new Map<string, number>();
@@ -116,29 +113,35 @@ export class SpotCheck {
   };
 
   constructor(options: SpotCheckOptions) {
-    if (typeof options !== "object" || options === null) throw invalid("options are required");
+    if (typeof options !== "object" || options === null)
+      throw new InvalidArgumentError("SpotCheck: options are required");
     const { fraction, minCosine, normTolerance, reference, seed, strikes, quarantineMs, onQuarantine } =
       options;
-    if (!inUnit(fraction)) throw invalid(`fraction must be in [0, 1], got ${String(fraction)}`);
+    if (!inUnit(fraction))
+      throw new InvalidArgumentError(`SpotCheck: fraction must be in [0, 1], got ${String(fraction)}`);
     if (minCosine !== undefined && !(inUnit(minCosine) && minCosine > 0)) {
-      throw invalid(`minCosine must be in (0, 1], got ${String(minCosine)}`);
+      throw new InvalidArgumentError(`SpotCheck: minCosine must be in (0, 1], got ${String(minCosine)}`);
     }
     if (normTolerance !== undefined && !inUnit(normTolerance)) {
-      throw invalid(`normTolerance must be in [0, 1], got ${String(normTolerance)}`);
+      throw new InvalidArgumentError(
+        `SpotCheck: normTolerance must be in [0, 1], got ${String(normTolerance)}`,
+      );
     }
     if (reference !== undefined && typeof reference !== "function")
-      throw invalid("reference must be a function");
+      throw new InvalidArgumentError("SpotCheck: reference must be a function");
     if (seed !== undefined && !(Number.isInteger(seed) && seed >= 0 && seed <= 0xffff_ffff)) {
-      throw invalid(`seed must be an integer in [0, 2^32), got ${String(seed)}`);
+      throw new InvalidArgumentError(`SpotCheck: seed must be an integer in [0, 2^32), got ${String(seed)}`);
     }
     if (strikes !== undefined && !(Number.isInteger(strikes) && strikes >= 1 && strikes <= 1_000_000)) {
-      throw invalid(`strikes must be an integer >= 1, got ${String(strikes)}`);
+      throw new InvalidArgumentError(`SpotCheck: strikes must be an integer >= 1, got ${String(strikes)}`);
     }
     if (quarantineMs !== undefined && !(Number.isFinite(quarantineMs) && quarantineMs > 0)) {
-      throw invalid(`quarantineMs must be a positive finite number, got ${String(quarantineMs)}`);
+      throw new InvalidArgumentError(
+        `SpotCheck: quarantineMs must be a positive finite number, got ${String(quarantineMs)}`,
+      );
     }
     if (onQuarantine !== undefined && typeof onQuarantine !== "function") {
-      throw invalid("onQuarantine must be a function");
+      throw new InvalidArgumentError("SpotCheck: onQuarantine must be a function");
     }
     this.fraction = fraction;
     this.minCosine = minCosine ?? DEFAULT_MIN_COSINE;
@@ -147,17 +150,12 @@ export class SpotCheck {
     this.strikes = strikes ?? 1;
     this.quarantineMs = quarantineMs;
     this.#onQuarantine = onQuarantine;
-    this.#state = seed ?? getRandomValues(new Uint32Array(1))[0]!;
+    this.#random = mulberry32(seed ?? getRandomValues(new Uint32Array(1))[0]!);
   }
 
   /** @internal draws whether the next part is checked (mulberry32: deterministic for a seed). */
   sample(): boolean {
-    this.#state = (this.#state + 0x6d2b79f5) >>> 0;
-    let t = this.#state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    const u = ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-    const hit = u < this.fraction;
+    const hit = this.#random() < this.fraction;
     if (hit) this.#counts.sampled++;
     return hit;
   }

@@ -1,11 +1,11 @@
-import { abortReason, InvalidArgumentError, TransportError } from "@moeswarm/core";
 import type {
   ExpertCallOptions,
-  ExpertCompute,
+  ExpertHandler,
   ExpertRequest,
   ExpertResult,
   ExpertTransport,
-} from "./transport.js";
+} from "@moeswarm/core";
+import { abortable, abortReason, InvalidArgumentError, TransportError } from "@moeswarm/core";
 
 /**
  * Workers as functions in this process: `request(owner, ...)` calls the owner's compute. Nothing
@@ -13,23 +13,20 @@ import type {
  * aborts, even if the compute keeps running.
  */
 export class InProcessTransport implements ExpertTransport {
-  readonly #workers = new Map<string, ExpertCompute>();
+  readonly #workers = new Map<string, ExpertHandler>();
 
-  constructor(workers: Record<string, ExpertCompute> | Iterable<readonly [string, ExpertCompute]> = {}) {
+  constructor(workers: Record<string, ExpertHandler> | Iterable<readonly [string, ExpertHandler]> = {}) {
     const entries =
       Symbol.iterator in Object(workers)
-        ? (workers as Iterable<readonly [string, ExpertCompute]>)
-        : Object.entries(workers as Record<string, ExpertCompute>);
+        ? (workers as Iterable<readonly [string, ExpertHandler]>)
+        : Object.entries(workers as Record<string, ExpertHandler>);
     for (const [id, compute] of entries) this.set(id, compute);
   }
 
   /** Adds or replaces a worker. */
-  set(id: string, compute: ExpertCompute): this {
+  set(id: string, compute: ExpertHandler): this {
     if (typeof compute !== "function") {
-      throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
-        `InProcessTransport: worker ${id} is not a function`,
-      );
+      throw new InvalidArgumentError(`InProcessTransport: worker ${id} is not a function`);
     }
     this.#workers.set(id, compute);
     return this;
@@ -58,26 +55,13 @@ export class InProcessTransport implements ExpertTransport {
         ),
       );
     }
-    return new Promise<ExpertResult>((resolve, reject) => {
-      const onAbort = () => reject(abortReason(signal));
-      signal.addEventListener("abort", onAbort, { once: true });
-      const done = () => signal.removeEventListener("abort", onAbort);
-      let pending: Promise<ExpertResult>;
-      try {
-        pending = Promise.resolve(compute(request, { signal }));
-      } catch (error) {
-        pending = Promise.reject(error);
-      }
-      pending.then(
-        (r) => {
-          done();
-          resolve(r);
-        },
-        (e: unknown) => {
-          done();
-          reject(e);
-        },
-      );
-    });
+    let pending: Promise<ExpertResult>;
+    try {
+      pending = Promise.resolve(compute(request, { signal }));
+    } catch (error) {
+      pending = Promise.reject(error);
+    }
+    // settles at the abort even if the compute keeps running
+    return abortable(pending, signal);
   }
 }

@@ -1,18 +1,19 @@
 import { parentPort, Worker } from "node:worker_threads";
+import type {
+  ExpertCallOptions,
+  ExpertHandler,
+  ExpertRequest,
+  ExpertResult,
+  ExpertTransport,
+} from "@moeswarm/core";
 import {
   abortReason,
   DispatchError,
   InvalidArgumentError,
   isMoeswarmError,
+  onAbort,
   TransportError,
 } from "@moeswarm/core";
-import type {
-  ExpertCallOptions,
-  ExpertCompute,
-  ExpertRequest,
-  ExpertResult,
-  ExpertTransport,
-} from "./transport.js";
 
 // Messages between the transport and its threads. Tensors travel as transferred ArrayBuffers.
 type ToThread = { t: "req"; id: number; req: ExpertRequest } | { t: "cancel"; id: number };
@@ -61,7 +62,7 @@ class ThreadPeer {
     if (msg.t === "res") p.resolve(msg.res);
     else {
       p.reject(
-        new DispatchError("MOESWARM_DISPATCH_FAILED", `worker thread ${this.id}: ${msg.message}`, {
+        new DispatchError(`worker thread ${this.id}: ${msg.message}`, {
           details: { worker: this.id, remoteCode: msg.code },
         }),
       );
@@ -121,10 +122,7 @@ export class WorkerThreadTransport implements ExpertTransport, AsyncDisposable {
 
   constructor(workers: Record<string, string | URL | ThreadWorkerSpec>) {
     if (typeof workers !== "object" || workers === null) {
-      throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
-        "WorkerThreadTransport: workers must be an object",
-      );
+      throw new InvalidArgumentError("WorkerThreadTransport: workers must be an object");
     }
     for (const [id, spec] of Object.entries(workers)) {
       const s: ThreadWorkerSpec = typeof spec === "string" || spec instanceof URL ? { script: spec } : spec;
@@ -149,12 +147,11 @@ export class WorkerThreadTransport implements ExpertTransport, AsyncDisposable {
     const id = this.#nextId;
     this.#nextId = (this.#nextId % 0xffff_fffe) + 1;
     return new Promise<ExpertResult>((resolve, reject) => {
-      const onAbort = () => {
+      const aborted = onAbort(signal, (reason) => {
         peer.cancel(id);
-        reject(abortReason(signal));
-      };
-      signal.addEventListener("abort", onAbort, { once: true });
-      const cleanup = () => signal.removeEventListener("abort", onAbort);
+        reject(reason);
+      });
+      const cleanup = () => aborted[Symbol.dispose]();
       try {
         peer.send(id, request, {
           resolve: (r) => {
@@ -190,13 +187,10 @@ export class WorkerThreadTransport implements ExpertTransport, AsyncDisposable {
  * Runs inside a worker thread started by {@link WorkerThreadTransport}: answers each request
  * with `compute`, transferring the result tensor back. Throws when not in a worker thread.
  */
-export function serveExpertThread(compute: ExpertCompute): void {
+export function serveExpertThread(compute: ExpertHandler): void {
   const port = parentPort;
   if (!port) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      "serveExpertThread must run inside a worker thread",
-    );
+    throw new InvalidArgumentError("serveExpertThread must run inside a worker thread");
   }
   const running = new Map<number, AbortController>();
   port.on("message", (msg: ToThread) => {

@@ -1,5 +1,6 @@
 import { getEventListeners } from "node:events";
 import { DispatchError, InvalidArgumentError, isMoeswarmError } from "@moeswarm/core";
+import { expectNoUnhandledRejections } from "@moeswarm/testkit";
 import { describe, expect, it } from "vitest";
 import {
   createReferenceWorker,
@@ -7,12 +8,12 @@ import {
   type DispatchOptions,
   dispatchExperts,
   dispatchExpertsDetailed,
-  type ExpertCompute,
+  type ExpertHandler,
   type ExpertRequest,
   InProcessTransport,
   Placement,
 } from "../src/index.js";
-import { expectNoUnhandledRejections, randomHidden, randomRouting, sameBits, tinyModel } from "./helpers.js";
+import { randomHidden, randomRouting, sameBits, tinyModel } from "./helpers.js";
 
 // Every failure path must end in the right numbers (bit-identical to a healthy run) or a typed
 // error; never a partial sum, never an unhandled rejection.
@@ -29,19 +30,19 @@ const HIGH = USED.filter((e) => e >= 2);
 const HIGH_RANGE = HIGH.length === 2 ? "2:4" : `${HIGH[0]}:${HIGH[0]! + 1}`;
 const DEADLINE = 40;
 
-const never: ExpertCompute = () => new Promise(() => {});
-const throws: ExpertCompute = () => {
+const never: ExpertHandler = () => new Promise(() => {});
+const throws: ExpertHandler = () => {
   throw new Error("boom");
 };
-const rejects: ExpertCompute = async () => {
+const rejects: ExpertHandler = async () => {
   throw new Error("async boom");
 };
-const shortY: ExpertCompute = async (req, o) => {
+const shortY: ExpertHandler = async (req, o) => {
   const r = await good(req, o);
   return { ...r, y: r.y.subarray(1) };
 };
 /** NaN in a value the combine reads (the first owned slot); NaN in an empty slot is never read. */
-const nanY: ExpertCompute = async (req, o) => {
+const nanY: ExpertHandler = async (req, o) => {
   const r = await good(req, o);
   const y = Float32Array.from(r.y);
   const slot = req.mode === "each" ? req.ids.findIndex((id) => id >= 0) : 0;
@@ -49,7 +50,7 @@ const nanY: ExpertCompute = async (req, o) => {
   return { ...r, y };
 };
 /** NaN only in empty slots: harmless, the combine never reads them. */
-const nanInEmptySlots: ExpertCompute = async (req, o) => {
+const nanInEmptySlots: ExpertHandler = async (req, o) => {
   const r = await good(req, o);
   const y = Float32Array.from(r.y);
   req.ids.forEach((id, s) => {
@@ -57,25 +58,25 @@ const nanInEmptySlots: ExpertCompute = async (req, o) => {
   });
   return { ...r, y };
 };
-const f64Y: ExpertCompute = async (req, o) => {
+const f64Y: ExpertHandler = async (req, o) => {
   const r = await good(req, o);
   return { ...r, y: Float64Array.from(r.y) };
 };
-const wrongMode: ExpertCompute = async (req, o) => ({
+const wrongMode: ExpertHandler = async (req, o) => ({
   ...(await good(req, o)),
   mode: req.mode === "each" ? "sum" : "each",
 });
 /** Answers after the deadline with plausible but wrong numbers. */
-const late: ExpertCompute = async (req, o) => {
+const late: ExpertHandler = async (req, o) => {
   const r = await good(req, o);
   await new Promise((resolve) => setTimeout(resolve, DEADLINE * 2));
   return { ...r, y: (r.y as Float32Array).map((v) => v + 1) };
 };
-const lateReject: ExpertCompute = () =>
+const lateReject: ExpertHandler = () =>
   new Promise((_, reject) => setTimeout(() => reject(new Error("late no")), DEADLINE * 2));
 
 function swarmOf(
-  workers: [string, number[], ExpertCompute][],
+  workers: [string, number[], ExpertHandler][],
 ): Pick<DispatchOptions, "placement" | "transport"> {
   const placement = Placement.fromRegistrations(
     workers.map(([id, experts]) => ({ id, model: "tiny", layers: [0], experts })),
@@ -99,7 +100,7 @@ async function errorOf(p: Promise<unknown>): Promise<DispatchError> {
 }
 
 describe("failover to a replica", () => {
-  const bads: [string, ExpertCompute][] = [
+  const bads: [string, ExpertHandler][] = [
     ["never answers", never],
     ["throws", throws],
     ["rejects", rejects],
@@ -187,7 +188,7 @@ describe("fallback and typed errors", () => {
         ["bad", ALL, never],
         ["bad2", ALL, nanY],
       ],
-    ] as [string, number[], ExpertCompute][][]) {
+    ] as [string, number[], ExpertHandler][][]) {
       const r = await dispatchExpertsDetailed(hidden, routing, {
         layer: 0,
         ...swarmOf(workers),
@@ -202,7 +203,7 @@ describe("fallback and typed errors", () => {
   it("serves experts nobody owns from the fallback, or fails before sending anything", async () => {
     const want = await healthy();
     let calls = 0;
-    const counting: ExpertCompute = (req, o) => {
+    const counting: ExpertHandler = (req, o) => {
       calls++;
       return good(req, o);
     };
@@ -217,7 +218,7 @@ describe("fallback and typed errors", () => {
   });
 
   it("names the layer, experts and worker, with the code of what went wrong", async () => {
-    const cases: [ExpertCompute, string][] = [
+    const cases: [ExpertHandler, string][] = [
       [never, "MOESWARM_WORKER_TIMEOUT"],
       [throws, "MOESWARM_DISPATCH_FAILED"],
       [shortY, "MOESWARM_DISPATCH_BAD_RESULT"],
@@ -279,13 +280,13 @@ describe("concurrency, abort and cleanup", () => {
     const barrier = new Promise<void>((r) => {
       release = r;
     });
-    const waitAll: ExpertCompute = async (req, o) => {
+    const waitAll: ExpertHandler = async (req, o) => {
       arrived++;
       if (arrived === USED.length) release();
       await barrier; // deadlocks if the dispatcher awaited each worker in turn
       return good(req, o);
     };
-    const s = swarmOf(ALL.map((e) => [`w${e}`, [e], waitAll] as [string, number[], ExpertCompute]));
+    const s = swarmOf(ALL.map((e) => [`w${e}`, [e], waitAll] as [string, number[], ExpertHandler]));
     const r = await dispatchExpertsDetailed(hidden, routing, { layer: 0, ...s, deadlineMs: 5000 });
     expect(sameBits(r.output, await healthy())).toBe(true);
     expect(r.metrics.requests).toBe(USED.length);
@@ -293,7 +294,7 @@ describe("concurrency, abort and cleanup", () => {
 
   it("rejects with the signal's reason when already aborted, sending nothing", async () => {
     let calls = 0;
-    const count: ExpertCompute = () => {
+    const count: ExpertHandler = () => {
       calls++;
       return new Promise(() => {});
     };
@@ -307,7 +308,7 @@ describe("concurrency, abort and cleanup", () => {
 
   it("aborting mid-way rejects at once, aborts the workers' signals and removes its listeners", async () => {
     const seen: AbortSignal[] = [];
-    const hang: ExpertCompute = (_req: ExpertRequest, { signal }) => {
+    const hang: ExpertHandler = (_req: ExpertRequest, { signal }) => {
       seen.push(signal);
       return new Promise(() => {});
     };

@@ -1,4 +1,5 @@
 import { InvalidArgumentError, isMoeswarmError } from "@moeswarm/core";
+import { expectNoUnhandledRejections } from "@moeswarm/testkit";
 import { describe, expect, it } from "vitest";
 import {
   createReferenceWorker,
@@ -8,7 +9,7 @@ import {
   type ExpertTransport,
   Placement,
 } from "../src/index.js";
-import { expectNoUnhandledRejections, randomHidden, randomRouting, sameBits, tinyModel } from "./helpers.js";
+import { randomHidden, randomRouting, sameBits, tinyModel } from "./helpers.js";
 
 // Hedged requests: a slow worker's experts are asked again of a replica after `hedgeMs`; the first
 // good answer is combined, the other request is cancelled, and nothing rejects unobserved.

@@ -1,6 +1,6 @@
-import { afterAll, beforeAll, expect } from "vitest";
+import { rng } from "@moeswarm/testkit";
 import {
-  type ExpertCompute,
+  type ExpertHandler,
   type ExpertMatrices,
   type ExpertWeights,
   InProcessTransport,
@@ -9,17 +9,8 @@ import {
   type WorkerRegistration,
 } from "../src/index.js";
 
-/** Deterministic PRNG (mulberry32) so a failing case replays from its seed. */
-export function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+// Deterministic PRNG (mulberry32) so a failing case replays from its seed.
+export { rng } from "@moeswarm/testkit";
 
 export interface TinyModel extends ExpertWeights {
   readonly nExpert: number;
@@ -116,7 +107,7 @@ export function randomRegistrations(
 
 export function swarm(
   regs: WorkerRegistration[],
-  computeFor: (reg: WorkerRegistration) => ExpertCompute,
+  computeFor: (reg: WorkerRegistration) => ExpertHandler,
 ): { placement: Placement; transport: InProcessTransport } {
   const placement = Placement.fromRegistrations(regs);
   const transport = new InProcessTransport(regs.map((r) => [r.id, computeFor(r)] as const));
@@ -137,21 +128,4 @@ export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
   let m = 0;
   for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]! - b[i]!));
   return m;
-}
-
-/**
- * Fails the file if any promise rejected unobserved during it: every failure path must be
- * handled, late replies and abandoned timers included (they get `settleMs` to show up).
- */
-export function expectNoUnhandledRejections(settleMs = 150): void {
-  const unhandled: unknown[] = [];
-  const onUnhandled = (reason: unknown) => unhandled.push(reason);
-  beforeAll(() => {
-    process.on("unhandledRejection", onUnhandled);
-  });
-  afterAll(async () => {
-    await new Promise((r) => setTimeout(r, settleMs));
-    process.off("unhandledRejection", onUnhandled);
-    expect(unhandled.map((e) => String(e))).toEqual([]);
-  });
 }

@@ -1,11 +1,12 @@
 import { InvalidArgumentError } from "@moeswarm/core";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { expectNoUnhandledRejections } from "@moeswarm/testkit";
+import { describe, expect, it } from "vitest";
 import {
   createReferenceWorker,
   DispatchMetrics,
   dispatchExperts,
   dispatchExpertsDetailed,
-  type ExpertCompute,
+  type ExpertHandler,
   type ExpertRequest,
   type ExpertResult,
   InProcessTransport,
@@ -29,16 +30,7 @@ import {
 
 // A spot check must end in the honest numbers (bit-identical to an all-honest run) whenever it
 // catches a lie, never strike an honest worker, and draw its samples reproducibly from its seed.
-const unhandled: unknown[] = [];
-const onUnhandled = (reason: unknown) => unhandled.push(reason);
-beforeAll(() => {
-  process.on("unhandledRejection", onUnhandled);
-});
-afterAll(async () => {
-  await new Promise((r) => setTimeout(r, 50));
-  process.off("unhandledRejection", onUnhandled);
-  expect(unhandled.map((e) => String(e))).toEqual([]);
-});
+expectNoUnhandledRejections(50);
 
 const N_EXPERT = 6;
 const EMBD = 8;
@@ -49,7 +41,7 @@ const routing = randomRouting(23, 5, 3, N_EXPERT);
 const ALL = [0, 1, 2, 3, 4, 5];
 
 /** The same model's answer with `y` changed by `lie` (only slots the request asks for). */
-function lying(lie: (req: ExpertRequest, y: Float32Array) => void): ExpertCompute {
+function lying(lie: (req: ExpertRequest, y: Float32Array) => void): ExpertHandler {
   return async (req, o) => {
     const r = await honest(req, o);
     const y = Float32Array.from(r.y);
@@ -63,7 +55,7 @@ const scaled = lying((_, y) => {
 });
 const zeros = lying((_, y) => y.fill(0));
 /** The first asked slot (or row) gets another expert's output: plausible values, wrong expert. */
-const otherExpert: ExpertCompute = async (req, o) => {
+const otherExpert: ExpertHandler = async (req, o) => {
   const s = req.ids.findIndex((id) => id >= 0);
   const ids = req.ids.slice();
   ids[s] = (ids[s]! + 1) % N_EXPERT;
@@ -72,14 +64,14 @@ const otherExpert: ExpertCompute = async (req, o) => {
   }
   return honest({ ...req, ids }, o) as Promise<ExpertResult>;
 };
-const LIES: [string, ExpertCompute][] = [
+const LIES: [string, ExpertHandler][] = [
   ["scales its outputs by 1.05", scaled],
   ["returns zeros", zeros],
   ["answers one slot with another expert", otherExpert],
 ];
 
 /** Workers as computes, each request counted. */
-function counted(workers: [string, number[], ExpertCompute][]) {
+function counted(workers: [string, number[], ExpertHandler][]) {
   const calls: Record<string, number> = {};
   const placement = Placement.fromRegistrations(
     workers.map(([id, experts]) => ({ id, model: "tiny", layers: [0], experts })),
@@ -87,7 +79,7 @@ function counted(workers: [string, number[], ExpertCompute][]) {
   const transport = new InProcessTransport(
     workers.map(([id, , compute]) => {
       calls[id] = 0;
-      const c: ExpertCompute = (req, o) => {
+      const c: ExpertHandler = (req, o) => {
         calls[id]!++;
         return compute(req, o);
       };
@@ -211,7 +203,7 @@ describe("SpotCheck with a local reference", () => {
     }
     const verify = new SpotCheck({ fraction: 0.5, reference: createReferenceWorker(model), seed });
     let slowNext = false;
-    const liar: ExpertCompute = async (req, o) => {
+    const liar: ExpertHandler = async (req, o) => {
       // the second call's answer arrives after the first call's check is done
       if (slowNext) await new Promise((r) => setTimeout(r, 30));
       slowNext = true;
@@ -323,7 +315,7 @@ describe("SpotCheck with replicas", () => {
 
   it("a replica that fails: the sample is unverifiable and the worker's answer stands", async () => {
     const verify = new SpotCheck({ fraction: 1, seed: 6 });
-    const broken: ExpertCompute = () => {
+    const broken: ExpertHandler = () => {
       throw new Error("down");
     };
     const s = counted([
@@ -506,7 +498,7 @@ describe("options", () => {
     ["seed 2^32", { fraction: 0.5, seed: 2 ** 32 }],
     ["quarantineMs 0", { fraction: 0.5, quarantineMs: 0 }],
     ["quarantineMs Infinity", { fraction: 0.5, quarantineMs: Number.POSITIVE_INFINITY }],
-    ["reference not a function", { fraction: 0.5, reference: {} as ExpertCompute }],
+    ["reference not a function", { fraction: 0.5, reference: {} as ExpertHandler }],
     ["onQuarantine not a function", { fraction: 0.5, onQuarantine: 1 as unknown as () => void }],
     ["null", null],
   ];

@@ -17,10 +17,7 @@ export type Backoff = Required<ReconnectOptions>;
 
 function positive(name: string, value: number, min: number): number {
   if (typeof value !== "number" || !(value >= min)) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `reconnect.${name} must be a number >= ${min}`,
-    );
+    throw new InvalidArgumentError(`reconnect.${name} must be a number >= ${min}`);
   }
   return value;
 }
@@ -33,8 +30,7 @@ export function normalizeBackoff(options: ReconnectOptions = {}): Backoff {
     jitter: positive("jitter", options.jitter ?? 0.5, 0),
     maxAttempts: positive("maxAttempts", options.maxAttempts ?? Number.POSITIVE_INFINITY, 1),
   };
-  if (b.jitter > 1)
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "reconnect.jitter must be <= 1");
+  if (b.jitter > 1) throw new InvalidArgumentError("reconnect.jitter must be <= 1");
   return b;
 }
 

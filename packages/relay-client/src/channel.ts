@@ -1,4 +1,4 @@
-import { abortReason } from "@moeswarm/core";
+import { abortReason, onAbort } from "@moeswarm/core";
 
 /**
  * A push-to-pull queue: producers push, any number of `iterate()` loops pull. Each value goes to
@@ -50,9 +50,8 @@ export class Channel<T> {
     if (signal) {
       if (signal.aborted) consumer.fail(abortReason(signal));
       else {
-        const onAbort = () => consumer.fail(abortReason(signal));
-        signal.addEventListener("abort", onAbort, { once: true });
-        consumer.onDone = () => signal.removeEventListener("abort", onAbort);
+        const registration = onAbort(signal, (reason) => consumer.fail(reason));
+        consumer.onDone = () => registration[Symbol.dispose]();
       }
     }
     return consumer;

@@ -7,19 +7,21 @@ export {
   CLOSE_REPLACED,
   CLOSE_SHUTDOWN,
   CLOSE_SLOW_CONSUMER,
-  type ConnectRelayOptions,
-  connectRelay,
-  type DispatchAnswer,
-  type DispatchHandler,
-  type DispatchReply,
-  type DispatchRequest,
-  type IncomingDispatch,
-  type RelayConnection,
-  type RelayEvent,
-  type RelayRegistration,
-  type RelayState,
-  type RequestOptions,
-} from "./connection.js";
+} from "./close-codes.js";
+export { connectRelay } from "./connection.js";
+export type {
+  ConnectRelayOptions,
+  DispatchAnswer,
+  DispatchHandler,
+  DispatchReply,
+  DispatchRequest,
+  IncomingDispatch,
+  RelayConnection,
+  RelayEvent,
+  RelayRegistration,
+  RelayState,
+  RequestOptions,
+} from "./connection-types.js";
 // The hub's HTTP API client (the worker runtime's and the backbone's).
 export {
   discardBody,
@@ -44,11 +46,5 @@ export {
   type FrameLinkHandlers,
   type LinkCloseInfo,
 } from "./link.js";
-export {
-  RelayTransport,
-  type RelayTransportOptions,
-  type TransportCallOptions,
-  type TransportRequest,
-  type TransportResult,
-} from "./transport.js";
+export { RelayTransport, type RelayTransportOptions } from "./transport.js";
 export { errorFromWire, errorToWire } from "./wire-errors.js";

@@ -1,5 +1,5 @@
 import type { Socket } from "node:net";
-import { AbortError, abortReason, ProtocolError, TransportError } from "@moeswarm/core";
+import { abortReason, onAbort, ProtocolError, TransportError } from "@moeswarm/core";
 import WebSocket from "ws";
 
 /*
@@ -94,11 +94,10 @@ export const dialWebSocket: FrameDialer = (url, options) => {
     let open = false;
     let closed = false;
     let lastError: Error | undefined;
-    const onAbort = () => {
+    const aborted = onAbort(signal, (reason) => {
       ws.terminate();
-      reject(signal ? abortReason(signal) : new AbortError("MOESWARM_ABORTED"));
-    };
-    signal?.addEventListener("abort", onAbort, { once: true });
+      reject(reason);
+    });
 
     ws.on("upgrade", (res) => {
       const socket = res.socket as Socket;
@@ -119,14 +118,14 @@ export const dialWebSocket: FrameDialer = (url, options) => {
     });
     ws.on("open", () => {
       open = true;
-      signal?.removeEventListener("abort", onAbort);
+      aborted[Symbol.dispose]();
       resolve(link);
     });
     ws.on("message", (data: Buffer) => {
       handlers.frame(data);
     });
     ws.on("close", (code, reasonBytes) => {
-      signal?.removeEventListener("abort", onAbort);
+      aborted[Symbol.dispose]();
       if (closed) return;
       closed = true;
       const reason = reasonBytes.toString();

@@ -8,7 +8,7 @@ export function activationsToWire(
 ): Float32Array | Uint16Array {
   if (dtype === "f32") {
     if (!(x instanceof Float32Array)) {
-      throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "dtype f32 needs x as a Float32Array");
+      throw new InvalidArgumentError("dtype f32 needs x as a Float32Array");
     }
     return x;
   }

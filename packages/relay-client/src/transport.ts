@@ -1,44 +1,12 @@
-import { InvalidArgumentError } from "@moeswarm/core";
-import type { RelayConnection } from "./connection.js";
-import type { DispatchMode, WireDtype } from "./wire.js";
-
-// These three mirror @moeswarm/dispatch's ExpertRequest / ExpertResult / ExpertCallOptions
-// structurally (a test holds RelayTransport to dispatch's ExpertTransport), so relay-client does
-// not depend on dispatch.
-
-/** One worker's share of a layer's expert work, as the dispatcher hands it to a transport. */
-export interface TransportRequest {
-  readonly model: string;
-  readonly layer: number;
-  readonly n: number;
-  readonly embd: number;
-  /** "f64" exists only between in-process peers; the wire has no f64 activations. */
-  readonly dtype: "f32" | "f64";
-  readonly x: Float32Array | Float64Array;
-  readonly k: number;
-  readonly ids: Int32Array;
-  readonly w?: Float32Array;
-  readonly mode: DispatchMode;
-  readonly deadline?: number;
-  /** Mode "each": the dispatcher accepts a compact result (passed on to the worker). */
-  readonly compact?: boolean;
-}
-
-export interface TransportResult {
-  readonly mode: DispatchMode;
-  readonly n: number;
-  readonly k: number;
-  readonly embd: number;
-  readonly y: Float32Array;
-  readonly ms?: number;
-  /** `y` holds the request's filled slots' rows only. */
-  readonly compact?: boolean;
-}
-
-export interface TransportCallOptions {
-  readonly signal?: AbortSignal;
-  readonly deadlineMs?: number;
-}
+import {
+  type ExpertCallOptions,
+  type ExpertRequest,
+  type ExpertResult,
+  type ExpertTransport,
+  InvalidArgumentError,
+} from "@moeswarm/core";
+import type { RelayConnection } from "./connection-types.js";
+import type { WireDtype } from "./wire.js";
 
 export interface RelayTransportOptions {
   /**
@@ -52,22 +20,19 @@ export interface RelayTransportOptions {
  * The dispatcher's transport over a backbone's relay connection: `owner` is the worker id.
  * Failures keep their codes (TRANSPORT_CLOSED, TRANSPORT_TIMEOUT, TRANSPORT_UNKNOWN_PEER,
  * TRANSPORT_DRAINING, TRANSPORT_LIMIT, TRANSPORT_BACKPRESSURE, or the worker's own code), so the
- * dispatcher can tell failover cases from bad requests.
+ * dispatcher can tell failover cases from bad requests. Its results are always f32.
  */
-export class RelayTransport {
+export class RelayTransport implements ExpertTransport {
   readonly connection: RelayConnection;
   readonly #wireDtype: WireDtype;
 
   constructor(connection: RelayConnection, options: RelayTransportOptions = {}) {
     if (connection?.role !== "backbone") {
-      throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
-        "RelayTransport needs a backbone connection",
-      );
+      throw new InvalidArgumentError("RelayTransport needs a backbone connection");
     }
     const wireDtype = options.wireDtype ?? "f32";
     if (wireDtype !== "f32" && wireDtype !== "f16" && wireDtype !== "bf16") {
-      throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "wireDtype must be f32, f16 or bf16");
+      throw new InvalidArgumentError("wireDtype must be f32, f16 or bf16");
     }
     this.connection = connection;
     this.#wireDtype = wireDtype;
@@ -75,12 +40,11 @@ export class RelayTransport {
 
   async request(
     owner: string,
-    req: TransportRequest,
-    options: TransportCallOptions = {},
-  ): Promise<TransportResult> {
+    req: ExpertRequest,
+    options?: Partial<ExpertCallOptions>,
+  ): Promise<ExpertResult & { readonly y: Float32Array }> {
     if (req?.dtype !== "f32" || !(req.x instanceof Float32Array)) {
       throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
         "the relay carries f32 activations only (f64 requests are for in-process workers)",
       );
     }
@@ -99,7 +63,7 @@ export class RelayTransport {
         mode: req.mode,
         ...(req.compact === true && req.mode === "each" ? { compact: true } : {}),
       },
-      { signal: options.signal, deadlineMs: options.deadlineMs ?? req.deadline },
+      { signal: options?.signal, deadlineMs: options?.deadlineMs ?? req.deadline },
     );
     const result = {
       mode: req.mode,

@@ -5,6 +5,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import {
   AuthError,
+  type ExpertTransport,
   encodeFrame,
   InvalidArgumentError,
   isMoeswarmError,
@@ -12,8 +13,8 @@ import {
   ProtocolError,
   TransportError,
 } from "@moeswarm/core";
-import type { ExpertTransport } from "@moeswarm/dispatch";
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { expectNoUnhandledRejections } from "@moeswarm/testkit";
+import { afterEach, beforeAll, describe, expect, it } from "vitest";
 import {
   type ConnectRelayOptions,
   connectRelay,
@@ -24,21 +25,13 @@ import {
 } from "../src/index.js";
 import { FakeRelay, waitFor } from "./fake-relay.js";
 
-const unhandled: unknown[] = [];
-const onUnhandled = (e: unknown) => unhandled.push(e);
+expectNoUnhandledRejections(0);
 let relay: FakeRelay;
 const open: RelayConnection[] = [];
 
-beforeAll(() => {
-  process.on("unhandledRejection", onUnhandled);
-});
 afterEach(async () => {
   await Promise.all(open.splice(0).map((c) => c.close()));
   await relay?.close();
-});
-afterAll(() => {
-  process.off("unhandledRejection", onUnhandled);
-  expect(unhandled).toEqual([]);
 });
 
 async function connect(extra: Partial<ConnectRelayOptions> = {}, url = relay.url): Promise<RelayConnection> {
@@ -524,10 +517,10 @@ describe("worker side", () => {
 });
 
 describe("RelayTransport", () => {
-  it("implements dispatch's ExpertTransport over a backbone connection", async () => {
+  it("implements core's ExpertTransport over a backbone connection", async () => {
     relay = await FakeRelay.start();
     const conn = await connect();
-    // a compile-time check against the dispatcher's interface, and the runtime shape below
+    // a compile-time check against the expert contract's interface, and the runtime shape below
     const transport: ExpertTransport = new RelayTransport(conn, { wireDtype: "bf16" });
     const req = { ...request(1, 4, 1), dtype: "f32" as const, deadline: 1000 };
     const result = await transport.request("w7", req, { signal: new AbortController().signal });

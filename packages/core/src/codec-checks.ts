@@ -1,0 +1,114 @@
+import type { CodeOf } from "./errors.js";
+import { InvalidArgumentError, ProtocolError } from "./errors.js";
+import { DEFAULT_MAX_FRAME_BYTES, type FrameType } from "./frames.js";
+
+// What decoding and validation share: how a check fails, the option checks, cross-field rules.
+
+export type ProtocolCode = CodeOf<"ProtocolError">;
+
+/**
+ * Where a check runs and how it fails: `decodeFrame` throws ProtocolError (with the frame type,
+ * the field and, once read, the request id), the encoder InvalidArgumentError.
+ */
+export class Checker {
+  type: string;
+  id: number | undefined = undefined;
+  readonly encoding: boolean;
+
+  constructor(type: string, encoding: boolean) {
+    this.type = type;
+    this.encoding = encoding;
+  }
+
+  fail(code: ProtocolCode, field: string, message: string): never {
+    const text = `${this.type}${field ? `.${field}` : ""}: ${message}`;
+    if (this.encoding) {
+      throw new InvalidArgumentError(text, {
+        details: { type: this.type, field, protocolCode: code },
+      });
+    }
+    const details: Record<string, unknown> = { type: this.type, field };
+    if (this.id !== undefined) details.id = this.id;
+    throw new ProtocolError(code, text, { details });
+  }
+
+  bad(field: string, message: string): never {
+    return this.fail("MOESWARM_PROTOCOL_BAD_FIELD", field, message);
+  }
+}
+
+export function checkMaxFrameBytes(value: number | undefined): number {
+  if (value === undefined) return DEFAULT_MAX_FRAME_BYTES;
+  if (!Number.isSafeInteger(value) || value < 1 || value > 0xffff_ffff) {
+    throw new InvalidArgumentError(`maxFrameBytes must be an integer in 1..2^32-1, got ${String(value)}`);
+  }
+  return value;
+}
+
+export function checkMaxExpert(value: number | undefined): number | undefined {
+  if (value === undefined) return undefined;
+  if (!Number.isSafeInteger(value) || value < 1 || value > 0x8000_0000) {
+    throw new InvalidArgumentError(`maxExpert must be an integer in 1..2^31, got ${String(value)}`);
+  }
+  return value;
+}
+
+/** Rules that involve more than one field or the values inside a tensor; shared by both directions. */
+export function checkCrossFields(
+  t: FrameType,
+  o: Record<string, unknown>,
+  ctx: Checker,
+  maxExpert?: number,
+): void {
+  if (t !== "dispatch") return;
+  if (o.compact === true && o.mode !== "each") {
+    ctx.fail("MOESWARM_PROTOCOL_BAD_FIELD", "compact", 'compact results exist for mode "each" only');
+  }
+  if (o.mode === "sum" && o.w === undefined) {
+    ctx.fail("MOESWARM_PROTOCOL_MISSING_FIELD", "w", 'router weights are required for mode "sum"');
+  }
+  const ids = o.ids as Int32Array;
+  const limit = maxExpert ?? 0x8000_0000;
+  for (let i = 0; i < ids.length; i++) {
+    const e = ids[i]!;
+    if (e < -1 || e >= limit) {
+      ctx.fail(
+        "MOESWARM_PROTOCOL_BAD_FIELD",
+        "ids",
+        `slot ${i} holds expert id ${e}, outside -1..${limit - 1}${maxExpert !== undefined ? " (maxExpert)" : ""}`,
+      );
+    }
+  }
+  const w = o.w as Float32Array | undefined;
+  if (w) {
+    for (let i = 0; i < w.length; i++) {
+      if (!Number.isFinite(w[i]!))
+        ctx.fail("MOESWARM_PROTOCOL_BAD_FIELD", "w", `slot ${i} weight ${w[i]} is not finite`);
+    }
+  }
+}
+
+export const byteLength = (s: string): number => Buffer.byteLength(s, "utf8");
+export const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
+export function checkStrValue(
+  s: string,
+  rule: { oneOf?: readonly string[]; pattern?: RegExp },
+  field: string,
+  ctx: Checker,
+): void {
+  if (rule.oneOf && !rule.oneOf.includes(s)) {
+    ctx.fail(
+      "MOESWARM_PROTOCOL_BAD_FIELD",
+      field,
+      `${JSON.stringify(s.slice(0, 32))} is not one of ${rule.oneOf.join(", ")}`,
+    );
+  }
+  if (rule.pattern && !rule.pattern.test(s)) {
+    ctx.fail(
+      "MOESWARM_PROTOCOL_BAD_FIELD",
+      field,
+      `${JSON.stringify(s.slice(0, 80))} does not match ${rule.pattern}`,
+    );
+  }
+}

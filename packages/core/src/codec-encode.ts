@@ -1,0 +1,283 @@
+import { Packr, RESERVE_START_SPACE } from "msgpackr/index-no-eval";
+import { checkMaxFrameBytes } from "./codec-checks.js";
+import { validateFrame } from "./codec-validate.js";
+import { ProtocolError } from "./errors.js";
+import {
+  CAPS_FIELDS,
+  type FieldRule,
+  type FieldSpec,
+  FRAME_FIELDS,
+  type Frame,
+  type FrameType,
+  PROTOCOL_VERSION,
+} from "./frames.js";
+import { MsgpackReader } from "./msgpack-read.js";
+import { Slab } from "./slab.js";
+import { bytesOf } from "./tensor.js";
+
+// ---- encoding -------------------------------------------------------------------------------
+
+const packr = new Packr({
+  useRecords: false,
+  useFloat32: 0,
+  variableMapSize: true,
+  moreTypes: false,
+  structuredClone: false,
+  bundleStrings: false,
+  useTimestamp32: false,
+  encodeUndefinedAsNil: false,
+});
+
+// Frames without tensors are packed straight into a slab of our own rather than into msgpackr's
+// working buffer, which msgpackr reuses: the bytes returned are the caller's. msgpackr starts a
+// new buffer when fewer than 2 KiB remain at its position, so the room handed to it includes that.
+const slab = new Slab();
+const PACKR_HEADROOM = 0x800 + 16;
+// Handed to msgpackr after each pack so that it never writes into the slab on its own: with less
+// than 2 KiB of room, its next pack starts a new buffer instead.
+const DETACHED = Buffer.alloc(16);
+const TWO_32 = 0x1_0000_0000;
+
+// Frames with tensors are assembled instead: msgpackr packs the entries between the tensors (as
+// an array of keys and values whose header is then dropped: a map's entries are its keys and
+// values one after the other), a tensor's bin header is one of three fixed forms, and each tensor
+// is copied once into memory of exactly the payload's size. Packed whole, the tensors would be
+// copied into a buffer sized by an upper bound, for large frames a zero-filled slab four frames
+// wide: every byte written twice. Above this size a frame gets memory of its own, not
+// zero-filled since every byte of it is written.
+const OWN_MEMORY_BYTES = 64 * 1024;
+// msgpackr's working buffer for the runs between tensors (a few numbers and short names).
+const runScratch = Buffer.alloc(0x8000);
+const HAS_TENSORS: ReadonlySet<FrameType> = new Set(
+  (Object.keys(FRAME_FIELDS) as FrameType[]).filter((t) =>
+    FRAME_FIELDS[t].some((s) => s.rule.type === "bin"),
+  ),
+);
+// The first tensor of at least this size is the main one, placed 8-byte aligned in memory so that
+// decoding it in this process, or after a transport that keeps the alignment, is a view.
+const LARGE_BIN = 64;
+const binHeader = (n: number) => (n < 256 ? 2 : n < 65536 ? 3 : 5);
+
+interface Wire {
+  /** Upper bound on the packed size (including msgpackr's worst-case string estimate). */
+  bound: number;
+  /** A value was handed over as BigInt and its int64 header may need to become uint64. */
+  bigint: boolean;
+}
+
+/** A number as msgpackr must receive it to emit the canonical encoding. */
+function wireNumber(x: number, w: Wire): number | bigint {
+  // msgpackr writes the smallest int for values in [-2^31, 2^32) and float64 for any other
+  // number: the other safe integers go as BigInt (int64, turned into uint64 if >= 0)
+  if (Number.isSafeInteger(x) && (x < -0x8000_0000 || x >= TWO_32)) {
+    w.bigint = true;
+    return BigInt(x);
+  }
+  return x;
+}
+
+function wireValue(value: unknown, rule: FieldRule, w: Wire): unknown {
+  switch (rule.type) {
+    case "uint":
+    case "float":
+      w.bound += 9;
+      return wireNumber(value as number, w);
+    case "bool":
+      w.bound += 1;
+      return value;
+    case "str":
+      w.bound += 5 + 3 * (value as string).length;
+      return value;
+    case "bin": {
+      const bytes = bytesOf(value as Float32Array | Uint16Array | Int32Array);
+      w.bound += 5 + bytes.byteLength;
+      return bytes;
+    }
+    case "uints":
+      w.bound += 5 + 9 * (value as number[]).length;
+      return [...(value as number[])];
+    case "strs":
+      w.bound += 5;
+      for (const s of value as string[]) w.bound += 5 + 3 * s.length;
+      return [...(value as string[])];
+    case "caps": {
+      const caps = value as Record<string, unknown>;
+      const out: Record<string, unknown> = {};
+      w.bound += 5;
+      for (const spec of CAPS_FIELDS) {
+        if (caps[spec.key] === undefined) continue;
+        w.bound += 1 + spec.key.length;
+        out[spec.key] = wireValue(caps[spec.key], spec.rule, w);
+      }
+      return out;
+    }
+  }
+}
+
+function tooLarge(size: number, max: number): ProtocolError {
+  return new ProtocolError(
+    "MOESWARM_PROTOCOL_FRAME_TOO_LARGE",
+    `frame takes ${size} bytes, more than the maximum of ${max}`,
+    { details: { size, max } },
+  );
+}
+
+/** Packs a validated frame without tensors, leaving `reserve` (< 256) bytes free at the start. */
+function pack(frame: Frame, reserve: number, max: number): Uint8Array {
+  const o = frame as unknown as Record<string, unknown>;
+  const value: Record<string, unknown> = { t: o.t, v: PROTOCOL_VERSION };
+  const w: Wire = { bound: 16 + 12, bigint: false };
+  for (const spec of FRAME_FIELDS[frame.t]) {
+    if (o[spec.key] === undefined) continue;
+    w.bound += 1 + spec.key.length;
+    value[spec.key] = wireValue(o[spec.key], spec.rule, w);
+  }
+  const room = slab.room(w.bound + reserve + PACKR_HEADROOM);
+  packr.useBuffer(room);
+  let packed: Uint8Array;
+  try {
+    packed = packr.pack(value, reserve > 0 ? RESERVE_START_SPACE | reserve : 0);
+  } finally {
+    packr.useBuffer(DETACHED);
+  }
+  // (had msgpackr needed more room than the bound, it would have packed into a buffer of its own)
+  if (packed.buffer === room.buffer) slab.take(packed.byteLength);
+  if (packed.byteLength - reserve > max) throw tooLarge(packed.byteLength - reserve, max);
+  if (w.bigint) uint64Headers(packed, reserve, "map");
+  // a plain Uint8Array, as callers expect (a Buffer's `slice` would not copy)
+  return new Uint8Array(packed.buffer, packed.byteOffset, packed.byteLength);
+}
+
+/** `pack` for a validated frame with tensors: the same bytes, each tensor copied once. */
+function packTensors(frame: Frame, reserve: number, max: number): Uint8Array {
+  const o = frame as unknown as Record<string, unknown>;
+  // runs of packed entries, each but the last followed by a tensor
+  const runs: Uint8Array[] = [];
+  const tensors: Uint8Array[] = [];
+  const w: Wire = { bound: 0, bigint: false };
+  let entries: unknown[] = ["t", frame.t, "v", PROTOCOL_VERSION];
+  let keys = 2;
+  packr.useBuffer(runScratch);
+  try {
+    for (const spec of FRAME_FIELDS[frame.t]) {
+      const value = o[spec.key];
+      if (value === undefined) continue;
+      keys++;
+      entries.push(spec.key);
+      if (spec.rule.type === "bin") {
+        runs.push(packEntries(entries, w));
+        tensors.push(bytesOf(value as Float32Array | Uint16Array | Int32Array));
+        entries = [];
+      } else {
+        entries.push(wireValue(value, spec.rule, w));
+      }
+    }
+    runs.push(entries.length > 0 ? packEntries(entries, w) : new Uint8Array(0));
+  } finally {
+    packr.useBuffer(DETACHED);
+  }
+  let size = keys < 16 ? 1 : 3;
+  let tensorAt = -1;
+  for (let i = 0; i < tensors.length; i++) {
+    const n = tensors[i]!.byteLength;
+    size += runs[i]!.byteLength + binHeader(n);
+    if (tensorAt < 0 && n >= LARGE_BIN) tensorAt = size;
+    size += n;
+  }
+  size += runs[tensors.length]!.byteLength;
+  if (size > max) throw tooLarge(size, max);
+  // shift the payload so that the main tensor's data lands 8-byte aligned (buffers start so)
+  const shift = tensorAt < 0 ? 0 : (8 - ((reserve + tensorAt) % 8)) % 8;
+  const total = shift + reserve + size;
+  let out: Buffer;
+  if (total > OWN_MEMORY_BYTES) {
+    out = Buffer.allocUnsafeSlow(total);
+    out.fill(0, 0, shift + reserve);
+  } else {
+    out = slab.alloc(total);
+  }
+  let at = shift + reserve;
+  if (keys < 16) out[at++] = 0x80 | keys;
+  else {
+    out[at++] = 0xde;
+    out.writeUInt16BE(keys, at);
+    at += 2;
+  }
+  for (let i = 0; i < tensors.length; i++) {
+    out.set(runs[i]!, at);
+    at += runs[i]!.byteLength;
+    const tensor = tensors[i]!;
+    const n = tensor.byteLength;
+    if (n < 0x100) {
+      out[at++] = 0xc4;
+      out[at++] = n;
+    } else if (n < 0x1_0000) {
+      out[at++] = 0xc5;
+      out.writeUInt16BE(n, at);
+      at += 2;
+    } else {
+      out[at++] = 0xc6;
+      out.writeUInt32BE(n, at);
+      at += 4;
+    }
+    out.set(tensor, at);
+    at += n;
+  }
+  out.set(runs[tensors.length]!, at);
+  return new Uint8Array(out.buffer, out.byteOffset + shift, reserve + size);
+}
+
+/** Packs map entries (keys and values in order) without the array header around them. */
+function packEntries(entries: unknown[], w: Wire): Uint8Array {
+  const packed: Uint8Array = packr.pack(entries);
+  if (w.bigint) uint64Headers(packed, 0, "array");
+  w.bigint = false;
+  // fixarray below 16 elements, array 16 from there (a frame has fewer than 2^16 entries)
+  return packed.subarray(entries.length < 16 ? 1 : 3);
+}
+
+/**
+ * Rewrites the int64 header (0xd3) of non-negative top-level values to uint64 (0xcf): the values
+ * of a map, or every element of an array of keys and values (a key is a string, never 0xd3).
+ */
+function uint64Headers(bytes: Uint8Array, start: number, container: "map" | "array"): void {
+  const r = new MsgpackReader(bytes);
+  r.pos = start;
+  r.head();
+  const count = r.num;
+  for (let i = 0; i < count; i++) {
+    if (container === "map") r.skip();
+    const at = r.pos;
+    if (bytes[at] === 0xd3 && bytes[at + 1]! < 0x80) bytes[at] = 0xcf;
+    r.skip();
+  }
+}
+
+export interface EncodeOptions {
+  /** Largest payload to produce, in bytes (default 64 MiB); larger frames throw FRAME_TOO_LARGE. */
+  maxFrameBytes?: number;
+}
+
+/**
+ * Encodes a frame as its canonical msgpack payload (see docs/protocol.md). The frame is
+ * validated first (`validateFrame`); keys other than the frame type's fields are not sent. The
+ * result is a view into a larger buffer shared with other frames (as Node's Buffer pool does):
+ * write the view itself, never its `.buffer`.
+ */
+export function encodeFrame(frame: Frame, options: EncodeOptions = {}): Uint8Array {
+  const max = checkMaxFrameBytes(options.maxFrameBytes);
+  validateFrame(frame);
+  return HAS_TENSORS.has(frame.t) ? packTensors(frame, 0, max) : pack(frame, 0, max);
+}
+
+/** Encodes a frame with 4 bytes reserved at the start (for a length prefix); internal to framing. */
+export function encodeFrameWithPrefixSpace(frame: Frame, options: EncodeOptions = {}): Uint8Array {
+  const max = checkMaxFrameBytes(options.maxFrameBytes);
+  validateFrame(frame);
+  return HAS_TENSORS.has(frame.t) ? packTensors(frame, 4, max) : pack(frame, 4, max);
+}
+
+/** `spec` rows for docs and tests: the canonical field order of each frame type, with `t` and `v`. */
+export function canonicalKeys(t: FrameType): string[] {
+  return ["t", "v", ...FRAME_FIELDS[t].map((s: FieldSpec) => s.key)];
+}

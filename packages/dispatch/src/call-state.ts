@@ -1,0 +1,145 @@
+import type { ExpertHandler, ExpertTransport } from "@moeswarm/core";
+import { onAbort } from "@moeswarm/core";
+import { DEFAULT_DEADLINE_MS, type DispatchOptions } from "./dispatch-options.js";
+import type { DispatchCallMetrics, OwnerCallMetrics } from "./metrics.js";
+import type { Placement } from "./placement.js";
+import type { Routing } from "./route.js";
+import type { SpotCheck } from "./spot-check.js";
+
+export type Precision = "f32" | "f64";
+
+/**
+ * What one dispatch call shares between its requests: the settings, the (possibly expanded)
+ * input, the call's metrics, and the signal that ends every outstanding request when the call
+ * ends early (caller abort or a failure).
+ */
+export class CallState {
+  readonly precision: Precision;
+  readonly layer: number;
+  readonly model: string;
+  readonly mode: "each" | "sum" | "auto";
+  readonly deadlineMs: number;
+  readonly placement: Placement;
+  readonly transport: ExpertTransport;
+  readonly fallback: ExpertHandler | undefined;
+  readonly retry: boolean;
+  readonly verify: SpotCheck | undefined;
+  readonly hedgeMs: number | undefined;
+  readonly hidden: Float32Array | Float64Array;
+  readonly routing: Routing;
+  readonly embd: number;
+  readonly rotation: number;
+  /** Aborted when the call ends early (caller abort or a failure): cancels outstanding requests. */
+  readonly controller = new AbortController();
+  /** Outstanding attempts, ended together when the call ends early (one listener, not one each). */
+  readonly #active = new Set<(reason: unknown) => void>();
+  readonly metrics: DispatchCallMetrics;
+
+  constructor(
+    precision: Precision,
+    options: DispatchOptions,
+    hidden: Float32Array | Float64Array,
+    routing: Routing,
+    embd: number,
+  ) {
+    this.precision = precision;
+    this.layer = options.layer;
+    this.model = options.model ?? options.placement.model;
+    this.mode = precision === "f64" && options.mode !== "sum" ? "each" : (options.mode ?? "each");
+    this.deadlineMs = options.deadlineMs ?? DEFAULT_DEADLINE_MS;
+    this.placement = options.placement;
+    this.transport = options.transport;
+    this.fallback = options.fallback;
+    this.retry = options.retry ?? true;
+    this.verify = options.verify;
+    this.hedgeMs = options.hedgeMs;
+    this.hidden = hidden;
+    this.routing = routing;
+    this.embd = embd;
+    this.rotation = options.placement.nextRotation();
+    // lives as long as the call: never disposed
+    onAbort(this.controller.signal, (reason) => {
+      for (const end of [...this.#active]) end(reason);
+    });
+    this.metrics = emptyCallMetrics(options.layer, this.mode, routing);
+  }
+
+  get signal(): AbortSignal {
+    return this.controller.signal;
+  }
+
+  /**
+   * Calls `listener` when the call ends early, like core's `onAbort` on {@link signal}, but
+   * through the call's one listener: a call with hundreds of requests adds one, not hundreds.
+   */
+  onEnd(listener: (reason: unknown) => void): Disposable {
+    this.#active.add(listener);
+    return { [Symbol.dispose]: () => this.#active.delete(listener) };
+  }
+
+  /** The call's metrics for worker (or pseudo-owner) `id`, created at first use. */
+  owner(id: string): OwnerCallMetrics {
+    let o = Object.hasOwn(this.metrics.owners, id) ? this.metrics.owners[id] : undefined;
+    if (!o) {
+      o = {
+        requests: 0,
+        tokens: 0,
+        slots: 0,
+        bytesOut: 0,
+        bytesIn: 0,
+        latencyMs: 0,
+        latencyMsMax: 0,
+        computeMs: 0,
+        failures: 0,
+      };
+      this.metrics.owners[id] = o;
+    }
+    return o;
+  }
+
+  /** Workers `choose` must skip: the quarantined ones, plus `also`. */
+  exclude(also?: string): Set<string> | undefined {
+    const out = this.verify?.excluded();
+    if (also === undefined) return out;
+    return out ? out.add(also) : new Set([also]);
+  }
+
+  /** Another owner of every expert of the part, not quarantined, chosen as `choose` would. */
+  replicaOfAll(worker: string, experts: readonly number[], avoid?: string): string | undefined {
+    const exclude = this.exclude(worker)!;
+    if (avoid !== undefined) exclude.add(avoid);
+    const first = experts[0]!;
+    for (const id of this.placement.owners(this.layer, first)) {
+      if (exclude.has(id)) continue;
+      if (!experts.every((e) => this.placement.owners(this.layer, e).includes(id))) exclude.add(id);
+    }
+    return this.placement.choose(this.layer, first, { rotation: this.rotation, exclude });
+  }
+}
+
+function emptyCallMetrics(
+  layer: number,
+  mode: "each" | "sum" | "auto",
+  routing: Routing,
+): DispatchCallMetrics {
+  return {
+    layer,
+    mode,
+    sumRequests: 0,
+    tokens: routing.n,
+    k: routing.k,
+    requests: 0,
+    bytesOut: 0,
+    bytesIn: 0,
+    failovers: 0,
+    fallbacks: 0,
+    spotChecks: 0,
+    spotDisagreements: 0,
+    spotUnverifiable: 0,
+    hedges: 0,
+    hedgeWins: 0,
+    // worker ids are untrusted (a peer may call itself "__proto__"): no prototype to pollute
+    owners: Object.create(null) as Record<string, OwnerCallMetrics>,
+    wallMs: 0,
+  };
+}

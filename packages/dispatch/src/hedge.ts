@@ -1,0 +1,78 @@
+import { AbortError, sleep } from "@moeswarm/core";
+import type { CallState } from "./call-state.js";
+import type { Answer, Ask, Interceptor, Part } from "./part.js";
+
+/**
+ * The hedge step: the ask, and after `hedgeMs` without an answer a twin to a replica owning all
+ * the same experts: the first good answer wins and the other request is cancelled. When both
+ * fail, the worker's own error is thrown (failover takes it from there).
+ */
+export function withHedge(call: CallState, hedgeMs: number): Interceptor {
+  return (next) => (ask) => hedged(call, next, hedgeMs, ask);
+}
+
+async function hedged(call: CallState, next: Answer, hedgeMs: number, ask: Ask): Promise<Part> {
+  const { worker, experts, avoid } = ask;
+  const cancelFirst = new AbortController();
+  const first = next({ ...ask, cancel: cancelFirst.signal });
+  const early = await settledWithin(first, hedgeMs);
+  if (early !== undefined) {
+    if ("error" in early) throw early.error;
+    return early.part;
+  }
+  const replica = call.replicaOfAll(worker, experts, avoid);
+  if (replica === undefined || call.signal.aborted) return first;
+  call.metrics.hedges++;
+  const cancelSecond = new AbortController();
+  const second = next({ worker: replica, experts, cancel: cancelSecond.signal });
+  const twinFirst = () => new AbortError("the hedge's twin answered first");
+  return new Promise<Part>((resolve, reject) => {
+    let failed = 0;
+    let firstError: unknown;
+    const lost = () => {
+      if (++failed === 2) reject(firstError);
+    };
+    first.then(
+      (part) => {
+        cancelSecond.abort(twinFirst());
+        resolve(part);
+      },
+      (error: unknown) => {
+        firstError = error;
+        lost();
+      },
+    );
+    second.then(
+      (part) => {
+        call.metrics.hedgeWins++;
+        cancelFirst.abort(twinFirst());
+        resolve(part);
+      },
+      (error: unknown) => {
+        firstError ??= error;
+        lost();
+      },
+    );
+  });
+}
+
+/** How `pending` settled if it did within `ms`, else undefined (and no timer is left behind). */
+async function settledWithin(
+  pending: Promise<Part>,
+  ms: number,
+): Promise<{ part: Part } | { error: unknown } | undefined> {
+  const outcome = pending.then(
+    (part) => ({ part }),
+    (error: unknown) => ({ error }),
+  );
+  const stop = new AbortController();
+  const elapsed = sleep(ms, stop.signal).then(
+    () => undefined,
+    () => undefined,
+  );
+  try {
+    return await Promise.race([outcome, elapsed]);
+  } finally {
+    stop.abort();
+  }
+}

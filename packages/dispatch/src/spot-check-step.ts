@@ -1,0 +1,59 @@
+import { attempt } from "./attempt.js";
+import type { CallState } from "./call-state.js";
+import type { Interceptor, Part } from "./part.js";
+import type { SpotCheck } from "./spot-check.js";
+
+/**
+ * The spot-check step: a sampled answer is re-computed (the reference, else a replica) and
+ * compared before the combine. The draw is made before the ask is sent, so the draws follow the
+ * call's (deterministic) send order, not the order answers arrive in.
+ */
+export function withSpotCheck(call: CallState, verify: SpotCheck): Interceptor {
+  return (next) => async (ask) => {
+    const sampled = verify.sample();
+    const part = await next(ask);
+    return sampled ? spotCheck(call, verify, part.worker ?? ask.worker, part) : part;
+  };
+}
+
+/**
+ * Re-computes a worker's part and compares. The worker's part when it agrees or cannot be
+ * checked; the re-computation when it disagrees (and a strike).
+ */
+async function spotCheck(call: CallState, v: SpotCheck, worker: string, part: Part): Promise<Part> {
+  const { experts } = part;
+  const replica = v.reference ? undefined : call.replicaOfAll(worker, experts);
+  const unverifiable = () => {
+    v.unverifiable();
+    call.metrics.spotUnverifiable++;
+    return part;
+  };
+  if (!v.reference && replica === undefined) return unverifiable();
+  let ref: Part;
+  try {
+    ref = await (replica === undefined
+      ? attempt(call, "reference")({ worker, experts })
+      : attempt(call, "transport")({ worker: replica, experts }));
+  } catch (error) {
+    if (call.signal.aborted) throw error;
+    return unverifiable();
+  }
+  const n = part.tokens.length;
+  const c = v.compare(part.mode, n, call.routing.k, call.embd, part.ids, part.tokens, part.y, ref.y);
+  call.metrics.spotChecks++;
+  if (c.reason === undefined) {
+    v.agreed();
+    return { ...part, verified: true };
+  }
+  call.metrics.spotDisagreements++;
+  // its answer was refused: no credit for it
+  call.owner(worker).failures++;
+  v.disagreed({
+    worker,
+    layer: call.layer,
+    experts,
+    cosine: c.cosine,
+    reason: `${replica === undefined ? "the reference" : `replica ${replica}`} disagrees: ${c.reason}`,
+  });
+  return { ...ref, verified: true };
+}

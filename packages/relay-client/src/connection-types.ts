@@ -1,0 +1,171 @@
+import type { ExpertRequest, MoeswarmError } from "@moeswarm/core";
+import type { ReconnectOptions } from "./backoff.js";
+import type { FrameDialer } from "./link.js";
+import type { Caps, Role, WireDtype } from "./wire.js";
+
+// The public vocabulary of a relay connection: its options, events, requests and answers.
+
+export type RelayState = "connecting" | "connected" | "reconnecting" | "closed";
+
+/** Something that happened to a connection, in order. */
+export type RelayEvent =
+  | { type: "state"; state: RelayState; attempt?: number; delayMs?: number; error?: Error }
+  /** A connection-level `error` frame from the relay, or a frame this side could not decode. */
+  | { type: "notice"; error: MoeswarmError }
+  /**
+   * Worker side: the relay sent `drain` (the hub takes this worker out of service). The relay
+   * routes it no new dispatches; the application finishes what it holds, then calls `drain()`
+   * (which forgets the registrations) and closes.
+   */
+  | { type: "drain"; reason?: string };
+
+export interface RelayRegistration {
+  model: string;
+  layers: readonly number[];
+  /** Global expert ids, ascending and unique. */
+  experts: readonly number[];
+  capacity?: number;
+  backend?: string;
+}
+
+/**
+ * core's ExpertRequest as the relay carries it: activations travel as f32 values or as the raw bits
+ * of f16/bf16 (the wire has no f64).
+ */
+interface WireExpertRequest extends Omit<ExpertRequest, "dtype" | "x"> {
+  readonly dtype: WireDtype;
+  /** n*embd activations, token-major: f32 values, or the raw bits of f16/bf16. */
+  readonly x: Float32Array | Uint16Array;
+}
+
+/**
+ * One request for a worker's expert compute (the fields of a `dispatch` frame). Its deadline is
+ * `RequestOptions.deadlineMs`.
+ */
+export interface DispatchRequest extends Omit<WireExpertRequest, "dtype" | "deadline"> {
+  /** How `x` travels (default f32): f32 values are converted, a Uint16Array is taken as raw bits. */
+  readonly dtype?: WireDtype;
+}
+
+export interface DispatchReply {
+  /** mode "each": n*k*embd, or with `compact` the filled slots' rows only; mode "sum": n*embd. */
+  y: Float32Array;
+  /** `y` holds the filled slots' rows only. */
+  compact?: boolean;
+  /** The worker's compute time. */
+  ms?: number;
+  /** The peer that answered. */
+  from: string;
+}
+
+export interface RequestOptions {
+  signal?: AbortSignal;
+  /** How long to wait for the answer (default: the connection's requestTimeoutMs). */
+  deadlineMs?: number;
+}
+
+/** What a worker answers a dispatch with. */
+export interface DispatchAnswer {
+  y: Float32Array;
+  ms?: number;
+}
+
+/** A dispatch that reached this worker; answer it once with respond() or fail(). */
+export interface IncomingDispatch extends WireExpertRequest {
+  readonly id: number;
+  /** The requesting backbone. */
+  readonly from: string;
+  readonly w: Float32Array | undefined;
+  /** The ms the sender waits, if it said. */
+  readonly deadline: number | undefined;
+  /**
+   * The sender accepts a compact result: `respond` then sends only the filled slots' rows of a
+   * full mode-"each" answer.
+   */
+  readonly compact: boolean;
+  /** Aborted when the connection drops or the sender's deadline passes: stop computing. */
+  readonly signal: AbortSignal;
+  /** Activations as f32, whatever their wire dtype. */
+  activations(): Float32Array;
+  /** Sends the result; false when it can no longer be delivered (connection dropped, answered). */
+  respond(answer: DispatchAnswer): boolean;
+  /** Sends an `error` frame with the error's code. */
+  fail(error: unknown): boolean;
+}
+
+export type DispatchHandler = (request: IncomingDispatch) => DispatchAnswer | Promise<DispatchAnswer>;
+
+export interface ConnectRelayOptions {
+  role: Role;
+  /** This peer's id, 1..128 bytes; workers are addressed by it. */
+  id: string;
+  /** The auth token, or a function asked again before every (re)connect so it can be refreshed. */
+  token: string | (() => string | Promise<string>);
+  /** PEM CA certificate(s) to trust for a self-hosted relay. */
+  ca?: string | Uint8Array | ReadonlyArray<string | Uint8Array>;
+  /** Aborting it closes the connection (and rejects connectRelay while it is connecting). */
+  signal?: AbortSignal;
+  /** Reconnect after a drop (default true, exponential backoff with jitter). */
+  reconnect?: boolean | ReconnectOptions;
+  /** Protocol ping interval (default 5000 ms). */
+  heartbeatMs?: number;
+  /** Silence after which the relay counts as dead and the link is dropped (default 15000 ms). */
+  deadPeerMs?: number;
+  /** Time for one dial + hello acceptance (default 10000 ms). */
+  connectTimeoutMs?: number;
+  /** Default deadline of request() (default 30000 ms). */
+  requestTimeoutMs?: number;
+  /** Largest frame sent or accepted (default 64 MiB). */
+  maxFrameBytes?: number;
+  /** Bytes that may wait in the send buffer before request() fails with BACKPRESSURE (default 128 MiB). */
+  maxQueueBytes?: number;
+  /** Dispatches a worker holds at once before answering MOESWARM_TRANSPORT_LIMIT (default 256). */
+  maxIncoming?: number;
+  caps?: Caps;
+  /** Worker side: answers every dispatch (else read them from dispatches()). */
+  onDispatch?: DispatchHandler;
+  /**
+   * Worker side: called when the relay sends `drain` (as is the `drain` event; this option also
+   * sees one that arrives right after the hello, before `on()` could be called). Its exceptions
+   * are ignored.
+   */
+  onDrain?: (reason: string | undefined) => void;
+  /** The frame transport (default: WebSocket). */
+  dial?: FrameDialer;
+}
+
+export interface RelayConnection extends AsyncDisposable {
+  readonly url: string;
+  readonly role: Role;
+  readonly id: string;
+  readonly state: RelayState;
+  /** Round-trip time of the last heartbeat, ms. */
+  readonly rttMs: number | undefined;
+  /** Bytes waiting in the send buffer. */
+  readonly bufferedBytes: number;
+  /**
+   * Announces a slice (one rectangle of layers x experts of a model) this worker serves. Several
+   * accumulate, on the relay as here; one with the same model, layers and experts as an earlier
+   * one replaces it (idempotent; its capacity and backend are updated). All are replayed after
+   * every reconnect, in the order first registered.
+   */
+  register(registration: RelayRegistration): void;
+  /** What this connection has registered (and replays after a reconnect), in order. */
+  registrations(): RelayRegistration[];
+  /**
+   * Stops new dispatches to this worker and withdraws every registration (the relay forgets them
+   * at a drain, and so does this connection); replayed after reconnect until the next register().
+   */
+  drain(reason?: string): void;
+  /** Sends a dispatch to peer `to` and waits for its result. */
+  request(to: string, request: DispatchRequest, options?: RequestOptions): Promise<DispatchReply>;
+  /** Worker side: incoming dispatches, when no onDispatch handler is set. Ends at close(). */
+  dispatches(options?: { signal?: AbortSignal }): AsyncIterableIterator<IncomingDispatch>;
+  /** Subscribes to events; returns the unsubscribe function. */
+  on(listener: (event: RelayEvent) => void): () => void;
+  /** Events from now on, as an async iterable. Ends at close(). */
+  events(options?: { signal?: AbortSignal }): AsyncIterableIterator<RelayEvent>;
+  /** Resolves when the state is `connected` (at once if it is). */
+  waitConnected(options?: { signal?: AbortSignal }): Promise<void>;
+  close(): Promise<void>;
+}

@@ -1,0 +1,212 @@
+import { compactSlots, errorToWire, ProtocolError, TransportError, traceHop } from "@moeswarm/core";
+import { Channel } from "./channel.js";
+import type { DispatchAnswer, DispatchHandler, IncomingDispatch } from "./connection-types.js";
+import type { FrameLink } from "./link.js";
+import { activationsToF32 } from "./tensors.js";
+import {
+  type DispatchFrame,
+  type DispatchMode,
+  type ErrorFrame,
+  type Frame,
+  PROTOCOL_VERSION,
+  type ResultFrame,
+  type WireDtype,
+} from "./wire.js";
+
+// The worker side: dispatches this worker holds, each answered once (by the onDispatch handler or
+// by whoever reads dispatches()), with its sender's deadline and the link's life as its signal.
+
+const now = () => performance.now();
+
+export class Incoming implements IncomingDispatch {
+  readonly controller = new AbortController();
+  readonly id: number;
+  readonly from: string;
+  readonly model: string;
+  readonly layer: number;
+  readonly n: number;
+  readonly embd: number;
+  readonly k: number;
+  readonly dtype: WireDtype;
+  readonly mode: DispatchMode;
+  readonly x: Float32Array | Uint16Array;
+  readonly ids: Int32Array;
+  readonly w: Float32Array | undefined;
+  readonly deadline: number | undefined;
+  readonly compact: boolean;
+  timer: ReturnType<typeof setTimeout> | undefined;
+  done = false;
+
+  constructor(
+    frame: DispatchFrame,
+    private readonly reply: (self: Incoming, frame: ResultFrame | ErrorFrame | undefined) => boolean,
+  ) {
+    this.id = frame.id;
+    this.from = frame.from ?? "";
+    this.model = frame.model;
+    this.layer = frame.layer;
+    this.n = frame.n;
+    this.embd = frame.embd;
+    this.k = frame.k;
+    this.dtype = frame.dtype;
+    this.mode = frame.mode;
+    this.x = frame.x;
+    this.ids = frame.ids;
+    this.w = frame.w;
+    this.deadline = frame.deadline;
+    this.compact = frame.compact === true && frame.mode === "each";
+  }
+
+  get signal(): AbortSignal {
+    return this.controller.signal;
+  }
+
+  activations(): Float32Array {
+    return activationsToF32(this.x, this.dtype);
+  }
+
+  respond(answer: DispatchAnswer): boolean {
+    const y = answer?.y;
+    const expected = (this.mode === "each" ? this.n * this.k : this.n) * this.embd;
+    if (!(y instanceof Float32Array) || y.length !== expected) {
+      return this.fail(
+        new ProtocolError(
+          "MOESWARM_PROTOCOL_BAD_LENGTH",
+          `result y must be a Float32Array of ${expected} values (mode ${this.mode})`,
+        ),
+      );
+    }
+    return this.reply(this, {
+      t: "result",
+      v: PROTOCOL_VERSION,
+      id: this.id,
+      to: this.from || undefined,
+      mode: this.mode,
+      n: this.n,
+      k: this.k,
+      embd: this.embd,
+      y: this.compact ? compactSlots(y, this.ids, this.embd) : y,
+      ms: answer.ms,
+      ...(this.compact ? { compact: true } : {}),
+    });
+  }
+
+  fail(error: unknown): boolean {
+    const { code, msg } = errorToWire(error);
+    return this.reply(this, {
+      t: "error",
+      v: PROTOCOL_VERSION,
+      id: this.id,
+      to: this.from || undefined,
+      code,
+      msg,
+    });
+  }
+}
+
+export interface ServingOptions {
+  readonly id: string;
+  readonly maxIncoming: number;
+  readonly onDispatch: DispatchHandler | undefined;
+  /** Encodes and queues a frame; throws when it cannot be encoded (e.g. over maxFrameBytes). */
+  send(link: FrameLink, frame: Frame): void;
+  /** The connection's current link: an answer goes out only on the link its dispatch came in on. */
+  link(): FrameLink | undefined;
+}
+
+export class WorkerServing {
+  readonly #o: ServingOptions;
+  readonly #incoming = new Map<number, Incoming>();
+  readonly #inbox = new Channel<Incoming>({ broadcast: false, limit: 1_000_000 });
+
+  constructor(options: ServingOptions) {
+    this.#o = options;
+  }
+
+  /** A `dispatch` frame that reached this worker on `link`. */
+  accept(link: FrameLink, frame: DispatchFrame): void {
+    if (this.#incoming.size >= this.#o.maxIncoming || this.#incoming.has(frame.id)) {
+      this.#o.send(link, {
+        t: "error",
+        v: PROTOCOL_VERSION,
+        id: frame.id,
+        to: frame.from,
+        code: "MOESWARM_TRANSPORT_LIMIT",
+        msg: `worker ${this.#o.id} holds ${this.#incoming.size} dispatches`,
+      });
+      return;
+    }
+    const inc = new Incoming(frame, (self, reply) => this.#reply(link, self, reply));
+    this.#incoming.set(frame.id, inc);
+    if (frame.deadline !== undefined) {
+      inc.timer = setTimeout(() => {
+        inc.controller.abort(
+          new TransportError("MOESWARM_TRANSPORT_TIMEOUT", `dispatch ${frame.id} outlived its deadline`),
+        );
+        if (!inc.done) {
+          inc.done = true;
+          this.#incoming.delete(inc.id);
+        }
+      }, frame.deadline);
+      inc.timer.unref?.();
+    }
+    const handler = this.#o.onDispatch;
+    if (!handler) {
+      this.#inbox.push(inc);
+      return;
+    }
+    const t0 = now();
+    Promise.resolve()
+      .then(() => handler(inc))
+      .then(
+        (answer) => inc.respond({ y: answer?.y, ms: answer?.ms ?? now() - t0 }),
+        (error: unknown) => inc.fail(error),
+      )
+      .catch(() => {});
+  }
+
+  /** Sends a dispatch's answer once, on the link it came in on, while that link lives. */
+  #reply(link: FrameLink, self: Incoming, reply: ResultFrame | ErrorFrame | undefined): boolean {
+    if (self.done || this.#incoming.get(self.id) !== self || link !== this.#o.link()) return false;
+    self.done = true;
+    clearTimeout(self.timer);
+    this.#incoming.delete(self.id);
+    if (!reply) return true;
+    try {
+      this.#o.send(link, reply);
+      traceHop("rc.answered", self.id);
+    } catch (error) {
+      // e.g. a result larger than maxFrameBytes: the backbone still gets an answer
+      this.#o.send(link, {
+        t: "error",
+        v: PROTOCOL_VERSION,
+        id: self.id,
+        to: reply.to,
+        ...errorToWire(error),
+      });
+    }
+    return true;
+  }
+
+  /** The link is gone: every dispatch held is aborted (its answer could not be delivered). */
+  abortAll(cause: Error): void {
+    const incoming = [...this.#incoming.values()];
+    this.#incoming.clear();
+    for (const inc of incoming) {
+      inc.done = true;
+      clearTimeout(inc.timer);
+      inc.controller.abort(
+        new TransportError("MOESWARM_TRANSPORT_CLOSED", "relay connection lost", { cause }),
+      );
+    }
+  }
+
+  /** Incoming dispatches, when no onDispatch handler is set. Ends at end(). */
+  dispatches(options: { signal?: AbortSignal } = {}): AsyncIterableIterator<IncomingDispatch> {
+    return this.#inbox.iterate({ signal: options.signal, filter: (d) => !d.done && !d.signal.aborted });
+  }
+
+  end(): void {
+    this.#inbox.end();
+  }
+}
