@@ -1,6 +1,6 @@
 import { open } from "node:fs/promises";
 import { fileURLToPath } from "node:url";
-import { abortReason, GgufError, InvalidArgumentError, throwIfAborted } from "@moeswarm/core";
+import { abortReason, GgufError, InvalidArgumentError, linkedSignal, throwIfAborted } from "@moeswarm/core";
 import { type Dispatcher, getGlobalDispatcher, interceptors, request } from "undici";
 
 export interface ReadOptions {
@@ -33,24 +33,17 @@ const MAX_READ = 2 ** 31 - 1;
 function checkRead(offset: bigint | number, length: number): bigint {
   if (!Number.isSafeInteger(length) || length < 0 || length > MAX_READ) {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
       `read length must be an integer in [0, ${MAX_READ}], got ${String(length)}`,
     );
   }
   if (typeof offset === "number") {
     if (!Number.isSafeInteger(offset) || offset < 0) {
-      throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
-        `read offset must be a non-negative safe integer, got ${offset}`,
-      );
+      throw new InvalidArgumentError(`read offset must be a non-negative safe integer, got ${offset}`);
     }
     return BigInt(offset);
   }
   if (typeof offset !== "bigint" || offset < 0n) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `read offset must be a non-negative integer, got ${String(offset)}`,
-    );
+    throw new InvalidArgumentError(`read offset must be a non-negative integer, got ${String(offset)}`);
   }
   return offset;
 }
@@ -62,7 +55,7 @@ function closedError(description: string): GgufError {
 /** The bytes of `bytes` as a source; reads return views into it, without copying. */
 export function bufferSource(bytes: Uint8Array, options: { description?: string } = {}): ByteSource {
   if (!(bytes instanceof Uint8Array)) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "bufferSource needs a Uint8Array");
+    throw new InvalidArgumentError("bufferSource needs a Uint8Array");
   }
   let closed = false;
   const size = BigInt(bytes.byteLength);
@@ -100,7 +93,7 @@ export function bufferSource(bytes: Uint8Array, options: { description?: string 
  */
 export async function fileSource(path: string, options: ReadOptions = {}): Promise<ByteSource> {
   if (typeof path !== "string" || path.length === 0) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "fileSource needs a non-empty path");
+    throw new InvalidArgumentError("fileSource needs a non-empty path");
   }
   throwIfAborted(options.signal);
   let handle: Awaited<ReturnType<typeof open>>;
@@ -199,28 +192,13 @@ function discard(body: Dispatcher.ResponseData["body"]): void {
 const CONTENT_RANGE = /^bytes\s+(\d+)-(\d+)\/(\d+|\*)$/i;
 const UNSATISFIED_RANGE = /^bytes\s+\*\/(\d+)$/i;
 
-/** Ties two optional signals into one; `dispose` removes the listener it added. */
+/** Ties two optional signals into one (core's linkedSignal when both are given). */
 function linkSignals(
   a: AbortSignal | undefined,
   b: AbortSignal | undefined,
 ): { signal: AbortSignal | undefined; dispose(): void } {
   if (!a || !b) return { signal: a ?? b, dispose() {} };
-  const controller = new AbortController();
-  const onA = () => controller.abort(a.reason);
-  const onB = () => controller.abort(b.reason);
-  if (a.aborted) onA();
-  else if (b.aborted) onB();
-  else {
-    a.addEventListener("abort", onA, { once: true });
-    b.addEventListener("abort", onB, { once: true });
-  }
-  return {
-    signal: controller.signal,
-    dispose() {
-      a.removeEventListener("abort", onA);
-      b.removeEventListener("abort", onB);
-    },
-  };
+  return linkedSignal([a, b]);
 }
 
 /**
@@ -234,26 +212,20 @@ export function httpSource(url: string | URL, options: HttpSourceOptions = {}): 
   try {
     target = new URL(url);
   } catch (error) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", `invalid URL ${String(url)}`, {
+    throw new InvalidArgumentError(`invalid URL ${String(url)}`, {
       cause: error,
     });
   }
   if (target.protocol !== "http:" && target.protocol !== "https:") {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `httpSource needs an http(s) URL, got ${target.protocol}`,
-    );
+    throw new InvalidArgumentError(`httpSource needs an http(s) URL, got ${target.protocol}`);
   }
   const maxRedirections = options.maxRedirections ?? 5;
   if (!Number.isSafeInteger(maxRedirections) || maxRedirections < 0) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      "maxRedirections must be a non-negative integer",
-    );
+    throw new InvalidArgumentError("maxRedirections must be a non-negative integer");
   }
   for (const name of Object.keys(options.headers ?? {})) {
     if (name.toLowerCase() === "range") {
-      throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "httpSource sets the Range header itself");
+      throw new InvalidArgumentError("httpSource sets the Range header itself");
     }
   }
   const dispatcher = (options.dispatcher ?? getGlobalDispatcher()).compose(
@@ -422,10 +394,7 @@ export async function openByteSource(
     if (input.protocol === "http:" || input.protocol === "https:") {
       return { source: httpSource(input, options), owned: true };
     }
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", `unsupported URL protocol ${input.protocol}`);
+    throw new InvalidArgumentError(`unsupported URL protocol ${input.protocol}`);
   }
-  throw new InvalidArgumentError(
-    "MOESWARM_INVALID_ARGUMENT",
-    "expected a ByteSource, a path, a Uint8Array or a URL",
-  );
+  throw new InvalidArgumentError("expected a ByteSource, a path, a Uint8Array or a URL");
 }

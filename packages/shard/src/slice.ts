@@ -89,10 +89,7 @@ export function selectIndices(selection: IndexSelection, what: string, limit: nu
     values = [];
     for (let i = r.start; i < r.end; i++) values.push(i);
   } else {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `${what} must be a range {start, end}, an array or a number`,
-    );
+    throw new InvalidArgumentError(`${what} must be a range {start, end}, an array or a number`);
   }
   if (values.length === 0) throw invalidRange(`no ${what} selected`);
   for (const v of values) {
@@ -208,7 +205,7 @@ export async function sliceExperts(
   options: SliceExpertsOptions,
 ): Promise<ExpertSlice> {
   if (typeof options !== "object" || options === null) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "sliceExperts needs {layers, experts}");
+    throw new InvalidArgumentError("sliceExperts needs {layers, experts}");
   }
   const { signal, manifest } = options;
   const chunkSize = checkChunkSize(options.chunkSize);
@@ -266,11 +263,7 @@ export async function sliceExperts(
     let slabs: string[];
     const isSlice = ids !== undefined;
     if (manifest) {
-      if (isSlice)
-        throw new InvalidArgumentError(
-          "MOESWARM_INVALID_ARGUMENT",
-          "a manifest describes a model, not a slice",
-        );
+      if (isSlice) throw new InvalidArgumentError("a manifest describes a model, not a slice");
       checkManifest(manifest, header, chosen, source.size);
       sourceSha256 = manifest.source.headerSha256;
       sourceId = options.sourceId ?? manifest.source.name;
@@ -386,7 +379,7 @@ async function writeStream(
   options: SliceWriteOptions,
 ): Promise<void> {
   if (typeof path !== "string" || path.length === 0) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "write needs a non-empty path");
+    throw new InvalidArgumentError("write needs a non-empty path");
   }
   throwIfAborted(options.signal);
   let written = 0;

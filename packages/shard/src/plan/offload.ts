@@ -166,14 +166,10 @@ const GIB = 1n << 30n;
 // common/common.h: input-layer tensors (LLM_TENSOR_LAYER_INPUT) llama.cpp keeps on the CPU.
 const INPUT_TENSOR = /^(token_embd|position_embd|token_types|per_layer_token_embd)\./;
 
-function invalid(message: string): InvalidArgumentError {
-  return new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", message);
-}
-
 function positiveInt(value: unknown, what: string, fallback: number, max = 1 << 24): number {
   if (value === undefined) return fallback;
   if (typeof value !== "number" || !Number.isSafeInteger(value) || value < 1 || value > max) {
-    throw invalid(`${what} must be an integer in [1, ${max}], got ${String(value)}`);
+    throw new InvalidArgumentError(`${what} must be an integer in [1, ${max}], got ${String(value)}`);
   }
   return value;
 }
@@ -181,7 +177,9 @@ function positiveInt(value: unknown, what: string, fallback: number, max = 1 << 
 function kvType(value: unknown, what: string, fallback: KvCacheType): KvCacheType {
   if (value === undefined) return fallback;
   if (!KV_CACHE_TYPES.includes(value as KvCacheType)) {
-    throw invalid(`${what} must be one of ${KV_CACHE_TYPES.join(", ")}, got ${String(value)}`);
+    throw new InvalidArgumentError(
+      `${what} must be one of ${KV_CACHE_TYPES.join(", ")}, got ${String(value)}`,
+    );
   }
   return value as KvCacheType;
 }
@@ -195,7 +193,7 @@ function resolveContext(o: PlanOffloadOptions): ContextShape {
   const flashAttention = o.flashAttention ?? true;
   // llama_init_from_model refuses a quantised V cache without flash attention.
   if (!flashAttention && !["f32", "f16", "bf16"].includes(v)) {
-    throw invalid(`a ${v} V cache needs flash attention (llama.cpp refuses it otherwise)`);
+    throw new InvalidArgumentError(`a ${v} V cache needs flash attention (llama.cpp refuses it otherwise)`);
   }
   return {
     ctx,
@@ -250,8 +248,9 @@ function offloadOrder(
     const known = new Set(expertLayers);
     const seen = new Set<number>();
     for (const l of order as readonly number[]) {
-      if (!known.has(l)) throw invalid(`order lists layer ${String(l)}, which has no routed experts`);
-      if (seen.has(l)) throw invalid(`order lists layer ${l} twice`);
+      if (!known.has(l))
+        throw new InvalidArgumentError(`order lists layer ${String(l)}, which has no routed experts`);
+      if (seen.has(l)) throw new InvalidArgumentError(`order lists layer ${l} twice`);
       seen.add(l);
     }
     return [...(order as readonly number[])];
@@ -263,7 +262,7 @@ function offloadOrder(
     case "first":
       return [...expertLayers].sort((a, b) => a - b);
     case "demand": {
-      if (!demand) throw invalid('order "demand" needs demand statistics');
+      if (!demand) throw new InvalidArgumentError('order "demand" needs demand statistics');
       const total = new Map(
         desc.map((l) => [l, demandOf(demand, l, nExpertOf(l))!.reduce((s, x) => s + x, 0)]),
       );
@@ -271,7 +270,9 @@ function offloadOrder(
       return desc.sort((a, b) => total.get(a)! - total.get(b)!);
     }
     default:
-      throw invalid(`order must be "last", "first", "demand" or a list of layers, got ${String(order)}`);
+      throw new InvalidArgumentError(
+        `order must be "last", "first", "demand" or a list of layers, got ${String(order)}`,
+      );
   }
 }
 
@@ -286,7 +287,8 @@ function offloadOrder(
  * `--n-cpu-moe` when there is one. A plan that cannot fit is returned with `fits: false`.
  */
 export function planOffload(header: GgufHeader, options: PlanOffloadOptions): OffloadPlan {
-  if (typeof options !== "object" || options === null) throw invalid("planOffload needs an options object");
+  if (typeof options !== "object" || options === null)
+    throw new InvalidArgumentError("planOffload needs an options object");
   const hp: ModelHparams = modelHparams(header);
   const context = resolveContext(options);
   // llama_init_from_model: with flash attention a quantised cache's block must divide the head size.
@@ -296,7 +298,9 @@ export function planOffload(header: GgufHeader, options: PlanOffloadOptions): Of
   ] as const) {
     const block = ggmlTypeTraits(kvCacheGgmlType(type)).blockSize;
     if (context.flashAttention && head % block !== 0) {
-      throw invalid(`${which} cache type ${type} (blocks of ${block}) does not divide the head size ${head}`);
+      throw new InvalidArgumentError(
+        `${which} cache type ${type} (blocks of ${block}) does not divide the head size ${head}`,
+      );
     }
   }
   const vramCapacity = parseByteSize(options.vram, "vram");
@@ -307,7 +311,8 @@ export function planOffload(header: GgufHeader, options: PlanOffloadOptions): Of
       ? undefined
       : parseByteSize(options.reserve, "reserve");
   const swarmBufferType = options.swarmBufferType ?? "MOESWARM";
-  if (!/^[A-Za-z0-9_]+$/.test(swarmBufferType)) throw invalid("swarmBufferType must be a buffer type name");
+  if (!/^[A-Za-z0-9_]+$/.test(swarmBufferType))
+    throw new InvalidArgumentError("swarmBufferType must be a buffer type name");
   const workers = options.workers === undefined ? [] : resolveWorkers(options.workers);
   const maxCopies = positiveInt(options.maxCopies, "maxCopies", 2, 64);
 
@@ -380,12 +385,15 @@ export function planOffload(header: GgufHeader, options: PlanOffloadOptions): Of
   const explicitSwarm = Array.isArray(options.swarm) ? (options.swarm as readonly number[]) : undefined;
   const swarmMode = explicitSwarm ? "list" : ((options.swarm as string | undefined) ?? "offloaded");
   if (!["list", "offloaded", "overflow"].includes(swarmMode)) {
-    throw invalid(`swarm must be "offloaded", "overflow" or a list of layers, got ${String(options.swarm)}`);
+    throw new InvalidArgumentError(
+      `swarm must be "offloaded", "overflow" or a list of layers, got ${String(options.swarm)}`,
+    );
   }
   if (explicitSwarm) {
-    if (workers.length === 0) throw invalid("swarm lists layers but there are no workers");
+    if (workers.length === 0) throw new InvalidArgumentError("swarm lists layers but there are no workers");
     for (const l of explicitSwarm) {
-      if (!device.has(l)) throw invalid(`swarm lists layer ${String(l)}, which has no routed experts`);
+      if (!device.has(l))
+        throw new InvalidArgumentError(`swarm lists layer ${String(l)}, which has no routed experts`);
       device.set(l, "swarm");
     }
   }
@@ -460,7 +468,6 @@ export function planOffload(header: GgufHeader, options: PlanOffloadOptions): Of
     const wanted = new Set(layers.flatMap((l) => expertNames.get(l)!));
     if (matched.length !== wanted.size || !matched.every((n) => wanted.has(n))) {
       throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
         `internal: override ${pattern} does not match exactly the tensors of layers ${layers.join(",")}`,
       );
     }
