@@ -201,13 +201,11 @@ function linkSignals(
   return linkedSignal([a, b]);
 }
 
-/**
- * An HTTP(S) resource read with `Range: bytes=a-b` requests through undici. Every answer must be
- * `206 Partial Content` with a matching `Content-Range` (or `416` past the end); a server that
- * ignores Range gets GgufError MOESWARM_GGUF_IO and its body is not downloaded. The size comes
- * from the first answer's `Content-Range` and must not change afterwards.
- */
-export function httpSource(url: string | URL, options: HttpSourceOptions = {}): ByteSource {
+/** The URL and redirect limit of httpSource's arguments, validated. */
+function checkHttpOptions(
+  url: string | URL,
+  options: HttpSourceOptions,
+): { target: URL; maxRedirections: number } {
   let target: URL;
   try {
     target = new URL(url);
@@ -228,6 +226,72 @@ export function httpSource(url: string | URL, options: HttpSourceOptions = {}): 
       throw new InvalidArgumentError("httpSource sets the Range header itself");
     }
   }
+  return { target, maxRedirections };
+}
+
+/** Reads a 206 body of exactly `want` bytes (its Content-Range's length). */
+async function readBody(
+  body: Dispatcher.ResponseData["body"],
+  want: number,
+  contentRange: string,
+  signal: AbortSignal | undefined,
+  ioError: (message: string, details?: Record<string, unknown>, cause?: unknown) => GgufError,
+): Promise<Uint8Array> {
+  const out = new Uint8Array(want);
+  let got = 0;
+  try {
+    for await (const chunk of body as AsyncIterable<Uint8Array>) {
+      if (got + chunk.byteLength > want) {
+        throw ioError(`the body is longer than its Content-Range (${contentRange})`);
+      }
+      out.set(chunk, got);
+      got += chunk.byteLength;
+    }
+  } catch (error) {
+    discard(body);
+    if (signal?.aborted) throw abortReason(signal);
+    if (error instanceof GgufError) throw error;
+    throw ioError(`reading the body failed: ${(error as Error).message}`, {}, error);
+  }
+  if (got !== want) throw ioError(`the body ended after ${got} of ${want} bytes`);
+  return out;
+}
+
+/**
+ * `length` bytes from `start`, asking again for the rest while answers stop early (a server that
+ * caps its ranges), up to the end of the resource.
+ */
+async function readInPieces(
+  fetchRange: (from: bigint, to: bigint) => Promise<Uint8Array>,
+  start: bigint,
+  length: number,
+  size: () => bigint | undefined,
+): Promise<Uint8Array> {
+  const last = start + BigInt(length) - 1n;
+  const first = await fetchRange(start, last);
+  if (first.byteLength === length || first.byteLength === 0) return first;
+  const out = new Uint8Array(length);
+  out.set(first);
+  let got = first.byteLength;
+  while (got < length) {
+    const total = size();
+    if (total !== undefined && start + BigInt(got) >= total) break;
+    const part = await fetchRange(start + BigInt(got), last);
+    if (part.byteLength === 0) break;
+    out.set(part, got);
+    got += part.byteLength;
+  }
+  return got === length ? out : out.subarray(0, got);
+}
+
+/**
+ * An HTTP(S) resource read with `Range: bytes=a-b` requests through undici. Every answer must be
+ * `206 Partial Content` with a matching `Content-Range` (or `416` past the end); a server that
+ * ignores Range gets GgufError MOESWARM_GGUF_IO and its body is not downloaded. The size comes
+ * from the first answer's `Content-Range` and must not change afterwards.
+ */
+export function httpSource(url: string | URL, options: HttpSourceOptions = {}): ByteSource {
+  const { target, maxRedirections } = checkHttpOptions(url, options);
   const dispatcher = (options.dispatcher ?? getGlobalDispatcher()).compose(
     interceptors.redirect({ maxRedirections }),
   );
@@ -303,25 +367,7 @@ export function httpSource(url: string | URL, options: HttpSourceOptions = {}): 
       discard(body);
       throw ioError(`Content-Range ${contentRange} does not answer bytes=${from}-${to}`);
     }
-    const want = Number(last - first + 1n);
-    const out = new Uint8Array(want);
-    let got = 0;
-    try {
-      for await (const chunk of body as AsyncIterable<Uint8Array>) {
-        if (got + chunk.byteLength > want) {
-          throw ioError(`the body is longer than its Content-Range (${contentRange})`);
-        }
-        out.set(chunk, got);
-        got += chunk.byteLength;
-      }
-    } catch (error) {
-      discard(body);
-      if (signal?.aborted) throw abortReason(signal);
-      if (error instanceof GgufError) throw error;
-      throw ioError(`reading the body failed: ${(error as Error).message}`, {}, error);
-    }
-    if (got !== want) throw ioError(`the body ended after ${got} of ${want} bytes`);
-    return out;
+    return readBody(body, Number(last - first + 1n), contentRange, signal, ioError);
   };
 
   const source: ByteSource = {
@@ -337,19 +383,12 @@ export function httpSource(url: string | URL, options: HttpSourceOptions = {}): 
       if (length === 0 || (size !== undefined && start >= size)) return new Uint8Array(0);
       const linked = linkSignals(options.signal, opts.signal);
       try {
-        const last = start + BigInt(length) - 1n;
-        const first = await fetchRange(start, last, linked.signal);
-        if (first.byteLength === length || first.byteLength === 0) return first;
-        const out = new Uint8Array(length);
-        out.set(first);
-        let got = first.byteLength;
-        while (got < length && (size === undefined || start + BigInt(got) < size)) {
-          const part = await fetchRange(start + BigInt(got), last, linked.signal);
-          if (part.byteLength === 0) break;
-          out.set(part, got);
-          got += part.byteLength;
-        }
-        return got === length ? out : out.subarray(0, got);
+        return await readInPieces(
+          (from, to) => fetchRange(from, to, linked.signal),
+          start,
+          length,
+          () => size,
+        );
       } finally {
         linked.dispose();
       }
