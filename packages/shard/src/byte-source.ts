@@ -285,6 +285,36 @@ async function readInPieces(
 }
 
 /**
+ * Any answer but 206, its body never read (a server ignoring Range would send the whole 100+ GB
+ * file): a 416 past the end of the resource is an empty read, anything else an error.
+ */
+function nonPartialAnswer(
+  { statusCode, headers, body }: Dispatcher.ResponseData,
+  from: bigint,
+  to: bigint,
+  s: {
+    learnSize(total: bigint): void;
+    size(): bigint | undefined;
+    ioError(message: string, details?: Record<string, unknown>): GgufError;
+  },
+): Uint8Array {
+  discard(body);
+  if (statusCode === 416) {
+    const m = UNSATISFIED_RANGE.exec((firstHeader(headers["content-range"]) ?? "").trim());
+    if (m) s.learnSize(BigInt(m[1]!));
+    const size = s.size();
+    if (size !== undefined && from >= size) return new Uint8Array(0);
+    throw s.ioError(`range ${from}-${to} not satisfiable`, { status: statusCode });
+  }
+  throw s.ioError(
+    statusCode === 200
+      ? "the server ignored the Range header (200 instead of 206)"
+      : `HTTP ${statusCode} for range ${from}-${to}`,
+    { status: statusCode },
+  );
+}
+
+/**
  * An HTTP(S) resource read with `Range: bytes=a-b` requests through undici. Every answer must be
  * `206 Partial Content` with a matching `Content-Range` (or `416` past the end); a server that
  * ignores Range gets GgufError MOESWARM_GGUF_IO and its body is not downloaded. The size comes
@@ -332,22 +362,8 @@ export function httpSource(url: string | URL, options: HttpSourceOptions = {}): 
       throw ioError(`request failed: ${(error as Error).message}`, {}, error);
     }
     const { statusCode, headers, body } = response;
-    if (statusCode === 416) {
-      discard(body);
-      const m = UNSATISFIED_RANGE.exec((firstHeader(headers["content-range"]) ?? "").trim());
-      if (m) learnSize(BigInt(m[1]!));
-      if (size !== undefined && from >= size) return new Uint8Array(0);
-      throw ioError(`range ${from}-${to} not satisfiable`, { status: statusCode });
-    }
     if (statusCode !== 206) {
-      // Never read the body: a server ignoring Range would send the whole (100+ GB) file.
-      discard(body);
-      throw ioError(
-        statusCode === 200
-          ? "the server ignored the Range header (200 instead of 206)"
-          : `HTTP ${statusCode} for range ${from}-${to}`,
-        { status: statusCode },
-      );
+      return nonPartialAnswer(response, from, to, { learnSize, size: () => size, ioError });
     }
     const contentRange = (firstHeader(headers["content-range"]) ?? "").trim();
     const m = CONTENT_RANGE.exec(contentRange);
