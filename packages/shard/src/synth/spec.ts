@@ -197,14 +197,8 @@ export function resolveSyntheticOptions(options: SyntheticMoeOptions): ResolvedS
 /** Version of the generator: bump whenever the bytes for given options change. */
 export const SYNTH_GENERATOR_VERSION = "moeswarm-synth/1";
 
-/**
- * The metadata and tensor list llama.cpp (pinned release) requires for the architecture: the
- * keys its `load_hparams`/`load_arch_hparams` read and the tensors its `load_arch_tensors`
- * creates (src/models/qwen3moe.cpp, qwen2moe.cpp, llama.cpp), with those shapes.
- */
-export function syntheticModelSpec(options: SyntheticMoeOptions): SynthModelSpec {
-  const o = resolveSyntheticOptions(options);
-  const arch = o.arch === "mixtral" ? "llama" : o.arch;
+/** The keys llama.cpp reads for the architecture, then the tokenizer and the generator's own. */
+function syntheticMetadata(o: ResolvedSyntheticOptions, arch: string): Map<string, GgufMetadataValue> {
   const tok = buildTokenizer(o.vocab);
   const v = ggufValue;
   const k = (key: string) => `${arch}.${key}`;
@@ -248,7 +242,11 @@ export function syntheticModelSpec(options: SyntheticMoeOptions): SynthModelSpec
   md.set("tokenizer.ggml.add_bos_token", v.bool(false));
   md.set("moeswarm.synthetic.generator", v.str(SYNTH_GENERATOR_VERSION));
   md.set("moeswarm.synthetic.seed", v.u32(o.seed));
+  return md;
+}
 
+/** The tensors `load_arch_tensors` creates, in file order, each with its distribution. */
+function syntheticTensors(o: ResolvedSyntheticOptions): SynthTensorSpec[] {
   const t = o.types;
   const tensors: SynthTensorSpec[] = [];
   const add = (
@@ -306,5 +304,18 @@ export function syntheticModelSpec(options: SyntheticMoeOptions): SynthModelSpec
   }
   norm("output_norm.weight", o.nEmbd);
   add("output.weight", [o.nEmbd, o.vocab], t.output, o.logitStd * inv(o.nEmbd));
+  return tensors;
+}
+
+/**
+ * The metadata and tensor list llama.cpp (pinned release) requires for the architecture: the
+ * keys its `load_hparams`/`load_arch_hparams` read and the tensors its `load_arch_tensors`
+ * creates (src/models/qwen3moe.cpp, qwen2moe.cpp, llama.cpp), with those shapes.
+ */
+export function syntheticModelSpec(options: SyntheticMoeOptions): SynthModelSpec {
+  const o = resolveSyntheticOptions(options);
+  const arch = o.arch === "mixtral" ? "llama" : o.arch;
+  const md = syntheticMetadata(o, arch);
+  const tensors = syntheticTensors(o);
   return { options: o, ggufArch: arch, metadata: md, tensors };
 }
