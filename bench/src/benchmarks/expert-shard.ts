@@ -53,6 +53,55 @@ function downloader() {
   return { get, close: () => worker.terminate() };
 }
 
+/** The reference server: node:http piping fs read streams of the slab ranges, nothing else. */
+function referenceServer(
+  path: string,
+  ranges: readonly { start: number; length: number }[],
+  slabBytes: number,
+) {
+  return createServer(async (_req, res) => {
+    res.writeHead(200, { "content-length": slabBytes });
+    for (const r of ranges) {
+      await pipeline(
+        createReadStream(path, {
+          start: r.start,
+          end: r.start + r.length - 1,
+          highWaterMark: MB, // the hub's read size: the same I/O pattern
+        }),
+        res,
+        {
+          end: false,
+        },
+      );
+    }
+    res.end();
+  });
+}
+
+/** Download throughput against fs reads (and against the plain server), from the cases' samples in order. */
+function downloadRatios(samples: number[][], sliceBytes: number, slabBytes: number): Record<string, number> {
+  const [fs1, , plainNode, http1, http8, https1] = samples;
+  // throughput ratios per round (both sides moved their own byte counts), then the median
+  const tput = (bytes: number, baseline: number[], measured: number[]) =>
+    pairedRatio(
+      baseline.map((ns) => ns / slabBytes),
+      measured.map((ns) => ns / bytes),
+    );
+  const ratios: Record<string, number> = {
+    "http/fs-read": tput(sliceBytes, fs1!, http1!),
+    "http-8MiB-chunks/fs-read": tput(sliceBytes, fs1!, http8!),
+  };
+  if (https1) ratios["https/fs-read"] = tput(sliceBytes, fs1!, https1);
+  ratios["http/fs-read (best)"] = sliceBytes / Math.min(...http1!) / (slabBytes / Math.min(...fs1!));
+  // the hub against the plainest Node server of the same bytes: what the hub itself costs
+  ratios["http/plain-node-http"] = tput(
+    sliceBytes,
+    plainNode!.map((ns) => (ns * slabBytes) / sliceBytes),
+    http1!,
+  );
+  return ratios;
+}
+
 export const expertShard: Benchmark = {
   name: "expert-shard",
   description:
@@ -87,24 +136,7 @@ export const expertShard: Benchmark = {
       const bigChunks = await start({ chunkSize: 8 * MB });
       const secure = tls ? await start({ tls: { cert: tls.cert, key: tls.key } }) : undefined;
       const sliceBytes = await client.get(plain);
-      // the reference server: node:http piping fs read streams of the slab ranges, nothing else
-      plainServer = createServer(async (_req, res) => {
-        res.writeHead(200, { "content-length": slabBytes });
-        for (const r of ranges) {
-          await pipeline(
-            createReadStream(model.path, {
-              start: r.start,
-              end: r.start + r.length - 1,
-              highWaterMark: MB, // the hub's read size: the same I/O pattern
-            }),
-            res,
-            {
-              end: false,
-            },
-          );
-        }
-        res.end();
-      });
+      plainServer = referenceServer(model.path, ranges, slabBytes);
       await new Promise<void>((resolve) => plainServer!.listen(0, "127.0.0.1", resolve));
       const reference = `http://127.0.0.1:${(plainServer.address() as AddressInfo).port}/`;
 
@@ -136,24 +168,10 @@ export const expertShard: Benchmark = {
           "GB/s": +gbPerSecond(bytes, median(samples)).toFixed(3),
         };
       });
-      const [fs1, , plainNode, http1, http8, https1] = times.map((t) => t.samples) as number[][];
-      // throughput ratios per round (both sides moved their own byte counts), then the median
-      const tput = (bytes: number, baseline: number[], measured: number[]) =>
-        pairedRatio(
-          baseline.map((ns) => ns / slabBytes),
-          measured.map((ns) => ns / bytes),
-        );
-      const ratios: Record<string, number> = {
-        "http/fs-read": tput(sliceBytes, fs1!, http1!),
-        "http-8MiB-chunks/fs-read": tput(sliceBytes, fs1!, http8!),
-      };
-      if (https1) ratios["https/fs-read"] = tput(sliceBytes, fs1!, https1);
-      ratios["http/fs-read (best)"] = sliceBytes / Math.min(...http1!) / (slabBytes / Math.min(...fs1!));
-      // the hub against the plainest Node server of the same bytes: what the hub itself costs
-      ratios["http/plain-node-http"] = tput(
+      const ratios = downloadRatios(
+        times.map((t) => t.samples),
         sliceBytes,
-        plainNode!.map((ns) => (ns * slabBytes) / sliceBytes),
-        http1!,
+        slabBytes,
       );
       notes.push(
         `the slice is ${sliceBytes} bytes: ${slabBytes} of expert slabs plus its GGUF header (${sliceBytes - slabBytes} bytes, slab sha256s included)`,

@@ -8,6 +8,7 @@ import { mkdtemp } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { gguf } from "@huggingface/gguf";
+import { mulberry32 } from "@moeswarm/core";
 import {
   GgmlType,
   type GgufMetadataValue,
@@ -37,21 +38,9 @@ const SSM_N_GROUP = 16;
 const SSM_DT_RANK = 64;
 const SSM_D_CONV = 4;
 
-/** Deterministic PRNG (mulberry32). */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 /** Byte-level-BPE-looking tokens: mostly short ASCII pieces, some with Ġ, some CJK. */
 function vocabulary(): { tokens: string[]; merges: string[]; types: Int32Array } {
-  const random = rng(122);
+  const random = mulberry32(122);
   const alpha = "etaoinshrdlcumwfgypbvkjxqz";
   const piece = (n: number) => {
     let s = "";

@@ -1,7 +1,7 @@
 import { type ChildProcess, fork } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { fileURLToPath } from "node:url";
-import { isMoeswarmError } from "@moeswarm/core";
+import { isMoeswarmError, sleep } from "@moeswarm/core";
 import { mintToken } from "@moeswarm/hub";
 import { connectRelay, type DispatchRequest, type RelayConnection } from "@moeswarm/relay-client";
 import { type Benchmark, measure, type Row } from "../harness.js";
@@ -82,7 +82,7 @@ export const relay: Benchmark = {
           break;
         } catch (error) {
           if (i > 200 || !isMoeswarmError(error, "MOESWARM_TRANSPORT_UNKNOWN_PEER")) throw error;
-          await new Promise((r) => setTimeout(r, 10));
+          await sleep(10);
         }
       }
 

@@ -3,12 +3,15 @@ import { open } from "node:fs/promises";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import {
+  type ByteSource,
   buildManifest,
+  type ExpertSlice,
   ensureSyntheticModel,
   fileSource,
   findExpertTensors,
   loadOrBuildManifest,
   readGguf,
+  type SliceManifest,
   sliceExperts,
 } from "@moeswarm/shard";
 import {
@@ -55,6 +58,93 @@ async function peakRss<T>(fn: () => Promise<T>): Promise<{ value: T; before: num
 
 const MB = 1024 * 1024;
 
+/** Manifest of the whole model: one streamed pass over every expert byte (cached, then fresh). */
+async function measureManifest(path: string) {
+  const manifestRun = await peakRss(() => loadOrBuildManifest(path, { writeCache: true }));
+  const manifest = manifestRun.value.manifest;
+  const freshManifest = await peakRss(async () => {
+    const started = performance.now();
+    const m = await buildManifest(path);
+    return { m, seconds: (performance.now() - started) / 1000 };
+  });
+  const expertBytes = manifest.layers.reduce((n, l) => n + l.nExpert * l.bytesPerExpert, 0);
+  const row: Row = {
+    case: "manifest (all layers)",
+    MiB: +(expertBytes / MB).toFixed(1),
+    "GB/s": +gbPerSecond(expertBytes, freshManifest.value.seconds * 1e9).toFixed(3),
+    "peak RSS delta MiB": +((freshManifest.peak - freshManifest.before) / MB).toFixed(1),
+  };
+  return { manifestRun, freshManifest, row };
+}
+
+/**
+ * `dd` of the ranges, and `sh -c true` alone (what starting the processes costs). dd runs in a
+ * block of its own, first: forking this process write-protects its memory (copy-on-write), and
+ * the page faults that follow would slow whatever runs next in it.
+ */
+async function measureDd(path: string, ranges: readonly { start: number; length: number }[]) {
+  const ddScript = ranges
+    .map((r) => `dd if="$1" iflag=skip_bytes,count_bytes skip=${r.start} count=${r.length} bs=8M status=none`)
+    .join("; ");
+  const ddTimes = await interleaved(
+    [
+      [
+        "dd of the ranges",
+        async () => {
+          const res = spawnSync("sh", ["-c", ddScript, "sh", path], {
+            stdio: ["ignore", "ignore", "pipe"],
+          });
+          if (res.status !== 0) throw new Error(`dd failed: ${res.stderr}`);
+        },
+      ],
+    ],
+    { minTimeMs: 2000, minRounds: 9 },
+  );
+  const spawnOnly = await measure(
+    "sh -c true",
+    () => {
+      spawnSync("sh", ["-c", "true"]);
+    },
+    { minTimeMs: 500, minSamples: 5 },
+  );
+  return { ddTimes, spawnOnly };
+}
+
+/**
+ * Peak RSS while streaming the one-layer slice, then every layer x every expert (8x the bytes):
+ * memory does not grow with the slice. Closes the slices and the source.
+ */
+async function measureStreamRss(
+  src: ByteSource,
+  sliceWith: ExpertSlice,
+  nExpert: number,
+  manifest: SliceManifest,
+): Promise<{ rssRows: Row[]; rssAll: { before: number; peak: number } }> {
+  const rssRun = await peakRss(() => drain(sliceWith.stream()));
+  const all = await sliceExperts(src, {
+    layers: { start: 0, end: manifest.layers.length },
+    experts: { start: 0, end: nExpert },
+    manifest,
+  });
+  const rssAll = await peakRss(() => drain(all.stream()));
+  await sliceWith.close();
+  await all.close();
+  await src.close();
+  const rssRows: Row[] = [
+    {
+      case: "stream RSS: 1 layer",
+      MiB: +(sliceWith.length / MB).toFixed(1),
+      "peak RSS delta MiB": +((rssRun.peak - rssRun.before) / MB).toFixed(1),
+    },
+    {
+      case: `stream RSS: ${manifest.layers.length} layers`,
+      MiB: +(all.length / MB).toFixed(1),
+      "peak RSS delta MiB": +((rssAll.peak - rssAll.before) / MB).toFixed(1),
+    },
+  ];
+  return { rssRows, rssAll };
+}
+
 export const slice: Benchmark = {
   name: "slice",
   description:
@@ -77,21 +167,9 @@ export const slice: Benchmark = {
     }));
     const bytes = ranges.reduce((n, r) => n + r.length, 0);
 
-    // Manifest of the whole model: one streamed pass over every expert byte.
-    const manifestRun = await peakRss(() => loadOrBuildManifest(model.path, { writeCache: true }));
+    const { manifestRun, freshManifest, row: manifestRow } = await measureManifest(model.path);
     const manifest = manifestRun.value.manifest;
-    const freshManifest = await peakRss(async () => {
-      const started = performance.now();
-      const m = await buildManifest(model.path);
-      return { m, seconds: (performance.now() - started) / 1000 };
-    });
-    const expertBytes = manifest.layers.reduce((n, l) => n + l.nExpert * l.bytesPerExpert, 0);
-    rows.push({
-      case: "manifest (all layers)",
-      MiB: +(expertBytes / MB).toFixed(1),
-      "GB/s": +gbPerSecond(expertBytes, freshManifest.value.seconds * 1e9).toFixed(3),
-      "peak RSS delta MiB": +((freshManifest.peak - freshManifest.before) / MB).toFixed(1),
-    });
+    rows.push(manifestRow);
 
     // Warm the page cache for the ranges.
     const src = await fileSource(model.path);
@@ -106,11 +184,6 @@ export const slice: Benchmark = {
     });
     if (sliceWith.length < bytes) throw new Error("slice shorter than its slabs");
     const handle = await open(model.path, "r");
-    const ddScript = ranges
-      .map(
-        (r) => `dd if="$1" iflag=skip_bytes,count_bytes skip=${r.start} count=${r.length} bs=8M status=none`,
-      )
-      .join("; ");
     const cases: Array<[string, () => Promise<unknown>]> = [
       ["slice (manifest)", () => drain(sliceWith.stream())],
       [
@@ -135,29 +208,7 @@ export const slice: Benchmark = {
         },
       ],
     ];
-    // dd runs in a block of its own, first: forking this process write-protects its memory
-    // (copy-on-write), and the page faults that follow would slow whatever runs next in it.
-    const ddTimes = await interleaved(
-      [
-        [
-          "dd of the ranges",
-          async () => {
-            const res = spawnSync("sh", ["-c", ddScript, "sh", model.path], {
-              stdio: ["ignore", "ignore", "pipe"],
-            });
-            if (res.status !== 0) throw new Error(`dd failed: ${res.stderr}`);
-          },
-        ],
-      ],
-      { minTimeMs: 2000, minRounds: 9 },
-    );
-    const spawnOnly = await measure(
-      "sh -c true",
-      () => {
-        spawnSync("sh", ["-c", "true"]);
-      },
-      { minTimeMs: 500, minSamples: 5 },
-    );
+    const { ddTimes, spawnOnly } = await measureDd(model.path, ranges);
     const times = [...(await interleaved(cases, { minTimeMs: 6000, minRounds: 15 })), ...ddTimes];
     await handle.close();
     const [sliced, sliceHashing, fsRead, dd] = times.map((t) => t.samples) as [
@@ -167,17 +218,7 @@ export const slice: Benchmark = {
       number[],
     ];
 
-    const rssRun = await peakRss(() => drain(sliceWith.stream()));
-    // Memory does not grow with the slice: every layer x every expert (8x the bytes).
-    const all = await sliceExperts(src, {
-      layers: { start: 0, end: manifest.layers.length },
-      experts: { start: 0, end: layer.nExpert },
-      manifest,
-    });
-    const rssAll = await peakRss(() => drain(all.stream()));
-    await sliceWith.close();
-    await all.close();
-    await src.close();
+    const { rssRows, rssAll } = await measureStreamRss(src, sliceWith, layer.nExpert, manifest);
 
     times.forEach(({ label, samples }) => {
       rows.push({
@@ -188,16 +229,7 @@ export const slice: Benchmark = {
         "GB/s": +gbPerSecond(bytes, median(samples)).toFixed(3),
       });
     });
-    rows.push({
-      case: "stream RSS: 1 layer",
-      MiB: +(sliceWith.length / MB).toFixed(1),
-      "peak RSS delta MiB": +((rssRun.peak - rssRun.before) / MB).toFixed(1),
-    });
-    rows.push({
-      case: `stream RSS: ${manifest.layers.length} layers`,
-      MiB: +(all.length / MB).toFixed(1),
-      "peak RSS delta MiB": +((rssAll.peak - rssAll.before) / MB).toFixed(1),
-    });
+    rows.push(...rssRows);
     notes.push(
       `dd includes starting sh and ${ranges.length} dd processes (sh -c true alone: ${(spawnOnly.medianNs / 1e6).toFixed(1)} ms)`,
       `${times[0]!.samples.length} interleaved rounds of the in-process cases (dd measured before them); on a loaded machine the min column is the steadier figure`,

@@ -1,6 +1,6 @@
 import { open } from "node:fs/promises";
 import { fileURLToPath } from "node:url";
-import { abortReason, GgufError, InvalidArgumentError, throwIfAborted } from "@moeswarm/core";
+import { abortReason, GgufError, InvalidArgumentError, linkedSignal, throwIfAborted } from "@moeswarm/core";
 import { type Dispatcher, getGlobalDispatcher, interceptors, request } from "undici";
 
 export interface ReadOptions {
@@ -33,24 +33,17 @@ const MAX_READ = 2 ** 31 - 1;
 function checkRead(offset: bigint | number, length: number): bigint {
   if (!Number.isSafeInteger(length) || length < 0 || length > MAX_READ) {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
       `read length must be an integer in [0, ${MAX_READ}], got ${String(length)}`,
     );
   }
   if (typeof offset === "number") {
     if (!Number.isSafeInteger(offset) || offset < 0) {
-      throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
-        `read offset must be a non-negative safe integer, got ${offset}`,
-      );
+      throw new InvalidArgumentError(`read offset must be a non-negative safe integer, got ${offset}`);
     }
     return BigInt(offset);
   }
   if (typeof offset !== "bigint" || offset < 0n) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `read offset must be a non-negative integer, got ${String(offset)}`,
-    );
+    throw new InvalidArgumentError(`read offset must be a non-negative integer, got ${String(offset)}`);
   }
   return offset;
 }
@@ -62,7 +55,7 @@ function closedError(description: string): GgufError {
 /** The bytes of `bytes` as a source; reads return views into it, without copying. */
 export function bufferSource(bytes: Uint8Array, options: { description?: string } = {}): ByteSource {
   if (!(bytes instanceof Uint8Array)) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "bufferSource needs a Uint8Array");
+    throw new InvalidArgumentError("bufferSource needs a Uint8Array");
   }
   let closed = false;
   const size = BigInt(bytes.byteLength);
@@ -100,7 +93,7 @@ export function bufferSource(bytes: Uint8Array, options: { description?: string 
  */
 export async function fileSource(path: string, options: ReadOptions = {}): Promise<ByteSource> {
   if (typeof path !== "string" || path.length === 0) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "fileSource needs a non-empty path");
+    throw new InvalidArgumentError("fileSource needs a non-empty path");
   }
   throwIfAborted(options.signal);
   let handle: Awaited<ReturnType<typeof open>>;
@@ -199,28 +192,126 @@ function discard(body: Dispatcher.ResponseData["body"]): void {
 const CONTENT_RANGE = /^bytes\s+(\d+)-(\d+)\/(\d+|\*)$/i;
 const UNSATISFIED_RANGE = /^bytes\s+\*\/(\d+)$/i;
 
-/** Ties two optional signals into one; `dispose` removes the listener it added. */
+/** Ties two optional signals into one (core's linkedSignal when both are given). */
 function linkSignals(
   a: AbortSignal | undefined,
   b: AbortSignal | undefined,
 ): { signal: AbortSignal | undefined; dispose(): void } {
   if (!a || !b) return { signal: a ?? b, dispose() {} };
-  const controller = new AbortController();
-  const onA = () => controller.abort(a.reason);
-  const onB = () => controller.abort(b.reason);
-  if (a.aborted) onA();
-  else if (b.aborted) onB();
-  else {
-    a.addEventListener("abort", onA, { once: true });
-    b.addEventListener("abort", onB, { once: true });
+  return linkedSignal([a, b]);
+}
+
+/** The URL and redirect limit of httpSource's arguments, validated. */
+function checkHttpOptions(
+  url: string | URL,
+  options: HttpSourceOptions,
+): { target: URL; maxRedirections: number } {
+  let target: URL;
+  try {
+    target = new URL(url);
+  } catch (error) {
+    throw new InvalidArgumentError(`invalid URL ${String(url)}`, {
+      cause: error,
+    });
   }
-  return {
-    signal: controller.signal,
-    dispose() {
-      a.removeEventListener("abort", onA);
-      b.removeEventListener("abort", onB);
-    },
-  };
+  if (target.protocol !== "http:" && target.protocol !== "https:") {
+    throw new InvalidArgumentError(`httpSource needs an http(s) URL, got ${target.protocol}`);
+  }
+  const maxRedirections = options.maxRedirections ?? 5;
+  if (!Number.isSafeInteger(maxRedirections) || maxRedirections < 0) {
+    throw new InvalidArgumentError("maxRedirections must be a non-negative integer");
+  }
+  for (const name of Object.keys(options.headers ?? {})) {
+    if (name.toLowerCase() === "range") {
+      throw new InvalidArgumentError("httpSource sets the Range header itself");
+    }
+  }
+  return { target, maxRedirections };
+}
+
+/** Reads a 206 body of exactly `want` bytes (its Content-Range's length). */
+async function readBody(
+  body: Dispatcher.ResponseData["body"],
+  want: number,
+  contentRange: string,
+  signal: AbortSignal | undefined,
+  ioError: (message: string, details?: Record<string, unknown>, cause?: unknown) => GgufError,
+): Promise<Uint8Array> {
+  const out = new Uint8Array(want);
+  let got = 0;
+  try {
+    for await (const chunk of body as AsyncIterable<Uint8Array>) {
+      if (got + chunk.byteLength > want) {
+        throw ioError(`the body is longer than its Content-Range (${contentRange})`);
+      }
+      out.set(chunk, got);
+      got += chunk.byteLength;
+    }
+  } catch (error) {
+    discard(body);
+    if (signal?.aborted) throw abortReason(signal);
+    if (error instanceof GgufError) throw error;
+    throw ioError(`reading the body failed: ${(error as Error).message}`, {}, error);
+  }
+  if (got !== want) throw ioError(`the body ended after ${got} of ${want} bytes`);
+  return out;
+}
+
+/**
+ * `length` bytes from `start`, asking again for the rest while answers stop early (a server that
+ * caps its ranges), up to the end of the resource.
+ */
+async function readInPieces(
+  fetchRange: (from: bigint, to: bigint) => Promise<Uint8Array>,
+  start: bigint,
+  length: number,
+  size: () => bigint | undefined,
+): Promise<Uint8Array> {
+  const last = start + BigInt(length) - 1n;
+  const first = await fetchRange(start, last);
+  if (first.byteLength === length || first.byteLength === 0) return first;
+  const out = new Uint8Array(length);
+  out.set(first);
+  let got = first.byteLength;
+  while (got < length) {
+    const total = size();
+    if (total !== undefined && start + BigInt(got) >= total) break;
+    const part = await fetchRange(start + BigInt(got), last);
+    if (part.byteLength === 0) break;
+    out.set(part, got);
+    got += part.byteLength;
+  }
+  return got === length ? out : out.subarray(0, got);
+}
+
+/**
+ * Any answer but 206, its body never read (a server ignoring Range would send the whole 100+ GB
+ * file): a 416 past the end of the resource is an empty read, anything else an error.
+ */
+function nonPartialAnswer(
+  { statusCode, headers, body }: Dispatcher.ResponseData,
+  from: bigint,
+  to: bigint,
+  s: {
+    learnSize(total: bigint): void;
+    size(): bigint | undefined;
+    ioError(message: string, details?: Record<string, unknown>): GgufError;
+  },
+): Uint8Array {
+  discard(body);
+  if (statusCode === 416) {
+    const m = UNSATISFIED_RANGE.exec((firstHeader(headers["content-range"]) ?? "").trim());
+    if (m) s.learnSize(BigInt(m[1]!));
+    const size = s.size();
+    if (size !== undefined && from >= size) return new Uint8Array(0);
+    throw s.ioError(`range ${from}-${to} not satisfiable`, { status: statusCode });
+  }
+  throw s.ioError(
+    statusCode === 200
+      ? "the server ignored the Range header (200 instead of 206)"
+      : `HTTP ${statusCode} for range ${from}-${to}`,
+    { status: statusCode },
+  );
 }
 
 /**
@@ -230,32 +321,7 @@ function linkSignals(
  * from the first answer's `Content-Range` and must not change afterwards.
  */
 export function httpSource(url: string | URL, options: HttpSourceOptions = {}): ByteSource {
-  let target: URL;
-  try {
-    target = new URL(url);
-  } catch (error) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", `invalid URL ${String(url)}`, {
-      cause: error,
-    });
-  }
-  if (target.protocol !== "http:" && target.protocol !== "https:") {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `httpSource needs an http(s) URL, got ${target.protocol}`,
-    );
-  }
-  const maxRedirections = options.maxRedirections ?? 5;
-  if (!Number.isSafeInteger(maxRedirections) || maxRedirections < 0) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      "maxRedirections must be a non-negative integer",
-    );
-  }
-  for (const name of Object.keys(options.headers ?? {})) {
-    if (name.toLowerCase() === "range") {
-      throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "httpSource sets the Range header itself");
-    }
-  }
+  const { target, maxRedirections } = checkHttpOptions(url, options);
   const dispatcher = (options.dispatcher ?? getGlobalDispatcher()).compose(
     interceptors.redirect({ maxRedirections }),
   );
@@ -296,22 +362,8 @@ export function httpSource(url: string | URL, options: HttpSourceOptions = {}): 
       throw ioError(`request failed: ${(error as Error).message}`, {}, error);
     }
     const { statusCode, headers, body } = response;
-    if (statusCode === 416) {
-      discard(body);
-      const m = UNSATISFIED_RANGE.exec((firstHeader(headers["content-range"]) ?? "").trim());
-      if (m) learnSize(BigInt(m[1]!));
-      if (size !== undefined && from >= size) return new Uint8Array(0);
-      throw ioError(`range ${from}-${to} not satisfiable`, { status: statusCode });
-    }
     if (statusCode !== 206) {
-      // Never read the body: a server ignoring Range would send the whole (100+ GB) file.
-      discard(body);
-      throw ioError(
-        statusCode === 200
-          ? "the server ignored the Range header (200 instead of 206)"
-          : `HTTP ${statusCode} for range ${from}-${to}`,
-        { status: statusCode },
-      );
+      return nonPartialAnswer(response, from, to, { learnSize, size: () => size, ioError });
     }
     const contentRange = (firstHeader(headers["content-range"]) ?? "").trim();
     const m = CONTENT_RANGE.exec(contentRange);
@@ -331,25 +383,7 @@ export function httpSource(url: string | URL, options: HttpSourceOptions = {}): 
       discard(body);
       throw ioError(`Content-Range ${contentRange} does not answer bytes=${from}-${to}`);
     }
-    const want = Number(last - first + 1n);
-    const out = new Uint8Array(want);
-    let got = 0;
-    try {
-      for await (const chunk of body as AsyncIterable<Uint8Array>) {
-        if (got + chunk.byteLength > want) {
-          throw ioError(`the body is longer than its Content-Range (${contentRange})`);
-        }
-        out.set(chunk, got);
-        got += chunk.byteLength;
-      }
-    } catch (error) {
-      discard(body);
-      if (signal?.aborted) throw abortReason(signal);
-      if (error instanceof GgufError) throw error;
-      throw ioError(`reading the body failed: ${(error as Error).message}`, {}, error);
-    }
-    if (got !== want) throw ioError(`the body ended after ${got} of ${want} bytes`);
-    return out;
+    return readBody(body, Number(last - first + 1n), contentRange, signal, ioError);
   };
 
   const source: ByteSource = {
@@ -365,19 +399,12 @@ export function httpSource(url: string | URL, options: HttpSourceOptions = {}): 
       if (length === 0 || (size !== undefined && start >= size)) return new Uint8Array(0);
       const linked = linkSignals(options.signal, opts.signal);
       try {
-        const last = start + BigInt(length) - 1n;
-        const first = await fetchRange(start, last, linked.signal);
-        if (first.byteLength === length || first.byteLength === 0) return first;
-        const out = new Uint8Array(length);
-        out.set(first);
-        let got = first.byteLength;
-        while (got < length && (size === undefined || start + BigInt(got) < size)) {
-          const part = await fetchRange(start + BigInt(got), last, linked.signal);
-          if (part.byteLength === 0) break;
-          out.set(part, got);
-          got += part.byteLength;
-        }
-        return got === length ? out : out.subarray(0, got);
+        return await readInPieces(
+          (from, to) => fetchRange(from, to, linked.signal),
+          start,
+          length,
+          () => size,
+        );
       } finally {
         linked.dispose();
       }
@@ -422,10 +449,7 @@ export async function openByteSource(
     if (input.protocol === "http:" || input.protocol === "https:") {
       return { source: httpSource(input, options), owned: true };
     }
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", `unsupported URL protocol ${input.protocol}`);
+    throw new InvalidArgumentError(`unsupported URL protocol ${input.protocol}`);
   }
-  throw new InvalidArgumentError(
-    "MOESWARM_INVALID_ARGUMENT",
-    "expected a ByteSource, a path, a Uint8Array or a URL",
-  );
+  throw new InvalidArgumentError("expected a ByteSource, a path, a Uint8Array or a URL");
 }

@@ -43,17 +43,16 @@ const HARD_MAX_HEADER_BYTES = 2 ** 31 - 1;
 export function resolveGgufLimits(partial: Partial<GgufLimits> | undefined): GgufLimits {
   if (partial === undefined) return DEFAULT_GGUF_LIMITS;
   if (typeof partial !== "object" || partial === null) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "limits must be an object");
+    throw new InvalidArgumentError("limits must be an object");
   }
   const out: Record<string, number> = { ...DEFAULT_GGUF_LIMITS };
   for (const [name, value] of Object.entries(partial)) {
     if (!(name in DEFAULT_GGUF_LIMITS)) {
-      throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", `unknown GGUF limit ${name}`);
+      throw new InvalidArgumentError(`unknown GGUF limit ${name}`);
     }
     if (value === undefined) continue;
     if (typeof value !== "number" || !Number.isSafeInteger(value) || value < 0) {
       throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
         `GGUF limit ${name} must be a non-negative safe integer, got ${String(value)}`,
       );
     }

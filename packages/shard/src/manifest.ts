@@ -144,7 +144,6 @@ export async function buildManifest(
     const header = await readGguf(source, { signal });
     if (header.metadata.has(SLICE_KEYS.experts)) {
       throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
         `${source.description} is a slice; build the manifest of the model it was cut from`,
       );
     }
@@ -303,7 +302,7 @@ export async function loadOrBuildManifest(
   options: LoadOrBuildManifestOptions = {},
 ): Promise<LoadedManifest> {
   if (typeof path !== "string" || path.length === 0) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "loadOrBuildManifest needs a model path");
+    throw new InvalidArgumentError("loadOrBuildManifest needs a model path");
   }
   const { signal } = options;
   throwIfAborted(signal);

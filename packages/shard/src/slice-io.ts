@@ -16,10 +16,7 @@ export interface ByteRange {
 export function checkChunkSize(chunkSize: number | undefined): number {
   const size = chunkSize ?? DEFAULT_CHUNK_BYTES;
   if (!Number.isSafeInteger(size) || size < 1 || size > 2 ** 30) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `chunkSize must be an integer in [1, 2^30], got ${String(chunkSize)}`,
-    );
+    throw new InvalidArgumentError(`chunkSize must be an integer in [1, 2^30], got ${String(chunkSize)}`);
   }
   return size;
 }
@@ -88,8 +85,7 @@ export class SlabHasher {
   readonly digests: string[] = [];
 
   constructor(private readonly slabBytes: bigint) {
-    if (slabBytes <= 0n)
-      throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "slabBytes must be positive");
+    if (slabBytes <= 0n) throw new InvalidArgumentError("slabBytes must be positive");
   }
 
   update(bytes: Uint8Array): void {

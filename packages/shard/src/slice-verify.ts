@@ -1,9 +1,9 @@
 import { GgufError, throwIfAborted } from "@moeswarm/core";
 import { type ByteSourceInput, openByteSource } from "./byte-source.js";
 import { GgufValueType } from "./gguf-constants.js";
-import { readGguf } from "./gguf-reader.js";
+import { type GgufHeader, readGguf } from "./gguf-reader.js";
 import type { SliceManifest } from "./manifest.js";
-import { findExpertTensors, SLICE_KEYS } from "./moe-tensors.js";
+import { findExpertTensors, type MoeLayout, SLICE_KEYS } from "./moe-tensors.js";
 import { sliceContents } from "./slice.js";
 import { checkChunkSize, readRanges, SlabHasher } from "./slice-io.js";
 
@@ -27,6 +27,94 @@ function mismatch(message: string, details: Record<string, unknown>): GgufError 
   return new GgufError("MOESWARM_SLICE_MISMATCH", message, { details });
 }
 
+/** The slice's listed contents, embedded slab sha256s and expert layout, checked against each other. */
+function sliceStructure(header: GgufHeader, description: string) {
+  if (!header.metadata.has(SLICE_KEYS.experts)) {
+    throw mismatch(`${description} is not a slice: it has no ${SLICE_KEYS.experts}`, {});
+  }
+  const contents = sliceContents(header);
+  const embeddedValue = header.metadata.get(SLICE_KEYS.slabSha256);
+  if (embeddedValue?.type !== GgufValueType.ARRAY || embeddedValue.itemType !== GgufValueType.STRING) {
+    throw mismatch(`${SLICE_KEYS.slabSha256} is missing or not arr[str]`, {});
+  }
+  const embedded = embeddedValue.value;
+  let layout: ReturnType<typeof findExpertTensors>;
+  try {
+    layout = findExpertTensors(header);
+  } catch (error) {
+    if (error instanceof GgufError && error.code === "MOESWARM_GGUF_NOT_MOE") {
+      throw mismatch(error.message, { ...error.details });
+    }
+    throw error;
+  }
+  const sliceLayers = layout.layers.map((l) => l.layer);
+  if (sliceLayers.join(",") !== contents.layers.join(",")) {
+    throw mismatch(`the slice lists layers [${contents.layers}] but holds experts of [${sliceLayers}]`, {
+      listed: contents.layers,
+      held: sliceLayers,
+    });
+  }
+  const nSlabs = layout.layers.reduce((n, l) => n + l.tensors.length * l.nExpert, 0);
+  if (embedded.length !== nSlabs) {
+    throw mismatch(`${SLICE_KEYS.slabSha256} has ${embedded.length} entries for ${nSlabs} slabs`, {
+      entries: embedded.length,
+      slabs: nSlabs,
+    });
+  }
+  return { contents, embedded, layout };
+}
+
+/** The slice's source, layers, experts and tensors against the model's manifest. */
+function checkAgainstManifest(
+  layout: MoeLayout,
+  contents: ReturnType<typeof sliceContents>,
+  manifest: SliceManifest,
+): void {
+  if (contents.sourceSha256 !== manifest.source.headerSha256) {
+    throw mismatch(
+      `the slice was cut from another model (source header sha256 ${contents.sourceSha256}, manifest ${manifest.source.headerSha256})`,
+      {
+        expected: manifest.source.headerSha256,
+        actual: contents.sourceSha256,
+      },
+    );
+  }
+  for (const l of layout.layers) {
+    const ml = manifest.layers.find((x) => x.layer === l.layer);
+    if (!ml) throw mismatch(`layer ${l.layer} has no routed experts in the manifest`, { layer: l.layer });
+    for (const e of contents.experts) {
+      if (e >= ml.nExpert)
+        throw mismatch(`expert ${e} is beyond the model's ${ml.nExpert}`, { layer: l.layer, expert: e });
+    }
+    for (const mt of ml.tensors) {
+      const t = l.tensors.find((x) => x.name === mt.name);
+      if (!t)
+        throw mismatch(`tensor ${mt.name} is missing from the slice`, {
+          layer: l.layer,
+          tensor: mt.name,
+        });
+      const want = [...mt.shape];
+      want[want.length - 1] = contents.experts.length;
+      if (t.info.type !== mt.type || t.info.shape.join(",") !== want.join(",")) {
+        throw mismatch(
+          `tensor ${t.name} has type ${t.info.type} shape [${t.info.shape}], the manifest says ${mt.type} [${want}]`,
+          {
+            layer: l.layer,
+            tensor: t.name,
+          },
+        );
+      }
+    }
+    if (l.tensors.length !== ml.tensors.length) {
+      const extra = l.tensors.find((t) => !ml.tensors.some((mt) => mt.name === t.name));
+      throw mismatch(`tensor ${extra?.name} is not in the manifest`, {
+        layer: l.layer,
+        tensor: extra?.name,
+      });
+    }
+  }
+}
+
 /**
  * Checks every slab of a slice: its sha256 against the slice's own `moeswarm.slice.slab_sha256`
  * and, with a manifest, against the model's (and the slice's source header sha256, tensor names,
@@ -45,83 +133,8 @@ export async function verifySlice(
   const { source, owned } = await openByteSource(input, { signal });
   try {
     const header = await readGguf(source, { signal });
-    if (!header.metadata.has(SLICE_KEYS.experts)) {
-      throw mismatch(`${source.description} is not a slice: it has no ${SLICE_KEYS.experts}`, {});
-    }
-    const contents = sliceContents(header);
-    const embeddedValue = header.metadata.get(SLICE_KEYS.slabSha256);
-    if (embeddedValue?.type !== GgufValueType.ARRAY || embeddedValue.itemType !== GgufValueType.STRING) {
-      throw mismatch(`${SLICE_KEYS.slabSha256} is missing or not arr[str]`, {});
-    }
-    const embedded = embeddedValue.value;
-    let layout: ReturnType<typeof findExpertTensors>;
-    try {
-      layout = findExpertTensors(header);
-    } catch (error) {
-      if (error instanceof GgufError && error.code === "MOESWARM_GGUF_NOT_MOE") {
-        throw mismatch(error.message, { ...error.details });
-      }
-      throw error;
-    }
-    const sliceLayers = layout.layers.map((l) => l.layer);
-    if (sliceLayers.join(",") !== contents.layers.join(",")) {
-      throw mismatch(`the slice lists layers [${contents.layers}] but holds experts of [${sliceLayers}]`, {
-        listed: contents.layers,
-        held: sliceLayers,
-      });
-    }
-    const nSlabs = layout.layers.reduce((n, l) => n + l.tensors.length * l.nExpert, 0);
-    if (embedded.length !== nSlabs) {
-      throw mismatch(`${SLICE_KEYS.slabSha256} has ${embedded.length} entries for ${nSlabs} slabs`, {
-        entries: embedded.length,
-        slabs: nSlabs,
-      });
-    }
-    if (manifest) {
-      if (contents.sourceSha256 !== manifest.source.headerSha256) {
-        throw mismatch(
-          `the slice was cut from another model (source header sha256 ${contents.sourceSha256}, manifest ${manifest.source.headerSha256})`,
-          {
-            expected: manifest.source.headerSha256,
-            actual: contents.sourceSha256,
-          },
-        );
-      }
-      for (const l of layout.layers) {
-        const ml = manifest.layers.find((x) => x.layer === l.layer);
-        if (!ml) throw mismatch(`layer ${l.layer} has no routed experts in the manifest`, { layer: l.layer });
-        for (const e of contents.experts) {
-          if (e >= ml.nExpert)
-            throw mismatch(`expert ${e} is beyond the model's ${ml.nExpert}`, { layer: l.layer, expert: e });
-        }
-        for (const mt of ml.tensors) {
-          const t = l.tensors.find((x) => x.name === mt.name);
-          if (!t)
-            throw mismatch(`tensor ${mt.name} is missing from the slice`, {
-              layer: l.layer,
-              tensor: mt.name,
-            });
-          const want = [...mt.shape];
-          want[want.length - 1] = contents.experts.length;
-          if (t.info.type !== mt.type || t.info.shape.join(",") !== want.join(",")) {
-            throw mismatch(
-              `tensor ${t.name} has type ${t.info.type} shape [${t.info.shape}], the manifest says ${mt.type} [${want}]`,
-              {
-                layer: l.layer,
-                tensor: t.name,
-              },
-            );
-          }
-        }
-        if (l.tensors.length !== ml.tensors.length) {
-          const extra = l.tensors.find((t) => !ml.tensors.some((mt) => mt.name === t.name));
-          throw mismatch(`tensor ${extra?.name} is not in the manifest`, {
-            layer: l.layer,
-            tensor: extra?.name,
-          });
-        }
-      }
-    }
+    const { contents, embedded, layout } = sliceStructure(header, source.description);
+    if (manifest) checkAgainstManifest(layout, contents, manifest);
     // Slabs in file order of the tensors, experts in slice order: the order of slab_sha256.
     const expertTensors = new Map(layout.layers.flatMap((l) => l.tensors).map((t) => [t.name, t]));
     let index = 0;

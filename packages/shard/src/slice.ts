@@ -1,6 +1,6 @@
 import { checkRange, GgufError, InvalidArgumentError, type Range, throwIfAborted } from "@moeswarm/core";
 import { writeAll, writeFileAtomically } from "./atomic-file.js";
-import { type ByteSourceInput, openByteSource } from "./byte-source.js";
+import { type ByteSource, type ByteSourceInput, openByteSource } from "./byte-source.js";
 import { GgufValueType } from "./gguf-constants.js";
 import { type GgufMetadataValue, ggufValue } from "./gguf-metadata.js";
 import { type GgufHeader, type GgufTensorInfo, readGguf } from "./gguf-reader.js";
@@ -89,10 +89,7 @@ export function selectIndices(selection: IndexSelection, what: string, limit: nu
     values = [];
     for (let i = r.start; i < r.end; i++) values.push(i);
   } else {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `${what} must be a range {start, end}, an array or a number`,
-    );
+    throw new InvalidArgumentError(`${what} must be a range {start, end}, an array or a number`);
   }
   if (values.length === 0) throw invalidRange(`no ${what} selected`);
   for (const v of values) {
@@ -191,6 +188,119 @@ function checkManifest(
   }
 }
 
+/** The selected layers, each of which must hold routed experts. */
+function chooseLayers(
+  layout: MoeLayout,
+  selection: IndexSelection,
+  description: string,
+): { layers: number[]; chosen: ExpertLayer[] } {
+  const blockCount = layout.blockCount ?? Math.max(...layout.layers.map((l) => l.layer)) + 1;
+  const layers = selectIndices(selection, "layer", blockCount);
+  const chosen: ExpertLayer[] = layers.map((n) => {
+    const l = layout.layers.find((x) => x.layer === n);
+    if (!l) {
+      throw new GgufError("MOESWARM_GGUF_NOT_MOE", `layer ${n} of ${description} has no routed experts`, {
+        details: { layer: n, moeLayers: layout.layers.map((x) => x.layer) },
+      });
+    }
+    return l;
+  });
+  return { layers, chosen };
+}
+
+/** Each chosen tensor's byte ranges in the source (one per run of consecutive experts) and new shape. */
+function tensorPlans(
+  chosen: readonly ExpertLayer[],
+  runs: readonly (readonly [number, number])[],
+  nExperts: number,
+): SliceTensorPlan[] {
+  const tensors: SliceTensorPlan[] = [];
+  for (const l of chosen) {
+    for (const t of l.tensors) {
+      const base = t.info.absoluteOffset;
+      const ranges = runs.map(([a, b]) => ({
+        start: base + BigInt(a) * t.slabBytes,
+        end: base + BigInt(b) * t.slabBytes,
+      }));
+      const shape = [...t.info.shape];
+      shape[t.expertAxis] = nExperts;
+      tensors.push({ tensor: t, ranges, shape, nbytes: t.slabBytes * BigInt(nExperts) });
+    }
+  }
+  return tensors;
+}
+
+/**
+ * Where the slice comes from and its slab sha256s: from the manifest when given (checked against
+ * the source), else hashed now from the source (a slice of a slice keeps its source's sha256).
+ */
+async function provenance(
+  source: ByteSource,
+  header: GgufHeader,
+  o: {
+    manifest: SliceManifest | undefined;
+    sourceId: string | undefined;
+    isSlice: boolean;
+    chosen: readonly ExpertLayer[];
+    experts: readonly number[];
+    tensors: readonly SliceTensorPlan[];
+    chunkSize: number;
+    signal: AbortSignal | undefined;
+  },
+): Promise<{ sourceSha256: string; sourceId: string; slabs: string[] }> {
+  const { manifest, isSlice, chosen, experts, tensors, chunkSize, signal } = o;
+  let sourceSha256: string;
+  let sourceId: string;
+  let slabs: string[];
+  if (manifest) {
+    if (isSlice) throw new InvalidArgumentError("a manifest describes a model, not a slice");
+    checkManifest(manifest, header, chosen, source.size);
+    sourceSha256 = manifest.source.headerSha256;
+    sourceId = o.sourceId ?? manifest.source.name;
+    slabs = [];
+    for (const l of chosen) {
+      const ml = manifest.layers.find((x) => x.layer === l.layer)!;
+      for (const mt of ml.tensors) for (const e of experts) slabs.push(mt.sha256[e]!);
+    }
+  } else {
+    sourceSha256 = isSlice
+      ? getStringKey(header, SLICE_KEYS.sourceSha256)
+      : await sourceHeaderSha256(source, header, signal);
+    sourceId = o.sourceId ?? modelName(header, source.description);
+    slabs = [];
+    for (const t of tensors) {
+      const hasher = new SlabHasher(t.tensor.slabBytes);
+      for await (const bytes of readRanges(source, t.ranges, chunkSize, signal)) hasher.update(bytes);
+      slabs.push(...hasher.digests);
+    }
+  }
+  return { sourceSha256, sourceId, slabs };
+}
+
+/** The header a reader would parse from the planned slice. */
+function headerOfPlan(plan: GgufPlan): GgufHeader {
+  return {
+    version: plan.version,
+    metadata: plan.metadata,
+    tensors: plan.tensors.map(
+      (t): GgufTensorInfo => ({
+        name: t.name,
+        type: t.type,
+        shape: t.shape,
+        nElements: t.nElements,
+        nbytes: t.nbytes,
+        offset: t.offset,
+        absoluteOffset: t.absoluteOffset,
+      }),
+    ),
+    alignment: plan.alignment,
+    headerSize: plan.header.byteLength,
+    dataOffset: plan.dataOffset,
+    dataSize: plan.totalSize - plan.dataOffset,
+    fileSize: plan.totalSize,
+  };
+}
+
 /**
  * Cuts the routed experts `experts` of layers `layers` out of a MoE model into a GGUF of their
  * own, by byte copy: each expert tensor keeps its type and shape except its expert axis, which
@@ -208,7 +318,7 @@ export async function sliceExperts(
   options: SliceExpertsOptions,
 ): Promise<ExpertSlice> {
   if (typeof options !== "object" || options === null) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "sliceExperts needs {layers, experts}");
+    throw new InvalidArgumentError("sliceExperts needs {layers, experts}");
   }
   const { signal, manifest } = options;
   const chunkSize = checkChunkSize(options.chunkSize);
@@ -220,21 +330,7 @@ export async function sliceExperts(
     if (layout.layers.length === 0) {
       throw new GgufError("MOESWARM_GGUF_NOT_MOE", `${source.description} has no routed-expert tensors`);
     }
-    const blockCount = layout.blockCount ?? Math.max(...layout.layers.map((l) => l.layer)) + 1;
-    const layers = selectIndices(options.layers, "layer", blockCount);
-    const chosen: ExpertLayer[] = layers.map((n) => {
-      const l = layout.layers.find((x) => x.layer === n);
-      if (!l) {
-        throw new GgufError(
-          "MOESWARM_GGUF_NOT_MOE",
-          `layer ${n} of ${source.description} has no routed experts`,
-          {
-            details: { layer: n, moeLayers: layout.layers.map((x) => x.layer) },
-          },
-        );
-      }
-      return l;
-    });
+    const { layers, chosen } = chooseLayers(layout, options.layers, source.description);
     const { globalCount, ids } = sourceExpertIds(header, layout);
     const experts = selectIndices(options.experts, "expert", globalCount);
     const position = new Map(ids?.map((id, i) => [id, i]));
@@ -247,50 +343,18 @@ export async function sliceExperts(
     });
     const runs = runsOf(local);
 
-    const tensors: SliceTensorPlan[] = [];
-    for (const l of chosen) {
-      for (const t of l.tensors) {
-        const base = t.info.absoluteOffset;
-        const ranges = runs.map(([a, b]) => ({
-          start: base + BigInt(a) * t.slabBytes,
-          end: base + BigInt(b) * t.slabBytes,
-        }));
-        const shape = [...t.info.shape];
-        shape[t.expertAxis] = experts.length;
-        tensors.push({ tensor: t, ranges, shape, nbytes: t.slabBytes * BigInt(experts.length) });
-      }
-    }
+    const tensors = tensorPlans(chosen, runs, experts.length);
 
-    let sourceSha256: string;
-    let sourceId: string;
-    let slabs: string[];
-    const isSlice = ids !== undefined;
-    if (manifest) {
-      if (isSlice)
-        throw new InvalidArgumentError(
-          "MOESWARM_INVALID_ARGUMENT",
-          "a manifest describes a model, not a slice",
-        );
-      checkManifest(manifest, header, chosen, source.size);
-      sourceSha256 = manifest.source.headerSha256;
-      sourceId = options.sourceId ?? manifest.source.name;
-      slabs = [];
-      for (const l of chosen) {
-        const ml = manifest.layers.find((x) => x.layer === l.layer)!;
-        for (const mt of ml.tensors) for (const e of experts) slabs.push(mt.sha256[e]!);
-      }
-    } else {
-      sourceSha256 = isSlice
-        ? getStringKey(header, SLICE_KEYS.sourceSha256)
-        : await sourceHeaderSha256(source, header, signal);
-      sourceId = options.sourceId ?? modelName(header, source.description);
-      slabs = [];
-      for (const t of tensors) {
-        const hasher = new SlabHasher(t.tensor.slabBytes);
-        for await (const bytes of readRanges(source, t.ranges, chunkSize, signal)) hasher.update(bytes);
-        slabs.push(...hasher.digests);
-      }
-    }
+    const { sourceSha256, sourceId, slabs } = await provenance(source, header, {
+      manifest,
+      sourceId: options.sourceId,
+      isSlice: ids !== undefined,
+      chosen,
+      experts,
+      tensors,
+      chunkSize,
+      signal,
+    });
 
     const plan = planGguf({
       metadata: sliceMetadata(header, { sourceId, sourceSha256, layers, experts, slabs }),
@@ -307,26 +371,7 @@ export async function sliceExperts(
       version: header.version,
     });
     const length = Number(plan.totalSize);
-    const sliceHeader: GgufHeader = {
-      version: plan.version,
-      metadata: plan.metadata,
-      tensors: plan.tensors.map(
-        (t): GgufTensorInfo => ({
-          name: t.name,
-          type: t.type,
-          shape: t.shape,
-          nElements: t.nElements,
-          nbytes: t.nbytes,
-          offset: t.offset,
-          absoluteOffset: t.absoluteOffset,
-        }),
-      ),
-      alignment: plan.alignment,
-      headerSize: plan.header.byteLength,
-      dataOffset: plan.dataOffset,
-      dataSize: plan.totalSize - plan.dataOffset,
-      fileSize: plan.totalSize,
-    };
+    const sliceHeader = headerOfPlan(plan);
     let closed = false;
     const close = async () => {
       if (closed) return;
@@ -386,7 +431,7 @@ async function writeStream(
   options: SliceWriteOptions,
 ): Promise<void> {
   if (typeof path !== "string" || path.length === 0) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "write needs a non-empty path");
+    throw new InvalidArgumentError("write needs a non-empty path");
   }
   throwIfAborted(options.signal);
   let written = 0;

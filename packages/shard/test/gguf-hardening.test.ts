@@ -2,6 +2,7 @@
 // files. Every failure must be a GgufError with a code; nothing may hang, crash or allocate what
 // the file asks for.
 import { GgufError, InvalidArgumentError, isMoeswarmError } from "@moeswarm/core";
+import { rng } from "@moeswarm/testkit";
 import { describe, expect, it } from "vitest";
 import {
   type ByteSource,
@@ -390,18 +391,6 @@ describe("a hostile source that never ends", () => {
 });
 
 // --- mutation fuzzer ---------------------------------------------------------------------------
-
-/** Deterministic PRNG (mulberry32). */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 async function collectFile(
   input: ReturnType<typeof smallInput>,

@@ -32,6 +32,7 @@ const stats: Stats = { requests: 0, bytesSent: 0 };
 let server: Server;
 let base: string;
 let delayMs = 0;
+const delayed = new Set<NodeJS.Timeout>();
 let sizeOverride: number | undefined;
 
 function serveRange(req: IncomingMessage, res: ServerResponse, path: string, cap?: number): void {
@@ -115,14 +116,21 @@ beforeAll(async () => {
           return res.writeHead(404).end();
       }
     };
-    if (delayMs > 0) setTimeout(go, delayMs);
-    else go();
+    if (delayMs > 0) {
+      // A delayed answer to a request the client already gave up on must not outlive the file.
+      const timer = setTimeout(() => {
+        delayed.delete(timer);
+        if (!res.destroyed) go();
+      }, delayMs);
+      delayed.add(timer);
+    } else go();
   });
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
   base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
 });
 
 afterAll(async () => {
+  for (const timer of delayed) clearTimeout(timer);
   server.closeAllConnections();
   await new Promise((resolve) => server.close(resolve));
   tmp.cleanup();

@@ -1,17 +1,10 @@
 // Seeded test inputs for the quantiser comparisons: named groups of rows that reach the branches
 // of ggml's reference quantisers (all-zero blocks, one outlier, single-signed data, ties...).
 
-/** mulberry32: a small seeded PRNG, uniform in [0, 1). */
-export function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+import { rng } from "@moeswarm/testkit";
+
+/** mulberry32: a small seeded PRNG, uniform in [0, 1) (the one in testkit). */
+export { rng };
 
 export function gaussian(next: () => number): () => number {
   return () => Math.sqrt(-2 * Math.log(1 - next())) * Math.cos(2 * Math.PI * next());

@@ -1,22 +1,18 @@
 import { readFile } from "node:fs/promises";
 import { GgufError, InvalidArgumentError, parseRange } from "@moeswarm/core";
-import { type ByteSource, fileSource, httpSource } from "../byte-source.js";
 import { type GgufHeader, readGguf } from "../gguf-reader.js";
 import { formatOffloadPlan, offloadPlanToJson } from "../plan/format.js";
 import { KV_CACHE_TYPES, type KvCacheType } from "../plan/memory.js";
 import { type OffloadOrder, type PlanOffloadOptions, planOffload } from "../plan/offload.js";
 import type { ExpertDemand, SwarmWorker } from "../plan/swarm.js";
-import type { Command, CommandContext } from "./commands.js";
+import {
+  type Command,
+  type CommandContext,
+  openInput,
+  stringFlag as str,
+  usageError as usage,
+} from "./command.js";
 import { toJson } from "./io.js";
-
-function usage(message: string): InvalidArgumentError {
-  return new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", message, { details: { usage: true } });
-}
-
-function str(ctx: CommandContext, name: string): string | undefined {
-  const v = ctx.flags[name];
-  return typeof v === "string" ? v : undefined;
-}
 
 function int(ctx: CommandContext, name: string): number | undefined {
   const v = str(ctx, name);
@@ -62,14 +58,62 @@ function inlineWorkers(text: string): SwarmWorker[] {
 }
 
 async function headerOf(input: string, signal: AbortSignal): Promise<{ header: GgufHeader; source: string }> {
-  const source: ByteSource = /^https?:\/\//i.test(input)
-    ? httpSource(input, { signal })
-    : await fileSource(input, { signal });
+  const source = await openInput(input, signal);
   try {
     return { header: await readGguf(source, { signal }), source: source.description };
   } finally {
     await source.close();
   }
+}
+
+/** The command line's flags as planOffload options (reads the --workers/--demand files). */
+async function planOptions(ctx: CommandContext): Promise<PlanOffloadOptions> {
+  const vram = str(ctx, "vram");
+  if (!vram) throw usage("--vram is required");
+  const options: PlanOffloadOptions = {
+    vram,
+    ram: str(ctx, "ram"),
+    ctx: int(ctx, "ctx"),
+    kvType: str(ctx, "kv-type") as KvCacheType | undefined,
+    kvTypeV: str(ctx, "kv-type-v") as KvCacheType | undefined,
+    batch: int(ctx, "batch"),
+    ubatch: int(ctx, "ubatch"),
+    seqs: int(ctx, "parallel"),
+    reserve: str(ctx, "reserve") as PlanOffloadOptions["reserve"],
+    margin: str(ctx, "margin"),
+    loadMtp: ctx.flags["load-mtp"] === true,
+    maxCopies: int(ctx, "max-copies"),
+  };
+  const fa = str(ctx, "flash-attn");
+  if (fa !== undefined) {
+    if (fa !== "on" && fa !== "off") throw usage(`--flash-attn must be on or off, got ${fa}`);
+    options.flashAttention = fa === "on";
+  }
+  const order = str(ctx, "order");
+  if (order !== undefined) {
+    options.order = (
+      ["last", "first", "demand"].includes(order) ? order : layerList(order, "order")
+    ) as OffloadOrder;
+  }
+  const workers = str(ctx, "workers");
+  if (workers !== undefined) {
+    options.workers = workers.endsWith(".json")
+      ? ((await readJson(workers, "workers file")) as SwarmWorker[])
+      : inlineWorkers(workers);
+  }
+  const demand = str(ctx, "demand");
+  if (demand !== undefined) {
+    const value = await readJson(demand, "demand file");
+    if (typeof value !== "object" || value === null || Array.isArray(value)) {
+      throw usage("the demand file must be an object {layer: [selections per expert]}");
+    }
+    options.demand = value as ExpertDemand;
+  }
+  const swarm = str(ctx, "swarm");
+  if (swarm !== undefined) {
+    options.swarm = swarm === "offloaded" || swarm === "overflow" ? swarm : layerList(swarm, "swarm");
+  }
+  return options;
 }
 
 export const planCommand: Command = {
@@ -103,51 +147,7 @@ export const planCommand: Command = {
     const [input, ...extra] = ctx.positionals;
     if (input === undefined) throw usage("missing <file|url>");
     if (extra.length > 0) throw usage(`unexpected argument ${JSON.stringify(extra[0])}`);
-    const vram = str(ctx, "vram");
-    if (!vram) throw usage("--vram is required");
-    const options: PlanOffloadOptions = {
-      vram,
-      ram: str(ctx, "ram"),
-      ctx: int(ctx, "ctx"),
-      kvType: str(ctx, "kv-type") as KvCacheType | undefined,
-      kvTypeV: str(ctx, "kv-type-v") as KvCacheType | undefined,
-      batch: int(ctx, "batch"),
-      ubatch: int(ctx, "ubatch"),
-      seqs: int(ctx, "parallel"),
-      reserve: str(ctx, "reserve") as PlanOffloadOptions["reserve"],
-      margin: str(ctx, "margin"),
-      loadMtp: ctx.flags["load-mtp"] === true,
-      maxCopies: int(ctx, "max-copies"),
-    };
-    const fa = str(ctx, "flash-attn");
-    if (fa !== undefined) {
-      if (fa !== "on" && fa !== "off") throw usage(`--flash-attn must be on or off, got ${fa}`);
-      options.flashAttention = fa === "on";
-    }
-    const order = str(ctx, "order");
-    if (order !== undefined) {
-      options.order = (
-        ["last", "first", "demand"].includes(order) ? order : layerList(order, "order")
-      ) as OffloadOrder;
-    }
-    const workers = str(ctx, "workers");
-    if (workers !== undefined) {
-      options.workers = workers.endsWith(".json")
-        ? ((await readJson(workers, "workers file")) as SwarmWorker[])
-        : inlineWorkers(workers);
-    }
-    const demand = str(ctx, "demand");
-    if (demand !== undefined) {
-      const value = await readJson(demand, "demand file");
-      if (typeof value !== "object" || value === null || Array.isArray(value)) {
-        throw usage("the demand file must be an object {layer: [selections per expert]}");
-      }
-      options.demand = value as ExpertDemand;
-    }
-    const swarm = str(ctx, "swarm");
-    if (swarm !== undefined) {
-      options.swarm = swarm === "offloaded" || swarm === "overflow" ? swarm : layerList(swarm, "swarm");
-    }
+    const options = await planOptions(ctx);
     const { header, source } = await headerOf(input, ctx.signal);
     let plan: ReturnType<typeof planOffload>;
     try {
@@ -155,7 +155,7 @@ export const planCommand: Command = {
     } catch (error) {
       // Every option came from the command line: a bad one is a usage error (exit status 2).
       if (error instanceof InvalidArgumentError && error.code === "MOESWARM_INVALID_ARGUMENT") {
-        throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", error.message, {
+        throw new InvalidArgumentError(error.message, {
           details: { ...(error.details as object | undefined), usage: true },
           cause: error,
         });

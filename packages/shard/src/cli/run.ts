@@ -1,6 +1,7 @@
 import { parseArgs } from "node:util";
 import { isMoeswarmError } from "@moeswarm/core";
-import { COMMANDS, type Command, type CommandOption, isUsageError, usageError } from "./commands.js";
+import { type Command, type CommandOption, isUsageError, usageError } from "./command.js";
+import { COMMANDS } from "./commands.js";
 import type { CliIo } from "./io.js";
 
 export const CLI_NAME = "moeswarm-shard";

@@ -32,7 +32,6 @@ export function kvCacheGgmlType(type: KvCacheType): GgmlType {
   const t = KV_GGML[type];
   if (t === undefined) {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
       `kvType must be one of ${KV_CACHE_TYPES.join(", ")}, got ${JSON.stringify(type)}`,
     );
   }

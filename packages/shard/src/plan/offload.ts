@@ -1,7 +1,6 @@
-import { GgufError, InvalidArgumentError } from "@moeswarm/core";
-import { ggmlTypeTraits } from "../ggml-type.js";
+import { InvalidArgumentError } from "@moeswarm/core";
 import type { GgufHeader } from "../gguf-reader.js";
-import { LLAMA_MAX_EXPERTS, type ModelHparams, modelHparams } from "./hparams.js";
+import { type ModelHparams, modelHparams } from "./hparams.js";
 import {
   type ComputeEstimate,
   type ContextShape,
@@ -10,12 +9,20 @@ import {
   KV_CACHE_TYPES,
   type KvCacheSize,
   type KvCacheType,
-  kvCacheGgmlType,
   kvCacheSize,
   type RecurrentStateSize,
   recurrentStateSize,
 } from "./memory.js";
-import { equivalentNCpuMoe, expertOverridePattern, parseExpertTensorName } from "./override.js";
+import {
+  checkCacheBlocks,
+  classifyTensors,
+  expertCounts,
+  llamaArgsFor,
+  placementOverrides,
+  planNotes,
+  type TensorKind,
+  type TensorOverride,
+} from "./offload-tensors.js";
 import {
   assignResolved,
   demandOf,
@@ -26,6 +33,8 @@ import {
   type SwarmWorker,
 } from "./swarm.js";
 import { type ByteSize, parseByteSize } from "./units.js";
+
+export type { TensorOverride } from "./offload-tensors.js";
 
 /** Where a tensor (or an expert layer) lives. `skipped`: llama.cpp does not load it. */
 export type OffloadDevice = "vram" | "ram" | "swarm" | "skipped";
@@ -122,13 +131,6 @@ export interface DeviceTotals {
   readonly fits: boolean;
 }
 
-export interface TensorOverride {
-  readonly pattern: string;
-  readonly bufferType: string;
-  /** The tensors it moves (checked by matching the pattern against every loaded tensor name). */
-  readonly tensors: readonly string[];
-}
-
 export interface OffloadPlan {
   readonly arch: string;
   readonly blockCount: number;
@@ -163,17 +165,11 @@ export interface OffloadPlan {
 }
 
 const GIB = 1n << 30n;
-// common/common.h: input-layer tensors (LLM_TENSOR_LAYER_INPUT) llama.cpp keeps on the CPU.
-const INPUT_TENSOR = /^(token_embd|position_embd|token_types|per_layer_token_embd)\./;
-
-function invalid(message: string): InvalidArgumentError {
-  return new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", message);
-}
 
 function positiveInt(value: unknown, what: string, fallback: number, max = 1 << 24): number {
   if (value === undefined) return fallback;
   if (typeof value !== "number" || !Number.isSafeInteger(value) || value < 1 || value > max) {
-    throw invalid(`${what} must be an integer in [1, ${max}], got ${String(value)}`);
+    throw new InvalidArgumentError(`${what} must be an integer in [1, ${max}], got ${String(value)}`);
   }
   return value;
 }
@@ -181,7 +177,9 @@ function positiveInt(value: unknown, what: string, fallback: number, max = 1 << 
 function kvType(value: unknown, what: string, fallback: KvCacheType): KvCacheType {
   if (value === undefined) return fallback;
   if (!KV_CACHE_TYPES.includes(value as KvCacheType)) {
-    throw invalid(`${what} must be one of ${KV_CACHE_TYPES.join(", ")}, got ${String(value)}`);
+    throw new InvalidArgumentError(
+      `${what} must be one of ${KV_CACHE_TYPES.join(", ")}, got ${String(value)}`,
+    );
   }
   return value as KvCacheType;
 }
@@ -195,7 +193,7 @@ function resolveContext(o: PlanOffloadOptions): ContextShape {
   const flashAttention = o.flashAttention ?? true;
   // llama_init_from_model refuses a quantised V cache without flash attention.
   if (!flashAttention && !["f32", "f16", "bf16"].includes(v)) {
-    throw invalid(`a ${v} V cache needs flash attention (llama.cpp refuses it otherwise)`);
+    throw new InvalidArgumentError(`a ${v} V cache needs flash attention (llama.cpp refuses it otherwise)`);
   }
   return {
     ctx,
@@ -250,8 +248,9 @@ function offloadOrder(
     const known = new Set(expertLayers);
     const seen = new Set<number>();
     for (const l of order as readonly number[]) {
-      if (!known.has(l)) throw invalid(`order lists layer ${String(l)}, which has no routed experts`);
-      if (seen.has(l)) throw invalid(`order lists layer ${l} twice`);
+      if (!known.has(l))
+        throw new InvalidArgumentError(`order lists layer ${String(l)}, which has no routed experts`);
+      if (seen.has(l)) throw new InvalidArgumentError(`order lists layer ${l} twice`);
       seen.add(l);
     }
     return [...(order as readonly number[])];
@@ -263,7 +262,7 @@ function offloadOrder(
     case "first":
       return [...expertLayers].sort((a, b) => a - b);
     case "demand": {
-      if (!demand) throw invalid('order "demand" needs demand statistics');
+      if (!demand) throw new InvalidArgumentError('order "demand" needs demand statistics');
       const total = new Map(
         desc.map((l) => [l, demandOf(demand, l, nExpertOf(l))!.reduce((s, x) => s + x, 0)]),
       );
@@ -271,8 +270,122 @@ function offloadOrder(
       return desc.sort((a, b) => total.get(a)! - total.get(b)!);
     }
     default:
-      throw invalid(`order must be "last", "first", "demand" or a list of layers, got ${String(order)}`);
+      throw new InvalidArgumentError(
+        `order must be "last", "first", "demand" or a list of layers, got ${String(order)}`,
+      );
   }
+}
+
+/** The memory budgets and swarm settings of the options, validated. */
+function resolveBudgets(options: PlanOffloadOptions) {
+  const vramCapacity = parseByteSize(options.vram, "vram");
+  const ramCapacity = options.ram === undefined ? undefined : parseByteSize(options.ram, "ram");
+  const margin = options.margin === undefined ? GIB : parseByteSize(options.margin, "margin");
+  const reserve =
+    options.reserve === undefined || options.reserve === "auto"
+      ? undefined
+      : parseByteSize(options.reserve, "reserve");
+  const swarmBufferType = options.swarmBufferType ?? "MOESWARM";
+  if (!/^[A-Za-z0-9_]+$/.test(swarmBufferType))
+    throw new InvalidArgumentError("swarmBufferType must be a buffer type name");
+  const workers = options.workers === undefined ? [] : resolveWorkers(options.workers);
+  const maxCopies = positiveInt(options.maxCopies, "maxCopies", 2, 64);
+  return { vramCapacity, ramCapacity, margin, reserve, swarmBufferType, workers, maxCopies };
+}
+
+/** Bytes that do not move: dense tensors (VRAM), inputs (host) and a tied output layer (VRAM). */
+function fixedBytes(header: GgufHeader, kinds: readonly TensorKind[]) {
+  const denseBytes = sum(header.tensors.filter((_, i) => kinds[i]!.kind === "dense").map((t) => t.nbytes));
+  const inputBytes = sum(header.tensors.filter((_, i) => kinds[i]!.kind === "input").map((t) => t.nbytes));
+  // No output.weight: llama.cpp loads token_embd a second time as the output layer (TENSOR_DUPLICATED).
+  const tied = header.tensors.some((t) => t.name === "output.weight")
+    ? 0n
+    : (header.tensors.find((t) => t.name === "token_embd.weight")?.nbytes ?? 0n);
+  return { denseBytes, inputBytes, tied };
+}
+
+/** Every expert layer in VRAM, except those the options send to the swarm explicitly. */
+function initialDevices(
+  expertLayers: readonly number[],
+  swarmOption: PlanOffloadOptions["swarm"],
+  nWorkers: number,
+): { device: Map<number, OffloadDevice>; swarmMode: string } {
+  const device = new Map<number, OffloadDevice>(expertLayers.map((l) => [l, "vram"]));
+  const explicitSwarm = Array.isArray(swarmOption) ? (swarmOption as readonly number[]) : undefined;
+  const swarmMode = explicitSwarm ? "list" : ((swarmOption as string | undefined) ?? "offloaded");
+  if (!["list", "offloaded", "overflow"].includes(swarmMode)) {
+    throw new InvalidArgumentError(
+      `swarm must be "offloaded", "overflow" or a list of layers, got ${String(swarmOption)}`,
+    );
+  }
+  if (explicitSwarm) {
+    if (nWorkers === 0) throw new InvalidArgumentError("swarm lists layers but there are no workers");
+    for (const l of explicitSwarm) {
+      if (!device.has(l))
+        throw new InvalidArgumentError(`swarm lists layer ${String(l)}, which has no routed experts`);
+      device.set(l, "swarm");
+    }
+  }
+  return { device, swarmMode };
+}
+
+/** Where each tensor ends up, and the weight bytes per device. */
+function plannedTensors(
+  header: GgufHeader,
+  kinds: readonly TensorKind[],
+  device: ReadonlyMap<number, OffloadDevice>,
+): { tensors: PlannedTensor[]; weights: Record<OffloadDevice, bigint> } {
+  const tensors: PlannedTensor[] = header.tensors.map((t, i) => {
+    const { kind, layer } = kinds[i]!;
+    let dev: OffloadDevice;
+    if (kind === "mtp") dev = "skipped";
+    else if (kind === "input") dev = "ram";
+    else if (kind === "expert") dev = device.get(layer)!;
+    else dev = "vram";
+    return { name: t.name, bytes: t.nbytes, kind, layer, device: dev };
+  });
+  const weights: Record<OffloadDevice, bigint> = { vram: 0n, ram: 0n, swarm: 0n, skipped: 0n };
+  for (const t of tensors) weights[t.device] += t.bytes;
+  return { tensors, weights };
+}
+
+/**
+ * The placement search: expert layers leave VRAM in `order` (for the swarm first when it can take
+ * them, else host RAM) until the rest fits; with `overflow`, RAM layers the host cannot hold then
+ * go to the swarm, in the same order, while the workers cover them.
+ */
+function moveLayers(
+  order: readonly number[],
+  device: Map<number, OffloadDevice>,
+  s: {
+    vramFits(): boolean;
+    ramFits(): boolean;
+    swarmTakes(layer: number): boolean;
+    swarmFirst: boolean;
+    overflow: boolean;
+  },
+): void {
+  for (const layer of order) {
+    if (s.vramFits()) break;
+    if (s.swarmFirst && s.swarmTakes(layer)) device.set(layer, "swarm");
+    else device.set(layer, "ram");
+  }
+  if (!s.overflow) return;
+  for (const layer of order.filter((l) => device.get(l) === "ram")) {
+    if (s.ramFits()) break;
+    if (s.swarmTakes(layer)) device.set(layer, "swarm");
+  }
+}
+
+/** Per-layer expert shape for the swarm (bytes of one expert over the layer's expert tensors). */
+function swarmLayerInfo(
+  nExpertByLayer: ReadonlyMap<number, number>,
+  expertBytes: ReadonlyMap<number, bigint>,
+): (layer: number) => SwarmLayerInfo {
+  return (layer) => {
+    const nExpert = nExpertByLayer.get(layer)!;
+    return { layer, nExpert, bytesPerExpert: expertBytes.get(layer)! / BigInt(nExpert) };
+  };
 }
 
 /**
@@ -286,109 +399,27 @@ function offloadOrder(
  * `--n-cpu-moe` when there is one. A plan that cannot fit is returned with `fits: false`.
  */
 export function planOffload(header: GgufHeader, options: PlanOffloadOptions): OffloadPlan {
-  if (typeof options !== "object" || options === null) throw invalid("planOffload needs an options object");
+  if (typeof options !== "object" || options === null)
+    throw new InvalidArgumentError("planOffload needs an options object");
   const hp: ModelHparams = modelHparams(header);
   const context = resolveContext(options);
-  // llama_init_from_model: with flash attention a quantised cache's block must divide the head size.
-  for (const [type, head, which] of [
-    [context.kvType, hp.headK, "K"],
-    [context.kvTypeV, hp.headV, "V"],
-  ] as const) {
-    const block = ggmlTypeTraits(kvCacheGgmlType(type)).blockSize;
-    if (context.flashAttention && head % block !== 0) {
-      throw invalid(`${which} cache type ${type} (blocks of ${block}) does not divide the head size ${head}`);
-    }
-  }
-  const vramCapacity = parseByteSize(options.vram, "vram");
-  const ramCapacity = options.ram === undefined ? undefined : parseByteSize(options.ram, "ram");
-  const margin = options.margin === undefined ? GIB : parseByteSize(options.margin, "margin");
-  const reserve =
-    options.reserve === undefined || options.reserve === "auto"
-      ? undefined
-      : parseByteSize(options.reserve, "reserve");
-  const swarmBufferType = options.swarmBufferType ?? "MOESWARM";
-  if (!/^[A-Za-z0-9_]+$/.test(swarmBufferType)) throw invalid("swarmBufferType must be a buffer type name");
-  const workers = options.workers === undefined ? [] : resolveWorkers(options.workers);
-  const maxCopies = positiveInt(options.maxCopies, "maxCopies", 2, 64);
+  checkCacheBlocks(hp, context);
+  const { vramCapacity, ramCapacity, margin, reserve, swarmBufferType, workers, maxCopies } =
+    resolveBudgets(options);
 
-  // Classify every tensor once.
-  const nLayer = hp.nLayerAll - hp.nLayerNextn;
-  const loadMtp = options.loadMtp ?? false;
-  const expertNames = new Map<number, string[]>();
-  const expertBytes = new Map<number, bigint>();
-  const kinds = header.tensors.map((t) => {
-    const layerMatch = /^blk\.(\d+)\./.exec(t.name);
-    const layer = layerMatch ? Number(layerMatch[1]) : undefined;
-    if (layer !== undefined && layer >= hp.nLayerAll) {
-      throw new GgufError(
-        "MOESWARM_GGUF_BAD_TENSOR",
-        `tensor ${t.name} is beyond block_count ${hp.nLayerAll}`,
-        {
-          details: { tensor: t.name, blockCount: hp.nLayerAll },
-        },
-      );
-    }
-    if (layer !== undefined && layer >= nLayer && !loadMtp) return { kind: "mtp" as const, layer };
-    if (INPUT_TENSOR.test(t.name)) return { kind: "input" as const, layer };
-    const expert = parseExpertTensorName(t.name);
-    if (expert) {
-      expertNames.set(expert.layer, [...(expertNames.get(expert.layer) ?? []), t.name]);
-      expertBytes.set(expert.layer, (expertBytes.get(expert.layer) ?? 0n) + t.nbytes);
-      return { kind: "expert" as const, layer: expert.layer };
-    }
-    return { kind: "dense" as const, layer };
-  });
-  const expertLayers = [...expertNames.keys()].sort((a, b) => a - b);
-  const loadedNames = header.tensors.filter((_, i) => kinds[i]!.kind !== "mtp").map((t) => t.name);
-  const allExpertNames = expertLayers.flatMap((l) => expertNames.get(l)!);
-
-  const denseBytes = sum(header.tensors.filter((_, i) => kinds[i]!.kind === "dense").map((t) => t.nbytes));
-  const inputBytes = sum(header.tensors.filter((_, i) => kinds[i]!.kind === "input").map((t) => t.nbytes));
-  // No output.weight: llama.cpp loads token_embd a second time as the output layer (TENSOR_DUPLICATED).
-  const tied = header.tensors.some((t) => t.name === "output.weight")
-    ? 0n
-    : (header.tensors.find((t) => t.name === "token_embd.weight")?.nbytes ?? 0n);
+  const { kinds, expertNames, expertBytes, expertLayers, loadedNames, allExpertNames } = classifyTensors(
+    header,
+    hp,
+    options.loadMtp ?? false,
+  );
+  const { denseBytes, inputBytes, tied } = fixedBytes(header, kinds);
 
   const kv = kvCacheSize(hp, context);
   const recurrent = recurrentStateSize(hp, context);
-
-  // Per-layer expert shape for the swarm (bytes of one expert over the layer's expert tensors).
-  // The expert axis is the last one of every expert tensor (ne[2] of weights, ne[1] of biases).
-  const nExpertByLayer = new Map<number, number>();
-  header.tensors.forEach((t, i) => {
-    const { kind, layer } = kinds[i]!;
-    if (kind !== "expert") return;
-    const n = t.shape[t.shape.length - 1] ?? 1;
-    if (n > LLAMA_MAX_EXPERTS) {
-      throw new GgufError(
-        "MOESWARM_GGUF_BAD_TENSOR",
-        `${t.name}: ${n} experts, more than llama.cpp's ${LLAMA_MAX_EXPERTS}`,
-        {
-          details: { tensor: t.name, experts: n },
-        },
-      );
-    }
-    nExpertByLayer.set(layer!, Math.max(nExpertByLayer.get(layer!) ?? 1, n));
-  });
-  const swarmInfo = (layer: number): SwarmLayerInfo => {
-    const nExpert = nExpertByLayer.get(layer)!;
-    return { layer, nExpert, bytesPerExpert: expertBytes.get(layer)! / BigInt(nExpert) };
-  };
+  const swarmInfo = swarmLayerInfo(expertCounts(header, kinds), expertBytes);
   const nExpertOf = (layer: number) => swarmInfo(layer).nExpert;
 
-  const device = new Map<number, OffloadDevice>(expertLayers.map((l) => [l, "vram"]));
-  const explicitSwarm = Array.isArray(options.swarm) ? (options.swarm as readonly number[]) : undefined;
-  const swarmMode = explicitSwarm ? "list" : ((options.swarm as string | undefined) ?? "offloaded");
-  if (!["list", "offloaded", "overflow"].includes(swarmMode)) {
-    throw invalid(`swarm must be "offloaded", "overflow" or a list of layers, got ${String(options.swarm)}`);
-  }
-  if (explicitSwarm) {
-    if (workers.length === 0) throw invalid("swarm lists layers but there are no workers");
-    for (const l of explicitSwarm) {
-      if (!device.has(l)) throw invalid(`swarm lists layer ${String(l)}, which has no routed experts`);
-      device.set(l, "swarm");
-    }
-  }
+  const { device, swarmMode } = initialDevices(expertLayers, options.swarm, workers.length);
   const layersOn = (d: OffloadDevice) => expertLayers.filter((l) => device.get(l) === d);
   const swarmCovers = (layers: readonly number[]) =>
     assignResolved(layers.map(swarmInfo), workers, { demand: options.demand, maxCopies });
@@ -417,19 +448,13 @@ export function planOffload(header: GgufHeader, options: PlanOffloadOptions): Of
     options.demand,
     nExpertOf,
   ).filter((l) => device.get(l) === "vram");
-  const useSwarmFirst = workers.length > 0 && swarmMode === "offloaded";
-  for (const layer of order) {
-    if (vramTotals().fits) break;
-    if (useSwarmFirst && swarmCovers([...layersOn("swarm"), layer])) device.set(layer, "swarm");
-    else device.set(layer, "ram");
-  }
-  if (workers.length > 0 && swarmMode === "overflow") {
-    // RAM layers the host cannot hold go to the swarm, in offload order, while the workers cover them.
-    for (const layer of order.filter((l) => device.get(l) === "ram")) {
-      if (ramTotals().fits) break;
-      if (swarmCovers([...layersOn("swarm"), layer])) device.set(layer, "swarm");
-    }
-  }
+  moveLayers(order, device, {
+    vramFits: () => vramTotals().fits,
+    ramFits: () => ramTotals().fits,
+    swarmTakes: (layer) => swarmCovers([...layersOn("swarm"), layer]) !== undefined,
+    swarmFirst: workers.length > 0 && swarmMode === "offloaded",
+    overflow: workers.length > 0 && swarmMode === "overflow",
+  });
 
   const vram = vramTotals();
   const ram = ramTotals();
@@ -437,83 +462,26 @@ export function planOffload(header: GgufHeader, options: PlanOffloadOptions): Of
   const swarmLayers = layersOn("swarm");
   const swarm = workers.length > 0 ? swarmCovers(swarmLayers) : undefined;
 
-  const tensors: PlannedTensor[] = header.tensors.map((t, i) => {
-    const { kind, layer } = kinds[i]!;
-    let dev: OffloadDevice;
-    if (kind === "mtp") dev = "skipped";
-    else if (kind === "input") dev = "ram";
-    else if (kind === "expert") dev = device.get(layer!)!;
-    else dev = "vram";
-    return { name: t.name, bytes: t.nbytes, kind, layer, device: dev };
-  });
-  const weights: Record<OffloadDevice, bigint> = { vram: 0n, ram: 0n, swarm: 0n, skipped: 0n };
-  for (const t of tensors) weights[t.device] += t.bytes;
+  const { tensors, weights } = plannedTensors(header, kinds, device);
 
-  // The overrides, each checked against every tensor llama.cpp loads (JS RegExp: the pattern uses
-  // only syntax that means the same in ECMAScript std::regex).
-  const overrides: TensorOverride[] = [];
-  const addOverride = (layers: readonly number[], bufferType: string) => {
-    if (layers.length === 0) return;
-    const pattern = expertOverridePattern(layers, allExpertNames);
-    const re = new RegExp(pattern);
-    const matched = loadedNames.filter((n) => re.test(n));
-    const wanted = new Set(layers.flatMap((l) => expertNames.get(l)!));
-    if (matched.length !== wanted.size || !matched.every((n) => wanted.has(n))) {
-      throw new InvalidArgumentError(
-        "MOESWARM_INVALID_ARGUMENT",
-        `internal: override ${pattern} does not match exactly the tensors of layers ${layers.join(",")}`,
-      );
-    }
-    overrides.push({ pattern, bufferType, tensors: matched });
-  };
   const ramLayers = layersOn("ram");
-  addOverride(ramLayers, "CPU");
-  addOverride(swarmLayers, swarmBufferType);
-  const overrideTensor =
-    overrides.length === 0 ? undefined : overrides.map((o) => `${o.pattern}=${o.bufferType}`).join(",");
-  const ramNames = new Set(ramLayers.flatMap((l) => expertNames.get(l)!));
-  const nCpuMoe = equivalentNCpuMoe(loadedNames, ramNames);
+  const { overrides, overrideTensor, nCpuMoe } = placementOverrides(ramLayers, swarmLayers, swarmBufferType, {
+    expertNames,
+    allExpertNames,
+    loadedNames,
+  });
 
-  const llamaArgs = [
-    "--n-gpu-layers",
-    "999",
-    "--fit",
-    "off",
-    "--ctx-size",
-    String(context.ctx),
-    "--batch-size",
-    String(context.batch),
-    "--ubatch-size",
-    String(context.ubatch),
-    "--cache-type-k",
-    context.kvType,
-    "--cache-type-v",
-    context.kvTypeV,
-    "--flash-attn",
-    context.flashAttention ? "on" : "off",
-    ...(context.seqs > 1 ? ["--parallel", String(context.seqs)] : []),
-    ...(context.kvUnified ? ["--kv-unified"] : []),
-    ...(overrideTensor ? ["--override-tensor", overrideTensor] : []),
-  ];
+  const llamaArgs = llamaArgsFor(context, overrideTensor);
 
-  const notes: string[] = [];
-  const skipped = weights.skipped;
-  if (skipped > 0n)
-    notes.push(
-      `${tensors.filter((t) => t.device === "skipped").length} MTP tensors are not loaded (load_mtp off)`,
-    );
-  if (tied > 0n)
-    notes.push(
-      "no output.weight: llama.cpp loads token_embd a second time as the output layer (counted in VRAM)",
-    );
-  if (!vram.fits)
-    notes.push(
-      "the dense tensors, caches and compute buffer do not fit in VRAM even with every expert layer offloaded",
-    );
-  if (!ram.fits) notes.push("the offloaded expert layers do not fit in RAM");
-  if (swarmLayers.length > 0) {
-    notes.push(`swarm layers need the moeswarm ggml backend (buffer type ${swarmBufferType}) in llama.cpp`);
-  }
+  const notes = planNotes({
+    mtpTensors: tensors.filter((t) => t.device === "skipped").length,
+    skippedBytes: weights.skipped,
+    tied,
+    vramFits: vram.fits,
+    ramFits: ram.fits,
+    swarmLayers: swarmLayers.length,
+    swarmBufferType,
+  });
 
   return {
     arch: hp.arch,

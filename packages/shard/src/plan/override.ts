@@ -51,7 +51,7 @@ function sameLength(a: number, b: number): string[] {
 /** Regex alternatives (no anchors, no quantifiers, no commas) matching exactly the numbers a..b. */
 export function numberRangePatterns(a: number, b: number): string[] {
   if (!Number.isSafeInteger(a) || !Number.isSafeInteger(b) || a < 0 || b < a) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", `bad number range ${a}..${b}`);
+    throw new InvalidArgumentError(`bad number range ${a}..${b}`);
   }
   const out: string[] = [];
   let lo = a;
@@ -98,8 +98,7 @@ export function expertOverridePattern(
   layers: readonly number[],
   expertTensorNames: readonly string[],
 ): string {
-  if (layers.length === 0)
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "no layers to override");
+  if (layers.length === 0) throw new InvalidArgumentError("no layers to override");
   const wanted = new Set(layers);
   const projections = new Set<string>();
   const suffixes = new Set<string>();
@@ -112,10 +111,7 @@ export function expertOverridePattern(
     infixes.add(p.chunked ? "ch" : "");
   }
   if (projections.size === 0) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `layers ${layers.join(",")} have no routed-expert tensors`,
-    );
+    throw new InvalidArgumentError(`layers ${layers.join(",")} have no routed-expert tensors`);
   }
   // gate_up before gate only for readability: the regex backtracks either way.
   const order = ["gate_up", "up", "down", "gate"];

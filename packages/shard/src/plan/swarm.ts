@@ -74,24 +74,21 @@ interface Worker extends ResolvedWorker {
   slice?: SwarmSlice;
 }
 
-function invalid(message: string): InvalidArgumentError {
-  return new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", message);
-}
-
 export function resolveWorkers(workers: readonly SwarmWorker[]): ResolvedWorker[] {
-  if (!Array.isArray(workers)) throw invalid("workers must be an array");
+  if (!Array.isArray(workers)) throw new InvalidArgumentError("workers must be an array");
   const ids = new Set<string>();
   return workers.map((w, i) => {
-    if (typeof w !== "object" || w === null) throw invalid(`workers[${i}] must be an object`);
+    if (typeof w !== "object" || w === null)
+      throw new InvalidArgumentError(`workers[${i}] must be an object`);
     if (typeof w.id !== "string" || w.id.length === 0 || Buffer.byteLength(w.id) > 128) {
-      throw invalid(`workers[${i}].id must be a string of 1..128 bytes`);
+      throw new InvalidArgumentError(`workers[${i}].id must be a string of 1..128 bytes`);
     }
-    if (ids.has(w.id)) throw invalid(`worker id ${JSON.stringify(w.id)} appears twice`);
+    if (ids.has(w.id)) throw new InvalidArgumentError(`worker id ${JSON.stringify(w.id)} appears twice`);
     ids.add(w.id);
     const limit = (v: number | undefined, what: string) => {
       if (v === undefined) return Number.MAX_SAFE_INTEGER;
       if (!Number.isSafeInteger(v) || v < 1)
-        throw invalid(`workers[${i}].${what} must be a positive integer`);
+        throw new InvalidArgumentError(`workers[${i}].${what} must be a positive integer`);
       return v;
     };
     return {
@@ -114,10 +111,10 @@ export function demandOf(
     demand instanceof Map ? demand.get(layer) : (demand as Record<number, ArrayLike<number>>)[layer];
   if (row === undefined) return Array(nExpert).fill(0);
   if (row.length !== nExpert)
-    throw invalid(`demand for layer ${layer} has ${row.length} entries, not ${nExpert}`);
+    throw new InvalidArgumentError(`demand for layer ${layer} has ${row.length} entries, not ${nExpert}`);
   return Array.from(row, (x, e) => {
     if (typeof x !== "number" || !Number.isFinite(x) || x < 0) {
-      throw invalid(`demand[${layer}][${e}] must be a non-negative number`);
+      throw new InvalidArgumentError(`demand[${layer}][${e}] must be a non-negative number`);
     }
     return x;
   });

@@ -26,9 +26,9 @@ const SIZE = /^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$/i;
 // 2^60 bytes: far above any machine, far below where bigint arithmetic would matter.
 const MAX_BYTES = 1n << 60n;
 
-function invalid(what: string, value: unknown): InvalidArgumentError {
+/** The error for a size that is not a byte count, naming the option it came from. */
+function badSize(what: string, value: unknown): InvalidArgumentError {
   return new InvalidArgumentError(
-    "MOESWARM_INVALID_ARGUMENT",
     `${what} must be a byte count such as 68719476736, "64GiB" or "64GB", got ${JSON.stringify(String(value))}`,
     { details: { [what]: String(value) } },
   );
@@ -43,18 +43,18 @@ export function parseByteSize(value: ByteSize, what = "size"): bigint {
   let bytes: bigint;
   if (typeof value === "bigint") bytes = value;
   else if (typeof value === "number") {
-    if (!Number.isSafeInteger(value)) throw invalid(what, value);
+    if (!Number.isSafeInteger(value)) throw badSize(what, value);
     bytes = BigInt(value);
   } else if (typeof value === "string") {
     const m = SIZE.exec(value);
     const unit = m ? UNITS[(m[2] ?? "").toLowerCase() || "b"] : undefined;
-    if (!m || unit === undefined) throw invalid(what, value);
+    if (!m || unit === undefined) throw badSize(what, value);
     const [whole, frac = ""] = m[1]!.split(".");
-    if (whole!.length > 20 || frac.length > 12) throw invalid(what, value);
+    if (whole!.length > 20 || frac.length > 12) throw badSize(what, value);
     const scale = 10n ** BigInt(frac.length);
     bytes = ((BigInt(whole!) * scale + BigInt(frac || "0")) * unit) / scale;
-  } else throw invalid(what, value);
-  if (bytes < 0n || bytes > MAX_BYTES) throw invalid(what, value);
+  } else throw badSize(what, value);
+  if (bytes < 0n || bytes > MAX_BYTES) throw badSize(what, value);
   return bytes;
 }
 

@@ -26,23 +26,19 @@ function dequantizerOf(type: number): BlockDequantizer {
 
 function checkCount(name: string, value: number): void {
   if (!Number.isSafeInteger(value) || value < 0) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `${name} must be a non-negative integer, got ${value}`,
-    );
+    throw new InvalidArgumentError(`${name} must be a non-negative integer, got ${value}`);
   }
 }
 
 /** Blocks of `nElements` values; validates the count against the type and the byte length. */
 function blocksOf(type: GgmlType, bytes: Uint8Array, nElements: number): number {
   if (!(bytes instanceof Uint8Array)) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "bytes must be a Uint8Array");
+    throw new InvalidArgumentError("bytes must be a Uint8Array");
   }
   checkCount("nElements", nElements);
   const { blockSize, typeSize, name } = ggmlTypeTraits(type);
   if (nElements % blockSize !== 0) {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
       `${nElements} elements are not a whole number of ${name} blocks of ${blockSize}`,
       { details: { type, nElements, blockSize } },
     );
@@ -50,7 +46,6 @@ function blocksOf(type: GgmlType, bytes: Uint8Array, nElements: number): number 
   const nBlocks = nElements / blockSize;
   if (bytes.byteLength !== nBlocks * typeSize) {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
       `${nElements} ${name} values take ${nBlocks * typeSize} bytes, got ${bytes.byteLength}`,
       { details: { type, nElements, expected: nBlocks * typeSize, actual: bytes.byteLength } },
     );
@@ -61,10 +56,7 @@ function blocksOf(type: GgmlType, bytes: Uint8Array, nElements: number): number 
 function checkOut(out: unknown, n: number, ctor: typeof Float32Array | typeof Float64Array): void {
   if (out === undefined) return;
   if (!(out instanceof ctor) || out.length !== n) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `out must be a ${ctor.name} of exactly ${n} elements`,
-    );
+    throw new InvalidArgumentError(`out must be a ${ctor.name} of exactly ${n} elements`);
   }
 }
 
@@ -124,11 +116,9 @@ export function dequantizeRows(type: GgmlType, bytes: Uint8Array, ne0: number, n
   checkCount("nRows", nRows);
   const { blockSize, name } = ggmlTypeTraits(type);
   if (ne0 % blockSize !== 0) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `ne0=${ne0} is not a multiple of ${name}'s block size ${blockSize}`,
-      { details: { type, ne0, blockSize } },
-    );
+    throw new InvalidArgumentError(`ne0=${ne0} is not a multiple of ${name}'s block size ${blockSize}`, {
+      details: { type, ne0, blockSize },
+    });
   }
   const n = ne0 * nRows;
   checkCount("ne0 * nRows", n);
@@ -156,23 +146,16 @@ export function dequantizeSlab(
     checkCount(k, v);
   }
   if (index >= ne2) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `slab ${index} is out of range 0..${ne2 - 1}`,
-    );
+    throw new InvalidArgumentError(`slab ${index} is out of range 0..${ne2 - 1}`);
   }
   const { blockSize, typeSize, name } = ggmlTypeTraits(type);
   if (ne0 % blockSize !== 0) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `ne0=${ne0} is not a multiple of ${name}'s block size ${blockSize}`,
-    );
+    throw new InvalidArgumentError(`ne0=${ne0} is not a multiple of ${name}'s block size ${blockSize}`);
   }
   const slabBytes = (ne0 / blockSize) * typeSize * ne1;
   checkCount("slab bytes", slabBytes * ne2);
   if (tensorBytes.byteLength !== slabBytes * ne2) {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
       `a ${name} tensor [${ne0}, ${ne1}, ${ne2}] takes ${slabBytes * ne2} bytes, got ${tensorBytes.byteLength}`,
     );
   }

@@ -40,21 +40,19 @@ function quantizerOf(type: number): BlockQuantizer {
 export function quantize(type: GgmlType, values: Float32Array, ne0?: number): Uint8Array {
   const fn = quantizerOf(type);
   if (!(values instanceof Float32Array)) {
-    throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "values must be a Float32Array");
+    throw new InvalidArgumentError("values must be a Float32Array");
   }
   const { blockSize, typeSize, name } = ggmlTypeTraits(type);
   const rowLength = ne0 ?? values.length;
   if (values.length === 0 && ne0 === undefined) return new Uint8Array(0);
   if (!Number.isSafeInteger(rowLength) || rowLength <= 0 || values.length % rowLength !== 0) {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
       `ne0=${rowLength} must be a positive integer dividing the ${values.length} values`,
       { details: { ne0: rowLength, length: values.length } },
     );
   }
   if (rowLength % blockSize !== 0) {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
       `ne0=${rowLength} is not a multiple of ${name}'s block size ${blockSize}`,
       { details: { type, ne0: rowLength, blockSize } },
     );

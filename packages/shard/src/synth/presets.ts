@@ -132,23 +132,16 @@ export function syntheticPreset(
 ): SyntheticMoeOptions {
   if (!SYNTHETIC_PRESETS.includes(preset)) {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
       `preset must be one of ${SYNTHETIC_PRESETS.join(", ")}, got ${String(preset)}`,
     );
   }
   if (!SYNTHETIC_ARCHS.includes(arch)) {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `arch must be one of ${SYNTHETIC_ARCHS.join(", ")}, got ${String(arch)}`,
-    );
+    throw new InvalidArgumentError(`arch must be one of ${SYNTHETIC_ARCHS.join(", ")}, got ${String(arch)}`);
   }
   const options = PRESETS[preset][arch];
   if (!options) {
     const archs = Object.keys(PRESETS[preset]).join(", ");
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      `preset ${preset} exists for ${archs}, not ${arch}`,
-    );
+    throw new InvalidArgumentError(`preset ${preset} exists for ${archs}, not ${arch}`);
   }
   return { ...options, types: { ...options.types } };
 }

@@ -110,20 +110,18 @@ const LIMITS = {
   contextLength: 1 << 24,
 } as const;
 
-function invalid(message: string, details?: Record<string, unknown>): InvalidArgumentError {
-  return new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", message, details ? { details } : {});
-}
-
 function positiveInt(value: unknown, what: string, max: number): number {
   if (typeof value !== "number" || !Number.isSafeInteger(value) || value < 1 || value > max) {
-    throw invalid(`${what} must be an integer in [1, ${max}], got ${String(value)}`, { [what]: value });
+    throw new InvalidArgumentError(`${what} must be an integer in [1, ${max}], got ${String(value)}`, {
+      details: { [what]: value },
+    });
   }
   return value;
 }
 
 function positiveNumber(value: unknown, what: string): number {
   if (typeof value !== "number" || !Number.isFinite(value) || value <= 0) {
-    throw invalid(`${what} must be a positive number, got ${String(value)}`);
+    throw new InvalidArgumentError(`${what} must be a positive number, got ${String(value)}`);
   }
   return value;
 }
@@ -131,20 +129,21 @@ function positiveNumber(value: unknown, what: string): number {
 /** Validates the options and applies the defaults. */
 export function resolveSyntheticOptions(options: SyntheticMoeOptions): ResolvedSyntheticOptions {
   if (typeof options !== "object" || options === null)
-    throw invalid("synthetic model options must be an object");
+    throw new InvalidArgumentError("synthetic model options must be an object");
   const arch = options.arch;
   if (!SYNTHETIC_ARCHS.includes(arch)) {
-    throw invalid(`arch must be one of ${SYNTHETIC_ARCHS.join(", ")}, got ${String(arch)}`);
+    throw new InvalidArgumentError(`arch must be one of ${SYNTHETIC_ARCHS.join(", ")}, got ${String(arch)}`);
   }
   const seed = options.seed;
   if (typeof seed !== "number" || !Number.isInteger(seed) || seed < 0 || seed > 0xffff_ffff) {
-    throw invalid(`seed must be a uint32, got ${String(seed)}`);
+    throw new InvalidArgumentError(`seed must be a uint32, got ${String(seed)}`);
   }
   const nLayer = positiveInt(options.nLayer, "nLayer", LIMITS.nLayer);
   const nEmbd = positiveInt(options.nEmbd, "nEmbd", LIMITS.nEmbd);
   const nHead = positiveInt(options.nHead, "nHead", LIMITS.nHead);
   const nHeadKv = positiveInt(options.nHeadKv, "nHeadKv", nHead);
-  if (nHead % nHeadKv !== 0) throw invalid(`nHead (${nHead}) must be a multiple of nHeadKv (${nHeadKv})`);
+  if (nHead % nHeadKv !== 0)
+    throw new InvalidArgumentError(`nHead (${nHead}) must be a multiple of nHeadKv (${nHeadKv})`);
   const nFfExp = positiveInt(options.nFfExp, "nFfExp", LIMITS.nFfExp);
   const nExpert = positiveInt(options.nExpert, "nExpert", LIMITS.nExpert);
   const nExpertUsed = positiveInt(options.nExpertUsed, "nExpertUsed", nExpert);
@@ -153,17 +152,23 @@ export function resolveSyntheticOptions(options: SyntheticMoeOptions): ResolvedS
   buildTokenizer(vocab); // validates the vocabulary size
   const headDim =
     options.headDim === undefined ? nEmbd / nHead : positiveInt(options.headDim, "headDim", LIMITS.nEmbd);
-  if (!Number.isInteger(headDim)) throw invalid(`nEmbd (${nEmbd}) must be a multiple of nHead (${nHead})`);
+  if (!Number.isInteger(headDim))
+    throw new InvalidArgumentError(`nEmbd (${nEmbd}) must be a multiple of nHead (${nHead})`);
   if (arch !== "qwen3moe" && headDim * nHead !== nEmbd) {
-    throw invalid(`${arch} needs headDim * nHead = nEmbd (${headDim} * ${nHead} != ${nEmbd})`);
+    throw new InvalidArgumentError(
+      `${arch} needs headDim * nHead = nEmbd (${headDim} * ${nHead} != ${nEmbd})`,
+    );
   }
-  if (headDim % 2 !== 0) throw invalid(`headDim must be even for RoPE, got ${headDim}`);
+  if (headDim % 2 !== 0) throw new InvalidArgumentError(`headDim must be even for RoPE, got ${headDim}`);
   const types: SyntheticTypes = { ...DEFAULT_SYNTHETIC_TYPES };
   for (const [key, value] of Object.entries(options.types ?? {})) {
-    if (!(key in types)) throw invalid(`unknown tensor class ${JSON.stringify(key)} in types`);
+    if (!(key in types))
+      throw new InvalidArgumentError(`unknown tensor class ${JSON.stringify(key)} in types`);
     if (value === undefined) continue;
     if (!SYNTHETIC_TYPES.includes(value as SyntheticType)) {
-      throw invalid(`types.${key} must be one of ${SYNTHETIC_TYPES.join(", ")}, got ${String(value)}`);
+      throw new InvalidArgumentError(
+        `types.${key} must be one of ${SYNTHETIC_TYPES.join(", ")}, got ${String(value)}`,
+      );
     }
     types[key as keyof SyntheticTypes] = value as SyntheticType;
   }
@@ -192,14 +197,8 @@ export function resolveSyntheticOptions(options: SyntheticMoeOptions): ResolvedS
 /** Version of the generator: bump whenever the bytes for given options change. */
 export const SYNTH_GENERATOR_VERSION = "moeswarm-synth/1";
 
-/**
- * The metadata and tensor list llama.cpp (pinned release) requires for the architecture: the
- * keys its `load_hparams`/`load_arch_hparams` read and the tensors its `load_arch_tensors`
- * creates (src/models/qwen3moe.cpp, qwen2moe.cpp, llama.cpp), with those shapes.
- */
-export function syntheticModelSpec(options: SyntheticMoeOptions): SynthModelSpec {
-  const o = resolveSyntheticOptions(options);
-  const arch = o.arch === "mixtral" ? "llama" : o.arch;
+/** The keys llama.cpp reads for the architecture, then the tokenizer and the generator's own. */
+function syntheticMetadata(o: ResolvedSyntheticOptions, arch: string): Map<string, GgufMetadataValue> {
   const tok = buildTokenizer(o.vocab);
   const v = ggufValue;
   const k = (key: string) => `${arch}.${key}`;
@@ -243,7 +242,11 @@ export function syntheticModelSpec(options: SyntheticMoeOptions): SynthModelSpec
   md.set("tokenizer.ggml.add_bos_token", v.bool(false));
   md.set("moeswarm.synthetic.generator", v.str(SYNTH_GENERATOR_VERSION));
   md.set("moeswarm.synthetic.seed", v.u32(o.seed));
+  return md;
+}
 
+/** The tensors `load_arch_tensors` creates, in file order, each with its distribution. */
+function syntheticTensors(o: ResolvedSyntheticOptions): SynthTensorSpec[] {
   const t = o.types;
   const tensors: SynthTensorSpec[] = [];
   const add = (
@@ -257,9 +260,9 @@ export function syntheticModelSpec(options: SyntheticMoeOptions): SynthModelSpec
     const ggml = GGML_OF[type];
     const { blockSize, name: typeName } = ggmlTypeTraits(ggml);
     if (shape[0]! % blockSize !== 0) {
-      throw invalid(
+      throw new InvalidArgumentError(
         `tensor ${name}: ne[0] = ${shape[0]} is not a multiple of ${typeName}'s block size ${blockSize}; pick other types or sizes`,
-        { tensor: name, ne0: shape[0], type },
+        { details: { tensor: name, ne0: shape[0], type } },
       );
     }
     tensors.push({ name, shape, type: ggml, mean, std, perExpert });
@@ -301,5 +304,18 @@ export function syntheticModelSpec(options: SyntheticMoeOptions): SynthModelSpec
   }
   norm("output_norm.weight", o.nEmbd);
   add("output.weight", [o.nEmbd, o.vocab], t.output, o.logitStd * inv(o.nEmbd));
+  return tensors;
+}
+
+/**
+ * The metadata and tensor list llama.cpp (pinned release) requires for the architecture: the
+ * keys its `load_hparams`/`load_arch_hparams` read and the tensors its `load_arch_tensors`
+ * creates (src/models/qwen3moe.cpp, qwen2moe.cpp, llama.cpp), with those shapes.
+ */
+export function syntheticModelSpec(options: SyntheticMoeOptions): SynthModelSpec {
+  const o = resolveSyntheticOptions(options);
+  const arch = o.arch === "mixtral" ? "llama" : o.arch;
+  const md = syntheticMetadata(o, arch);
+  const tensors = syntheticTensors(o);
   return { options: o, ggufArch: arch, metadata: md, tensors };
 }

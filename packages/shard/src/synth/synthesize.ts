@@ -1,7 +1,7 @@
 import { createHash, randomBytes } from "node:crypto";
 import { open, rename, unlink } from "node:fs/promises";
 import type { Writable } from "node:stream";
-import { abortReason, GgufError, InvalidArgumentError, throwIfAborted } from "@moeswarm/core";
+import { GgufError, InvalidArgumentError, onAbort, throwIfAborted } from "@moeswarm/core";
 import { writeAll } from "../atomic-file.js";
 import { type GgufPlan, planGguf } from "../gguf-writer.js";
 import { quantize } from "../quant/quantize.js";
@@ -159,13 +159,9 @@ function streamSink(sink: Writable, signal: AbortSignal | undefined): ChunkSink 
     write(chunk) {
       return new Promise<void>((resolve, reject) => {
         const cleanup = () => {
-          signal?.removeEventListener("abort", onAbort);
+          abort[Symbol.dispose]();
           sink.removeListener("error", onError);
           sink.removeListener("drain", onDrain);
-        };
-        const onAbort = () => {
-          cleanup();
-          reject(abortReason(signal!));
         };
         const onError = (error: Error) => {
           cleanup();
@@ -175,7 +171,10 @@ function streamSink(sink: Writable, signal: AbortSignal | undefined): ChunkSink 
           cleanup();
           resolve();
         };
-        signal?.addEventListener("abort", onAbort, { once: true });
+        const abort = onAbort(signal, (reason) => {
+          cleanup();
+          reject(reason);
+        });
         sink.once("error", onError);
         if (sink.write(chunk)) {
           cleanup();
@@ -207,16 +206,12 @@ export async function synthesizeMoeModel(
   const { spec, plan } = planSyntheticModel(options);
   let sink: ChunkSink;
   if (typeof target === "string") {
-    if (target.length === 0)
-      throw new InvalidArgumentError("MOESWARM_INVALID_ARGUMENT", "the output path is empty");
+    if (target.length === 0) throw new InvalidArgumentError("the output path is empty");
     sink = await fileSink(target);
   } else if (typeof target === "object" && target !== null && typeof target.write === "function") {
     sink = streamSink(target, signal);
   } else {
-    throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
-      "synthesizeMoeModel needs a path or a Writable",
-    );
+    throw new InvalidArgumentError("synthesizeMoeModel needs a path or a Writable");
   }
   const hash = createHash("sha256");
   const total = Number(plan.totalSize);

@@ -73,10 +73,7 @@ function addRareMerges(tokens: string[], known: Set<string>, merges: string[], t
     const merged = left + right;
     if (merged.length > 16 || known.has(merged) || right.startsWith("\u0120")) {
       if (++misses > 1_000_000) {
-        throw new InvalidArgumentError(
-          "MOESWARM_INVALID_ARGUMENT",
-          `cannot build a vocabulary of ${target} tokens`,
-        );
+        throw new InvalidArgumentError(`cannot build a vocabulary of ${target} tokens`);
       }
       continue;
     }
@@ -97,7 +94,6 @@ export function buildTokenizer(vocab: number): SyntheticTokenizer {
   const minVocab = 256 + SPECIAL_TOKENS.length;
   if (!Number.isSafeInteger(vocab) || vocab < minVocab || vocab > MAX_VOCAB) {
     throw new InvalidArgumentError(
-      "MOESWARM_INVALID_ARGUMENT",
       `vocab must be an integer in [${minVocab}, ${MAX_VOCAB}], got ${String(vocab)}`,
     );
   }
