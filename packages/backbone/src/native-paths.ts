@@ -1,25 +1,29 @@
 import { existsSync } from "node:fs";
-import { dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { createRequire } from "node:module";
+import { dirname, join } from "node:path";
 import { NativeError } from "@moeswarm/core";
 
-/** The package's root directory (dist/.. or src/..). */
-export function packageRoot(): string {
-  return resolve(dirname(fileURLToPath(import.meta.url)), "..");
+/**
+ * The directory of @moeswarm/worker-native, which builds and ships every native binary of moeswarm
+ * (one CMake project): the plugin and the harness are in its prebuilds, beside the addon.
+ */
+function workerNativeRoot(): string {
+  const require = createRequire(import.meta.url);
+  return dirname(require.resolve("@moeswarm/worker-native/package.json"));
 }
 
-function prebuilt(name: string, what: string): string {
+function prebuilt(name: string): string {
   if (process.platform !== "linux" || process.arch !== "x64") {
     throw new NativeError(
       "MOESWARM_NATIVE_LOAD",
-      `${what} is built for linux-x64 (node-llama-cpp's CPU binaries), this is ${process.platform}-${process.arch}`,
+      `${name} is built for linux-x64 (node-llama-cpp's CPU binaries), this is ${process.platform}-${process.arch}`,
     );
   }
-  const path = join(packageRoot(), "prebuilds", "linux-x64", name);
+  const path = join(workerNativeRoot(), "prebuilds", "linux-x64", name);
   if (!existsSync(path)) {
     throw new NativeError(
       "MOESWARM_NATIVE_LOAD",
-      `${path} does not exist\n  possible solution: pnpm --filter @moeswarm/backbone build (needs cmake, g++ and node-llama-cpp@3.21.1)`,
+      `${path} does not exist\n  possible solution: pnpm --filter @moeswarm/worker-native build (needs cmake, g++ and node-llama-cpp@3.21.1)`,
     );
   }
   return path;
@@ -30,10 +34,10 @@ function prebuilt(name: string, what: string): string {
  * node-llama-cpp) as `GGML_BACKEND_PATH`.
  */
 export function pluginPath(): string {
-  return prebuilt("libggml-moeswarm.so", "libggml-moeswarm.so");
+  return prebuilt("libggml-moeswarm.so");
 }
 
 /** Path of `llama-logits`, the greedy-decoding harness over node-llama-cpp's libllama. */
 export function logitsHarnessPath(): string {
-  return prebuilt("llama-logits", "llama-logits");
+  return prebuilt("llama-logits");
 }

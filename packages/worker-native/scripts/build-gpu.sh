@@ -57,10 +57,10 @@ cmake --build "$dir" --parallel "$(nproc)"
 
 out=prebuilds/linux-x64-$kind
 mkdir -p "$out"
-if [ -f "$dir/moeswarm_expert.node" ]; then
-  cp "$dir/moeswarm_expert.node" "$out/node.napi.glibc.node"
+if [ -f "$dir/bin/moeswarm_expert.node" ]; then
+  cp "$dir/bin/moeswarm_expert.node" "$out/node.napi.glibc.node"
 else
   echo "build-gpu: no Node/cmake-js here, so the executable only (no addon)"
 fi
-cp "$dir/moeswarm-expert-worker" "$out/moeswarm-expert-worker"
+cp "$dir/bin/moeswarm-expert-worker" "$out/moeswarm-expert-worker"
 echo "build-gpu: $out/ ($("$out/moeswarm-expert-worker" --version))"

@@ -1,9 +1,11 @@
 #!/usr/bin/env node
-// Builds the native half of @moeswarm/worker-native from the pinned llama.cpp source:
+// Builds every native binary of moeswarm (one CMake project, CMakeLists.txt) from the pinned
+// llama.cpp source:
 //   linux-x64      the N-API addon and moeswarm-expert-worker (x86-64-v3: AVX2, FMA, F16C, BMI2),
-//                  and moeswarm-expert-worker-llama: the same core against node-llama-cpp's shared
-//                  libggml-base/libggml, computing with the libggml-cpu-<variant>.so llama.cpp picks
-//                  (the "llama-cpu" backend, bit-identical to llama.cpp on this machine)
+//                  and against node-llama-cpp's shared libggml-base/libggml: moeswarm-expert-worker-llama
+//                  and its addon, computing with the libggml-cpu-<variant>.so llama.cpp picks (the
+//                  "llama-cpu" backend, bit-identical to llama.cpp on this machine), the backbone's
+//                  ggml backend plugin libggml-moeswarm.so and the logits harness llama-logits
 //   android-arm64  moeswarm-expert-worker, static, armv8-a (+ the linux-arm64 addon from the same
 //                  build) and armv8.2-a+dotprod (picked at start by the armv8-a binary)
 // into prebuilds/<platform>-<arch>/ (prebuildify's layout: node-gyp-build finds the addon there).
@@ -21,6 +23,7 @@ import {
   copyFileSync,
   existsSync,
   mkdirSync,
+  readdirSync,
   readFileSync,
   realpathSync,
   renameSync,
@@ -76,10 +79,37 @@ function llamaBinsDir() {
   return existsSync(join(dir, "libggml-base.so")) ? dir : undefined;
 }
 
-/** One CMake build directory and what to copy out of it. */
+/**
+ * Everything built against node-llama-cpp's shared ggml (MOESWARM_GGML=shared): the "llama-cpu"
+ * worker and addon, the backbone's ggml backend plugin (linked to the host's libggml-base only)
+ * and, when node-llama-cpp ships a libllama, the logits harness.
+ */
+function llamaVariant(bins, addon) {
+  const defs = {
+    MOESWARM_GGML: "shared",
+    MOESWARM_GGML_BASE_LIB: join(bins, "libggml-base.so"),
+    MOESWARM_PLUGIN: "ON",
+    ...addon,
+  };
+  const copy = [
+    ["moeswarm-expert-worker-llama", "linux-x64/moeswarm-expert-worker-llama"],
+    ["moeswarm_expert_llama.node", "linux-x64/llama-cpu/moeswarm_expert_llama.node"],
+    ["libggml-moeswarm.so", "linux-x64/libggml-moeswarm.so"],
+  ];
+  const libllama = readdirSync(bins).find((f) => /^libllama(\.v[\d.]+)?\.so$/.test(f));
+  if (libllama) {
+    defs.MOESWARM_LLAMA_LIB = join(bins, libllama);
+    copy.push(["llama-logits", "linux-x64/llama-logits"]);
+  } else {
+    skipOrFail(`no libllama*.so in ${bins}, so llama-logits is not built`, "reinstall node-llama-cpp@3.21.1");
+  }
+  return { name: "linux-x64-llama", defs, copy };
+}
+
+/** One CMake build directory and what to copy out of it (from its bin/). */
 function variants(target, napiInclude) {
   const addon = { CMAKE_JS_INC: napiInclude };
-  const toolchain = { CMAKE_TOOLCHAIN_FILE: join(pkgDir, "cmake", "aarch64-linux-gnu.cmake") };
+  const toolchain = { CMAKE_TOOLCHAIN_FILE: join(pkgDir, "cmake", "toolchains", "aarch64-linux-gnu.cmake") };
   switch (target) {
     case "linux-x64": {
       const out = [
@@ -94,17 +124,10 @@ function variants(target, napiInclude) {
       ];
       const bins = llamaBinsDir();
       if (bins) {
-        out.push({
-          name: "linux-x64-llama",
-          defs: { MOESWARM_GGML: "shared", MOESWARM_GGML_BASE_LIB: join(bins, "libggml-base.so"), ...addon },
-          copy: [
-            ["moeswarm-expert-worker-llama", "linux-x64/moeswarm-expert-worker-llama"],
-            ["moeswarm_expert_llama.node", "linux-x64/llama-cpu/moeswarm_expert_llama.node"],
-          ],
-        });
+        out.push(llamaVariant(bins, addon));
       } else {
         skipOrFail(
-          "node-llama-cpp's prebuilt ggml was not found, so moeswarm-expert-worker-llama is not built",
+          "node-llama-cpp's prebuilt ggml was not found, so moeswarm-expert-worker-llama, libggml-moeswarm.so and llama-logits are not built",
           "pnpm install (node-llama-cpp is a devDependency)",
         );
       }
@@ -213,12 +236,16 @@ function buildVariant(v, llamaSrc) {
     !existsSync(stamp) ||
     readFileSync(stamp, "utf8") !== want
   ) {
+    // from a fresh cache: CMake keeps a cached toolchain file even when it moved. The objects stay,
+    // and the build recompiles only what the new commands change.
+    rmSync(join(dir, "CMakeCache.txt"), { force: true });
+    rmSync(join(dir, "CMakeFiles"), { recursive: true, force: true });
     run("cmake", configureArgs, pkgDir);
     writeFileSync(stamp, want);
   }
   run("cmake", ["--build", dir, "--parallel", String(jobs)], pkgDir);
   for (const [from, to] of v.copy) {
-    const src = join(dir, from);
+    const src = join(dir, "bin", from);
     if (!existsSync(src)) {
       if (from.endsWith(".node") && !("CMAKE_JS_INC" in v.defs)) continue;
       throw new Error(`${v.name}: ${from} was not built`);

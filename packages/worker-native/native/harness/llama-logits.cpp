@@ -135,10 +135,14 @@ static bool parse_int(const char * v, long lo, long hi, long * out) {
     return true;
 }
 
-int main(int argc, char ** argv) {
+struct logits_options {
     std::string model_path, prompt = "The swarm", logits_path, ot, bins;
     long n_predict = 16, n_ctx = 512, n_batch = 512, n_ubatch = 512, n_threads = 2;
     bool mmap = true;
+};
+
+// -1: go on; otherwise the exit code (--help, a bad argument)
+static int parse_args(int argc, char ** argv, logits_options & o) {
     for (int i = 1; i < argc; ++i) {
         const char * a = argv[i];
         const char * v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -147,27 +151,27 @@ int main(int argc, char ** argv) {
             fputs(k_usage, stdout);
             return 0;
         } else if (strcmp(a, "--model") == 0 && v) {
-            model_path = v; ++i;
+            o.model_path = v; ++i;
         } else if (strcmp(a, "--prompt") == 0 && v) {
-            prompt = v; ++i;
+            o.prompt = v; ++i;
         } else if (strcmp(a, "--logits") == 0 && v) {
-            logits_path = v; ++i;
+            o.logits_path = v; ++i;
         } else if ((strcmp(a, "--ot") == 0 || strcmp(a, "-ot") == 0) && v) {
-            ot += (ot.empty() ? "" : ",") + std::string(v); ++i;
+            o.ot += (o.ot.empty() ? "" : ",") + std::string(v); ++i;
         } else if (strcmp(a, "--bins") == 0 && v) {
-            bins = v; ++i;
+            o.bins = v; ++i;
         } else if (strcmp(a, "--n-predict") == 0 && parse_int(v, 0, 1 << 20, &x)) {
-            n_predict = x; ++i;
+            o.n_predict = x; ++i;
         } else if (strcmp(a, "--ctx") == 0 && parse_int(v, 8, 1 << 20, &x)) {
-            n_ctx = x; ++i;
+            o.n_ctx = x; ++i;
         } else if (strcmp(a, "--batch") == 0 && parse_int(v, 1, 1 << 20, &x)) {
-            n_batch = x; ++i;
+            o.n_batch = x; ++i;
         } else if (strcmp(a, "--ubatch") == 0 && parse_int(v, 1, 1 << 20, &x)) {
-            n_ubatch = x; ++i;
+            o.n_ubatch = x; ++i;
         } else if (strcmp(a, "--threads") == 0 && parse_int(v, 1, 512, &x)) {
-            n_threads = x; ++i;
+            o.n_threads = x; ++i;
         } else if (strcmp(a, "--no-mmap") == 0) {
-            mmap = false;
+            o.mmap = false;
         } else if (strcmp(a, "--quiet") == 0) {
             g_quiet = true;
         } else {
@@ -175,51 +179,52 @@ int main(int argc, char ** argv) {
             return 2;
         }
     }
-    if (model_path.empty()) {
+    if (o.model_path.empty()) {
         fprintf(stderr, "llama-logits: --model is required\n%s", k_usage);
         return 2;
     }
+    return -1;
+}
 
-    llama_log_set(log_callback, nullptr);
-    ggml_backend_load_all_from_path((bins.empty() ? default_bins_dir() : bins).c_str());
-    llama_backend_init();
-
-    std::vector<llama_model_tensor_buft_override> overrides;
-    if (!ot.empty()) {
-        if (!parse_overrides(ot, overrides)) return 1;
+// the model (with the -ot overrides, which the caller keeps alive with the model) and one
+// context; false after printing why
+static bool load_model(const logits_options & o, std::vector<llama_model_tensor_buft_override> & overrides,
+        llama_model ** model, llama_context ** ctx) {
+    if (!o.ot.empty()) {
+        if (!parse_overrides(o.ot, overrides)) return false;
         overrides.push_back({ nullptr, nullptr });
     }
-
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
-    mp.load_mode = mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
+    mp.load_mode = o.mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
     mp.lazy_mode = LLAMA_LAZY_MODE_OFF;
     mp.tensor_buft_overrides = overrides.empty() ? nullptr : overrides.data();
-    const double t_load = now_ms();
-    llama_model * model = llama_model_load_from_file(model_path.c_str(), mp);
-    if (model == nullptr) {
-        fprintf(stderr, "llama-logits: cannot load %s\n", model_path.c_str());
-        return 1;
+    *model = llama_model_load_from_file(o.model_path.c_str(), mp);
+    if (*model == nullptr) {
+        fprintf(stderr, "llama-logits: cannot load %s\n", o.model_path.c_str());
+        return false;
     }
-    const llama_vocab * vocab = llama_model_get_vocab(model);
-
     llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = (uint32_t) n_ctx;
-    cp.n_batch = (uint32_t) n_batch;
-    cp.n_ubatch = (uint32_t) n_ubatch;
-    cp.n_threads = (int32_t) n_threads;
-    cp.n_threads_batch = (int32_t) n_threads;
+    cp.n_ctx = (uint32_t) o.n_ctx;
+    cp.n_batch = (uint32_t) o.n_batch;
+    cp.n_ubatch = (uint32_t) o.n_ubatch;
+    cp.n_threads = (int32_t) o.n_threads;
+    cp.n_threads_batch = (int32_t) o.n_threads;
     cp.no_perf = true;
-    llama_context * ctx = llama_init_from_model(model, cp);
-    if (ctx == nullptr) {
+    *ctx = llama_init_from_model(*model, cp);
+    if (*ctx == nullptr) {
         fprintf(stderr, "llama-logits: cannot create the context\n");
-        llama_model_free(model);
-        return 1;
+        llama_model_free(*model);
+        *model = nullptr;
+        return false;
     }
-    const double load_ms = now_ms() - t_load;
-    const long rss_load_kib = rss_now_kib();
+    return true;
+}
 
-    std::vector<llama_token> tokens(prompt.size() + 16);
+// the prompt's tokens, checked against the context and batch sizes; false after printing why
+static bool tokenize_prompt(const logits_options & o, const llama_vocab * vocab, std::vector<llama_token> & tokens) {
+    const std::string & prompt = o.prompt;
+    tokens.resize(prompt.size() + 16);
     int n = llama_tokenize(vocab, prompt.c_str(), (int32_t) prompt.size(), tokens.data(), (int32_t) tokens.size(),
         llama_vocab_get_add_bos(vocab), true);
     if (n < 0) {
@@ -229,46 +234,45 @@ int main(int argc, char ** argv) {
     }
     if (n <= 0) {
         fprintf(stderr, "llama-logits: the prompt has no tokens\n");
-        return 1;
+        return false;
     }
     tokens.resize(n);
-    if ((long) tokens.size() + n_predict > n_ctx || (long) tokens.size() > n_batch) {
+    if ((long) tokens.size() + o.n_predict > o.n_ctx || (long) tokens.size() > o.n_batch) {
         fprintf(stderr, "llama-logits: %zu prompt tokens + %ld to predict do not fit --ctx %ld / --batch %ld\n",
-            tokens.size(), n_predict, n_ctx, n_batch);
-        return 1;
+            tokens.size(), o.n_predict, o.n_ctx, o.n_batch);
+        return false;
     }
+    return true;
+}
 
-    FILE * lf = nullptr;
-    if (!logits_path.empty()) {
-        lf = fopen(logits_path.c_str(), "wb");
-        if (lf == nullptr) {
-            fprintf(stderr, "llama-logits: cannot write %s\n", logits_path.c_str());
-            return 1;
-        }
-    }
-
-    const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+struct logits_run {
     std::vector<llama_token> generated;
     std::vector<float> margins;
     std::string text;
     double prompt_ms = 0, decode_ms = 0;
+    int rc = 0;
+};
+
+// greedy decoding: the prompt, then n_predict tokens; every step's last logits row goes to lf
+static void decode_greedy(llama_context * ctx, const llama_vocab * vocab, std::vector<llama_token> & tokens,
+        long n_predict, FILE * lf, const std::string & logits_path, logits_run & run) {
+    const int32_t n_vocab = llama_vocab_n_tokens(vocab);
     llama_batch batch = llama_batch_get_one(tokens.data(), (int32_t) tokens.size());
     llama_token next = 0;
-    int rc = 0;
     for (long step = 0; step <= n_predict; ++step) {
         const double t0 = now_ms();
         const int32_t r = llama_decode(ctx, batch);
         const double dt = now_ms() - t0;
         if (r != 0) {
             fprintf(stderr, "llama-logits: llama_decode failed (%d) at step %ld\n", r, step);
-            rc = 1;
+            run.rc = 1;
             break;
         }
-        if (step == 0) prompt_ms = dt; else decode_ms += dt;
+        if (step == 0) run.prompt_ms = dt; else run.decode_ms += dt;
         const float * logits = llama_get_logits_ith(ctx, -1);
         if (lf != nullptr && fwrite(logits, sizeof(float), n_vocab, lf) != (size_t) n_vocab) {
             fprintf(stderr, "llama-logits: cannot write %s\n", logits_path.c_str());
-            rc = 1;
+            run.rc = 1;
             break;
         }
         if (step == n_predict) break;
@@ -280,17 +284,18 @@ int main(int argc, char ** argv) {
         for (int32_t i = 0; i < n_vocab; ++i) {
             if (i != best && logits[i] > second) second = logits[i];
         }
-        margins.push_back(logits[best] - second);
+        run.margins.push_back(logits[best] - second);
         next = best;
-        generated.push_back(next);
+        run.generated.push_back(next);
         char piece[256];
         const int32_t np = llama_token_to_piece(vocab, next, piece, sizeof(piece), 0, true);
-        if (np > 0) text.append(piece, np);
+        if (np > 0) run.text.append(piece, np);
         batch = llama_batch_get_one(&next, 1);
     }
-    if (lf != nullptr) fclose(lf);
+}
 
-    // the plugin's own counters, when it is loaded
+// the plugin's own counters (JSON), when it is loaded; "null" otherwise
+static std::string plugin_stats(void) {
     std::string plugin = "null";
     if (ggml_backend_reg_t reg = ggml_backend_reg_by_name("MOESWARM")) {
         typedef size_t (*stats_fn)(char *, size_t);
@@ -300,22 +305,67 @@ int main(int argc, char ** argv) {
             plugin = buf.data();
         }
     }
+    return plugin;
+}
 
+static void print_report(const std::vector<llama_token> & tokens, const logits_run & run, int32_t n_vocab, double load_ms,
+        long rss_load_kib) {
+    const std::string plugin = plugin_stats();
     printf("{\"prompt\":[");
     for (size_t i = 0; i < tokens.size(); ++i) printf("%s%d", i ? "," : "", tokens[i]);
     printf("],\"tokens\":[");
-    for (size_t i = 0; i < generated.size(); ++i) printf("%s%d", i ? "," : "", generated[i]);
+    for (size_t i = 0; i < run.generated.size(); ++i) printf("%s%d", i ? "," : "", run.generated[i]);
     printf("],\"margins\":[");
-    for (size_t i = 0; i < margins.size(); ++i) printf("%s%.9g", i ? "," : "", margins[i]);
+    for (size_t i = 0; i < run.margins.size(); ++i) printf("%s%.9g", i ? "," : "", run.margins[i]);
     rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     printf("],\"text\":\"%s\",\"nVocab\":%d,\"ok\":%s,\"loadMs\":%.3f,\"promptMs\":%.3f,\"decodeMs\":%.3f,"
         "\"rssLoadKiB\":%ld,\"maxRssKiB\":%ld,\"plugin\":%s}\n",
-        json_escape(text).c_str(), n_vocab, rc == 0 ? "true" : "false", load_ms, prompt_ms, decode_ms, rss_load_kib,
-        (long) ru.ru_maxrss, plugin.c_str());
+        json_escape(run.text).c_str(), n_vocab, run.rc == 0 ? "true" : "false", load_ms, run.prompt_ms, run.decode_ms,
+        rss_load_kib, (long) ru.ru_maxrss, plugin.c_str());
     fflush(stdout);
+}
+
+int main(int argc, char ** argv) {
+    logits_options o;
+    const int parsed = parse_args(argc, argv, o);
+    if (parsed >= 0) {
+        return parsed;
+    }
+
+    llama_log_set(log_callback, nullptr);
+    ggml_backend_load_all_from_path((o.bins.empty() ? default_bins_dir() : o.bins).c_str());
+    llama_backend_init();
+
+    const double t_load = now_ms();
+    std::vector<llama_model_tensor_buft_override> overrides;
+    llama_model * model = nullptr;
+    llama_context * ctx = nullptr;
+    if (!load_model(o, overrides, &model, &ctx)) {
+        return 1;
+    }
+    const llama_vocab * vocab = llama_model_get_vocab(model);
+    const double load_ms = now_ms() - t_load;
+    const long rss_load_kib = rss_now_kib();
+
+    std::vector<llama_token> tokens;
+    if (!tokenize_prompt(o, vocab, tokens)) {
+        return 1;
+    }
+    FILE * lf = nullptr;
+    if (!o.logits_path.empty()) {
+        lf = fopen(o.logits_path.c_str(), "wb");
+        if (lf == nullptr) {
+            fprintf(stderr, "llama-logits: cannot write %s\n", o.logits_path.c_str());
+            return 1;
+        }
+    }
+    logits_run run;
+    decode_greedy(ctx, vocab, tokens, o.n_predict, lf, o.logits_path, run);
+    if (lf != nullptr) fclose(lf);
+    print_report(tokens, run, llama_vocab_n_tokens(vocab), load_ms, rss_load_kib);
 
     llama_free(ctx);
     llama_model_free(model);
-    return rc;
+    return run.rc;
 }

@@ -1,7 +1,4 @@
-// The error record of moeswarm-slice.h, on its own so that code without the compute core (the
-// backbone's ggml plugin, which links only the host's libggml-base) can use the frame codec.
-
-#include "moeswarm-slice.h"
+#include "moeswarm-error.h"
 
 #include <stdarg.h>
 #include <stdio.h>

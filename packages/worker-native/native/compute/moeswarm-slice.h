@@ -8,25 +8,11 @@
 // moeswarm_error, never a GGML_ASSERT.
 
 #include "ggml.h"
+#include "moeswarm-error.h"
+#include "moeswarm-mode.h"
 
 #include <stddef.h>
 #include <stdint.h>
-
-#define MOESWARM_ERROR_CODE_MAX 48
-#define MOESWARM_ERROR_MSG_MAX  768
-
-// code is a MOESWARM_* code of packages/core/src/error-codes.ts
-struct moeswarm_error {
-    char code[MOESWARM_ERROR_CODE_MAX];
-    char msg[MOESWARM_ERROR_MSG_MAX];
-};
-
-void moeswarm_error_clear(struct moeswarm_error * err);
-bool moeswarm_error_set(struct moeswarm_error * err, const char * code, const char * fmt, ...)
-#ifdef __GNUC__
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
 
 // the activation between the gate/up and the down projections (llm_ffn_op_type of llama.cpp)
 enum moeswarm_act {
@@ -41,11 +27,6 @@ enum moeswarm_act {
 
 const char * moeswarm_act_name(int32_t act);
 int32_t      moeswarm_act_from_name(const char * name); // -2 when unknown
-
-enum moeswarm_mode {
-    MOESWARM_MODE_EACH = 0, // y[(i*k + j)*n_embd ...]: the output of slot j of token i, zero for empty slots
-    MOESWARM_MODE_SUM  = 1, // y[i*n_embd ...]: sum_j w_ij*y_ij, products rounded to f32, added in slot order
-};
 
 struct moeswarm_slice_params {
     int32_t      n_threads;  // <= 0: all online CPUs (CPU device)

@@ -6,8 +6,9 @@
 // MOESWARM_PROTOCOL_* code), and encoding hello, register, result, error and pong canonically
 // (section 8).
 
+#include "moeswarm-error.h"
+#include "moeswarm-mode.h"
 #include "moeswarm-msgpack.h"
-#include "moeswarm-slice.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -78,12 +79,19 @@ struct moeswarm_frame {
 bool moeswarm_frame_decode(const uint8_t * data, size_t size, uint32_t max_expert, struct moeswarm_frame * f,
         struct moeswarm_error * err);
 
+// what a register frame announces (a slice's layers, experts in any order, weight bytes)
+struct moeswarm_register_desc {
+    const uint32_t * layers;
+    uint32_t         n_layer;
+    const uint32_t * experts;
+    uint32_t         n_expert;
+    uint64_t         capacity;
+};
+
 // encoders append one canonical payload (no length prefix) to w
-// (moeswarm_frame_write_register needs the compute core: builds without it define
-// MOESWARM_FRAME_NO_SLICE)
 void moeswarm_frame_write_hello(struct moeswarm_mp_writer * w, const char * id, const char * backend, uint32_t max_frame);
-void moeswarm_frame_write_register(struct moeswarm_mp_writer * w, const char * model, const struct moeswarm_slice * slice,
-        const char * backend);
+void moeswarm_frame_write_register(struct moeswarm_mp_writer * w, const char * model,
+        const struct moeswarm_register_desc * d, const char * backend);
 // the reply to req; the message is made valid UTF-8 and cut to the protocol's 16384 bytes
 void moeswarm_frame_write_error(struct moeswarm_mp_writer * w, const struct moeswarm_frame * req, const char * code,
         const char * msg);

@@ -196,7 +196,13 @@ static serve_end serve(worker_state * st, int in_fd, int out_fd) {
     if (!send_frame(st, out_fd)) {
         return SERVE_BROKEN;
     }
-    moeswarm_frame_write_register(&st->out, st->model.c_str(), st->slice, st->backend.c_str());
+    moeswarm_register_desc reg;
+    reg.layers   = moeswarm_slice_layers(st->slice);
+    reg.n_layer  = moeswarm_slice_n_layer(st->slice);
+    reg.experts  = moeswarm_slice_experts(st->slice);
+    reg.n_expert = moeswarm_slice_n_expert(st->slice);
+    reg.capacity = moeswarm_slice_weight_bytes(st->slice);
+    moeswarm_frame_write_register(&st->out, st->model.c_str(), &reg, st->backend.c_str());
     if (!send_frame(st, out_fd)) {
         return SERVE_BROKEN;
     }
@@ -400,6 +406,55 @@ static bool parse_u64(const char * s, uint64_t lo, uint64_t hi, uint64_t * out) 
     return true;
 }
 
+// -1: go on; otherwise the exit code (--help, --version, a bad argument)
+static int parse_args(int argc, char ** argv, worker_options & opt) {
+    for (int i = 1; i < argc; ++i) {
+        const char * a = argv[i];
+        const char * v = i + 1 < argc ? argv[i + 1] : nullptr;
+        uint64_t u = 0;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(k_usage, stdout);
+            return 0;
+        } else if (strcmp(a, "--version") == 0) {
+#ifdef MOESWARM_LLAMA_SHARED
+            unsetenv("GGML_BACKEND_PATH");
+#endif
+            printf("moeswarm-expert-worker %s (ggml CPU: %s; devices: %s; ggml: %s)\n", MOESWARM_WORKER_VERSION,
+                moeswarm_cpu_features(), moeswarm_devices(), moeswarm_backend_kind());
+            return 0;
+        } else if (strcmp(a, "--slice") == 0 && v) {
+            opt.slice_path = v; ++i;
+        } else if (strcmp(a, "--threads") == 0 && parse_u64(v, 0, 512, &u)) {
+            opt.n_threads = (int32_t) u; ++i;
+        } else if (strcmp(a, "--listen") == 0 && v) {
+            opt.listen = v; ++i;
+        } else if (strcmp(a, "--model") == 0 && v && model_name_ok(v)) {
+            opt.model = v; ++i;
+        } else if (strcmp(a, "--id") == 0 && v && strlen(v) >= 1 && strlen(v) <= 128 &&
+                   moeswarm_utf8_valid((const uint8_t *) v, strlen(v))) {
+            opt.peer_id = v; ++i;
+        } else if (strcmp(a, "--max-frame") == 0 && parse_u64(v, 64, UINT32_MAX, &u)) {
+            opt.max_frame = u; ++i;
+        } else if (strcmp(a, "--act") == 0 && v && moeswarm_act_from_name(v) >= MOESWARM_ACT_AUTO) {
+            opt.act = moeswarm_act_from_name(v); ++i;
+        } else if (strcmp(a, "--device") == 0 && v) {
+            opt.device = v; ++i;
+        } else if (strcmp(a, "--no-repack") == 0) {
+            opt.repack = false;
+        } else if (strcmp(a, "--reference") == 0) {
+            opt.reference = true;
+        } else {
+            fprintf(stderr, "moeswarm-expert-worker: bad argument %s\n%s", a, k_usage);
+            return 2;
+        }
+    }
+    if (opt.slice_path == nullptr) {
+        fprintf(stderr, "moeswarm-expert-worker: --slice is required\n%s", k_usage);
+        return 2;
+    }
+    return -1;
+}
+
 int main(int argc, char ** argv) {
     if (argc == 2 && strcmp(argv[1], "--dispatch-target") == 0) {
         // what the launcher logic below would run (for tests; exec needs binfmt under qemu)
@@ -417,49 +472,9 @@ int main(int argc, char ** argv) {
     }
     signal(SIGPIPE, SIG_IGN);
     worker_state st;
-    for (int i = 1; i < argc; ++i) {
-        const char * a = argv[i];
-        const char * v = i + 1 < argc ? argv[i + 1] : nullptr;
-        uint64_t u = 0;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            fputs(k_usage, stdout);
-            return 0;
-        } else if (strcmp(a, "--version") == 0) {
-#ifdef MOESWARM_LLAMA_SHARED
-            unsetenv("GGML_BACKEND_PATH");
-#endif
-            printf("moeswarm-expert-worker %s (ggml CPU: %s; devices: %s; ggml: %s)\n", MOESWARM_WORKER_VERSION,
-                moeswarm_cpu_features(), moeswarm_devices(), moeswarm_backend_kind());
-            return 0;
-        } else if (strcmp(a, "--slice") == 0 && v) {
-            st.opt.slice_path = v; ++i;
-        } else if (strcmp(a, "--threads") == 0 && parse_u64(v, 0, 512, &u)) {
-            st.opt.n_threads = (int32_t) u; ++i;
-        } else if (strcmp(a, "--listen") == 0 && v) {
-            st.opt.listen = v; ++i;
-        } else if (strcmp(a, "--model") == 0 && v && model_name_ok(v)) {
-            st.opt.model = v; ++i;
-        } else if (strcmp(a, "--id") == 0 && v && strlen(v) >= 1 && strlen(v) <= 128 &&
-                   moeswarm_utf8_valid((const uint8_t *) v, strlen(v))) {
-            st.opt.peer_id = v; ++i;
-        } else if (strcmp(a, "--max-frame") == 0 && parse_u64(v, 64, UINT32_MAX, &u)) {
-            st.opt.max_frame = u; ++i;
-        } else if (strcmp(a, "--act") == 0 && v && moeswarm_act_from_name(v) >= MOESWARM_ACT_AUTO) {
-            st.opt.act = moeswarm_act_from_name(v); ++i;
-        } else if (strcmp(a, "--device") == 0 && v) {
-            st.opt.device = v; ++i;
-        } else if (strcmp(a, "--no-repack") == 0) {
-            st.opt.repack = false;
-        } else if (strcmp(a, "--reference") == 0) {
-            st.opt.reference = true;
-        } else {
-            fprintf(stderr, "moeswarm-expert-worker: bad argument %s\n%s", a, k_usage);
-            return 2;
-        }
-    }
-    if (st.opt.slice_path == nullptr) {
-        fprintf(stderr, "moeswarm-expert-worker: --slice is required\n%s", k_usage);
-        return 2;
+    const int parsed = parse_args(argc, argv, st.opt);
+    if (parsed >= 0) {
+        return parsed;
     }
 
 #ifdef MOESWARM_LLAMA_SHARED

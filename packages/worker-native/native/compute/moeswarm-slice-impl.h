@@ -1,0 +1,114 @@
+#pragma once
+
+// The compute core's own view of a slice, shared by its files (moeswarm-slice.cpp: lifetime and
+// accessors, moeswarm-slice-load.cpp: reading the GGUF, moeswarm-slice-run.cpp: graphs and runs).
+// Not part of the core's interface (moeswarm-slice.h).
+
+#include "moeswarm-slice.h"
+
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "gguf.h"
+
+#include <string>
+#include <vector>
+
+// bounds of a request (the protocol's) and of a slice; anything beyond is refused before
+// anything is allocated
+#define MOESWARM_MAX_TOKENS  65536
+#define MOESWARM_MAX_K       256
+#define MOESWARM_MAX_EMBD    65536
+#define MOESWARM_MAX_FF      (1 << 20)
+#define MOESWARM_MAX_EXPERTS 65536
+#define MOESWARM_MAX_LAYERS  4096
+#define MOESWARM_GRAPH_NODES 64
+
+//
+// the slice
+//
+
+struct moeswarm_layer {
+    uint32_t layer;
+    uint32_t n_ff;
+    ggml_tensor * gate;    // NULL without a gate or when merged
+    ggml_tensor * up;      // NULL when merged
+    ggml_tensor * gate_up; // merged gate and up, [n_embd, 2*n_ff, n_expert]
+    ggml_tensor * down;
+    ggml_tensor * gate_b;
+    ggml_tensor * up_b;
+    ggml_tensor * gate_up_b;
+    ggml_tensor * down_b;
+    ggml_tensor * gate_s;
+    ggml_tensor * up_s;
+    ggml_tensor * down_s;
+    float swiglu_limit;
+    bool repacked;
+};
+
+// a graph kept for reuse; the reference graphs carry their own shape in the key
+struct moeswarm_graph {
+    uint32_t layer;
+    uint32_t n_rows; // pairs (run) or tokens (reference)
+    uint32_t k;      // 1 (run) or slots (reference)
+    int32_t kind;    // 0 run, 1 reference each, 2 reference sum
+    uint64_t last_use;
+    ggml_context * ctx;
+    ggml_cgraph * gf;
+    ggml_tensor * x;
+    ggml_tensor * ids;
+    ggml_tensor * w;
+    ggml_tensor * out;
+};
+
+struct moeswarm_expert_map {
+    uint32_t global;
+    int32_t local;
+};
+
+struct moeswarm_slice {
+    std::string arch;
+    std::string device; // ggml device name
+    bool on_cpu         = true;
+    uint32_t n_embd     = 0;
+    uint32_t n_expert   = 0;
+    int32_t act         = MOESWARM_ACT_SILU;
+    int32_t n_threads   = 1;
+    uint32_t n_graphs   = 16;
+    size_t weight_bytes = 0;
+
+    std::vector<uint32_t> experts;               // global ids in slice order
+    std::vector<moeswarm_expert_map> expert_map; // sorted by global id
+    std::vector<uint32_t> layers;                // ascending
+    std::vector<moeswarm_layer> layer_data;      // same order as layers
+
+    ggml_context * ctx_w             = nullptr;  // weights in plain CPU buffers
+    ggml_context * ctx_w_repack      = nullptr;  // weights in CPU_REPACK buffers
+    ggml_backend_buffer_t buf_plain  = nullptr;
+    ggml_backend_buffer_t buf_repack = nullptr;
+    ggml_backend_t backend           = nullptr;
+    ggml_threadpool * threadpool     = nullptr;
+    ggml_gallocr_t galloc            = nullptr;
+
+    std::vector<moeswarm_graph> graphs;
+    uint64_t clock = 0;
+
+    // staging of one run, kept to avoid reallocations
+    std::vector<float> x_rows;
+    std::vector<int32_t> pair_ids;
+    std::vector<int32_t> pair_of_slot;
+    std::vector<float> y_rows;
+
+    volatile bool * abort_flag = nullptr;
+};
+
+struct moeswarm_tensor_src {
+    ggml_tensor * t;
+    size_t offset; // in the file
+};
+
+void moeswarm_graph_free(moeswarm_graph & g);
+
+// reading one layer's tensors (moeswarm-slice-layer.cpp)
+bool moeswarm_load_layer(moeswarm_slice * slice, const gguf_context * gctx, uint32_t il, size_t file_size,
+        std::vector<moeswarm_tensor_src> & srcs, moeswarm_error * err);
+bool moeswarm_resolve_act(moeswarm_slice * slice, const gguf_context * gctx, int32_t act_param, moeswarm_error * err);

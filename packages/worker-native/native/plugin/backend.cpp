@@ -1,0 +1,388 @@
+// The backend, device and registry that ggml sees: graph_compute sends one dispatch frame (mode
+// "sum") per split to the bridge and blocks until the combined result.
+
+#include "moeswarm-plugin.h"
+#include "moeswarm-frame.h"
+#include "moeswarm-msgpack.h"
+#include "moeswarm-trace.h"
+
+#include <string.h>
+
+#include <algorithm>
+#include <deque>
+#include <mutex>
+#include <unordered_map>
+
+struct moeswarm_device_context {
+    std::mutex mutex;
+    std::string fingerprint;
+    std::shared_ptr<const moeswarm_config> config;
+};
+
+struct moeswarm_backend_context {
+    std::mutex mutex;
+    std::shared_ptr<const moeswarm_config> config; // as it was when the backend was created
+    moeswarm_conn conn;
+    std::unordered_map<uint64_t, moeswarm_pattern> cache;
+    std::deque<uint64_t> cache_order;
+    std::vector<float> x;
+    std::vector<int32_t> ids;
+    std::vector<float> w;
+    moeswarm_mp_writer tx;
+};
+
+static const char * moeswarm_backend_get_name(ggml_backend_t backend) {
+    return MOESWARM_NAME;
+}
+
+static void moeswarm_backend_free(ggml_backend_t backend) {
+    moeswarm_backend_context * ctx = (moeswarm_backend_context *) backend->context;
+    moeswarm_conn_close(ctx->conn);
+    delete ctx;
+    delete backend;
+}
+
+static void moeswarm_backend_synchronize(ggml_backend_t backend) {
+    // graph_compute returns with the result written: nothing is ever pending
+}
+
+// one round trip: the dispatch frame out, its result (or error) back into out
+static bool moeswarm_round_trip(moeswarm_backend_context * ctx, const moeswarm_config & cfg, const moeswarm_pattern & p,
+        std::string & err, size_t & bytes_out, size_t & bytes_in) {
+    moeswarm_conn & c = ctx->conn;
+    if (c.fd < 0 && !moeswarm_conn_open(c, cfg.bridge, err)) {
+        return false;
+    }
+    const double deadline = moeswarm_now_us() + cfg.timeout_ms * 1000.0;
+    const uint32_t id     = c.next_id;
+    c.next_id             = c.next_id == 0xffffffffu ? 1 : c.next_id + 1;
+
+    moeswarm_dispatch_desc d;
+    d.id      = id;
+    d.model   = cfg.model.c_str();
+    d.layer   = (uint32_t) p.layer;
+    d.n       = (uint32_t) p.n_tokens;
+    d.embd    = (uint32_t) p.n_embd;
+    d.x       = ctx->x.data();
+    d.k       = (uint32_t) p.k;
+    d.ids     = ctx->ids.data();
+    d.weights = ctx->w.data();
+    d.mode    = MOESWARM_MODE_SUM;
+    ctx->tx.buf.clear();
+    ctx->tx.buf.resize(4);
+    moeswarm_frame_write_dispatch(&ctx->tx, &d);
+    const uint32_t len = (uint32_t) (ctx->tx.buf.size() - 4);
+    for (int i = 0; i < 4; ++i)
+        ctx->tx.buf[i] = (uint8_t) (len >> (8 * i));
+    bytes_out = ctx->tx.buf.size();
+    moeswarm_trace_hop("plugin.send", p.layer);
+    if (!moeswarm_send_all(c, ctx->tx.buf.data(), ctx->tx.buf.size(), deadline, err)) {
+        moeswarm_conn_close(c);
+        return false;
+    }
+    const size_t want = (size_t) p.n_tokens * p.n_embd;
+    // a result is its y plus a small header; anything much larger is not ours to allocate
+    const size_t max_frame = std::max<size_t>(MOESWARM_FRAME_MAX_DEFAULT, want * 4 + 4096);
+    for (;;) {
+        uint8_t hdr[4];
+        if (!moeswarm_recv_all(c, hdr, 4, deadline, err)) {
+            moeswarm_conn_close(c);
+            return false;
+        }
+        const uint32_t n = hdr[0] | (hdr[1] << 8) | (hdr[2] << 16) | ((uint32_t) hdr[3] << 24);
+        if (n > max_frame) {
+            err = "the bridge sent a frame of " + std::to_string(n) + " bytes";
+            moeswarm_conn_close(c);
+            return false;
+        }
+        c.rx.resize(n);
+        if (!moeswarm_recv_all(c, c.rx.data(), n, deadline, err)) {
+            moeswarm_conn_close(c);
+            return false;
+        }
+        bytes_in += 4 + n;
+        moeswarm_frame f;
+        moeswarm_error ferr;
+        if (!moeswarm_frame_decode(c.rx.data(), n, 0, &f, &ferr)) {
+            err = std::string("bad frame from the bridge: ") + ferr.code + ": " + ferr.msg;
+            moeswarm_conn_close(c);
+            return false;
+        }
+        if (f.type == MOESWARM_FRAME_ERROR && (!f.has_id || f.id == id)) {
+            err = std::string(f.code.present ? std::string((const char *) f.code.ptr, f.code.len) : "error") + ": " +
+                    std::string((const char *) f.msg.ptr, f.msg.len);
+            if (!f.has_id) {
+                moeswarm_conn_close(c);
+            }
+            return false;
+        }
+        if (f.type != MOESWARM_FRAME_RESULT || f.id != id) {
+            continue; // pings, or a late answer to a request given up on
+        }
+        if (f.mode != MOESWARM_MODE_SUM || f.n != p.n_tokens || f.embd != p.n_embd || f.y.len != want * 4) {
+            err = "the bridge's result has the wrong shape";
+            moeswarm_conn_close(c);
+            return false;
+        }
+        moeswarm_trace_hop("plugin.recv", p.layer);
+        const uint8_t * y = f.y.ptr;
+        ggml_tensor * out = p.out;
+        if (out->nb[0] == 4 && out->nb[1] == (size_t) p.n_embd * 4) {
+            memcpy(out->data, y, want * 4);
+        } else {
+            for (int64_t t = 0; t < p.n_tokens; ++t) {
+                for (int64_t e = 0; e < p.n_embd; ++e) {
+                    memcpy((char *) out->data + t * out->nb[1] + e * out->nb[0], y + (t * p.n_embd + e) * 4, 4);
+                }
+            }
+        }
+        return true;
+    }
+}
+
+static enum ggml_status moeswarm_backend_graph_compute(ggml_backend_t backend, ggml_cgraph * cgraph) {
+    moeswarm_backend_context * ctx = (moeswarm_backend_context *) backend->context;
+    std::lock_guard<std::mutex> lock(ctx->mutex);
+    const moeswarm_config & cfg = *ctx->config;
+
+    // the pattern, cached by split uid (a reused decode graph keeps its uids)
+    moeswarm_pattern * p = nullptr;
+    auto it              = ctx->cache.find(cgraph->uid);
+    if (it != ctx->cache.end()) {
+        p = &it->second;
+        moeswarm_stats_pattern(true);
+    } else {
+        moeswarm_pattern found;
+        std::string err;
+        if (!moeswarm_find_pattern(cgraph, found, err)) {
+            GGML_LOG_ERROR("%s: %s (%d nodes, first %s)\n", __func__, err.c_str(), cgraph->n_nodes,
+                    cgraph->n_nodes ? ggml_op_desc(cgraph->nodes[0]) : "-");
+            return GGML_STATUS_FAILED;
+        }
+        if (ctx->cache_order.size() >= MOESWARM_CACHE_MAX) {
+            ctx->cache.erase(ctx->cache_order.front());
+            ctx->cache_order.pop_front();
+        }
+        ctx->cache_order.push_back(cgraph->uid);
+        p = &(ctx->cache[cgraph->uid] = found);
+        moeswarm_stats_pattern(false);
+    }
+
+    // gather the inputs with their strides (the ids are a view of the argsort)
+    const int64_t T = p->n_tokens, E = p->n_embd, K = p->k;
+    ctx->x.resize((size_t) T * E);
+    ctx->ids.resize((size_t) T * K);
+    ctx->w.resize((size_t) T * K);
+    const ggml_tensor * x = p->x;
+    for (int64_t t = 0; t < T; ++t) {
+        const char * row = (const char *) x->data + t * x->nb[2];
+        if (x->nb[0] == 4) {
+            memcpy(ctx->x.data() + t * E, row, E * 4);
+        } else {
+            for (int64_t e = 0; e < E; ++e)
+                memcpy(ctx->x.data() + t * E + e, row + e * x->nb[0], 4);
+        }
+        for (int64_t j = 0; j < K; ++j) {
+            memcpy(ctx->ids.data() + t * K + j, (const char *) p->ids->data + t * p->ids->nb[1] + j * p->ids->nb[0], 4);
+            memcpy(ctx->w.data() + t * K + j, (const char *) p->w->data + t * p->w->nb[2] + j * p->w->nb[1], 4);
+        }
+    }
+
+    std::string err;
+    size_t bytes_out = 0, bytes_in = 0;
+    const double t0 = moeswarm_now_us();
+    const bool ok   = moeswarm_round_trip(ctx, cfg, *p, err, bytes_out, bytes_in);
+    moeswarm_stats_record(p->layer, T, moeswarm_now_us() - t0, ok, bytes_out, bytes_in);
+    if (!ok) {
+        GGML_LOG_ERROR("%s: layer %d, %lld tokens: %s\n", __func__, p->layer, (long long) T, err.c_str());
+        return GGML_STATUS_FAILED;
+    }
+    return GGML_STATUS_SUCCESS;
+}
+
+static const ggml_backend_i k_moeswarm_backend_i = {
+    /* .get_name            = */ moeswarm_backend_get_name,
+    /* .free                = */ moeswarm_backend_free,
+    /* .set_tensor_async    = */ nullptr,
+    /* .get_tensor_async    = */ nullptr,
+    /* .set_tensor_2d_async = */ nullptr,
+    /* .get_tensor_2d_async = */ nullptr,
+    /* .cpy_tensor_async    = */ nullptr,
+    /* .synchronize         = */ moeswarm_backend_synchronize,
+    /* .graph_plan_create   = */ nullptr,
+    /* .graph_plan_free     = */ nullptr,
+    /* .graph_plan_update   = */ nullptr,
+    /* .graph_plan_compute  = */ nullptr,
+    /* .graph_compute       = */ moeswarm_backend_graph_compute,
+    /* .event_record        = */ nullptr,
+    /* .event_wait          = */ nullptr,
+    /* .graph_optimize      = */ nullptr,
+};
+
+static ggml_guid_t moeswarm_guid(void) {
+    static ggml_guid guid = { 0x6d, 0x6f, 0x65, 0x73, 0x77, 0x61, 0x72, 0x6d, 0x2d, 0x62, 0x61, 0x63, 0x6b, 0x62, 0x6f, 0x6e };
+    return &guid;
+}
+
+//
+// device
+//
+
+static const char * moeswarm_dev_get_name(ggml_backend_dev_t dev) {
+    return MOESWARM_NAME;
+}
+
+static const char * moeswarm_dev_get_description(ggml_backend_dev_t dev) {
+    return "moeswarm: routed experts computed by a swarm of workers";
+}
+
+static void moeswarm_dev_get_memory(ggml_backend_dev_t dev, size_t * free, size_t * total) {
+    // the weights live on the workers; nothing here to report
+    *free  = 0;
+    *total = 0;
+}
+
+static enum ggml_backend_dev_type moeswarm_dev_get_type(ggml_backend_dev_t dev) {
+    // ACCEL: no layers and no KV cache are given to it, but a backend in every context
+    return GGML_BACKEND_DEVICE_TYPE_ACCEL;
+}
+
+static void moeswarm_dev_get_props(ggml_backend_dev_t dev, ggml_backend_dev_props * props) {
+    memset(props, 0, sizeof(*props));
+    props->name        = moeswarm_dev_get_name(dev);
+    props->description = moeswarm_dev_get_description(dev);
+    props->type        = moeswarm_dev_get_type(dev);
+    moeswarm_dev_get_memory(dev, &props->memory_free, &props->memory_total);
+    props->caps.async                = false;
+    props->caps.host_buffer          = false;
+    props->caps.buffer_from_host_ptr = false;
+    props->caps.events               = false;
+}
+
+static ggml_backend_t moeswarm_dev_init_backend(ggml_backend_dev_t dev, const char * params) {
+    // one connection per backend: contexts compute concurrently, each with its own
+    return new ggml_backend{
+        /* .guid    = */ moeswarm_guid(),
+        /* .iface   = */ k_moeswarm_backend_i,
+        /* .device  = */ dev,
+        /* .context = */
+        [] {
+            moeswarm_backend_context * ctx = new moeswarm_backend_context();
+            ctx->config                    = moeswarm_config_current();
+            return ctx;
+        }(),
+    };
+}
+
+static ggml_backend_buffer_type_t moeswarm_dev_get_buffer_type(ggml_backend_dev_t dev) {
+    return moeswarm_buft();
+}
+
+static bool moeswarm_dev_supports_op(ggml_backend_dev_t dev, const ggml_tensor * op) {
+    return moeswarm_supports_op(op);
+}
+
+static bool moeswarm_dev_supports_buft(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft) {
+    return buft == moeswarm_buft();
+}
+
+static const ggml_backend_device_i k_moeswarm_device_i = {
+    /* .get_name             = */ moeswarm_dev_get_name,
+    /* .get_description      = */ moeswarm_dev_get_description,
+    /* .get_memory           = */ moeswarm_dev_get_memory,
+    /* .get_type             = */ moeswarm_dev_get_type,
+    /* .get_props            = */ moeswarm_dev_get_props,
+    /* .init_backend         = */ moeswarm_dev_init_backend,
+    /* .get_buffer_type      = */ moeswarm_dev_get_buffer_type,
+    /* .get_host_buffer_type = */ nullptr,
+    /* .buffer_from_host_ptr = */ nullptr,
+    /* .supports_op          = */ moeswarm_dev_supports_op,
+    /* .supports_buft        = */ moeswarm_dev_supports_buft,
+    /* .offload_op           = */ nullptr,
+    /* .event_new            = */ nullptr,
+    /* .event_free           = */ nullptr,
+    /* .event_synchronize    = */ nullptr,
+};
+
+//
+// registry
+//
+
+static const char * moeswarm_reg_get_name(ggml_backend_reg_t reg) {
+    return MOESWARM_NAME;
+}
+
+static size_t moeswarm_reg_get_device_count(ggml_backend_reg_t reg) {
+    return 1;
+}
+
+static ggml_backend_dev_t moeswarm_reg_get_device(ggml_backend_reg_t reg, size_t index) {
+    GGML_ASSERT(index == 0);
+    return moeswarm_device();
+}
+
+typedef size_t (*ggml_backend_moeswarm_stats_t)(char * buf, size_t size);
+typedef void (*ggml_backend_moeswarm_stats_reset_t)(void);
+
+static void * moeswarm_reg_get_proc_address(ggml_backend_reg_t reg, const char * name) {
+    if (strcmp(name, "ggml_backend_moeswarm_stats") == 0) {
+        return (void *) (ggml_backend_moeswarm_stats_t) moeswarm_stats_json;
+    }
+    if (strcmp(name, "ggml_backend_moeswarm_stats_reset") == 0) {
+        return (void *) (ggml_backend_moeswarm_stats_reset_t) moeswarm_stats_reset;
+    }
+    return nullptr;
+}
+
+static const ggml_backend_reg_i k_moeswarm_reg_i = {
+    /* .get_name         = */ moeswarm_reg_get_name,
+    /* .get_device_count = */ moeswarm_reg_get_device_count,
+    /* .get_device       = */ moeswarm_reg_get_device,
+    /* .get_proc_address = */ moeswarm_reg_get_proc_address,
+};
+
+static ggml_backend_reg_t moeswarm_reg(void);
+
+ggml_backend_dev_t moeswarm_device(void) {
+    static moeswarm_device_context ctx;
+    static ggml_backend_device dev = {
+        /* .iface   = */ k_moeswarm_device_i,
+        /* .reg     = */ moeswarm_reg(),
+        /* .context = */ &ctx,
+    };
+    return &dev;
+}
+
+std::shared_ptr<const moeswarm_config> moeswarm_config_current(void) {
+    moeswarm_device_context * ctx = (moeswarm_device_context *) moeswarm_device()->context;
+    std::string fp                = moeswarm_config_fingerprint();
+    std::lock_guard<std::mutex> lock(ctx->mutex);
+    if (!ctx->config || fp != ctx->fingerprint) {
+        ctx->config      = std::make_shared<const moeswarm_config>(moeswarm_load_config());
+        ctx->fingerprint = std::move(fp);
+    }
+    return ctx->config;
+}
+
+static ggml_backend_reg_t moeswarm_reg(void) {
+    // one object for the process: ggml_backend_init may be called again (a second
+    // load_all_from_path) and the registry then finds the same reg and adds nothing
+    static ggml_backend_reg reg = {
+        /* .api_version = */ GGML_BACKEND_API_VERSION,
+        /* .iface       = */ k_moeswarm_reg_i,
+        /* .context     = */ nullptr,
+    };
+    return &reg;
+}
+
+static ggml_backend_reg_t moeswarm_backend_init(void) {
+    moeswarm_config_current(); // a bad configuration is reported when the plugin loads
+    return moeswarm_reg();
+}
+
+static int moeswarm_backend_score(void) {
+    return 1;
+}
+
+GGML_BACKEND_DL_IMPL(moeswarm_backend_init)
+GGML_BACKEND_DL_SCORE_IMPL(moeswarm_backend_score)

@@ -1,0 +1,148 @@
+#pragma once
+
+// ggml-moeswarm: a ggml backend (API version 2) that hands the routed-expert FFN of chosen MoE
+// layers of an unmodified llama.cpp to moeswarm's dispatcher bridge.
+//
+// Loaded with GGML_BACKEND_PATH=/path/libggml-moeswarm.so into a process that already holds
+// libggml-base (node-llama-cpp's addon, llama-server, the logits harness).
+//
+// - Device "MOESWARM", type ACCEL: no layers, no KV cache, one backend in every context.
+// - Buffer type "MOESWARM": routed-expert weights are recorded and dropped at set_tensor (the
+//   workers hold them); the address range is reserved without RAM. Compute buffers (the split's
+//   inputs and output) are ordinary memory.
+// - supports_op is structural, so that each remote MoE layer is exactly one split per ubatch:
+//   gate/up MUL_MAT_ID -> activation -> down MUL_MAT_ID -> weighting MUL -> adds of the k views.
+// - graph_compute sends one `dispatch` frame (mode "sum") per split over a Unix or TCP socket and
+//   blocks until the combined `result`; an `error` frame or a dead socket fails the compute
+//   (llama_decode returns an error), never a wrong value.
+//
+// Configuration (environment, or a JSON file MOESWARM_CONFIG with the same keys in camelCase:
+// {"layers": "0,1", "bridge": "unix:/tmp/b.sock", "model": "m", "timeoutMs": 60000}; the
+// environment wins):
+//   MOESWARM_LAYERS      "all", "none" or "0,1,4-7": layers whose expert tensors the device claims
+//                        in llama.cpp's load-time buffer-type probe (node-llama-cpp has no -ot).
+//                        With llama-server's -ot '...=MOESWARM' this is not needed.
+//   MOESWARM_BRIDGE      unix:/path/to/socket | tcp:host:port
+//   MOESWARM_MODEL       model id in the dispatch frames (default "moeswarm")
+//   MOESWARM_TIMEOUT_MS  how long one split may wait for its result (default 120000)
+//   MOESWARM_CLAIM_FILE  optional, environment only: a line is appended to this file for every
+//                        weight buffer the device allocates (proof of a claim for the host)
+// They are read again whenever they change: a backend (one per llama context) keeps the values
+// of its creation, the load-time probe uses the current ones.
+//
+// The plugin's files: config.cpp (MOESWARM_* and MOESWARM_CONFIG), stats.cpp (counters of all
+// backends), transport.cpp (the socket to the bridge), buffer.cpp (the MOESWARM buffer type),
+// pattern.cpp (what the device computes: supports_op and the split's tensors), backend.cpp (the
+// backend, device and registry that ggml sees). This header is what they share.
+
+#include "ggml-backend-impl.h"
+#include "ggml-backend.h"
+#include "ggml-impl.h"
+#include "ggml.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#define MOESWARM_NAME            "MOESWARM"
+#define MOESWARM_MAX_LAYERS      4096
+#define MOESWARM_ALIGNMENT       64
+#define MOESWARM_ROLE_MAX_DEPTH  1024
+#define MOESWARM_CACHE_MAX       512
+#define MOESWARM_SAMPLES_MAX     8192
+#define MOESWARM_TIMEOUT_DEFAULT 120000
+
+//
+// configuration (config.cpp)
+//
+
+struct moeswarm_config {
+    std::vector<bool> layers; // claimed in the load-time probe
+    bool all_layers = false;
+    std::string bridge;
+    std::string model = "moeswarm";
+    int timeout_ms    = MOESWARM_TIMEOUT_DEFAULT;
+};
+
+// the configuration the environment (and MOESWARM_CONFIG) gives now; errors are logged and
+// leave a configuration that claims nothing
+moeswarm_config moeswarm_load_config(void);
+// changes whenever an environment variable that makes the configuration changes
+std::string moeswarm_config_fingerprint(void);
+// the device's current configuration (re-read when the fingerprint changes; backend.cpp)
+std::shared_ptr<const moeswarm_config> moeswarm_config_current(void);
+
+//
+// tensor names (pattern.cpp)
+//
+
+// blk.N.ffn_{gate,up,down,gate_up}_exps.{weight,bias,scale}: which layer and projection; false
+// for any other tensor
+enum moeswarm_proj { MOESWARM_PROJ_GATE, MOESWARM_PROJ_UP, MOESWARM_PROJ_DOWN, MOESWARM_PROJ_GATE_UP };
+bool moeswarm_expert_name(const char * name, int * layer, moeswarm_proj * proj);
+
+//
+// statistics (stats.cpp): all backends of the process
+//
+
+double moeswarm_now_us(void);
+// JSON of the counters; what the logits harness prints and a host can read through the
+// registry's proc address "ggml_backend_moeswarm_stats"
+size_t moeswarm_stats_json(char * buf, size_t size);
+void moeswarm_stats_reset(void);
+// one split's round trip (us: its duration; out, in: bytes on the wire)
+void moeswarm_stats_record(int layer, int64_t n_tokens, double us, bool ok, size_t out, size_t in);
+// a split's pattern found in the backend's cache (hit) or searched (miss)
+void moeswarm_stats_pattern(bool hit);
+// bytes of weights handed to set_tensor and dropped; new_tensor: the first chunk of a tensor
+void moeswarm_stats_weights(size_t bytes, bool new_tensor);
+
+//
+// the bridge connection (transport.cpp)
+//
+
+struct moeswarm_conn {
+    int fd           = -1;
+    uint32_t next_id = 1;
+    std::vector<uint8_t> rx;
+};
+
+void moeswarm_conn_close(moeswarm_conn & c);
+// connects to MOESWARM_BRIDGE: unix:/path or tcp:host:port
+bool moeswarm_conn_open(moeswarm_conn & c, const std::string & bridge, std::string & err);
+// the whole buffer, or an error (a dead peer, or deadline_us of moeswarm_now_us passed)
+bool moeswarm_send_all(moeswarm_conn & c, const uint8_t * data, size_t size, double deadline_us, std::string & err);
+bool moeswarm_recv_all(moeswarm_conn & c, uint8_t * data, size_t size, double deadline_us, std::string & err);
+
+//
+// the buffer type (buffer.cpp) and the device (backend.cpp): one each, for the process
+//
+
+ggml_backend_buffer_type_t moeswarm_buft(void);
+ggml_backend_dev_t moeswarm_device(void);
+bool moeswarm_buffer_is_weights(ggml_backend_buffer_t buffer);
+
+//
+// what the device computes (pattern.cpp)
+//
+
+// whether the device takes this node (ggml_backend_dev_supports_op)
+bool moeswarm_supports_op(const ggml_tensor * op);
+
+// what one split is: found once per split (graph uid), then only read
+struct moeswarm_pattern {
+    int layer         = -1;
+    ggml_tensor * x   = nullptr; // [n_embd, 1, n_tokens] f32: the normed hidden rows
+    ggml_tensor * ids = nullptr; // [k, n_tokens] i32, strided (a view of the argsort)
+    ggml_tensor * w   = nullptr; // [1, k, n_tokens] f32: the router weights
+    ggml_tensor * out = nullptr; // [n_embd, n_tokens] f32: ffn_moe_out
+    int64_t n_embd    = 0;
+    int64_t n_tokens  = 0;
+    int64_t k         = 0;
+};
+
+// the tensors of one split (the routed-expert FFN of one layer); false with err otherwise
+bool moeswarm_find_pattern(const ggml_cgraph * cgraph, moeswarm_pattern & p, std::string & err);
