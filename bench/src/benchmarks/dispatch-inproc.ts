@@ -1,7 +1,7 @@
 import {
   combineEach,
   dispatchExperts,
-  type ExpertCompute,
+  type ExpertHandler,
   InProcessTransport,
   Placement,
   type Routing,
@@ -42,7 +42,7 @@ function routingFor(n: number, rand: () => number): Routing {
 }
 
 /** A worker that answers at once with a precomputed output of the right size. */
-function instantWorker(rand: () => number): ExpertCompute {
+function instantWorker(rand: () => number): ExpertHandler {
   const cache = new Map<number, Float32Array>();
   return (req) => {
     let y = cache.get(req.n);

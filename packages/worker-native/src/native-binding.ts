@@ -10,7 +10,7 @@ import { errorFromCode } from "./error-from-code.js";
 // build, then the prebuild that node-gyp-build finds), each probed in a child process before it is
 // loaded here, so that a broken or wrong-CPU binary costs a clear message, never the host process.
 
-/** What the addon exports (native/addon.cpp). */
+/** What the addon exports (native/addon/addon.cpp). */
 export interface NativeAddon {
   loadSlice(
     path: string,

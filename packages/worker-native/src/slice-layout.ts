@@ -10,7 +10,7 @@ import {
 } from "@moeswarm/shard";
 import { ACTIVATIONS, type Activation, type ExpertComputeInfo } from "./expert-compute.js";
 
-// The same reading of a slice GGUF as native/moeswarm-slice.cpp (which is authoritative for the
+// The same reading of a slice GGUF as native/compute/moeswarm-slice-load.cpp and -slice-layer.cpp (authoritative for the
 // native paths): expert tensors per layer, shapes from the tensors themselves, the slice's keys
 // `moeswarm.slice.layers` / `moeswarm.slice.experts`, the activation from the architecture.
 
