@@ -74,140 +74,184 @@ function tokPerSecond(r: LogitsHarnessResult): number {
   return r.tokens.length / (r.decodeMs / 1000);
 }
 
+/** What every step shares: the options, the abort signal, a scratch dir, and what to close at the end. */
+interface Demo {
+  readonly options: DemoOptions;
+  readonly signal: AbortSignal;
+  readonly tmp: string;
+  readonly cleanup: Array<() => Promise<unknown> | unknown>;
+}
+
+interface DemoModel {
+  readonly path: string;
+  readonly id: string;
+  readonly expertBytes: number;
+}
+
+// 1. the model: synthetic, deterministic, cached
+async function prepareModel(demo: Demo): Promise<DemoModel> {
+  const { options, signal } = demo;
+  const model = await ensureSyntheticModel(options.preset, {
+    cacheDir: options.cacheDir,
+    arch: options.arch,
+    signal,
+  });
+  const moe = findExpertTensors(await readGguf(model.path, { signal }));
+  const nLayer = moe.blockCount ?? moe.layers.length;
+  const nExpert = moe.expertCount ?? moe.layers[0]?.nExpert ?? 0;
+  const nUsed = moe.expertUsedCount ?? 0;
+  const expertBytes = moe.layers.reduce((sum, l) => sum + Number(l.bytesPerExpert) * l.nExpert, 0);
+  const id = `${options.arch}-${options.preset}`;
+  out(
+    `model     ${id}: ${nLayer} layers x ${nExpert} experts (top-${nUsed}), ${formatBytes(model.size)}, ` +
+      `${formatBytes(expertBytes)} of routed experts ${model.created ? "(generated)" : "(cached)"}`,
+  );
+  return { path: model.path, id, expertBytes };
+}
+
+interface DemoHub {
+  readonly url: string;
+  readonly secret: string;
+  readonly ca: string;
+  readonly caFile: string;
+  readonly dispatcher: Agent;
+}
+
+// 2. the hub: real TLS on loopback (wss relay, https downloads) as a self-hosted hub serves it,
+// with a throwaway CA the workers and the backbone trust; its relay on the same port
+async function startHub(demo: Demo, model: DemoModel): Promise<DemoHub> {
+  const certs = await createLoopbackCertificates({
+    hosts: ["localhost", "127.0.0.1"],
+    days: 1,
+    signal: demo.signal,
+  });
+  const caFile = join(demo.tmp, "ca.pem");
+  writeFileSync(caFile, certs.ca);
+  const secret = randomBytes(32).toString("hex");
+  const hub = createHub({
+    secret,
+    models: [{ id: model.id, path: model.path }],
+    tls: { cert: certs.cert, key: certs.key },
+    manifestDir: join(demo.options.cacheDir, "manifests"),
+  });
+  demo.cleanup.push(() => hub.close());
+  const listener = await hub.listen(0, "127.0.0.1");
+  out(`hub       ${listener.url} (relay ${listener.relayUrl}, dashboard ${listener.url}/)`);
+  const dispatcher = new Agent({ connect: { ca: certs.ca } });
+  demo.cleanup.push(() => dispatcher.close());
+  return { url: listener.url, secret, ca: certs.ca, caFile, dispatcher };
+}
+
+// 3. the workers: separate processes, nothing configured but the hub, a token and a capacity.
+// A fair share each with 15% to spare, as machines offer what they have rather than exact shares:
+// a worker takes the most valuable rectangle of layers x experts that fits, then keeps claiming
+// while it has room, so the strips large rectangles leave are covered too.
+async function startWorkers(demo: Demo, model: DemoModel, hub: DemoHub): Promise<WorkerView[]> {
+  const { options } = demo;
+  const capacityBytes = Math.ceil((model.expertBytes / options.workers) * 1.15);
+  const cacheDirs = Array.from({ length: options.workers }, (_, i) =>
+    options.workerCacheDir
+      ? join(options.workerCacheDir, model.id, `worker-${i}`)
+      : join(demo.tmp, `worker-${i}`),
+  );
+  for (const d of cacheDirs) mkdirSync(d, { recursive: true });
+  out(`workers   ${options.workers} processes, ${formatBytes(capacityBytes)} of capacity each`);
+  const progress = createProgress(process.stdout);
+  const workers = spawnWorkers({
+    count: options.workers,
+    hubUrl: hub.url,
+    model: model.id,
+    tokens: Array.from({ length: options.workers }, (_, i) =>
+      mintToken({ role: "worker", id: `worker-${i}`, ttlS: 3600 }, hub.secret),
+    ),
+    capacityBytes,
+    caFile: hub.caFile,
+    cacheDirs,
+    threads: options.threads,
+    onEvent: progress.onEvent,
+  });
+  demo.cleanup.push(() => stopWorkers(workers));
+  const timeoutMs = options.coverTimeoutS * 1000;
+  const placement = await waitForCoverage(hub.url, model.id, hub.dispatcher, workers, timeoutMs, demo.signal);
+  progress.done();
+  out(`swarm     every expert of every layer has an owner (placement version ${placement.version})`);
+  return workers;
+}
+
+// 4. the backbone: the bridge the plugin talks to, linked to the hub (relay connection, live
+// placement, routing statistics and receipts), with the model's own experts as last resort
+async function startBridge(demo: Demo, model: DemoModel, hub: DemoHub) {
+  const fallback = await createLocalFallback(model.path, { threads: demo.options.threads });
+  demo.cleanup.push(() => fallback.close());
+  const bridge = await serveBackboneBridge({
+    socket: join(demo.tmp, "bridge.sock"),
+    hub: {
+      url: hub.url,
+      token: mintToken({ role: "backbone", id: "demo-backbone", ttlS: 3600 }, hub.secret),
+      model: model.id,
+      ca: hub.ca,
+    },
+    fallback: fallback.compute,
+    signal: demo.signal,
+  });
+  demo.cleanup.push(() => bridge.close());
+  return bridge;
+}
+
+type Bridge = Awaited<ReturnType<typeof startBridge>>;
+
+// 5. llama.cpp, twice: plain, then with the MoE layers in the swarm; the verdict is the exit code
+async function decodeAndCompare(demo: Demo, model: DemoModel, bridge: Bridge, workers: WorkerView[]) {
+  const { options, tmp, signal } = demo;
+  const common = {
+    modelPath: model.path,
+    prompt: options.prompt,
+    nPredict: options.tokens,
+    threads: options.threads,
+    noMmap: true,
+    signal,
+  };
+  out(`decode    plain llama.cpp, ${options.tokens} tokens ...`);
+  const plain = await runLogitsHarness({ ...common, logitsPath: join(tmp, "plain.bin") });
+  if (!plain.ok) throw new Error(`plain llama.cpp failed:\n${plain.stderr}`);
+  out(`decode    llama.cpp + libggml-moeswarm + swarm (layers ${options.remoteLayers}) ...`);
+  const swarm = await runLogitsHarness({
+    ...common,
+    logitsPath: join(tmp, "swarm.bin"),
+    plugin: { bridge: bridge.address, layers: options.remoteLayers, model: model.id },
+  });
+  if (!swarm.ok) throw new Error(`llama.cpp with the swarm failed:\n${swarm.stderr}`);
+
+  // the backbone's receipts credit the workers on the hub's dashboard
+  await bridge.hub?.reportStats();
+
+  const identical = plain.tokens.filter((t, i) => swarm.tokens[i] === t).length;
+  const sameLength = plain.tokens.length === swarm.tokens.length;
+  const logitsIdentical = readFileSync(join(tmp, "plain.bin")).equals(readFileSync(join(tmp, "swarm.bin")));
+  printReport(out, {
+    prompt: options.prompt,
+    plain,
+    swarm,
+    identical,
+    logitsIdentical,
+    tokPerSecond: { plain: tokPerSecond(plain), swarm: tokPerSecond(swarm) },
+    bridge: bridge.metrics(),
+    workers,
+  });
+  return identical === plain.tokens.length && sameLength ? 0 : 1;
+}
+
 async function run(options: DemoOptions, signal: AbortSignal): Promise<number> {
-  const cleanup: Array<() => Promise<unknown> | unknown> = [];
   const tmp = mkdtempSync(join(tmpdir(), "moeswarm-demo-"));
-  cleanup.push(() => rmSync(tmp, { recursive: true, force: true }));
+  const demo: Demo = { options, signal, tmp, cleanup: [() => rmSync(tmp, { recursive: true, force: true })] };
   try {
-    // 1. the model: synthetic, deterministic, cached
-    const model = await ensureSyntheticModel(options.preset, {
-      cacheDir: options.cacheDir,
-      arch: options.arch,
-      signal,
-    });
-    const moe = findExpertTensors(await readGguf(model.path, { signal }));
-    const nLayer = moe.blockCount ?? moe.layers.length;
-    const nExpert = moe.expertCount ?? moe.layers[0]?.nExpert ?? 0;
-    const nUsed = moe.expertUsedCount ?? 0;
-    const expertBytes = moe.layers.reduce((sum, l) => sum + Number(l.bytesPerExpert) * l.nExpert, 0);
-    const modelId = `${options.arch}-${options.preset}`;
-    out(
-      `model     ${modelId}: ${nLayer} layers x ${nExpert} experts (top-${nUsed}), ${formatBytes(model.size)}, ` +
-        `${formatBytes(expertBytes)} of routed experts ${model.created ? "(generated)" : "(cached)"}`,
-    );
-
-    // 2. the hub: real TLS on loopback (wss relay, https downloads) as a self-hosted hub serves
-    // it, with a throwaway CA the workers and the backbone trust; its relay on the same port
-    const certs = await createLoopbackCertificates({ hosts: ["localhost", "127.0.0.1"], days: 1, signal });
-    const caFile = join(tmp, "ca.pem");
-    writeFileSync(caFile, certs.ca);
-    const secret = randomBytes(32).toString("hex");
-    const hub = createHub({
-      secret,
-      models: [{ id: modelId, path: model.path }],
-      tls: { cert: certs.cert, key: certs.key },
-      manifestDir: join(options.cacheDir, "manifests"),
-    });
-    cleanup.push(() => hub.close());
-    const listener = await hub.listen(0, "127.0.0.1");
-    out(`hub       ${listener.url} (relay ${listener.relayUrl}, dashboard ${listener.url}/)`);
-    const dispatcher = new Agent({ connect: { ca: certs.ca } });
-    cleanup.push(() => dispatcher.close());
-
-    // 3. the workers: separate processes, nothing configured but the hub, a token and a capacity
-    // A fair share each with 15% to spare, as machines offer what they have rather than exact
-    // shares: a worker takes the most valuable rectangle of layers x experts that fits, then keeps
-    // claiming while it has room, so the strips large rectangles leave are covered too.
-    const capacityBytes = Math.ceil((expertBytes / options.workers) * 1.15);
-    const cacheDirs = Array.from({ length: options.workers }, (_, i) =>
-      options.workerCacheDir
-        ? join(options.workerCacheDir, modelId, `worker-${i}`)
-        : join(tmp, `worker-${i}`),
-    );
-    for (const d of cacheDirs) mkdirSync(d, { recursive: true });
-    out(`workers   ${options.workers} processes, ${formatBytes(capacityBytes)} of capacity each`);
-    const progress = createProgress(process.stdout);
-    const workers = spawnWorkers({
-      count: options.workers,
-      hubUrl: listener.url,
-      model: modelId,
-      tokens: Array.from({ length: options.workers }, (_, i) =>
-        mintToken({ role: "worker", id: `worker-${i}`, ttlS: 3600 }, secret),
-      ),
-      capacityBytes,
-      caFile,
-      cacheDirs,
-      threads: options.threads,
-      onEvent: progress.onEvent,
-    });
-    cleanup.push(() => stopWorkers(workers));
-    const placementBody = await waitForCoverage(
-      listener.url,
-      modelId,
-      dispatcher,
-      workers,
-      options.coverTimeoutS * 1000,
-      signal,
-    );
-    progress.done();
-    out(`swarm     every expert of every layer has an owner (placement version ${placementBody.version})`);
-
-    // 4. the backbone: the bridge the plugin talks to, linked to the hub (relay connection, live
-    // placement, routing statistics and receipts), with the model's own experts as last resort
-    const fallback = await createLocalFallback(model.path, { threads: options.threads });
-    cleanup.push(() => fallback.close());
-    const bridge = await serveBackboneBridge({
-      socket: join(tmp, "bridge.sock"),
-      hub: {
-        url: listener.url,
-        token: mintToken({ role: "backbone", id: "demo-backbone", ttlS: 3600 }, secret),
-        model: modelId,
-        ca: certs.ca,
-      },
-      fallback: fallback.compute,
-      signal,
-    });
-    cleanup.push(() => bridge.close());
-
-    // 5. llama.cpp, twice: plain, then with the MoE layers in the swarm
-    const common = {
-      modelPath: model.path,
-      prompt: options.prompt,
-      nPredict: options.tokens,
-      threads: options.threads,
-      noMmap: true,
-      signal,
-    };
-    out(`decode    plain llama.cpp, ${options.tokens} tokens ...`);
-    const plain = await runLogitsHarness({ ...common, logitsPath: join(tmp, "plain.bin") });
-    if (!plain.ok) throw new Error(`plain llama.cpp failed:\n${plain.stderr}`);
-    out(`decode    llama.cpp + libggml-moeswarm + swarm (layers ${options.remoteLayers}) ...`);
-    const swarm = await runLogitsHarness({
-      ...common,
-      logitsPath: join(tmp, "swarm.bin"),
-      plugin: { bridge: bridge.address, layers: options.remoteLayers, model: modelId },
-    });
-    if (!swarm.ok) throw new Error(`llama.cpp with the swarm failed:\n${swarm.stderr}`);
-
-    // the backbone's receipts credit the workers on the hub's dashboard
-    await bridge.hub?.reportStats();
-
-    const identical = plain.tokens.filter((t, i) => swarm.tokens[i] === t).length;
-    const sameLength = plain.tokens.length === swarm.tokens.length;
-    const logitsIdentical = readFileSync(join(tmp, "plain.bin")).equals(readFileSync(join(tmp, "swarm.bin")));
-    printReport(out, {
-      prompt: options.prompt,
-      plain,
-      swarm,
-      identical,
-      logitsIdentical,
-      tokPerSecond: { plain: tokPerSecond(plain), swarm: tokPerSecond(swarm) },
-      bridge: bridge.metrics(),
-      workers,
-    });
-    return identical === plain.tokens.length && sameLength ? 0 : 1;
+    const model = await prepareModel(demo);
+    const hub = await startHub(demo, model);
+    const workers = await startWorkers(demo, model, hub);
+    const bridge = await startBridge(demo, model, hub);
+    return await decodeAndCompare(demo, model, bridge, workers);
   } finally {
-    for (const step of cleanup.reverse()) {
+    for (const step of demo.cleanup.reverse()) {
       try {
         await step();
       } catch {

@@ -21,5 +21,5 @@ export function expectNoUnhandledRejections(settleMs = 150): void {
     expect(unhandled.map((e) => String(e))).toEqual([]);
   });
 }
-export { type CapturedStream, captureStream } from "./streams.js";
 export { waitFor } from "./hub.js";
+export { type CapturedStream, captureStream } from "./streams.js";
