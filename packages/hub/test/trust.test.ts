@@ -284,13 +284,27 @@ describe("the lease thief: lease operations only by their holder", () => {
       victim,
     );
     expect(lease.status).toBe(201);
-    const cancel = await http(
-      base,
-      "/api/claims",
-      { worker: "victim", model: ID, layers: "0:1", experts: "0:1", capacity, replaceLeases: true },
-      thief,
-    );
+    const attack = {
+      worker: "victim",
+      model: ID,
+      layers: "0:1",
+      experts: "0:1",
+      capacity,
+      replaceLeases: true,
+    };
+    const cancel = await http(base, "/api/claims", attack, thief);
     expect([cancel.status, cancel.body.error.code]).toEqual([403, "MOESWARM_AUTH_ROLE"]);
+    // the issue's attack: any unbound worker token could claim for the victim and so cancel its leases
+    const unbound = await http(base, "/api/claims", attack, token("worker"));
+    expect([unbound.status, unbound.body.error.code]).toEqual([401, "MOESWARM_AUTH_INVALID"]);
+    const unboundRelease = await http(
+      base,
+      `/api/claims/${lease.body.leaseId}`,
+      undefined,
+      token("worker"),
+      "DELETE",
+    );
+    expect(unboundRelease.status).toBe(401);
     const renew = await http(base, `/api/claims/${lease.body.leaseId}/renew`, {}, thief);
     expect([renew.status, renew.body.error.code]).toEqual([403, "MOESWARM_AUTH_ROLE"]);
     const release = await http(base, `/api/claims/${lease.body.leaseId}`, undefined, thief, "DELETE");
