@@ -397,6 +397,7 @@ export async function startTestHub(options: {
     models: [{ id: options.model, path: options.path }],
     manifestDir: options.work,
     dashboard: false,
+    replicas: 1,
     ...(options.leaseTtlMs !== undefined ? { market: { leaseTtlMs: options.leaseTtlMs } } : {}),
   });
   const { url, relayUrl } = await hub.listen(0);
