@@ -156,6 +156,9 @@ export type HubEvent =
       layers: string;
       experts: string;
     }
+  /** A backbone's report quarantined a worker (`by`: the backbone), or an admin reinstated it. */
+  | { type: "quarantine"; worker: string; by: string; model: string; reason: string }
+  | { type: "reinstate"; worker: string }
   | { type: "relay"; event: RelayServerEvent };
 
 export interface HubListener {

@@ -193,6 +193,13 @@ class HubImpl implements Hub {
     }
     this.relay.disconnect(record.worker, "MOESWARM_HUB_BANNED", bannedError(record.worker).message);
     this.#reconcile(record.worker);
+    this.#emit({
+      type: "quarantine",
+      worker: record.worker,
+      by: record.by,
+      model: record.model,
+      reason: record.evidence.reason,
+    });
     return record;
   }
 
@@ -269,7 +276,11 @@ class HubImpl implements Hub {
       status: (options) => this.status(options),
       forwardedTo: (backbone, worker) => this.#marketBook.ledger.forwardedTo(backbone, worker),
       quarantine: (backbone, model, evidence) => this.#quarantine(backbone, model, evidence),
-      reinstate: (worker) => this.#reputation.reinstate(worker),
+      reinstate: async (worker) => {
+        const done = await this.#reputation.reinstate(worker);
+        if (done) this.#emit({ type: "reinstate", worker });
+        return done;
+      },
       emitLease: (action, lease) => this.#emitLease(action, lease),
     };
   }

@@ -4,7 +4,14 @@
 import { createHash } from "node:crypto";
 import { connectRelay, type RelayConnection, type RelayEvent } from "@moeswarm/relay-client";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { createHub, createMemoryStore, type Hub, type HubOptions, mintToken } from "../src/index.js";
+import {
+  createHub,
+  createMemoryStore,
+  type Hub,
+  type HubEvent,
+  type HubOptions,
+  mintToken,
+} from "../src/index.js";
 import {
   call,
   copyModel,
@@ -380,7 +387,12 @@ describe("reputation at the hub: quarantine with evidence", () => {
 
   it("excludes a reported worker for every backbone, refuses its id, survives a restart, until reinstated", async () => {
     const store = createMemoryStore();
-    const { hub, base, relayUrl } = await start({ store, requireLeases: false });
+    const events: HubEvent[] = [];
+    const { hub, base, relayUrl } = await start({
+      store,
+      requireLeases: false,
+      onEvent: (e) => events.push(e),
+    });
     const liar = await peer(relayUrl, "worker", "liar");
     liar.register({ model: ID, layers: [0], experts: [0, 1] });
     await waitFor(async () => (await placementIds(base)).includes("liar"), "liar registered");
@@ -404,6 +416,13 @@ describe("reputation at the hub: quarantine with evidence", () => {
     const filed = await http(base, path, evidence("liar"), token("backbone", "bb"));
     expect([filed.status, filed.body.quarantined]).toEqual([201, "liar"]);
     await waitFor(() => liar.state === "closed", "the liar cut off");
+    expect(events).toContainEqual({
+      type: "quarantine",
+      worker: "liar",
+      by: "bb",
+      model: ID,
+      reason: "scaled outputs",
+    });
     expect(await placementIds(base)).toEqual([]);
     const listed = (await http(base, "/api/workers")).body.workers.find((w: Body) => w.id === "liar");
     expect(listed.quarantined).toMatchObject({ by: "bb", model: ID, reason: "scaled outputs" });

@@ -201,6 +201,18 @@ function hubEventPrinter(say: Say, io: CliIo): (e: HubEvent) => void {
           },
         );
         return;
+      case "quarantine":
+        say(`${CLI_NAME}: worker ${e.worker} quarantined on ${e.by}'s report: ${e.reason}`, {
+          event: "quarantine",
+          worker: e.worker,
+          by: e.by,
+          model: e.model,
+          reason: e.reason,
+        });
+        return;
+      case "reinstate":
+        say(`${CLI_NAME}: worker ${e.worker} reinstated`, { event: "reinstate", worker: e.worker });
+        return;
       case "relay":
         // an operator's drain is worth a line; the rest of the relay's traffic is in /metrics
         if (e.event.type === "drain" && e.event.by === "hub") {
