@@ -45,6 +45,21 @@ export interface BoundedReport {
   cutTokens: number;
 }
 
+/** A report taken as it came (a hub that trusts its backbones: `trustReports`). */
+export function asReported(report: StatsReport): BoundedReport {
+  const credits = new Map<string, number>();
+  for (const [worker, receipt] of report.receipts) credits.set(worker, receipt.expertTokens);
+  return {
+    counts: report.counts,
+    credits,
+    tokens: report.tokens,
+    ms: report.ms,
+    cutCredits: 0,
+    cutCounts: 0,
+    cutTokens: 0,
+  };
+}
+
 export class ForwardLedger {
   readonly #byKey = new Map<string, BackboneModel>();
   /** `backbone\0worker` pairs the relay ever carried a request between. */

@@ -26,6 +26,7 @@ export interface Settings {
   maxPollMs: number;
   allowUnboundTokens: boolean;
   requireLeases: boolean;
+  trustReports: boolean;
 }
 
 /** Everything construction needs, checked. */
@@ -77,6 +78,7 @@ export function readHubOptions(options: HubOptions): HubConfig {
     maxPollMs: positiveInt("maxPollMs", options.maxPollMs, 60_000, 0),
     allowUnboundTokens: options.allowUnboundTokens === true,
     requireLeases: options.requireLeases !== false,
+    trustReports: options.trustReports === true,
   };
   const clock = options.clock ?? Date.now;
   if (typeof clock !== "function") {

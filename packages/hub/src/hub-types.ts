@@ -77,6 +77,13 @@ export interface HubOptions {
    */
   requireLeases?: boolean;
   /**
+   * Take backbones' stats reports as they come (default false: credits, counts and tokens are
+   * bounded by what this hub's relay forwarded from the backbone, README "Backbone stats"). true:
+   * a private swarm whose backbones are all trusted, or tests whose backbones do not dispatch
+   * through this hub.
+   */
+  trustReports?: boolean;
+  /**
    * Distinct workers each expert needs before the market counts it covered (default 2: two
    * independent owners per part, so a backbone can compare their answers; 1: one copy). Wins over
    * `market.replicas`. CLI --replicas.

@@ -231,6 +231,7 @@ class HubImpl implements Hub {
       clock: config.clock,
       knownWorker: (id) => this.#book.has(id),
       statsStaleMs: config.statsStaleMs,
+      trustReports: config.settings.trustReports,
       onStoreError: (error) => this.#storeError(error),
       onLeaseEnd: (lease, why) => {
         this.metrics.leaseEnded(why);

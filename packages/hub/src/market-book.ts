@@ -1,5 +1,5 @@
 import { HubError, isMoeswarmError, onAbort } from "@moeswarm/core";
-import { ForwardLedger } from "./forward-ledger.js";
+import { asReported, ForwardLedger } from "./forward-ledger.js";
 import { CoverageMarket, type Lease, type MarketModel, type MarketOptions } from "./market.js";
 import type { RelayServerEvent } from "./relay.js";
 import type { StatsReport } from "./stats.js";
@@ -38,6 +38,8 @@ export interface MarketBookOptions {
   knownWorker: (id: string) => boolean;
   /** A report older than this no longer counts towards tokens/s (ms). */
   statsStaleMs: number;
+  /** Take reports as they come, not bounded by what the relay forwarded (a trusted swarm). */
+  trustReports?: boolean;
   onStoreError: (error: unknown) => void;
   onLeaseEnd?: (lease: Lease, why: "expired" | "fulfilled" | "revoked") => void;
 }
@@ -180,10 +182,12 @@ export class MarketBook {
     this.market.checkCounts(model, report.counts);
     // then bounded by what the relay forwarded from this backbone (and that is used up)
     const shape = this.market.coverage(model, now);
-    const bounded = this.ledger.take(backbone, model, report, (layer) => {
-      const i = shape.layers.indexOf(layer);
-      return i < 0 ? 0 : (shape.nExpert[i] ?? 0);
-    });
+    const bounded = this.#o.trustReports
+      ? asReported(report)
+      : this.ledger.take(backbone, model, report, (layer) => {
+          const i = shape.layers.indexOf(layer);
+          return i < 0 ? 0 : (shape.nExpert[i] ?? 0);
+        });
     this.market.addCounts(model, bounded.counts, now);
     if (report.seq !== undefined) this.#seq.set(key, report.seq);
     if (bounded.tokens !== undefined && bounded.ms !== undefined) {

@@ -371,6 +371,22 @@ describe("the credit forger: stats only from authenticated backbones, bounded by
     const again = await http(base, `/api/models/${ID}/stats`, forged(6), token("backbone", "bb"));
     expect([again.body.creditedExpertTokens, again.body.cut.expertTokens]).toEqual([0, U32_MAX]);
   });
+
+  it("takes reports as they come only with trustReports (a trusted swarm)", async () => {
+    const { hub, base, relayUrl } = await start({ requireLeases: false, trustReports: true });
+    await peer(relayUrl, "worker", "w6").then((w) => w.register({ model: ID, layers: [0], experts: [0] }));
+    await waitFor(() => hub.workers().some((w) => w.id === "w6"), "w6 known");
+    const r = await http(
+      base,
+      `/api/models/${ID}/stats`,
+      { counts: {}, receipts: { w6: { expertTokens: 1000 } } },
+      token("backbone", "bb"),
+    );
+    expect([r.body.creditedExpertTokens, r.body.cut]).toEqual([
+      1000,
+      { expertTokens: 0, counts: 0, tokens: 0 },
+    ]);
+  });
 });
 
 describe("reputation at the hub: quarantine with evidence", () => {
