@@ -72,7 +72,16 @@ describe.skipIf(Boolean(missing))("serveBackboneBridge({hub}): follows the hub's
     certs = await loopbackCerts();
     model = await syntheticModel("small", "qwen3moe");
     info = await modelInfo(model);
-    hub = createHub({ secret: SECRET, models: [{ id: MODEL_ID, path: model }], tls: certs });
+    hub = createHub({
+      secret: SECRET,
+      models: [{ id: MODEL_ID, path: model }],
+      tls: certs,
+      // fake workers register without claiming, one copy per expert, stats not routed through the
+      // relay: the hub's trust defaults are tested in @moeswarm/hub
+      requireLeases: false,
+      replicas: 1,
+      trustReports: true,
+    });
     ({ url, relayUrl } = await hub.listen(0));
     agent = new Agent({ connect: { ca: certs.ca } });
     // there, but never needed while the swarm covers every expert (the test checks it stays unused)

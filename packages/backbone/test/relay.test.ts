@@ -36,7 +36,15 @@ describe.skipIf(Boolean(missing))("llama.cpp + plugin + workers behind the hub's
   beforeAll(async () => {
     model = await syntheticModel("small", "qwen3moe");
     info = await modelInfo(model);
-    hub = createHub({ secret: SECRET, models: [{ id: MODEL_ID, path: model }] });
+    hub = createHub({
+      secret: SECRET,
+      models: [{ id: MODEL_ID, path: model }],
+      // fake workers register without claiming, one copy per expert, stats not routed through the
+      // relay: the hub's trust defaults are tested in @moeswarm/hub
+      requireLeases: false,
+      replicas: 1,
+      trustReports: true,
+    });
     relayUrl = `${(await hub.listen(0)).url.replace(/^http/, "ws")}/relay`;
   });
   afterAll(async () => {

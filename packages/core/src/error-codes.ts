@@ -202,6 +202,14 @@ export const ERROR_CODES = {
     area: "HubError",
     text: "The hub failed while answering (a bug or an I/O error); the request may be retried.",
   },
+  MOESWARM_HUB_NO_LEASE: {
+    area: "HubError",
+    text: "A worker registered a slice that no live lease of its own covers: claim it first (POST /api/claims).",
+  },
+  MOESWARM_HUB_BANNED: {
+    area: "HubError",
+    text: "The worker id is quarantined on this hub (a backbone reported wrong answers); an admin may reinstate it.",
+  },
   MOESWARM_HUB_TLS: {
     area: "HubError",
     text: "Self-signed TLS certificates could not be made: the openssl CLI is missing or failed.",

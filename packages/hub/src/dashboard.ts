@@ -151,7 +151,7 @@ const SCRIPT = `
 
     const rows = s.workers.map((w) => el("tr", { "data-worker": w.id },
       el("td", {}, w.id),
-      el("td", { class: w.draining ? "draining" : w.live ? "live" : "offline" }, w.draining ? "draining" : w.live ? "live" : "offline"),
+      el("td", { class: w.quarantined || w.draining ? "draining" : w.live ? "live" : "offline" }, w.quarantined ? "quarantined" : w.draining ? "draining" : w.live ? "live" : "offline"),
       el("td", {}, w.slices.map((x) => x.model + " L" + x.layers + " E" + x.experts).join("; ") || "-"),
       el("td", { "data-credits": String(w.expertTokens) }, fmtNum(w.expertTokens)),
       el("td", {}, w.latencyMs === undefined ? "-" : w.latencyMs.toFixed(1) + " ms"),

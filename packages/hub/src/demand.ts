@@ -13,6 +13,12 @@ export interface DemandPolicy {
   readonly hotLoad: number;
   /** Most replicas any expert is asked for. */
   readonly maxReplicas: number;
+  /**
+   * Distinct workers every expert needs before it counts as covered (the least target). The hub
+   * defaults to 2, so each expert part has two independent owners whose answers a backbone can
+   * compare; a CoverageMarket on its own defaults to 1. Raises maxReplicas when above it.
+   */
+  readonly replicas: number;
   /** Value of giving an expert with no replica (live or leased) its first one. */
   readonly uncoveredValue: number;
 }
@@ -22,6 +28,7 @@ export const DEFAULT_DEMAND_POLICY: DemandPolicy = Object.freeze({
   prior: 1,
   hotLoad: 2,
   maxReplicas: 4,
+  replicas: 1,
   uncoveredValue: 100,
 });
 
@@ -44,6 +51,9 @@ export function demandPolicy(overrides: Partial<DemandPolicy> = {}): DemandPolic
   if (!Number.isInteger(p.maxReplicas) || p.maxReplicas < 1 || p.maxReplicas > 1024) {
     throw new InvalidArgumentError("market option maxReplicas must be an integer in 1..1024");
   }
+  if (!Number.isInteger(p.replicas) || p.replicas < 1 || p.replicas > 1024) {
+    throw new InvalidArgumentError("market option replicas must be an integer in 1..1024");
+  }
   return Object.freeze(p);
 }
 
@@ -62,10 +72,14 @@ export function hotness(count: number, layerTotal: number, nExpert: number, prio
   return denominator > 0 ? (nExpert * (count + prior)) / denominator : 1;
 }
 
-/** `clamp(ceil(h / hotLoad), 1, maxReplicas)`, with a 1e-9 allowance against rounding noise. */
+/**
+ * `clamp(ceil(h / hotLoad), replicas, max(maxReplicas, replicas))`, with a 1e-9 allowance against
+ * rounding noise.
+ */
 export function targetReplicas(h: number, policy: DemandPolicy): number {
   const t = Math.ceil(h / policy.hotLoad - 1e-9);
-  return Math.min(policy.maxReplicas, Math.max(1, t));
+  const least = policy.replicas ?? 1;
+  return Math.min(Math.max(policy.maxReplicas, least), Math.max(least, t));
 }
 
 /**

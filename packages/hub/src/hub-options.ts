@@ -24,6 +24,9 @@ export interface Settings {
   dashboard: boolean | undefined;
   maxStatsBytes: number;
   maxPollMs: number;
+  allowUnboundTokens: boolean;
+  requireLeases: boolean;
+  trustReports: boolean;
 }
 
 /** Everything construction needs, checked. */
@@ -73,17 +76,21 @@ export function readHubOptions(options: HubOptions): HubConfig {
     dashboard: options.dashboard,
     maxStatsBytes: positiveInt("maxStatsBytes", options.maxStatsBytes, 4 << 20),
     maxPollMs: positiveInt("maxPollMs", options.maxPollMs, 60_000, 0),
+    allowUnboundTokens: options.allowUnboundTokens === true,
+    requireLeases: options.requireLeases !== false,
+    trustReports: options.trustReports === true,
   };
   const clock = options.clock ?? Date.now;
   if (typeof clock !== "function") {
     throw new InvalidArgumentError("hub option clock must be a function");
   }
   const { statsStaleMs: staleOption, ...marketOptions } = options.market ?? {};
+  const replicas = positiveInt("replicas", options.replicas ?? marketOptions.replicas, 2);
   return {
     settings,
     configured,
     clock,
-    marketOptions,
+    marketOptions: { ...marketOptions, replicas },
     statsStaleMs: positiveInt("market.statsStaleMs", staleOption, 30_000),
     persistMs: positiveInt("persistIntervalMs", options.persistIntervalMs, 10_000, 10),
     forgetMs: positiveInt("forgetWorkersAfterMs", options.forgetWorkersAfterMs, 7 * 86_400_000),

@@ -63,6 +63,32 @@ export interface HubOptions {
    * `handleRequest`/`createHubHandler` only when it is true (an embedder's `/` is its own).
    */
   dashboard?: boolean;
+  /**
+   * Accept worker and backbone tokens not bound to a peer id (`sub`), on hello and on HTTP writes.
+   * Off by default: such a token's holder could act as any worker or backbone (take over its
+   * id, cancel its leases, report for it). For a private swarm whose token holders are all
+   * trusted (CLI --allow-unbound-tokens).
+   */
+  allowUnboundTokens?: boolean;
+  /**
+   * Accept a worker's `register` only for a slice a live lease of that worker covers (default
+   * true; MOESWARM_HUB_NO_LEASE otherwise), and withdraw it when that lease ends. false: any
+   * registration enters placement (a private swarm, or tests that fake workers).
+   */
+  requireLeases?: boolean;
+  /**
+   * Take backbones' stats reports as they come (default false: credits, counts and tokens are
+   * bounded by what this hub's relay forwarded from the backbone, README "Backbone stats"). true:
+   * a private swarm whose backbones are all trusted, or tests whose backbones do not dispatch
+   * through this hub.
+   */
+  trustReports?: boolean;
+  /**
+   * Distinct workers each expert needs before the market counts it covered (default 2: two
+   * independent owners per part, so a backbone can compare their answers; 1: one copy). Wins over
+   * `market.replicas`. CLI --replicas.
+   */
+  replicas?: number;
   /** Largest backbone stats report (default 4 MiB). */
   maxStatsBytes?: number;
   /** Longest wait of a placement long-poll (default 60000 ms). */
@@ -103,6 +129,8 @@ export interface HubStatus {
     draining: boolean;
     slices: Array<{ model: string; layers: string; experts: string }>;
     expertTokens: number;
+    /** A backbone reported it answering wrong; it serves nothing until an admin reinstates it. */
+    quarantined: boolean;
     rttMs?: number;
     latencyMs?: number;
     inFlight?: number;
@@ -128,13 +156,16 @@ export type HubEvent =
   | { type: "store-error"; error: unknown }
   | {
       type: "lease";
-      action: "granted" | "renewed" | "released" | "expired" | "fulfilled";
+      action: "granted" | "renewed" | "released" | "expired" | "fulfilled" | "revoked";
       id: string;
       worker: string;
       model: string;
       layers: string;
       experts: string;
     }
+  /** A backbone's report quarantined a worker (`by`: the backbone), or an admin reinstated it. */
+  | { type: "quarantine"; worker: string; by: string; model: string; reason: string }
+  | { type: "reinstate"; worker: string }
   | { type: "relay"; event: RelayServerEvent };
 
 export interface HubListener {

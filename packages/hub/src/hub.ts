@@ -15,10 +15,12 @@ import { MarketBook } from "./market-book.js";
 import type { MarketHttpContext } from "./market-http.js";
 import { HubMetrics, type RouteLabel } from "./metrics.js";
 import type { ModelInfo } from "./model.js";
-import { createRelay, type Relay, type RelayOptions } from "./relay.js";
+import { createRelay, type Relay, type RelayOptions, type SliceInfo } from "./relay.js";
+import { bannedError, Reputation } from "./reputation.js";
 import { authorize, type RouteContext } from "./routes/context.js";
 import { matchRoute, serveRoute } from "./routes/table.js";
 import type { HubStore } from "./store.js";
+import { openReportStore, type QuarantineEvidence, type QuarantineRecord } from "./store-reports.js";
 import { type HubWorkerInfo, WorkerBook } from "./worker-book.js";
 
 /** `(req, res) => boolean`: the hub's HTTP API as a handler for an embedder's own server. */
@@ -57,6 +59,7 @@ class HubImpl implements Hub {
   readonly #book: WorkerBook;
   readonly #marketBook: MarketBook;
   readonly #routes: RouteContext;
+  readonly #reputation: Reputation;
   readonly #inflight = new Set<Promise<void>>();
   readonly #downloads = new Set<AbortController>();
   readonly #persistTimer: ReturnType<typeof setInterval>;
@@ -72,6 +75,16 @@ class HubImpl implements Hub {
       ({ store: this.store, owned: this.#ownsStore } = openHubStore(options.store));
     } catch (error) {
       void this.relay.close();
+      throw error;
+    }
+    try {
+      this.#reputation = new Reputation({
+        reports: openReportStore(options.store, this.store),
+        clock: config.clock,
+      });
+    } catch (error) {
+      void this.relay.close();
+      if (this.#ownsStore) void this.store.close();
       throw error;
     }
     this.metrics = this.#createMetrics(options.defaultMetrics === true);
@@ -114,6 +127,10 @@ class HubImpl implements Hub {
     return {
       ...relay,
       secret: this.#s.secret,
+      allowUnboundTokens: this.#s.allowUnboundTokens,
+      admitHello: (role, id) => (role === "worker" ? this.#banned(id) : undefined),
+      admitRegister: (worker, slice) => this.#admitRegister(worker, slice),
+      onForward: (forward) => this.#marketBook.ledger.forward(forward),
       onEvent: (event) => {
         for (const take of [
           () => this.metrics.relayEvent(event),
@@ -130,6 +147,60 @@ class HubImpl implements Hub {
         }
       },
     };
+  }
+
+  #banned(worker: string): { code: string; message: string } | undefined {
+    return this.#reputation.isQuarantined(worker) ? bannedError(worker) : undefined;
+  }
+
+  /** A register is accepted only for a slice a live lease of the worker covers (README "Claims"). */
+  #admitRegister(worker: string, slice: SliceInfo): { code: string; message: string } | undefined {
+    const banned = this.#banned(worker);
+    if (banned || !this.#s.requireLeases) return banned;
+    if (this.market.covers(worker, slice.model, slice.layers, slice.experts, this.#marketBook.now())) {
+      return undefined;
+    }
+    return {
+      code: "MOESWARM_HUB_NO_LEASE",
+      message:
+        `no live lease of worker ${worker} covers this slice of ${slice.model}: claim it first ` +
+        "(POST /api/claims or /api/claims/auto), then register what the lease grants",
+    };
+  }
+
+  /** Withdraws the registrations of a worker that no live lease covers any more (a lease ended). */
+  #reconcile(worker: string): void {
+    if (!this.#s.requireLeases) return;
+    const now = this.#marketBook.now();
+    this.relay.withdrawSlices(
+      worker,
+      (s) => this.market.covers(worker, s.model, s.layers, s.experts, now),
+      "MOESWARM_HUB_NO_LEASE",
+      "the lease that covered it ended",
+    );
+  }
+
+  /** Records a quarantine, then applies it: leases end, registrations go, the connection closes. */
+  async #quarantine(
+    backbone: string,
+    model: string,
+    evidence: QuarantineEvidence,
+  ): Promise<QuarantineRecord> {
+    const record = await this.#reputation.quarantine(backbone, model, evidence);
+    const leases = this.market.revokeWorker(record.worker);
+    if (leases.length > 0) {
+      await this.#marketBook.flush();
+    }
+    this.relay.disconnect(record.worker, "MOESWARM_HUB_BANNED", bannedError(record.worker).message);
+    this.#reconcile(record.worker);
+    this.#emit({
+      type: "quarantine",
+      worker: record.worker,
+      by: record.by,
+      model: record.model,
+      reason: record.evidence.reason,
+    });
+    return record;
   }
 
   #createMetrics(defaultMetrics: boolean): HubMetrics {
@@ -160,6 +231,7 @@ class HubImpl implements Hub {
       clock: config.clock,
       knownWorker: (id) => this.#book.has(id),
       statsStaleMs: config.statsStaleMs,
+      trustReports: config.settings.trustReports,
       onStoreError: (error) => this.#storeError(error),
       onLeaseEnd: (lease, why) => {
         this.metrics.leaseEnded(why);
@@ -173,7 +245,18 @@ class HubImpl implements Hub {
     const marketHttp: MarketHttpContext = {
       book: this.#marketBook,
       metrics: this.metrics,
-      authorize: (req, role) => authorize(settings, req, role),
+      authorize: (req, role) => {
+        const claims = authorize(settings, req, role);
+        // a quarantined worker id may not claim, renew or release
+        if (
+          claims.role === "worker" &&
+          claims.id !== undefined &&
+          this.#reputation.isQuarantined(claims.id)
+        ) {
+          throw bannedError(claims.id);
+        }
+        return claims;
+      },
       checkRead: (req) => {
         if (!settings.publicReads) authorize(settings, req);
       },
@@ -192,6 +275,13 @@ class HubImpl implements Hub {
       etags: new WeakMap<ExpertSlice, string>(),
       workers: () => this.workers(),
       status: (options) => this.status(options),
+      forwardedTo: (backbone, worker) => this.#marketBook.ledger.forwardedTo(backbone, worker),
+      quarantine: (backbone, model, evidence) => this.#quarantine(backbone, model, evidence),
+      reinstate: async (worker) => {
+        const done = await this.#reputation.reinstate(worker);
+        if (done) this.#emit({ type: "reinstate", worker });
+        return done;
+      },
       emitLease: (action, lease) => this.#emitLease(action, lease),
     };
   }
@@ -219,6 +309,8 @@ class HubImpl implements Hub {
       experts: { start: number; end: number };
     },
   ): void {
+    // a lease that ended (or was replaced by a new grant) may have been some registration's title
+    if (action !== "renewed" && action !== "fulfilled") queueMicrotask(() => this.#reconcile(lease.worker));
     this.#emit({
       type: "lease",
       action,
@@ -233,6 +325,7 @@ class HubImpl implements Hub {
   async #load(configured: ReadonlyArray<{ id: string; path: string }>): Promise<void> {
     await this.#models.prepare();
     await this.#book.load();
+    await this.#reputation.load();
     await this.#marketBook.load();
     await this.#models.load(configured);
   }
@@ -246,6 +339,8 @@ class HubImpl implements Hub {
       const latency = this.#marketBook.latencyOf(w.id);
       const reported = this.#marketBook.reportedLatencyOf(w.id);
       const info: HubWorkerInfo = { ...w, credits: this.market.creditsOf(w.id) };
+      const q = this.#reputation.get(w.id);
+      if (q) info.quarantined = { at: q.at, by: q.by, model: q.model, reason: q.evidence.reason };
       if (latency && latency.results > 0) info.latencyMs = latency.ms;
       if (reported !== undefined) info.reportedLatencyMs = reported;
       return info;
@@ -283,6 +378,7 @@ class HubImpl implements Hub {
           .filter((s) => options.model === undefined || s.model === options.model)
           .map((s) => ({ model: s.model, layers: ranges(s.layers), experts: ranges(s.experts) })),
         expertTokens: w.credits?.expertTokens ?? 0,
+        quarantined: w.quarantined !== undefined,
       };
       if (w.rttMs !== undefined) out.rttMs = w.rttMs;
       const latency = w.latencyMs ?? w.reportedLatencyMs;
@@ -389,6 +485,7 @@ class HubImpl implements Hub {
       await this.#book.flush({ final: true });
       await this.#marketBook.close();
       await this.#models.closeAll();
+      await this.#reputation.close().catch(noop);
       if (this.#ownsStore) await this.store.close().catch(noop);
       await stopped;
     })();

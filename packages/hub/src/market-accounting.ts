@@ -2,6 +2,7 @@
 // what the hub persists: restoring the stored state, and the changes to write since the last flush.
 import { InvalidArgumentError } from "@moeswarm/core";
 import { loadDemand } from "./market-demand.js";
+import { takeRenewedService } from "./market-service.js";
 import { compareIds, copyLease, type MarketState } from "./market-state.js";
 import type { CreditRow, Lease, MarketChanges, StoredDemandRow } from "./market-types.js";
 
@@ -68,7 +69,8 @@ export function loadState(
   },
 ): void {
   for (const lease of state.leases ?? []) {
-    if (st.leases.has(lease.id)) continue;
+    // a lease in service is stored as a lease: loaded pending, a returning worker's registration puts it back in service
+    if (st.leases.has(lease.id) || st.serving.has(lease.id)) continue;
     const copy = copyLease(lease);
     st.leases.set(copy.id, copy);
     st.grids.get(copy.model)?.addLease(copy, 1);
@@ -116,7 +118,7 @@ export function takeChanges(st: MarketState): MarketChanges {
     const c = st.credits.get(worker)?.get(model);
     if (c) credits.push({ worker, model, expertTokens: c.expertTokens, updatedAt: c.updatedAt });
   }
-  const changes = { demand, deadLeases: [...st.deadLeases], credits };
+  const changes = { demand, deadLeases: [...st.deadLeases], credits, leases: takeRenewedService(st) };
   st.dirtyDemand.clear();
   st.dirtyCredits.clear();
   st.deadLeases.clear();
@@ -127,5 +129,6 @@ export function takeChanges(st: MarketState): MarketChanges {
 export function restoreChanges(st: MarketState, changes: MarketChanges): void {
   for (const d of changes.demand) if (st.grids.has(d.model)) st.dirtyDemand.add(d.model);
   for (const c of changes.credits) st.dirtyCredits.add(`${c.worker}\0${c.model}`);
-  for (const id of changes.deadLeases) if (!st.leases.has(id)) st.deadLeases.add(id);
+  for (const id of changes.deadLeases) if (!st.leases.has(id) && !st.serving.has(id)) st.deadLeases.add(id);
+  for (const l of changes.leases) if (st.serving.has(l.id)) st.renewedServing.add(l.id);
 }

@@ -1,4 +1,5 @@
 import { HubError, isMoeswarmError, onAbort } from "@moeswarm/core";
+import { asReported, ForwardLedger } from "./forward-ledger.js";
 import { CoverageMarket, type Lease, type MarketModel, type MarketOptions } from "./market.js";
 import type { RelayServerEvent } from "./relay.js";
 import type { StatsReport } from "./stats.js";
@@ -20,6 +21,13 @@ export interface StatsOutcome {
   credited: string[];
   /** Receipts for workers this hub has never seen (not credited). */
   ignored: string[];
+  /**
+   * What the report asked for beyond what this hub's relay forwarded from the backbone (not
+   * counted): expert-tokens of receipts, routing counts, tokens.
+   */
+  cut: { expertTokens: number; counts: number; tokens: number };
+  /** Expert-tokens credited by this report, all workers. */
+  creditedExpertTokens: number;
 }
 
 export interface MarketBookOptions {
@@ -30,8 +38,10 @@ export interface MarketBookOptions {
   knownWorker: (id: string) => boolean;
   /** A report older than this no longer counts towards tokens/s (ms). */
   statsStaleMs: number;
+  /** Take reports as they come, not bounded by what the relay forwarded (a trusted swarm). */
+  trustReports?: boolean;
   onStoreError: (error: unknown) => void;
-  onLeaseEnd?: (lease: Lease, why: "expired" | "fulfilled") => void;
+  onLeaseEnd?: (lease: Lease, why: "expired" | "fulfilled" | "revoked") => void;
 }
 
 interface Waiter {
@@ -50,6 +60,8 @@ const LATENCY_ALPHA = 0.2;
  */
 export class MarketBook {
   readonly market: CoverageMarket;
+  /** What the relay forwarded per backbone: the bound on its reports (forward-ledger.ts). */
+  readonly ledger: ForwardLedger;
   readonly #o: MarketBookOptions;
   readonly #latency = new Map<string, { ms: number; results: number; errors: number }>();
   readonly #reported = new Map<string, number>();
@@ -62,6 +74,7 @@ export class MarketBook {
 
   constructor(options: MarketBookOptions) {
     this.#o = options;
+    this.ledger = new ForwardLedger(options.clock);
     this.market = new CoverageMarket({
       ...options.market,
       onLeaseEnd: (lease, why) => {
@@ -115,6 +128,9 @@ export class MarketBook {
       case "register":
         this.market.register(event.id, event.model, event.layers, event.experts, now);
         break;
+      case "unregister":
+        this.market.unregister(event.id, event.model, event.layers, event.experts, now);
+        break;
       case "drain":
         this.market.drain(event.id, now);
         break;
@@ -152,36 +168,62 @@ export class MarketBook {
     const last = this.#seq.get(key);
     if (report.seq !== undefined) {
       if (last !== undefined && report.seq <= last) {
-        return { accepted: false, layers: 0, credited: [], ignored: [] };
+        return {
+          accepted: false,
+          layers: 0,
+          credited: [],
+          ignored: [],
+          cut: { expertTokens: 0, counts: 0, tokens: 0 },
+          creditedExpertTokens: 0,
+        };
       }
     }
     // validated before anything changes: a report is counted whole or not at all
-    this.market.addCounts(model, report.counts, now);
+    this.market.checkCounts(model, report.counts);
+    // then bounded by what the relay forwarded from this backbone (and that is used up)
+    const shape = this.market.coverage(model, now);
+    const bounded = this.#o.trustReports
+      ? asReported(report)
+      : this.ledger.take(backbone, model, report, (layer) => {
+          const i = shape.layers.indexOf(layer);
+          return i < 0 ? 0 : (shape.nExpert[i] ?? 0);
+        });
+    this.market.addCounts(model, bounded.counts, now);
     if (report.seq !== undefined) this.#seq.set(key, report.seq);
-    if (report.tokens !== undefined && report.ms !== undefined) {
+    if (bounded.tokens !== undefined && bounded.ms !== undefined) {
       this.#rates.set(key, {
         id: backbone,
         model,
-        tokensPerSecond: report.tokens / (report.ms / 1000),
+        tokensPerSecond: bounded.tokens / (bounded.ms / 1000),
         at: now,
       });
     }
     const credited: string[] = [];
     const ignored: string[] = [];
+    let creditedExpertTokens = 0;
     for (const [worker, receipt] of report.receipts) {
       if (!this.#o.knownWorker(worker)) {
         ignored.push(worker);
         continue;
       }
-      this.market.credit(model, worker, receipt.expertTokens, now);
-      this.#served.set(model, (this.#served.get(model) ?? 0) + receipt.expertTokens);
+      const credit = bounded.credits.get(worker) ?? 0;
+      creditedExpertTokens += credit;
+      this.market.credit(model, worker, credit, now);
+      this.#served.set(model, (this.#served.get(model) ?? 0) + credit);
       if (receipt.ms !== undefined) {
         const had = this.#reported.get(worker);
         this.#reported.set(worker, had === undefined ? receipt.ms : had + LATENCY_ALPHA * (receipt.ms - had));
       }
       credited.push(worker);
     }
-    return { accepted: true, layers: report.counts.size, credited, ignored };
+    return {
+      accepted: true,
+      layers: report.counts.size,
+      credited,
+      ignored,
+      cut: { expertTokens: bounded.cutCredits, counts: bounded.cutCounts, tokens: bounded.cutTokens },
+      creditedExpertTokens,
+    };
   }
 
   /** Expert-tokens credited per model since this hub started (the metric's source). */
@@ -247,7 +289,12 @@ export class MarketBook {
   flush(): Promise<void> {
     this.#sweep();
     const changes = this.market.takeChanges();
-    if (changes.demand.length === 0 && changes.deadLeases.length === 0 && changes.credits.length === 0) {
+    if (
+      changes.demand.length === 0 &&
+      changes.deadLeases.length === 0 &&
+      changes.credits.length === 0 &&
+      changes.leases.length === 0
+    ) {
       return this.#queue;
     }
     return this.#enqueue(async () => {
@@ -255,6 +302,7 @@ export class MarketBook {
         if (changes.deadLeases.length > 0) await this.#o.store.deleteLeases(changes.deadLeases);
         if (changes.demand.length > 0) await this.#o.store.putDemand(changes.demand);
         if (changes.credits.length > 0) await this.#o.store.putCredits(changes.credits);
+        if (changes.leases.length > 0) await this.#o.store.putLeases(changes.leases);
       } catch (error) {
         this.market.restoreChanges(changes);
         throw error;

@@ -3,6 +3,7 @@
 import { formatRange, GgufError, InvalidArgumentError, type Range, toRanges } from "@moeswarm/core";
 import { demandRanges, type View, viewOf } from "./market-demand.js";
 import { dropLease, expireLeases, heldBytes, ttlOf } from "./market-leases.js";
+import { endService } from "./market-service.js";
 import {
   capacityBytes,
   compareIds,
@@ -118,6 +119,10 @@ export function claim(st: MarketState, request: ClaimRequest, now: number): Leas
     }
   }
   const cells = classify(grid, viewOf(st, grid, now, { worker: request.worker, replacing }), rows, experts);
+  if (request.replaceLeases === true) {
+    // a worker that starts afresh gives up its previous run's titles too (their registrations go)
+    for (const lease of st.serving.values()) if (lease.worker === request.worker) replacing.add(lease.id);
+  }
   const describe = (list: CellList) =>
     list
       .slice(0, 16)
@@ -203,12 +208,14 @@ function grant(
   now: number,
 ): Lease {
   for (const id of terms.replacing) {
-    const old = st.leases.get(id) as Lease;
-    dropLease(st, old);
-    st.deadLeases.add(old.id);
+    const old = st.leases.get(id);
+    if (old) {
+      dropLease(st, old);
+      st.deadLeases.add(old.id);
+    } else endService(st, id);
   }
   let id = st.newId();
-  while (st.leases.has(id)) id = st.newId();
+  while (st.leases.has(id) || st.serving.has(id)) id = st.newId();
   const { layers, experts } = request;
   const lease: Lease = {
     id,

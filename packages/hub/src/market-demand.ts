@@ -35,6 +35,19 @@ export function addCounts(
   counts: ReadonlyMap<number, ArrayLike<number>>,
   now: number,
 ): void {
+  const grid = checkCounts(st, model, counts);
+  for (const [layer, values] of counts) {
+    grid.demand.add(grid.offsets[grid.row.get(layer) as number] as number, values, now, st.policy.halfLifeMs);
+  }
+  if (counts.size > 0) st.dirtyDemand.add(model);
+}
+
+/** Checks routing counts against the model (see addCounts) without adding them. */
+export function checkCounts(
+  st: MarketState,
+  model: string,
+  counts: ReadonlyMap<number, ArrayLike<number>>,
+): Grid {
   const grid = gridOf(st, model);
   for (const [layer, values] of counts) {
     const r = grid.row.get(layer);
@@ -48,10 +61,7 @@ export function addCounts(
         throw new InvalidArgumentError("counts must be finite numbers >= 0");
     }
   }
-  for (const [layer, values] of counts) {
-    grid.demand.add(grid.offsets[grid.row.get(layer) as number] as number, values, now, st.policy.halfLifeMs);
-  }
-  if (counts.size > 0) st.dirtyDemand.add(model);
+  return grid;
 }
 
 /** The per-cell figures of a grid at `now`, as `claimant` (if any) sees them. */
@@ -159,7 +169,7 @@ export function demandRanges(st: MarketState, now: number, options: { model?: st
           coverage: c,
           pending: p,
           missing: t - c - p,
-          hot: t > 1,
+          hot: t > st.policy.replicas,
           value: round(value, 6),
           bytes: count * l.bytesPerExpert,
           bytesPerExpert: l.bytesPerExpert,

@@ -1,6 +1,7 @@
 // Leases of the coverage market: lifetime, ownership, renewal, release and expiry, and the bytes
 // a worker holds (registered slices and leases) that its next claim must fit beside.
 import { AuthError, HubError, InvalidArgumentError } from "@moeswarm/core";
+import { sweepService } from "./market-service.js";
 import { cellsOf, compareIds, copyLease, type MarketState } from "./market-state.js";
 import type { Lease } from "./market-types.js";
 
@@ -16,7 +17,7 @@ export function ttlOf(st: MarketState, ttlMs: number | undefined): number {
 /** The live lease `id` (after expiring what is due), if `worker` (undefined: any) holds it. */
 export function ownedLease(st: MarketState, id: string, worker: string | undefined, now: number): Lease {
   expireLeases(st, now);
-  const lease = st.leases.get(id);
+  const lease = st.leases.get(id) ?? st.serving.get(id);
   if (!lease)
     throw new HubError("MOESWARM_HUB_NOT_FOUND", "no such lease (it expired, was released or was fulfilled)");
   if (worker !== undefined && lease.worker !== worker) {
@@ -35,7 +36,7 @@ export function renewLease(
   const ttl = ttlOf(st, ttlMs);
   const lease = ownedLease(st, id, worker, now);
   const renewed: Lease = { ...lease, expiresAt: Math.max(lease.expiresAt, now + ttl) };
-  st.leases.set(id, renewed);
+  (st.serving.has(id) ? st.serving : st.leases).set(id, renewed);
   return copyLease(renewed);
 }
 
@@ -55,6 +56,10 @@ export function expireLeases(st: MarketState, now: number): Lease[] {
       gone.push(copyLease(lease));
       st.onLeaseEnd?.(copyLease(lease), "expired");
     }
+  }
+  for (const lease of sweepService(st, now)) {
+    gone.push(lease);
+    st.onLeaseEnd?.(copyLease(lease), "expired");
   }
   return gone;
 }

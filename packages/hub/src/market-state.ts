@@ -228,7 +228,12 @@ export interface MarketState {
   readonly onLeaseEnd: MarketOptions["onLeaseEnd"];
   readonly grids: Map<string, Grid>;
   readonly workers: Map<string, WorkerState>;
+  /** Pending leases: granted, not yet fulfilled by a registration. */
   readonly leases: Map<string, Lease>;
+  /** Leases in service: fulfilled by a registration, kept as its title (market-service.ts). */
+  readonly serving: Map<string, Lease>;
+  /** Leases in service whose life was extended since the last write. */
+  readonly renewedServing: Set<string>;
   /** Demand rows loaded from the store for models not added yet. */
   readonly storedDemand: Map<string, StoredDemandRow[]>;
   readonly credits: Map<string, Map<string, { expertTokens: number; updatedAt: number }>>;

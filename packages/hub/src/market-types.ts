@@ -61,7 +61,7 @@ export interface DemandRange {
   readonly pending: number;
   /** `target - coverage - pending` (>= 1). */
   readonly missing: number;
-  /** Target above 1. */
+  /** Target above the least (`replicas`): demand made it hot. */
   readonly hot: boolean;
   /** Sum of the experts' values (README "Demand"), rounded to 1e-6. */
   readonly value: number;
@@ -143,7 +143,7 @@ export interface CoverageSummary {
   uncovered: number;
   /** Cells with fewer live replicas than their target. */
   belowTarget: number;
-  /** Cells whose target is above 1. */
+  /** Cells whose target is above the least (`replicas`). */
   hot: number;
   leases: number;
   version: number;
@@ -170,6 +170,8 @@ export interface MarketChanges {
   /** Leases gone by expiry, fulfilment or their model's removal (grants, renewals and releases are written by the caller at once). */
   deadLeases: string[];
   credits: CreditRow[];
+  /** Leases in service whose life their registration extended (written again). */
+  leases: Lease[];
 }
 
 export interface MarketOptions extends Partial<DemandPolicy> {
@@ -179,6 +181,10 @@ export interface MarketOptions extends Partial<DemandPolicy> {
   maxLeaseTtlMs?: number;
   /** Lease ids (default 16 random bytes, base64url); tests pass a counter. */
   newId?: () => string;
-  /** Told of every lease that ends by itself: expired, or fulfilled by a registration. Must not throw. */
-  onLeaseEnd?: (lease: Lease, reason: "expired" | "fulfilled") => void;
+  /**
+   * Told of every lease that ends by itself: expired, fulfilled by a registration (it then stays in
+   * service as the registration's title, see `servingLeases`), or revoked (its worker drained or
+   * was quarantined). Must not throw.
+   */
+  onLeaseEnd?: (lease: Lease, reason: "expired" | "fulfilled" | "revoked") => void;
 }

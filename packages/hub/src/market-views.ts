@@ -114,7 +114,7 @@ export function summaryOf(st: MarketState, model: string, now: number): Coverage
     const t = v.target[i] as number;
     if (c === 0) uncovered++;
     if (c < t) belowTarget++;
-    if (t > 1) hot++;
+    if (t > st.policy.replicas) hot++;
   }
   let leases = 0;
   for (const l of st.leases.values()) if (l.model === model) leases++;

@@ -10,8 +10,9 @@ import {
   takeChanges,
 } from "./market-accounting.js";
 import { autoClaim, bestSlice, claim } from "./market-claims.js";
-import { addCounts, demandRanges, loadDemand } from "./market-demand.js";
+import { addCounts, checkCounts, demandRanges, loadDemand } from "./market-demand.js";
 import { dropLease, expireLeases, leaseList, ownedLease, renewLease } from "./market-leases.js";
+import { coveringLease, endService, putInService, servingList } from "./market-service.js";
 import {
   cellsAdded,
   cellsOf,
@@ -119,6 +120,8 @@ export class CoverageMarket {
       grids: new Map(),
       workers: new Map(),
       leases: new Map(),
+      serving: new Map(),
+      renewedServing: new Set(),
       storedDemand: new Map(),
       credits: new Map(),
       dirtyDemand: new Set(),
@@ -165,10 +168,12 @@ export class CoverageMarket {
   /** Forgets a model: its leases end (reported as dead), its demand is dropped. */
   removeModel(id: string): boolean {
     const had = this.#st.grids.delete(id);
-    for (const lease of [...this.#st.leases.values()]) {
-      if (lease.model === id) {
-        this.#st.leases.delete(lease.id);
-        this.#st.deadLeases.add(lease.id);
+    for (const map of [this.#st.leases, this.#st.serving]) {
+      for (const lease of [...map.values()]) {
+        if (lease.model === id) {
+          map.delete(lease.id);
+          this.#st.deadLeases.add(lease.id);
+        }
       }
     }
     this.#st.dirtyDemand.delete(id);
@@ -215,7 +220,9 @@ export class CoverageMarket {
   /**
    * A worker registered a slice of `model`: it adds to the slices it already has (the same slice
    * again changes nothing; a register also ends a drain, as on the relay). Leases of this worker
-   * and model that the slice holds are fulfilled: returned, and no longer pending.
+   * and model that the slice holds are fulfilled: returned, no longer pending, and kept in service
+   * as the registration's title (see `servingLeases`; the hub's relay accepts a register only for
+   * a slice a live lease covers).
    */
   register(
     id: string,
@@ -246,8 +253,7 @@ export class CoverageMarket {
     const fulfilled: Lease[] = [];
     for (const lease of [...this.#st.leases.values()]) {
       if (lease.worker !== id || lease.model !== model || !holds(slice, lease)) continue;
-      dropLease(this.#st, lease);
-      this.#st.deadLeases.add(lease.id);
+      putInService(this.#st, lease);
       fulfilled.push(copyLease(lease));
       this.#st.onLeaseEnd?.(copyLease(lease), "fulfilled");
     }
@@ -260,10 +266,72 @@ export class CoverageMarket {
    */
   drain(id: string, now: number): void {
     const w = this.#st.workers.get(id);
-    if (!w || w.draining) return;
-    w.draining = true;
-    this.#withdrawAll(w, now);
-    w.slices.clear();
+    if (w && !w.draining) {
+      w.draining = true;
+      this.#withdrawAll(w, now);
+      w.slices.clear();
+    }
+    // the titles of the withdrawn registrations end with them: serving again takes a new claim
+    for (const lease of servingList(this.#st, id)) {
+      if (endService(this.#st, lease.id)) this.#st.onLeaseEnd?.(lease, "revoked");
+    }
+  }
+
+  /** A slice the relay withdrew (its lease ended): it no longer counts as coverage. */
+  unregister(
+    id: string,
+    model: string,
+    layers: readonly number[],
+    experts: readonly number[],
+    now: number,
+  ): void {
+    const w = this.#st.workers.get(id);
+    const list = w?.slices.get(model);
+    if (!w || !list) return;
+    const slice: Slice = { layers: normaliseIds(layers), experts: normaliseIds(experts) };
+    const i = list.findIndex((s) => sameSlice(s, slice));
+    if (i < 0) return;
+    const grid = this.#st.grids.get(model);
+    const before = grid && !w.draining ? cellsOf(list, grid) : undefined;
+    list.splice(i, 1);
+    if (grid && before) {
+      grid.addCells(cellsAdded(cellsOf(list, grid), before), -1);
+      grid.touch(now);
+    }
+  }
+
+  /**
+   * Whether a live lease of `worker` (pending or in service) covers the slice: every layer and
+   * expert inside its ranges. The hub's relay registers nothing else.
+   */
+  covers(
+    worker: string,
+    model: string,
+    layers: readonly number[],
+    experts: readonly number[],
+    now: number,
+  ): boolean {
+    expireLeases(this.#st, now);
+    return coveringLease(this.#st, worker, model, layers, experts) !== undefined;
+  }
+
+  /** Ends every lease of a worker, pending and in service (a quarantine); returns them. */
+  revokeWorker(id: string): Lease[] {
+    const ended: Lease[] = [];
+    for (const lease of leaseList(this.#st, undefined)) {
+      if (lease.worker !== id) continue;
+      dropLease(this.#st, lease);
+      this.#st.deadLeases.add(lease.id);
+      ended.push(lease);
+    }
+    for (const lease of servingList(this.#st, id)) if (endService(this.#st, lease.id)) ended.push(lease);
+    for (const lease of ended) this.#st.onLeaseEnd?.(lease, "revoked");
+    return ended;
+  }
+
+  /** Leases in service: fulfilled by a registration and kept as its title, oldest first. */
+  servingLeases(options: { worker?: string } = {}): Lease[] {
+    return servingList(this.#st, options.worker);
   }
 
   // --- demand -----------------------------------------------------------------------------------
@@ -275,6 +343,11 @@ export class CoverageMarket {
    */
   addCounts(model: string, counts: ReadonlyMap<number, ArrayLike<number>>, now: number): void {
     addCounts(this.#st, model, counts, now);
+  }
+
+  /** Checks routing counts as addCounts does (InvalidArgumentError), adding nothing. */
+  checkCounts(model: string, counts: ReadonlyMap<number, ArrayLike<number>>): void {
+    checkCounts(this.#st, model, counts);
   }
 
   /**
@@ -337,7 +410,8 @@ export class CoverageMarket {
   /** Gives a lease up; its cells are in demand again. */
   release(id: string, worker: string | undefined, now: number): Lease {
     const lease = ownedLease(this.#st, id, worker, now);
-    dropLease(this.#st, lease);
+    if (!endService(this.#st, id)) dropLease(this.#st, lease);
+    this.#st.deadLeases.delete(id); // the caller deletes it from the store itself
     return copyLease(lease);
   }
 

@@ -12,6 +12,8 @@ export type RouteLabel =
   | "/api/models/:model/stats"
   | "/api/workers"
   | "/api/workers/:id/drain"
+  | "/api/workers/:id/reinstate"
+  | "/api/models/:model/reports/quarantine"
   | "/api/status"
   | "/api/demand"
   | "/api/claims"
@@ -108,7 +110,7 @@ export class HubMetrics {
     this.#claims.inc({ outcome: known.includes(outcome) ? outcome : "invalid" });
   }
 
-  leaseEnded(reason: "fulfilled" | "expired" | "released"): void {
+  leaseEnded(reason: "fulfilled" | "expired" | "released" | "revoked"): void {
     this.#leasesEnded.inc({ reason });
   }
 

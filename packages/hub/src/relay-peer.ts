@@ -57,7 +57,10 @@ export function sliceKey(model: string, layers: readonly number[], experts: read
   return `${model}\0${layers.join(",")}\0${experts.join(",")}`;
 }
 
-export type RelaySettings = Required<Omit<RelayOptions, "onEvent">> & Pick<RelayOptions, "onEvent">;
+export type RelaySettings = Required<
+  Omit<RelayOptions, "onEvent" | "admitRegister" | "admitHello" | "onForward">
+> &
+  Pick<RelayOptions, "onEvent" | "admitRegister" | "admitHello" | "onForward">;
 
 function num(name: string, value: number | undefined, fallback: number, min: number): number {
   const v = value ?? fallback;
@@ -109,6 +112,10 @@ export function readRelayOptions(options: RelayOptions): RelaySettings {
     violationWindowMs: num("violationWindowMs", options.violationWindowMs, 10_000, 1),
     maxConnections: num("maxConnections", options.maxConnections, 10_000, 1),
     maxSlicesPerWorker: num("maxSlicesPerWorker", options.maxSlicesPerWorker, 256, 1),
+    allowUnboundTokens: options.allowUnboundTokens === true,
+    admitRegister: options.admitRegister,
+    admitHello: options.admitHello,
+    onForward: options.onForward,
     onEvent: options.onEvent,
   };
 }

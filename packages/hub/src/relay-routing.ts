@@ -118,6 +118,18 @@ export function routeDispatch(link: RelayLink, backbone: Peer, frame: DispatchFr
   worker.routes.set(relayId, route);
   backbone.outstanding.add(route);
   link.stats.routed++;
+  if (link.s.onForward) {
+    const forward = {
+      backbone: backbone.id as string,
+      worker: frame.to,
+      model: frame.model,
+      layer: frame.layer,
+      n: frame.n,
+      k: frame.k,
+      ids: frame.ids,
+    };
+    link.guard(() => link.s.onForward?.(forward));
+  }
   link.sendBytes(worker, bytes);
   traceHop("hub.out.dispatch", relayId);
 }

@@ -40,8 +40,45 @@ export interface RelayOptions {
   maxConnections?: number;
   /** Slices (register frames that differ) one worker may hold at once, all models (default 256). */
   maxSlicesPerWorker?: number;
+  /**
+   * Accept worker and backbone tokens that carry no peer id (`sub`). Off by default: an unbound
+   * token lets its holder say hello as any id, and the newest hello for an id replaces the
+   * older connection, so anyone holding one could take over another peer's id. Only for a
+   * private swarm whose every token holder is trusted.
+   */
+  allowUnboundTokens?: boolean;
+  /**
+   * Asked before a worker's `register` is accepted: undefined accepts it; a refusal is answered
+   * with an error frame carrying its code and message, and the slice is not registered (the
+   * hub refuses slices no live lease of the worker covers: MOESWARM_HUB_NO_LEASE).
+   */
+  admitRegister?: (worker: string, slice: SliceInfo) => { code: string; message: string } | undefined;
+  /**
+   * Asked before a hello is accepted (after its token verified): undefined accepts it, a refusal
+   * is sent as an error frame and the connection is closed (the hub refuses quarantined ids).
+   */
+  admitHello?: (role: PeerRole, id: string) => { code: string; message: string } | undefined;
+  /**
+   * Told of every dispatch the relay forwards (after every check passed), for accounting: the
+   * hub bounds backbones' stats and credits by what it routed.
+   */
+  onForward?: (forward: ForwardInfo) => void;
   /** Observability hook (metrics, logs); its exceptions are swallowed. */
   onEvent?: (event: RelayServerEvent) => void;
+}
+
+/** A dispatch the relay forwarded: who sent it, to whom, and what it asked for. */
+export interface ForwardInfo {
+  backbone: string;
+  worker: string;
+  model: string;
+  layer: number;
+  /** Token rows (`n`). */
+  n: number;
+  /** Slots per token (`k`). */
+  k: number;
+  /** The n*k expert ids, -1 for an empty slot. */
+  ids: Int32Array;
 }
 
 export type RelayServerEvent =
@@ -57,6 +94,8 @@ export type RelayServerEvent =
       capacity?: number;
       backend?: string;
     }
+  /** A slice the relay withdrew: the lease that covered it ended, or the worker was quarantined. */
+  | { type: "unregister"; id: string; model: string; layers: number[]; experts: number[]; reason: string }
   /** The worker stopped taking work (its slices are withdrawn): it said so, or the hub asked it. */
   | { type: "drain"; id: string; reason?: string; by: "worker" | "hub" }
   | {
@@ -134,6 +173,14 @@ export interface Relay extends AsyncDisposable {
    * Returns false when no worker with that id is connected.
    */
   drainWorker(id: string, reason?: string): boolean;
+  /**
+   * Withdraws a live worker's registered slices that `keep` rejects (they leave placement and the
+   * worker is routed no dispatch for a model it no longer serves), each reported as an
+   * `unregister` event; the worker is told with an error frame of `code`. Returns how many went.
+   */
+  withdrawSlices(id: string, keep: (slice: SliceInfo) => boolean, code: string, reason: string): number;
+  /** Closes a live worker's or backbone's connection (a quarantine); false when none is connected. */
+  disconnect(id: string, code: string, reason: string): boolean;
   stats(): RelayStats;
   /** Closes every connection (1001) and stops accepting. */
   close(): Promise<void>;

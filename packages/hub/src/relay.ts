@@ -26,13 +26,15 @@ import type {
   RelayOptions,
   RelayServerEvent,
   RelayStats,
+  SliceInfo,
   WorkerInfo,
 } from "./relay-types.js";
-import { verifyToken } from "./token.js";
+import { type TokenClaims, unboundMessage, verifyToken } from "./token.js";
 import { TokenBucket } from "./token-bucket.js";
 
 export type {
   BackboneInfo,
+  ForwardInfo,
   Relay,
   RelayOptions,
   RelayServerEvent,
@@ -351,6 +353,20 @@ class RelayServer implements Relay {
         if (!this.#workerOnly(peer, frame.t)) return;
         // each register adds a slice; the same model, layers and experts again replaces itself
         const key = sliceKey(frame.model, frame.layers, frame.experts);
+        const slice: SliceInfo = {
+          model: frame.model,
+          layers: frame.layers,
+          experts: frame.experts,
+          capacity: frame.capacity,
+          backend: frame.backend,
+        };
+        const refusal = this.#s.admitRegister?.(peer.id as string, slice);
+        if (refusal) {
+          // not a protocol violation: an honest worker may race its lease's end
+          this.#error(peer, refusal.code, refusal.message);
+          this.#emit({ type: "refused", code: refusal.code, msg: refusal.message, remote: peer.remote });
+          return;
+        }
         if (!peer.slices.has(key) && peer.slices.size >= this.#s.maxSlicesPerWorker) {
           this.#violation(
             peer,
@@ -359,13 +375,7 @@ class RelayServer implements Relay {
           );
           return;
         }
-        peer.slices.set(key, {
-          model: frame.model,
-          layers: frame.layers,
-          experts: frame.experts,
-          capacity: frame.capacity,
-          backend: frame.backend,
-        });
+        peer.slices.set(key, slice);
         peer.draining = false;
         this.#emit({
           type: "register",
@@ -416,6 +426,43 @@ class RelayServer implements Relay {
     return true;
   }
 
+  withdrawSlices(id: string, keep: (slice: SliceInfo) => boolean, code: string, reason: string): number {
+    const peer = this.#workers.get(id);
+    if (!peer || peer.closed) return 0;
+    let gone = 0;
+    for (const [key, slice] of [...peer.slices]) {
+      if (keep(slice)) continue;
+      peer.slices.delete(key);
+      gone++;
+      this.#error(
+        peer,
+        code,
+        `slice ${slice.model} layers ${slice.layers.join(",")} withdrawn: ${reason}`.slice(0, 4096),
+      );
+      this.#emit({
+        type: "unregister",
+        id,
+        model: slice.model,
+        layers: [...slice.layers],
+        experts: [...slice.experts],
+        reason,
+      });
+    }
+    return gone;
+  }
+
+  disconnect(id: string, code: string, reason: string): boolean {
+    let found = false;
+    for (const table of [this.#workers, this.#backbones]) {
+      const peer = table.get(id);
+      if (!peer || peer.closed) continue;
+      found = true;
+      this.#error(peer, code, reason);
+      this.#drop(peer, CLOSE_AUTH, `${code}: ${reason}`, false);
+    }
+    return found;
+  }
+
   #workerOnly(peer: Peer, t: string): boolean {
     if (peer.role === "worker") return true;
     this.#violation(peer, "MOESWARM_AUTH_ROLE", `a ${peer.role} cannot send ${t}`);
@@ -423,11 +470,25 @@ class RelayServer implements Relay {
   }
 
   #onHello(peer: Peer, frame: Extract<Frame, { t: "hello" }>): void {
+    let claims: TokenClaims;
     try {
-      verifyToken(frame.token, this.#s.secret, { role: frame.role, id: frame.id });
+      claims = verifyToken(frame.token, this.#s.secret, { role: frame.role, id: frame.id });
     } catch (error) {
       if (!isMoeswarmError(error)) throw error;
       this.#refuse(peer, error.code, error.message);
+      return;
+    }
+    // Only the holder of a token bound to an id can say hello as that id, so the newest hello
+    // replacing an older connection below is a reconnect of the same holder, never a takeover.
+    // An unbound worker or backbone token could name any id: refused unless the swarm is private
+    // (an admin token is the operator's, who may act as anyone).
+    if (claims.role !== "admin" && claims.id === undefined && !this.#s.allowUnboundTokens) {
+      this.#refuse(peer, "MOESWARM_AUTH_INVALID", unboundMessage(frame.role));
+      return;
+    }
+    const refusal = this.#s.admitHello?.(frame.role, frame.id);
+    if (refusal) {
+      this.#refuse(peer, refusal.code, refusal.message);
       return;
     }
     peer.role = frame.role;

@@ -173,3 +173,11 @@ export function verifyToken(
   }
   return claims;
 }
+
+/** Why an unbound worker or backbone token is refused, and how to mint one that is bound. */
+export function unboundMessage(role: TokenRole): string {
+  return (
+    `this ${role} token is not bound to a peer id: mint one with \`moeswarm-hub token --role ${role} --id <id>\`` +
+    " (mintToken({ role, id })), or start the hub with --allow-unbound-tokens (allowUnboundTokens: a private swarm only)"
+  );
+}

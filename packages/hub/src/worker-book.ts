@@ -34,6 +34,8 @@ export interface HubWorkerInfo {
   reportedLatencyMs?: number;
   /** Expert-tokens it served (from the backbones' receipts), in all and per model. */
   credits?: { expertTokens: number; byModel: Record<string, number> };
+  /** Set while the worker is quarantined (POST /api/models/:model/reports/quarantine). */
+  quarantined?: { at: number; by: string; model: string; reason: string };
   slices: StoredSlice[];
 }
 
@@ -149,6 +151,13 @@ export class WorkerBook {
         w.slices.set(sliceKey(slice), slice);
         w.draining = false;
         w.lastSeen = now;
+        w.dirty = true;
+        break;
+      }
+      case "unregister": {
+        const w = this.#workers.get(event.id);
+        if (!w) return;
+        w.slices.delete(sliceKey(event));
         w.dirty = true;
         break;
       }

@@ -111,12 +111,13 @@ describe("the moeswarm-hub bin", () => {
       // the printed worker token is accepted by the relay; the admin token by writes
       const conn = await connectRelay(listening.relayUrl as string, {
         role: "worker",
-        id: "bin-worker",
+        // the printed worker token is bound to worker-1 (an unbound one could take any id)
+        id: "worker-1",
         token: tokens.worker,
         reconnect: false,
       });
       // an operator drains it through the API: the bin says so in one line
-      const drain = await call(`${listening.url}/api/workers/bin-worker/drain`, {
+      const drain = await call(`${listening.url}/api/workers/worker-1/drain`, {
         method: "POST",
         headers: { authorization: `Bearer ${tokens.admin}` },
         body: JSON.stringify({ reason: "maintenance" }),
@@ -124,7 +125,7 @@ describe("the moeswarm-hub bin", () => {
       expect(drain.status).toBe(200);
       expect(await until(() => run.lines.find((l) => l.event === "drain"), "the drain line")).toEqual({
         event: "drain",
-        worker: "bin-worker",
+        worker: "worker-1",
         reason: "maintenance",
       });
       await conn.close();
@@ -178,7 +179,7 @@ describe("the moeswarm-hub bin", () => {
       const tokens = listening.tokens as { worker: string };
       const conn = await connectRelay(listening.relayUrl as string, {
         role: "worker",
-        id: "tls-worker",
+        id: "worker-1",
         token: tokens.worker,
         ca,
         reconnect: false,
@@ -260,6 +261,13 @@ describe("runCli", () => {
     const claims = verifyToken(r.stdout.trim(), secret, { role: "worker", id: "phone-1" });
     expect(claims.exp - claims.iat).toBe(60);
     expect((await cli(["token", "--secret-file", secretFile, "--role", "root"])).code).toBe(2);
+    // one token per peer: a worker or backbone token must name its id
+    const unbound = await cli(["token", "--secret-file", secretFile, "--role", "backbone"]);
+    expect([unbound.code, unbound.stderr]).toEqual([
+      2,
+      expect.stringContaining("--id <peer id> is required"),
+    ]);
+    expect((await cli(["token", "--secret-file", secretFile, "--role", "admin"])).code).toBe(0);
     const short = join(tmp.dir, "short");
     writeFileSync(short, "tiny");
     const bad = await cli(["token", "--secret-file", short, "--role", "admin"]);

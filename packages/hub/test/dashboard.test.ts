@@ -6,7 +6,15 @@ import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
 import { type BrowserContext, chromium, type Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createHub, type Hub, mintToken } from "../src/index.js";
-import { call, copyModel, syntheticModel, type TempDir, tempDir, waitFor } from "./hub-helpers.js";
+import {
+  call,
+  copyModel,
+  relayDispatch,
+  syntheticModel,
+  type TempDir,
+  tempDir,
+  waitFor,
+} from "./hub-helpers.js";
 
 /*
  * The dashboard in a real browser: Debian's chromium, driven by playwright-core (no browser
@@ -58,6 +66,9 @@ describe.skipIf(!hasChromium)("dashboard (headless Chromium)", () => {
     hub = createHub({
       secret: SECRET,
       models: [{ id: ID, path: copyModel(await syntheticModel("tiny"), tmp.dir, "tiny.gguf") }],
+      // one copy per expert, and fake workers that register without claiming
+      replicas: 1,
+      requireLeases: false,
     });
     const l = await hub.listen(0);
     base = l.url;
@@ -65,6 +76,19 @@ describe.skipIf(!hasChromium)("dashboard (headless Chromium)", () => {
     await worker("worker-a", [0], [0, 1, 2, 3]);
     await worker("worker-b", [0, 1], [4, 5, 6, 7]);
     await waitFor(() => hub.market.summary(ID, Date.now()).uncovered === 4, "two registrations");
+    // the report below is bounded by what the relay carried from backbone-1
+    const bb = await connectRelay(relayUrl, {
+      role: "backbone",
+      id: "backbone-1",
+      token: mintToken({ role: "backbone", id: "backbone-1", ttlS: 600 }, SECRET),
+      reconnect: false,
+    });
+    const layer1 = [...new Array(4000).fill(0), ...Array.from({ length: 70 }, (_, i) => 1 + (i % 7))];
+    await Promise.allSettled([
+      relayDispatch(bb, "worker-b", ID, 1, Int32Array.from(layer1), 1),
+      relayDispatch(bb, "worker-a", ID, 0, new Int32Array(1234).fill(0), 1),
+    ]);
+    await bb.close();
     const stats = await call(`${base}/api/models/${ID}/stats`, {
       method: "POST",
       headers: {

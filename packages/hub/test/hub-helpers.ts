@@ -4,6 +4,7 @@ import { request as httpRequest, type IncomingHttpHeaders } from "node:http";
 import { request as httpsRequest } from "node:https";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import type { DispatchRequest } from "@moeswarm/relay-client";
 import {
   ensureSyntheticModel,
   type IndexSelection,
@@ -245,4 +246,30 @@ export async function referenceSlice(
   } finally {
     await slice.close();
   }
+}
+
+/**
+ * A backbone's dispatch of `ids` (n*k expert ids, -1 empty) for one layer through the relay, with
+ * zero activations of width 2: what the hub's relay counts when it bounds stats reports.
+ * Settles with the worker's answer or error (fake workers often answer nothing useful).
+ */
+export function relayDispatch(
+  backbone: { request(to: string, r: DispatchRequest): Promise<unknown> },
+  to: string,
+  model: string,
+  layer: number,
+  ids: Int32Array,
+  k: number,
+): Promise<unknown> {
+  const n = ids.length / k;
+  return backbone.request(to, {
+    model,
+    layer,
+    n,
+    embd: 2,
+    k,
+    x: new Float32Array(n * 2),
+    ids,
+    mode: "each",
+  });
 }

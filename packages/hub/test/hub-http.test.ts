@@ -575,7 +575,7 @@ describe("close", () => {
     const ws = await connectRelay(l.relayUrl, {
       role: "worker",
       id: "closing",
-      token: mintToken({ role: "worker", ttlS: 60 }, SECRET),
+      token: mintToken({ role: "worker", id: "closing", ttlS: 60 }, SECRET),
       reconnect: false,
     });
     await waitFor(() => sockets.length === 1, "the idle keep-alive socket");

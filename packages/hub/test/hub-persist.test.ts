@@ -81,6 +81,8 @@ describe("one port for https and wss, state that survives a restart", () => {
       store: dbPath,
       tls: { cert: certs.cert, key: certs.key },
       relay: { heartbeatMs: 100, deadPeerMs: 2000 },
+      // fake workers register without claiming (trust.test.ts tests leases)
+      requireLeases: false,
     });
     const l1 = await first.listen(0, "127.0.0.1");
     expect(l1.url).toMatch(/^https:\/\/127\.0\.0\.1:\d+$/);
@@ -114,7 +116,7 @@ describe("one port for https and wss, state that survives a restart", () => {
     const bb = await connectRelay(l1.relayUrl, {
       role: "backbone",
       id: "bb",
-      token: mintToken({ role: "backbone", ttlS: 600 }, SECRET),
+      token: mintToken({ role: "backbone", id: "bb", ttlS: 600 }, SECRET),
       ca: certs.ca,
       reconnect: false,
     });
@@ -168,6 +170,7 @@ describe("one port for https and wss, state that survives a restart", () => {
       modelDir,
       store: dbPath,
       tls: { cert: certs.cert, key: certs.key },
+      requireLeases: false,
     });
     try {
       const l2 = await second.listen(0);

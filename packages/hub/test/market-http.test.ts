@@ -13,6 +13,7 @@ import {
   json,
   parsePrometheus,
   referenceSlice,
+  relayDispatch,
   sampleValue,
   syntheticModel,
   type TempDir,
@@ -85,6 +86,11 @@ beforeAll(async () => {
     models: [{ id: ID, path: tinyPath }],
     clock: () => now,
     market: { leaseTtlMs: 60_000, halfLifeMs: 600_000 },
+    // this file tests the market's HTTP API with one copy per expert, unbound tokens and fake
+    // workers that register without claiming (trust.test.ts tests the defaults)
+    replicas: 1,
+    allowUnboundTokens: true,
+    requireLeases: false,
     maxPollMs: 5000,
     maxStatsBytes: 256 * 1024,
     onEvent: (e) => events.push(e),
@@ -294,8 +300,9 @@ describe("demand, claims and leases over HTTP", () => {
     const v0 = (await get(`/api/models/${ID}/placement`)).body.version as number;
     const conn = await worker("w5");
     conn.register({ model: ID, layers: [0, 1], experts: [0, 1] });
+    // the lease is fulfilled (and stays, in service, as the registration's title)
     await waitFor(
-      async () => (await get(`/api/claims/${a.body.leaseId}`, w)).status === 404,
+      () => events.some((e) => e.type === "lease" && e.action === "fulfilled" && e.id === a.body.leaseId),
       "the lease to be fulfilled",
     );
     const placement = (await get(`/api/models/${ID}/placement`)).body;
@@ -435,6 +442,25 @@ describe("several slices per worker, and a drain from the hub", () => {
 describe("backbone stats: demand, tokens/s and credits", () => {
   it("learns hot experts from routing counts, credits workers from receipts, shows both", async () => {
     const b = token("backbone", "bb1");
+    // what the report claims is bounded by what the relay carried from bb1: route enough to w5
+    const bb1 = await connectRelay(relayUrl, {
+      role: "backbone",
+      id: "bb1",
+      token: b,
+      reconnect: false,
+    });
+    open.push(bb1);
+    await Promise.allSettled([
+      relayDispatch(bb1, "w5", ID, 0, new Int32Array(1000).fill(0), 1),
+      relayDispatch(
+        bb1,
+        "w5",
+        ID,
+        1,
+        Int32Array.from({ length: 40 }, (_, i) => i % 8),
+        8,
+      ),
+    ]);
     const counts = {
       "0": [1000, 0, 0, 0, 0, 0, 0, 0],
       "1": Buffer.from(new Uint32Array([5, 5, 5, 5, 5, 5, 5, 5]).buffer).toString("base64"),
@@ -458,6 +484,9 @@ describe("backbone stats: demand, tokens/s and credits", () => {
       layers: 2,
       credited: ["w5"],
       ignored: ["ghost"],
+      // nothing asked beyond what the relay carried from bb1, but the ghost's 5 (it carried none)
+      cut: { expertTokens: 5, counts: 0, tokens: 0 },
+      creditedExpertTokens: 700,
     });
     // a retry of the same report counts nothing twice
     const again = await post(

@@ -3,7 +3,16 @@ import { HubError } from "@moeswarm/core";
 import { connectRelay } from "@moeswarm/relay-client";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createHub, createMemoryStore, type Hub, mintToken } from "../src/index.js";
-import { call, copyModel, json, syntheticModel, type TempDir, tempDir, waitFor } from "./hub-helpers.js";
+import {
+  call,
+  copyModel,
+  json,
+  relayDispatch,
+  syntheticModel,
+  type TempDir,
+  tempDir,
+  waitFor,
+} from "./hub-helpers.js";
 
 const SECRET = "hub-persist-secret-0123456789abcdef";
 const ID = "tiny";
@@ -30,6 +39,9 @@ function start(): Hub {
     store: dbPath,
     clock: () => now,
     market: { leaseTtlMs: 60_000 },
+    // one copy per expert, and a fake worker that registers without claiming
+    replicas: 1,
+    requireLeases: false,
   });
 }
 
@@ -62,6 +74,15 @@ describe("the market survives a restart (SQLite)", () => {
     });
     w.register({ model: ID, layers: [0], experts: [0, 1, 2, 3, 4, 5, 6, 7] });
     await waitFor(() => first.market.summary(ID, now).uncovered === 8, "the registration");
+    // the report below is bounded by what the relay carried from bb: 900 selections of expert 2
+    const bb = await connectRelay(l1.relayUrl, {
+      role: "backbone",
+      id: "bb",
+      token: token("backbone", "bb"),
+      reconnect: false,
+    });
+    await relayDispatch(bb, "wp", ID, 1, new Int32Array(900).fill(2), 1).catch(() => undefined);
+    await bb.close();
     const stats = await req(l1.url, `/api/models/${ID}/stats`, {
       method: "POST",
       token: token("backbone", "bb"),

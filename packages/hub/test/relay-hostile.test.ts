@@ -261,7 +261,7 @@ describe("relay against bad peers (plain ws://)", () => {
     const worker = await connectRelay(listener.url, {
       role: "worker",
       id: "tiny",
-      token: mintToken({ role: "worker", ttlS: 60 }, SECRET),
+      token: mintToken({ role: "worker", id: "tiny", ttlS: 60 }, SECRET),
       reconnect: false,
       maxFrameBytes: 2048,
       onDispatch: (req) => ({ y: fakeExperts(4, { ...req, x: req.activations() }) }),
@@ -326,7 +326,7 @@ describe("relay against bad peers (plain ws://)", () => {
           v: PROTOCOL_VERSION,
           role: "backbone",
           id: "flood",
-          token: mintToken({ role: "backbone", ttlS: 60 }, SECRET),
+          token: mintToken({ role: "backbone", id: "flood", ttlS: 60 }, SECRET),
         }),
       );
       await peer.next("hello");

@@ -412,8 +412,8 @@ describe("relay auth", () => {
     const conn = await connect(url(proxy.port), "worker", "w9", {
       token: () =>
         calls++ === 0
-          ? mintToken({ role: "worker", ttlS: 60 }, SECRET)
-          : mintToken({ role: "worker", ttlS: 60, now: Date.now() - 120_000 }, SECRET),
+          ? mintToken({ role: "worker", id: "w9", ttlS: 60 }, SECRET)
+          : mintToken({ role: "worker", id: "w9", ttlS: 60, now: Date.now() - 120_000 }, SECRET),
       onDispatch: computeAnswer("w1"),
     });
     const closed = new Promise<RelayEvent>((resolve) =>

@@ -28,6 +28,8 @@ export async function startTestHub(options: {
     models: [{ id: options.model, path: options.path }],
     manifestDir: options.work,
     dashboard: false,
+    // these runtime tests assume one copy of each expert is full coverage
+    replicas: 1,
     ...(options.leaseTtlMs !== undefined ? { market: { leaseTtlMs: options.leaseTtlMs } } : {}),
   });
   const { url, relayUrl } = await hub.listen(0);

@@ -192,6 +192,18 @@ describe("workers with several slices", () => {
       onDispatch: () => ({ y: new Float32Array(0) }),
     });
     open.push(other);
+    // the hub registers only what a lease of the worker covers: claim both slices first
+    for (const [layers, experts] of [
+      ["1:4", "0:64"],
+      ["0:1", "16:48"],
+    ]) {
+      const claimed = await fetch(`${url}/api/claims`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${token("worker", "other")}`, "content-type": "application/json" },
+        body: JSON.stringify({ model: MODEL, layers, experts, capacity: { ramBytes: 2 ** 40 } }),
+      });
+      expect(claimed.status).toBe(201);
+    }
     other.register({ model: MODEL, layers: [1, 2, 3], experts: range(0, 64) });
     other.register({ model: MODEL, layers: [0], experts: range(16, 48) });
     await waitPlacement(

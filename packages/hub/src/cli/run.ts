@@ -11,6 +11,9 @@ import type { ModelInfo } from "../model.js";
 import { mintToken, type TokenRole } from "../token.js";
 
 export const CLI_NAME = "moeswarm-hub";
+/** The ids the tokens `serve` prints (no --secret-file) are bound to. */
+const GENERATED_WORKER_ID = "worker-1";
+const GENERATED_BACKBONE_ID = "backbone-1";
 
 /** Where the CLI writes: injectable so it runs in-process too. */
 export interface CliIo {
@@ -198,6 +201,18 @@ function hubEventPrinter(say: Say, io: CliIo): (e: HubEvent) => void {
           },
         );
         return;
+      case "quarantine":
+        say(`${CLI_NAME}: worker ${e.worker} quarantined on ${e.by}'s report: ${e.reason}`, {
+          event: "quarantine",
+          worker: e.worker,
+          by: e.by,
+          model: e.model,
+          reason: e.reason,
+        });
+        return;
+      case "reinstate":
+        say(`${CLI_NAME}: worker ${e.worker} reinstated`, { event: "reinstate", worker: e.worker });
+        return;
       case "relay":
         // an operator's drain is worth a line; the rest of the relay's traffic is in /metrics
         if (e.event.type === "drain" && e.event.by === "hub") {
@@ -257,8 +272,8 @@ function listeningLines(
       "  stop working when this hub stops; give --secret-file <file> and mint tokens with",
       `  \`${CLI_NAME} token\` to keep them across restarts.`,
       `  admin token:    ${tokens.admin}`,
-      `  worker token:   ${tokens.worker}`,
-      `  backbone token: ${tokens.backbone}`,
+      `  worker token (id ${GENERATED_WORKER_ID}):     ${tokens.worker}`,
+      `  backbone token (id ${GENERATED_BACKBONE_ID}): ${tokens.backbone}`,
     );
   }
   return lines;
@@ -309,6 +324,16 @@ const serve: Command = {
       description: "half-life of the backbones' routing counts, seconds (default 600)",
     },
     "max-replicas": { type: "string", description: "most replicas a hot expert is asked for (default 4)" },
+    replicas: {
+      type: "string",
+      description:
+        "distinct workers each expert needs to count as covered (default 2: answers can be compared)",
+    },
+    "allow-unbound-tokens": {
+      type: "boolean",
+      description:
+        "accept worker/backbone tokens not bound to an id (a private swarm of trusted holders only)",
+    },
     json: { type: "boolean", description: "one JSON object per line on stdout, for machines" },
   },
   async run(values, io, signal) {
@@ -346,6 +371,8 @@ const serve: Command = {
         halfLifeMs: int(values, "half-life", 600, 1, 365 * DAY_S) * 1000,
         maxReplicas: int(values, "max-replicas", 4, 1, 1024),
       },
+      replicas: int(values, "replicas", 2, 1, 1024),
+      allowUnboundTokens: values["allow-unbound-tokens"] === true,
       onEvent,
     });
     const stopping = onAbort(signal, () => void hub.close());
@@ -356,8 +383,9 @@ const serve: Command = {
       const tokens = generated
         ? {
             admin: mintToken({ role: "admin", ttlS: 7 * DAY_S }, secret),
-            worker: mintToken({ role: "worker", ttlS: 7 * DAY_S }, secret),
-            backbone: mintToken({ role: "backbone", ttlS: 7 * DAY_S }, secret),
+            // bound to ids: an unbound token could say hello as anyone (README "Tokens")
+            worker: mintToken({ role: "worker", id: GENERATED_WORKER_ID, ttlS: 7 * DAY_S }, secret),
+            backbone: mintToken({ role: "backbone", id: GENERATED_BACKBONE_ID, ttlS: 7 * DAY_S }, secret),
           }
         : undefined;
       const lines = listeningLines(values, hub.store.kind, listener, infos, selfSignedInfo, tokens);
@@ -389,7 +417,10 @@ const token: Command = {
   options: {
     "secret-file": { type: "string", description: "file holding the hub's token secret" },
     role: { type: "string", description: "worker, backbone or admin" },
-    id: { type: "string", description: "bind the token to this peer id" },
+    id: {
+      type: "string",
+      description: "the peer id the token is bound to (required for worker and backbone)",
+    },
     ttl: { type: "string", description: "lifetime in seconds (default 86400)" },
   },
   async run(values, io) {
@@ -400,6 +431,10 @@ const token: Command = {
       throw usageError("--role must be worker, backbone or admin");
     }
     const ttlS = int(values, "ttl", DAY_S, 1, 10 * 365 * DAY_S);
+    // each worker and backbone gets its own id: only its holder can then act as it
+    if (role !== "admin" && str(values, "id") === undefined) {
+      throw usageError(`--id <peer id> is required for a ${role} token (one token per peer)`);
+    }
     const secret = await readSecret(file);
     io.stdout.write(`${mintToken({ role: role as TokenRole, id: str(values, "id"), ttlS }, secret)}\n`);
   },

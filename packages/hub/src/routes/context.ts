@@ -1,6 +1,7 @@
 // What the request handlers reach of the hub: one object the hub builds at construction, so the
 // handlers live in modules by area rather than as private methods of one class.
 import type { IncomingMessage, ServerResponse } from "node:http";
+import { AuthError } from "@moeswarm/core";
 import type { ExpertSlice } from "@moeswarm/shard";
 import type { ModelRegistry } from "../hub-models.js";
 import type { Settings } from "../hub-options.js";
@@ -9,7 +10,8 @@ import type { Lease } from "../market.js";
 import type { MarketHttpContext } from "../market-http.js";
 import type { HubMetrics } from "../metrics.js";
 import type { Relay } from "../relay.js";
-import { type TokenClaims, type TokenRole, verifyToken } from "../token.js";
+import type { QuarantineEvidence, QuarantineRecord } from "../store-reports.js";
+import { type TokenClaims, type TokenRole, unboundMessage, verifyToken } from "../token.js";
 import type { HubWorkerInfo } from "../worker-book.js";
 
 export interface RouteContext {
@@ -24,6 +26,12 @@ export interface RouteContext {
   readonly etags: WeakMap<ExpertSlice, string>;
   workers(): HubWorkerInfo[];
   status(options: { model?: string }): HubStatus;
+  /** Whether the relay ever forwarded a request of this backbone to this worker. */
+  forwardedTo(backbone: string, worker: string): boolean;
+  /** Records and applies a quarantine (reputation.ts). */
+  quarantine(backbone: string, model: string, evidence: QuarantineEvidence): Promise<QuarantineRecord>;
+  /** Lifts a quarantine; false when the worker was not quarantined. */
+  reinstate(worker: string): Promise<boolean>;
   /** Reports a lease change to the hub's onEvent hook. */
   emitLease(action: "granted" | "renewed" | "released", lease: Lease): void;
 }
@@ -51,5 +59,15 @@ export function headerOf(req: IncomingMessage, name: string): string | undefined
 export function authorize(settings: Settings, req: IncomingMessage, role?: TokenRole): TokenClaims {
   const header = headerOf(req, "authorization");
   const m = header === undefined ? null : /^Bearer[ ]+(\S+)\s*$/i.exec(header);
-  return verifyToken(m ? m[1] : header === undefined ? undefined : "?", settings.secret, { role });
+  const claims = verifyToken(m ? m[1] : header === undefined ? undefined : "?", settings.secret, { role });
+  // a write by an unbound worker or backbone token could act for any id (README "Tokens")
+  if (
+    role !== undefined &&
+    claims.role !== "admin" &&
+    claims.id === undefined &&
+    !settings.allowUnboundTokens
+  ) {
+    throw new AuthError("MOESWARM_AUTH_INVALID", unboundMessage(claims.role));
+  }
+  return claims;
 }

@@ -7,6 +7,7 @@ import { authorize, type Handler, type RouteContext } from "./context.js";
 import { getDashboard, getMetrics, getStatus } from "./dashboard.js";
 import * as market from "./market.js";
 import { getManifest, getModel, listModels, registerModel, removeModel } from "./models.js";
+import { reinstateWorker, reportQuarantine } from "./reputation.js";
 import { getExpertShard } from "./shard.js";
 import { drainWorker, listWorkers } from "./workers.js";
 
@@ -46,6 +47,7 @@ const ROUTES: readonly Route[] = [
   }),
   route("/api/workers", read(listWorkers)),
   route("/api/workers/:id/drain", { POST: { access: "admin", handle: drainWorker } }),
+  route("/api/workers/:id/reinstate", { POST: { access: "admin", handle: reinstateWorker } }),
   route("/api/status", read(getStatus)),
   route("/api/demand", read(market.demand)),
   route("/api/claims", { POST: { access: "self", handle: market.claim } }),
@@ -62,6 +64,7 @@ const ROUTES: readonly Route[] = [
   route("/api/models/:model/expert-shard", read(getExpertShard)),
   route("/api/models/:model/placement", read(market.placement)),
   route("/api/models/:model/stats", { POST: { access: "self", handle: market.stats } }),
+  route("/api/models/:model/reports/quarantine", { POST: { access: "self", handle: reportQuarantine } }),
 ];
 
 export interface RouteMatch {

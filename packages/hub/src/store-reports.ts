@@ -1,0 +1,121 @@
+// Where quarantines persist. The hub's own store (store.ts, store-sqlite.ts) is kept by its own
+// schema; quarantines live beside it: a `quarantine` table of their own in the same SQLite file
+// (a second connection; WAL lets both write), or, for a store object in memory, a table kept per
+// store object, so a hub built again on the same store (a restart in tests) finds them.
+
+import { HubError } from "@moeswarm/core";
+import Database from "better-sqlite3";
+import type { HubStore } from "./store.js";
+
+/** What a backbone saw: the evidence of a quarantine (validated in reputation.ts). */
+export interface QuarantineEvidence {
+  worker: string;
+  layer: number;
+  reason: string;
+  /** sha256 (hex) of the dispatch frame's payload the answer was for. */
+  requestDigest: string;
+  expected?: { norm?: number; cosine?: number };
+  got?: { norm?: number; cosine?: number };
+  /** When the backbone saw it, unix ms (its clock). */
+  at: number;
+}
+
+export interface QuarantineRecord {
+  worker: string;
+  /** When the hub took the report, unix ms. */
+  at: number;
+  /** The backbone (token id) that reported it. */
+  by: string;
+  /** The model it was serving. */
+  model: string;
+  evidence: QuarantineEvidence;
+}
+
+export interface ReportStore {
+  list(): Promise<QuarantineRecord[]>;
+  put(record: QuarantineRecord): Promise<void>;
+  /** true when the worker was quarantined. */
+  delete(worker: string): Promise<boolean>;
+  close(): Promise<void>;
+}
+
+const memoryTables = new WeakMap<HubStore, Map<string, QuarantineRecord>>();
+
+function memoryReports(store: HubStore): ReportStore {
+  let table = memoryTables.get(store);
+  if (!table) {
+    table = new Map();
+    memoryTables.set(store, table);
+  }
+  const t = table;
+  const copy = (r: QuarantineRecord): QuarantineRecord => structuredClone(r);
+  return {
+    list: async () => [...t.values()].map(copy),
+    put: async (r) => {
+      t.set(r.worker, copy(r));
+    },
+    delete: async (worker) => t.delete(worker),
+    close: async () => {},
+  };
+}
+
+function sqliteReports(path: string): ReportStore {
+  let db: Database.Database;
+  try {
+    db = new Database(path);
+    db.pragma("busy_timeout = 5000");
+    db.exec(
+      `CREATE TABLE IF NOT EXISTS quarantine (
+         worker TEXT PRIMARY KEY, at INTEGER NOT NULL, by TEXT NOT NULL, model TEXT NOT NULL, evidence TEXT NOT NULL
+       )`,
+    );
+  } catch (error) {
+    throw new HubError("MOESWARM_HUB_STORE", `cannot open the quarantine table: ${String(error)}`, {
+      cause: error,
+    });
+  }
+  const all = db.prepare<[], { worker: string; at: number; by: string; model: string; evidence: string }>(
+    "SELECT worker, at, by, model, evidence FROM quarantine ORDER BY worker",
+  );
+  const put = db.prepare<[string, number, string, string, string]>(
+    `INSERT INTO quarantine (worker, at, by, model, evidence) VALUES (?, ?, ?, ?, ?)
+     ON CONFLICT (worker) DO UPDATE SET at = excluded.at, by = excluded.by, model = excluded.model, evidence = excluded.evidence`,
+  );
+  const del = db.prepare<[string]>("DELETE FROM quarantine WHERE worker = ?");
+  const run = <T>(what: string, fn: () => T): Promise<T> => {
+    try {
+      return Promise.resolve(fn());
+    } catch (error) {
+      return Promise.reject(
+        new HubError("MOESWARM_HUB_STORE", `${what}: ${String(error)}`, { cause: error }),
+      );
+    }
+  };
+  return {
+    list: () =>
+      run("listing quarantines", () =>
+        all.all().map((r) => ({
+          worker: r.worker,
+          at: r.at,
+          by: r.by,
+          model: r.model,
+          evidence: JSON.parse(r.evidence) as QuarantineEvidence,
+        })),
+      ),
+    put: (r) =>
+      run("storing a quarantine", () => {
+        put.run(r.worker, r.at, r.by, r.model, JSON.stringify(r.evidence));
+      }),
+    delete: (worker) => run("deleting a quarantine", () => del.run(worker).changes > 0),
+    close: async () => {
+      db.close();
+    },
+  };
+}
+
+/** The quarantine table for the hub's `store` option (a SQLite path, or the store object in memory). */
+export function openReportStore(option: HubStore | string | undefined, store: HubStore): ReportStore {
+  if (typeof option === "string" && option !== ":memory:" && store.kind === "sqlite")
+    return sqliteReports(option);
+  return memoryReports(store);
+}
