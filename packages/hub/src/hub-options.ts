@@ -2,6 +2,7 @@
 // hub's parts read, and opening the store the options name.
 import { resolve } from "node:path";
 import { InvalidArgumentError } from "@moeswarm/core";
+import { type CheckedLimits, checkLimits } from "./connection-guard.js";
 import type { HubModelSource, HubOptions } from "./hub-types.js";
 import type { MarketOptions } from "./market.js";
 import { defaultModelId } from "./model.js";
@@ -24,6 +25,7 @@ export interface Settings {
   dashboard: boolean | undefined;
   maxStatsBytes: number;
   maxPollMs: number;
+  limits: CheckedLimits;
 }
 
 /** Everything construction needs, checked. */
@@ -73,6 +75,7 @@ export function readHubOptions(options: HubOptions): HubConfig {
     dashboard: options.dashboard,
     maxStatsBytes: positiveInt("maxStatsBytes", options.maxStatsBytes, 4 << 20),
     maxPollMs: positiveInt("maxPollMs", options.maxPollMs, 60_000, 0),
+    limits: checkLimits(options.limits),
   };
   const clock = options.clock ?? Date.now;
   if (typeof clock !== "function") {

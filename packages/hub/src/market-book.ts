@@ -113,7 +113,10 @@ export class MarketBook {
         if (event.role === "worker" && event.id !== undefined) this.market.workerGone(event.id, now);
         break;
       case "register":
-        this.market.register(event.id, event.model, event.layers, event.experts, now);
+        // the leases it fulfils end on disk now, not at the next flush (no ghost after a kill -9)
+        if (this.market.register(event.id, event.model, event.layers, event.experts, now).length > 0) {
+          void this.#commit();
+        }
         break;
       case "drain":
         this.market.drain(event.id, now);
@@ -146,7 +149,18 @@ export class MarketBook {
 
   // --- backbone reports -------------------------------------------------------------------------
 
-  ingest(model: string, backbone: string, report: StatsReport): StatsOutcome {
+  /**
+   * Counts a backbone's report: demand, rates and credits. Resolves once the credits and demand
+   * it changed are written (a report is acknowledged only when a kill -9 can no longer lose it);
+   * rejects with HubError MOESWARM_HUB_STORE when they cannot be (they are retried later).
+   */
+  async ingest(model: string, backbone: string, report: StatsReport): Promise<StatsOutcome> {
+    const outcome = this.#count(model, backbone, report);
+    if (outcome.accepted) await this.#commit([], [], true);
+    return outcome;
+  }
+
+  #count(model: string, backbone: string, report: StatsReport): StatsOutcome {
     const now = this.now();
     const key = `${backbone}\0${model}`;
     const last = this.#seq.get(key);
@@ -206,11 +220,14 @@ export class MarketBook {
 
   // --- leases (written before they are answered) ------------------------------------------------
 
-  /** Grants or renews through `grant`, writes the lease, and undoes it when the write fails. */
+  /**
+   * Grants or renews through `grant`, writes the lease with what ended with it (the leases it
+   * replaced) in one transaction, and undoes it when the write fails.
+   */
   async writeLease(grant: () => Lease, undo: (lease: Lease) => void): Promise<Lease> {
     const lease = grant();
     try {
-      await this.#enqueue(() => this.#o.store.putLeases([lease]), true);
+      await this.#commit([lease], [], true);
     } catch (error) {
       undo(lease);
       throw isMoeswarmError(error)
@@ -220,8 +237,9 @@ export class MarketBook {
     return lease;
   }
 
+  /** Writes a released lease's end (with the market's other changes) before it is answered. */
   async deleteLease(id: string): Promise<void> {
-    await this.#enqueue(() => this.#o.store.deleteLeases([id]).then(() => undefined), true);
+    await this.#commit([], [id], true);
   }
 
   /** Expires what is due (reported through onLeaseEnd). */
@@ -243,23 +261,41 @@ export class MarketBook {
     return rethrow ? done : this.#queue;
   }
 
-  /** Expires leases and writes demand, credits and ended leases that changed. */
+  /**
+   * Expires leases and writes what changed (demand decay, expired leases): what an answer
+   * depended on was written before it was given (#commit), so a lost flush loses nothing
+   * acknowledged.
+   */
   flush(): Promise<void> {
-    this.#sweep();
-    const changes = this.market.takeChanges();
-    if (changes.demand.length === 0 && changes.deadLeases.length === 0 && changes.credits.length === 0) {
-      return this.#queue;
-    }
+    return this.#commit();
+  }
+
+  /**
+   * One transaction, after the writes before it: `put` (as the market holds them when the write
+   * runs: a lease ended meanwhile is deleted, not written back), the ended leases `ended`, and
+   * every change the market has not written yet (ended leases, credits, demand).
+   */
+  #commit(put: readonly Lease[] = [], ended: readonly string[] = [], rethrow = false): Promise<void> {
     return this.#enqueue(async () => {
+      this.#sweep();
+      const changes = this.market.takeChanges();
+      const live = new Map(this.market.leases().map((l) => [l.id, l]));
+      const leases = put.flatMap((l) => live.get(l.id) ?? []);
+      const deleted = [
+        ...new Set([...changes.deadLeases, ...ended, ...put.filter((l) => !live.has(l.id)).map((l) => l.id)]),
+      ];
+      if (leases.length + deleted.length + changes.credits.length + changes.demand.length === 0) return;
       try {
-        if (changes.deadLeases.length > 0) await this.#o.store.deleteLeases(changes.deadLeases);
-        if (changes.demand.length > 0) await this.#o.store.putDemand(changes.demand);
-        if (changes.credits.length > 0) await this.#o.store.putCredits(changes.credits);
+        await this.#o.store.putLeases(leases, {
+          deleteLeases: deleted,
+          credits: changes.credits,
+          demand: changes.demand,
+        });
       } catch (error) {
         this.market.restoreChanges(changes);
         throw error;
       }
-    });
+    }, rethrow);
   }
 
   // --- placement long-polls ---------------------------------------------------------------------

@@ -387,7 +387,7 @@ export async function postStats(
     throw new AuthError("MOESWARM_AUTH_ROLE", `the token is bound to backbone ${JSON.stringify(claims.id)}`);
   }
   const backbone = claims.id ?? report.backbone ?? "backbone";
-  const outcome = ctx.book.ingest(model, backbone, report);
+  const outcome = await ctx.book.ingest(model, backbone, report);
   ctx.metrics.statsReport(outcome.accepted ? "accepted" : "duplicate");
   sendJson(res, 200, { model, backbone, ...outcome });
 }

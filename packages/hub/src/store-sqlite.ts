@@ -3,7 +3,15 @@ import { dirname } from "node:path";
 import { formatRange, HubError, InvalidArgumentError, parseRange, toRanges } from "@moeswarm/core";
 import Database from "better-sqlite3";
 import type { StoredDemandRow } from "./market.js";
-import type { HubStore, StoredCredit, StoredLease, StoredModel, StoredSlice, StoredWorker } from "./store.js";
+import type {
+  HubStore,
+  MarketWrite,
+  StoredCredit,
+  StoredLease,
+  StoredModel,
+  StoredSlice,
+  StoredWorker,
+} from "./store.js";
 
 /*
  * Schema versions, applied in order inside one transaction each; `PRAGMA user_version` records
@@ -274,9 +282,9 @@ export function openSqliteStore(path: string, options: SqliteStoreOptions = {}):
     deleteWorkersSeenBefore: (before) =>
       run("forgetting workers", () => q.forget.run(Math.floor(before)).changes),
     listLeases: () => run("listing leases", () => q.leases.all().map(leaseOfRow)),
-    putLeases: (list) =>
+    putLeases: (list, also = {}) =>
       run("storing leases", () => {
-        tx.putLeases.immediate(list);
+        tx.putLeases.immediate(list, also);
       }),
     deleteLeases: (ids) => run("deleting leases", () => tx.deleteLeases.immediate(ids)),
     listDemand: () =>
@@ -378,7 +386,7 @@ type Statements = ReturnType<typeof prepareStatements>;
 
 /** The multi-row writes, each one transaction. */
 function writeTransactions(db: Database.Database, q: Statements) {
-  const putLeases = db.transaction((list: readonly StoredLease[]) => {
+  const putLeases = db.transaction((list: readonly StoredLease[], also: MarketWrite) => {
     for (const l of list) {
       q.putLease.run(
         l.id,
@@ -392,6 +400,9 @@ function writeTransactions(db: Database.Database, q: Statements) {
         JSON.stringify(l.capacity ?? {}),
       );
     }
+    for (const id of also.deleteLeases ?? []) q.deleteLease.run(id);
+    for (const c of also.credits ?? []) q.putCredit.run(c.worker, c.model, c.expertTokens, c.updatedAt);
+    for (const d of also.demand ?? []) q.putDemand.run(d.model, d.layer, d.at, countsToBlob(d.counts));
   });
   const deleteLeases = db.transaction((ids: readonly string[]) => {
     let n = 0;
@@ -473,7 +484,9 @@ function openConfigured(path: string, busy: number): Database.Database {
   try {
     db.pragma(`busy_timeout = ${busy}`);
     if (path !== ":memory:") db.pragma("journal_mode = WAL");
-    db.pragma("synchronous = NORMAL");
+    // FULL: a committed lease or credit is on disk before the hub answers for it (NORMAL could
+    // lose the last commits to a power cut; a kill -9 loses nothing either way)
+    db.pragma("synchronous = FULL");
     db.pragma("foreign_keys = ON");
     migrate(db, path);
   } catch (error) {
