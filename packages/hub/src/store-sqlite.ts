@@ -1,6 +1,15 @@
 import { mkdirSync } from "node:fs";
 import { dirname } from "node:path";
-import { formatRange, HubError, InvalidArgumentError, parseRange, toRanges } from "@moeswarm/core";
+import {
+  errorFromSystemError,
+  formatRange,
+  HubError,
+  InvalidArgumentError,
+  IoError,
+  type MoeswarmError,
+  parseRange,
+  toRanges,
+} from "@moeswarm/core";
 import Database from "better-sqlite3";
 import type { StoredDemandRow } from "./market.js";
 import type {
@@ -98,9 +107,35 @@ const MIGRATIONS: readonly string[] = [
 /** The schema version this hub writes. */
 export const SQLITE_SCHEMA_VERSION = MIGRATIONS.length;
 
+// SQLite's own codes for what the disk did (better-sqlite3 puts them in `code`)
+const SQLITE_IO: ReadonlyArray<[RegExp, IoError["code"]]> = [
+  [/^SQLITE_FULL/, "MOESWARM_IO_NO_SPACE"],
+  [/^SQLITE_(READONLY|PERM|AUTH)/, "MOESWARM_IO_ACCESS"],
+  [/^SQLITE_(IOERR|CANTOPEN)/, "MOESWARM_IO_FAILED"],
+];
+
+/** The local I/O failure under a store error (a full disk, a read-only file), if that is what it was. */
+function ioErrorOf(what: string, error: unknown): MoeswarmError | undefined {
+  const code = (error as { code?: unknown } | null)?.code;
+  if (typeof code !== "string") return undefined;
+  if (/^E[A-Z]+$/.test(code)) return errorFromSystemError(error, what);
+  const io = SQLITE_IO.find(([pattern]) => pattern.test(code));
+  return (
+    io && new IoError(io[1], `${what}: ${(error as Error).message}`, { cause: error, details: { code } })
+  );
+}
+
+/**
+ * HubError MOESWARM_HUB_STORE (what callers of a store handle); when the disk was the trouble,
+ * its IoError code (MOESWARM_IO_NO_SPACE...) is in the message and `details.io`, and the IoError
+ * is the cause.
+ */
 function storeError(what: string, error: unknown): HubError {
-  return new HubError("MOESWARM_HUB_STORE", `${what}: ${(error as Error)?.message ?? String(error)}`, {
-    cause: error,
+  const message = `${what}: ${(error as Error)?.message ?? String(error)}`;
+  const io = ioErrorOf(what, error);
+  return new HubError("MOESWARM_HUB_STORE", io ? `${message} (${io.code})` : message, {
+    cause: io ?? error,
+    ...(io ? { details: { io: io.code } } : {}),
   });
 }
 

@@ -6,7 +6,7 @@ import { connect, type Socket } from "node:net";
 import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import WebSocket from "ws";
-import { createHub, type Hub, mintToken } from "../src/index.js";
+import { createHub, mintToken } from "../src/index.js";
 import { call, copyModel, json, syntheticModel, type TempDir, tempDir, waitFor } from "./hub-helpers.js";
 
 const SECRET = "limits-test-secret-0123456789abcdef";

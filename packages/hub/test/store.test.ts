@@ -1,5 +1,6 @@
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { IoError } from "@moeswarm/core";
 import Database from "better-sqlite3";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
@@ -281,6 +282,23 @@ describe("SQLite store", () => {
     ).rejects.toMatchObject({ code: "MOESWARM_HUB_STORE" });
     expect((await s.listLeases()).map((l) => l.id)).toEqual(["kept"]);
     expect(await s.listCredits()).toEqual([]);
+  });
+
+  it("names the disk's trouble: a file where its directory should be is MOESWARM_IO_NOT_FOUND under MOESWARM_HUB_STORE", () => {
+    const file = join(tmp.dir, "a-file");
+    writeFileSync(file, "x");
+    let thrown: unknown;
+    try {
+      openSqliteStore(join(file, "state", "hub.db"));
+    } catch (error) {
+      thrown = error;
+    }
+    expect(thrown).toMatchObject({
+      code: "MOESWARM_HUB_STORE",
+      details: { io: "MOESWARM_IO_NOT_FOUND" },
+      message: expect.stringMatching(/ENOTDIR.*\(MOESWARM_IO_NOT_FOUND\)$/),
+    });
+    expect((thrown as Error).cause).toBeInstanceOf(IoError);
   });
 
   it("rolls back a batch that fails half way", async () => {
