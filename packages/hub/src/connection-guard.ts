@@ -138,6 +138,11 @@ export function guardServer(
   const connections = new Map<Duplex, Connection>();
   const byRemote = new Map<string, Connection>();
   let open = 0;
+  // also set on the server itself: createServer's options set them too, this holds whatever
+  // created the server
+  server.headersTimeout = limits.headersTimeoutMs;
+  server.requestTimeout = limits.requestTimeoutMs;
+  server.keepAliveTimeout = limits.keepAliveTimeoutMs;
 
   const bump = (map: Map<string, number>, key: string, by: number) => {
     const n = (map.get(key) ?? 0) + by;

@@ -34,8 +34,9 @@ export interface RelayListener extends AsyncDisposable {
 }
 
 /**
- * A relay on its own port, for a relay-only deployment, tests and benchmarks. The hub's HTTP
- * service mounts the same relay on its own server with `relay.attach(server)`.
+ * A relay on its own port, for a relay-only deployment, tests and benchmarks, its connections
+ * guarded by `limits` (connection-guard.ts) as the hub's are. An embedder's own server mounts a
+ * relay with `relay.attach(server)` (unguarded: its server's limits are its own).
  */
 export async function listenRelay(options: ListenRelayOptions): Promise<RelayListener> {
   const { port = 0, host = "127.0.0.1", tls, limits: limitOptions, ...relayOptions } = options;

@@ -6,7 +6,7 @@ import { connect, type Socket } from "node:net";
 import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import WebSocket from "ws";
-import { createHub, mintToken } from "../src/index.js";
+import { createHub, createLoopbackCertificates, mintToken } from "../src/index.js";
 import { call, copyModel, json, syntheticModel, type TempDir, tempDir, waitFor } from "./hub-helpers.js";
 
 const SECRET = "limits-test-secret-0123456789abcdef";
@@ -238,6 +238,24 @@ describe("the hub under abuse", () => {
     } finally {
       for (const s of sockets) s.terminate();
       await honest?.close();
+      await hub.close();
+    }
+  });
+
+  it("closes a TLS connection that never says anything after the handshake timeout", async () => {
+    const { cert, key } = await createLoopbackCertificates();
+    const { hub, port } = await startHub(
+      { headersTimeoutMs: 300, requestTimeoutMs: 600, idleConnectionMs: 300 },
+      { tls: { cert, key } },
+    );
+    try {
+      const start = Date.now();
+      const probes = await openIdle(port, 20);
+      await waitFor(() => openCount(probes) === 0, "the silent TLS connections' end", 3000);
+      const last = Math.max(...probes.map((p) => p.closedAt ?? 0));
+      expect(last - start).toBeGreaterThanOrEqual(250);
+      expect(refusedMetric(await hub.metrics.text(), "tls-handshake")).toBe(20);
+    } finally {
       await hub.close();
     }
   });
