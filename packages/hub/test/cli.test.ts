@@ -1,6 +1,7 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { X509Certificate } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, realpathSync, writeFileSync } from "node:fs";
+import { connect, type Socket } from "node:net";
 import { dirname, join } from "node:path";
 import { Writable } from "node:stream";
 import { fileURLToPath } from "node:url";
@@ -329,12 +330,47 @@ describe("runCli", () => {
     expect(bad.stderr).toMatch(/^moeswarm-hub: MOESWARM_INVALID_ARGUMENT: .*16 bytes/);
   });
 
+  it("takes the connection limits as flags", async () => {
+    const bad = await cli(["serve", "--model", tiny, "--db", ":memory:", "--max-connections", "0"]);
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toMatch(/--max-connections must be an integer/);
+    const run = startBin([
+      "serve",
+      ...["--model", tiny, "--port", "0", "--db", ":memory:", "--json"],
+      ...["--max-connections-per-address", "3", "--idle-timeout", "1"],
+    ]);
+    const sockets: Socket[] = [];
+    try {
+      const listening = await until(
+        () => run.lines.find((l) => l.event === "listening"),
+        `the listening line (stderr: ${run.stderr()})`,
+      );
+      const closed: number[] = [];
+      const start = Date.now();
+      for (let i = 0; i < 5; i++) {
+        const s = connect({ port: listening.port as number, host: "127.0.0.1" });
+        s.on("error", () => {});
+        s.on("close", () => closed.push(Date.now() - start));
+        sockets.push(s);
+      }
+      // two beyond the cap at once, the three others after the 1 s idle timeout
+      await until(() => (closed.length >= 2 ? true : undefined), "the refusals", 900);
+      expect(closed).toHaveLength(2);
+      await until(() => (closed.length === 5 ? true : undefined), "the idle closes", 5000);
+      expect(Math.max(...closed)).toBeGreaterThanOrEqual(900);
+    } finally {
+      for (const s of sockets) s.destroy();
+      run.child.kill("SIGTERM");
+    }
+    expect(await run.exited).toBe(0);
+  });
+
   it("explains itself", async () => {
     expect((await cli([])).code).toBe(2);
     const help = await cli(["serve", "--help"]);
     expect(help.code).toBe(0);
     const flags =
-      "--model --port --host --tls-cert --tls-key --tls-self-signed --tls-ca-out --secret-file --db";
+      "--model --port --host --tls-cert --tls-key --tls-self-signed --tls-ca-out --secret-file --db --data-dir --max-connections --max-connections-per-address --max-unauthenticated-per-address --idle-timeout --headers-timeout";
     for (const flag of flags.split(" ")) expect(help.stdout).toContain(flag);
     const unknown = await cli(["serve", "--nope"]);
     expect(unknown.code).toBe(2);
