@@ -149,18 +149,7 @@ export class MarketBook {
 
   // --- backbone reports -------------------------------------------------------------------------
 
-  /**
-   * Counts a backbone's report: demand, rates and credits. Resolves once the credits and demand
-   * it changed are written (a report is acknowledged only when a kill -9 can no longer lose it);
-   * rejects with HubError MOESWARM_HUB_STORE when they cannot be (they are retried later).
-   */
-  async ingest(model: string, backbone: string, report: StatsReport): Promise<StatsOutcome> {
-    const outcome = this.#count(model, backbone, report);
-    if (outcome.accepted) await this.#commit([], [], true);
-    return outcome;
-  }
-
-  #count(model: string, backbone: string, report: StatsReport): StatsOutcome {
+  ingest(model: string, backbone: string, report: StatsReport): StatsOutcome {
     const now = this.now();
     const key = `${backbone}\0${model}`;
     const last = this.#seq.get(key);
@@ -259,6 +248,15 @@ export class MarketBook {
       if (!rethrow) this.#o.onStoreError(error);
     });
     return rethrow ? done : this.#queue;
+  }
+
+  /**
+   * Writes what the market changed (credits, demand, ended leases) in one transaction, after the
+   * writes before it; rejects (HubError MOESWARM_HUB_STORE) when it cannot, the changes kept for
+   * a later write. A stats report is acknowledged only after this, so a kill -9 cannot lose it.
+   */
+  commit(): Promise<void> {
+    return this.#commit([], [], true);
   }
 
   /**

@@ -387,7 +387,8 @@ export async function postStats(
     throw new AuthError("MOESWARM_AUTH_ROLE", `the token is bound to backbone ${JSON.stringify(claims.id)}`);
   }
   const backbone = claims.id ?? report.backbone ?? "backbone";
-  const outcome = await ctx.book.ingest(model, backbone, report);
+  const outcome = ctx.book.ingest(model, backbone, report);
+  await ctx.book.commit(); // on disk before it is acknowledged (a kill -9 loses no credit)
   ctx.metrics.statsReport(outcome.accepted ? "accepted" : "duplicate");
   sendJson(res, 200, { model, backbone, ...outcome });
 }
