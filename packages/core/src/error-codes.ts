@@ -22,6 +22,28 @@ export const ERROR_CODES = {
     text: "Numeric inputs disagree in length or contain values the operation cannot take.",
   },
 
+  // --- local I/O (files, disks) ------------------------------------------------------------------
+  MOESWARM_IO_NO_SPACE: {
+    area: "IoError",
+    text: "The disk or the user's quota is full (ENOSPC, EDQUOT): free space, or write elsewhere.",
+  },
+  MOESWARM_IO_ACCESS: {
+    area: "IoError",
+    text: "The file system refused the access (EACCES, EPERM, EROFS): check permissions and mounts.",
+  },
+  MOESWARM_IO_NOT_FOUND: {
+    area: "IoError",
+    text: "A path does not name what was expected (ENOENT, ENOTDIR, EISDIR).",
+  },
+  MOESWARM_IO_TOO_MANY_FILES: {
+    area: "IoError",
+    text: "The process or the system has too many open files (EMFILE, ENFILE).",
+  },
+  MOESWARM_IO_FAILED: {
+    area: "IoError",
+    text: "A local file operation failed for another reason (EIO and the rest; the cause names it).",
+  },
+
   // --- gguf (shard) ----------------------------------------------------------------------------
   MOESWARM_GGUF_BAD_MAGIC: { area: "GgufError", text: "The bytes do not start with the GGUF magic." },
   MOESWARM_GGUF_UNSUPPORTED_VERSION: {

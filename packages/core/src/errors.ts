@@ -137,6 +137,44 @@ export const NativeError = defineArea("NativeError");
 export type NativeError = InstanceType<typeof NativeError>;
 export const HubError = defineArea("HubError");
 export type HubError = InstanceType<typeof HubError>;
+export const IoError = defineArea("IoError", "MOESWARM_IO_FAILED");
+export type IoError = InstanceType<typeof IoError>;
+
+// Node's system error codes by the code that says what happened locally
+const SYSTEM_CODES: Readonly<Record<string, CodeOf<"IoError">>> = {
+  ENOSPC: "MOESWARM_IO_NO_SPACE",
+  EDQUOT: "MOESWARM_IO_NO_SPACE",
+  EACCES: "MOESWARM_IO_ACCESS",
+  EPERM: "MOESWARM_IO_ACCESS",
+  EROFS: "MOESWARM_IO_ACCESS",
+  ENOENT: "MOESWARM_IO_NOT_FOUND",
+  ENOTDIR: "MOESWARM_IO_NOT_FOUND",
+  EISDIR: "MOESWARM_IO_NOT_FOUND",
+  EMFILE: "MOESWARM_IO_TOO_MANY_FILES",
+  ENFILE: "MOESWARM_IO_TOO_MANY_FILES",
+};
+
+/**
+ * A local file system failure as an IoError with the code that says what happened (a full disk
+ * is MOESWARM_IO_NO_SPACE, not a network error), `context` first in its message ("writing the
+ * slice to /data/x.gguf"), the system error as its cause and its `code`, `syscall` and `path` in
+ * `details`. A moeswarm error is returned as it is; anything else is MOESWARM_IO_FAILED.
+ */
+export function errorFromSystemError(error: unknown, context: string): MoeswarmError {
+  if (isMoeswarmError(error)) return error;
+  const e = error as { code?: unknown; syscall?: unknown; path?: unknown; message?: unknown } | null;
+  const system = typeof e?.code === "string" ? e.code : undefined;
+  const details: Record<string, unknown> = {};
+  if (system !== undefined) details.code = system;
+  if (typeof e?.syscall === "string") details.syscall = e.syscall;
+  if (typeof e?.path === "string") details.path = e.path;
+  const message = typeof e?.message === "string" ? e.message : String(error);
+  return new IoError(
+    (system !== undefined && SYSTEM_CODES[system]) || "MOESWARM_IO_FAILED",
+    `${context}: ${message}`,
+    { cause: error, details },
+  );
+}
 
 export interface ErrorFromCodeOptions extends MoeswarmErrorOptions {
   /**

@@ -11,6 +11,7 @@ import {
   GgufError,
   HubError,
   InvalidArgumentError,
+  IoError,
   isErrorCode,
   isMoeswarmError,
   MoeswarmError,
@@ -89,6 +90,7 @@ describe("error code table", () => {
       "AuthError",
       "NativeError",
       "HubError",
+      "IoError",
     ]);
     for (const [code, { area, text }] of Object.entries(ERROR_CODES)) {
       expect(code).toMatch(/^MOESWARM_[A-Z0-9_]+$/);
@@ -126,6 +128,7 @@ describe("errors across the wire", () => {
     AuthError,
     NativeError,
     HubError,
+    IoError,
   };
 
   it("errorFromCode gives every code of the table the class its area names", () => {

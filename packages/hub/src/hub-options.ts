@@ -2,6 +2,7 @@
 // hub's parts read, and opening the store the options name.
 import { resolve } from "node:path";
 import { InvalidArgumentError } from "@moeswarm/core";
+import { type CheckedLimits, checkLimits } from "./connection-guard.js";
 import type { HubModelSource, HubOptions } from "./hub-types.js";
 import type { MarketOptions } from "./market.js";
 import { defaultModelId } from "./model.js";
@@ -27,6 +28,7 @@ export interface Settings {
   allowUnboundTokens: boolean;
   requireLeases: boolean;
   trustReports: boolean;
+  limits: CheckedLimits;
 }
 
 /** Everything construction needs, checked. */
@@ -79,6 +81,7 @@ export function readHubOptions(options: HubOptions): HubConfig {
     allowUnboundTokens: options.allowUnboundTokens === true,
     requireLeases: options.requireLeases !== false,
     trustReports: options.trustReports === true,
+    limits: checkLimits(options.limits),
   };
   const clock = options.clock ?? Date.now;
   if (typeof clock !== "function") {

@@ -9,6 +9,7 @@ import {
 import { createServer as createHttpsServer, type Server as HttpsServer } from "node:https";
 import type { AddressInfo } from "node:net";
 import { InvalidArgumentError } from "@moeswarm/core";
+import { type CheckedLimits, type ConnectionGuard, guardServer, serverOptions } from "./connection-guard.js";
 import { badRequest, notFound, publicError, sendJson } from "./http-errors.js";
 import type { HubListener, HubOptions } from "./hub-types.js";
 import type { Relay } from "./relay.js";
@@ -25,16 +26,18 @@ export function checkListenAddress(port: number, host: string): void {
 /**
  * A server whose requests go to `handle` (the hub's API) and whose upgrades go to the relay;
  * what `handle` declines is a 404, or a 426 on the relay's path (a plain request where a
- * WebSocket was expected).
+ * WebSocket was expected). Its connections are guarded by `limits` (connection-guard.ts).
  */
 export function createHubServer(
   tls: HubOptions["tls"],
   relay: Relay,
+  limits: CheckedLimits,
   handle: (req: IncomingMessage, res: ServerResponse) => boolean,
-): HttpServer | HttpsServer {
+): { server: HttpServer | HttpsServer; guard: ConnectionGuard } {
+  const options = serverOptions(limits);
   const server: HttpServer | HttpsServer = tls
-    ? createHttpsServer({ cert: pem(tls.cert), key: pem(tls.key), ca: tls.ca && pem(tls.ca) })
-    : createHttpServer();
+    ? createHttpsServer({ ...options, cert: pem(tls.cert), key: pem(tls.key), ca: tls.ca && pem(tls.ca) })
+    : createHttpServer(options);
   server.on("request", (req: IncomingMessage, res: ServerResponse) => {
     if (handle(req, res)) return;
     const upgrade = (req.url ?? "").split("?")[0] === relay.path;
@@ -45,8 +48,8 @@ export function createHubServer(
     );
     sendJson(res, upgrade ? 426 : 404, body, upgrade ? { upgrade: "websocket" } : {}, req.method === "HEAD");
   });
-  relay.attach(server);
-  return server;
+  const guard = guardServer(server, relay, limits, tls !== undefined);
+  return { server, guard };
 }
 
 /** Binds the server and names its URLs. */

@@ -2,6 +2,7 @@
 // `Hub` handle itself (the implementation lives in hub.ts).
 import type { Server as HttpServer, IncomingMessage, ServerResponse } from "node:http";
 import type { Server as HttpsServer } from "node:https";
+import type { ConnectionLimits } from "./connection-guard.js";
 import type { CoverageGrid, CoverageMarket, MarketOptions } from "./market.js";
 import type { BackboneRate } from "./market-book.js";
 import type { HubMetrics } from "./metrics.js";
@@ -48,6 +49,8 @@ export interface HubOptions {
   sliceCacheSize?: number;
   /** A download whose client takes nothing for this long is cut (default 120000 ms). */
   idleTimeoutMs?: number;
+  /** Connection caps and timeouts against idle and abusive clients (README "Limits"). */
+  limits?: ConnectionLimits;
   /** Largest request body (default 64 KiB). */
   maxBodyBytes?: number;
   /** How often workers' last-seen times are written (default 10000 ms). */

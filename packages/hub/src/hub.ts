@@ -5,6 +5,7 @@ import type { Server as HttpServer, IncomingMessage, ServerResponse } from "node
 import type { Server as HttpsServer } from "node:https";
 import { formatRange, HubError, InvalidArgumentError, toRanges } from "@moeswarm/core";
 import type { ExpertSlice } from "@moeswarm/shard";
+import type { ConnectionGuard } from "./connection-guard.js";
 import { sendError } from "./http-errors.js";
 import { ModelRegistry } from "./hub-models.js";
 import { type HubConfig, openHubStore, readHubOptions, type Settings } from "./hub-options.js";
@@ -64,6 +65,7 @@ class HubImpl implements Hub {
   readonly #downloads = new Set<AbortController>();
   readonly #persistTimer: ReturnType<typeof setInterval>;
   #server: HttpServer | HttpsServer | undefined;
+  #guard: ConnectionGuard | undefined;
   #closing: Promise<void> | undefined;
 
   constructor(options: HubOptions) {
@@ -134,6 +136,7 @@ class HubImpl implements Hub {
       onEvent: (event) => {
         for (const take of [
           () => this.metrics.relayEvent(event),
+          () => event.type === "connect" && this.#guard?.authenticated(event.remote),
           () => this.#book.onRelayEvent(event),
           () => this.#marketBook.onRelayEvent(event),
           () => this.#emit({ type: "relay", event }),
@@ -210,6 +213,7 @@ class HubImpl implements Hub {
         models: () => this.#models.size,
         workersKnown: () => this.#book.size,
         downloads: () => this.#downloads.size,
+        connectionsRefused: () => this.#guard?.refused(),
         market: () => {
           const now = this.#marketBook.now();
           const served = this.#marketBook.servedSinceStart();
@@ -459,9 +463,10 @@ class HubImpl implements Hub {
     if (this.#server || this.#closing) {
       throw new InvalidArgumentError("this hub is already listening or closed");
     }
-    const server = createHubServer(this.#s.tls, this.relay, (req, res) =>
+    const { server, guard } = createHubServer(this.#s.tls, this.relay, this.#s.limits, (req, res) =>
       this.#handle(req, res, this.#s.dashboard !== false),
     );
+    this.#guard = guard;
     this.#server = server;
     await this.ready;
     this.listener = await bindServer(server, port, host, this.#s.tls !== undefined, this.relay.path);

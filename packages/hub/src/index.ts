@@ -1,6 +1,7 @@
 // Public API of @moeswarm/hub: the hub service (HTTP API + relay on one server), the relay on
 // its own, the coverage market, auth tokens, and the stores that keep state across restarts.
 
+export type { ConnectionGuard, ConnectionLimits, ConnectionRefusal } from "./connection-guard.js";
 export {
   cellValue,
   DEFAULT_DEMAND_POLICY,
@@ -65,6 +66,7 @@ export {
   createMemoryStore,
   type HubStore,
   isModelId,
+  type MarketWrite,
   type StoredCredit,
   type StoredLease,
   type StoredModel,

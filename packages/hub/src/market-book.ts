@@ -126,7 +126,10 @@ export class MarketBook {
         if (event.role === "worker" && event.id !== undefined) this.market.workerGone(event.id, now);
         break;
       case "register":
-        this.market.register(event.id, event.model, event.layers, event.experts, now);
+        // the leases it fulfils end on disk now, not at the next flush (no ghost after a kill -9)
+        if (this.market.register(event.id, event.model, event.layers, event.experts, now).length > 0) {
+          void this.#commit();
+        }
         break;
       case "unregister":
         this.market.unregister(event.id, event.model, event.layers, event.experts, now);
@@ -248,11 +251,14 @@ export class MarketBook {
 
   // --- leases (written before they are answered) ------------------------------------------------
 
-  /** Grants or renews through `grant`, writes the lease, and undoes it when the write fails. */
+  /**
+   * Grants or renews through `grant`, writes the lease with what ended with it (the leases it
+   * replaced) in one transaction, and undoes it when the write fails.
+   */
   async writeLease(grant: () => Lease, undo: (lease: Lease) => void): Promise<Lease> {
     const lease = grant();
     try {
-      await this.#enqueue(() => this.#o.store.putLeases([lease]), true);
+      await this.#commit([lease], [], true);
     } catch (error) {
       undo(lease);
       throw isMoeswarmError(error)
@@ -262,8 +268,9 @@ export class MarketBook {
     return lease;
   }
 
+  /** Writes a released lease's end (with the market's other changes) before it is answered. */
   async deleteLease(id: string): Promise<void> {
-    await this.#enqueue(() => this.#o.store.deleteLeases([id]).then(() => undefined), true);
+    await this.#commit([], [id], true);
   }
 
   /** Expires what is due (reported through onLeaseEnd). */
@@ -285,29 +292,59 @@ export class MarketBook {
     return rethrow ? done : this.#queue;
   }
 
-  /** Expires leases and writes demand, credits and ended leases that changed. */
+  /**
+   * Writes what the market changed (credits, demand, ended leases) in one transaction, after the
+   * writes before it; rejects (HubError MOESWARM_HUB_STORE) when it cannot, the changes kept for
+   * a later write. A stats report is acknowledged only after this, so a kill -9 cannot lose it.
+   */
+  commit(): Promise<void> {
+    return this.#commit([], [], true);
+  }
+
+  /**
+   * Expires leases and writes what changed (demand decay, expired leases): what an answer
+   * depended on was written before it was given (#commit), so a lost flush loses nothing
+   * acknowledged.
+   */
   flush(): Promise<void> {
-    this.#sweep();
-    const changes = this.market.takeChanges();
-    if (
-      changes.demand.length === 0 &&
-      changes.deadLeases.length === 0 &&
-      changes.credits.length === 0 &&
-      changes.leases.length === 0
-    ) {
-      return this.#queue;
-    }
+    return this.#commit();
+  }
+
+  /**
+   * One transaction, after the writes before it: `put` (as the market holds them when the write
+   * runs: a lease ended meanwhile is deleted, not written back), the ended leases `ended`, and
+   * every change the market has not written yet (ended leases, credits, demand).
+   */
+  #commit(put: readonly Lease[] = [], ended: readonly string[] = [], rethrow = false): Promise<void> {
     return this.#enqueue(async () => {
+      this.#sweep();
+      const changes = this.market.takeChanges();
+      const live = new Map(this.market.leases().map((l) => [l.id, l]));
+      // what the caller put, and the titles of served slices the market renewed (trust: a registration
+      // needs a live lease, so its renewal must survive a restart too)
+      const byId = new Map<string, Lease>();
+      for (const l of put) {
+        const current = live.get(l.id);
+        if (current) byId.set(l.id, current);
+      }
+      for (const l of changes.leases) byId.set(l.id, l);
+      const leases = [...byId.values()];
+      // a served slice's title can be both "fulfilled" (dead as a pending lease) and re-put: it stays
+      const deleted = [
+        ...new Set([...changes.deadLeases, ...ended, ...put.filter((l) => !live.has(l.id)).map((l) => l.id)]),
+      ].filter((id) => !byId.has(id));
+      if (leases.length + deleted.length + changes.credits.length + changes.demand.length === 0) return;
       try {
-        if (changes.deadLeases.length > 0) await this.#o.store.deleteLeases(changes.deadLeases);
-        if (changes.demand.length > 0) await this.#o.store.putDemand(changes.demand);
-        if (changes.credits.length > 0) await this.#o.store.putCredits(changes.credits);
-        if (changes.leases.length > 0) await this.#o.store.putLeases(changes.leases);
+        await this.#o.store.putLeases(leases, {
+          deleteLeases: deleted,
+          credits: changes.credits,
+          demand: changes.demand,
+        });
       } catch (error) {
         this.market.restoreChanges(changes);
         throw error;
       }
-    });
+    }, rethrow);
   }
 
   // --- placement long-polls ---------------------------------------------------------------------

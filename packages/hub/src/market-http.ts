@@ -378,6 +378,7 @@ export async function postStats(
   }
   const backbone = claims.id ?? report.backbone ?? "backbone";
   const outcome = ctx.book.ingest(model, backbone, report);
+  await ctx.book.commit(); // on disk before it is acknowledged (a kill -9 loses no credit)
   ctx.metrics.statsReport(outcome.accepted ? "accepted" : "duplicate");
   sendJson(res, 200, { model, backbone, ...outcome } satisfies StatsOutcomeJson);
 }

@@ -42,6 +42,8 @@ export interface HubMetricsSources {
   models: () => number;
   workersKnown: () => number;
   downloads: () => number;
+  /** Connections the connection guard refused or closed, by reason (undefined before listen). */
+  connectionsRefused?: () => Record<string, number> | undefined;
   market?: () => MarketFigures[];
 }
 
@@ -269,6 +271,16 @@ function hubFamilies(registers: Registers, sources: HubMetricsSources): Counter 
     registers,
     collect() {
       this.set(sources.workersKnown());
+    },
+  });
+  new Counter({
+    name: "moeswarm_hub_connections_refused_total",
+    help: "Connections refused or closed by the hub's limits, by reason (global-cap, address-cap, idle, request-timeout, tls-handshake, unauthenticated-cap)",
+    labelNames: ["reason"],
+    registers,
+    collect() {
+      this.reset();
+      for (const [reason, n] of Object.entries(sources.connectionsRefused?.() ?? {})) this.inc({ reason }, n);
     },
   });
   const storeErrors = new Counter({

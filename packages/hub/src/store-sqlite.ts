@@ -1,9 +1,26 @@
 import { mkdirSync } from "node:fs";
 import { dirname } from "node:path";
-import { formatRange, HubError, InvalidArgumentError, parseRange, toRanges } from "@moeswarm/core";
+import {
+  errorFromSystemError,
+  formatRange,
+  HubError,
+  InvalidArgumentError,
+  IoError,
+  type MoeswarmError,
+  parseRange,
+  toRanges,
+} from "@moeswarm/core";
 import Database from "better-sqlite3";
 import type { StoredDemandRow } from "./market.js";
-import type { HubStore, StoredCredit, StoredLease, StoredModel, StoredSlice, StoredWorker } from "./store.js";
+import type {
+  HubStore,
+  MarketWrite,
+  StoredCredit,
+  StoredLease,
+  StoredModel,
+  StoredSlice,
+  StoredWorker,
+} from "./store.js";
 
 /*
  * Schema versions, applied in order inside one transaction each; `PRAGMA user_version` records
@@ -90,9 +107,35 @@ const MIGRATIONS: readonly string[] = [
 /** The schema version this hub writes. */
 export const SQLITE_SCHEMA_VERSION = MIGRATIONS.length;
 
+// SQLite's own codes for what the disk did (better-sqlite3 puts them in `code`)
+const SQLITE_IO: ReadonlyArray<[RegExp, IoError["code"]]> = [
+  [/^SQLITE_FULL/, "MOESWARM_IO_NO_SPACE"],
+  [/^SQLITE_(READONLY|PERM|AUTH)/, "MOESWARM_IO_ACCESS"],
+  [/^SQLITE_(IOERR|CANTOPEN)/, "MOESWARM_IO_FAILED"],
+];
+
+/** The local I/O failure under a store error (a full disk, a read-only file), if that is what it was. */
+function ioErrorOf(what: string, error: unknown): MoeswarmError | undefined {
+  const code = (error as { code?: unknown } | null)?.code;
+  if (typeof code !== "string") return undefined;
+  if (/^E[A-Z]+$/.test(code)) return errorFromSystemError(error, what);
+  const io = SQLITE_IO.find(([pattern]) => pattern.test(code));
+  return (
+    io && new IoError(io[1], `${what}: ${(error as Error).message}`, { cause: error, details: { code } })
+  );
+}
+
+/**
+ * HubError MOESWARM_HUB_STORE (what callers of a store handle); when the disk was the trouble,
+ * its IoError code (MOESWARM_IO_NO_SPACE...) is in the message and `details.io`, and the IoError
+ * is the cause.
+ */
 function storeError(what: string, error: unknown): HubError {
-  return new HubError("MOESWARM_HUB_STORE", `${what}: ${(error as Error)?.message ?? String(error)}`, {
-    cause: error,
+  const message = `${what}: ${(error as Error)?.message ?? String(error)}`;
+  const io = ioErrorOf(what, error);
+  return new HubError("MOESWARM_HUB_STORE", io ? `${message} (${io.code})` : message, {
+    cause: io ?? error,
+    ...(io ? { details: { io: io.code } } : {}),
   });
 }
 
@@ -274,9 +317,9 @@ export function openSqliteStore(path: string, options: SqliteStoreOptions = {}):
     deleteWorkersSeenBefore: (before) =>
       run("forgetting workers", () => q.forget.run(Math.floor(before)).changes),
     listLeases: () => run("listing leases", () => q.leases.all().map(leaseOfRow)),
-    putLeases: (list) =>
+    putLeases: (list, also = {}) =>
       run("storing leases", () => {
-        tx.putLeases.immediate(list);
+        tx.putLeases.immediate(list, also);
       }),
     deleteLeases: (ids) => run("deleting leases", () => tx.deleteLeases.immediate(ids)),
     listDemand: () =>
@@ -378,7 +421,7 @@ type Statements = ReturnType<typeof prepareStatements>;
 
 /** The multi-row writes, each one transaction. */
 function writeTransactions(db: Database.Database, q: Statements) {
-  const putLeases = db.transaction((list: readonly StoredLease[]) => {
+  const putLeases = db.transaction((list: readonly StoredLease[], also: MarketWrite) => {
     for (const l of list) {
       q.putLease.run(
         l.id,
@@ -392,6 +435,9 @@ function writeTransactions(db: Database.Database, q: Statements) {
         JSON.stringify(l.capacity ?? {}),
       );
     }
+    for (const id of also.deleteLeases ?? []) q.deleteLease.run(id);
+    for (const c of also.credits ?? []) q.putCredit.run(c.worker, c.model, c.expertTokens, c.updatedAt);
+    for (const d of also.demand ?? []) q.putDemand.run(d.model, d.layer, d.at, countsToBlob(d.counts));
   });
   const deleteLeases = db.transaction((ids: readonly string[]) => {
     let n = 0;
@@ -473,7 +519,9 @@ function openConfigured(path: string, busy: number): Database.Database {
   try {
     db.pragma(`busy_timeout = ${busy}`);
     if (path !== ":memory:") db.pragma("journal_mode = WAL");
-    db.pragma("synchronous = NORMAL");
+    // FULL: a committed lease or credit is on disk before the hub answers for it (NORMAL could
+    // lose the last commits to a power cut; a kill -9 loses nothing either way)
+    db.pragma("synchronous = FULL");
     db.pragma("foreign_keys = ON");
     migrate(db, path);
   } catch (error) {

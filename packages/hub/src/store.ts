@@ -24,8 +24,12 @@ export interface HubStore extends AsyncDisposable {
   deleteWorkersSeenBefore(before: number): Promise<number>;
   /** Active leases (claims granted, not yet fulfilled, released or expired), by id. */
   listLeases(): Promise<StoredLease[]>;
-  /** Adds or replaces leases (by id), in one transaction. */
-  putLeases(leases: readonly StoredLease[]): Promise<void>;
+  /**
+   * Adds or replaces leases (by id), and writes `also` (leases ended, credits, demand) in the
+   * same transaction: what the market changed with them is on disk together or not at all, and
+   * before the change is answered. Puts come before the deletes.
+   */
+  putLeases(leases: readonly StoredLease[], also?: MarketWrite): Promise<void>;
   /** Deletes leases by id; returns how many existed. */
   deleteLeases(ids: readonly string[]): Promise<number>;
   /** Demand counters, by model then layer. */
@@ -39,6 +43,16 @@ export interface HubStore extends AsyncDisposable {
   /** Adds or replaces credit rows (absolute totals, by worker and model), in one transaction. */
   putCredits(rows: readonly StoredCredit[]): Promise<void>;
   close(): Promise<void>;
+}
+
+/** What the market changed beside its leases, written with them (see `putLeases`). */
+export interface MarketWrite {
+  /** Leases that ended (released, replaced, fulfilled, expired), by id. */
+  readonly deleteLeases?: readonly string[];
+  /** Credit rows (absolute totals, by worker and model). */
+  readonly credits?: readonly StoredCredit[];
+  /** Demand rows (by model and layer). */
+  readonly demand?: readonly StoredDemandRow[];
 }
 
 /** A lease as the store keeps it (see `Lease` of the market). */
@@ -154,9 +168,12 @@ export function createMemoryStore(): HubStore {
       open();
       return [...leases.values()].sort((a, b) => byIds(a.id, b.id)).map(copyLease);
     },
-    async putLeases(list) {
+    async putLeases(list, also = {}) {
       open();
       for (const l of list) leases.set(l.id, copyLease(l));
+      for (const id of also.deleteLeases ?? []) leases.delete(id);
+      for (const c of also.credits ?? []) credits.set(`${c.worker}\0${c.model}`, { ...c });
+      for (const d of also.demand ?? []) demand.set(`${d.model}\0${d.layer}`, copyDemand(d));
     },
     async deleteLeases(ids) {
       open();

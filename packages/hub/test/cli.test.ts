@@ -1,6 +1,7 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { X509Certificate } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, realpathSync, writeFileSync } from "node:fs";
+import { connect, type Socket } from "node:net";
 import { dirname, join } from "node:path";
 import { Writable } from "node:stream";
 import { fileURLToPath } from "node:url";
@@ -195,6 +196,68 @@ describe("the moeswarm-hub bin", () => {
     expect(await run.exited).toBe(0);
   });
 
+  it("keeps its self-signed CA in the data directory: a restarted hub serves the CA its clients trust", async () => {
+    const data = join(tmp.dir, "kept-data");
+    const args = (host = "127.0.0.1") => [
+      "serve",
+      ...["--model", tiny, "--port", "0", "--host", host, "--data-dir", data, "--json", "--tls-self-signed"],
+      ...["--tls-ca-out", join(data, "ca-for-workers.pem")],
+    ];
+    const serveOnce = async (host?: string) => {
+      const run = startBin(args(host));
+      try {
+        const listening = await until(
+          () => run.lines.find((l) => l.event === "listening"),
+          `the listening line (stderr: ${run.stderr()})`,
+        );
+        return { run, listening, tls: listening.tls as { made: boolean; dir: string; ca: string } };
+      } catch (error) {
+        run.child.kill("SIGKILL");
+        throw error;
+      }
+    };
+    const first = await serveOnce();
+    const ca1 = readFileSync(join(data, "tls", "ca.crt"), "utf8");
+    expect(first.tls.made).toBe(true);
+    expect(first.tls.dir).toBe(join(data, "tls"));
+    expect(readFileSync(join(data, "ca-for-workers.pem"), "utf8")).toBe(ca1);
+    expect(existsSync(join(data, "moeswarm-hub.db"))).toBe(true);
+    first.run.child.kill("SIGTERM");
+    expect(await first.run.exited).toBe(0);
+
+    // the second process finds the CA and certificate and serves them: a client pinned to the
+    // first CA connects over https and wss
+    const second = await serveOnce();
+    try {
+      expect(second.tls.made).toBe(false);
+      expect(readFileSync(join(data, "tls", "ca.crt"), "utf8")).toBe(ca1);
+      expect((await call(`${second.listening.url}/api/models`, { ca: ca1 })).status).toBe(200);
+      const conn = await connectRelay(second.listening.relayUrl as string, {
+        role: "worker",
+        id: "kept-tls-worker",
+        token: (second.listening.tokens as { worker: string }).worker,
+        ca: ca1,
+        reconnect: false,
+      });
+      await conn.close();
+    } finally {
+      second.run.child.kill("SIGTERM");
+    }
+    expect(await second.run.exited).toBe(0);
+
+    // other host names: a certificate for them, from a new CA
+    const third = await serveOnce("127.0.0.2");
+    try {
+      expect(third.tls.made).toBe(true);
+      const ca3 = readFileSync(join(data, "tls", "ca.crt"), "utf8");
+      expect(ca3).not.toBe(ca1);
+      expect((await call(`${third.listening.url}/api/models`, { ca: ca3 })).status).toBe(200);
+    } finally {
+      third.run.child.kill("SIGTERM");
+    }
+    expect(await third.run.exited).toBe(0);
+  });
+
   it("says where the CA is in its human-readable output, and fails with one line without openssl", async () => {
     const cwd = join(tmp.dir, "cwd");
     mkdirSync(cwd);
@@ -275,12 +338,47 @@ describe("runCli", () => {
     expect(bad.stderr).toMatch(/^moeswarm-hub: MOESWARM_INVALID_ARGUMENT: .*16 bytes/);
   });
 
+  it("takes the connection limits as flags", async () => {
+    const bad = await cli(["serve", "--model", tiny, "--db", ":memory:", "--max-connections", "0"]);
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toMatch(/--max-connections must be an integer/);
+    const run = startBin([
+      "serve",
+      ...["--model", tiny, "--port", "0", "--db", ":memory:", "--json"],
+      ...["--max-connections-per-address", "3", "--idle-timeout", "1"],
+    ]);
+    const sockets: Socket[] = [];
+    try {
+      const listening = await until(
+        () => run.lines.find((l) => l.event === "listening"),
+        `the listening line (stderr: ${run.stderr()})`,
+      );
+      const closed: number[] = [];
+      const start = Date.now();
+      for (let i = 0; i < 5; i++) {
+        const s = connect({ port: listening.port as number, host: "127.0.0.1" });
+        s.on("error", () => {});
+        s.on("close", () => closed.push(Date.now() - start));
+        sockets.push(s);
+      }
+      // two beyond the cap at once, the three others after the 1 s idle timeout
+      await until(() => (closed.length >= 2 ? true : undefined), "the refusals", 900);
+      expect(closed).toHaveLength(2);
+      await until(() => (closed.length === 5 ? true : undefined), "the idle closes", 5000);
+      expect(Math.max(...closed)).toBeGreaterThanOrEqual(900);
+    } finally {
+      for (const s of sockets) s.destroy();
+      run.child.kill("SIGTERM");
+    }
+    expect(await run.exited).toBe(0);
+  });
+
   it("explains itself", async () => {
     expect((await cli([])).code).toBe(2);
     const help = await cli(["serve", "--help"]);
     expect(help.code).toBe(0);
     const flags =
-      "--model --port --host --tls-cert --tls-key --tls-self-signed --tls-ca-out --secret-file --db";
+      "--model --port --host --tls-cert --tls-key --tls-self-signed --tls-ca-out --secret-file --db --data-dir --max-connections --max-connections-per-address --max-unauthenticated-per-address --idle-timeout --headers-timeout";
     for (const flag of flags.split(" ")) expect(help.stdout).toContain(flag);
     const unknown = await cli(["serve", "--nope"]);
     expect(unknown.code).toBe(2);

@@ -1,5 +1,6 @@
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { IoError } from "@moeswarm/core";
 import Database from "better-sqlite3";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
@@ -146,6 +147,33 @@ describe.each(stores)("HubStore contract: %s", (_name, make) => {
     ]);
   });
 
+  it("writes a lease with the leases it ends, credits and demand (putLeases' second argument)", async () => {
+    await using s = make();
+    const lease = (id: string): StoredLease => ({
+      id,
+      worker: "w1",
+      model: "m",
+      layers: { start: 0, end: 1 },
+      experts: { start: 0, end: 2 },
+      bytes: 10,
+      grantedAt: 1,
+      expiresAt: 100,
+      capacity: {},
+    });
+    await s.putLeases([lease("old"), lease("other")]);
+    await s.putLeases([lease("new")], {
+      deleteLeases: ["old", "absent"],
+      credits: [{ worker: "w1", model: "m", expertTokens: 7, updatedAt: 2 }],
+      demand: [{ model: "m", layer: 0, at: 2, counts: new Float64Array([1, 2]) }],
+    });
+    expect((await s.listLeases()).map((l) => l.id)).toEqual(["new", "other"]);
+    expect(await s.listCredits()).toEqual([{ worker: "w1", model: "m", expertTokens: 7, updatedAt: 2 }]);
+    expect(await s.listDemand()).toEqual([{ model: "m", layer: 0, at: 2, counts: new Float64Array([1, 2]) }]);
+    // a lease put and deleted in one write is gone (puts first)
+    await s.putLeases([lease("brief")], { deleteLeases: ["brief"] });
+    expect((await s.listLeases()).map((l) => l.id)).toEqual(["new", "other"]);
+  });
+
   it("refuses use after close", async () => {
     const s = make();
     await s.close();
@@ -229,6 +257,48 @@ describe("SQLite store", () => {
     const path = join(tmp.dir, "not-a-db.db");
     writeFileSync(path, "this is not sqlite, just some text that is long enough to have a header".repeat(20));
     expect(() => openSqliteStore(path)).toThrow(expect.objectContaining({ code: "MOESWARM_HUB_STORE" }));
+  });
+
+  it("writes a lease and what ended with it in one transaction: all or nothing", async () => {
+    await using s = openSqliteStore(":memory:");
+    const lease: StoredLease = {
+      id: "kept",
+      worker: "w1",
+      model: "m",
+      layers: { start: 0, end: 1 },
+      experts: { start: 0, end: 2 },
+      bytes: 10,
+      grantedAt: 1,
+      expiresAt: 100,
+      capacity: {},
+    };
+    await s.putLeases([lease]);
+    // a credit that is not an integer fails the STRICT table half way: the delete and the put roll back
+    await expect(
+      s.putLeases([{ ...lease, id: "new" }], {
+        deleteLeases: ["kept"],
+        credits: [{ worker: "w1", model: "m", expertTokens: 1.5, updatedAt: 2 }],
+      }),
+    ).rejects.toMatchObject({ code: "MOESWARM_HUB_STORE" });
+    expect((await s.listLeases()).map((l) => l.id)).toEqual(["kept"]);
+    expect(await s.listCredits()).toEqual([]);
+  });
+
+  it("names the disk's trouble: a file where its directory should be is MOESWARM_IO_NOT_FOUND under MOESWARM_HUB_STORE", () => {
+    const file = join(tmp.dir, "a-file");
+    writeFileSync(file, "x");
+    let thrown: unknown;
+    try {
+      openSqliteStore(join(file, "state", "hub.db"));
+    } catch (error) {
+      thrown = error;
+    }
+    expect(thrown).toMatchObject({
+      code: "MOESWARM_HUB_STORE",
+      details: { io: "MOESWARM_IO_NOT_FOUND" },
+      message: expect.stringMatching(/ENOTDIR.*\(MOESWARM_IO_NOT_FOUND\)$/),
+    });
+    expect((thrown as Error).cause).toBeInstanceOf(IoError);
   });
 
   it("rolls back a batch that fails half way", async () => {

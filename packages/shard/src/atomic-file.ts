@@ -1,13 +1,15 @@
 import { randomBytes } from "node:crypto";
 import { open, rename, unlink } from "node:fs/promises";
-import { GgufError, throwIfAborted } from "@moeswarm/core";
+import { errorFromSystemError, throwIfAborted } from "@moeswarm/core";
 
 export type FileHandle = Awaited<ReturnType<typeof open>>;
 
 /**
  * Writes `path` through a temporary file beside it, renamed over `path` once complete, so readers
  * never see half a file; on any failure (or abort) the temporary file is removed. File-system
- * errors become GgufError MOESWARM_GGUF_IO; MoeswarmErrors pass through.
+ * errors become IoError with the code that says what happened (MOESWARM_IO_NO_SPACE for a full
+ * disk, MOESWARM_IO_ACCESS, MOESWARM_IO_NOT_FOUND...: errorFromSystemError); MoeswarmErrors pass
+ * through.
  */
 export async function writeFileAtomically(
   path: string,
@@ -19,9 +21,7 @@ export async function writeFileAtomically(
   try {
     handle = await open(tmp, "wx");
   } catch (error) {
-    throw new GgufError("MOESWARM_GGUF_IO", `cannot create ${tmp}: ${(error as Error).message}`, {
-      cause: error,
-    });
+    throw errorFromSystemError(error, `cannot create ${tmp}`);
   }
   let closed = false;
   try {
@@ -33,13 +33,9 @@ export async function writeFileAtomically(
   } catch (error) {
     if (!closed) await handle.close().catch(() => undefined);
     await unlink(tmp).catch(() => undefined);
-    if (
-      error instanceof Error &&
-      "code" in error &&
-      typeof error.code === "string" &&
-      !error.code.startsWith("MOESWARM_")
-    ) {
-      throw new GgufError("MOESWARM_GGUF_IO", `writing ${path}: ${error.message}`, { cause: error });
+    // a system error (it has a code) says what happened to the disk; anything else passes
+    if (error instanceof Error && "code" in error && typeof error.code === "string") {
+      throw errorFromSystemError(error, `writing ${path}`);
     }
     throw error;
   }

@@ -1,12 +1,14 @@
 import { randomBytes } from "node:crypto";
 import { readFile, writeFile } from "node:fs/promises";
 import { hostname, networkInterfaces } from "node:os";
-import { resolve as resolvePath } from "node:path";
+import { join, resolve as resolvePath } from "node:path";
 import { parseArgs } from "node:util";
 import { InvalidArgumentError, isMoeswarmError, onAbort } from "@moeswarm/core";
+import type { ConnectionLimits } from "../connection-guard.js";
 import { createHub } from "../hub.js";
 import type { HubEvent, HubListener } from "../hub-types.js";
-import { createLoopbackCertificates, isCertificateHost, type LoopbackCertificates } from "../loopback-tls.js";
+import { keptLoopbackCertificates } from "../kept-tls.js";
+import { createLoopbackCertificates, isCertificateHost } from "../loopback-tls.js";
 import type { ModelInfo } from "../model.js";
 import { mintToken, type TokenRole } from "../token.js";
 
@@ -112,7 +114,41 @@ function size(bytes: number): string {
   return `${u === 0 ? v : v.toFixed(1)} ${units[u]}`;
 }
 
-type SelfSignedInfo = { ca: string; hosts: string[] };
+type SelfSignedInfo = { ca: string; hosts: string[]; dir: string; made: boolean };
+
+/**
+ * Where the hub keeps its state (the SQLite store, the self-signed TLS material): --data-dir, else
+ * the directory of --db, else the working directory; none with `--db :memory:` and no --data-dir.
+ */
+function dataDir(values: Values): string | undefined {
+  const dir = str(values, "data-dir");
+  if (dir !== undefined) return resolvePath(dir);
+  const db = str(values, "db");
+  if (db === ":memory:") return undefined;
+  return resolvePath(db === undefined ? "." : resolvePath(db, ".."));
+}
+
+/** The store the options name: --db, else moeswarm-hub.db in the data directory. */
+function dbPath(values: Values): string {
+  const db = str(values, "db");
+  if (db !== undefined) return db;
+  const dir = str(values, "data-dir");
+  return dir === undefined ? "moeswarm-hub.db" : join(resolvePath(dir), "moeswarm-hub.db");
+}
+
+/** The connection limits the flags set (the hub's defaults for the rest). */
+function limitsOf(values: Values): ConnectionLimits {
+  const limits: ConnectionLimits = {};
+  const flag = (name: string, key: keyof ConnectionLimits, scale: number) => {
+    if (str(values, name) !== undefined) limits[key] = int(values, name, 0, 1, 1_000_000_000) * scale;
+  };
+  flag("max-connections", "maxConnections", 1);
+  flag("max-connections-per-address", "maxConnectionsPerAddress", 1);
+  flag("max-unauthenticated-per-address", "maxUnauthenticatedPerAddress", 1);
+  flag("idle-timeout", "idleConnectionMs", 1000);
+  flag("headers-timeout", "headersTimeoutMs", 1000);
+  return limits;
+}
 
 /** The certificate the options name (files, or a self-signed one made now); undefined if stopped meanwhile. */
 async function serveTls(
@@ -139,9 +175,13 @@ async function serveTls(
     tls = { cert: await readText(certPath, "certificate"), key: await readText(keyPath, "key") };
   } else if (selfSigned) {
     const hosts = certificateHosts(host);
-    let certs: LoopbackCertificates;
+    const data = dataDir(values);
+    let certs: Awaited<ReturnType<typeof keptLoopbackCertificates>>;
     try {
-      certs = await createLoopbackCertificates({ hosts, signal });
+      // kept in the data directory: a restart serves the same CA, so workers that trust it stay
+      certs = data
+        ? await keptLoopbackCertificates(join(data, "tls"), { hosts, signal })
+        : { ...(await createLoopbackCertificates({ hosts, signal })), made: "missing" };
     } catch (error) {
       if (signal.aborted) return undefined; // stopped while starting
       throw error;
@@ -153,7 +193,7 @@ async function serveTls(
       throw usageError(`cannot write the CA certificate to ${ca}: ${(error as Error).message}`);
     }
     tls = { cert: certs.cert, key: certs.key };
-    selfSignedInfo = { ca, hosts };
+    selfSignedInfo = { ca, hosts, dir: data ? join(data, "tls") : "", made: certs.made !== undefined };
   }
   return { ...(tls ? { tls } : {}), ...(selfSignedInfo ? { selfSignedInfo } : {}) };
 }
@@ -258,11 +298,14 @@ function listeningLines(
         `  ${m.id}  ${m.arch ?? "?"}  ${m.layers} layers x ${m.experts} experts  ${size(m.expertBytes)}/expert  file ${size(m.fileSize)}`,
     ),
     `  dashboard: ${listener.url}/${values.private === true ? "#token=<token>" : ""}`,
-    `  store: ${storeKind}${storeKind === "sqlite" ? ` (${str(values, "db") ?? "moeswarm-hub.db"})` : ""}; reads ${values.private === true ? "need a token" : "are public"}`,
+    `  store: ${storeKind}${storeKind === "sqlite" ? ` (${dbPath(values)})` : ""}; reads ${values.private === true ? "need a token" : "are public"}`,
   ];
   if (selfSignedInfo) {
     lines.push(
       `  TLS: self-signed for ${selfSignedInfo.hosts.join(", ")}; CA certificate: ${selfSignedInfo.ca}`,
+      selfSignedInfo.dir
+        ? `    (${selfSignedInfo.made ? "made now and kept" : "kept from an earlier run"} in ${selfSignedInfo.dir})`
+        : "    (made for this run only: --db :memory: keeps nothing; give --data-dir to keep it)",
       `    (workers and backbones trust it with --ca ${selfSignedInfo.ca})`,
     );
   }
@@ -296,7 +339,7 @@ const serve: Command = {
     "tls-self-signed": {
       type: "boolean",
       description:
-        "serve https and wss with a throwaway CA made at start (openssl CLI; for loopback and self-hosted networks)",
+        "serve https and wss with a CA of its own (openssl CLI; for loopback and self-hosted networks), kept in <data-dir>/tls and reused at restart",
     },
     "tls-ca-out": {
       type: "string",
@@ -310,8 +353,27 @@ const serve: Command = {
     db: {
       type: "string",
       description:
-        'SQLite file for registered models and workers (default moeswarm-hub.db; ":memory:" keeps none)',
+        'SQLite file for models, workers, leases and credits (default <data-dir>/moeswarm-hub.db; ":memory:" keeps none)',
     },
+    "data-dir": {
+      type: "string",
+      description:
+        "where the hub keeps its state (default: the directory of --db, else the working directory)",
+    },
+    "max-connections": { type: "string", description: "open TCP connections in all (default 8192)" },
+    "max-connections-per-address": {
+      type: "string",
+      description: "open TCP connections from one IP address (default 256)",
+    },
+    "max-unauthenticated-per-address": {
+      type: "string",
+      description: "relay WebSockets from one address that have not said hello yet (default 64)",
+    },
+    "idle-timeout": {
+      type: "string",
+      description: "seconds a connection with no request in progress may send nothing (default 30)",
+    },
+    "headers-timeout": { type: "string", description: "seconds to receive a request's headers (default 10)" },
     "model-dir": { type: "string", description: "directory POST /api/models may register files from" },
     "manifest-dir": { type: "string", description: "where manifests are cached (default beside each model)" },
     private: { type: "boolean", description: "reads need a token too (default: reads are public)" },
@@ -361,7 +423,8 @@ const serve: Command = {
       models: models.map((path) => ({ path })),
       modelDir,
       manifestDir: str(values, "manifest-dir"),
-      store: str(values, "db") ?? "moeswarm-hub.db",
+      store: dbPath(values),
+      limits: limitsOf(values),
       tls,
       publicReads: values.private !== true,
       defaultMetrics: true,
@@ -397,7 +460,14 @@ const serve: Command = {
         models: infos,
         store: hub.store.kind,
         ...(selfSignedInfo
-          ? { tls: { selfSigned: true, ca: selfSignedInfo.ca, hosts: selfSignedInfo.hosts } }
+          ? {
+              tls: {
+                selfSigned: true,
+                ca: selfSignedInfo.ca,
+                hosts: selfSignedInfo.hosts,
+                ...(selfSignedInfo.dir ? { dir: selfSignedInfo.dir, made: selfSignedInfo.made } : {}),
+              },
+            }
           : {}),
         ...(tokens ? { tokens, secretGenerated: true } : {}),
       });
