@@ -234,7 +234,7 @@ describe("the moeswarm-hub bin", () => {
       expect((await call(`${second.listening.url}/api/models`, { ca: ca1 })).status).toBe(200);
       const conn = await connectRelay(second.listening.relayUrl as string, {
         role: "worker",
-        id: "kept-tls-worker",
+        id: "worker-1",
         token: (second.listening.tokens as { worker: string }).worker,
         ca: ca1,
         reconnect: false,

@@ -32,7 +32,7 @@ async function startHub(): Promise<{ child: ChildProcess; url: string; relayUrl:
     [
       BIN,
       "serve",
-      ...["--model", modelPath, "--port", "0", "--json", "--lease-ttl", "600"],
+      ...["--model", modelPath, "--port", "0", "--json", "--lease-ttl", "600", "--trust-reports"],
       ...["--data-dir", join(tmp.dir, "data"), "--secret-file", join(tmp.dir, "secret")],
     ],
     { stdio: ["ignore", "pipe", "pipe"] },

@@ -396,6 +396,11 @@ const serve: Command = {
       description:
         "accept worker/backbone tokens not bound to an id (a private swarm of trusted holders only)",
     },
+    "trust-reports": {
+      type: "boolean",
+      description:
+        "credit backbones' stats as reported, not bounded by what the relay forwarded (backbones you run, dispatching around the relay)",
+    },
     json: { type: "boolean", description: "one JSON object per line on stdout, for machines" },
   },
   async run(values, io, signal) {
@@ -436,6 +441,7 @@ const serve: Command = {
       },
       replicas: int(values, "replicas", 2, 1, 1024),
       allowUnboundTokens: values["allow-unbound-tokens"] === true,
+      trustReports: values["trust-reports"] === true,
       onEvent,
     });
     const stopping = onAbort(signal, () => void hub.close());
