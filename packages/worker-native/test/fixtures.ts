@@ -1,9 +1,3 @@
-// Test fixtures: synthetic MoE models written as GGUF by the tests themselves, with seeded random
-// expert weights quantised by ggml itself (the addon's ggml_quantize_chunk; shard's bit-identical
-// reference quantisers when the addon is not built), slices cut from them as byte copies of the
-// ne[2] slabs, and an f64 oracle of the expert FFN.
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import {
   dequantize,
@@ -95,11 +89,6 @@ export interface Fixture {
   tensors: Map<string, FixtureTensor>;
   dir: string;
   cleanup(): void;
-}
-
-export function tempDir(prefix = "moeswarm-wn-"): { dir: string; cleanup(): void } {
-  const dir = mkdtempSync(join(tmpdir(), prefix));
-  return { dir, cleanup: () => rmSync(dir, { recursive: true, force: true }) };
 }
 
 function f32Bytes(values: Float32Array): Uint8Array {

@@ -3,6 +3,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { cosine, sumSlots } from "@moeswarm/core";
 import { GgmlType, ggmlTypeName } from "@moeswarm/shard";
+import { tempDir } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadExpertCompute, NativeExpertCompute, probeNative } from "../src/index.js";
 import {
@@ -14,7 +15,6 @@ import {
   randomIds,
   randomWeights,
   TYPES,
-  tempDir,
   writeModel,
   writeSlice,
 } from "./fixtures.js";
@@ -32,7 +32,7 @@ const K = 4;
 const N = 5;
 
 describe.skipIf(!status.available)("native expert compute (N-API addon)", () => {
-  const tmp = tempDir();
+  const tmp = tempDir("moeswarm-wn-");
   const models = new Map<GgmlType, Fixture>();
   const minCosine = new Map<string, string>();
 
@@ -52,7 +52,7 @@ describe.skipIf(!status.available)("native expert compute (N-API addon)", () => 
       console.log(
         `native vs f64 oracle, min cosine per type: ${JSON.stringify(Object.fromEntries(minCosine))}`,
       );
-    tmp.cleanup();
+    tmp.remove();
   });
 
   // ggml converts the activations to the weights' vec_dot_type before every mul_mat (q8_0, or q8_K

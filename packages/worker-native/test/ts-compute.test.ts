@@ -2,6 +2,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { cosine, sumSlots } from "@moeswarm/core";
 import { GgmlType, ggmlTypeName } from "@moeswarm/shard";
+import { tempDir } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadExpertCompute, NativeExpertCompute, probeNative, TsExpertCompute } from "../src/index.js";
 import {
@@ -12,7 +13,6 @@ import {
   randomIds,
   randomWeights,
   TYPES,
-  tempDir,
   writeModel,
   writeSlice,
 } from "./fixtures.js";
@@ -23,7 +23,7 @@ const K = 3;
 const native = await probeNative();
 
 describe("TypeScript compute path", () => {
-  const tmp = tempDir();
+  const tmp = tempDir("moeswarm-wn-");
   const models = new Map<GgmlType, Fixture>();
   const worst: string[] = [];
 
@@ -40,7 +40,7 @@ describe("TypeScript compute path", () => {
   });
   afterAll(() => {
     if (worst.length) console.log(`TS path vs f64 oracle, min cosine: ${worst.join(", ")}`);
-    tmp.cleanup();
+    tmp.remove();
   });
 
   it("every type matches the f64 oracle (cosine >= 0.999999: exact activations, f64 sums)", async () => {

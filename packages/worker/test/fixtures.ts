@@ -10,7 +10,6 @@ export {
   randomIds,
   randomWeights,
   rng,
-  tempDir,
   writeModel,
   writeSlice,
 } from "../../worker-native/test/fixtures.js";
