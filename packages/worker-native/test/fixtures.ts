@@ -151,6 +151,17 @@ export async function writeModel(spec: ModelSpec, dir: string): Promise<Fixture>
   return { spec, path, tensors, dir, cleanup: () => {} };
 }
 
+/** One model per type of TYPES, alike but for the type; each one's seed is `seedBase + type`. */
+export async function writeModelPerType(
+  spec: Omit<ModelSpec, "type" | "seed">,
+  seedBase: number,
+  dir: string,
+): Promise<Map<GgmlType, Fixture>> {
+  const models = new Map<GgmlType, Fixture>();
+  for (const type of TYPES) models.set(type, await writeModel({ ...spec, type, seed: seedBase + type }, dir));
+  return models;
+}
+
 /**
  * A slice of a model: for each chosen layer, the byte-copied ne[2] slabs of the chosen experts
  * (in the given order), with `moeswarm.slice.layers` and `moeswarm.slice.experts`.

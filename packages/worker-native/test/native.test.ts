@@ -16,6 +16,7 @@ import {
   randomWeights,
   TYPES,
   writeModel,
+  writeModelPerType,
   writeSlice,
 } from "./fixtures.js";
 
@@ -33,19 +34,15 @@ const N = 5;
 
 describe.skipIf(!status.available)("native expert compute (N-API addon)", () => {
   const tmp = tempDir("moeswarm-wn-");
-  const models = new Map<GgmlType, Fixture>();
+  let models: Map<GgmlType, Fixture>;
   const minCosine = new Map<string, string>();
 
   beforeAll(async () => {
-    for (const type of TYPES) {
-      models.set(
-        type,
-        await writeModel(
-          { type, nEmbd: N_EMBD, nFf: N_FF, nExpert: N_EXPERT, layers: [0, 3], seed: 100 + type },
-          tmp.dir,
-        ),
-      );
-    }
+    models = await writeModelPerType(
+      { nEmbd: N_EMBD, nFf: N_FF, nExpert: N_EXPERT, layers: [0, 3] },
+      100,
+      tmp.dir,
+    );
   });
   afterAll(() => {
     if (minCosine.size)

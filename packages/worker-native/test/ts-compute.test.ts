@@ -14,6 +14,7 @@ import {
   randomWeights,
   TYPES,
   writeModel,
+  writeModelPerType,
   writeSlice,
 } from "./fixtures.js";
 
@@ -24,19 +25,11 @@ const native = await probeNative();
 
 describe("TypeScript compute path", () => {
   const tmp = tempDir("moeswarm-wn-");
-  const models = new Map<GgmlType, Fixture>();
+  let models: Map<GgmlType, Fixture>;
   const worst: string[] = [];
 
   beforeAll(async () => {
-    for (const type of TYPES) {
-      models.set(
-        type,
-        await writeModel(
-          { type, nEmbd: N_EMBD, nFf: N_FF, nExpert: 5, layers: [2], seed: 500 + type },
-          tmp.dir,
-        ),
-      );
-    }
+    models = await writeModelPerType({ nEmbd: N_EMBD, nFf: N_FF, nExpert: 5, layers: [2] }, 500, tmp.dir);
   });
   afterAll(() => {
     if (worst.length) console.log(`TS path vs f64 oracle, min cosine: ${worst.join(", ")}`);
