@@ -7,6 +7,7 @@
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { mulberry32 } from "@moeswarm/core";
 import {
   GgmlType,
   type GgufMetadataValue,
@@ -69,19 +70,8 @@ async function alternate(
   ];
 }
 
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 function uniform(n: number, seed: number, scale: number): Float32Array {
-  const r = rng(seed);
+  const r = mulberry32(seed);
   const out = new Float32Array(n);
   for (let i = 0; i < n; i++) out[i] = (r() * 2 - 1) * scale;
   return out;
@@ -125,7 +115,7 @@ async function writeSlice(type: GgmlType, path: string): Promise<void> {
 
 /** n tokens, each with K distinct experts of the slice (global ids e*16). */
 function request(n: number, seed: number) {
-  const r = rng(seed);
+  const r = mulberry32(seed);
   const ids = new Int32Array(n * K);
   const w = new Float32Array(n * K);
   for (let i = 0; i < n; i++) {

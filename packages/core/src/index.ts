@@ -1,6 +1,7 @@
 // Public API of @moeswarm/core.
 
 export { abortable, linkedSignal, onAbort, sleep } from "./abort.js";
+export { type CliProcessIo, type CliProcessOptions, runCliProcess } from "./cli-process.js";
 
 export {
   canonicalKeys,
@@ -10,6 +11,7 @@ export {
   encodeFrame,
   validateFrame,
 } from "./codec.js";
+export { describeError } from "./describe-error.js";
 export { ERROR_CODES, type ErrorCode, isErrorCode } from "./error-codes.js";
 export {
   AbortError,

@@ -13,7 +13,7 @@ import {
   ProtocolError,
   TransportError,
 } from "@moeswarm/core";
-import { expectNoUnhandledRejections } from "@moeswarm/testkit";
+import { expectNoUnhandledRejections, waitFor } from "@moeswarm/testkit";
 import { afterEach, beforeAll, describe, expect, it } from "vitest";
 import {
   type ConnectRelayOptions,
@@ -23,7 +23,7 @@ import {
   type RelayEvent,
   RelayTransport,
 } from "../src/index.js";
-import { FakeRelay, waitFor } from "./fake-relay.js";
+import { FakeRelay } from "./fake-relay.js";
 
 expectNoUnhandledRejections(0);
 let relay: FakeRelay;

@@ -129,16 +129,3 @@ export class FakeRelay {
     await new Promise<void>((r) => this.server.close(() => r()));
   }
 }
-
-export async function waitFor(
-  check: () => boolean,
-  what: string | (() => string),
-  timeoutMs = 8000,
-): Promise<void> {
-  const start = Date.now();
-  while (!check()) {
-    if (Date.now() - start > timeoutMs)
-      throw new Error(`timed out waiting for ${typeof what === "function" ? what() : what}`);
-    await new Promise((r) => setTimeout(r, 5));
-  }
-}

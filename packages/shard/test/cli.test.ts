@@ -1,20 +1,21 @@
 // The built `moeswarm-shard` bin, spawned as a user runs it: every subcommand, --json output,
 // one-line typed errors with a non-zero exit, no progress bar when not on a terminal.
+
 import { spawn } from "node:child_process";
 import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { tempDir } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runCli } from "../src/cli/run.js";
 import { readGguf, sliceExperts, synthesizeMoeModel, syntheticPreset } from "../src/index.js";
-import { tempDir } from "./gguf-fixtures.js";
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
 const bin = join(root, "dist", "cli.js");
-const tmp = tempDir("cli");
-afterAll(() => tmp.cleanup());
+const tmp = tempDir("moeswarm-cli-");
+afterAll(() => tmp.remove());
 
 interface Run {
   code: number | null;

@@ -1,8 +1,6 @@
 // Shared inputs for the GGUF tests: one file with every value type, nested arrays and several
 // tensor types, built deterministically.
 import { spawnSync } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { GgmlType, ggmlTensorBytes } from "../src/ggml-type.js";
@@ -114,11 +112,6 @@ export function smallInput(): GgufWriteInput {
       tensor("t.f16", GgmlType.F16, [2, 1, 1, 2], 13),
     ],
   };
-}
-
-export function tempDir(prefix: string): { dir: string; cleanup(): void } {
-  const dir = mkdtempSync(join(tmpdir(), `moeswarm-${prefix}-`));
-  return { dir, cleanup: () => rmSync(dir, { recursive: true, force: true }) };
 }
 
 /** Runs a Python script with gguf-py of the pinned llama.cpp on the path; returns stdout. */

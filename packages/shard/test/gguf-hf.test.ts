@@ -1,6 +1,8 @@
 // @huggingface/gguf (an independent parser) against our writer and reader on the same files.
+
 import { join } from "node:path";
 import { gguf } from "@huggingface/gguf";
+import { tempDir } from "@moeswarm/testkit";
 import { afterAll, describe, expect, it } from "vitest";
 import {
   type GgufMetadataValue,
@@ -9,10 +11,10 @@ import {
   readGguf,
   writeGguf,
 } from "../src/index.js";
-import { kitchenSink, smallInput, tempDir } from "./gguf-fixtures.js";
+import { kitchenSink, smallInput } from "./gguf-fixtures.js";
 
-const tmp = tempDir("gguf-hf");
-afterAll(() => tmp.cleanup());
+const tmp = tempDir("moeswarm-gguf-hf-");
+afterAll(() => tmp.remove());
 
 /** Our typed value as @huggingface/gguf reports it: plain JS arrays, bigint for 64-bit ints. */
 function asHf(v: GgufMetadataValue): unknown {

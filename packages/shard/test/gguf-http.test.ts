@@ -7,6 +7,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { GgufError } from "@moeswarm/core";
+import { tempDir } from "@moeswarm/testkit";
 import { Agent } from "undici";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
@@ -18,9 +19,9 @@ import {
   readGguf,
   writeGguf,
 } from "../src/index.js";
-import { kitchenSink, tempDir } from "./gguf-fixtures.js";
+import { kitchenSink } from "./gguf-fixtures.js";
 
-const tmp = tempDir("gguf-http");
+const tmp = tempDir("moeswarm-gguf-http-");
 const sinkPath = join(tmp.dir, "sink.gguf");
 const bigPath = join(tmp.dir, "big.gguf");
 
@@ -133,7 +134,7 @@ afterAll(async () => {
   for (const timer of delayed) clearTimeout(timer);
   server.closeAllConnections();
   await new Promise((resolve) => server.close(resolve));
-  tmp.cleanup();
+  tmp.remove();
 });
 
 function reset(): void {

@@ -1,9 +1,11 @@
 // Our reader and writer against gguf-py of the pinned llama.cpp (an independent implementation):
 // gguf-py reads what we write, we read what gguf-py writes, and rewriting its file is
 // byte-identical.
+
 import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
+import { tempDir } from "@moeswarm/testkit";
 import { afterAll, describe, expect, it } from "vitest";
 import {
   fileSource,
@@ -14,10 +16,10 @@ import {
   readGguf,
   writeGguf,
 } from "../src/index.js";
-import { kitchenSink, runGgufPy, tempDir } from "./gguf-fixtures.js";
+import { kitchenSink, runGgufPy } from "./gguf-fixtures.js";
 
-const tmp = tempDir("gguf-py");
-afterAll(() => tmp.cleanup());
+const tmp = tempDir("moeswarm-gguf-py-");
+afterAll(() => tmp.remove());
 
 // Values cross the process boundary as tagged strings, so 64-bit integers and float bits are exact.
 const READ_SCRIPT = `

@@ -1,10 +1,12 @@
 // Our writer and reader against each other: exact values and types, byte-identical rewrites,
 // byte ranges of the stream, header-only sparse files, input validation, abort.
+
 import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { PassThrough } from "node:stream";
 import { pathToFileURL } from "node:url";
 import { type GgufError, InvalidArgumentError, isMoeswarmError } from "@moeswarm/core";
+import { tempDir } from "@moeswarm/testkit";
 import { afterAll, describe, expect, it } from "vitest";
 import {
   type ByteSource,
@@ -30,10 +32,10 @@ import {
   readGguf,
   writeGguf,
 } from "../src/index.js";
-import { kitchenSink, kitchenSinkMetadata, pseudoBytes, tempDir, tensor } from "./gguf-fixtures.js";
+import { kitchenSink, kitchenSinkMetadata, pseudoBytes, tensor } from "./gguf-fixtures.js";
 
-const tmp = tempDir("gguf-rt");
-afterAll(() => tmp.cleanup());
+const tmp = tempDir("moeswarm-gguf-rt-");
+afterAll(() => tmp.remove());
 
 async function collect(stream: AsyncIterable<Uint8Array>): Promise<Uint8Array> {
   const parts: Uint8Array[] = [];

@@ -1,8 +1,10 @@
 // fileSource and bufferSource: positioned reads, ends, closing, bad arguments; how many reads a
 // header costs.
+
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { GgufError, InvalidArgumentError } from "@moeswarm/core";
+import { tempDir } from "@moeswarm/testkit";
 import { afterAll, describe, expect, it } from "vitest";
 import {
   type ByteSource,
@@ -13,10 +15,10 @@ import {
   readGguf,
   writeGguf,
 } from "../src/index.js";
-import { pseudoBytes, tempDir } from "./gguf-fixtures.js";
+import { pseudoBytes } from "./gguf-fixtures.js";
 
-const tmp = tempDir("gguf-src");
-afterAll(() => tmp.cleanup());
+const tmp = tempDir("moeswarm-gguf-src-");
+afterAll(() => tmp.remove());
 const bytes = pseudoBytes(10_000, 42);
 const path = join(tmp.dir, "bytes.bin");
 writeFileSync(path, bytes);

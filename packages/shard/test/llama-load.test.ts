@@ -2,16 +2,17 @@
 // the synthetic models of every architecture, tokenises text with their BPE vocabulary and decodes
 // greedily and deterministically, with clear top-1/top-2 margins. The model runs in a child
 // process (test/llama-decode.mjs), so a llama.cpp abort fails the test instead of the runner.
+
 import { spawnSync } from "node:child_process";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { tempDir } from "@moeswarm/testkit";
 import { afterAll, describe, expect, it } from "vitest";
 import { SYNTHETIC_ARCHS, synthesizeMoeModel, syntheticPreset } from "../src/index.js";
 import { buildTokenizer } from "../src/synth/tokenizer.js";
-import { tempDir } from "./gguf-fixtures.js";
 
-const tmp = tempDir("llama");
-afterAll(() => tmp.cleanup());
+const tmp = tempDir("moeswarm-llama-");
+afterAll(() => tmp.remove());
 
 interface DecodeRun {
   tokens: number[];

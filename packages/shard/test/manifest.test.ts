@@ -1,9 +1,11 @@
 // Manifests: slab sha256s match an independent hash of the source ranges (Python's hashlib over
 // gguf-py's tensor offsets), the cache beside the model is reused and invalidated, and
 // verifySlice catches any changed byte with the slab it is in.
+
 import { createHash } from "node:crypto";
 import { readFileSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { tempDir } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   buildManifest,
@@ -21,10 +23,10 @@ import {
   verifySlice,
   writeGguf,
 } from "../src/index.js";
-import { runGgufPy, tempDir, tensor } from "./gguf-fixtures.js";
+import { runGgufPy, tensor } from "./gguf-fixtures.js";
 
-const tmp = tempDir("manifest");
-afterAll(() => tmp.cleanup());
+const tmp = tempDir("moeswarm-manifest-");
+afterAll(() => tmp.remove());
 
 let model: string;
 let manifest: SliceManifest;

@@ -1,16 +1,17 @@
 // `moeswarm-shard plan`: the table, --json, a model read over HTTP Range requests, swarm workers
 // and demand from files, typed errors with their exit status.
+
 import { createReadStream, statSync, writeFileSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
+import { tempDir } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runCli } from "../src/cli/run.js";
 import { writeGguf } from "../src/index.js";
-import { tempDir } from "./gguf-fixtures.js";
 import { QWEN35_122B, qwen35moeModel } from "./plan-fixtures.js";
 
-const tmp = tempDir("plan-cli");
+const tmp = tempDir("moeswarm-plan-cli-");
 const model = join(tmp.dir, "qwen35-122b.gguf");
 let server: Server;
 let url: string;
@@ -41,7 +42,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await new Promise<void>((r) => server.close(() => r()));
-  tmp.cleanup();
+  tmp.remove();
 });
 
 async function cli(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {

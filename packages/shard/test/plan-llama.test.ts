@@ -3,8 +3,10 @@
 // for it, and the KV cache + recurrent state llama.cpp allocates for a context (exact), with the
 // compute-buffer estimate bounding llama.cpp's own reserve. Loads are no_alloc: llama.cpp reads
 // the header and simulates every allocation, so the 74 GB model costs nothing here.
+
 import { join } from "node:path";
 import { InvalidArgumentError } from "@moeswarm/core";
+import { tempDir } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   estimateComputeBuffer,
@@ -18,11 +20,10 @@ import {
   syntheticPreset,
   writeGguf,
 } from "../src/index.js";
-import { tempDir } from "./gguf-fixtures.js";
 import { type LlamaProbe, loadLlamaProbe, total } from "./llama-probe/llama-probe.js";
 import { QWEN35_122B, QWEN35_TINY, qwen35moeModel } from "./plan-fixtures.js";
 
-const tmp = tempDir("plan-llama");
+const tmp = tempDir("moeswarm-plan-llama-");
 const models: Record<string, { path: string; header: GgufHeader }> = {};
 let probe: LlamaProbe;
 
@@ -46,7 +47,7 @@ beforeAll(async () => {
 
 const ratios: string[] = [];
 afterAll(() => {
-  tmp.cleanup();
+  tmp.remove();
   if (process.env.MOESWARM_PRINT_RATIOS)
     console.log(`compute estimate / llama.cpp reserve:\n${ratios.join("\n")}`);
 });

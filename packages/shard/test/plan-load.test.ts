@@ -4,17 +4,18 @@
 // planned shape whose KV cache llama.cpp sizes as planned; and the plan's -ot value makes
 // llama.cpp's loader move exactly the planned tensors (test/llama-probe). This machine has no
 // GPU: node-llama-cpp sets gpuLayers to 0, so the VRAM side itself is not exercised here.
+
 import { spawnSync } from "node:child_process";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { tempDir } from "@moeswarm/testkit";
 import { afterAll, expect, it } from "vitest";
 import { ensureSyntheticModel, planOffload, readGguf } from "../src/index.js";
-import { tempDir } from "./gguf-fixtures.js";
 import { loadLlamaProbe } from "./llama-probe/llama-probe.js";
 
 const here = dirname(fileURLToPath(import.meta.url));
-const tmp = tempDir("plan-load");
-afterAll(() => tmp.cleanup());
+const tmp = tempDir("moeswarm-plan-load-");
+afterAll(() => tmp.remove());
 
 interface LoadResult {
   gpu: string | false;

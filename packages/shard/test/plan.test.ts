@@ -2,11 +2,13 @@
 // writer, read back from the file and over HTTP Range requests): exact sums, the KV cache and
 // recurrent state of the hybrid architecture from the published configuration, the -ot regex
 // against every tensor name, the --n-cpu-moe equivalence, swarm slices, and the reference plan.
+
 import { createReadStream, statSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { InvalidArgumentError } from "@moeswarm/core";
+import { tempDir } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   assignSwarm,
@@ -30,11 +32,10 @@ import {
   toGiB,
   writeGguf,
 } from "../src/index.js";
-import { tempDir } from "./gguf-fixtures.js";
 import { QWEN35_122B, qwen35moeModel } from "./plan-fixtures.js";
 
 const GIB = 1n << 30n;
-const tmp = tempDir("plan");
+const tmp = tempDir("moeswarm-plan-");
 const path122 = join(tmp.dir, "qwen35-122b-q4km.gguf");
 let header: GgufHeader;
 let server: Server;
@@ -66,7 +67,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await new Promise<void>((r) => server.close(() => r()));
-  tmp.cleanup();
+  tmp.remove();
 });
 
 /** Every tensor once; device sums add up to the model; VRAM/RAM weights are what their tensors hold. */

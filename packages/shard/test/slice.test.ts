@@ -1,8 +1,10 @@
 // Expert slicing: the slice's slabs are the source's bytes (checked by direct reads and by gguf-py,
 // an independent reader), ranges compose to the whole, selections are validated with typed errors.
+
 import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
+import { tempDir } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   bufferSource,
@@ -23,10 +25,10 @@ import {
   syntheticPreset,
   writeGguf,
 } from "../src/index.js";
-import { runGgufPy, tempDir, tensor } from "./gguf-fixtures.js";
+import { runGgufPy, tensor } from "./gguf-fixtures.js";
 
-const tmp = tempDir("slice");
-afterAll(() => tmp.cleanup());
+const tmp = tempDir("moeswarm-slice-");
+afterAll(() => tmp.remove());
 
 const sha256 = (bytes: Uint8Array) => createHash("sha256").update(bytes).digest("hex");
 

@@ -1,9 +1,11 @@
 // Synthetic MoE models: determinism, layout (read back by gguf-py, an independent reader), the
 // statistics of the drawn weights, presets, caching and bad options.
+
 import { createHash } from "node:crypto";
 import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { PassThrough } from "node:stream";
+import { tempDir } from "@moeswarm/testkit";
 import { afterAll, describe, expect, it } from "vitest";
 import {
   dequantize,
@@ -21,10 +23,10 @@ import {
   syntheticPreset,
 } from "../src/index.js";
 import { buildTokenizer } from "../src/synth/tokenizer.js";
-import { runGgufPy, tempDir } from "./gguf-fixtures.js";
+import { runGgufPy } from "./gguf-fixtures.js";
 
-const tmp = tempDir("synth");
-afterAll(() => tmp.cleanup());
+const tmp = tempDir("moeswarm-synth-");
+afterAll(() => tmp.remove());
 
 const sha256 = (bytes: Uint8Array) => createHash("sha256").update(bytes).digest("hex");
 

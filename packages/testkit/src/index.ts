@@ -23,3 +23,4 @@ export function expectNoUnhandledRejections(settleMs = 150): void {
 }
 export { waitFor } from "./hub.js";
 export { type CapturedStream, captureStream } from "./streams.js";
+export { type TempDir, tempDir } from "./temp.js";

@@ -113,16 +113,8 @@ function sameShape(t: GgufTensorInfo, want: readonly number[]): boolean {
   return shape.length === want.length && shape.every((v, i) => v === want[i]);
 }
 
-/**
- * Reads the expert layout of a slice (or full model) GGUF header. Throws GgufError for a file the
- * native loader would refuse, so every backend agrees on what a slice holds.
- */
-export function sliceLayout(header: GgufHeader, options: { act?: Activation | "auto" } = {}): SliceLayout {
-  const fileSize = header.fileSize === undefined ? undefined : Number(header.fileSize);
-  const byName = new Map(header.tensors.map((t) => [t.name, t]));
-  const archValue = header.metadata.get("general.architecture");
-  const arch = archValue?.type === GgufValueType.STRING ? archValue.value : "";
-
+/** The layers that hold routed-expert tensors, checked against `moeswarm.slice.layers` when present. */
+function expertLayerIds(header: GgufHeader): number[] {
   const found = new Set<number>();
   for (const t of header.tensors) {
     const m = EXPERT_WEIGHT.exec(t.name);
@@ -143,101 +135,122 @@ export function sliceLayout(header: GgufHeader, options: { act?: Activation | "a
       );
     }
   }
+  return layerIds;
+}
 
-  let nEmbd = 0;
-  let nExpert = 0;
-  const layers: SliceLayer[] = [];
-  for (const il of layerIds) {
-    const get = (suffix: string) => byName.get(`blk.${il}.${suffix}`);
-    const down = get("ffn_down_exps.weight");
-    if (!down) throw bad("MOESWARM_GGUF_NOT_MOE", `layer ${il} has no blk.${il}.ffn_down_exps.weight`);
-    const [nFf = 0, e = 0, x = 0, extra = 1] = down.shape;
-    if (
-      down.shape.length > 4 ||
-      extra !== 1 ||
-      nFf < 1 ||
-      nFf > MAX_FF ||
-      e < 1 ||
-      e > MAX_EMBD ||
-      x < 1 ||
-      x > MAX_EXPERTS
-    ) {
-      throw bad(
-        "MOESWARM_GGUF_BAD_TENSOR",
-        `blk.${il}.ffn_down_exps.weight has shape [${down.shape.join(", ")}]: expected [n_ff, n_embd, n_expert]`,
-      );
-    }
-    if (nEmbd === 0) {
-      nEmbd = e;
-      nExpert = x;
-    } else if (nEmbd !== e || nExpert !== x) {
-      throw bad(
-        "MOESWARM_GGUF_BAD_TENSOR",
-        `layer ${il} has n_embd ${e} and ${x} experts, other layers ${nEmbd} and ${nExpert}`,
-      );
-    }
-    const take = (suffix: string, shape: number[], weight: boolean): SliceTensor | undefined => {
-      const t = get(suffix);
-      if (!t) return undefined;
-      if (!sameShape(t, shape)) {
-        throw bad(
-          "MOESWARM_GGUF_BAD_TENSOR",
-          `${t.name} has shape [${t.shape.join(", ")}], expected [${shape.join(", ")}]`,
-        );
-      }
-      if (!weight && t.type !== 0) {
-        throw bad(
-          "MOESWARM_GGUF_UNSUPPORTED_TYPE",
-          `${t.name} has type ${ggmlTypeName(t.type)}, expected f32`,
-        );
-      }
-      const offset = Number(t.absoluteOffset);
-      const nbytes = Number(t.nbytes);
-      if (fileSize !== undefined && offset + nbytes > fileSize) {
-        throw bad(
-          "MOESWARM_GGUF_TRUNCATED",
-          `${t.name} needs bytes [${offset}, ${offset + nbytes}) but the file has ${fileSize}`,
-        );
-      }
-      return { name: t.name, type: t.type, shape: t.shape, offset, nbytes };
-    };
-    const L: SliceLayer = {
-      layer: il,
-      nFf,
-      down: take("ffn_down_exps.weight", [nFf, e, x], true)!,
-      swigluLimit: 0,
-    };
-    const opt = (key: keyof SliceLayer, suffix: string, shape: number[], weight: boolean) => {
-      const t = take(suffix, shape, weight);
-      if (t) (L as unknown as Record<string, SliceTensor>)[key] = t;
-    };
-    opt("gate", "ffn_gate_exps.weight", [e, nFf, x], true);
-    opt("up", "ffn_up_exps.weight", [e, nFf, x], true);
-    opt("gateUp", "ffn_gate_up_exps.weight", [e, 2 * nFf, x], true);
-    opt("gateBias", "ffn_gate_exps.bias", [nFf, x], false);
-    opt("upBias", "ffn_up_exps.bias", [nFf, x], false);
-    opt("gateUpBias", "ffn_gate_up_exps.bias", [2 * nFf, x], false);
-    opt("downBias", "ffn_down_exps.bias", [e, x], false);
-    opt("gateScale", "ffn_gate_exps.scale", [x], false);
-    opt("upScale", "ffn_up_exps.scale", [x], false);
-    opt("downScale", "ffn_down_exps.scale", [x], false);
-    if (L.gateUp && (L.gate || L.up)) {
-      throw bad(
-        "MOESWARM_GGUF_BAD_TENSOR",
-        `layer ${il} has both ffn_gate_up_exps and separate gate/up expert tensors`,
-      );
-    }
-    if (!L.gateUp && !L.up)
-      throw bad("MOESWARM_GGUF_NOT_MOE", `layer ${il} has no ffn_up_exps or ffn_gate_up_exps`);
-    if ((L.gateBias || L.gateScale) && !L.gate)
-      throw bad("MOESWARM_GGUF_BAD_TENSOR", `layer ${il} has a gate bias/scale but no ffn_gate_exps`);
-    if ((L.upBias || L.upScale) && !L.up)
-      throw bad("MOESWARM_GGUF_BAD_TENSOR", `layer ${il} has an up bias/scale but no ffn_up_exps`);
-    if (L.gateUpBias && !L.gateUp)
-      throw bad("MOESWARM_GGUF_BAD_TENSOR", `layer ${il} has ffn_gate_up_exps.bias but no weight`);
-    layers.push(L);
+/** What every layer must agree on; the first layer read sets it (zeros until then). */
+interface SliceDims {
+  nEmbd: number;
+  nExpert: number;
+}
+
+/** One tensor of a layer, when present: shape, type (biases and scales are f32) and extent checked. */
+function sliceTensor(
+  t: GgufTensorInfo | undefined,
+  shape: number[],
+  weight: boolean,
+  fileSize: number | undefined,
+): SliceTensor | undefined {
+  if (!t) return undefined;
+  if (!sameShape(t, shape)) {
+    throw bad(
+      "MOESWARM_GGUF_BAD_TENSOR",
+      `${t.name} has shape [${t.shape.join(", ")}], expected [${shape.join(", ")}]`,
+    );
   }
+  if (!weight && t.type !== 0) {
+    throw bad("MOESWARM_GGUF_UNSUPPORTED_TYPE", `${t.name} has type ${ggmlTypeName(t.type)}, expected f32`);
+  }
+  const offset = Number(t.absoluteOffset);
+  const nbytes = Number(t.nbytes);
+  if (fileSize !== undefined && offset + nbytes > fileSize) {
+    throw bad(
+      "MOESWARM_GGUF_TRUNCATED",
+      `${t.name} needs bytes [${offset}, ${offset + nbytes}) but the file has ${fileSize}`,
+    );
+  }
+  return { name: t.name, type: t.type, shape: t.shape, offset, nbytes };
+}
 
+/**
+ * Checks one layer's expert tensors: the down projection fixes n_ff, n_embd and the expert count
+ * (which must match `dims`, set by the first layer), the other tensors must have the shapes they imply.
+ */
+function sliceLayer(
+  il: number,
+  byName: ReadonlyMap<string, GgufTensorInfo>,
+  fileSize: number | undefined,
+  dims: SliceDims,
+): SliceLayer {
+  const get = (suffix: string) => byName.get(`blk.${il}.${suffix}`);
+  const down = get("ffn_down_exps.weight");
+  if (!down) throw bad("MOESWARM_GGUF_NOT_MOE", `layer ${il} has no blk.${il}.ffn_down_exps.weight`);
+  const [nFf = 0, e = 0, x = 0, extra = 1] = down.shape;
+  if (
+    down.shape.length > 4 ||
+    extra !== 1 ||
+    nFf < 1 ||
+    nFf > MAX_FF ||
+    e < 1 ||
+    e > MAX_EMBD ||
+    x < 1 ||
+    x > MAX_EXPERTS
+  ) {
+    throw bad(
+      "MOESWARM_GGUF_BAD_TENSOR",
+      `blk.${il}.ffn_down_exps.weight has shape [${down.shape.join(", ")}]: expected [n_ff, n_embd, n_expert]`,
+    );
+  }
+  if (dims.nEmbd === 0) {
+    dims.nEmbd = e;
+    dims.nExpert = x;
+  } else if (dims.nEmbd !== e || dims.nExpert !== x) {
+    throw bad(
+      "MOESWARM_GGUF_BAD_TENSOR",
+      `layer ${il} has n_embd ${e} and ${x} experts, other layers ${dims.nEmbd} and ${dims.nExpert}`,
+    );
+  }
+  const take = (suffix: string, shape: number[], weight: boolean) =>
+    sliceTensor(get(suffix), shape, weight, fileSize);
+  const L: SliceLayer = {
+    layer: il,
+    nFf,
+    down: take("ffn_down_exps.weight", [nFf, e, x], true)!,
+    swigluLimit: 0,
+  };
+  const opt = (key: keyof SliceLayer, suffix: string, shape: number[], weight: boolean) => {
+    const t = take(suffix, shape, weight);
+    if (t) (L as unknown as Record<string, SliceTensor>)[key] = t;
+  };
+  opt("gate", "ffn_gate_exps.weight", [e, nFf, x], true);
+  opt("up", "ffn_up_exps.weight", [e, nFf, x], true);
+  opt("gateUp", "ffn_gate_up_exps.weight", [e, 2 * nFf, x], true);
+  opt("gateBias", "ffn_gate_exps.bias", [nFf, x], false);
+  opt("upBias", "ffn_up_exps.bias", [nFf, x], false);
+  opt("gateUpBias", "ffn_gate_up_exps.bias", [2 * nFf, x], false);
+  opt("downBias", "ffn_down_exps.bias", [e, x], false);
+  opt("gateScale", "ffn_gate_exps.scale", [x], false);
+  opt("upScale", "ffn_up_exps.scale", [x], false);
+  opt("downScale", "ffn_down_exps.scale", [x], false);
+  if (L.gateUp && (L.gate || L.up)) {
+    throw bad(
+      "MOESWARM_GGUF_BAD_TENSOR",
+      `layer ${il} has both ffn_gate_up_exps and separate gate/up expert tensors`,
+    );
+  }
+  if (!L.gateUp && !L.up)
+    throw bad("MOESWARM_GGUF_NOT_MOE", `layer ${il} has no ffn_up_exps or ffn_gate_up_exps`);
+  if ((L.gateBias || L.gateScale) && !L.gate)
+    throw bad("MOESWARM_GGUF_BAD_TENSOR", `layer ${il} has a gate bias/scale but no ffn_gate_exps`);
+  if ((L.upBias || L.upScale) && !L.up)
+    throw bad("MOESWARM_GGUF_BAD_TENSOR", `layer ${il} has an up bias/scale but no ffn_up_exps`);
+  if (L.gateUpBias && !L.gateUp)
+    throw bad("MOESWARM_GGUF_BAD_TENSOR", `layer ${il} has ffn_gate_up_exps.bias but no weight`);
+  return L;
+}
+
+/** Global expert ids in slice order: `moeswarm.slice.experts`, or 0..n-1 for a full model. */
+function sliceExperts(header: GgufHeader, nExpert: number): number[] {
   const experts = u32Array(header.metadata.get("moeswarm.slice.experts"), "moeswarm.slice.experts") ?? [
     ...Array(nExpert).keys(),
   ];
@@ -251,7 +264,11 @@ export function sliceLayout(header: GgufHeader, options: { act?: Activation | "a
     throw bad("MOESWARM_GGUF_BAD_TENSOR", "moeswarm.slice.experts lists an expert twice");
   if (experts.some((id) => id > 0x7fff_ffff))
     throw bad("MOESWARM_GGUF_BAD_TENSOR", "an expert id does not fit an int32");
+  return experts;
+}
 
+/** The activation: the option, or the architecture's; architectures not supported yet are refused. */
+function sliceActivation(arch: string, act: Activation | "auto" | undefined): Activation {
   if (arch === "llama4") {
     throw bad(
       "MOESWARM_GGUF_BAD_TENSOR",
@@ -260,11 +277,15 @@ export function sliceLayout(header: GgufHeader, options: { act?: Activation | "a
   }
   if (arch === "kimi-k3")
     throw bad("MOESWARM_GGUF_BAD_TENSOR", "kimi-k3's SITU activation is not supported yet");
-  const actOption = options.act ?? "auto";
+  const actOption = act ?? "auto";
   if (actOption !== "auto" && !ACTIVATIONS.includes(actOption)) {
     throw new InvalidArgumentError(`unknown activation ${String(actOption)}`);
   }
-  const act = actOption === "auto" ? actForArch(arch) : actOption;
+  return actOption === "auto" ? actForArch(arch) : actOption;
+}
+
+/** Checks each layer's gating against the activation and sets its SwiGLU clamp. */
+function applyActivation(header: GgufHeader, arch: string, act: Activation, layers: SliceLayer[]): void {
   const clamp = arch ? header.metadata.get(`${arch}.swiglu_clamp_exp`) : undefined;
   for (const L of layers) {
     const hasGate = Boolean(L.gate || L.gateUp);
@@ -286,7 +307,23 @@ export function sliceLayout(header: GgufHeader, options: { act?: Activation | "a
       }
     }
   }
-  return { arch, act, nEmbd, nExpert, experts, layers };
+}
+
+/**
+ * Reads the expert layout of a slice (or full model) GGUF header. Throws GgufError for a file the
+ * native loader would refuse, so every backend agrees on what a slice holds.
+ */
+export function sliceLayout(header: GgufHeader, options: { act?: Activation | "auto" } = {}): SliceLayout {
+  const fileSize = header.fileSize === undefined ? undefined : Number(header.fileSize);
+  const byName = new Map(header.tensors.map((t) => [t.name, t]));
+  const archValue = header.metadata.get("general.architecture");
+  const arch = archValue?.type === GgufValueType.STRING ? archValue.value : "";
+  const dims: SliceDims = { nEmbd: 0, nExpert: 0 };
+  const layers = expertLayerIds(header).map((il) => sliceLayer(il, byName, fileSize, dims));
+  const experts = sliceExperts(header, dims.nExpert);
+  const act = sliceActivation(arch, options.act);
+  applyActivation(header, arch, act, layers);
+  return { arch, act, nEmbd: dims.nEmbd, nExpert: dims.nExpert, experts, layers };
 }
 
 /** The types a TypeScript compute can read (shard's dequantisers). */

@@ -3,17 +3,10 @@ import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { cosine, relL2 } from "@moeswarm/core";
 import { GgmlType, ggmlTypeName } from "@moeswarm/shard";
+import { tempDir } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { expertWorkerPath, spawnExpertWorker } from "../src/index.js";
-import {
-  type Fixture,
-  normals,
-  randomIds,
-  randomWeights,
-  tempDir,
-  writeModel,
-  writeSlice,
-} from "./fixtures.js";
+import { type Fixture, normals, randomIds, randomWeights, writeModel, writeSlice } from "./fixtures.js";
 
 // The static aarch64 executables (android-arm64) run here under qemu-user and are compared with
 // the x86-64 build on the same slices. SIMD kernels sum in another order on each architecture,
@@ -49,7 +42,7 @@ const REL_L2_BOUND = 1e-5;
 const REL_L2_BOUND_F16 = 5e-5;
 
 describe.skipIf(Boolean(skip))("android-arm64 executables under qemu-user", () => {
-  const tmp = tempDir();
+  const tmp = tempDir("moeswarm-wn-");
   const slices = new Map<GgmlType, string>();
   const measured: string[] = [];
 
@@ -66,7 +59,7 @@ describe.skipIf(Boolean(skip))("android-arm64 executables under qemu-user", () =
   });
   afterAll(() => {
     if (measured.length) console.log(`aarch64 (qemu) vs x86-64, relative L2: ${measured.join("; ")}`);
-    tmp.cleanup();
+    tmp.remove();
   });
 
   it("the baseline binary knows which sibling to hand over to", () => {

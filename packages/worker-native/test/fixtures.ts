@@ -1,9 +1,3 @@
-// Test fixtures: synthetic MoE models written as GGUF by the tests themselves, with seeded random
-// expert weights quantised by ggml itself (the addon's ggml_quantize_chunk; shard's bit-identical
-// reference quantisers when the addon is not built), slices cut from them as byte copies of the
-// ne[2] slabs, and an f64 oracle of the expert FFN.
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import {
   dequantize,
@@ -97,11 +91,6 @@ export interface Fixture {
   cleanup(): void;
 }
 
-export function tempDir(prefix = "moeswarm-wn-"): { dir: string; cleanup(): void } {
-  const dir = mkdtempSync(join(tmpdir(), prefix));
-  return { dir, cleanup: () => rmSync(dir, { recursive: true, force: true }) };
-}
-
 function f32Bytes(values: Float32Array): Uint8Array {
   return new Uint8Array(values.buffer.slice(values.byteOffset, values.byteOffset + values.byteLength));
 }
@@ -160,6 +149,17 @@ export async function writeModel(spec: ModelSpec, dir: string): Promise<Fixture>
     path,
   );
   return { spec, path, tensors, dir, cleanup: () => {} };
+}
+
+/** One model per type of TYPES, alike but for the type; each one's seed is `seedBase + type`. */
+export async function writeModelPerType(
+  spec: Omit<ModelSpec, "type" | "seed">,
+  seedBase: number,
+  dir: string,
+): Promise<Map<GgmlType, Fixture>> {
+  const models = new Map<GgmlType, Fixture>();
+  for (const type of TYPES) models.set(type, await writeModel({ ...spec, type, seed: seedBase + type }, dir));
+  return models;
 }
 
 /**

@@ -2,13 +2,14 @@
 // rot between such sessions: here it drives the CPU executable (`--device cpu`) through the same
 // checks, with its own msgpack codec, gguf-py models and f64 oracle. On the CPU the slice path is
 // the monolithic graph's bits, so the script's strictest checks apply.
+
 import { spawnSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
+import { tempDir } from "@moeswarm/testkit";
 import { describe, expect, it } from "vitest";
 import { expertWorkerPath } from "../src/index.js";
-import { tempDir } from "./fixtures.js";
 
 const here = dirname(fileURLToPath(import.meta.url));
 
@@ -72,7 +73,7 @@ describe("scripts/gpu-check.py against the CPU executable", () => {
         expect(c.cos_slot, name).toBeGreaterThan(name === "F32" ? 0.99999 : 0.999);
       }
     } finally {
-      tmp.cleanup();
+      tmp.remove();
     }
   }, 120_000);
 });

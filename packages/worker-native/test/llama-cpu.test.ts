@@ -2,11 +2,13 @@
 // CPU backend library llama.cpp itself loads on this machine. Its sharded per-expert outputs must
 // equal, bit for bit, one monolithic MUL_MAT_ID graph over the whole tensors (build_moe_ffn's, on
 // the same library), and its sums the weighting MUL and ADDs of that graph.
+
 import { execFileSync } from "node:child_process";
 import { readFileSync, realpathSync } from "node:fs";
 import { join } from "node:path";
 import { sumSlots } from "@moeswarm/core";
 import { GgmlType } from "@moeswarm/shard";
+import { tempDir } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   llamaCppBinsDir,
@@ -23,7 +25,6 @@ import {
   normals,
   randomIds,
   randomWeights,
-  tempDir,
   writeModel,
   writeSlice,
 } from "./fixtures.js";
@@ -59,7 +60,7 @@ const CASES = [
 
 describe.skipIf(Boolean(missing))("llama-cpu expert compute (moeswarm-expert-worker-llama)", () => {
   const tmp = tempDir("moeswarm-wn-llama-");
-  afterAll(() => tmp.cleanup());
+  afterAll(() => tmp.remove());
 
   it("loads node-llama-cpp's best CPU backend library, not this package's static ggml", () => {
     const out = execFileSync(llamaExpertWorkerPath(), ["--version"], {

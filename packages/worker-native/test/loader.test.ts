@@ -1,10 +1,10 @@
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { tempDir } from "@moeswarm/testkit";
 import { describe, expect, it } from "vitest";
 import { errorFromCode } from "../src/error-from-code.js";
 import { armVariantFor, expertWorkerPath, nativeStatus, probeNative } from "../src/index.js";
 import { failureMessage, probe } from "../src/native-binding.js";
-import { tempDir } from "./fixtures.js";
 
 describe("loading the native code", () => {
   it("probes the candidates in a child process and says which one is in use", async () => {
@@ -25,7 +25,7 @@ describe("loading the native code", () => {
   });
 
   it("a broken binary fails its probe without touching this process, with a readable reason", async () => {
-    const tmp = tempDir();
+    const tmp = tempDir("moeswarm-wn-");
     try {
       const bogus = join(tmp.dir, "bogus.node");
       writeFileSync(bogus, "not an ELF file");
@@ -49,7 +49,7 @@ describe("loading the native code", () => {
         /possible solutions:[\s\S]*pnpm --filter @moeswarm\/worker-native build[\s\S]*backend: "ts"/,
       );
     } finally {
-      tmp.cleanup();
+      tmp.remove();
     }
   });
 

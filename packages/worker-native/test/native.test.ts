@@ -3,6 +3,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { cosine, sumSlots } from "@moeswarm/core";
 import { GgmlType, ggmlTypeName } from "@moeswarm/shard";
+import { tempDir } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadExpertCompute, NativeExpertCompute, probeNative } from "../src/index.js";
 import {
@@ -14,8 +15,8 @@ import {
   randomIds,
   randomWeights,
   TYPES,
-  tempDir,
   writeModel,
+  writeModelPerType,
   writeSlice,
 } from "./fixtures.js";
 
@@ -32,27 +33,23 @@ const K = 4;
 const N = 5;
 
 describe.skipIf(!status.available)("native expert compute (N-API addon)", () => {
-  const tmp = tempDir();
-  const models = new Map<GgmlType, Fixture>();
+  const tmp = tempDir("moeswarm-wn-");
+  let models: Map<GgmlType, Fixture>;
   const minCosine = new Map<string, string>();
 
   beforeAll(async () => {
-    for (const type of TYPES) {
-      models.set(
-        type,
-        await writeModel(
-          { type, nEmbd: N_EMBD, nFf: N_FF, nExpert: N_EXPERT, layers: [0, 3], seed: 100 + type },
-          tmp.dir,
-        ),
-      );
-    }
+    models = await writeModelPerType(
+      { nEmbd: N_EMBD, nFf: N_FF, nExpert: N_EXPERT, layers: [0, 3] },
+      100,
+      tmp.dir,
+    );
   });
   afterAll(() => {
     if (minCosine.size)
       console.log(
         `native vs f64 oracle, min cosine per type: ${JSON.stringify(Object.fromEntries(minCosine))}`,
       );
-    tmp.cleanup();
+    tmp.remove();
   });
 
   // ggml converts the activations to the weights' vec_dot_type before every mul_mat (q8_0, or q8_K

@@ -2,6 +2,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { cosine, sumSlots } from "@moeswarm/core";
 import { GgmlType, ggmlTypeName } from "@moeswarm/shard";
+import { tempDir } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadExpertCompute, NativeExpertCompute, probeNative, TsExpertCompute } from "../src/index.js";
 import {
@@ -12,8 +13,8 @@ import {
   randomIds,
   randomWeights,
   TYPES,
-  tempDir,
   writeModel,
+  writeModelPerType,
   writeSlice,
 } from "./fixtures.js";
 
@@ -23,24 +24,16 @@ const K = 3;
 const native = await probeNative();
 
 describe("TypeScript compute path", () => {
-  const tmp = tempDir();
-  const models = new Map<GgmlType, Fixture>();
+  const tmp = tempDir("moeswarm-wn-");
+  let models: Map<GgmlType, Fixture>;
   const worst: string[] = [];
 
   beforeAll(async () => {
-    for (const type of TYPES) {
-      models.set(
-        type,
-        await writeModel(
-          { type, nEmbd: N_EMBD, nFf: N_FF, nExpert: 5, layers: [2], seed: 500 + type },
-          tmp.dir,
-        ),
-      );
-    }
+    models = await writeModelPerType({ nEmbd: N_EMBD, nFf: N_FF, nExpert: 5, layers: [2] }, 500, tmp.dir);
   });
   afterAll(() => {
     if (worst.length) console.log(`TS path vs f64 oracle, min cosine: ${worst.join(", ")}`);
-    tmp.cleanup();
+    tmp.remove();
   });
 
   it("every type matches the f64 oracle (cosine >= 0.999999: exact activations, f64 sums)", async () => {

@@ -16,6 +16,7 @@ import {
   type ResultFrame,
 } from "@moeswarm/core";
 import { GgmlType } from "@moeswarm/shard";
+import { tempDir } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { expertWorkerPath, NativeExpertCompute, probeNative, spawnExpertWorker } from "../src/index.js";
 import {
@@ -25,7 +26,6 @@ import {
   randomIds,
   randomWeights,
   rng,
-  tempDir,
   writeModel,
   writeSlice,
 } from "./fixtures.js";
@@ -51,7 +51,7 @@ const N_FF = 256;
 const K = 4;
 
 describe.skipIf(Boolean(missing))("moeswarm-expert-worker (standalone executable)", () => {
-  const tmp = tempDir();
+  const tmp = tempDir("moeswarm-wn-");
   let model: Fixture;
   let slicePath: string;
   const sliceExperts = [5, 0, 2, 7];
@@ -64,7 +64,7 @@ describe.skipIf(Boolean(missing))("moeswarm-expert-worker (standalone executable
     slicePath = join(tmp.dir, "slice.gguf");
     await writeSlice(model, sliceExperts, [1, 2], slicePath);
   });
-  afterAll(() => tmp.cleanup());
+  afterAll(() => tmp.remove());
 
   it.skipIf(!native.available)(
     "gives the same bytes as the addon, through the same ExpertCompute interface",

@@ -99,6 +99,24 @@ async function sizeOf(path: string): Promise<number> {
   }
 }
 
+/** One download in progress: its settings and what it has so far, shared by its steps below. */
+interface DownloadRun {
+  readonly target: URL;
+  readonly part: string;
+  readonly statePath: string;
+  readonly options: DownloadOptions;
+  readonly signal: AbortSignal | undefined;
+  readonly client: HubClient;
+  readonly backoff: Parameters<typeof backoffDelay>[1];
+  readonly idleTimeoutMs: number;
+  /** Bytes of `part` on disk. */
+  have: number;
+  total: number | undefined;
+  etag: string | undefined;
+  requests: number;
+  resumes: number;
+}
+
 /**
  * Downloads `url` to `dest` through `dest.part`, resuming after cut connections: each retry asks
  * for the rest with `Range: bytes=<have>-` and `If-Range: <etag>`, so a file that changed on the
@@ -119,14 +137,6 @@ export async function downloadResumable(
   if (!Number.isInteger(maxAttempts) || maxAttempts < 1) {
     throw new InvalidArgumentError("maxAttempts must be an integer >= 1");
   }
-  const backoff = {
-    initialDelayMs: options.initialDelayMs ?? 250,
-    maxDelayMs: options.maxDelayMs ?? 10_000,
-    factor: 2,
-    jitter: 0.5,
-    maxAttempts,
-  };
-  const idleTimeoutMs = options.idleTimeoutMs ?? 30_000;
   const part = `${dest}.part`;
   const statePath = `${part}.json`;
   const t0 = performance.now();
@@ -138,168 +148,210 @@ export async function downloadResumable(
     have = 0;
   }
   const reusedBytes = have;
-  let requests = 0;
-  let resumes = 0;
-  let failures = 0;
-  let total = state?.total;
-  let etag = state?.etag;
-  const client = options.client ?? new HubClient({ base: target, ca: options.ca });
+  const run: DownloadRun = {
+    target,
+    part,
+    statePath,
+    options,
+    signal,
+    client: options.client ?? new HubClient({ base: target, ca: options.ca }),
+    backoff: {
+      initialDelayMs: options.initialDelayMs ?? 250,
+      maxDelayMs: options.maxDelayMs ?? 10_000,
+      factor: 2,
+      jitter: 0.5,
+      maxAttempts,
+    },
+    idleTimeoutMs: options.idleTimeoutMs ?? 30_000,
+    have,
+    total: state?.total,
+    etag: state?.etag,
+    requests: 0,
+    resumes: 0,
+  };
   try {
-    await download();
+    await download(run, maxAttempts);
   } finally {
-    if (client !== options.client) await client.close();
+    if (run.client !== options.client) await run.client.close();
   }
   await rename(part, dest);
   await rm(statePath, { force: true });
   return {
     path: dest,
-    bytes: have,
+    bytes: run.have,
     reusedBytes,
-    requests,
-    resumes,
-    etag,
+    requests: run.requests,
+    resumes: run.resumes,
+    etag: run.etag,
     ms: performance.now() - t0,
   };
+}
 
-  /** Attempts until the file is complete, backing off after failures. */
-  async function download(): Promise<void> {
-    for (;;) {
-      throwIfAborted(signal);
-      const before = have;
-      try {
-        const done = await attempt();
-        if (done) break;
-      } catch (error) {
-        if (signal?.aborted) throw abortReason(signal);
-        const e = networkError(error, target, "downloading");
-        // an error answer larger than the limit is not a hub in trouble
-        if (!isTransient(e) || e.code === "MOESWARM_TRANSPORT_LIMIT") throw e;
-        failures = have > before ? 1 : failures + 1;
-        if (failures >= maxAttempts) {
-          throw new TransportError(
-            "MOESWARM_TRANSPORT_CLOSED",
-            `download of ${target.pathname} failed ${failures} times in a row: ${e.message}`,
-            { cause: e, details: { url: target.href, received: have, total } },
-          );
-        }
-        const delayMs = backoffDelay(failures, backoff);
-        options.onRetry?.({ attempt: failures, error: e, delayMs, received: have });
-        await sleep(delayMs, signal);
-      }
-    }
-  }
-
-  /** One request; true when the file is complete. */
-  async function attempt(): Promise<boolean> {
-    const headers: Record<string, string> = { ...options.headers };
-    const resuming = have > 0 && etag !== undefined;
-    if (resuming) {
-      headers.range = `bytes=${have}-`;
-      headers["if-range"] = etag as string;
-    }
-    requests++;
-    const res = await client.open(target, {
-      headers,
-      signal,
-      headersTimeoutMs: options.headersTimeoutMs ?? 30_000,
-    });
-    const { status } = res;
-    if (status === 416 && resuming) {
-      // we hold at least the whole file: complete if the sizes agree, else start over
-      const m = /^bytes \*\/(\d+)$/.exec(String(res.headers["content-range"] ?? ""));
-      discardBody(res.body);
-      if (m && Number(m[1]) === have && have === total) return true;
-      await restart();
-      throw new TransportError("MOESWARM_TRANSPORT_CLOSED", `the server refused the range from ${have}`);
-    }
-    let offset: number;
-    if (status === 206) {
-      const m = CONTENT_RANGE.exec(String(res.headers["content-range"] ?? ""));
-      if (!resuming || !m || Number(m[1]) !== have || Number(m[2]) + 1 !== Number(m[3])) {
-        discardBody(res.body);
-        await restart();
+/** Attempts until the file is complete, backing off after failures. */
+async function download(run: DownloadRun, maxAttempts: number): Promise<void> {
+  const { signal, target } = run;
+  let failures = 0;
+  for (;;) {
+    throwIfAborted(signal);
+    const before = run.have;
+    try {
+      const done = await attempt(run);
+      if (done) break;
+    } catch (error) {
+      if (signal?.aborted) throw abortReason(signal);
+      const e = networkError(error, target, "downloading");
+      // an error answer larger than the limit is not a hub in trouble
+      if (!isTransient(e) || e.code === "MOESWARM_TRANSPORT_LIMIT") throw e;
+      failures = run.have > before ? 1 : failures + 1;
+      if (failures >= maxAttempts) {
         throw new TransportError(
           "MOESWARM_TRANSPORT_CLOSED",
-          "the server answered a range this download did not ask for",
+          `download of ${target.pathname} failed ${failures} times in a row: ${e.message}`,
+          { cause: e, details: { url: target.href, received: run.have, total: run.total } },
         );
       }
-      total = Number(m[3]);
-      offset = have;
-      resumes++;
-    } else if (status === 200) {
-      // a first request, or the file changed (If-Range failed): take it whole
-      const length = Number(res.headers["content-length"]);
-      total = Number.isSafeInteger(length) ? length : undefined;
-      offset = 0;
-      have = 0;
-    } else {
-      throw await answerError(res, target);
+      const delayMs = backoffDelay(failures, run.backoff);
+      run.options.onRetry?.({ attempt: failures, error: e, delayMs, received: run.have });
+      await sleep(delayMs, signal);
     }
-    options.onResponse?.({ status, offset, total });
-    // take the body's bytes from now on: undici drops what it buffered when the connection is cut
-    const chunks = takeChunks(res.body);
-    const newTag = res.headers.etag;
-    etag = typeof newTag === "string" && !newTag.startsWith("W/") ? newTag : undefined;
-    if (etag !== undefined && total !== undefined) {
-      await writeFile(statePath, JSON.stringify({ url: target.href, etag, total } satisfies PartState));
-    } else {
-      await rm(statePath, { force: true });
-    }
-    await receive(res.body, chunks, offset);
-    if (total !== undefined && have !== total) {
-      throw new TransportError("MOESWARM_TRANSPORT_CLOSED", `the body ended after ${have} of ${total} bytes`);
-    }
-    if (total === undefined) total = have;
-    return true;
   }
+}
 
-  async function restart(): Promise<void> {
-    have = 0;
-    etag = undefined;
-    await rm(part, { force: true });
-    await rm(statePath, { force: true });
+/** One request; true when the file is complete. */
+async function attempt(run: DownloadRun): Promise<boolean> {
+  const { options } = run;
+  const headers: Record<string, string> = { ...options.headers };
+  const resuming = run.have > 0 && run.etag !== undefined;
+  if (resuming) {
+    headers.range = `bytes=${run.have}-`;
+    headers["if-range"] = run.etag as string;
   }
+  run.requests++;
+  const res = await run.client.open(run.target, {
+    headers,
+    signal: run.signal,
+    headersTimeoutMs: options.headersTimeoutMs ?? 30_000,
+  });
+  const { status } = res;
+  if (status === 416 && resuming) {
+    // we hold at least the whole file: complete if the sizes agree, else start over
+    const m = /^bytes \*\/(\d+)$/.exec(String(res.headers["content-range"] ?? ""));
+    discardBody(res.body);
+    if (m && Number(m[1]) === run.have && run.have === run.total) return true;
+    await restart(run);
+    throw new TransportError("MOESWARM_TRANSPORT_CLOSED", `the server refused the range from ${run.have}`);
+  }
+  const offset = await acceptAnswer(run, res, resuming);
+  options.onResponse?.({ status, offset, total: run.total });
+  // take the body's bytes from now on: undici drops what it buffered when the connection is cut
+  const chunks = takeChunks(res.body);
+  const newTag = res.headers.etag;
+  run.etag = typeof newTag === "string" && !newTag.startsWith("W/") ? newTag : undefined;
+  if (run.etag !== undefined && run.total !== undefined) {
+    await writeFile(
+      run.statePath,
+      JSON.stringify({ url: run.target.href, etag: run.etag, total: run.total } satisfies PartState),
+    );
+  } else {
+    await rm(run.statePath, { force: true });
+  }
+  await receive(run, res.body, chunks, offset);
+  if (run.total !== undefined && run.have !== run.total) {
+    throw new TransportError(
+      "MOESWARM_TRANSPORT_CLOSED",
+      `the body ended after ${run.have} of ${run.total} bytes`,
+    );
+  }
+  if (run.total === undefined) run.total = run.have;
+  return true;
+}
 
-  async function receive(res: Readable, chunks: AsyncIterable<Buffer>, offset: number): Promise<void> {
-    let idle: ReturnType<typeof setTimeout> | undefined;
-    const arm = () => {
-      clearTimeout(idle);
-      idle = setTimeout(() => {
-        res.destroy(
-          new TransportError("MOESWARM_TRANSPORT_TIMEOUT", `no bytes for ${idleTimeoutMs} ms`, {
-            details: { received: have },
-          }),
+/**
+ * Reads a 206 or 200 answer's size into `run` and returns where its body starts in the file;
+ * anything else (a range not asked for, an error status) throws.
+ */
+async function acceptAnswer(run: DownloadRun, res: HubStream, resuming: boolean): Promise<number> {
+  if (res.status === 206) {
+    const m = CONTENT_RANGE.exec(String(res.headers["content-range"] ?? ""));
+    if (!resuming || !m || Number(m[1]) !== run.have || Number(m[2]) + 1 !== Number(m[3])) {
+      discardBody(res.body);
+      await restart(run);
+      throw new TransportError(
+        "MOESWARM_TRANSPORT_CLOSED",
+        "the server answered a range this download did not ask for",
+      );
+    }
+    run.total = Number(m[3]);
+    run.resumes++;
+    return run.have;
+  }
+  if (res.status === 200) {
+    // a first request, or the file changed (If-Range failed): take it whole
+    const length = Number(res.headers["content-length"]);
+    run.total = Number.isSafeInteger(length) ? length : undefined;
+    run.have = 0;
+    return 0;
+  }
+  throw await answerError(res, run.target);
+}
+
+/** Forgets the partial file: the next request asks for the whole. */
+async function restart(run: DownloadRun): Promise<void> {
+  run.have = 0;
+  run.etag = undefined;
+  await rm(run.part, { force: true });
+  await rm(run.statePath, { force: true });
+}
+
+/** Writes the body's chunks to the partial file from `offset`, cutting a body that goes idle. */
+async function receive(
+  run: DownloadRun,
+  res: Readable,
+  chunks: AsyncIterable<Buffer>,
+  offset: number,
+): Promise<void> {
+  const { idleTimeoutMs, options } = run;
+  let idle: ReturnType<typeof setTimeout> | undefined;
+  const arm = () => {
+    clearTimeout(idle);
+    idle = setTimeout(() => {
+      res.destroy(
+        new TransportError("MOESWARM_TRANSPORT_TIMEOUT", `no bytes for ${idleTimeoutMs} ms`, {
+          details: { received: run.have },
+        }),
+      );
+    }, idleTimeoutMs);
+  };
+  let lastReport = 0;
+  const report = (force: boolean) => {
+    const now = performance.now();
+    if (!force && now - lastReport < 100) return;
+    lastReport = now;
+    options.onProgress?.({ received: run.have, total: run.total });
+  };
+  // Each chunk is on disk before the next is taken: a cut connection then keeps every byte that
+  // arrived (a write stream destroyed by a broken pipe drops the writes it still queues).
+  const file = await open(run.part, offset > 0 ? "a" : "w");
+  arm();
+  try {
+    for await (const chunk of chunks) {
+      arm();
+      if (run.total !== undefined && run.have + chunk.byteLength > run.total) {
+        throw new TransportError(
+          "MOESWARM_TRANSPORT_CLOSED",
+          `the body is longer than its ${run.total} bytes`,
         );
-      }, idleTimeoutMs);
-    };
-    let lastReport = 0;
-    const report = (force: boolean) => {
-      const now = performance.now();
-      if (!force && now - lastReport < 100) return;
-      lastReport = now;
-      options.onProgress?.({ received: have, total });
-    };
-    // Each chunk is on disk before the next is taken: a cut connection then keeps every byte that
-    // arrived (a write stream destroyed by a broken pipe drops the writes it still queues).
-    const file = await open(part, offset > 0 ? "a" : "w");
-    arm();
-    try {
-      for await (const chunk of chunks) {
-        arm();
-        if (total !== undefined && have + chunk.byteLength > total) {
-          throw new TransportError("MOESWARM_TRANSPORT_CLOSED", `the body is longer than its ${total} bytes`);
-        }
-        await file.write(chunk);
-        have += chunk.byteLength;
-        report(false);
       }
-      report(true);
-    } finally {
-      clearTimeout(idle);
-      await file.close();
-      // trust the file over the count
-      have = await sizeOf(part);
+      await file.write(chunk);
+      run.have += chunk.byteLength;
+      report(false);
     }
+    report(true);
+  } finally {
+    clearTimeout(idle);
+    await file.close();
+    // trust the file over the count
+    run.have = await sizeOf(run.part);
   }
 }
 

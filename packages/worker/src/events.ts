@@ -163,109 +163,104 @@ function plural(n: number, word: string): string {
   return `${n} ${word}${n === 1 ? "" : "s"}`;
 }
 
+/** An event's fields, by its name. */
+type WorkerEventOf<N extends WorkerEventName> = Extract<WorkerEventBody, { event: N }>;
+
+/** One formatter per event name: an event added to WorkerEventBody without one does not compile. */
+const FORMATTERS: { [N in WorkerEventName]: (e: WorkerEventOf<N>) => string } = {
+  start: (e) =>
+    `worker ${e.id} starting: hub ${e.hub}, capacity ${formatBytes(e.capacityBytes)}, cache ${e.cacheDir}, backend ${e.backend}`,
+  "hub-unreachable": (e) => `hub unreachable (${e.code}: ${e.error}); retrying in ${formatMs(e.retryInMs)}`,
+  idle: (e) => {
+    if (e.reason === "full") {
+      return `no room for another slice: ${formatBytes(e.heldBytes ?? 0)} held, the capacity offered`;
+    }
+    const left = e.heldBytes ? `the ${formatBytes(e.capacityBytes)} left` : formatBytes(e.capacityBytes);
+    return e.reason === "covered"
+      ? `nothing to claim: every expert is covered; polling every ${formatMs(e.pollMs)}`
+      : `nothing to claim: ${plural(e.ranges, "range")} in demand, none fits ${left}; polling every ${formatMs(e.pollMs)}`;
+  },
+  demand: (e) =>
+    `demand: ${plural(e.ranges, "range")} under-covered (${plural(e.cells, "expert")}, ${formatBytes(e.rangeBytes)}); best fit for ${formatBytes(e.capacityBytes)}: ${slice(e)} (${formatBytes(e.bytes)}, value ${Math.round(e.value)})`,
+  cached: (e) => `found cached ${slice(e)} (${e.path})`,
+  "cache-pruned": (e) => {
+    const freed = e.removed.reduce((n, r) => n + r.bytes, 0);
+    const what =
+      e.removed.length > 0
+        ? `deleted ${e.removed.length} cached file(s) (${formatBytes(freed)})`
+        : "deleted nothing";
+    return e.fits
+      ? `cache limit ${formatBytes(e.maxBytes)}: ${what} to make room for ${formatBytes(e.incomingBytes)}`
+      : `cache limit ${formatBytes(e.maxBytes)}: ${what}; the slices served alone hold ${formatBytes(e.cacheBytes)}, downloading ${formatBytes(e.incomingBytes)} anyway`;
+  },
+  "claim-refused": (e) => {
+    const why =
+      e.reason === "leased"
+        ? "another worker leased part of it first"
+        : e.reason === "covered"
+          ? "already covered"
+          : e.reason === "capacity"
+            ? "more than the capacity offered"
+            : e.reason;
+    return `claim of ${slice(e)} refused: ${why}; reading the demand again`;
+  },
+  claimed: (e) =>
+    `claimed ${slice(e)} (${formatBytes(e.bytes)})${e.cached ? " [cached]" : ""}, lease ${formatMs(e.ttlMs)}`,
+  "lease-renewed": (e) => `lease renewed (${formatMs(e.ttlMs)} left)`,
+  "lease-lost": (e) => `lease lost: ${e.error}`,
+  "lease-released": () => "lease released",
+  "download-start": (e) =>
+    e.resumeFrom > 0
+      ? `downloading ${e.url}: resuming at ${formatBytes(e.resumeFrom)}`
+      : `downloading ${e.url}${e.bytes !== undefined ? ` (${formatBytes(e.bytes)})` : ""}`,
+  progress: (e) => {
+    const pct = e.total ? ` ${((100 * e.received) / e.total).toFixed(0)}%` : "";
+    return `downloading${pct} ${formatBytes(e.received)}${e.total ? ` of ${formatBytes(e.total)}` : ""} (${formatBytes(e.bytesPerSecond)}/s)`;
+  },
+  "download-retry": (e) =>
+    `download interrupted at ${formatBytes(e.received)} (${e.error}); retry ${e.attempt} in ${formatMs(e.delayMs)}`,
+  downloaded: (e) =>
+    `downloaded ${formatBytes(e.bytes)} in ${formatMs(e.ms)} (${formatBytes(e.bytesPerSecond)}/s)${e.resumes > 0 ? `, resumed ${plural(e.resumes, "time")}` : ""}`,
+  verified: (e) =>
+    `verified ${plural(e.slabs, "slab")} (${formatBytes(e.bytes)}) against the manifest in ${formatMs(e.ms)}${e.reused ? ": reusing the cached slice, no download" : ""}`,
+  corrupt: (e) =>
+    e.reused
+      ? `cached slice is corrupt (${e.error}); deleted, downloading again`
+      : `sha256 mismatch (${e.error}); deleted, downloading again (attempt ${e.attempt + 1} of ${e.maxAttempts})`,
+  loaded: (e) => {
+    if (e.backend === "ts")
+      return `loaded the TypeScript fallback in ${formatMs(e.ms)}${e.fallback ? ` (native unavailable: ${e.fallback})` : ""}`;
+    return `loaded ${e.backend}${e.device && e.device !== "CPU" && e.device !== e.backend ? ` on ${e.device}` : ""} (${[e.cpu, e.threads !== undefined ? plural(e.threads, "thread") : undefined].filter(Boolean).join(", ")}) in ${formatMs(e.ms)}`;
+  },
+  connected: (e) => `connected to relay ${e.url}`,
+  registered: (e) => {
+    const more =
+      e.slices !== undefined && e.slices > 1 && e.bytes !== undefined && e.capacityBytes !== undefined
+        ? `; ${e.slices} slices, ${formatBytes(e.bytes)} of ${formatBytes(e.capacityBytes)}`
+        : "";
+    return `registered ${slice(e)} (${plural(e.cells, "expert")}${more})`;
+  },
+  serving: () => "serving",
+  relay: (e) => {
+    if (e.state === "reconnecting") {
+      return e.delayMs === undefined
+        ? `relay connection lost${e.error ? ` (${e.error})` : ""}`
+        : `reconnecting to the relay in ${formatMs(e.delayMs)} (attempt ${e.attempt})`;
+    }
+    if (e.state === "connected") return "reconnected to the relay; registrations replayed";
+    return `relay connection ${e.state}${e.error ? `: ${e.error}` : ""}`;
+  },
+  "dispatch-error": (e) => `dispatch from ${e.from} (layer ${e.layer}) failed: ${e.code}: ${e.error}`,
+  drain: (e) => `drain requested (${e.reason}): finishing ${plural(e.inFlight, "in-flight request")}`,
+  drained: (e) =>
+    `drained: served ${plural(e.requests, "request")} (${plural(e.tokens, "token")})${e.failed ? `, ${e.failed} failed` : ""}${e.inFlightAbandoned ? `, ${e.inFlightAbandoned} abandoned at the drain timeout` : ""}; deregistered${e.slices !== undefined && e.slices > 1 ? ` ${e.slices} slices` : ""}`,
+  "grow-failed": (e) => `cannot take another slice (${e.code}: ${e.error}); serving the ones it has`,
+  stopped: (e) => `stopped before serving (${e.reason})`,
+  exit: (e) => `exit ${e.code}`,
+  error: (e) => `error: ${e.code}: ${e.error}`,
+};
+
 /** The one line a person reads for an event (no time stamp). */
 export function formatWorkerEvent(e: WorkerEventBody): string {
-  switch (e.event) {
-    case "start":
-      return `worker ${e.id} starting: hub ${e.hub}, capacity ${formatBytes(e.capacityBytes)}, cache ${e.cacheDir}, backend ${e.backend}`;
-    case "hub-unreachable":
-      return `hub unreachable (${e.code}: ${e.error}); retrying in ${formatMs(e.retryInMs)}`;
-    case "idle": {
-      if (e.reason === "full") {
-        return `no room for another slice: ${formatBytes(e.heldBytes ?? 0)} held, the capacity offered`;
-      }
-      const left = e.heldBytes ? `the ${formatBytes(e.capacityBytes)} left` : formatBytes(e.capacityBytes);
-      return e.reason === "covered"
-        ? `nothing to claim: every expert is covered; polling every ${formatMs(e.pollMs)}`
-        : `nothing to claim: ${plural(e.ranges, "range")} in demand, none fits ${left}; polling every ${formatMs(e.pollMs)}`;
-    }
-    case "demand":
-      return `demand: ${plural(e.ranges, "range")} under-covered (${plural(e.cells, "expert")}, ${formatBytes(e.rangeBytes)}); best fit for ${formatBytes(e.capacityBytes)}: ${slice(e)} (${formatBytes(e.bytes)}, value ${Math.round(e.value)})`;
-    case "cached":
-      return `found cached ${slice(e)} (${e.path})`;
-    case "cache-pruned": {
-      const freed = e.removed.reduce((n, r) => n + r.bytes, 0);
-      const what =
-        e.removed.length > 0
-          ? `deleted ${e.removed.length} cached file(s) (${formatBytes(freed)})`
-          : "deleted nothing";
-      return e.fits
-        ? `cache limit ${formatBytes(e.maxBytes)}: ${what} to make room for ${formatBytes(e.incomingBytes)}`
-        : `cache limit ${formatBytes(e.maxBytes)}: ${what}; the slices served alone hold ${formatBytes(e.cacheBytes)}, downloading ${formatBytes(e.incomingBytes)} anyway`;
-    }
-    case "claim-refused": {
-      const why =
-        e.reason === "leased"
-          ? "another worker leased part of it first"
-          : e.reason === "covered"
-            ? "already covered"
-            : e.reason === "capacity"
-              ? "more than the capacity offered"
-              : e.reason;
-      return `claim of ${slice(e)} refused: ${why}; reading the demand again`;
-    }
-    case "claimed":
-      return `claimed ${slice(e)} (${formatBytes(e.bytes)})${e.cached ? " [cached]" : ""}, lease ${formatMs(e.ttlMs)}`;
-    case "lease-renewed":
-      return `lease renewed (${formatMs(e.ttlMs)} left)`;
-    case "lease-lost":
-      return `lease lost: ${e.error}`;
-    case "lease-released":
-      return "lease released";
-    case "download-start":
-      return e.resumeFrom > 0
-        ? `downloading ${e.url}: resuming at ${formatBytes(e.resumeFrom)}`
-        : `downloading ${e.url}${e.bytes !== undefined ? ` (${formatBytes(e.bytes)})` : ""}`;
-    case "progress": {
-      const pct = e.total ? ` ${((100 * e.received) / e.total).toFixed(0)}%` : "";
-      return `downloading${pct} ${formatBytes(e.received)}${e.total ? ` of ${formatBytes(e.total)}` : ""} (${formatBytes(e.bytesPerSecond)}/s)`;
-    }
-    case "download-retry":
-      return `download interrupted at ${formatBytes(e.received)} (${e.error}); retry ${e.attempt} in ${formatMs(e.delayMs)}`;
-    case "downloaded":
-      return `downloaded ${formatBytes(e.bytes)} in ${formatMs(e.ms)} (${formatBytes(e.bytesPerSecond)}/s)${e.resumes > 0 ? `, resumed ${plural(e.resumes, "time")}` : ""}`;
-    case "verified":
-      return `verified ${plural(e.slabs, "slab")} (${formatBytes(e.bytes)}) against the manifest in ${formatMs(e.ms)}${e.reused ? ": reusing the cached slice, no download" : ""}`;
-    case "corrupt":
-      return e.reused
-        ? `cached slice is corrupt (${e.error}); deleted, downloading again`
-        : `sha256 mismatch (${e.error}); deleted, downloading again (attempt ${e.attempt + 1} of ${e.maxAttempts})`;
-    case "loaded":
-      if (e.backend === "ts")
-        return `loaded the TypeScript fallback in ${formatMs(e.ms)}${e.fallback ? ` (native unavailable: ${e.fallback})` : ""}`;
-      return `loaded ${e.backend}${e.device && e.device !== "CPU" && e.device !== e.backend ? ` on ${e.device}` : ""} (${[e.cpu, e.threads !== undefined ? plural(e.threads, "thread") : undefined].filter(Boolean).join(", ")}) in ${formatMs(e.ms)}`;
-    case "connected":
-      return `connected to relay ${e.url}`;
-    case "registered": {
-      const more =
-        e.slices !== undefined && e.slices > 1 && e.bytes !== undefined && e.capacityBytes !== undefined
-          ? `; ${e.slices} slices, ${formatBytes(e.bytes)} of ${formatBytes(e.capacityBytes)}`
-          : "";
-      return `registered ${slice(e)} (${plural(e.cells, "expert")}${more})`;
-    }
-    case "serving":
-      return "serving";
-    case "relay":
-      if (e.state === "reconnecting") {
-        return e.delayMs === undefined
-          ? `relay connection lost${e.error ? ` (${e.error})` : ""}`
-          : `reconnecting to the relay in ${formatMs(e.delayMs)} (attempt ${e.attempt})`;
-      }
-      if (e.state === "connected") return "reconnected to the relay; registrations replayed";
-      return `relay connection ${e.state}${e.error ? `: ${e.error}` : ""}`;
-    case "dispatch-error":
-      return `dispatch from ${e.from} (layer ${e.layer}) failed: ${e.code}: ${e.error}`;
-    case "drain":
-      return `drain requested (${e.reason}): finishing ${plural(e.inFlight, "in-flight request")}`;
-    case "drained":
-      return `drained: served ${plural(e.requests, "request")} (${plural(e.tokens, "token")})${e.failed ? `, ${e.failed} failed` : ""}${e.inFlightAbandoned ? `, ${e.inFlightAbandoned} abandoned at the drain timeout` : ""}; deregistered${e.slices !== undefined && e.slices > 1 ? ` ${e.slices} slices` : ""}`;
-    case "grow-failed":
-      return `cannot take another slice (${e.code}: ${e.error}); serving the ones it has`;
-    case "stopped":
-      return `stopped before serving (${e.reason})`;
-    case "exit":
-      return `exit ${e.code}`;
-    case "error":
-      return `error: ${e.code}: ${e.error}`;
-  }
+  return (FORMATTERS[e.event] as (e: WorkerEventBody) => string)(e);
 }

@@ -1,7 +1,9 @@
 // The worker's slice cache under a size limit: what pruneSliceCache deletes to make room, in which
 // order, and what it never deletes.
+
 import { existsSync, mkdirSync, readFileSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { tempDir } from "@moeswarm/testkit";
 import { afterAll, describe, expect, it } from "vitest";
 import {
   type CachedSliceMeta,
@@ -10,10 +12,9 @@ import {
   slicePaths,
   touchSlice,
 } from "../src/slice-cache.js";
-import { tempDir } from "./fixtures.js";
 
 const tmp = tempDir("moeswarm-cache-");
-afterAll(() => tmp.cleanup());
+afterAll(() => tmp.remove());
 
 let n = 0;
 /** A cache directory with complete slices of the given sizes and use times, and optional partials. */

@@ -1,9 +1,11 @@
 // A worker's several slices behind one run: dispatches whose slots span slices are split, computed
 // per slice and merged; the bits must be those of one compute over the whole model, in both modes,
 // on every backend (TypeScript, the native addon, llama.cpp's own CPU kernels).
+
 import { join } from "node:path";
 import { isMoeswarmError } from "@moeswarm/core";
 import { GgmlType } from "@moeswarm/shard";
+import { tempDir } from "@moeswarm/testkit";
 import {
   type ExpertCompute,
   llamaExpertWorkerPath,
@@ -20,7 +22,6 @@ import {
   normals,
   randomIds,
   randomWeights,
-  tempDir,
   writeModel,
   writeSlice,
 } from "./fixtures.js";
@@ -64,7 +65,7 @@ beforeAll(async () => {
     );
   }
 });
-afterAll(() => tmp.cleanup());
+afterAll(() => tmp.remove());
 
 const BACKENDS = [
   { backend: "ts" as const, skip: undefined },

@@ -3,30 +3,30 @@
 // capacity to spare a worker keeps claiming, so greedy rectangles leave no strip uncovered; a
 // dispatch whose slots span two of a worker's slices gets the bits of one compute over the whole
 // model; a restart reuses every cached slice; the hub drains a worker over HTTP.
-import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { existsSync, mkdirSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { type Hub, mintToken } from "@moeswarm/hub";
 import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
-import { ensureSyntheticModel } from "@moeswarm/shard";
+import type { TempDir } from "@moeswarm/testkit";
 import { loadExpertCompute } from "@moeswarm/worker-native";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { WorkerEvent } from "../src/events.js";
 import { runWorker, type WorkerSummary } from "../src/run-worker.js";
-import { bitsEqual, firstBitDiff, normals, randomWeights, startTestHub } from "./fixtures.js";
+import {
+  bitsEqual,
+  complete,
+  firstBitDiff,
+  normals,
+  type PlacementJson,
+  randomWeights,
+  startTestHub,
+  waitPlacement as waitPlacementOf,
+} from "./fixtures.js";
 
-const MODEL_CACHE = process.env.MOESWARM_CACHE_DIR ?? join(tmpdir(), "moeswarm-worker-test-models");
 const MODEL = "qwen3moe-small";
 const SECRET = "worker-slices-test-secret-0123456789abcdef";
 const LAYERS = 4;
 const EXPERTS = 64;
-
-interface PlacementJson {
-  version: number;
-  registrations: Array<{ id: string; model: string; layers: number[]; experts: number[] }>;
-  owners: Array<{ layer: number; experts: string; workers: string[] }>;
-  missing: Array<{ layer: number; experts: string; count: number }>;
-}
 
 let hub: Hub;
 let url: string;
@@ -34,6 +34,7 @@ let relayUrl: string;
 let modelPath: string;
 let bytesPerExpert: number;
 let work: string;
+let workDir: TempDir | undefined;
 const open: RelayConnection[] = [];
 
 const token = (role: "worker" | "backbone" | "admin", id?: string) =>
@@ -42,15 +43,20 @@ const range = (start: number, end: number) => Array.from({ length: end - start }
 const span = (values: number[]) => `${values[0]}:${(values.at(-1) as number) + 1}`;
 
 beforeAll(async () => {
-  work = mkdtempSync(join(tmpdir(), "moeswarm-worker-slices-"));
-  modelPath = (await ensureSyntheticModel("small", { cacheDir: MODEL_CACHE })).path;
-  ({ hub, url, relayUrl } = await startTestHub({
+  ({
+    hub,
+    url,
+    relayUrl,
+    modelPath,
+    work: workDir,
+  } = await startTestHub({
     secret: SECRET,
     model: MODEL,
-    path: modelPath,
-    work,
+    preset: "small",
+    workPrefix: "moeswarm-worker-slices-",
     leaseTtlMs: 30_000,
   }));
+  work = workDir.dir;
   const info = (await (await fetch(`${url}/api/models/${MODEL}`)).json()) as { expertBytes: number };
   bytesPerExpert = info.expertBytes;
 });
@@ -58,30 +64,11 @@ beforeAll(async () => {
 afterAll(async () => {
   await Promise.all(open.map((c) => c.close()));
   await hub?.close();
-  if (work) rmSync(work, { recursive: true, force: true });
+  workDir?.remove();
 });
 
-async function placement(since?: number): Promise<PlacementJson | undefined> {
-  const res = await fetch(
-    `${url}/api/models/${MODEL}/placement${since === undefined ? "" : `?since=${since}&wait=2`}`,
-  );
-  if (res.status === 304) return undefined;
-  return (await res.json()) as PlacementJson;
-}
-
-async function waitPlacement(what: string, test: (p: PlacementJson) => boolean, timeoutMs = 45_000) {
-  const end = Date.now() + timeoutMs;
-  let p = (await placement()) as PlacementJson;
-  while (!test(p)) {
-    if (Date.now() > end)
-      throw new Error(`no ${what} within ${timeoutMs} ms: ${JSON.stringify(p.registrations)}`);
-    p = (await placement(p.version)) ?? p;
-  }
-  return p;
-}
-
-const complete = (p: PlacementJson) =>
-  p.missing.length === 0 && p.owners.every((o) => o.workers.length === 1);
+const waitPlacement = (what: string, test: (p: PlacementJson) => boolean, timeoutMs = 45_000) =>
+  waitPlacementOf(url, MODEL, what, test, { timeoutMs });
 
 /** A runWorker in this process, with its events, stopped by its controller or by the hub. */
 function start(id: string, capacity: number, cacheDir = join(work, `cache-${id}`), cacheMaxBytes?: number) {

@@ -3,35 +3,34 @@
 // themselves, serving dispatches through the relay, replacing a killed worker, surviving a
 // corrupted download, draining on SIGTERM and reusing their cache after a restart.
 import { type ChildProcess, spawn } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, writeFileSync } from "node:fs";
 import { createServer, request as httpRequest, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { type Hub, mintToken } from "@moeswarm/hub";
 import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
-import { ensureSyntheticModel } from "@moeswarm/shard";
+import type { TempDir } from "@moeswarm/testkit";
 import type { ExpertCompute } from "@moeswarm/worker-native";
 import { loadExpertCompute } from "@moeswarm/worker-native";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { WorkerEvent } from "../src/events.js";
-import { normals, rng, startTestHub } from "./fixtures.js";
+import {
+  complete,
+  normals,
+  type PlacementJson as Placement,
+  placement as placementOf,
+  rng,
+  startTestHub,
+  waitPlacement as waitPlacementOf,
+} from "./fixtures.js";
 
 const BIN = fileURLToPath(new URL("../dist/worker-cli.js", import.meta.url));
 const OUTPUT = fileURLToPath(new URL("../test-output/", import.meta.url));
-const MODEL_CACHE = process.env.MOESWARM_CACHE_DIR ?? join(tmpdir(), "moeswarm-worker-test-models");
 const MODEL = "qwen3moe-small";
 const SECRET = "worker-runtime-test-secret-0123456789abcdef";
 const LAYERS = 4;
 const EXPERTS = 64;
-
-interface Placement {
-  version: number;
-  registrations: Array<{ id: string; model: string; layers: number[]; experts: number[] }>;
-  owners: Array<{ layer: number; experts: string; workers: string[] }>;
-  missing: Array<{ layer: number; experts: string; count: number }>;
-}
 
 /** One `moeswarm-worker` process and what it printed. */
 class WorkerProcess {
@@ -162,40 +161,20 @@ let relayUrl: string;
 let modelPath: string;
 let layerBytes: number;
 let work: string;
+let workDir: TempDir | undefined;
 let proxy: Awaited<ReturnType<typeof corruptingProxy>>;
 const workers: WorkerProcess[] = [];
 const figures: Record<string, unknown> = {};
 
-async function placement(since?: number): Promise<Placement | undefined> {
-  const q = since === undefined ? "" : `?since=${since}&wait=2`;
-  const res = await fetch(`${url}/api/models/${MODEL}/placement${q}`);
-  if (res.status === 304) return undefined;
-  expect(res.status).toBe(200);
-  return (await res.json()) as Placement;
-}
+const placement = (since?: number) => placementOf(url, MODEL, since);
 
-/** Long-polls the placement until `test` holds; returns that placement. */
-async function waitPlacement(
-  what: string,
-  test: (p: Placement) => boolean,
-  timeoutMs = 45_000,
-): Promise<Placement> {
-  const end = Date.now() + timeoutMs;
-  let p = (await placement()) as Placement;
-  while (!test(p)) {
-    if (Date.now() > end) {
-      throw new Error(
-        `placement: no ${what} within ${timeoutMs} ms: ${JSON.stringify(p.owners)}\n${workers
-          .map((w) => `--- ${w.name}\n${w.output()}`)
-          .join("\n")}`,
-      );
-    }
-    p = (await placement(p.version)) ?? p;
-  }
-  return p;
-}
-
-const complete = (p: Placement) => p.missing.length === 0 && p.owners.every((o) => o.workers.length === 1);
+/** Long-polls the placement until `test` holds; a timeout prints every worker's output. */
+const waitPlacement = (what: string, test: (p: Placement) => boolean, timeoutMs = 45_000) =>
+  waitPlacementOf(url, MODEL, what, test, {
+    timeoutMs,
+    detail: (p) =>
+      `${JSON.stringify(p.owners)}\n${workers.map((w) => `--- ${w.name}\n${w.output()}`).join("\n")}`,
+  });
 
 function startWorker(
   name: string,
@@ -243,15 +222,20 @@ function ownersOf(p: Placement, id: string): Set<string> {
 beforeAll(async () => {
   if (!existsSync(BIN))
     throw new Error(`${BIN} is missing: run \`pnpm --filter @moeswarm/worker build\` first`);
-  work = mkdtempSync(join(tmpdir(), "moeswarm-worker-swarm-"));
-  modelPath = (await ensureSyntheticModel("small", { cacheDir: MODEL_CACHE })).path;
-  ({ hub, url, relayUrl } = await startTestHub({
+  ({
+    hub,
+    url,
+    relayUrl,
+    modelPath,
+    work: workDir,
+  } = await startTestHub({
     secret: SECRET,
     model: MODEL,
-    path: modelPath,
-    work,
+    preset: "small",
+    workPrefix: "moeswarm-worker-swarm-",
     leaseTtlMs: 30_000,
   }));
+  work = workDir.dir;
   const info = (await (await fetch(`${url}/api/models/${MODEL}`)).json()) as {
     expertBytes: number;
     experts: number;
@@ -267,7 +251,7 @@ afterAll(async () => {
   await hub?.close();
   proxy?.server.closeAllConnections();
   await new Promise((r) => proxy?.server.close(r) ?? r(undefined));
-  if (work) rmSync(work, { recursive: true, force: true });
+  workDir?.remove();
   mkdirSync(OUTPUT, { recursive: true });
   writeFileSync(join(OUTPUT, "worker-swarm-figures.json"), `${JSON.stringify(figures, null, 2)}\n`);
 });

@@ -1,12 +1,11 @@
 // runWorker in this process against a hub (tiny model): the library's stop paths, a drain sent by
 // the relay, options and failures that retrying cannot fix.
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { readFileSync, writeFileSync } from "node:fs";
 import type { AddressInfo } from "node:net";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { decodeFrame, encodeFrame, type Frame, isMoeswarmError, PROTOCOL_VERSION } from "@moeswarm/core";
 import { type Hub, mintToken } from "@moeswarm/hub";
-import { ensureSyntheticModel } from "@moeswarm/shard";
+import type { TempDir } from "@moeswarm/testkit";
 import { loadExpertCompute } from "@moeswarm/worker-native";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { WebSocketServer } from "ws";
@@ -14,13 +13,13 @@ import type { WorkerEvent } from "../src/events.js";
 import { runWorker } from "../src/run-worker.js";
 import { startTestHub } from "./fixtures.js";
 
-const MODEL_CACHE = process.env.MOESWARM_CACHE_DIR ?? join(tmpdir(), "moeswarm-worker-test-models");
 const MODEL = "qwen3moe-tiny";
 const SECRET = "worker-runtime-unit-secret-0123456789";
 
 let hub: Hub;
 let url: string;
 let work: string;
+let workDir: TempDir | undefined;
 let modelPath: string;
 let n = 0;
 
@@ -28,14 +27,23 @@ const token = (id: string) => mintToken({ role: "worker", id, ttlS: 600 }, SECRE
 const cacheDir = () => join(work, `cache-${n++}`);
 
 beforeAll(async () => {
-  work = mkdtempSync(join(tmpdir(), "moeswarm-run-worker-"));
-  modelPath = (await ensureSyntheticModel("tiny", { cacheDir: MODEL_CACHE })).path;
-  ({ hub, url } = await startTestHub({ secret: SECRET, model: MODEL, path: modelPath, work }));
+  ({
+    hub,
+    url,
+    modelPath,
+    work: workDir,
+  } = await startTestHub({
+    secret: SECRET,
+    model: MODEL,
+    preset: "tiny",
+    workPrefix: "moeswarm-run-worker-",
+  }));
+  work = workDir.dir;
 });
 
 afterAll(async () => {
   await hub?.close();
-  if (work) rmSync(work, { recursive: true, force: true });
+  workDir?.remove();
 });
 
 const N = 256;

@@ -1,5 +1,5 @@
 import { parseArgs } from "node:util";
-import { isMoeswarmError } from "@moeswarm/core";
+import { describeError } from "@moeswarm/core";
 import { type Command, type CommandOption, isUsageError, usageError } from "./command.js";
 import { COMMANDS } from "./commands.js";
 import type { CliIo } from "./io.js";
@@ -39,24 +39,6 @@ export function helpText(command?: Command): string {
     `Run \`${CLI_NAME} <command> --help\` for a command's options. Errors print one line with their code and exit 1.`,
     "",
   ].join("\n");
-}
-
-interface ErrorLike {
-  code?: unknown;
-  message?: unknown;
-  details?: unknown;
-}
-
-/** The one-line message for an error, and its code. */
-function describeError(error: unknown): { code: string; message: string; details?: unknown } {
-  if (isMoeswarmError(error)) return { code: error.code, message: error.message, details: error.details };
-  const e = error as ErrorLike;
-  if (typeof e?.code === "string" && e.code.startsWith("ERR_PARSE_ARGS")) {
-    return { code: "MOESWARM_INVALID_ARGUMENT", message: String(e.message) };
-  }
-  // Not one of ours (a bug, or a Node error that escaped): its own code or name.
-  const code = typeof e?.code === "string" ? e.code : error instanceof Error ? error.name : "Error";
-  return { code, message: error instanceof Error ? error.message : String(error) };
 }
 
 /**
