@@ -3,7 +3,7 @@ import { readFile, writeFile } from "node:fs/promises";
 import { hostname, networkInterfaces } from "node:os";
 import { join, resolve as resolvePath } from "node:path";
 import { parseArgs } from "node:util";
-import { InvalidArgumentError, isMoeswarmError, onAbort } from "@moeswarm/core";
+import { describeError, InvalidArgumentError, isMoeswarmError, onAbort } from "@moeswarm/core";
 import type { ConnectionLimits } from "../connection-guard.js";
 import { createHub } from "../hub.js";
 import type { HubEvent, HubListener } from "../hub-types.js";
@@ -537,16 +537,6 @@ function helpText(command?: Command): string {
     `Run \`${CLI_NAME} <command> --help\` for its options. Errors print one line with their code.`,
     "",
   ].join("\n");
-}
-
-function describeError(error: unknown): { code: string; message: string } {
-  if (isMoeswarmError(error)) return { code: error.code, message: error.message };
-  const e = error as { code?: unknown; message?: unknown } | null;
-  if (typeof e?.code === "string" && e.code.startsWith("ERR_PARSE_ARGS")) {
-    return { code: "MOESWARM_INVALID_ARGUMENT", message: String(e.message) };
-  }
-  const code = typeof e?.code === "string" ? e.code : error instanceof Error ? error.name : "Error";
-  return { code, message: error instanceof Error ? error.message : String(error) };
 }
 
 /**
