@@ -6,6 +6,7 @@ import {
   BACKEND_CHOICES,
   type BackendChoice,
   type ComputeBackend,
+  type ExpertCompute,
   isBackendChoice,
 } from "@moeswarm/worker-native";
 import type { WorkerEvent } from "./events.js";
@@ -39,6 +40,11 @@ export interface RunWorkerOptions {
   signal?: AbortSignal;
   /** Expert compute: "auto" (default: native when it loads, else TypeScript), "native", "llama-cpu", "ts". */
   backend?: BackendChoice;
+  /**
+   * Wraps each loaded compute before it serves (instrumentation, tracing, fault injection in tests
+   * and the demo's liar). The wrapper owns the compute it is given and must dispose of it.
+   */
+  wrapCompute?: (compute: ExpertCompute) => ExpertCompute;
   /** Compute threads (native paths; default all CPUs). */
   threads?: number;
   /** This worker's id on the relay (default: the token's bound id, else `<hostname>-<random>`). */
@@ -110,6 +116,7 @@ export interface Settings {
   cacheDir: string;
   cacheMaxBytes: number | undefined;
   backend: BackendChoice;
+  wrapCompute: ((compute: ExpertCompute) => ExpertCompute) | undefined;
   threads: number | undefined;
   pollMs: number;
   model: string | undefined;
@@ -209,6 +216,7 @@ export function settings(o: RunWorkerOptions): Settings {
     cacheMaxBytes:
       o.cacheMaxBytes === undefined ? undefined : bytesOption("cacheMaxBytes", o.cacheMaxBytes, true),
     backend,
+    wrapCompute: checkWrapCompute(o.wrapCompute),
     threads: o.threads,
     pollMs: msOption("pollMs", o.pollMs, 10_000, 10),
     model: o.model,
@@ -220,4 +228,10 @@ export function settings(o: RunWorkerOptions): Settings {
     download: o.download ?? {},
     progressIntervalMs: msOption("progressIntervalMs", o.progressIntervalMs, 250, 0),
   };
+}
+
+function checkWrapCompute(v: unknown): Settings["wrapCompute"] {
+  if (v !== undefined && typeof v !== "function")
+    throw new InvalidArgumentError("wrapCompute must be a function");
+  return v as Settings["wrapCompute"];
 }

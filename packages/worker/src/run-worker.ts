@@ -428,11 +428,12 @@ class WorkerRun {
     const stop = this.#stop.signal;
     const model = a.lease.model;
     const t0 = performance.now();
-    const compute = await loadExpertCompute(a.paths.path, {
+    const loaded = await loadExpertCompute(a.paths.path, {
       backend: s.backend,
       ...(s.threads !== undefined ? { threads: s.threads } : {}),
       signal: stop,
     });
+    const compute = s.wrapCompute ? s.wrapCompute(loaded) : loaded;
     let router: SliceRouter | undefined;
     try {
       const info = compute.info;

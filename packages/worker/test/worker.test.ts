@@ -10,6 +10,7 @@ import { loadExpertCompute } from "@moeswarm/worker-native";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { WebSocketServer } from "ws";
 import type { WorkerEvent } from "../src/events.js";
+import type { RunWorkerOptions } from "../src/options.js";
 import { runWorker } from "../src/run-worker.js";
 import { startTestHub } from "./fixtures.js";
 
@@ -102,7 +103,7 @@ async function drainingRelay() {
 }
 
 /** Runs a worker (TypeScript compute) until the stand-in relay drains it; gives its lease back. */
-async function runUntilDrained(id: string, dir: string) {
+async function runUntilDrained(id: string, dir: string, extra: Partial<RunWorkerOptions> = {}) {
   const relay = await drainingRelay();
   const events: WorkerEvent[] = [];
   try {
@@ -115,6 +116,7 @@ async function runUntilDrained(id: string, dir: string) {
       backend: "ts",
       log: (e) => events.push(e),
       pollMs: 50,
+      ...extra,
     });
     return { summary, events, received: relay.received, closed: relay.closed() };
   } finally {
@@ -152,6 +154,40 @@ describe("runWorker", () => {
     // the TypeScript path says so
     expect(events.find((e) => e.event === "loaded")).toMatchObject({ backend: "ts" });
     expect(hub.status({ model: MODEL }).leases).toEqual([]);
+  });
+
+  it("serves through wrapCompute: the wrapper sees every run and its answer is what goes out", async () => {
+    const seen: number[] = [];
+    const { summary, received } = await runUntilDrained("wk-wrap", cacheDir(), {
+      // a liar of the kind the trust tests use: every output scaled by 1.05
+      wrapCompute: (inner) => ({
+        info: inner.info,
+        run: async (request, options) => {
+          seen.push(request.layer);
+          const y = await inner.run(request, options);
+          return y.map((v) => Math.fround(v * 1.05));
+        },
+        close: () => inner.close(),
+        [Symbol.asyncDispose]: () => inner.close(),
+      }),
+    });
+    expect(summary).toMatchObject({ served: true, requests: 1 });
+    expect(seen).toEqual([1]);
+    const result = received.find((f) => f.t === "result") as Extract<Frame, { t: "result" }>;
+    await using local = await loadExpertCompute(modelPath, { backend: "ts" });
+    const honest = await local.run({ layer: 1, x: X, ids: IDS, k: 2, mode: "each" });
+    expect(Array.from(result.y as Float32Array)).toEqual(Array.from(honest, (v) => Math.fround(v * 1.05)));
+  });
+
+  it("refuses a wrapCompute that is not a function", async () => {
+    const error = await runWorker({
+      hub: url,
+      token: token("wk-bad-wrap"),
+      capacity: { ramBytes: 1 },
+      cacheDir: cacheDir(),
+      wrapCompute: 42 as never,
+    }).catch((e: unknown) => e);
+    expect(isMoeswarmError(error, "MOESWARM_INVALID_ARGUMENT")).toBe(true);
   });
 
   it("re-verifies a cached slice before reusing it: a corrupt one is deleted and downloaded again", async () => {
