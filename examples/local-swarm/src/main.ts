@@ -35,11 +35,31 @@ interface PlacementBody {
   missing: Array<{ layer: number; experts: string; count: number }>;
 }
 
+/** The fewest distinct workers holding any expert of any layer the placement covers (0: a gap). */
+function minOwners(body: PlacementBody): number {
+  if (body.missing.length > 0) return 0;
+  const owners = new Map<string, Set<string>>();
+  for (const r of body.registrations) {
+    for (const layer of r.layers) {
+      for (const e of r.experts) {
+        const key = `${layer}:${e}`;
+        const set = owners.get(key) ?? new Set<string>();
+        set.add(r.id);
+        owners.set(key, set);
+      }
+    }
+  }
+  let least = Number.POSITIVE_INFINITY;
+  for (const set of owners.values()) least = Math.min(least, set.size);
+  return owners.size === 0 ? 0 : least;
+}
+
 async function waitForCoverage(
   hubUrl: string,
   model: string,
   dispatcher: Agent,
   workers: readonly WorkerView[],
+  replicas: number,
   timeoutMs: number,
   signal: AbortSignal,
 ): Promise<PlacementBody> {
@@ -66,7 +86,7 @@ async function waitForCoverage(
     }
     const body = (await res.body.json()) as PlacementBody;
     since = body.version;
-    if (body.registrations.length > 0 && body.missing.length === 0) return body;
+    if (body.registrations.length > 0 && minOwners(body) >= replicas) return body;
   }
 }
 
@@ -133,6 +153,7 @@ async function startHub(demo: Demo, model: DemoModel): Promise<DemoHub> {
     models: [{ id: model.id, path: model.path }],
     tls: { cert: certs.cert, key: certs.key },
     manifestDir: join(demo.options.cacheDir, "manifests"),
+    replicas: demo.options.replicas,
   });
   demo.cleanup.push(() => hub.close());
   const listener = await hub.listen(0, "127.0.0.1");
@@ -143,38 +164,60 @@ async function startHub(demo: Demo, model: DemoModel): Promise<DemoHub> {
 }
 
 // 3. the workers: separate processes, nothing configured but the hub, a token and a capacity.
-// A fair share each with 15% to spare, as machines offer what they have rather than exact shares:
-// a worker takes the most valuable rectangle of layers x experts that fits, then keeps claiming
-// while it has room, so the strips large rectangles leave are covered too.
+// Enough for the hub's replicas with 15% to spare, as machines offer what they have rather than
+// exact shares: a worker takes the most valuable rectangle of layers x experts that fits, then
+// keeps claiming while it has room, so the strips large rectangles leave are covered too.
 async function startWorkers(demo: Demo, model: DemoModel, hub: DemoHub): Promise<WorkerView[]> {
   const { options } = demo;
-  const capacityBytes = Math.ceil((model.expertBytes / options.workers) * 1.15);
-  const cacheDirs = Array.from({ length: options.workers }, (_, i) =>
-    options.workerCacheDir
-      ? join(options.workerCacheDir, model.id, `worker-${i}`)
-      : join(demo.tmp, `worker-${i}`),
+  const count = options.workers + (options.liar ? 1 : 0);
+  const ids = Array.from({ length: count }, (_, i) =>
+    options.liar && i === count - 1 ? "liar" : `worker-${i}`,
+  );
+  const copies = Math.min(options.replicas, count);
+  // the liar holds a whole copy (so every part it answers has an honest twin to compare with); the
+  // honest workers share the rest
+  const honestCopies = copies - (options.liar ? 1 : 0);
+  const share = (c: number) => Math.ceil(Math.min(1, c) * model.expertBytes * 1.15);
+  const capacityBytes = ids.map((id) =>
+    id === "liar" ? share(1) : share(Math.max(1, honestCopies) / options.workers),
+  );
+  const cacheDirs = ids.map((id) =>
+    options.workerCacheDir ? join(options.workerCacheDir, model.id, id) : join(demo.tmp, id),
   );
   for (const d of cacheDirs) mkdirSync(d, { recursive: true });
-  out(`workers   ${options.workers} processes, ${formatBytes(capacityBytes)} of capacity each`);
+  out(
+    `workers   ${options.workers} processes${options.liar ? " + 1 liar (outputs x1.05)" : ""}, ` +
+      `${formatBytes(capacityBytes[0] ?? 0)} of capacity each, ${copies} cop${copies === 1 ? "y" : "ies"} of each expert`,
+  );
   const progress = createProgress(process.stdout);
   const workers = spawnWorkers({
-    count: options.workers,
+    count,
+    ids,
     hubUrl: hub.url,
     model: model.id,
-    tokens: Array.from({ length: options.workers }, (_, i) =>
-      mintToken({ role: "worker", id: `worker-${i}`, ttlS: 3600 }, hub.secret),
-    ),
+    tokens: ids.map((id) => mintToken({ role: "worker", id, ttlS: 3600 }, hub.secret)),
     capacityBytes,
     caFile: hub.caFile,
     cacheDirs,
     threads: options.threads,
+    liar: options.liar,
     onEvent: progress.onEvent,
   });
   demo.cleanup.push(() => stopWorkers(workers));
   const timeoutMs = options.coverTimeoutS * 1000;
-  const placement = await waitForCoverage(hub.url, model.id, hub.dispatcher, workers, timeoutMs, demo.signal);
+  const placement = await waitForCoverage(
+    hub.url,
+    model.id,
+    hub.dispatcher,
+    workers,
+    copies,
+    timeoutMs,
+    demo.signal,
+  );
   progress.done();
-  out(`swarm     every expert of every layer has an owner (placement version ${placement.version})`);
+  out(
+    `swarm     every expert of every layer has ${copies} owner${copies === 1 ? "" : "s"} (placement version ${placement.version})`,
+  );
   return workers;
 }
 

@@ -16,6 +16,10 @@ export interface DemoOptions {
   workerCacheDir: string;
   /** Seconds to wait for the workers to cover the model. */
   coverTimeoutS: number;
+  /** Copies of each expert the hub asks for (2: the backbone can compare two workers' answers). */
+  replicas: number;
+  /** One more worker that lies (every output x1.05): the backbone must catch and name it. */
+  liar: boolean;
 }
 
 const USAGE = `usage: pnpm demo [-- options]
@@ -35,6 +39,8 @@ plain, and with its MoE layers handed to the swarm through the libggml-moeswarm 
   --worker-cache D  worker slice caches, reused across runs (default <repo>/.cache/demo-workers)
   --fresh           workers start with empty caches (download again)
   --cover-timeout S seconds to wait for full coverage (default 120)
+  --replicas N      copies of each expert the hub asks for (default 2: answers are compared)
+  --liar            start one more worker that lies (outputs x1.05); the tokens must stay identical
   -h, --help        this text`;
 
 function int(text: string | undefined, name: string, fallback: number, min: number, max: number): number {
@@ -77,6 +83,8 @@ export function parseDemoOptions(
       "worker-cache": { type: "string" },
       fresh: { type: "boolean" },
       "cover-timeout": { type: "string" },
+      replicas: { type: "string" },
+      liar: { type: "boolean" },
       help: { type: "boolean", short: "h" },
     },
   });
@@ -102,5 +110,7 @@ export function parseDemoOptions(
     cacheDir: values["cache-dir"] ?? defaults.cacheDir,
     workerCacheDir: values.fresh ? "" : (values["worker-cache"] ?? defaults.workerCacheDir),
     coverTimeoutS: int(values["cover-timeout"], "cover-timeout", 120, 1, 3600),
+    replicas: int(values.replicas, "replicas", 2, 1, 16),
+    liar: values.liar === true,
   };
 }

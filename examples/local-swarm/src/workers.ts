@@ -2,6 +2,7 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
+import { pathToFileURL } from "node:url";
 import type { WorkerEvent } from "@moeswarm/worker";
 
 /** What the demo learns about one worker process from its `--json` event lines. */
@@ -22,14 +23,29 @@ export interface WorkerView {
 
 export interface SpawnWorkersOptions {
   count: number;
+  /** Each worker's id (its token is bound to it). */
+  ids: string[];
   hubUrl: string;
   model: string;
   tokens: string[];
-  capacityBytes: number;
+  /** Each worker's capacity in bytes. */
+  capacityBytes: number[];
   caFile: string;
   cacheDirs: string[];
   threads: number;
+  /** The last worker lies (src/liar-worker.ts: every output scaled by 1.05). */
+  liar?: boolean;
   onEvent: (worker: WorkerView, event: WorkerEvent) => void;
+}
+
+/** How to start worker `i`: the `moeswarm-worker` bin, or the demo's liar under tsx. */
+function workerCommand(options: SpawnWorkersOptions, i: number): string[] {
+  if (options.liar && i === options.count - 1) {
+    const require = createRequire(import.meta.url);
+    const tsx = pathToFileURL(require.resolve("tsx/esm")).href;
+    return ["--import", tsx, join(import.meta.dirname, "liar-worker.ts")];
+  }
+  return [workerBinPath()];
 }
 
 /** The `moeswarm-worker` bin of @moeswarm/worker, run with this Node. */
@@ -46,14 +62,13 @@ export function workerBinPath(): string {
  * register by themselves. Their `--json` events drive the demo's progress display.
  */
 export function spawnWorkers(options: SpawnWorkersOptions): WorkerView[] {
-  const bin = workerBinPath();
   const views: WorkerView[] = [];
   for (let i = 0; i < options.count; i++) {
-    const id = `worker-${i}`;
+    const id = options.ids[i]!;
     const child = spawn(
       process.execPath,
       [
-        bin,
+        ...workerCommand(options, i),
         "--hub",
         options.hubUrl,
         "--token",
@@ -63,7 +78,7 @@ export function spawnWorkers(options: SpawnWorkersOptions): WorkerView[] {
         "--model",
         options.model,
         "--capacity",
-        String(options.capacityBytes),
+        String(options.capacityBytes[i]),
         "--cache-dir",
         options.cacheDirs[i]!,
         "--ca",

@@ -202,11 +202,15 @@ async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Promise<Ru
   };
 }
 
-/** The `moeswarm-worker` command; resolves with the exit status (0 drained, 1 failure, 2 usage). */
+/**
+ * The `moeswarm-worker` command; resolves with the exit status (0 drained, 1 failure, 2 usage).
+ * `extra` composes options the command line has no flag for (e.g. `wrapCompute`) into the run.
+ */
 export async function runWorkerCli(
   argv: readonly string[],
   io: WorkerCliIo,
   signal: AbortSignal,
+  extra: Pick<RunWorkerOptions, "wrapCompute"> = {},
 ): Promise<number> {
   const env = io.env ?? process.env;
   let values: Values;
@@ -224,7 +228,7 @@ export async function runWorkerCli(
   try {
     const options = await workerOptions(values, env);
     const log = printer(io, values.json === true);
-    await runWorker({ ...options, signal, log });
+    await runWorker({ ...options, ...extra, signal, log });
     log({ event: "exit", code: 0, time: new Date().toISOString() });
     return 0;
   } catch (error) {

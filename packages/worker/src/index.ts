@@ -10,6 +10,7 @@ export {
   type SliceChoice,
   type SliceRect,
 } from "./choose.js";
+export { runWorkerCli, type WorkerCliIo } from "./cli.js";
 export {
   type DownloadOptions,
   type DownloadProgress,
