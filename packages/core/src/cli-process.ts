@@ -1,5 +1,6 @@
 // The few lines every moeswarm executable's main.ts ran: SIGINT/SIGTERM into an AbortSignal, the
-// CLI's status into the process's exit code.
+// CLI's status into the process's exit code, --version.
+import { readFileSync } from "node:fs";
 
 /** The standard streams, as a CLI's `runCli(argv, io, signal)` takes them. */
 export interface CliProcessIo {
@@ -20,6 +21,32 @@ export interface CliProcessOptions {
    * keep-alive HTTP connections must not hold a finished command open.
    */
   exitWhenDone?: boolean;
+  /**
+   * The package version: `--version` (alone, or with `--json`) prints `<name> <version>` (or
+   * `{"name", "version"}`) and exits 0 without running the CLI. Every moeswarm bin passes its own.
+   */
+  version?: string;
+}
+
+/** Handles `--version [--json]`; true when it did. */
+function printVersion(argv: readonly string[], options: CliProcessOptions): boolean {
+  if (options.version === undefined || !argv.includes("--version")) return false;
+  const json = argv.includes("--json");
+  process.stdout.write(
+    json
+      ? `${JSON.stringify({ name: options.name, version: options.version })}\n`
+      : `${options.name} ${options.version}\n`,
+  );
+  return true;
+}
+
+/**
+ * The `version` of the package.json at `url` (a bin passes `new URL("../package.json",
+ * import.meta.url)`: bins are built to dist/, one folder below their package).
+ */
+export function readPackageVersion(url: URL): string {
+  const pkg = JSON.parse(readFileSync(url, "utf8")) as { version?: unknown };
+  return typeof pkg.version === "string" ? pkg.version : "0.0.0";
 }
 
 const SIGNAL_STATUS: Record<"SIGINT" | "SIGTERM", number> = { SIGINT: 130, SIGTERM: 143 };
@@ -34,6 +61,8 @@ export function runCliProcess(
   run: (argv: readonly string[], io: CliProcessIo, signal: AbortSignal) => Promise<number>,
   options: CliProcessOptions,
 ): void {
+  const argv = process.argv.slice(2);
+  if (printVersion(argv, options)) return;
   const controller = new AbortController();
   let signals = 0;
   const onSignal = (name: "SIGINT" | "SIGTERM") => {
@@ -50,7 +79,7 @@ export function runCliProcess(
     if (options.exitWhenDone) process.stdout.write("", () => process.exit(code));
     else process.exitCode = code;
   };
-  run(process.argv.slice(2), { stdout: process.stdout, stderr: process.stderr }, controller.signal).then(
+  run(argv, { stdout: process.stdout, stderr: process.stderr }, controller.signal).then(
     done,
     (error: unknown) => {
       process.stderr.write(`${options.name}: ${String(error)}\n`);

@@ -1,7 +1,12 @@
 // Public API of @moeswarm/core.
 
 export { abortable, linkedSignal, onAbort, sleep } from "./abort.js";
-export { type CliProcessIo, type CliProcessOptions, runCliProcess } from "./cli-process.js";
+export {
+  type CliProcessIo,
+  type CliProcessOptions,
+  readPackageVersion,
+  runCliProcess,
+} from "./cli-process.js";
 
 export {
   canonicalKeys,

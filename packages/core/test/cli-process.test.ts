@@ -8,10 +8,12 @@ import { beforeAll, describe, expect, it } from "vitest";
 const DIST = fileURLToPath(new URL("../dist/index.js", import.meta.url));
 
 /** Runs `body` (the CLI's run function) under runCliProcess; sends `signals` once it printed "ready". */
-function runMain(body: string, options: string, signals: NodeJS.Signals[]) {
+function runMain(body: string, options: string, signals: NodeJS.Signals[], argv: string[] = []) {
   const script = `import { runCliProcess } from ${JSON.stringify(DIST)};
 runCliProcess(${body}, ${options});`;
-  const child = spawn(process.execPath, ["--input-type=module", "-e", script], { stdio: "pipe" });
+  const child = spawn(process.execPath, ["--input-type=module", "-e", script, "node-e", ...argv], {
+    stdio: "pipe",
+  });
   let stdout = "";
   let stderr = "";
   child.stderr.on("data", (d: Buffer) => {
@@ -65,5 +67,19 @@ describe("runCliProcess", () => {
     });
     const lingers = `async () => { setInterval(() => {}, 1000); return 0; }`;
     expect((await runMain(lingers, `{ name: "t", exitWhenDone: true }`, [])).code).toBe(0);
+  });
+
+  it("answers --version (and --version --json) without running the CLI", async () => {
+    const never = `async () => { throw new Error("must not run"); }`;
+    const options = `{ name: "moeswarm-t", version: "1.2.3" }`;
+    expect(await runMain(never, options, [], ["--version"])).toMatchObject({
+      code: 0,
+      stdout: "moeswarm-t 1.2.3\n",
+    });
+    const json = await runMain(never, options, [], ["--version", "--json"]);
+    expect(json.code).toBe(0);
+    expect(JSON.parse(json.stdout)).toEqual({ name: "moeswarm-t", version: "1.2.3" });
+    // without a version the flag is the CLI's own business
+    expect((await runMain(never, `{ name: "moeswarm-t" }`, [], ["--version"])).code).toBe(1);
   });
 });

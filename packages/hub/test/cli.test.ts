@@ -88,6 +88,15 @@ describe("the moeswarm-hub bin", () => {
     expect(existsSync(BIN), `${BIN} is missing: build the package first`).toBe(true);
   });
 
+  it("prints its version with --version (and as JSON with --json)", async () => {
+    const { version } = JSON.parse(readFileSync(new URL("../package.json", import.meta.url), "utf8"));
+    const plain = startBin(["--version"]);
+    expect(await plain.exited).toBe(0);
+    const json = startBin(["--version", "--json"]);
+    expect(await json.exited).toBe(0);
+    expect(json.lines).toEqual([{ name: "moeswarm-hub", version }]);
+  });
+
   it("serves a model, prints working tokens when no secret file is given, stops on SIGTERM", async () => {
     const db = join(tmp.dir, "bin.db");
     const run = startBin(["serve", "--model", tiny, "--port", "0", "--db", db, "--json"]);

@@ -218,6 +218,12 @@ describe("moeswarm-shard", () => {
     }
   });
 
+  it("prints its version with --version", async () => {
+    const { version } = JSON.parse(readFileSync(new URL("../package.json", import.meta.url), "utf8"));
+    const r = await cli("--version");
+    expect(r).toMatchObject({ code: 0, stdout: `moeswarm-shard ${version}\n` });
+  });
+
   it("prints help", async () => {
     const help = await cli("--help");
     expect(help.code).toBe(0);

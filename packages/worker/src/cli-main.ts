@@ -1,7 +1,11 @@
 #!/usr/bin/env node
 // The `moeswarm-worker` executable: joins a hub's swarm and serves until SIGINT/SIGTERM (the first
 // drains, its name in the drain's line; a second one exits at once).
-import { runCliProcess } from "@moeswarm/core";
+import { readPackageVersion, runCliProcess } from "@moeswarm/core";
 import { runWorkerCli } from "./cli.js";
 
-runCliProcess(runWorkerCli, { name: "moeswarm-worker", signalReason: true });
+runCliProcess(runWorkerCli, {
+  name: "moeswarm-worker",
+  version: readPackageVersion(new URL("../package.json", import.meta.url)),
+  signalReason: true,
+});
