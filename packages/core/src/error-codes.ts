@@ -126,6 +126,14 @@ export const ERROR_CODES = {
     area: "DispatchError",
     text: "A worker did not answer before the request's deadline.",
   },
+  MOESWARM_VERIFY_FAILED: {
+    area: "DispatchError",
+    text: "Two owners of an expert part disagreed and no third opinion could decide which one is right (no wrong answer is ever guessed).",
+  },
+  MOESWARM_VERIFY_UNAVAILABLE: {
+    area: "DispatchError",
+    text: 'Trust "verify": a part\'s experts have only one untrusted owner and there is no local fallback to check it (run the hub with --replicas 2 or add workers, or pass trust "own" for your own devices).',
+  },
   MOESWARM_ROUTING_CONFIG: {
     area: "DispatchError",
     text: "The routing configuration is invalid or cannot be derived from the model's metadata.",

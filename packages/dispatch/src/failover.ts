@@ -8,13 +8,13 @@ import { type Answer, describeExperts, type Part } from "./part.js";
 // fallback, else the call fails with a DispatchError naming the layer, experts and worker.
 
 /** Serves a worker's experts as parts, failing over as needed. */
-export type Serve = (worker: string, experts: readonly number[]) => Promise<Part[]>;
+export type Serve = (worker: string, experts: readonly number[], second?: string) => Promise<Part[]>;
 
 /** The serve step around `answer`: the ask, then once on replicas, then the fallback. */
 export function withFailover(call: CallState, answer: Answer): Serve {
-  return async (worker, experts) => {
+  return async (worker, experts, second) => {
     try {
-      return [await answer({ worker, experts })];
+      return [await answer({ worker, experts, ...(second !== undefined ? { second } : {}) })];
     } catch (error) {
       if (call.signal.aborted) throw error;
       return failover(call, answer, worker, experts, error);
