@@ -16,7 +16,8 @@ export function withFailover(call: CallState, answer: Answer): Serve {
     try {
       return [await answer({ worker, experts, ...(second !== undefined ? { second } : {}) })];
     } catch (error) {
-      if (call.signal.aborted) throw error;
+      // a disagreement no third opinion could decide is not the worker's failure to retry around
+      if (call.signal.aborted || isMoeswarmError(error, "MOESWARM_VERIFY_FAILED")) throw error;
       return failover(call, answer, worker, experts, error);
     }
   };
@@ -93,7 +94,9 @@ function failure(
 ): DispatchError {
   const code =
     isMoeswarmError(error, "MOESWARM_WORKER_TIMEOUT") ||
-    isMoeswarmError(error, "MOESWARM_DISPATCH_BAD_RESULT")
+    isMoeswarmError(error, "MOESWARM_DISPATCH_BAD_RESULT") ||
+    isMoeswarmError(error, "MOESWARM_VERIFY_UNAVAILABLE") ||
+    isMoeswarmError(error, "MOESWARM_VERIFY_FAILED")
       ? (error as DispatchError).code
       : "MOESWARM_DISPATCH_FAILED";
   const reason = error instanceof Error ? error.message : String(error);

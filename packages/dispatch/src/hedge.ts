@@ -49,7 +49,10 @@ async function hedged(call: CallState, next: Answer, hedgeMs: number, ask: Ask):
     second.then(
       (part) => {
         call.metrics.hedgeWins++;
-        cancelFirst.abort(twinFirst());
+        // with liveness the slow request runs on to its own deadline (its answer is dropped): a
+        // worker that hangs then times out and its circuit opens, instead of being hedged around
+        // on every call
+        if (!call.liveness) cancelFirst.abort(twinFirst());
         resolve(part);
       },
       (error: unknown) => {
