@@ -95,7 +95,9 @@ async function decide(
   ];
   let [okA, okB] = by(true);
   if (okA === okB) [okA, okB] = by(false);
-  const evidence = (liar: string, lie: Part, truth: Part) =>
+  const evidence = (liar: string, lie: Part, truth: Part) => {
+    // its answer was refused: no credit for it
+    call.owner(liar).failures++;
     v.convict({
       worker: liar,
       layer: call.layer,
@@ -109,6 +111,7 @@ async function decide(
       decidedBy: third.by,
       at: Math.floor(Date.now()),
     });
+  };
   if (okA && !okB) {
     evidence(wb, pb, pa);
     v.count("partsVerified");
