@@ -165,6 +165,9 @@ async function run(options: DemoOptions, signal: AbortSignal): Promise<number> {
         ca: certs.ca,
       },
       fallback: fallback.compute,
+      // the demo's workers are its own child processes, one owner per expert: trust "own" until
+      // the demo places replicas and shows verification (issue 14: --liar)
+      trust: "own",
       signal,
     });
     cleanup.push(() => bridge.close());
