@@ -46,7 +46,7 @@ function attemptOnce(call: CallState, via: Via, ask: Ask): Promise<Part> {
   }
   // a worker's own deadline, from its round times (liveness), never past the call's
   const deadlineMs =
-    remote && call.liveness ? call.liveness.deadline(worker, call.deadlineMs) : call.deadlineMs;
+    remote && call.liveness ? call.liveness.deadline(worker, call.deadlineMs, slots) : call.deadlineMs;
   const timeout = () =>
     new DispatchError(
       "MOESWARM_WORKER_TIMEOUT",
@@ -71,7 +71,7 @@ function attemptOnce(call: CallState, via: Via, ask: Ask): Promise<Part> {
         reject(outcome.error);
         return;
       }
-      if (remote) call.liveness?.answered(worker, performance.now() - t0);
+      if (remote) call.liveness?.answered(worker, performance.now() - t0, slots);
       const r = acceptResult(call.precision, request, ids, outcome.result);
       if (typeof r === "string") {
         meter.failed();

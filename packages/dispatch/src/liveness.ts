@@ -37,8 +37,9 @@ export interface LivenessSnapshot {
 const WINDOW = 32;
 
 interface WorkerState {
-  /** Recent round times, a ring of WINDOW. */
+  /** Recent round times, and per (token, expert) slot, rings of WINDOW. */
   readonly times: number[];
+  readonly perSlot: number[];
   next: number;
   /** When the open circuit may be probed (clock ms); undefined: closed. */
   openUntil: number | undefined;
@@ -92,7 +93,7 @@ export class Liveness {
   #state(worker: string): WorkerState {
     let s = this.#workers.get(worker);
     if (!s) {
-      s = { times: [], next: 0, openUntil: undefined, opens: 0, probing: false };
+      s = { times: [], perSlot: [], next: 0, openUntil: undefined, opens: 0, probing: false };
       this.#workers.set(worker, s);
     }
     return s;
@@ -104,11 +105,21 @@ export class Liveness {
     return [...s.times].sort((a, b) => a - b);
   }
 
-  /** The deadline for a request to `worker`: factor x p95 of its round times, in [floorMs, capMs]. */
-  deadline(worker: string, capMs: number): number {
+  /**
+   * The deadline for a request of `slots` (token, expert) pairs to `worker`: factor x the larger of
+   * the p95 of its round times and the p95 of its time per slot x `slots` (a prefill's big batch
+   * takes longer than the decode rounds the history is mostly made of), in [floorMs, capMs].
+   */
+  deadline(worker: string, capMs: number, slots = 0): number {
     const sorted = this.#sorted(worker);
     if (!sorted) return capMs;
-    return Math.min(capMs, Math.max(this.floorMs, this.factor * quantile(sorted, 0.95)));
+    const s = this.#workers.get(worker)!;
+    const perSlot =
+      quantile(
+        [...s.perSlot].sort((a, b) => a - b),
+        0.95,
+      ) * slots;
+    return Math.min(capMs, Math.max(this.floorMs, this.factor * Math.max(quantile(sorted, 0.95), perSlot)));
   }
 
   /** The adaptive hedge delay for `worker` (hedgeFactor x p50, at least floorMs / 4); undefined without history. */
@@ -142,11 +153,17 @@ export class Liveness {
     if (s && s.openUntil !== undefined && this.#now() >= s.openUntil) s.probing = true;
   }
 
-  /** @internal `worker` answered after `ms`: a sample, and its circuit closes. */
-  answered(worker: string, ms: number): void {
+  /** @internal `worker` answered `slots` (token, expert) pairs after `ms`: a sample, and its circuit closes. */
+  answered(worker: string, ms: number, slots = 1): void {
     const s = this.#state(worker);
-    if (s.times.length < WINDOW) s.times.push(ms);
-    else s.times[s.next] = ms;
+    const rate = ms / Math.max(1, slots);
+    if (s.times.length < WINDOW) {
+      s.times.push(ms);
+      s.perSlot.push(rate);
+    } else {
+      s.times[s.next] = ms;
+      s.perSlot[s.next] = rate;
+    }
     s.next = (s.next + 1) % WINDOW;
     s.openUntil = undefined;
     s.opens = 0;

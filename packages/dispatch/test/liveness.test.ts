@@ -133,6 +133,17 @@ describe("a hung worker under the defaults", () => {
     expect(liveness.snapshot().open).toEqual([]);
   });
 
+  it("the adaptive deadline grows with the request's slots (a prefill after decode rounds)", () => {
+    const l = new Liveness();
+    expect(l.deadline("w", 30_000, 8)).toBe(30_000);
+    for (let i = 0; i < 4; i++) l.answered("w", 10, 8);
+    expect(l.deadline("w", 30_000, 8)).toBe(250);
+    // 512 tokens x 8 slots at 1.25 ms per slot, x4
+    expect(l.deadline("w", 30_000, 4096)).toBe(4 * 1.25 * 4096);
+    expect(l.deadline("w", 10_000, 4096)).toBe(10_000);
+    expect(() => new Liveness({ floorMs: 0 })).toThrow(/floorMs/);
+  });
+
   it("a trusted transport keeps fixed deadlines (no liveness unless given)", async () => {
     const placement = Placement.fromRegistrations([{ id: "a", model: "tiny", layers: [0], experts: ALL }]);
     let n = 0;
