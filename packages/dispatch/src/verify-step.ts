@@ -88,50 +88,44 @@ async function decide(
   v.count("thirdOpinions");
   call.metrics.thirdOpinions++;
   spend(call, v, third.part);
-  // the exact match first (same bits as the third), then the tolerance
-  const by = (exact: boolean) => [
-    v.compare(exact && third.exact(wa), shape, pa.y, third.part.y).reason === undefined,
-    v.compare(exact && third.exact(wb), shape, pb.y, third.part.y).reason === undefined,
-  ];
-  let [okA, okB] = by(true);
-  if (okA === okB) [okA, okB] = by(false);
+  // a lie is an answer outside the tolerance of the third opinion; a difference in numerics alone
+  // (an honest owner of another compute class, or an unknown one) never convicts
+  const near = (p: Part) => v.compare(false, shape, p.y, third.part.y).reason === undefined;
+  const same = (w: string, p: Part) =>
+    third.exact(w) && v.compare(true, shape, p.y, third.part.y).reason === undefined;
+  const nearA = near(pa);
+  const nearB = near(pb);
+  // both near: the one with the third's very bits, else the first owner's
+  const pick =
+    nearA && nearB ? (same(wb, pb) && !same(wa, pa) ? pb : pa) : nearA ? pa : nearB ? pb : undefined;
   const evidence = (liar: string, lie: Part, truth: Part) => {
     // its answer was refused: no credit for it
     call.owner(liar).failures++;
+    const cmp = v.compare(false, shape, lie.y, truth.y);
     v.convict({
       worker: liar,
       layer: call.layer,
       experts: ask.experts,
-      reason: `${liar} disagrees with ${liar === wa ? wb : wa} and ${third.by}: ${
-        v.compare(false, shape, lie.y, truth.y).reason ?? c.reason
-      }`.slice(0, 500),
+      reason:
+        `${liar} disagrees with ${liar === wa ? wb : wa} and ${third.by}: ${cmp.reason ?? c.reason}`.slice(
+          0,
+          500,
+        ),
       requestDigest: digest(call, ask.experts),
       expected: { norm: norm(shape, truth.y) },
-      got: { norm: norm(shape, lie.y), cosine: clampCos(v.compare(false, shape, lie.y, truth.y).cosine) },
+      got: { norm: norm(shape, lie.y), cosine: clampCos(cmp.cosine) },
       decidedBy: third.by,
       at: Math.floor(Date.now()),
     });
   };
-  if (okA && !okB) {
-    evidence(wb, pb, pa);
+  if (pick !== undefined || third.local) {
+    // a local third is trusted: what it disproves is a lie even when it agrees with neither
+    const truth = pick ?? third.part;
+    if (!nearA) evidence(wa, pa, truth);
+    if (!nearB) evidence(wb, pb, truth);
     v.count("partsVerified");
     call.metrics.verifiedParts++;
-    return { ...pa, verified: true };
-  }
-  if (okB && !okA) {
-    evidence(wa, pa, pb);
-    v.count("partsVerified");
-    call.metrics.verifiedParts++;
-    return { ...pb, verified: true };
-  }
-  if (third.local) {
-    // neither (or both, within the tolerance) matches the local compute: the local answer is used;
-    // only an answer outside the tolerance is a proven lie
-    if (!okA) evidence(wa, pa, third.part);
-    if (!okB) evidence(wb, pb, third.part);
-    v.count("partsVerified");
-    call.metrics.verifiedParts++;
-    return { ...third.part, worker: undefined, verified: true };
+    return pick ? { ...pick, verified: true } : { ...third.part, worker: undefined, verified: true };
   }
   v.count("failed");
   throw new DispatchError(

@@ -338,6 +338,15 @@ describe("liars under the defaults", () => {
     expect(same.st.disagreements).toBe(4);
     const diff = await run((w) => (w === "cpu" ? "cpu/x86_64" : "cuda/sm90"));
     expect(diff.st).toMatchObject({ disagreements: 0, partsVerified: 4 });
+    // classes unknown but a local third opinion: the pair differs in bits, both are within the
+    // tolerance of the reference, so nobody is convicted for numerics
+    const s = strangers([
+      ["cpu", ALL, honest],
+      ["gpu", ALL, jitter],
+    ]);
+    const verification = new Verification();
+    await decode(s, 4, { verification, fallback: honest });
+    expect(verification.stats()).toMatchObject({ disagreements: 4, thirdOpinions: 4, quarantines: 0, failed: 0 });
   });
 
   it("two colluding liars holding the same part: redundancy cannot see it; a sampled local check can", async () => {
