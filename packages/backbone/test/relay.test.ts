@@ -168,6 +168,34 @@ describe.skipIf(Boolean(missing))("llama.cpp + plugin + workers behind the hub's
     const v = m.verification!;
     expect(v).toMatchObject({ quarantines: 1, quarantined: ["rv-liar"], failed: 0 });
     expect(v.disagreements).toBeGreaterThanOrEqual(1);
+    // the cost against trust "own" on the same honest workers (one of each pair asked)
+    const honestOnly = Placement.fromRegistrations(
+      ["rv-lo-a", "rv-hi-a"].map((id, i) => ({
+        id,
+        model: MODEL_ID,
+        layers: info.layers,
+        experts: i ? hi : lo,
+      })),
+    );
+    await using own = await serveBackboneBridge({
+      socket: join(tmp.dir, "own.sock"),
+      placement: honestOnly,
+      transport: new RelayTransport(backbone),
+      trust: "own",
+    });
+    const t1 = performance.now();
+    const ownRun = await runLogitsHarness({
+      ...common,
+      logitsPath: join(tmp.dir, "v-own.bin"),
+      plugin: { bridge: own.address, layers: "all", model: MODEL_ID },
+    });
+    const ownMs = performance.now() - t1;
+    expect(ownRun.tokens).toEqual(plain.tokens);
+    const ownBytes = own.metrics().dispatch.bytesOut + own.metrics().dispatch.bytesIn;
+    console.log(
+      `[trust] relay, trust own on the honest workers: decode ${ownMs.toFixed(0)} ms, ${ownBytes} bytes ` +
+        `(verify: ${ms.toFixed(0)} ms, ${m.dispatch.bytesOut + m.dispatch.bytesIn} bytes)`,
+    );
     console.log(
       `[trust] relay, default settings, one liar of 5 workers: tokens identical (${relayed.tokens.length}), ` +
         `logits bit-identical, liar quarantined; ${v.partsVerified} parts verified, ${v.disagreements} disagreements, ` +
