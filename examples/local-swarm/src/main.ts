@@ -165,9 +165,7 @@ async function run(options: DemoOptions, signal: AbortSignal): Promise<number> {
         ca: certs.ca,
       },
       fallback: fallback.compute,
-      // the demo's workers are its own child processes, one owner per expert: trust "own" until
-      // the demo places replicas and shows verification (issue 14: --liar)
-      trust: "own",
+      trust: "own", // its own child processes, one owner per expert (until it places replicas)
       signal,
     });
     cleanup.push(() => bridge.close());
