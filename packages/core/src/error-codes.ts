@@ -128,11 +128,11 @@ export const ERROR_CODES = {
   },
   MOESWARM_VERIFY_FAILED: {
     area: "DispatchError",
-    text: "Two owners of an expert part disagreed and no third opinion could decide which one is right (no wrong answer is ever guessed).",
+    text: "Two owners of a part disagreed and no third opinion could decide which is right (never a guess).",
   },
   MOESWARM_VERIFY_UNAVAILABLE: {
     area: "DispatchError",
-    text: 'Trust "verify": a part\'s experts have only one untrusted owner and there is no local fallback to check it (run the hub with --replicas 2 or add workers, or pass trust "own" for your own devices).',
+    text: "Trust verify: a part has one untrusted owner and no local fallback (hub --replicas 2, or trust own).",
   },
   MOESWARM_ROUTING_CONFIG: {
     area: "DispatchError",
