@@ -1,4 +1,10 @@
-import type { DispatchCallMetrics, DispatchMetricsSnapshot, SpotCheckSnapshot } from "@moeswarm/dispatch";
+import type {
+  DispatchCallMetrics,
+  DispatchMetricsSnapshot,
+  LivenessSnapshot,
+  SpotCheckSnapshot,
+  VerificationStats,
+} from "@moeswarm/dispatch";
 import type { HubLinkMetrics } from "./hub-link.js";
 
 /** One plugin request as the bridge saw it. */
@@ -45,6 +51,10 @@ export interface BridgeMetrics {
   dispatch: DispatchMetricsSnapshot;
   /** With `spotCheck`: checks, disagreements, the quarantined workers and their strikes. */
   spotCheck?: SpotCheckSnapshot;
+  /** Trust "verify": parts verified, disagreements, third opinions, quarantines, extra bytes and compute. */
+  verification?: VerificationStats;
+  /** An untrusted transport: timeouts, circuits opened and open, per-worker round times. */
+  liveness?: LivenessSnapshot;
   /** With `hub`: the placement version followed, the poller's and the reporter's counters. */
   hub?: HubLinkMetrics;
 }
@@ -89,6 +99,8 @@ export interface BridgeMetricsParts {
   connections: number;
   dispatch: DispatchMetricsSnapshot;
   spotCheck?: SpotCheckSnapshot | undefined;
+  verification?: VerificationStats | undefined;
+  liveness?: LivenessSnapshot | undefined;
   hub?: HubLinkMetrics | undefined;
 }
 
@@ -138,6 +150,8 @@ export class BridgeCounters {
       errors: { ...this.errors },
       dispatch: d,
       ...(parts.spotCheck ? { spotCheck: parts.spotCheck } : {}),
+      ...(parts.verification ? { verification: parts.verification } : {}),
+      ...(parts.liveness ? { liveness: parts.liveness } : {}),
       ...(parts.hub ? { hub: parts.hub } : {}),
     };
   }

@@ -14,8 +14,10 @@ import {
   type DispatchMetrics,
   type DispatchOptions,
   dispatchExpertsDetailed,
+  type Liveness,
   type Placement,
   type SpotCheck,
+  type Verification,
 } from "@moeswarm/dispatch";
 import type { BridgeCounters, BridgeRequestStats } from "./bridge-metrics.js";
 import type { ReplyFn } from "./plugin-socket.js";
@@ -32,6 +34,10 @@ export interface BridgeRequestsOptions {
   transport: ExpertTransport;
   fallback?: ExpertHandler | undefined;
   verify?: SpotCheck | undefined;
+  /** Trust "verify"'s state (used when `trust` resolves to "verify"), and liveness. */
+  verification?: Verification | undefined;
+  liveness?: Liveness | undefined;
+  trust?: "verify" | "own" | undefined;
   hedgeMs?: number | undefined;
   deadlineMs?: number | undefined;
   maxFrameBytes: number;
@@ -65,6 +71,9 @@ export class BridgeRequests {
       metrics: o.metrics,
       ...(o.fallback ? { fallback: o.fallback } : {}),
       ...(o.verify ? { verify: o.verify } : {}),
+      ...(o.verification ? { verification: o.verification } : {}),
+      ...(o.liveness ? { liveness: o.liveness } : {}),
+      ...(o.trust ? { trust: o.trust } : {}),
       ...(o.hedgeMs !== undefined ? { hedgeMs: o.hedgeMs } : {}),
       ...(o.deadlineMs !== undefined ? { deadlineMs: o.deadlineMs } : {}),
     };
@@ -172,6 +181,11 @@ function emptyCall(f: DispatchFrame): DispatchCallMetrics {
     spotUnverifiable: 0,
     hedges: 0,
     hedgeWins: 0,
+    verifiedParts: 0,
+    verifyDisagreements: 0,
+    thirdOpinions: 0,
+    verifyExtraBytes: 0,
+    timeouts: 0,
     owners: Object.create(null) as DispatchCallMetrics["owners"],
     wallMs: 0,
   };

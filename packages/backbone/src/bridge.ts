@@ -7,7 +7,15 @@ import {
   onAbort,
   throwIfAborted,
 } from "@moeswarm/core";
-import { DispatchMetrics, type Placement, SpotCheck, type SpotCheckOptions } from "@moeswarm/dispatch";
+import {
+  DispatchMetrics,
+  Liveness,
+  type Placement,
+  SpotCheck,
+  type SpotCheckOptions,
+  Verification,
+  type VerificationEvent,
+} from "@moeswarm/dispatch";
 import { BridgeCounters, type BridgeMetrics, type BridgeRequestStats } from "./bridge-metrics.js";
 import { BridgeRequests } from "./bridge-requests.js";
 import { connectHub, type HubLink } from "./hub-link.js";
@@ -60,6 +68,16 @@ export interface BackboneBridgeOptions {
    * a replica; the first answer wins. Off by default.
    */
   hedgeMs?: number;
+  /**
+   * Who the workers are (dispatch's `trust`). Default: "verify" when the transport is not
+   * `trusted` (the hub's relay: strangers' devices): every part is answered by two owners and
+   * compared, `fallback` is the third opinion on a mismatch, a liar is quarantined at once and
+   * reported to the hub (with `hub`). "own": answers taken as they come, for a swarm of your own
+   * devices only.
+   */
+  trust?: "verify" | "own";
+  /** Called once per worker quarantined by verification (after it is reported to the hub, with `hub`). */
+  onQuarantine?: (event: VerificationEvent) => void;
 }
 
 export interface BackboneBridge extends AsyncDisposable {
@@ -69,6 +87,13 @@ export interface BackboneBridge extends AsyncDisposable {
   readonly hub: HubLink | undefined;
   /** With `spotCheck`: the checker shared by every request (`quarantined()`, `release(id)`). */
   readonly spotCheck: SpotCheck | undefined;
+  /**
+   * Trust "verify"'s state, shared by every request: `stats()` (parts verified, disagreements,
+   * third opinions, quarantines, cost), `quarantined()`, `release(id)`. Unused under trust "own".
+   */
+  readonly verification: Verification;
+  /** Adaptive deadlines and circuit breaker (an untrusted transport only). */
+  readonly liveness: Liveness | undefined;
   metrics(): BridgeMetrics;
   /** Routing counts since the start or the last report, by layer then expert. */
   routingCounts(): IterableIterator<RoutingCount>;
@@ -127,6 +152,11 @@ function checkOptions(o: BackboneBridgeOptions): void {
       "spotCheck must be { fraction, minCosine?, seed?, ... } (the fallback is its reference)",
     );
   }
+  if (o.trust !== undefined && o.trust !== "verify" && o.trust !== "own") {
+    throw new InvalidArgumentError(`trust must be "verify" or "own", got ${String(o.trust)}`);
+  }
+  if (o.onQuarantine !== undefined && typeof o.onQuarantine !== "function")
+    throw new InvalidArgumentError("onQuarantine must be a function");
   const h = o.hedgeMs;
   if (h !== undefined && !(typeof h === "number" && Number.isFinite(h) && h >= 0)) {
     throw new InvalidArgumentError("hedgeMs must be a finite number >= 0");
@@ -168,12 +198,25 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
   const counters = new BridgeCounters();
   const routing = new RoutingStats();
   const dispatchMetrics = new DispatchMetrics();
+  const transport = link ? link.transport : (options.transport as ExpertTransport);
+  const onQuarantine = options.onQuarantine;
+  // the fallback is the third opinion (dispatch uses it); every proven lie goes to the hub
+  const verification = new Verification({
+    onQuarantine: (event) => {
+      void link?.reportQuarantine(event);
+      onQuarantine?.(event);
+    },
+  });
+  const liveness = transport.trusted === true ? undefined : new Liveness();
   const requests = new BridgeRequests({
     model,
     placement,
-    transport: link ? link.transport : (options.transport as ExpertTransport),
+    transport,
     fallback: options.fallback,
     verify,
+    verification,
+    liveness,
+    trust: options.trust,
     hedgeMs: options.hedgeMs,
     deadlineMs: options.deadlineMs,
     maxFrameBytes,
@@ -217,11 +260,15 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
     address,
     hub: link,
     spotCheck: verify,
+    verification,
+    liveness,
     metrics: () =>
       counters.snapshot({
         connections: plugins.connections,
         dispatch: dispatchMetrics.snapshot(),
         spotCheck: verify?.snapshot(),
+        verification: verification.stats(),
+        liveness: liveness?.snapshot(),
         hub: link?.metrics(),
       }),
     routingCounts: () => routing.counts(),

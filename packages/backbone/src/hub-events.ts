@@ -18,8 +18,19 @@ export type HubLinkEvent =
   | ({ type: "stats" } & StatsOutcome)
   /** The relay connection changed state (it reconnects by itself after a drop). */
   | { type: "relay"; state: RelayState; error?: MoeswarmError }
-  /** A poll or a report failed; it is retried after `retryInMs` (a report the hub refused as invalid is dropped). */
-  | { type: "error"; source: "poll" | "stats"; error: MoeswarmError; retryInMs?: number; dropped?: boolean };
+  /** A quarantine this backbone proved was reported to the hub. */
+  | { type: "quarantine-report"; worker: string; accepted: boolean }
+  /**
+   * A poll or a report failed; it is retried after `retryInMs` (a report the hub refused as
+   * invalid is dropped). A quarantine report is not retried (the local quarantine holds).
+   */
+  | {
+      type: "error";
+      source: "poll" | "stats" | "quarantine";
+      error: MoeswarmError;
+      retryInMs?: number;
+      dropped?: boolean;
+    };
 
 export interface HubLinkError {
   code: string;

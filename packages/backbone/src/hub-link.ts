@@ -1,10 +1,11 @@
 import { AbortError, abortReason, InvalidArgumentError, onAbort, throwIfAborted } from "@moeswarm/core";
-import type { Placement } from "@moeswarm/dispatch";
+import type { Placement, VerificationEvent } from "@moeswarm/dispatch";
 import { connectRelay, type RelayConnection, type RelayState, RelayTransport } from "@moeswarm/relay-client";
 import { asError, emitter, type HubLinkError, type StatsOutcome } from "./hub-events.js";
 import { HubHttp } from "./hub-http.js";
 import { checkHubOptions, type HubLinkOptions, type HubSettings, hubSettings } from "./hub-options.js";
 import { type HubPlacement, missingCount, PlacementFollower } from "./hub-placement.js";
+import { type QuarantineReportCounters, QuarantineReporter } from "./hub-reports.js";
 import { StatsReporter } from "./hub-stats.js";
 import type { StatsSource } from "./stats-report.js";
 
@@ -12,7 +13,7 @@ import type { StatsSource } from "./stats-report.js";
 // placement (hub-placement), the reports (hub-stats) and the relay connection (relay-client).
 
 /** The link's counters: a plain object (JSON-safe). */
-export interface HubLinkMetrics {
+export interface HubLinkMetrics extends QuarantineReportCounters {
   model: string;
   id: string;
   relay: RelayState;
@@ -59,6 +60,12 @@ export interface HubLink extends AsyncDisposable {
    * with the hub's answer; undefined without a source.
    */
   reportStats(options?: { signal?: AbortSignal }): Promise<StatsOutcome | undefined>;
+  /**
+   * Reports a quarantine this backbone proved (`POST .../reports/quarantine`) in the background;
+   * resolves when the hub answered (never rejects: a failure is counted and emitted; a hub without
+   * the endpoint, 404, is not asked again).
+   */
+  reportQuarantine(event: VerificationEvent): Promise<void>;
   metrics(): HubLinkMetrics;
   /** Stops the poller and the reporter, sends a final report, closes the relay connection. */
   close(): Promise<void>;
@@ -91,12 +98,15 @@ export async function connectHub(options: HubLinkOptions): Promise<HubLink> {
     nExpert: () => follower.current.nExpert,
     stop: stop.signal,
   });
+  const quarantines = new QuarantineReporter({ http, settings, emit, stop: stop.signal });
   let relay: RelayConnection | undefined;
   const loops: Promise<void>[] = [];
   let closing: Promise<void> | undefined;
   const close = (): Promise<void> => {
     closing ??= (async () => {
       closeOnAbort[Symbol.dispose]();
+      // a proven lie in flight reaches the hub before the link goes (each has its own timeout)
+      if (!signal?.aborted) await quarantines.settled();
       stop.abort(signal?.aborted ? abortReason(signal) : new AbortError("the hub link is closing"));
       follower.wake();
       for (const loop of loops) await loop;
@@ -129,7 +139,7 @@ export async function connectHub(options: HubLinkOptions): Promise<HubLink> {
   });
   loops.push(follower.run());
   if (settings.statsIntervalMs > 0) loops.push(reporter.run());
-  return linkHandle({ model, settings, relay, transport, follower, reporter, close });
+  return linkHandle({ model, settings, relay, transport, follower, reporter, quarantines, close });
 }
 
 interface LinkParts {
@@ -139,12 +149,13 @@ interface LinkParts {
   transport: RelayTransport;
   follower: PlacementFollower;
   reporter: StatsReporter;
+  quarantines: QuarantineReporter;
   close(): Promise<void>;
 }
 
 /** The HubLink its owner holds: views of the parts, and their counters as one object. */
 function linkHandle(parts: LinkParts): HubLink {
-  const { model, settings, relay, follower, reporter, close } = parts;
+  const { model, settings, relay, follower, reporter, quarantines, close } = parts;
   return {
     url: settings.base.href,
     model,
@@ -164,6 +175,7 @@ function linkHandle(parts: LinkParts): HubLink {
       throwIfAborted(opts.signal);
       return reporter.report(opts.signal);
     },
+    reportQuarantine: (event) => quarantines.report(event),
     metrics(): HubLinkMetrics {
       const current = follower.current;
       const p = follower.counters;
@@ -182,6 +194,7 @@ function linkHandle(parts: LinkParts): HubLink {
         statsDuplicates: s.statsDuplicates,
         statsErrors: s.statsErrors,
         statsDropped: s.statsDropped,
+        ...quarantines.counters,
         ...(p.lastPollError ? { lastPollError: { ...p.lastPollError } } : {}),
         ...(s.lastStatsAt !== undefined ? { lastStatsAt: s.lastStatsAt } : {}),
         ...(s.lastStatsError ? { lastStatsError: { ...s.lastStatsError } } : {}),

@@ -54,6 +54,13 @@ export interface SwarmLlamaOptions {
   spotCheck?: BackboneBridgeOptions["spotCheck"];
   /** The bridge's hedged requests (`serveBackboneBridge`'s `hedgeMs`). */
   hedgeMs?: number;
+  /**
+   * `serveBackboneBridge`'s `trust`: default "verify" over the hub's relay (two workers per part,
+   * the local fallback decides a mismatch); "own" for a swarm of your own devices.
+   */
+  trust?: "verify" | "own";
+  /** `serveBackboneBridge`'s `onQuarantine`. */
+  onQuarantine?: BackboneBridgeOptions["onQuarantine"];
   /** How long the plugin waits for one layer's result (`MOESWARM_TIMEOUT_MS`, default 120 s). */
   pluginTimeoutMs?: number;
   /**
@@ -154,6 +161,8 @@ async function startBridge(
     ...(options.deadlineMs !== undefined ? { deadlineMs: options.deadlineMs } : {}),
     ...(options.spotCheck !== undefined ? { spotCheck: options.spotCheck } : {}),
     ...(options.hedgeMs !== undefined ? { hedgeMs: options.hedgeMs } : {}),
+    ...(options.trust !== undefined ? { trust: options.trust } : {}),
+    ...(options.onQuarantine !== undefined ? { onQuarantine: options.onQuarantine } : {}),
     ...(signal ? { signal } : {}),
   });
   cleanups.push(() => bridge.close());

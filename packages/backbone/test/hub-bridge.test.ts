@@ -127,6 +127,8 @@ describe.skipIf(Boolean(missing))("serveBackboneBridge({hub}): follows the hub's
         pollWaitS: 10,
       },
       fallback: fallback.compute,
+      // one owner per expert, and "never falls back" is the point: the test's own workers
+      trust: "own",
     });
     const link = bridge.hub!;
     expect(link.id).toBe("bb-hub-test");

@@ -87,6 +87,8 @@ describe.skipIf(Boolean(missing))("createSwarmLlama({hub})", () => {
         model: MODEL_ID,
         statsIntervalMs: 0,
       },
+      // one owner per expert, credited as such: the test's own workers
+      trust: "own",
     });
     await swarmLlama.bridge.hub!.waitForPlacement((p) => p.missing.length === 0);
     const context = await swarmLlama.model.createContext({ contextSize: 512, batchSize: 512, threads: 1 });

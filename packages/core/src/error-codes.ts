@@ -148,6 +148,14 @@ export const ERROR_CODES = {
     area: "DispatchError",
     text: "A worker did not answer before the request's deadline.",
   },
+  MOESWARM_VERIFY_FAILED: {
+    area: "DispatchError",
+    text: "Two owners of a part disagreed and no third opinion could decide which is right (never a guess).",
+  },
+  MOESWARM_VERIFY_UNAVAILABLE: {
+    area: "DispatchError",
+    text: "Trust verify: a part has one untrusted owner and no local fallback (hub --replicas 2, or trust own).",
+  },
   MOESWARM_ROUTING_CONFIG: {
     area: "DispatchError",
     text: "The routing configuration is invalid or cannot be derived from the model's metadata.",

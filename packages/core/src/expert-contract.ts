@@ -67,6 +67,12 @@ export interface ExpertCallOptions {
  * `signal` aborts, but a dispatcher never waits for it past its own deadline.
  */
 export interface ExpertTransport {
+  /**
+   * The workers behind it run code the caller controls (in its own process or threads): their
+   * answers need no verification. Absent or false: the owners may be strangers, and a dispatcher
+   * verifies their answers unless told the swarm is the caller's own (dispatch's `trust: "own"`).
+   */
+  readonly trusted?: boolean;
   request(owner: string, request: ExpertRequest, options: ExpertCallOptions): Promise<ExpertResult>;
 }
 

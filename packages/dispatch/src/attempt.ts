@@ -1,5 +1,5 @@
 import type { ExpertRequest, ExpertResult } from "@moeswarm/core";
-import { DispatchError, onAbort } from "@moeswarm/core";
+import { DispatchError, isMoeswarmError, onAbort } from "@moeswarm/core";
 import { acceptResult } from "./accept.js";
 import { buildRequest } from "./build-request.js";
 import type { CallState } from "./call-state.js";
@@ -11,7 +11,7 @@ import { type Answer, type Ask, describeExperts, type Part } from "./part.js";
 // the result, and the metering of all three.
 
 /** Who answers: a worker through the transport, or one of the call's local handlers. */
-export type Via = "transport" | "fallback" | "reference";
+export type Via = "transport" | "fallback" | "reference" | "third";
 
 type Outcome = { readonly result: ExpertResult } | { readonly error: unknown; readonly cancelled: boolean };
 
@@ -28,36 +28,50 @@ function attemptOnce(call: CallState, via: Via, ask: Ask): Promise<Part> {
   const { request, tokens, slots } = buildRequest(call, new Set(experts));
   // a transport may transfer (detach) the request's buffers: keep the slot ids for the combine
   const ids = request.ids.slice();
-  const key = via === "fallback" ? FALLBACK_OWNER : via === "reference" ? REFERENCE_OWNER : worker;
+  const third = via === "third" ? call.thirdOpinion : undefined;
+  const key =
+    via === "fallback" ? FALLBACK_OWNER : via === "reference" ? REFERENCE_OWNER : (third?.key ?? worker);
   const who =
-    via === "fallback" ? "the fallback" : via === "reference" ? "the reference" : `worker ${worker}`;
+    via === "fallback" || third?.key === FALLBACK_OWNER
+      ? "the fallback"
+      : via === "reference" || third
+        ? "the reference"
+        : `worker ${worker}`;
   const meter = startMeter(call, key, via, request, slots);
   const controller = new AbortController();
-  if (via === "transport") call.placement.acquire(worker);
+  const remote = via === "transport";
+  if (remote) {
+    call.placement.acquire(worker);
+    call.liveness?.sent(worker);
+  }
+  // a worker's own deadline, from its round times (liveness), never past the call's
+  const deadlineMs =
+    remote && call.liveness ? call.liveness.deadline(worker, call.deadlineMs, slots) : call.deadlineMs;
   const timeout = () =>
     new DispatchError(
       "MOESWARM_WORKER_TIMEOUT",
-      `layer ${call.layer}: ${who} did not answer experts ${describeExperts(experts)} within ${call.deadlineMs} ms`,
+      `layer ${call.layer}: ${who} did not answer experts ${describeExperts(experts)} within ${deadlineMs} ms`,
       {
-        details: {
-          layer: call.layer,
-          worker: key,
-          experts: describeExperts(experts),
-          deadlineMs: call.deadlineMs,
-        },
+        details: { layer: call.layer, worker: key, experts: describeExperts(experts), deadlineMs },
       },
     );
+  const t0 = performance.now();
   return new Promise<Part>((resolve, reject) => {
     const settle = (outcome: Outcome) => {
-      if (via === "transport") call.placement.release(worker);
+      if (remote) call.placement.release(worker);
       meter.settled();
       if ("error" in outcome) {
         controller.abort(outcome.error);
         // the loser of a hedge did nothing wrong
         if (!outcome.cancelled) meter.failed();
+        if (remote && !outcome.cancelled && isMoeswarmError(outcome.error, "MOESWARM_WORKER_TIMEOUT")) {
+          call.liveness?.timedOut(worker);
+          call.metrics.timeouts++;
+        } else if (remote) call.liveness?.failed(worker);
         reject(outcome.error);
         return;
       }
+      if (remote) call.liveness?.answered(worker, performance.now() - t0, slots);
       const r = acceptResult(call.precision, request, ids, outcome.result);
       if (typeof r === "string") {
         meter.failed();
@@ -68,11 +82,22 @@ function attemptOnce(call: CallState, via: Via, ask: Ask): Promise<Part> {
       }
       // what travelled: a compact answer's rows, not the layout they were expanded to
       meter.answered(outcome.result.y.byteLength, r.ms);
-      const from = via === "transport" ? worker : undefined;
-      resolve({ tokens, ids, y: r.y, mode: request.mode, experts, worker: from, verified: false });
+      const from = remote ? worker : undefined;
+      const bytes = meter.bytesOut + outcome.result.y.byteLength;
+      resolve({
+        tokens,
+        ids,
+        y: r.y,
+        mode: request.mode,
+        experts,
+        worker: from,
+        verified: false,
+        bytes,
+        computeMs: r.ms,
+      });
     };
     const exchange = () => send(call, via, worker, request, controller.signal);
-    firstOutcome(call, ask.cancel, { ms: call.deadlineMs, error: timeout }, exchange, settle);
+    firstOutcome(call, ask.cancel, { ms: deadlineMs, error: timeout }, exchange, settle);
   });
 }
 
@@ -86,7 +111,13 @@ function send(
 ): Promise<ExpertResult> {
   try {
     const local =
-      via === "fallback" ? call.fallback : via === "reference" ? call.verify?.reference : undefined;
+      via === "fallback"
+        ? call.fallback
+        : via === "reference"
+          ? call.verify?.reference
+          : via === "third"
+            ? call.thirdOpinion?.handler
+            : undefined;
     const pending = local
       ? Promise.resolve(local(request, { signal }))
       : call.transport.request(worker, request, { signal, deadlineMs: call.deadlineMs });
@@ -149,9 +180,10 @@ function startMeter(call: CallState, key: string, via: Via, request: ExpertReque
   m.bytesOut += out;
   m.requests++;
   if (request.mode === "sum") m.sumRequests++;
-  if (via === "fallback") m.fallbacks++;
+  if (via === "fallback" || (via === "third" && call.thirdOpinion?.key === FALLBACK_OWNER)) m.fallbacks++;
   const t0 = performance.now();
   return {
+    bytesOut: out,
     settled(): void {
       const ms = performance.now() - t0;
       om.latencyMs += ms;

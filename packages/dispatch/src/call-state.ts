@@ -1,10 +1,18 @@
 import type { ExpertHandler, ExpertTransport } from "@moeswarm/core";
 import { onAbort } from "@moeswarm/core";
 import { DEFAULT_DEADLINE_MS, type DispatchOptions } from "./dispatch-options.js";
-import type { DispatchCallMetrics, OwnerCallMetrics } from "./metrics.js";
+import type { Liveness } from "./liveness.js";
+import {
+  type DispatchCallMetrics,
+  FALLBACK_OWNER,
+  type OwnerCallMetrics,
+  REFERENCE_OWNER,
+} from "./metrics.js";
 import type { Placement } from "./placement.js";
 import type { Routing } from "./route.js";
 import type { SpotCheck } from "./spot-check.js";
+import { resolveTrust } from "./trust.js";
+import type { Verification } from "./verification.js";
 
 export type Precision = "f32" | "f64";
 
@@ -24,7 +32,14 @@ export class CallState {
   readonly fallback: ExpertHandler | undefined;
   readonly retry: boolean;
   readonly verify: SpotCheck | undefined;
-  readonly hedgeMs: number | undefined;
+  /** A fixed hedge delay (ms > 0), "adaptive" (liveness's per-worker delay) or undefined: no hedge. */
+  readonly hedgeMs: number | "adaptive" | undefined;
+  /** Trust "verify": every part answered by two owners (verify-step.ts); undefined for "own". */
+  readonly verification: Verification | undefined;
+  /** Per-worker adaptive deadlines and the circuit breaker; undefined: fixed deadlines. */
+  readonly liveness: Liveness | undefined;
+  /** The local third opinion of trust "verify" (its reference, else the fallback). */
+  readonly thirdOpinion: { readonly handler: ExpertHandler; readonly key: string } | undefined;
   readonly hidden: Float32Array | Float64Array;
   readonly routing: Routing;
   readonly embd: number;
@@ -52,7 +67,16 @@ export class CallState {
     this.fallback = options.fallback;
     this.retry = options.retry ?? true;
     this.verify = options.verify;
-    this.hedgeMs = options.hedgeMs;
+    const trust = resolveTrust(options);
+    this.verification = trust.verification;
+    this.liveness = trust.liveness;
+    this.hedgeMs = trust.hedgeMs;
+    const ref = trust.verification?.reference;
+    this.thirdOpinion = ref
+      ? { handler: ref, key: REFERENCE_OWNER }
+      : options.fallback
+        ? { handler: options.fallback, key: FALLBACK_OWNER }
+        : undefined;
     this.hidden = hidden;
     this.routing = routing;
     this.embd = embd;
@@ -97,17 +121,27 @@ export class CallState {
     return o;
   }
 
-  /** Workers `choose` must skip: the quarantined ones, plus `also`. */
+  /** Workers `choose` must skip: the quarantined ones, those whose circuit is open, plus `also`. */
   exclude(also?: string): Set<string> | undefined {
-    const out = this.verify?.excluded();
+    let out = this.verify?.excluded();
+    for (const more of [this.verification?.excluded(), this.liveness?.excluded()]) {
+      if (!more || more.size === 0) continue;
+      if (!out) out = more;
+      else for (const id of more) out.add(id);
+    }
     if (also === undefined) return out;
     return out ? out.add(also) : new Set([also]);
   }
 
   /** Another owner of every expert of the part, not quarantined, chosen as `choose` would. */
-  replicaOfAll(worker: string, experts: readonly number[], avoid?: string): string | undefined {
+  replicaOfAll(
+    worker: string,
+    experts: readonly number[],
+    avoid?: string | ReadonlySet<string>,
+  ): string | undefined {
     const exclude = this.exclude(worker)!;
-    if (avoid !== undefined) exclude.add(avoid);
+    if (typeof avoid === "string") exclude.add(avoid);
+    else if (avoid) for (const id of avoid) exclude.add(id);
     const first = experts[0]!;
     for (const id of this.placement.owners(this.layer, first)) {
       if (exclude.has(id)) continue;
@@ -138,6 +172,11 @@ function emptyCallMetrics(
     spotUnverifiable: 0,
     hedges: 0,
     hedgeWins: 0,
+    verifiedParts: 0,
+    verifyDisagreements: 0,
+    thirdOpinions: 0,
+    verifyExtraBytes: 0,
+    timeouts: 0,
     // worker ids are untrusted (a peer may call itself "__proto__"): no prototype to pollute
     owners: Object.create(null) as Record<string, OwnerCallMetrics>,
     wallMs: 0,

@@ -1,8 +1,10 @@
 import type { ExpertHandler, ExpertTransport } from "@moeswarm/core";
 import { InvalidArgumentError } from "@moeswarm/core";
+import { Liveness } from "./liveness.js";
 import type { DispatchCallMetrics, DispatchMetrics } from "./metrics.js";
 import type { Placement } from "./placement.js";
 import { SpotCheck } from "./spot-check.js";
+import { Verification } from "./verification.js";
 
 export interface DispatchOptions {
   /** The MoE layer (block index) the routing belongs to. */
@@ -35,10 +37,27 @@ export interface DispatchOptions {
   /**
    * Hedged requests (tail latency): a worker that has not answered after this many ms gets a
    * twin request to a replica owning all the same experts; the first good answer is used and the
-   * other request is cancelled. Off by default. Replicas on other hardware round differently, so
-   * with hedging the output bits can depend on which replica was faster (the values never do).
+   * other request is cancelled. `0` turns hedging off. Default: off, except under trust "own" with
+   * liveness on (an untrusted transport), where the delay adapts per worker (about 2x its p50
+   * round time). Replicas on other hardware round differently, so with hedging the output bits can
+   * depend on which replica was faster (the values never do).
    */
   readonly hedgeMs?: number;
+  /**
+   * Who the owners are. "verify": strangers; every part is answered by two distinct owners and
+   * compared (trust.ts, verify-step.ts), a lie is decided by a third opinion and its owner
+   * quarantined, and a part only one owner holds is served by `fallback` or fails with
+   * MOESWARM_VERIFY_UNAVAILABLE. "own": the caller's own devices; answers are taken as they come.
+   * Default: "own" when the transport says it is `trusted` (in-process, worker threads), else "verify".
+   */
+  readonly trust?: "verify" | "own";
+  /** The state of trust "verify" shared across calls (quarantine, counters, `onQuarantine`); default: one per transport. */
+  readonly verification?: Verification;
+  /**
+   * Per-worker adaptive deadlines and the circuit breaker, shared across calls. Default: one per
+   * transport when the transport is not `trusted`; `false` turns it off.
+   */
+  readonly liveness?: Liveness | false;
   /**
    * Result spot-checking, shared across calls: a sampled share of the workers' answers is
    * re-computed (its `reference`, else a replica) before the combine; a disagreeing answer is
@@ -85,6 +104,17 @@ export function validateOptions(options: DispatchOptions): void {
   const h = options.hedgeMs;
   if (h !== undefined && !(typeof h === "number" && Number.isFinite(h) && h >= 0)) {
     throw new InvalidArgumentError("dispatchExperts: hedgeMs must be a finite number >= 0");
+  }
+  const t = options.trust;
+  if (t !== undefined && t !== "verify" && t !== "own") {
+    throw new InvalidArgumentError(`dispatchExperts: trust must be "verify" or "own", got ${String(t)}`);
+  }
+  if (options.verification !== undefined && !(options.verification instanceof Verification)) {
+    throw new InvalidArgumentError("dispatchExperts: verification must be a Verification");
+  }
+  const l = options.liveness;
+  if (l !== undefined && l !== false && !(l instanceof Liveness)) {
+    throw new InvalidArgumentError("dispatchExperts: liveness must be a Liveness or false");
   }
   if (options.verify !== undefined && !(options.verify instanceof SpotCheck)) {
     throw new InvalidArgumentError("dispatchExperts: verify must be a SpotCheck");

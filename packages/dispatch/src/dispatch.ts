@@ -23,6 +23,7 @@ import { checkRouting } from "./oracle.js";
 import { compose, describeExperts, type Part } from "./part.js";
 import type { Routing } from "./route.js";
 import { withSpotCheck } from "./spot-check-step.js";
+import { withRedundancy } from "./verify-step.js";
 
 export type { DispatchOptions, DispatchResult } from "./dispatch-options.js";
 
@@ -44,25 +45,52 @@ function checkInput(hidden: Float32Array | Float64Array, routing: Routing, embd:
   }
 }
 
-/** The call's experts grouped by the owner chosen for each; those with none are orphans. */
-function groupByOwner(call: CallState): { groups: Map<string, number[]>; orphans: number[] } {
+/** One request's worth of experts: the owner chosen for them (and, trust "verify", the second). */
+interface Group {
+  readonly worker: string;
+  readonly second: string | undefined;
+  readonly experts: number[];
+}
+
+/**
+ * The call's experts grouped by the owner chosen for each (under trust "verify", by the pair of
+ * owners chosen for each); those with none are orphans.
+ */
+function groupByOwner(call: CallState): { groups: Group[]; orphans: number[] } {
   const unique = [...new Set(call.routing.ids)].filter((id) => id >= 0).sort((a, b) => a - b);
-  // a quarantined worker gets no traffic; its experts go to replicas or the fallback
+  // a quarantined worker (or one whose circuit is open) gets no traffic; its experts go to
+  // replicas or the fallback
   const quarantined = call.exclude();
-  const groups = new Map<string, number[]>();
+  const groups = new Map<string, Group>();
+  const primaries = new Set<string>();
+  const seconds = new Map<string, Set<string>>();
   const orphans: number[] = [];
   for (const id of unique) {
     const owner = call.placement.choose(call.layer, id, {
       rotation: call.rotation,
-      chosen: new Set(groups.keys()),
+      chosen: primaries,
       ...(quarantined ? { exclude: quarantined } : {}),
     });
-    if (owner === undefined) orphans.push(id);
-    else {
-      const list = groups.get(owner);
-      if (list) list.push(id);
-      else groups.set(owner, [id]);
+    if (owner === undefined) {
+      orphans.push(id);
+      continue;
     }
+    primaries.add(owner);
+    let second: string | undefined;
+    if (call.verification) {
+      const taken = seconds.get(owner) ?? new Set<string>();
+      seconds.set(owner, taken);
+      second = call.placement.choose(call.layer, id, {
+        rotation: call.rotation,
+        chosen: taken,
+        exclude: new Set([...(quarantined ?? []), owner]),
+      });
+      if (second !== undefined) taken.add(second);
+    }
+    const key = `${owner}\u0000${second ?? ""}`;
+    const group = groups.get(key);
+    if (group) group.experts.push(id);
+    else groups.set(key, { worker: owner, second, experts: [id] });
   }
   if (orphans.length > 0 && !call.fallback) {
     const also = quarantined?.size
@@ -74,21 +102,22 @@ function groupByOwner(call: CallState): { groups: Map<string, number[]>; orphans
       { details: { layer: call.layer, experts: describeExperts(orphans), model: call.model } },
     );
   }
-  return { groups, orphans };
+  return { groups: [...groups.values()], orphans };
 }
 
 /**
- * Every group served through the pipeline: attempt <- hedge <- spot check, inside failover and
- * the fallback; the orphans straight to the fallback.
+ * Every group served through the pipeline: attempt <- hedge <- redundancy (trust "verify") <-
+ * spot check, inside failover and the fallback; the orphans straight to the fallback.
  */
-function serveAll(call: CallState, groups: Map<string, number[]>, orphans: number[]): Promise<Part[]> {
+function serveAll(call: CallState, groups: Group[], orphans: number[]): Promise<Part[]> {
   const answer = compose(
     attempt(call, "transport"),
     call.hedgeMs === undefined ? undefined : withHedge(call, call.hedgeMs),
+    call.verification && withRedundancy(call, call.verification),
     call.verify && withSpotCheck(call, call.verify),
   );
   const serve = withFailover(call, answer);
-  const jobs = [...groups].map(([owner, list]) => serve(owner, list));
+  const jobs = groups.map((g) => serve(g.worker, g.experts, g.second));
   if (orphans.length > 0) {
     const none = new DispatchError(
       "MOESWARM_DISPATCH_NO_OWNER",

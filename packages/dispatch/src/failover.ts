@@ -8,15 +8,16 @@ import { type Answer, describeExperts, type Part } from "./part.js";
 // fallback, else the call fails with a DispatchError naming the layer, experts and worker.
 
 /** Serves a worker's experts as parts, failing over as needed. */
-export type Serve = (worker: string, experts: readonly number[]) => Promise<Part[]>;
+export type Serve = (worker: string, experts: readonly number[], second?: string) => Promise<Part[]>;
 
 /** The serve step around `answer`: the ask, then once on replicas, then the fallback. */
 export function withFailover(call: CallState, answer: Answer): Serve {
-  return async (worker, experts) => {
+  return async (worker, experts, second) => {
     try {
-      return [await answer({ worker, experts })];
+      return [await answer({ worker, experts, ...(second !== undefined ? { second } : {}) })];
     } catch (error) {
-      if (call.signal.aborted) throw error;
+      // a disagreement no third opinion could decide is not the worker's failure to retry around
+      if (call.signal.aborted || isMoeswarmError(error, "MOESWARM_VERIFY_FAILED")) throw error;
       return failover(call, answer, worker, experts, error);
     }
   };
@@ -93,7 +94,9 @@ function failure(
 ): DispatchError {
   const code =
     isMoeswarmError(error, "MOESWARM_WORKER_TIMEOUT") ||
-    isMoeswarmError(error, "MOESWARM_DISPATCH_BAD_RESULT")
+    isMoeswarmError(error, "MOESWARM_DISPATCH_BAD_RESULT") ||
+    isMoeswarmError(error, "MOESWARM_VERIFY_UNAVAILABLE") ||
+    isMoeswarmError(error, "MOESWARM_VERIFY_FAILED")
       ? (error as DispatchError).code
       : "MOESWARM_DISPATCH_FAILED";
   const reason = error instanceof Error ? error.message : String(error);

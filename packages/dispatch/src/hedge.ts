@@ -7,8 +7,12 @@ import type { Answer, Ask, Interceptor, Part } from "./part.js";
  * the same experts: the first good answer wins and the other request is cancelled. When both
  * fail, the worker's own error is thrown (failover takes it from there).
  */
-export function withHedge(call: CallState, hedgeMs: number): Interceptor {
-  return (next) => (ask) => hedged(call, next, hedgeMs, ask);
+export function withHedge(call: CallState, hedgeMs: number | "adaptive"): Interceptor {
+  return (next) => (ask) => {
+    // adaptive: about 2x the worker's p50 round time; no history yet, no hedge
+    const ms = hedgeMs === "adaptive" ? call.liveness?.hedgeDelay(ask.worker) : hedgeMs;
+    return ms === undefined ? next(ask) : hedged(call, next, ms, ask);
+  };
 }
 
 async function hedged(call: CallState, next: Answer, hedgeMs: number, ask: Ask): Promise<Part> {
@@ -45,7 +49,10 @@ async function hedged(call: CallState, next: Answer, hedgeMs: number, ask: Ask):
     second.then(
       (part) => {
         call.metrics.hedgeWins++;
-        cancelFirst.abort(twinFirst());
+        // with liveness the slow request runs on to its own deadline (its answer is dropped): a
+        // worker that hangs then times out and its circuit opens, instead of being hedged around
+        // on every call
+        if (!call.liveness) cancelFirst.abort(twinFirst());
         resolve(part);
       },
       (error: unknown) => {

@@ -30,6 +30,7 @@ export {
   type LoadExpertWeightsOptions,
   loadExpertWeightsFromGguf,
 } from "./gguf-weights.js";
+export { Liveness, type LivenessOptions, type LivenessSnapshot } from "./liveness.js";
 export {
   type DispatchCallMetrics,
   DispatchMetrics,
@@ -91,3 +92,9 @@ export {
 } from "./spot-check.js";
 export { InProcessTransport } from "./transport-inproc.js";
 export { serveExpertThread, type ThreadWorkerSpec, WorkerThreadTransport } from "./transport-threads.js";
+export {
+  Verification,
+  type VerificationEvent,
+  type VerificationOptions,
+  type VerificationStats,
+} from "./verification.js";

@@ -43,6 +43,15 @@ export interface DispatchCallMetrics {
   /** Hedged requests sent (`hedgeMs`), and those the replica won. */
   hedges: number;
   hedgeWins: number;
+  /** Trust "verify": parts two owners answered alike (or a third opinion decided). */
+  verifiedParts: number;
+  /** Trust "verify": pairs that disagreed, and third opinions asked. */
+  verifyDisagreements: number;
+  thirdOpinions: number;
+  /** Trust "verify": payload bytes of the second and third opinions. */
+  verifyExtraBytes: number;
+  /** Requests that ran past their (adaptive) deadline. */
+  timeouts: number;
   /** Per worker id; the fallback appears as "<fallback>", a spot check's reference as "<reference>". */
   owners: Record<string, OwnerCallMetrics>;
   wallMs: number;
@@ -76,6 +85,12 @@ export interface DispatchMetricsSnapshot {
   /** Hedged requests sent (`hedgeMs`), and those the replica won. */
   hedges: number;
   hedgeWins: number;
+  /** Trust "verify" (see {@link DispatchCallMetrics.verifiedParts}). */
+  verifiedParts: number;
+  verifyDisagreements: number;
+  thirdOpinions: number;
+  verifyExtraBytes: number;
+  timeouts: number;
   wallMsTotal: number;
   owners: Record<string, OwnerTotals>;
   /** Failed calls by error code. */
@@ -110,6 +125,11 @@ export class DispatchMetrics {
       spotUnverifiable: 0,
       hedges: 0,
       hedgeWins: 0,
+      verifiedParts: 0,
+      verifyDisagreements: 0,
+      thirdOpinions: 0,
+      verifyExtraBytes: 0,
+      timeouts: 0,
       wallMsTotal: 0,
       owners: Object.create(null) as Record<string, OwnerTotals>,
       errors: Object.create(null) as Record<string, number>,
@@ -135,6 +155,11 @@ export class DispatchMetrics {
     s.spotUnverifiable += call.spotUnverifiable ?? 0;
     s.hedges += call.hedges ?? 0;
     s.hedgeWins += call.hedgeWins ?? 0;
+    s.verifiedParts += call.verifiedParts ?? 0;
+    s.verifyDisagreements += call.verifyDisagreements ?? 0;
+    s.thirdOpinions += call.thirdOpinions ?? 0;
+    s.verifyExtraBytes += call.verifyExtraBytes ?? 0;
+    s.timeouts += call.timeouts ?? 0;
     s.wallMsTotal += call.wallMs;
     for (const [id, o] of Object.entries(call.owners)) {
       let t = Object.hasOwn(s.owners, id) ? s.owners[id] : undefined;

@@ -17,6 +17,9 @@ export interface Part {
   readonly worker: string | undefined;
   /** A spot check compared it (or it is the re-computation that replaced a worker's answer). */
   readonly verified: boolean;
+  /** Payload bytes it moved (request out + answer in) and the compute ms its answerer reported. */
+  readonly bytes?: number;
+  readonly computeMs?: number | undefined;
 }
 
 /** What a step is asked: a worker's share of the call. */
@@ -27,6 +30,8 @@ export interface Ask {
   readonly avoid?: string;
   /** Ends this ask early without blaming the worker (the hedge's twin answered first). */
   readonly cancel?: AbortSignal;
+  /** Trust "verify": the second owner chosen for the part (see verify-step.ts). */
+  readonly second?: string;
 }
 
 /** Serves an ask as one part, or rejects. */

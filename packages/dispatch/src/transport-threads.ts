@@ -116,6 +116,8 @@ class ThreadPeer {
  * terminate the threads.
  */
 export class WorkerThreadTransport implements ExpertTransport, AsyncDisposable {
+  /** The threads run scripts of this process: nothing to verify. */
+  readonly trusted = true;
   readonly #peers = new Map<string, ThreadPeer>();
   #nextId = 1;
   #closed = false;

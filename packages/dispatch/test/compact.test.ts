@@ -21,6 +21,8 @@ function compactOf(req: ExpertRequest, res: ExpertResult): ExpertResult {
 /** A transport whose workers answer compactly when asked (as relay workers do). */
 function compacting(inner: ExpertTransport, seen: ExpertRequest[] = []): ExpertTransport {
   return {
+    // in-process fakes: trust "own" and fixed deadlines, as before trust existed
+    trusted: true,
     async request(to, req, options) {
       seen.push(req);
       const ids = req.ids.slice();
@@ -75,6 +77,7 @@ describe("compact results", () => {
     const regs = [{ id: "w", model: "tiny", layers: [0], experts: [0, 1, 2, 3] }];
     const { placement, transport } = swarm(regs, () => createReferenceWorker(model));
     const lying = (fix: (req: ExpertRequest, res: ExpertResult) => ExpertResult): ExpertTransport => ({
+      trusted: true,
       async request(to, req, options) {
         const ids = req.ids.slice();
         return fix({ ...req, ids }, await transport.request(to, req, options));

@@ -27,6 +27,8 @@ type Behaviour = { delayMs: number; fail?: boolean };
 function slowTransport(behaviour: Record<string, Behaviour>) {
   const log: Array<{ to: string; aborted: () => boolean }> = [];
   const transport: ExpertTransport = {
+    // in-process fakes: trust "own" and fixed deadlines (hedging as each test asks)
+    trusted: true,
     request(to: string, req: ExpertRequest, options: { signal?: AbortSignal } = {}): Promise<ExpertResult> {
       const signal = options.signal;
       log.push({ to, aborted: () => signal?.aborted ?? false });
@@ -66,6 +68,7 @@ describe("hedged requests (hedgeMs)", () => {
     // whichever is asked first stays silent; the twin answers at once
     const first = { done: false };
     const quick: ExpertTransport = {
+      trusted: true,
       request(to, req, options) {
         if (!first.done) {
           first.done = true;

@@ -23,6 +23,8 @@ export interface RelayTransportOptions {
  * dispatcher can tell failover cases from bad requests. Its results are always f32.
  */
 export class RelayTransport implements ExpertTransport {
+  /** Relay peers are strangers' devices: a dispatcher verifies their answers by default. */
+  readonly trusted = false;
   readonly connection: RelayConnection;
   readonly #wireDtype: WireDtype;
 

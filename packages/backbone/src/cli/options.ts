@@ -44,6 +44,11 @@ routing statistics and receipts to the hub.
   --spot-check <share>    recompute this share (0..1) of the workers' answers with the local
                           fallback (else a replica) and quarantine a worker that disagrees
   --hedge-ms <ms>         ask a replica too when a worker has not answered after this long
+                          (0: never; default: adaptive under --trust own, none under verify)
+  --trust verify|own      verify (default with --hub): every expert part is computed by two
+                          workers and compared, the local fallback decides a mismatch, a liar is
+                          quarantined and reported to the hub; own: take answers as they come
+                          (only for a swarm of your own devices)
   --stats-interval <s>    print the metrics every s seconds (default: only at exit)
   --json                  one JSON object per line on stdout
   --help                  this text
@@ -71,11 +76,26 @@ function int(text: string | undefined, name: string, fallback: number, min: numb
 
 /** The bridge options of --spot-check and --hedge-ms, with quarantines reported as they happen. */
 function resilience(
-  values: { "spot-check"?: string | undefined; "hedge-ms"?: string | undefined },
+  values: { "spot-check"?: string | undefined; "hedge-ms"?: string | undefined; trust?: string | undefined },
   json: boolean,
   io: CliIo,
-): Pick<BackboneBridgeOptions, "spotCheck" | "hedgeMs"> {
-  const out: Pick<BackboneBridgeOptions, "spotCheck" | "hedgeMs"> = {};
+): Pick<BackboneBridgeOptions, "spotCheck" | "hedgeMs" | "trust" | "onQuarantine"> {
+  const out: Pick<BackboneBridgeOptions, "spotCheck" | "hedgeMs" | "trust" | "onQuarantine"> = {};
+  const trust = values.trust;
+  if (trust !== undefined) {
+    if (trust !== "verify" && trust !== "own") {
+      throw usageError(`--trust must be verify or own, got ${JSON.stringify(trust)}`);
+    }
+    out.trust = trust;
+  }
+  out.onQuarantine = (e) => {
+    if (json) io.stdout.write(`${JSON.stringify({ event: "quarantine", ...e })}\n`);
+    else {
+      io.stderr.write(
+        `${CLI_NAME}: quarantined worker ${e.worker} (layer ${e.layer}, decided by ${e.decidedBy}): ${e.reason}\n`,
+      );
+    }
+  };
   const share = values["spot-check"];
   if (share !== undefined) {
     const fraction = Number(share);
@@ -112,7 +132,7 @@ export interface CliConfig {
   reportS: number;
   modelId: string;
   noFallback: boolean;
-  extra: Pick<BackboneBridgeOptions, "spotCheck" | "hedgeMs">;
+  extra: Pick<BackboneBridgeOptions, "spotCheck" | "hedgeMs" | "trust" | "onQuarantine">;
 }
 
 /** The flags that decide the mode: --hub's companions, or --model and --worker. */
@@ -231,6 +251,7 @@ export function parse(args: readonly string[]) {
         "deadline-ms": { type: "string" },
         "spot-check": { type: "string" },
         "hedge-ms": { type: "string" },
+        trust: { type: "string" },
         "stats-interval": { type: "string" },
         hub: { type: "string" },
         token: { type: "string" },

@@ -224,6 +224,20 @@ function printMetrics(out: (line: string) => void, json: boolean, bridge: Backbo
       `  layer ${l.layer}: ${l.requests} requests, p50 ${l.p50Ms.toFixed(2)} ms, p99 ${l.p99Ms.toFixed(2)} ms`,
     );
   }
+  if (m.verification && (m.verification.partsVerified > 0 || m.verification.unverifiableLocal > 0)) {
+    const v = m.verification;
+    out(
+      `  verification: ${v.partsVerified} parts verified, ${v.disagreements} disagreements, ${v.thirdOpinions} third opinions, ` +
+        `${v.quarantines} quarantined${v.quarantined.length ? ` (${v.quarantined.join(", ")})` : ""}, ${v.unverifiableLocal} served locally, ` +
+        `cost ${(v.extraBytes / 1e6).toFixed(2)} MB + ${v.extraComputeMs.toFixed(0)} worker ms`,
+    );
+  }
+  if (m.liveness && m.liveness.timeouts > 0) {
+    const l = m.liveness;
+    out(
+      `  liveness: ${l.timeouts} timeouts, ${l.opens} circuits opened, open now: ${l.open.join(", ") || "none"}`,
+    );
+  }
   if (m.hub) {
     const h = m.hub;
     out(
@@ -249,6 +263,9 @@ function hubEventPrinter(out: Out, io: CliIo, json: boolean): (e: HubLinkEvent) 
         out(JSON.stringify({ event: "relay", state: e.state, ...(e.error ? { code: e.error.code } : {}) }));
       else if (e.state !== "connected") io.stderr.write(`${CLI_NAME}: relay ${e.state}${why}\n`);
       else out("relay connected");
+    } else if (e.type === "quarantine-report") {
+      if (json) out(JSON.stringify({ event: "quarantine-report", worker: e.worker, accepted: e.accepted }));
+      else out(`reported worker ${e.worker}'s quarantine to the hub`);
     } else if (e.type === "error") {
       const text = `hub ${e.source} failed: ${e.error.code}: ${e.error.message}${e.dropped ? " (report dropped)" : e.retryInMs !== undefined ? ` (retry in ${e.retryInMs} ms)` : ""}`;
       if (json)
