@@ -72,10 +72,28 @@ export function printReport(out: (line?: string) => void, r: DemoReport): void {
     `  backbone  ${r.bridge.requests} bridge requests, ${formatBytes(d.bytesOut)} out / ${formatBytes(d.bytesIn)} in over the relay, ` +
       `${r.bridge.failovers} failovers, ${r.bridge.fallbacks} local fallbacks`,
   );
+  printVerification(out, r.bridge);
   if (r.swarm.plugin) {
     out(
       `  plugin    ${r.swarm.plugin.splits} splits, ${formatBytes(r.swarm.plugin.weightsDroppedBytes)} of expert weights never kept ` +
         `(backbone RSS ${fmt(r.swarm.rssLoadKiB / 1024, 1)} MiB vs ${fmt(r.plain.rssLoadKiB / 1024, 1)} MiB plain)`,
     );
+  }
+}
+
+/** What the backbone's verification did: every answer of a stranger is checked before it is used. */
+function printVerification(out: (line?: string) => void, bridge: BridgeMetrics): void {
+  const v = bridge.verification;
+  if (!v) {
+    out("  verify    off (trust: own)");
+    return;
+  }
+  out(
+    `  verify    ${v.partsVerified} parts answered by two workers and compared, ${v.disagreements} disagreements, ` +
+      `${v.thirdOpinions} third opinions, ${v.unverifiableLocal} parts computed locally (one owner), ` +
+      `cost ${formatBytes(v.extraBytes)} and ${fmt(v.extraComputeMs, 1)} ms of worker compute`,
+  );
+  if (v.quarantines > 0) {
+    out(`  caught    ${v.quarantined.join(", ")} quarantined (reported to the hub with the evidence)`);
   }
 }

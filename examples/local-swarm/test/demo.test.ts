@@ -38,6 +38,22 @@ describe("local-swarm demo", () => {
       );
     }
     expect(r.stdout).toMatch(/0 failovers, 0 local fallbacks/);
+    // every answer was checked against a second worker's (the hub places two copies by default)
+    expect(r.stdout).toMatch(
+      /^ {2}verify +[1-9]\d* parts answered by two workers and compared, 0 disagreements/m,
+    );
+  });
+
+  it("--liar: one more worker lies (outputs x1.05); it is caught and named, and every token and logit stays right", () => {
+    const r = demo(["--preset", "tiny", "--tokens", "12", "--workers", "2", "--liar"]);
+    expect(r.status, `${r.stdout}\n${r.stderr}`).toBe(0);
+    expect(r.stdout).toMatch(/^OK +12\/12 tokens identical to the local run; logits bit-identical/m);
+    expect(r.stdout).toMatch(
+      /^ {2}verify +[1-9]\d* parts answered by two workers and compared, [1-9]\d* disagreements/m,
+    );
+    expect(r.stdout).toMatch(/^ {2}caught +liar quarantined/m);
+    // the hub refuses it from then on
+    expect(r.stdout).toMatch(/\[liar\] error: .*MOESWARM_HUB_BANNED/);
   });
 
   it("rejects a bad option with a clear message and a non-zero exit", () => {
