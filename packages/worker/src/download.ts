@@ -2,6 +2,7 @@ import { open, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
 import type { Readable } from "node:stream";
 import {
   abortReason,
+  errorFromSystemError,
   InvalidArgumentError,
   type MoeswarmError,
   sleep,
@@ -91,6 +92,18 @@ async function readPartState(statePath: string): Promise<PartState | undefined> 
   return undefined;
 }
 
+/**
+ * Runs a local file operation; a failure is the disk's (ENOSPC, EACCES...: MOESWARM_IO_*, never
+ * retried as if the hub were unreachable), not the network's.
+ */
+async function onDisk<T>(what: string, op: () => Promise<T>): Promise<T> {
+  try {
+    return await op();
+  } catch (error) {
+    throw errorFromSystemError(error, what);
+  }
+}
+
 async function sizeOf(path: string): Promise<number> {
   try {
     return (await stat(path)).size;
@@ -174,8 +187,8 @@ export async function downloadResumable(
   } finally {
     if (run.client !== options.client) await run.client.close();
   }
-  await rename(part, dest);
-  await rm(statePath, { force: true });
+  await onDisk(`moving ${part} to ${dest}`, () => rename(part, dest));
+  await onDisk(`removing ${statePath}`, () => rm(statePath, { force: true }));
   return {
     path: dest,
     bytes: run.have,
@@ -248,12 +261,10 @@ async function attempt(run: DownloadRun): Promise<boolean> {
   const newTag = res.headers.etag;
   run.etag = typeof newTag === "string" && !newTag.startsWith("W/") ? newTag : undefined;
   if (run.etag !== undefined && run.total !== undefined) {
-    await writeFile(
-      run.statePath,
-      JSON.stringify({ url: run.target.href, etag: run.etag, total: run.total } satisfies PartState),
-    );
+    const state = { url: run.target.href, etag: run.etag, total: run.total } satisfies PartState;
+    await onDisk(`writing ${run.statePath}`, () => writeFile(run.statePath, JSON.stringify(state)));
   } else {
-    await rm(run.statePath, { force: true });
+    await onDisk(`removing ${run.statePath}`, () => rm(run.statePath, { force: true }));
   }
   await receive(run, res.body, chunks, offset);
   if (run.total !== undefined && run.have !== run.total) {
@@ -299,8 +310,8 @@ async function acceptAnswer(run: DownloadRun, res: HubStream, resuming: boolean)
 async function restart(run: DownloadRun): Promise<void> {
   run.have = 0;
   run.etag = undefined;
-  await rm(run.part, { force: true });
-  await rm(run.statePath, { force: true });
+  await onDisk(`removing ${run.part}`, () => rm(run.part, { force: true }));
+  await onDisk(`removing ${run.statePath}`, () => rm(run.statePath, { force: true }));
 }
 
 /** Writes the body's chunks to the partial file from `offset`, cutting a body that goes idle. */
@@ -331,7 +342,7 @@ async function receive(
   };
   // Each chunk is on disk before the next is taken: a cut connection then keeps every byte that
   // arrived (a write stream destroyed by a broken pipe drops the writes it still queues).
-  const file = await open(run.part, offset > 0 ? "a" : "w");
+  const file = await onDisk(`opening ${run.part}`, () => open(run.part, offset > 0 ? "a" : "w"));
   arm();
   try {
     for await (const chunk of chunks) {
@@ -342,7 +353,7 @@ async function receive(
           `the body is longer than its ${run.total} bytes`,
         );
       }
-      await file.write(chunk);
+      await onDisk(`writing ${run.part}`, () => file.write(chunk));
       run.have += chunk.byteLength;
       report(false);
     }

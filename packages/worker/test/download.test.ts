@@ -1,5 +1,5 @@
 import { createHash, randomBytes } from "node:crypto";
-import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { createServer, type IncomingHttpHeaders, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
@@ -170,6 +170,32 @@ describe("downloadResumable", () => {
     const error = await downloadResumable(`${base}/slice`, dest, fast).catch((e) => e);
     expect(isMoeswarmError(error, "MOESWARM_HUB_NOT_FOUND")).toBe(true);
     expect(seen.length).toBe(1);
+  });
+
+  it("a full disk is the disk's error (MOESWARM_IO_NO_SPACE), not the hub's, and is not retried", async () => {
+    const dest = fresh();
+    // the partial file is /dev/full: every write fails with ENOSPC, as on a full phone
+    symlinkSync("/dev/full", `${dest}.part`);
+    const retries: unknown[] = [];
+    const error = await downloadResumable(`${base}/slice`, dest, {
+      ...fast,
+      onRetry: (r) => retries.push(r),
+    }).catch((e) => e);
+    expect(isMoeswarmError(error, "MOESWARM_IO_NO_SPACE"), String(error)).toBe(true);
+    expect(error.message).toMatch(/writing .*slice\.gguf\.part/);
+    expect(retries).toEqual([]);
+    expect(seen.length).toBe(1);
+  });
+
+  it("a destination it cannot create is a local error too (ENOTDIR: MOESWARM_IO_NOT_FOUND), after one request", async () => {
+    const dest = fresh();
+    writeFileSync(join(dir, "not-a-dir"), "x");
+    const error = await downloadResumable(`${base}/slice`, join(dir, "not-a-dir", "slice.gguf"), fast).catch(
+      (e) => e,
+    );
+    expect(isMoeswarmError(error, "MOESWARM_IO_NOT_FOUND"), String(error)).toBe(true);
+    expect(seen.length).toBe(1);
+    expect(dest).toBeDefined();
   });
 
   it("rejects with the signal's reason: already aborted, and aborted mid-body", async () => {
