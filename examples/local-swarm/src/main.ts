@@ -169,54 +169,48 @@ async function startHub(demo: Demo, model: DemoModel): Promise<DemoHub> {
 // keeps claiming while it has room, so the strips large rectangles leave are covered too.
 async function startWorkers(demo: Demo, model: DemoModel, hub: DemoHub): Promise<WorkerView[]> {
   const { options } = demo;
-  const count = options.workers + (options.liar ? 1 : 0);
-  const ids = Array.from({ length: count }, (_, i) =>
-    options.liar && i === count - 1 ? "liar" : `worker-${i}`,
-  );
-  const copies = Math.min(options.replicas, count);
-  // the liar holds a whole copy (so every part it answers has an honest twin to compare with); the
-  // honest workers share the rest
-  const honestCopies = copies - (options.liar ? 1 : 0);
+  const honestIds = Array.from({ length: options.workers }, (_, i) => `worker-${i}`);
+  const copies = Math.min(options.replicas, options.workers + (options.liar ? 1 : 0));
   const share = (c: number) => Math.ceil(Math.min(1, c) * model.expertBytes * 1.15);
-  const capacityBytes = ids.map((id) =>
-    // honest workers get more slack beside a liar: slices come in whole rectangles
-    id === "liar"
-      ? share(1)
-      : share((Math.max(1, honestCopies) / options.workers) * (options.liar ? 1.3 : 1)),
-  );
-  const cacheDirs = ids.map((id) =>
-    options.workerCacheDir ? join(options.workerCacheDir, model.id, id) : join(demo.tmp, id),
-  );
-  for (const d of cacheDirs) mkdirSync(d, { recursive: true });
+  // Beside a liar: it takes one whole copy first, then the honest workers share the other copies
+  // (with more slack: slices come in whole rectangles), so every part it answers has an honest twin.
+  const honestCopies = Math.max(1, copies - (options.liar ? 1 : 0));
+  const honestCapacity = share((honestCopies / options.workers) * (options.liar ? 1.3 : 1));
   out(
     `workers   ${options.workers} processes${options.liar ? " + 1 liar (outputs x1.05)" : ""}, ` +
-      `${formatBytes(capacityBytes[0] ?? 0)} of capacity each, ${copies} cop${copies === 1 ? "y" : "ies"} of each expert`,
+      `${formatBytes(honestCapacity)} of capacity each, ${copies} cop${copies === 1 ? "y" : "ies"} of each expert`,
   );
   const progress = createProgress(process.stdout);
-  const workers = spawnWorkers({
-    count,
-    ids,
-    hubUrl: hub.url,
-    model: model.id,
-    tokens: ids.map((id) => mintToken({ role: "worker", id, ttlS: 3600 }, hub.secret)),
-    capacityBytes,
-    caFile: hub.caFile,
-    cacheDirs,
-    threads: options.threads,
-    liar: options.liar,
-    onEvent: progress.onEvent,
-  });
+  const workers: WorkerView[] = [];
   demo.cleanup.push(() => stopWorkers(workers));
+  const start = (ids: string[], capacityBytes: number, liar: boolean) => {
+    const cacheDirs = ids.map((id) =>
+      options.workerCacheDir ? join(options.workerCacheDir, model.id, id) : join(demo.tmp, id),
+    );
+    for (const d of cacheDirs) mkdirSync(d, { recursive: true });
+    const tokens = ids.map((id) => mintToken({ role: "worker", id, ttlS: 3600 }, hub.secret));
+    const common = { hubUrl: hub.url, model: model.id, caFile: hub.caFile, threads: options.threads };
+    const views = spawnWorkers({
+      ...common,
+      count: ids.length,
+      ids,
+      tokens,
+      capacityBytes: ids.map(() => capacityBytes),
+      cacheDirs,
+      liar,
+      onEvent: progress.onEvent,
+    });
+    workers.push(...views);
+  };
   const timeoutMs = options.coverTimeoutS * 1000;
-  const placement = await waitForCoverage(
-    hub.url,
-    model.id,
-    hub.dispatcher,
-    workers,
-    copies,
-    timeoutMs,
-    demo.signal,
-  );
+  const cover = (owners: number) =>
+    waitForCoverage(hub.url, model.id, hub.dispatcher, workers, owners, timeoutMs, demo.signal);
+  if (options.liar) {
+    start(["liar"], share(1), true);
+    await cover(1);
+  }
+  start(honestIds, honestCapacity, false);
+  const placement = await cover(copies);
   progress.done();
   out(
     `swarm     every expert of every layer has ${copies} owner${copies === 1 ? "" : "s"} (placement version ${placement.version})`,

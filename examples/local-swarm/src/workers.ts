@@ -33,14 +33,14 @@ export interface SpawnWorkersOptions {
   caFile: string;
   cacheDirs: string[];
   threads: number;
-  /** The last worker lies (src/liar-worker.ts: every output scaled by 1.05). */
+  /** These workers lie (src/liar-worker.ts: every output scaled by 1.05). */
   liar?: boolean;
   onEvent: (worker: WorkerView, event: WorkerEvent) => void;
 }
 
 /** How to start worker `i`: the `moeswarm-worker` bin, or the demo's liar under tsx. */
-function workerCommand(options: SpawnWorkersOptions, i: number): string[] {
-  if (options.liar && i === options.count - 1) {
+function workerCommand(options: SpawnWorkersOptions): string[] {
+  if (options.liar) {
     const require = createRequire(import.meta.url);
     const tsx = pathToFileURL(require.resolve("tsx/esm")).href;
     return ["--import", tsx, join(import.meta.dirname, "liar-worker.ts")];
@@ -68,7 +68,7 @@ export function spawnWorkers(options: SpawnWorkersOptions): WorkerView[] {
     const child = spawn(
       process.execPath,
       [
-        ...workerCommand(options, i),
+        ...workerCommand(options),
         "--hub",
         options.hubUrl,
         "--token",
