@@ -3,7 +3,7 @@ import { existsSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { abortReason, NativeError, throwIfAborted } from "@moeswarm/core";
+import { abortable, NativeError, throwIfAborted } from "@moeswarm/core";
 import { errorFromCode } from "./error-from-code.js";
 
 // One loader for the N-API addon, as sharp and node-llama-cpp do it: candidates in order (a local
@@ -217,11 +217,7 @@ export function probeNative(options: { signal?: AbortSignal } = {}): Promise<Nat
   const p = pending;
   const signal = options.signal;
   if (!signal) return p;
-  return new Promise<NativeStatus>((resolvePromise, reject) => {
-    const onAbort = () => reject(abortReason(signal));
-    signal.addEventListener("abort", onAbort, { once: true });
-    p.then(resolvePromise, reject).finally(() => signal.removeEventListener("abort", onAbort));
-  });
+  return abortable(p, signal);
 }
 
 /** The result of the last probe, undefined before any native load was attempted. */

@@ -1,4 +1,4 @@
-import { abortReason } from "@moeswarm/core";
+import { abortReason, onAbort } from "@moeswarm/core";
 
 /**
  * Runs tasks one after the other in submission order. An aborted task that has not started is
@@ -13,12 +13,11 @@ export class RunQueue {
     if (signal?.aborted) return Promise.reject(abortReason(signal));
     return new Promise<T>((resolve, reject) => {
       let state: "queued" | "running" | "done" | "cancelled" = "queued";
-      const onAbort = () => {
+      const registration = onAbort(signal, (reason) => {
         if (state === "queued") state = "cancelled";
         else if (state === "running") onAbortRunning?.();
-        reject(abortReason(signal as AbortSignal));
-      };
-      signal?.addEventListener("abort", onAbort, { once: true });
+        reject(reason);
+      });
       this.#tail = this.#tail.then(async () => {
         if (state === "cancelled") return;
         state = "running";
@@ -28,7 +27,7 @@ export class RunQueue {
           reject(error);
         } finally {
           state = "done";
-          signal?.removeEventListener("abort", onAbort);
+          registration[Symbol.dispose]();
         }
       });
     });

@@ -9,6 +9,7 @@ import {
   InvalidArgumentError,
   isMoeswarmError,
   NativeError,
+  onAbort,
   type RegisterFrame,
   readFrames,
   TransportError,
@@ -175,7 +176,7 @@ export class WorkerProcessCompute implements ExpertCompute {
       if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
     };
     let timer: NodeJS.Timeout | undefined;
-    let onAbort: (() => void) | undefined;
+    let aborted: Disposable | undefined;
     try {
       const startup = (async (): Promise<RegisterFrame> => {
         for (;;) {
@@ -203,11 +204,7 @@ export class WorkerProcessCompute implements ExpertCompute {
             ),
           options.startTimeoutMs ?? 120_000,
         );
-        const signal = options.signal;
-        if (signal) {
-          onAbort = () => reject(abortReason(signal));
-          signal.addEventListener("abort", onAbort, { once: true });
-        }
+        aborted = onAbort(options.signal, reject);
       });
       const registration = await Promise.race([startup, limit, spawnError]);
       const header = await readGguf(slicePath, options.signal ? { signal: options.signal } : {});
@@ -233,7 +230,7 @@ export class WorkerProcessCompute implements ExpertCompute {
       throw error;
     } finally {
       clearTimeout(timer);
-      if (onAbort) options.signal?.removeEventListener("abort", onAbort);
+      aborted?.[Symbol.dispose]();
     }
   }
 
@@ -342,12 +339,11 @@ export class WorkerProcessCompute implements ExpertCompute {
       mode: request.mode,
     });
     return new Promise<Float32Array>((resolve, reject) => {
-      const onAbort = () => {
+      const registration = onAbort(signal, (reason) => {
         this.#pending.delete(id);
-        reject(abortReason(signal as AbortSignal));
-      };
-      const cleanup = () => signal?.removeEventListener("abort", onAbort);
-      signal?.addEventListener("abort", onAbort, { once: true });
+        reject(reason);
+      });
+      const cleanup = () => registration[Symbol.dispose]();
       this.#pending.set(id, { resolve, reject, n, k: request.k, mode: request.mode, cleanup });
       traceHop("wp.write", id);
       writeFrame(this.#child.stdin, frame, { maxFrameBytes: this.#maxFrameBytes }).catch((error: unknown) => {
