@@ -14,7 +14,7 @@ import {
   TransportError,
 } from "@moeswarm/core";
 import { expectNoUnhandledRejections, waitFor } from "@moeswarm/testkit";
-import { afterEach, beforeAll, describe, expect, it } from "vitest";
+import { afterEach, beforeAll, beforeEach, describe, expect, it, vi } from "vitest";
 import {
   type ConnectRelayOptions,
   connectRelay,
@@ -29,7 +29,15 @@ expectNoUnhandledRejections(0);
 let relay: FakeRelay;
 const open: RelayConnection[] = [];
 
+// The heartbeat (its interval and its clock) runs on fake timers: a ping goes out and a silent relay
+// is declared dead only when a test moves the clock, never because the machine was slow. Sockets,
+// reconnect delays and deadlines keep real timers.
+beforeEach(() => {
+  vi.useFakeTimers({ toFake: ["setInterval", "clearInterval", "performance"] });
+});
+
 afterEach(async () => {
+  vi.useRealTimers();
   await Promise.all(open.splice(0).map((c) => c.close()));
   await relay?.close();
 });
@@ -212,6 +220,9 @@ describe("connectRelay", () => {
     ]);
     relay.silent = true; // no pongs, nothing: the link looks alive to TCP but the relay is gone
     const first = relay.last;
+    await vi.advanceTimersByTimeAsync(550); // pings go unanswered, but 600 ms of silence have not passed
+    expect(conn.state).toBe("connected");
+    await vi.advanceTimersByTimeAsync(100); // the tick at 650 ms finds the relay silent for > deadPeerMs
     await waitFor(() => conn.state === "reconnecting", "dead relay detected");
     expect(states.find((e) => e.type === "state" && e.state === "reconnecting")).toMatchObject({
       error: { code: "MOESWARM_TRANSPORT_TIMEOUT" },
@@ -345,6 +356,7 @@ describe("connectRelay", () => {
     relay = await FakeRelay.start();
     const conn = await connect();
     relay.send(relay.last, { t: "ping", v: PROTOCOL_VERSION, seq: 41, ts: 7.25 });
+    await vi.advanceTimersByTimeAsync(50); // heartbeatMs: the client's own ping goes out
     await waitFor(() => relay.framesOf("ping").length > 0 && conn.rttMs !== undefined, "heartbeats");
     expect(typeof conn.rttMs).toBe("number");
     // the pong to our ping is the fake relay's; the client's pong to the relay's ping:
