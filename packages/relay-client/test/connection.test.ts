@@ -307,12 +307,17 @@ describe("connectRelay", () => {
     relay.hold = true;
     const pending = conn.request("w", request(), { deadlineMs: 60_000 });
     await waitFor(() => relay.held.length === 1, "held");
+    // from here the reconnect delay is on fake timers too: the link stays away until the clock moves
+    vi.useFakeTimers({
+      toFake: ["setTimeout", "clearTimeout", "setInterval", "clearInterval", "performance"],
+    });
     relay.dropAll();
     const error = await pending.catch((e: unknown) => e);
     expect(error).toBeInstanceOf(TransportError);
     expect((error as TransportError).code).toBe("MOESWARM_TRANSPORT_CLOSED");
     expect(conn.state).toBe("reconnecting");
     expect(await codeOf(conn.request("w", request()))).toBe("MOESWARM_TRANSPORT_CLOSED");
+    await vi.advanceTimersByTimeAsync(800);
     await conn.waitConnected();
     relay.hold = false;
     expect((await conn.request("w", request())).y.length).toBe(16);
