@@ -31,7 +31,8 @@ const open: RelayConnection[] = [];
 
 // The heartbeat (its interval and its clock) runs on fake timers: a ping goes out and a silent relay
 // is declared dead only when a test moves the clock, never because the machine was slow. Sockets,
-// reconnect delays and deadlines keep real timers.
+// deadlines (here they only expire on requests nobody answers) and reconnect delays keep real
+// timers, except in the test whose reconnect delay must not elapse before it looks.
 beforeEach(() => {
   vi.useFakeTimers({ toFake: ["setInterval", "clearInterval", "performance"] });
 });
