@@ -14,7 +14,7 @@ import {
   TransportError,
 } from "@moeswarm/core";
 import { expectNoUnhandledRejections, waitFor } from "@moeswarm/testkit";
-import { afterEach, beforeAll, describe, expect, it } from "vitest";
+import { afterEach, beforeAll, beforeEach, describe, expect, it, vi } from "vitest";
 import {
   type ConnectRelayOptions,
   connectRelay,
@@ -29,7 +29,16 @@ expectNoUnhandledRejections(0);
 let relay: FakeRelay;
 const open: RelayConnection[] = [];
 
+// The heartbeat (its interval and its clock) runs on fake timers: a ping goes out and a silent relay
+// is declared dead only when a test moves the clock, never because the machine was slow. Sockets,
+// deadlines (here they only expire on requests nobody answers) and reconnect delays keep real
+// timers, except in the test whose reconnect delay must not elapse before it looks.
+beforeEach(() => {
+  vi.useFakeTimers({ toFake: ["setInterval", "clearInterval", "performance"] });
+});
+
 afterEach(async () => {
+  vi.useRealTimers();
   await Promise.all(open.splice(0).map((c) => c.close()));
   await relay?.close();
 });
@@ -212,6 +221,9 @@ describe("connectRelay", () => {
     ]);
     relay.silent = true; // no pongs, nothing: the link looks alive to TCP but the relay is gone
     const first = relay.last;
+    await vi.advanceTimersByTimeAsync(550); // pings go unanswered, but 600 ms of silence have not passed
+    expect(conn.state).toBe("connected");
+    await vi.advanceTimersByTimeAsync(100); // the tick at 650 ms finds the relay silent for > deadPeerMs
     await waitFor(() => conn.state === "reconnecting", "dead relay detected");
     expect(states.find((e) => e.type === "state" && e.state === "reconnecting")).toMatchObject({
       error: { code: "MOESWARM_TRANSPORT_TIMEOUT" },
@@ -296,12 +308,17 @@ describe("connectRelay", () => {
     relay.hold = true;
     const pending = conn.request("w", request(), { deadlineMs: 60_000 });
     await waitFor(() => relay.held.length === 1, "held");
+    // from here the reconnect delay is on fake timers too: the link stays away until the clock moves
+    vi.useFakeTimers({
+      toFake: ["setTimeout", "clearTimeout", "setInterval", "clearInterval", "performance"],
+    });
     relay.dropAll();
     const error = await pending.catch((e: unknown) => e);
     expect(error).toBeInstanceOf(TransportError);
     expect((error as TransportError).code).toBe("MOESWARM_TRANSPORT_CLOSED");
     expect(conn.state).toBe("reconnecting");
     expect(await codeOf(conn.request("w", request()))).toBe("MOESWARM_TRANSPORT_CLOSED");
+    await vi.advanceTimersByTimeAsync(800);
     await conn.waitConnected();
     relay.hold = false;
     expect((await conn.request("w", request())).y.length).toBe(16);
@@ -345,6 +362,7 @@ describe("connectRelay", () => {
     relay = await FakeRelay.start();
     const conn = await connect();
     relay.send(relay.last, { t: "ping", v: PROTOCOL_VERSION, seq: 41, ts: 7.25 });
+    await vi.advanceTimersByTimeAsync(50); // heartbeatMs: the client's own ping goes out
     await waitFor(() => relay.framesOf("ping").length > 0 && conn.rttMs !== undefined, "heartbeats");
     expect(typeof conn.rttMs).toBe("number");
     // the pong to our ping is the fake relay's; the client's pong to the relay's ping:

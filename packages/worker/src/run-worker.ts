@@ -1,8 +1,6 @@
 import { mkdir } from "node:fs/promises";
 import {
-  AuthError,
   abortReason,
-  InvalidArgumentError,
   isMoeswarmError,
   type LeaseJson,
   type MoeswarmError,
@@ -10,14 +8,8 @@ import {
   type Range,
   sleep,
   TransportError,
-  traceHop,
 } from "@moeswarm/core";
-import {
-  connectRelay,
-  type IncomingDispatch,
-  isTransient,
-  type RelayConnection,
-} from "@moeswarm/relay-client";
+import { isTransient, type RelayConnection } from "@moeswarm/relay-client";
 import { type ExpertCompute, loadExpertCompute, nativeStatus } from "@moeswarm/worker-native";
 import { chooseSlices, type SliceRect } from "./choose.js";
 import { Claims } from "./claims.js";
@@ -32,6 +24,7 @@ import {
   type WorkerSummary,
 } from "./options.js";
 import { codeOf, jitter, message, rangeValues } from "./run-helpers.js";
+import { Serving } from "./serving.js";
 import { listCachedSlices, type SlicePaths, slicePaths } from "./slice-cache.js";
 import { SliceRouter } from "./slice-router.js";
 
@@ -106,19 +99,12 @@ class WorkerRun {
   readonly #t0 = performance.now();
   #downloadedBytes = 0;
   #bandwidthBps: number | undefined;
-  #requests = 0;
-  #tokens = 0;
-  #failed = 0;
-  #inFlight = 0;
-  #draining = false;
-  #idleWaiters: Array<() => void> = [];
-  #dispatchErrors = 0;
   #fatal: MoeswarmError | undefined;
-  /** The slices served, in the order registered, and their computes per model. */
+  /** The slices served, in the order registered. */
   readonly #held: Held[] = [];
-  readonly #routers = new Map<string, SliceRouter>();
   #conn: RelayConnection | undefined;
   readonly #claims: Claims;
+  readonly #serving: Serving;
 
   constructor(s: Settings, signal: AbortSignal | undefined, log: ((event: WorkerEvent) => void) | undefined) {
     this.#s = s;
@@ -130,6 +116,15 @@ class WorkerRun {
       stop: this.#stop.signal,
       heldRects: () => this.#heldRects(),
       bandwidthBps: () => this.#bandwidthBps,
+    });
+    this.#serving = new Serving({
+      s,
+      emit: (body) => this.#emit(body),
+      stop: this.#stop.signal,
+      requestStop: (reason, text) => this.#requestStop(reason, text),
+      fatal: (error) => {
+        this.#fatal = error;
+      },
     });
   }
 
@@ -153,9 +148,9 @@ class WorkerRun {
       slice: slices[0],
       ...(first !== undefined ? { backend: first } : {}),
       downloadedBytes: this.#downloadedBytes,
-      requests: this.#requests,
-      tokens: this.#tokens,
-      failed: this.#failed,
+      requests: this.#serving.requests,
+      tokens: this.#serving.tokens,
+      failed: this.#serving.failed,
       ms: performance.now() - this.#t0,
       ...extra,
     };
@@ -215,7 +210,8 @@ class WorkerRun {
         this.#emit({ event: "stopped", reason: this.#drainReason });
         return this.#summary();
       }
-      return await this.#drain(this.#conn);
+      await this.#serving.drain(this.#conn, this.#drainReason, this.#held.length);
+      return this.#summary({ served: true });
     } catch (error) {
       this.#emit({ event: "error", error: message(error), code: codeOf(error) });
       throw error;
@@ -450,12 +446,12 @@ class WorkerRun {
             : undefined,
         ms: performance.now() - t0,
       });
-      this.#conn ??= await this.#connect();
+      this.#conn ??= await this.#serving.connect();
       if (stop.aborted) throw abortReason(stop);
-      router = this.#routers.get(model);
+      router = this.#serving.routers.get(model);
       if (!router) {
         router = new SliceRouter(model);
-        this.#routers.set(model, router);
+        this.#serving.routers.set(model, router);
       }
       // dispatches may reach it as soon as the relay has the registration
       router.add({ layers: a.layers, experts: a.experts, compute });
@@ -498,155 +494,5 @@ class WorkerRun {
       capacityBytes: this.#s.capacityBytes,
     });
     if (this.#held.length === 1) this.#emit({ event: "serving" });
-  }
-
-  /** Connects to the relay, retrying transient failures until it works or the worker stops. */
-  async #connect(): Promise<RelayConnection> {
-    const s = this.#s;
-    const stop = this.#stop.signal;
-    for (let attempt = 1; ; attempt++) {
-      // aborting connectRelay's signal closes the connection, and a drain must not: this one
-      // only aborts while connecting
-      const connecting = new AbortController();
-      const onStop = () => connecting.abort(abortReason(stop));
-      stop.addEventListener("abort", onStop, { once: true });
-      if (stop.aborted) onStop();
-      try {
-        const conn = await connectRelay(s.relay, {
-          role: "worker",
-          id: s.id,
-          token: s.token,
-          ...(s.hub.ca !== undefined ? { ca: s.hub.ca } : {}),
-          ...(s.heartbeatMs !== undefined ? { heartbeatMs: s.heartbeatMs } : {}),
-          signal: connecting.signal,
-          onDispatch: (req) => this.#onDispatch(req),
-          // the hub takes this worker out of service: drain as on a signal
-          onDrain: (reason) => this.#requestStop("drain", `the hub asked${reason ? `: ${reason}` : ""}`),
-        });
-        this.#emit({ event: "connected", url: s.relay });
-        conn.on((e) => {
-          if (e.type === "drain") return; // onDrain has it
-          if (e.type === "notice") {
-            this.#emit({ event: "relay", state: "notice", error: `${e.error.code}: ${e.error.message}` });
-            return;
-          }
-          if (e.state === "closed") {
-            if (!stop.aborted) {
-              this.#fatal =
-                e.error && isMoeswarmError(e.error)
-                  ? e.error
-                  : new TransportError(
-                      "MOESWARM_TRANSPORT_CLOSED",
-                      `the relay connection closed${e.error ? `: ${e.error.message}` : ""}`,
-                    );
-              this.#emit({ event: "relay", state: "closed", error: this.#fatal.message });
-              this.#requestStop("signal", "relay connection closed");
-            }
-            return;
-          }
-          this.#emit({
-            event: "relay",
-            state: e.state,
-            attempt: e.attempt,
-            delayMs: e.delayMs,
-            error: e.error ? message(e.error) : undefined,
-          });
-        });
-        return conn;
-      } catch (error) {
-        if (stop.aborted) throw abortReason(stop);
-        if (error instanceof AuthError || !isTransient(error)) throw error;
-        const retryInMs = Math.min(30_000, 500 * 2 ** Math.min(attempt - 1, 10));
-        this.#emit({ event: "hub-unreachable", error: message(error), code: codeOf(error), retryInMs });
-        await sleep(jitter(retryInMs), stop);
-      } finally {
-        stop.removeEventListener("abort", onStop);
-      }
-    }
-  }
-
-  async #onDispatch(req: IncomingDispatch) {
-    if (this.#draining) {
-      throw new TransportError("MOESWARM_TRANSPORT_DRAINING", `worker ${this.#s.id} is draining`);
-    }
-    this.#inFlight++;
-    try {
-      const router = this.#routers.get(req.model);
-      if (!router || router.size === 0) {
-        throw new InvalidArgumentError(
-          `model ${req.model} is not served here (${[...this.#routers.keys()].join(", ") || "nothing yet"})`,
-        );
-      }
-      if (req.embd !== router.nEmbd) {
-        throw new InvalidArgumentError(`embd ${req.embd} does not match the slice's n_embd ${router.nEmbd}`);
-      }
-      const t0 = performance.now();
-      traceHop("worker.run", req.layer);
-      // layer and expert ids are checked against the slices (InvalidArgumentError)
-      const y = await router.run(
-        {
-          layer: req.layer,
-          x: req.activations(),
-          ids: req.ids,
-          k: req.k,
-          ...(req.w ? { w: req.w } : {}),
-          mode: req.mode,
-        },
-        { signal: req.signal },
-      );
-      traceHop("worker.ran", req.layer);
-      this.#requests++;
-      this.#tokens += req.n;
-      return { y, ms: performance.now() - t0 };
-    } catch (error) {
-      this.#failed++;
-      this.#dispatchErrors++;
-      // a hostile or confused backbone must not flood the log: the first ten, then every hundredth
-      if (this.#dispatchErrors <= 10 || this.#dispatchErrors % 100 === 0) {
-        this.#emit({
-          event: "dispatch-error",
-          error: message(error),
-          code: codeOf(error),
-          layer: req.layer,
-          from: req.from,
-        });
-      }
-      throw error;
-    } finally {
-      this.#inFlight--;
-      if (this.#inFlight === 0) for (const w of this.#idleWaiters.splice(0)) w();
-    }
-  }
-
-  async #drain(conn: RelayConnection): Promise<WorkerSummary> {
-    const t0 = performance.now();
-    this.#draining = true;
-    this.#emit({ event: "drain", reason: this.#drainReason, inFlight: this.#inFlight });
-    try {
-      // withdraws every registration on the relay
-      conn.drain(this.#drainReason);
-    } catch {
-      // the connection is down: nothing to tell the relay
-    }
-    let abandoned = 0;
-    if (this.#inFlight > 0) {
-      const idle = new Promise<void>((resolve) => this.#idleWaiters.push(resolve));
-      const timedOut = !(await Promise.race([
-        idle.then(() => true),
-        sleep(this.#s.drainTimeoutMs).then(() => false),
-      ]));
-      if (timedOut) abandoned = this.#inFlight;
-    }
-    await conn.close();
-    this.#emit({
-      event: "drained",
-      requests: this.#requests,
-      tokens: this.#tokens,
-      failed: this.#failed,
-      inFlightAbandoned: abandoned,
-      slices: this.#held.length,
-      ms: performance.now() - t0,
-    });
-    return this.#summary({ served: true });
   }
 }

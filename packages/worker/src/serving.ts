@@ -1,0 +1,221 @@
+import {
+  AuthError,
+  abortReason,
+  InvalidArgumentError,
+  isMoeswarmError,
+  type MoeswarmError,
+  sleep,
+  TransportError,
+  traceHop,
+} from "@moeswarm/core";
+import {
+  connectRelay,
+  type IncomingDispatch,
+  isTransient,
+  type RelayConnection,
+} from "@moeswarm/relay-client";
+import type { WorkerEventBody } from "./events.js";
+import type { Settings } from "./options.js";
+import { codeOf, jitter, message } from "./run-helpers.js";
+import type { SliceRouter } from "./slice-router.js";
+
+// The serving side of a run: the relay connection, the dispatches it brings (routed to the slices'
+// computes), what was served, and the drain.
+
+/** What serving needs from the run. */
+export interface ServingContext {
+  readonly s: Settings;
+  emit(body: WorkerEventBody): void;
+  /** Aborted when the run stops. */
+  readonly stop: AbortSignal;
+  /** Asks the run to stop: the hub's drain, or a relay connection closed for good. */
+  requestStop(reason: "signal" | "drain", text: string): void;
+  /** The relay connection closed for good: the run rejects with this. */
+  fatal(error: MoeswarmError): void;
+}
+
+/** The run's relay side: one router per model, the counters of what was served, the in-flight count. */
+export class Serving {
+  readonly #ctx: ServingContext;
+  /** The computes of the slices served, per model. */
+  readonly routers = new Map<string, SliceRouter>();
+  #requests = 0;
+  #tokens = 0;
+  #failed = 0;
+  #inFlight = 0;
+  #draining = false;
+  #idleWaiters: Array<() => void> = [];
+  #dispatchErrors = 0;
+
+  constructor(ctx: ServingContext) {
+    this.#ctx = ctx;
+  }
+
+  /** Dispatches answered. */
+  get requests(): number {
+    return this.#requests;
+  }
+
+  /** Tokens in the dispatches answered. */
+  get tokens(): number {
+    return this.#tokens;
+  }
+
+  /** Dispatches that failed. */
+  get failed(): number {
+    return this.#failed;
+  }
+
+  /** Connects to the relay, retrying transient failures until it works or the worker stops. */
+  async connect(): Promise<RelayConnection> {
+    const { s, stop } = this.#ctx;
+    for (let attempt = 1; ; attempt++) {
+      // aborting connectRelay's signal closes the connection, and a drain must not: this one
+      // only aborts while connecting
+      const connecting = new AbortController();
+      const onStop = () => connecting.abort(abortReason(stop));
+      stop.addEventListener("abort", onStop, { once: true });
+      if (stop.aborted) onStop();
+      try {
+        const conn = await connectRelay(s.relay, {
+          role: "worker",
+          id: s.id,
+          token: s.token,
+          ...(s.hub.ca !== undefined ? { ca: s.hub.ca } : {}),
+          ...(s.heartbeatMs !== undefined ? { heartbeatMs: s.heartbeatMs } : {}),
+          signal: connecting.signal,
+          onDispatch: (req) => this.#onDispatch(req),
+          // the hub takes this worker out of service: drain as on a signal
+          onDrain: (reason) => this.#ctx.requestStop("drain", `the hub asked${reason ? `: ${reason}` : ""}`),
+        });
+        this.#ctx.emit({ event: "connected", url: s.relay });
+        conn.on((e) => {
+          if (e.type === "drain") return; // onDrain has it
+          if (e.type === "notice") {
+            this.#ctx.emit({ event: "relay", state: "notice", error: `${e.error.code}: ${e.error.message}` });
+            return;
+          }
+          if (e.state === "closed") {
+            if (!stop.aborted) {
+              const fatal =
+                e.error && isMoeswarmError(e.error)
+                  ? e.error
+                  : new TransportError(
+                      "MOESWARM_TRANSPORT_CLOSED",
+                      `the relay connection closed${e.error ? `: ${e.error.message}` : ""}`,
+                    );
+              this.#ctx.fatal(fatal);
+              this.#ctx.emit({ event: "relay", state: "closed", error: fatal.message });
+              this.#ctx.requestStop("signal", "relay connection closed");
+            }
+            return;
+          }
+          this.#ctx.emit({
+            event: "relay",
+            state: e.state,
+            attempt: e.attempt,
+            delayMs: e.delayMs,
+            error: e.error ? message(e.error) : undefined,
+          });
+        });
+        return conn;
+      } catch (error) {
+        if (stop.aborted) throw abortReason(stop);
+        if (error instanceof AuthError || !isTransient(error)) throw error;
+        const retryInMs = Math.min(30_000, 500 * 2 ** Math.min(attempt - 1, 10));
+        this.#ctx.emit({ event: "hub-unreachable", error: message(error), code: codeOf(error), retryInMs });
+        await sleep(jitter(retryInMs), stop);
+      } finally {
+        stop.removeEventListener("abort", onStop);
+      }
+    }
+  }
+
+  async #onDispatch(req: IncomingDispatch) {
+    if (this.#draining) {
+      throw new TransportError("MOESWARM_TRANSPORT_DRAINING", `worker ${this.#ctx.s.id} is draining`);
+    }
+    this.#inFlight++;
+    try {
+      const router = this.routers.get(req.model);
+      if (!router || router.size === 0) {
+        throw new InvalidArgumentError(
+          `model ${req.model} is not served here (${[...this.routers.keys()].join(", ") || "nothing yet"})`,
+        );
+      }
+      if (req.embd !== router.nEmbd) {
+        throw new InvalidArgumentError(`embd ${req.embd} does not match the slice's n_embd ${router.nEmbd}`);
+      }
+      const t0 = performance.now();
+      traceHop("worker.run", req.layer);
+      // layer and expert ids are checked against the slices (InvalidArgumentError)
+      const y = await router.run(
+        {
+          layer: req.layer,
+          x: req.activations(),
+          ids: req.ids,
+          k: req.k,
+          ...(req.w ? { w: req.w } : {}),
+          mode: req.mode,
+        },
+        { signal: req.signal },
+      );
+      traceHop("worker.ran", req.layer);
+      this.#requests++;
+      this.#tokens += req.n;
+      return { y, ms: performance.now() - t0 };
+    } catch (error) {
+      this.#failed++;
+      this.#dispatchErrors++;
+      // a hostile or confused backbone must not flood the log: the first ten, then every hundredth
+      if (this.#dispatchErrors <= 10 || this.#dispatchErrors % 100 === 0) {
+        this.#ctx.emit({
+          event: "dispatch-error",
+          error: message(error),
+          code: codeOf(error),
+          layer: req.layer,
+          from: req.from,
+        });
+      }
+      throw error;
+    } finally {
+      this.#inFlight--;
+      if (this.#inFlight === 0) for (const w of this.#idleWaiters.splice(0)) w();
+    }
+  }
+
+  /**
+   * Stops taking dispatches, withdraws every registration, waits for those in flight (at most
+   * drainTimeoutMs) and closes the connection.
+   */
+  async drain(conn: RelayConnection, reason: string, slices: number): Promise<void> {
+    const t0 = performance.now();
+    this.#draining = true;
+    this.#ctx.emit({ event: "drain", reason, inFlight: this.#inFlight });
+    try {
+      // withdraws every registration on the relay
+      conn.drain(reason);
+    } catch {
+      // the connection is down: nothing to tell the relay
+    }
+    let abandoned = 0;
+    if (this.#inFlight > 0) {
+      const idle = new Promise<void>((resolve) => this.#idleWaiters.push(resolve));
+      const timedOut = !(await Promise.race([
+        idle.then(() => true),
+        sleep(this.#ctx.s.drainTimeoutMs).then(() => false),
+      ]));
+      if (timedOut) abandoned = this.#inFlight;
+    }
+    await conn.close();
+    this.#ctx.emit({
+      event: "drained",
+      requests: this.#requests,
+      tokens: this.#tokens,
+      failed: this.#failed,
+      inFlightAbandoned: abandoned,
+      slices,
+      ms: performance.now() - t0,
+    });
+  }
+}
