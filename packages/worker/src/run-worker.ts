@@ -4,6 +4,7 @@ import {
   isMoeswarmError,
   type LeaseJson,
   type MoeswarmError,
+  onAbort,
   parseRange,
   type Range,
   sleep,
@@ -188,12 +189,13 @@ class WorkerRun {
 
   async run(): Promise<WorkerSummary> {
     const s = this.#s;
-    const onAbort = () => {
+    const stopOnAbort = () => {
       const why = this.#userSignal?.reason;
       this.#requestStop("signal", typeof why === "string" && why.length <= 64 ? why : "stop requested");
     };
-    if (this.#userSignal?.aborted) onAbort();
-    this.#userSignal?.addEventListener("abort", onAbort, { once: true });
+    // already aborted: stop before the first claim, not a microtask later
+    if (this.#userSignal?.aborted) stopOnAbort();
+    const userStop = onAbort(this.#userSignal, stopOnAbort);
     try {
       this.#emit({
         event: "start",
@@ -216,7 +218,7 @@ class WorkerRun {
       this.#emit({ event: "error", error: message(error), code: codeOf(error) });
       throw error;
     } finally {
-      this.#userSignal?.removeEventListener("abort", onAbort);
+      userStop[Symbol.dispose]();
       await this.#conn?.close();
       for (const h of this.#held) await h.compute.close().catch(() => {});
     }
@@ -256,10 +258,7 @@ class WorkerRun {
   async #stopGrowing(error: unknown): Promise<void> {
     this.#emit({ event: "grow-failed", error: message(error), code: codeOf(error) });
     const stop = this.#stop.signal;
-    await new Promise<void>((resolve) => {
-      if (stop.aborted) resolve();
-      else stop.addEventListener("abort", () => resolve(), { once: true });
-    });
+    await new Promise<void>((resolve) => onAbort(stop, () => resolve()));
   }
 
   // --- finding, claiming and fetching a slice -------------------------------------------------

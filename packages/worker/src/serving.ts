@@ -4,6 +4,7 @@ import {
   InvalidArgumentError,
   isMoeswarmError,
   type MoeswarmError,
+  onAbort,
   sleep,
   TransportError,
   traceHop,
@@ -73,9 +74,8 @@ export class Serving {
       // aborting connectRelay's signal closes the connection, and a drain must not: this one
       // only aborts while connecting
       const connecting = new AbortController();
-      const onStop = () => connecting.abort(abortReason(stop));
-      stop.addEventListener("abort", onStop, { once: true });
-      if (stop.aborted) onStop();
+      if (stop.aborted) connecting.abort(abortReason(stop));
+      const stopping = onAbort(stop, (reason) => connecting.abort(reason));
       try {
         const conn = await connectRelay(s.relay, {
           role: "worker",
@@ -126,7 +126,7 @@ export class Serving {
         this.#ctx.emit({ event: "hub-unreachable", error: message(error), code: codeOf(error), retryInMs });
         await sleep(jitter(retryInMs), stop);
       } finally {
-        stop.removeEventListener("abort", onStop);
+        stopping[Symbol.dispose]();
       }
     }
   }
