@@ -262,4 +262,105 @@ describe.skipIf(Boolean(missing))("adversarial swarm: real worker processes, def
   it("4. honest for 20 requests, then lying: caught at request 21", async () => {
     await liarCase("honest x20, then x1.05", "adv-after", "after:20");
   }, 90_000);
+
+  // The hung worker runs before the colluders: they need the honest workers gone.
+  it("6. a hung worker (SIGSTOP mid-decode): identical tokens, a bounded stall, out of rotation", async () => {
+    const hung = spawnWorker("adv-honest-2");
+    await waitForOwners([honest, hung.id]);
+    await using bridge = await openBridge([honest, hung.id]);
+    let stoppedAt = -1;
+    const watch = setInterval(() => {
+      if (stoppedAt < 0 && bridge.metrics().requests >= 8) {
+        stoppedAt = bridge.metrics().requests;
+        hung.child.kill("SIGSTOP");
+      }
+    }, 2);
+    let d: Awaited<ReturnType<typeof decode>>;
+    try {
+      d = await decode(bridge, "hung");
+    } finally {
+      clearInterval(watch);
+      hung.child.kill("SIGCONT");
+    }
+    expect(stoppedAt).toBeGreaterThan(0);
+    expect(d.run.tokens).toEqual(plain.tokens);
+    expect(d.logitsDiff).toBe(-1);
+    const m = bridge.metrics();
+    expect(m.failed).toBe(0);
+    const live = bridge.liveness!.snapshot();
+    expect(live.timeouts).toBeGreaterThanOrEqual(1);
+    expect(live.opens).toBeGreaterThanOrEqual(1);
+    expect(live.open).toContain(hung.id);
+    const p50 = Math.max(...m.layers.map((l) => l.p50Ms));
+    const max = Math.max(...m.layers.map((l) => l.maxMs));
+    // one adaptive deadline (250 ms floor, 4 x p95), never the whole hang; generous for a busy CI box
+    expect(max).toBeLessThan(3000);
+    const perLayer = m.layers
+      .map((l) => `L${l.layer} p50 ${l.p50Ms.toFixed(1)} max ${l.maxMs.toFixed(0)}`)
+      .join(", ");
+    console.log(
+      `[adversarial] hung worker: stopped after ${stoppedAt} requests; per-layer round trips ${perLayer}; liveness ${JSON.stringify(live)}; owners ${JSON.stringify(m.dispatch.owners)}`,
+    );
+    rows.push({
+      attack: "hung worker (SIGSTOP mid-decode)",
+      tokens: `${d.sameTokens}/${N_PREDICT}`,
+      logits: "bit-identical",
+      detected: `timed out ${live.timeouts}x, circuit open (${live.open.join(",")})`,
+      requests: `stopped at bridge request ${stoppedAt}; stall p50 ${p50.toFixed(1)} ms, max ${max.toFixed(0)} ms`,
+      cost: `decode ${d.ms.toFixed(0)} ms`,
+    });
+    await stop(hung);
+  }, 90_000);
+
+  it("5. two colluding liars holding both copies: redundancy cannot see them; spotCheck with the local reference catches them", async () => {
+    await stop(procs.find((p) => p.id === honest)!);
+    const c1 = spawnWorker("adv-colluder-1", "scale");
+    const c2 = spawnWorker("adv-colluder-2", "scale");
+    await waitForOwners([c1.id, c2.id]);
+    // the default: the twins agree bit for bit, nothing is seen (docs/trust.md, "what it cannot see")
+    {
+      await using bridge = await openBridge([c1.id, c2.id]);
+      const d = await decode(bridge, "colluders");
+      const v = bridge.metrics().verification!;
+      expect(v.disagreements).toBe(0);
+      expect(v.quarantined).toEqual([]);
+      expect(d.logitsDiff).not.toBe(-1);
+      rows.push({
+        attack: "two colluders (both x1.05), default",
+        tokens: `${d.sameTokens}/${N_PREDICT}`,
+        logits: "differ (not seen)",
+        detected: "no (documented: redundancy cannot see agreeing liars)",
+        requests: `${c1.requests} + ${c2.requests} answered, ${v.partsVerified} parts 'verified'`,
+        cost: `${v.extraBytes} extra bytes, ${v.extraComputeMs.toFixed(0)} extra worker ms`,
+      });
+    }
+    // spotCheck: a sampled share recomputed by the local fallback catches the pair at the first sampled part
+    const before = { c1: c1.requests, c2: c2.requests };
+    await using bridge = await openBridge([c1.id, c2.id], { spotCheck: { fraction: 0.25, seed: 7 } });
+    const d = await decode(bridge, "colluders-spot");
+    const m = bridge.metrics();
+    const s = m.spotCheck!;
+    console.log(
+      `[adversarial] colluders + spotCheck (before asserting): ${JSON.stringify(s)}; ${JSON.stringify(m.verification)}; ${JSON.stringify(m.dispatch.owners)}; c1 ${c1.requests - before.c1}, c2 ${c2.requests - before.c2}`,
+    );
+    expect(s.disagreements).toBeGreaterThanOrEqual(1);
+    // caught at its first sampled answer: one strike each, and no colluder answered after it
+    // (agreements are the local fallback's own answers, sampled too, compared with the same compute)
+    for (const id of s.quarantined) expect(s.strikes[id]).toBe(1);
+    expect(s.quarantined.length).toBeGreaterThanOrEqual(1);
+    expect(s.quarantined.every((id) => id === c1.id || id === c2.id)).toBe(true);
+    const banned = [];
+    for (const id of [c1.id, c2.id]) if (await hubQuarantined(id, 2000)) banned.push(id);
+    console.log(
+      `[adversarial] colluders + spotCheck: ${JSON.stringify(s)}; verification ${JSON.stringify(m.verification)}; hub bans ${JSON.stringify(banned)}; tokens ${d.sameTokens}/${N_PREDICT}, logits ${d.logitsDiff === -1 ? "bit-identical" : `differ at byte ${d.logitsDiff}`}`,
+    );
+    rows.push({
+      attack: "two colluders, spotCheck 0.25 (local reference)",
+      tokens: `${d.sameTokens}/${N_PREDICT}`,
+      logits: d.logitsDiff === -1 ? "bit-identical" : "differ",
+      detected: `yes: spotCheck quarantined ${s.quarantined.join(", ")} (${s.checks} checks, ${s.disagreements} disagreements); hub bans: ${banned.join(", ") || "none"}`,
+      requests: `${c1.requests - before.c1} + ${c2.requests - before.c2} answered in this decode, ${s.sampled} sampled`,
+      cost: `decode ${d.ms.toFixed(0)} ms`,
+    });
+  }, 90_000);
 });
