@@ -58,6 +58,10 @@ describe.skipIf(Boolean(missing))("adversarial swarm: real worker processes, def
   let fallback: Awaited<ReturnType<typeof createLocalFallback>>;
   let plain: { tokens: number[]; logits: Buffer };
   let bridges = 0;
+  /** What the spotCheck run of case 5 saw, for the known gaps below. */
+  let collusion:
+    | { colluders: string[]; spotQuarantined: string[]; verifyQuarantined: string[]; banned: string[] }
+    | undefined;
   const admin = mintToken({ role: "admin", id: "adv-admin", ttlS: 3600 }, SECRET);
 
   function spawnWorker(id: string, lie?: string): Proc {
@@ -354,6 +358,12 @@ describe.skipIf(Boolean(missing))("adversarial swarm: real worker processes, def
     console.log(
       `[adversarial] colluders + spotCheck: ${JSON.stringify(s)}; verification ${JSON.stringify(m.verification)}; hub bans ${JSON.stringify(banned)}; tokens ${d.sameTokens}/${N_PREDICT}, logits ${d.logitsDiff === -1 ? "bit-identical" : `differ at byte ${d.logitsDiff}`}`,
     );
+    collusion = {
+      colluders: [c1.id, c2.id],
+      spotQuarantined: s.quarantined,
+      verifyQuarantined: m.verification!.quarantined,
+      banned,
+    };
     rows.push({
       attack: "two colluders, spotCheck 0.25 (local reference)",
       tokens: `${d.sameTokens}/${N_PREDICT}`,
@@ -363,4 +373,24 @@ describe.skipIf(Boolean(missing))("adversarial swarm: real worker processes, def
       cost: `decode ${d.ms.toFixed(0)} ms`,
     });
   }, 90_000);
+
+  // Known gaps, found by case 5 (kept failing until fixed; `collusion` missing makes them pass, so
+  // it.fails reports it).
+  it.fails("5b. KNOWN GAP: a spotCheck quarantine is not reported to the hub (no hub-wide ban)", () => {
+    if (!collusion) return;
+    expect(collusion.spotQuarantined.length).toBeGreaterThan(0);
+    // docs/trust.md: "Quarantine is hub-wide": the sampled colluder should be banned by the hub
+    expect(collusion.banned).toEqual(collusion.spotQuarantined);
+  });
+
+  it.fails("5c. KNOWN GAP: the twin that returned the same bits as the convicted colluder is not convicted", () => {
+    if (!collusion) return;
+    const convicted = new Set([
+      ...collusion.spotQuarantined,
+      ...collusion.verifyQuarantined,
+      ...collusion.banned,
+    ]);
+    // docs/trust.md: spotCheck "catches the pair at their first sampled part"
+    expect([...convicted].sort()).toEqual([...collusion.colluders].sort());
+  });
 });
