@@ -355,6 +355,8 @@ describe.skipIf(Boolean(missing))("adversarial swarm: real worker processes, def
     expect(s.quarantined.every((id) => id === c1.id || id === c2.id)).toBe(true);
     const banned = [];
     for (const id of [c1.id, c2.id]) if (await hubQuarantined(id, 2000)) banned.push(id);
+    // the spot check's quarantine is reported to the hub with its evidence, as verification's is
+    expect(banned).toEqual(s.quarantined);
     console.log(
       `[adversarial] colluders + spotCheck: ${JSON.stringify(s)}; verification ${JSON.stringify(m.verification)}; hub bans ${JSON.stringify(banned)}; tokens ${d.sameTokens}/${N_PREDICT}, logits ${d.logitsDiff === -1 ? "bit-identical" : `differ at byte ${d.logitsDiff}`}`,
     );
@@ -374,15 +376,8 @@ describe.skipIf(Boolean(missing))("adversarial swarm: real worker processes, def
     });
   }, 90_000);
 
-  // Known gaps, found by case 5 (kept failing until fixed; `collusion` missing makes them pass, so
+  // A known gap, found by case 5 (failing until fixed; `collusion` missing makes it pass, so
   // it.fails reports it).
-  it.fails("5b. KNOWN GAP: a spotCheck quarantine is not reported to the hub (no hub-wide ban)", () => {
-    if (!collusion) return;
-    expect(collusion.spotQuarantined.length).toBeGreaterThan(0);
-    // docs/trust.md: "Quarantine is hub-wide": the sampled colluder should be banned by the hub
-    expect(collusion.banned).toEqual(collusion.spotQuarantined);
-  });
-
   it.fails("5c. KNOWN GAP: the twin that returned the same bits as the convicted colluder is not convicted", () => {
     if (!collusion) return;
     const convicted = new Set([
