@@ -348,8 +348,9 @@ describe.skipIf(Boolean(missing))("adversarial swarm: real worker processes, def
       `[adversarial] colluders + spotCheck (before asserting): ${JSON.stringify(s)}; ${JSON.stringify(m.verification)}; ${JSON.stringify(m.dispatch.owners)}; c1 ${c1.requests - before.c1}, c2 ${c2.requests - before.c2}`,
     );
     expect(s.disagreements).toBeGreaterThanOrEqual(1);
-    // caught at its first sampled answer: one strike each, and no colluder answered after it
-    // (agreements are the local fallback's own answers, sampled too, compared with the same compute)
+    // caught at its first sampled answer: one strike each, no agreement before it (the local
+    // fallback's answers, which stand in afterwards, are not sampled)
+    expect(s.agreements).toBe(0);
     for (const id of s.quarantined) expect(s.strikes[id]).toBe(1);
     expect(s.quarantined.length).toBeGreaterThanOrEqual(1);
     expect(s.quarantined.every((id) => id === c1.id || id === c2.id)).toBe(true);

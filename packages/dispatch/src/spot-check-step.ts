@@ -13,7 +13,9 @@ export function withSpotCheck(call: CallState, verify: SpotCheck): Interceptor {
   return (next) => async (ask) => {
     const sampled = verify.sample();
     const part = await next(ask);
-    return sampled ? spotCheck(call, verify, part.worker ?? ask.worker, part) : part;
+    // a local answer (the fallback's: no worker) is not a worker's to check, nor to blame on the
+    // worker it stands in for
+    return sampled && part.worker !== undefined ? spotCheck(call, verify, part.worker, part) : part;
   };
 }
 
