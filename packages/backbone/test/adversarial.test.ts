@@ -247,6 +247,14 @@ describe.skipIf(Boolean(missing))("adversarial swarm: real worker processes, def
       requests: `${liar.requests} (first lie: request ${liar.firstLie})`,
       cost: `${v.extraBytes} extra bytes of ${m.dispatch.bytesOut + m.dispatch.bytesIn}, ${v.extraComputeMs.toFixed(0)} extra worker ms; decode ${d.ms.toFixed(0)} ms`,
     });
+    // what the banned process itself says (its relay connection was dropped and hello refused)
+    const deadline = Date.now() + 3000;
+    while (liar.child.exitCode === null && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    const said = [...liar.stdout, ...liar.stderr].some((l) => l.includes("MOESWARM_HUB_BANNED"));
+    console.log(
+      `[adversarial] ${id}: after the ban the process ${liar.child.exitCode === null ? "still runs" : `exited ${liar.child.exitCode}`}, MOESWARM_HUB_BANNED ${said ? "in its output" : "not in its output"}`,
+    );
+    expect(said).toBe(true);
     await stop(liar);
   }
 
