@@ -11,6 +11,7 @@ import {
   DispatchMetrics,
   Liveness,
   type Placement,
+  type QuarantineEvent,
   SpotCheck,
   type SpotCheckOptions,
   Verification,
@@ -184,13 +185,24 @@ function placementSource(options: BackboneBridgeOptions, link: HubLink | undefin
 export async function serveBackboneBridge(options: BackboneBridgeOptions): Promise<BackboneBridge> {
   checkOptions(options);
   // SpotCheck validates the rest (InvalidArgumentError), before anything connects
+  // a spot check's quarantine goes to the hub like verification's (assigned once the link exists)
+  let reportSpot: ((event: QuarantineEvent) => void) | undefined;
+  const userSpot = options.spotCheck?.onQuarantine;
   const verify = options.spotCheck
-    ? new SpotCheck({ ...options.spotCheck, ...(options.fallback ? { reference: options.fallback } : {}) })
+    ? new SpotCheck({
+        ...options.spotCheck,
+        ...(options.fallback ? { reference: options.fallback } : {}),
+        onQuarantine: (event) => {
+          reportSpot?.(event);
+          userSpot?.(event);
+        },
+      })
     : undefined;
   throwIfAborted(options.signal);
   const { signal } = options;
   // the hub first: a hub that refuses us must not leave a socket listening
   const link = options.hub ? await connectHub({ ...options.hub, ...(signal ? { signal } : {}) }) : undefined;
+  if (link) reportSpot = (event) => void reportSpotQuarantine(link, event);
   const placement = placementSource(options, link);
   const model = options.model ?? link?.model ?? placement().model;
   const maxFrameBytes = options.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES;
@@ -278,4 +290,20 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
   };
   link?.reportStatsFrom(bridge);
   return bridge;
+}
+
+/** A spot check's quarantine, reported to the hub with its evidence (one without it is not sent). */
+function reportSpotQuarantine(link: HubLink, e: QuarantineEvent): Promise<void> | undefined {
+  if (e.requestDigest === undefined || e.expected === undefined || e.got === undefined) return undefined;
+  return link.reportQuarantine({
+    worker: e.worker,
+    layer: e.layer,
+    experts: e.experts,
+    reason: e.reason,
+    requestDigest: e.requestDigest,
+    expected: e.expected,
+    got: e.got,
+    decidedBy: e.decidedBy ?? "the reference",
+    at: Math.floor(Date.now()),
+  });
 }

@@ -2,6 +2,7 @@ import { attempt } from "./attempt.js";
 import type { CallState } from "./call-state.js";
 import type { Interceptor, Part } from "./part.js";
 import type { SpotCheck } from "./spot-check.js";
+import { clampCos, digest, norm } from "./verify-step.js";
 
 /**
  * The spot-check step: a sampled answer is re-computed (the reference, else a replica) and
@@ -12,7 +13,9 @@ export function withSpotCheck(call: CallState, verify: SpotCheck): Interceptor {
   return (next) => async (ask) => {
     const sampled = verify.sample();
     const part = await next(ask);
-    return sampled ? spotCheck(call, verify, part.worker ?? ask.worker, part) : part;
+    // a local answer (the fallback's: no worker) is not a worker's to check, nor to blame on the
+    // worker it stands in for
+    return sampled && part.worker !== undefined ? spotCheck(call, verify, part.worker, part) : part;
   };
 }
 
@@ -48,12 +51,17 @@ async function spotCheck(call: CallState, v: SpotCheck, worker: string, part: Pa
   call.metrics.spotDisagreements++;
   // its answer was refused: no credit for it
   call.owner(worker).failures++;
+  const shape = { mode: part.mode, n, k: call.routing.k, embd: call.embd, ids: part.ids };
   v.disagreed({
     worker,
     layer: call.layer,
     experts,
     cosine: c.cosine,
     reason: `${replica === undefined ? "the reference" : `replica ${replica}`} disagrees: ${c.reason}`,
+    requestDigest: digest(call, experts),
+    expected: { norm: norm(shape, ref.y) },
+    got: { norm: norm(shape, part.y), cosine: clampCos(c.cosine) },
+    decidedBy: replica ?? "the reference",
   });
   return { ...ref, verified: true };
 }

@@ -31,6 +31,16 @@ export interface QuarantineEvent {
   readonly cosine: number;
   /** What disagreed, for logs: the slot or row, or the norm ratio. */
   readonly reason: string;
+  /**
+   * The evidence, as verification's quarantines carry it (a backbone reports it to the hub): the
+   * sha256 (hex) of the request payload the disagreeing answer answered (x, ids, w bytes).
+   */
+  readonly requestDigest?: string;
+  /** The re-computation's L2 norm, and the worker's with its cosine to it (clamped to [-1, 1]). */
+  readonly expected?: { readonly norm: number };
+  readonly got?: { readonly norm: number; readonly cosine: number };
+  /** Who re-computed: "the reference" (local compute) or the replica's id. */
+  readonly decidedBy?: string;
 }
 
 export interface SpotCheckOptions {

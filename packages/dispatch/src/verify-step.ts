@@ -192,7 +192,8 @@ function spend(call: CallState, v: Verification, p: Part): void {
 }
 
 /** sha256 of the request payload (x, ids, w) the owners answered, rebuilt (transports may detach theirs). */
-function digest(call: CallState, experts: readonly number[]): string {
+/** sha256 (hex) of the request a part answered (x, ids, w bytes): the evidence of a quarantine. */
+export function digest(call: CallState, experts: readonly number[]): string {
   const { request } = buildRequest(call, new Set(experts));
   const h = createHash("sha256");
   for (const a of [request.x, request.ids, request.w]) {
@@ -202,7 +203,7 @@ function digest(call: CallState, experts: readonly number[]): string {
 }
 
 /** L2 norm over the values the combine reads. */
-function norm(
+export function norm(
   shape: { mode: "each" | "sum"; n: number; k: number; embd: number; ids: Int32Array },
   y: Float32Array | Float64Array,
 ): number {
@@ -216,6 +217,6 @@ function norm(
   return Math.sqrt(s);
 }
 
-function clampCos(c: number): number {
+export function clampCos(c: number): number {
   return Number.isFinite(c) ? Math.max(-1, Math.min(1, c)) : -1;
 }
