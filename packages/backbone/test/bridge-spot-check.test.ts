@@ -7,44 +7,20 @@ import { join } from "node:path";
 import {
   decodeFrame,
   dispatchFrame,
-  type ExpertHandler,
   encodeLengthPrefixed,
   type Frame,
   FrameReader,
   InvalidArgumentError,
   type ResultFrame,
-  sumSlots,
 } from "@moeswarm/core";
 import { InProcessTransport, Placement } from "@moeswarm/dispatch";
 import { afterAll, describe, expect, it } from "vitest";
 import { serveBackboneBridge } from "../src/index.js";
-import { tempDir } from "./helpers.js";
+import { tempDir, toyWorker as worker } from "./helpers.js";
 
 const EMBD = 4;
 const K = 2;
 const MODEL = "unit";
-
-/** Expert e's output for a row x: fround(x * (e + 1) + e); `scale` makes a liar. */
-function worker(calls: { n: number }, scale = 1): ExpertHandler {
-  return (req) => {
-    calls.n++;
-    const { n, k, embd } = req;
-    const y = new Float32Array(n * k * embd);
-    for (let i = 0; i < n; i++) {
-      for (let j = 0; j < k; j++) {
-        const e = req.ids[i * k + j]!;
-        if (e < 0) continue;
-        for (let c = 0; c < embd; c++) {
-          const v = Math.fround(Math.fround(req.x[i * embd + c]! * (e + 1)) + e);
-          y[(i * k + j) * embd + c] = Math.fround(v * scale);
-        }
-      }
-    }
-    if (req.mode === "sum")
-      return { mode: "sum", n, k, embd, y: sumSlots(y, req.w!, req.ids, { n, k, embd }) };
-    return { mode: "each", n, k, embd, y };
-  };
-}
 
 /** One request over a fresh connection; the answer frame. */
 function ask(address: string, frame: Frame): Promise<Frame> {

@@ -1,6 +1,7 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { type ExpertHandler, sumSlots } from "@moeswarm/core";
 import { InProcessTransport, Placement } from "@moeswarm/dispatch";
 import { createLoopbackCertificates, type LoopbackCertificates, mintToken } from "@moeswarm/hub";
 import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
@@ -179,4 +180,26 @@ export function connectComputeToRelay(
       ),
     }),
   });
+}
+
+/** Expert e's output for a row x: fround(x * (e + 1) + e); `scale` makes a liar. */
+export function toyWorker(calls: { n: number }, scale = 1): ExpertHandler {
+  return (req) => {
+    calls.n++;
+    const { n, k, embd } = req;
+    const y = new Float32Array(n * k * embd);
+    for (let i = 0; i < n; i++) {
+      for (let j = 0; j < k; j++) {
+        const e = req.ids[i * k + j]!;
+        if (e < 0) continue;
+        for (let c = 0; c < embd; c++) {
+          const v = Math.fround(Math.fround(req.x[i * embd + c]! * (e + 1)) + e);
+          y[(i * k + j) * embd + c] = Math.fround(v * scale);
+        }
+      }
+    }
+    if (req.mode === "sum")
+      return { mode: "sum", n, k, embd, y: sumSlots(y, req.w!, req.ids, { n, k, embd }) };
+    return { mode: "each", n, k, embd, y };
+  };
 }

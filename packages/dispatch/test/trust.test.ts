@@ -346,7 +346,12 @@ describe("liars under the defaults", () => {
     ]);
     const verification = new Verification();
     await decode(s, 4, { verification, fallback: honest });
-    expect(verification.stats()).toMatchObject({ disagreements: 4, thirdOpinions: 4, quarantines: 0, failed: 0 });
+    expect(verification.stats()).toMatchObject({
+      disagreements: 4,
+      thirdOpinions: 4,
+      quarantines: 0,
+      failed: 0,
+    });
   });
 
   it("two colluding liars holding the same part: redundancy cannot see it; a sampled local check can", async () => {
