@@ -1,21 +1,18 @@
 // What the bridge reports to the hub, between the two modules that share it: the bridge produces
-// it (`takeStatsReport`), the hub link sends it. Its own module so neither imports the other for
-// it; when the hub's request bodies get one shared definition, this file is where it is re-pointed.
+// it (`takeStatsReport`), the hub link sends it. Its own module so neither imports the other for it;
+// the body's one definition is core's (hub-api.ts), which the hub parses.
+import type { ReceiptJson, StatsReportJson } from "@moeswarm/core";
 
 /**
- * What happened since the previous report, in the shape of the hub's backbone stats
- * (`POST /api/models/:model/stats`, without `seq` and `backbone`, which the reporter adds).
+ * What happened since the previous report: core's stats body (`POST /api/models/:model/stats`)
+ * with the fields the bridge always fills, without `seq` and `backbone`, which the reporter adds.
+ * `tokens` counts what went through the lowest remote layer (every ubatch passes there whole);
+ * `counts` are per layer (decimal key) plain arrays, one count per expert.
  */
-export interface BridgeStatsReport {
-  /** Tokens that went through the lowest remote layer (every ubatch passes there whole). */
-  tokens: number;
-  /** The report's span, ms. */
-  ms: number;
-  /** Per layer (decimal key): how many (token, slot) selections chose each expert, one count per expert. */
+export type BridgeStatsReport = Required<Pick<StatsReportJson, "tokens" | "ms">> & {
   counts: Record<string, number[]>;
-  /** Per worker: the (token, expert) pairs it computed and returned, and its mean round trip, ms. */
-  receipts: Record<string, { expertTokens: number; ms?: number }>;
-}
+  receipts: Record<string, ReceiptJson>;
+};
 
 /** Where reports come from: the bridge (`takeStatsReport`). */
 export interface StatsSource {

@@ -1,6 +1,6 @@
 // The coverage market's public shapes: models, capacities, leases, demand, placement and what it
 // persists (the market itself is market.ts).
-import type { Range } from "@moeswarm/core";
+import type { ClaimCapacityJson, PlacementJson, PlacementRegistrationJson, Range } from "@moeswarm/core";
 import type { DemandPolicy } from "./demand.js";
 
 /** One MoE layer of a model as the market sees it. */
@@ -18,17 +18,8 @@ export interface MarketModel {
   readonly layers: readonly MarketLayer[];
 }
 
-/** What a worker offers when it claims. */
-export interface WorkerCapacity {
-  /** Host memory offered for expert weights, bytes. */
-  readonly ramBytes?: number;
-  /** Device memory offered, bytes. The slice must fit `ramBytes + vramBytes`. */
-  readonly vramBytes?: number;
-  /** "cpu", "cuda", "hip", "vulkan", "metal"... (informative). */
-  readonly backend?: string;
-  /** Measured download bandwidth, bytes/s (informative). */
-  readonly bandwidthBps?: number;
-}
+/** What a worker offers when it claims: the claim body's capacity (one definition, in core). */
+export type WorkerCapacity = ClaimCapacityJson;
 
 /** A claim granted: the worker may download and register this slice before `expiresAt`. */
 export interface Lease {
@@ -96,33 +87,11 @@ export interface AutoClaimRequest {
   readonly ttlMs?: number;
 }
 
-/** One registered slice of a worker, as dispatch's `Placement.fromRegistrations` takes it. */
-export interface PlacementRegistration {
-  id: string;
-  model: string;
-  layers: number[];
-  experts: number[];
-}
+/** One slice of a worker in a placement (core's body type). */
+export type PlacementRegistration = PlacementRegistrationJson;
 
-/** The live placement of one model (GET /api/models/:model/placement). */
-export interface PlacementJson {
-  model: string;
-  /** Changes whenever the registrations change; increases, also across restarts (it is >= the clock). */
-  version: number;
-  /** The MoE layers. */
-  layers: number[];
-  /** Experts per layer (the largest layer's). */
-  experts: number;
-  /**
-   * Live, non-draining workers' slices, by worker id then in the order registered, one entry per
-   * slice (a worker may have several): `Placement.fromRegistrations(registrations)` merges them.
-   */
-  registrations: PlacementRegistration[];
-  /** The same, per cell: runs of experts of one layer with the same owners. */
-  owners: Array<{ layer: number; experts: string; workers: string[] }>;
-  /** Experts nobody serves, per layer (`a:b,c:d`), as dispatch's `Placement.missing` reports them. */
-  missing: Array<{ layer: number; experts: string; count: number }>;
-}
+/** The live placement of one model (GET /api/models/:model/placement): core's body type. */
+export type { PlacementJson };
 
 /** Coverage of a model per cell, for the dashboard (rows are the MoE layers in order). */
 export interface CoverageGrid {
