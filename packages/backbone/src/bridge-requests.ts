@@ -14,6 +14,7 @@ import {
   type DispatchMetrics,
   type DispatchOptions,
   dispatchExpertsDetailed,
+  emptyCallMetrics,
   type Liveness,
   type Placement,
   type SpotCheck,
@@ -158,35 +159,7 @@ export class BridgeRequests {
     } catch (error) {
       if (this.o.signal.aborted) return;
       const code = isMoeswarmError(error) ? error.code : "MOESWARM_DISPATCH_FAILED";
-      this.fail(f, t0, reply, code, errorMessage(error), call ?? emptyCall(f));
+      this.fail(f, t0, reply, code, errorMessage(error), call ?? emptyCallMetrics(f.layer, "auto", f));
     }
   }
-}
-
-/** The metrics of a dispatch call that failed before it returned any. */
-function emptyCall(f: DispatchFrame): DispatchCallMetrics {
-  return {
-    layer: f.layer,
-    mode: "auto",
-    sumRequests: 0,
-    tokens: f.n,
-    k: f.k,
-    requests: 0,
-    bytesOut: 0,
-    bytesIn: 0,
-    failovers: 0,
-    fallbacks: 0,
-    spotChecks: 0,
-    spotDisagreements: 0,
-    spotUnverifiable: 0,
-    hedges: 0,
-    hedgeWins: 0,
-    verifiedParts: 0,
-    verifyDisagreements: 0,
-    thirdOpinions: 0,
-    verifyExtraBytes: 0,
-    timeouts: 0,
-    owners: Object.create(null) as DispatchCallMetrics["owners"],
-    wallMs: 0,
-  };
 }

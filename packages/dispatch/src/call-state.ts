@@ -151,17 +151,18 @@ export class CallState {
   }
 }
 
-function emptyCallMetrics(
+/** A call's metrics before anything happened (also what a caller reports for a call that never ran). */
+export function emptyCallMetrics(
   layer: number,
   mode: "each" | "sum" | "auto",
-  routing: Routing,
+  shape: { readonly n: number; readonly k: number },
 ): DispatchCallMetrics {
   return {
     layer,
     mode,
     sumRequests: 0,
-    tokens: routing.n,
-    k: routing.k,
+    tokens: shape.n,
+    k: shape.k,
     requests: 0,
     bytesOut: 0,
     bytesIn: 0,

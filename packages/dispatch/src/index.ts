@@ -17,6 +17,7 @@ export {
   SWIGLU_OAI_ALPHA,
   SWIGLU_OAI_LIMIT,
 } from "./activation.js";
+export { emptyCallMetrics } from "./call-state.js";
 export { combineEach, partialSumF32 } from "./combine.js";
 export {
   type DispatchOptions,
