@@ -2,48 +2,14 @@
 // (no llama.cpp). The spot check itself is tested in @moeswarm/dispatch; this checks the plumbing.
 
 import { existsSync } from "node:fs";
-import { connect } from "node:net";
 import { join } from "node:path";
-import {
-  decodeFrame,
-  dispatchFrame,
-  encodeLengthPrefixed,
-  type Frame,
-  FrameReader,
-  InvalidArgumentError,
-  type ResultFrame,
-} from "@moeswarm/core";
+import { InvalidArgumentError, type ResultFrame } from "@moeswarm/core";
 import { InProcessTransport, Placement } from "@moeswarm/dispatch";
 import { afterAll, describe, expect, it } from "vitest";
 import { serveBackboneBridge } from "../src/index.js";
-import { tempDir, toyWorker as worker } from "./helpers.js";
+import { askBridge as ask, toyFrame as frame, tempDir, toyWorker as worker } from "./helpers.js";
 
-const EMBD = 4;
-const K = 2;
 const MODEL = "unit";
-
-/** One request over a fresh connection; the answer frame. */
-function ask(address: string, frame: Frame): Promise<Frame> {
-  return new Promise((resolve, reject) => {
-    const socket = connect(address.slice("unix:".length));
-    const reader = new FrameReader();
-    socket.on("data", (chunk: Buffer) => {
-      const [p] = reader.push(chunk);
-      if (p) {
-        resolve(decodeFrame(p, { copy: true }));
-        socket.destroy();
-      }
-    });
-    socket.on("error", reject);
-    socket.write(encodeLengthPrefixed(frame));
-  });
-}
-
-const x = Float32Array.from({ length: 3 * EMBD }, (_, i) => Math.sin(i));
-const ids = Int32Array.from([0, 1, 1, 2, 2, 0]);
-const w = Float32Array.from([0.5, 0.25, 0.75, 0.125, 0.375, 0.625]);
-const frame = (id: number) =>
-  dispatchFrame({ id, model: MODEL, layer: 0, n: 3, embd: EMBD, dtype: "f32", x, k: K, ids, w, mode: "sum" });
 
 describe("serveBackboneBridge spotCheck", () => {
   const tmp = tempDir("mswb-sc-");

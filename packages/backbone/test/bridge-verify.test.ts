@@ -5,28 +5,16 @@
 // reports it), the counters are in the metrics, and quarantine reports reach the hub's endpoint.
 
 import { createServer } from "node:http";
-import { connect } from "node:net";
 import { join } from "node:path";
-import {
-  decodeFrame,
-  dispatchFrame,
-  type ExpertHandler,
-  type ExpertTransport,
-  encodeLengthPrefixed,
-  type Frame,
-  FrameReader,
-  type ResultFrame,
-} from "@moeswarm/core";
+import type { ExpertHandler, ExpertTransport, ResultFrame } from "@moeswarm/core";
 import { InProcessTransport, Placement, type VerificationEvent } from "@moeswarm/dispatch";
 import { afterAll, describe, expect, it } from "vitest";
 import { HubHttp } from "../src/hub-http.js";
 import { hubSettings } from "../src/hub-options.js";
 import { QuarantineReporter, quarantineBody } from "../src/hub-reports.js";
 import { serveBackboneBridge } from "../src/index.js";
-import { tempDir, toyWorker as worker } from "./helpers.js";
+import { askBridge as ask, toyFrame as frame, tempDir, toyWorker as worker } from "./helpers.js";
 
-const EMBD = 4;
-const K = 2;
 const MODEL = "unit";
 
 /** In-process workers behind a transport that, like the relay's, does not say it is trusted. */
@@ -35,27 +23,6 @@ function strangers(workers: Record<string, ExpertHandler>): ExpertTransport {
   return { request: (to, req, o) => inner.request(to, req, o) };
 }
 
-function ask(address: string, frame: Frame): Promise<Frame> {
-  return new Promise((resolve, reject) => {
-    const socket = connect(address.slice("unix:".length));
-    const reader = new FrameReader();
-    socket.on("data", (chunk: Buffer) => {
-      const [p] = reader.push(chunk);
-      if (p) {
-        resolve(decodeFrame(p, { copy: true }));
-        socket.destroy();
-      }
-    });
-    socket.on("error", reject);
-    socket.write(encodeLengthPrefixed(frame));
-  });
-}
-
-const x = Float32Array.from({ length: 3 * EMBD }, (_, i) => Math.sin(i));
-const ids = Int32Array.from([0, 1, 1, 2, 2, 0]);
-const w = Float32Array.from([0.5, 0.25, 0.75, 0.125, 0.375, 0.625]);
-const frame = (id: number) =>
-  dispatchFrame({ id, model: MODEL, layer: 0, n: 3, embd: EMBD, dtype: "f32", x, k: K, ids, w, mode: "sum" });
 const ALL = [0, 1, 2];
 
 describe("serveBackboneBridge trust", () => {

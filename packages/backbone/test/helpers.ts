@@ -1,7 +1,16 @@
 import { mkdtempSync, rmSync } from "node:fs";
+import { connect } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { type ExpertHandler, sumSlots } from "@moeswarm/core";
+import {
+  decodeFrame,
+  dispatchFrame,
+  type ExpertHandler,
+  encodeLengthPrefixed,
+  type Frame,
+  FrameReader,
+  sumSlots,
+} from "@moeswarm/core";
 import { InProcessTransport, Placement } from "@moeswarm/dispatch";
 import { createLoopbackCertificates, type LoopbackCertificates, mintToken } from "@moeswarm/hub";
 import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
@@ -202,4 +211,42 @@ export function toyWorker(calls: { n: number }, scale = 1): ExpertHandler {
       return { mode: "sum", n, k, embd, y: sumSlots(y, req.w!, req.ids, { n, k, embd }) };
     return { mode: "each", n, k, embd, y };
   };
+}
+
+/** One request to a bridge over a fresh connection to its socket; the answer frame. */
+export function askBridge(address: string, frame: Frame): Promise<Frame> {
+  return new Promise((resolve, reject) => {
+    const socket = connect(address.slice("unix:".length));
+    const reader = new FrameReader();
+    socket.on("data", (chunk: Buffer) => {
+      const [p] = reader.push(chunk);
+      if (p) {
+        resolve(decodeFrame(p, { copy: true }));
+        socket.destroy();
+      }
+    });
+    socket.on("error", reject);
+    socket.write(encodeLengthPrefixed(frame));
+  });
+}
+
+const TOY_X = Float32Array.from({ length: 3 * 4 }, (_, i) => Math.sin(i));
+const TOY_IDS = Int32Array.from([0, 1, 1, 2, 2, 0]);
+const TOY_W = Float32Array.from([0.5, 0.25, 0.75, 0.125, 0.375, 0.625]);
+
+/** A "sum" dispatch of 3 tokens x top-2 of model "unit" (embd 4) over experts 0..2, for toyWorker. */
+export function toyFrame(id: number) {
+  return dispatchFrame({
+    id,
+    model: "unit",
+    layer: 0,
+    n: 3,
+    embd: 4,
+    dtype: "f32",
+    x: TOY_X,
+    k: 2,
+    ids: TOY_IDS,
+    w: TOY_W,
+    mode: "sum",
+  });
 }
