@@ -13,13 +13,15 @@ import {
 } from "./spec.js";
 import { planSyntheticModel, type SynthesizeProgress, synthesizeMoeModel } from "./synthesize.js";
 
-export const SYNTHETIC_PRESETS = ["tiny", "small", "medium"] as const;
+export const SYNTHETIC_PRESETS = ["tiny", "small", "medium", "shape"] as const;
 export type SyntheticPreset = (typeof SYNTHETIC_PRESETS)[number];
 
 type PresetTable = Partial<Record<SyntheticArch, SyntheticMoeOptions>>;
 
 // tiny ~1 MB (unit tests), small ~50-60 MB, medium ~460 MB (benchmarks, qwen3moe only). Experts
-// in Q8_0, the type most MoE GGUFs ship their experts in at these sizes.
+// in Q8_0, the type most MoE GGUFs ship their experts in at these sizes. `shape`: a real model's
+// per-layer dimensions and llama-quantize's Q4_K_M types with few layers and a small vocabulary,
+// so one layer costs what a real layer costs (qwen35moe: Qwen3.5-122B-A10B's layers, ~5.9 GB).
 const PRESETS: Record<SyntheticPreset, PresetTable> = {
   tiny: {
     qwen3moe: {
@@ -62,6 +64,23 @@ const PRESETS: Record<SyntheticPreset, PresetTable> = {
       nExpertUsed: 2,
       vocab: 512,
       types: { experts: "Q8_0", attention: "F16" },
+    },
+    // One full-attention layer after three Gated DeltaNet layers, as in Qwen3.5.
+    qwen35moe: {
+      arch: "qwen35moe",
+      seed: 1,
+      nLayer: 4,
+      nEmbd: 64,
+      nHead: 4,
+      nHeadKv: 2,
+      headDim: 32,
+      nFfExp: 128,
+      nExpert: 8,
+      nExpertUsed: 2,
+      nFfShared: 128,
+      vocab: 512,
+      linear: { keyHeads: 2, valueHeads: 4, headDim: 16 },
+      types: { experts: "Q8_0", attention: "F16", sharedExpert: "F16" },
     },
   },
   small: {
@@ -106,6 +125,45 @@ const PRESETS: Record<SyntheticPreset, PresetTable> = {
       vocab: 2048,
       types: { experts: "Q8_0", attention: "F16", embeddings: "F16", output: "F16" },
     },
+    qwen35moe: {
+      arch: "qwen35moe",
+      seed: 1,
+      nLayer: 4,
+      nEmbd: 256,
+      nHead: 8,
+      nHeadKv: 2,
+      headDim: 64,
+      nFfExp: 256,
+      nExpert: 64,
+      nExpertUsed: 8,
+      nFfShared: 256,
+      vocab: 2048,
+      linear: { keyHeads: 2, valueHeads: 4, headDim: 64 },
+      types: { experts: "Q8_0", attention: "F16", sharedExpert: "F16", embeddings: "F16", output: "F16" },
+    },
+  },
+  shape: {
+    // Qwen/Qwen3.5-122B-A10B (config.json text_config): hidden 3072, 32 query and 2 KV heads of
+    // 256, Gated DeltaNet with 16 key and 64 value heads of 128, 256 experts of 1024 with 8
+    // used, a shared expert of 1024; 4 of its 48 layers and a 4096-token vocabulary.
+    qwen35moe: {
+      arch: "qwen35moe",
+      seed: 1,
+      nLayer: 4,
+      nEmbd: 3072,
+      nHead: 32,
+      nHeadKv: 2,
+      headDim: 256,
+      nFfExp: 1024,
+      nExpert: 256,
+      nExpertUsed: 8,
+      nFfShared: 1024,
+      vocab: 4096,
+      contextLength: 262_144,
+      ropeFreqBase: 10_000_000,
+      linear: { keyHeads: 16, valueHeads: 64, headDim: 128, convKernel: 4, fullAttentionInterval: 4 },
+      mix: "Q4_K_M",
+    },
   },
   medium: {
     qwen3moe: {
@@ -143,7 +201,9 @@ export function syntheticPreset(
     const archs = Object.keys(PRESETS[preset]).join(", ");
     throw new InvalidArgumentError(`preset ${preset} exists for ${archs}, not ${arch}`);
   }
-  return { ...options, types: { ...options.types } };
+  const copy: SyntheticMoeOptions = { ...options, types: { ...options.types } };
+  if (options.linear) copy.linear = { ...options.linear };
+  return copy;
 }
 
 /** A stable identity for synthetic options: sha256 of the generator version and the resolved options. */

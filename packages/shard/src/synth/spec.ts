@@ -2,10 +2,21 @@ import { InvalidArgumentError } from "@moeswarm/core";
 import { GgmlType, ggmlTypeTraits } from "../ggml-type.js";
 import { GgufValueType } from "../gguf-constants.js";
 import { type GgufMetadataValue, ggufValue } from "../gguf-metadata.js";
+import { MIX_FILE_TYPE, q4kmTypes, SYNTHETIC_MIXES, type SyntheticMix } from "./quant-mix.js";
+import {
+  type LinearAttentionOptions,
+  type Qwen35TensorClass,
+  qwen35moeLayerTensors,
+  qwen35moeMetadata,
+  resolveLinearAttention,
+} from "./qwen35moe.js";
 import { buildTokenizer } from "./tokenizer.js";
 
-/** Architectures the synthesiser writes; `mixtral` is GGUF architecture `llama` with experts. */
-export const SYNTHETIC_ARCHS = ["qwen3moe", "qwen2moe", "mixtral"] as const;
+/**
+ * Architectures the synthesiser writes; `mixtral` is GGUF architecture `llama` with experts,
+ * `qwen35moe` the hybrid Gated DeltaNet / gated attention Qwen3.5-MoE.
+ */
+export const SYNTHETIC_ARCHS = ["qwen3moe", "qwen2moe", "mixtral", "qwen35moe"] as const;
 export type SyntheticArch = (typeof SYNTHETIC_ARCHS)[number];
 
 /** Tensor types a synthetic model can be written in (the ones the shard quantisers encode). */
@@ -16,9 +27,9 @@ export type SyntheticType = (typeof SYNTHETIC_TYPES)[number];
 export interface SyntheticTypes {
   /** Routed experts: ffn_{gate,up,down}_exps. */
   experts: SyntheticType;
-  /** The shared expert (qwen2moe): ffn_{gate,up,down}_shexp. */
+  /** The shared expert (qwen2moe, qwen35moe): ffn_{gate,up,down}_shexp. */
   sharedExpert: SyntheticType;
-  /** attn_q, attn_k, attn_v, attn_output. */
+  /** attn_q, attn_k, attn_v, attn_output (qwen35moe: also attn_qkv, attn_gate, ssm_{alpha,beta,out}). */
   attention: SyntheticType;
   /** token_embd. */
   embeddings: SyntheticType;
@@ -49,11 +60,11 @@ export interface SyntheticMoeOptions {
   nFfExp: number;
   nExpert: number;
   nExpertUsed: number;
-  /** Width of the shared expert (qwen2moe only; default nFfExp * nExpertUsed). */
+  /** Width of the shared expert (qwen2moe: default nFfExp * nExpertUsed; qwen35moe: nFfExp). */
   nFfShared?: number;
   /** Vocabulary size, special tokens included (at least 259). */
   vocab: number;
-  /** Attention head size (qwen3moe's key_length/value_length; the others need nEmbd / nHead). */
+  /** Attention head size (qwen3moe/qwen35moe key_length/value_length; the others nEmbd / nHead). */
   headDim?: number;
   contextLength?: number;
   ropeFreqBase?: number;
@@ -66,11 +77,21 @@ export interface SyntheticMoeOptions {
    * within rounding noise of each other, so greedy decoding is stable across builds.
    */
   logitStd?: number;
+  /** qwen35moe only: the Gated DeltaNet layers (default 1 key head, as many value heads, 4 taps, 3:1). */
+  linear?: Partial<LinearAttentionOptions>;
+  /**
+   * llama-quantize's per-tensor type rule for this preset (`Q4_K_M`), replacing `types`: the
+   * tensors get the types a real GGUF of that preset has.
+   */
+  mix?: SyntheticMix;
 }
 
 /** The options with every default applied: what identifies a synthetic model. */
-export type ResolvedSyntheticOptions = Required<Omit<SyntheticMoeOptions, "types">> & {
+export type ResolvedSyntheticOptions = Required<Omit<SyntheticMoeOptions, "types" | "linear" | "mix">> & {
   types: SyntheticTypes;
+  /** Present for qwen35moe only (so the other families' keys stay what they were). */
+  linear?: LinearAttentionOptions;
+  mix?: SyntheticMix;
 };
 
 /** How the values of a tensor are drawn: mean and standard deviation before quantisation. */
@@ -147,14 +168,18 @@ export function resolveSyntheticOptions(options: SyntheticMoeOptions): ResolvedS
   const nFfExp = positiveInt(options.nFfExp, "nFfExp", LIMITS.nFfExp);
   const nExpert = positiveInt(options.nExpert, "nExpert", LIMITS.nExpert);
   const nExpertUsed = positiveInt(options.nExpertUsed, "nExpertUsed", nExpert);
-  const nFfShared = positiveInt(options.nFfShared ?? nFfExp * nExpertUsed, "nFfShared", LIMITS.nFfExp);
+  const nFfShared = positiveInt(
+    options.nFfShared ?? (arch === "qwen35moe" ? nFfExp : nFfExp * nExpertUsed),
+    "nFfShared",
+    LIMITS.nFfExp,
+  );
   const vocab = options.vocab;
   buildTokenizer(vocab); // validates the vocabulary size
   const headDim =
     options.headDim === undefined ? nEmbd / nHead : positiveInt(options.headDim, "headDim", LIMITS.nEmbd);
   if (!Number.isInteger(headDim))
     throw new InvalidArgumentError(`nEmbd (${nEmbd}) must be a multiple of nHead (${nHead})`);
-  if (arch !== "qwen3moe" && headDim * nHead !== nEmbd) {
+  if (arch !== "qwen3moe" && arch !== "qwen35moe" && headDim * nHead !== nEmbd) {
     throw new InvalidArgumentError(
       `${arch} needs headDim * nHead = nEmbd (${headDim} * ${nHead} != ${nEmbd})`,
     );
@@ -172,6 +197,16 @@ export function resolveSyntheticOptions(options: SyntheticMoeOptions): ResolvedS
     }
     types[key as keyof SyntheticTypes] = value as SyntheticType;
   }
+  if (options.linear !== undefined && arch !== "qwen35moe")
+    throw new InvalidArgumentError(`linear applies to qwen35moe only, not ${arch}`);
+  if (options.mix !== undefined && !SYNTHETIC_MIXES.includes(options.mix)) {
+    throw new InvalidArgumentError(
+      `mix must be one of ${SYNTHETIC_MIXES.join(", ")}, got ${String(options.mix)}`,
+    );
+  }
+  const extra: Pick<ResolvedSyntheticOptions, "linear" | "mix"> = {};
+  if (arch === "qwen35moe") extra.linear = resolveLinearAttention(options.linear, headDim);
+  if (options.mix !== undefined) extra.mix = options.mix;
   return {
     arch,
     seed,
@@ -191,6 +226,7 @@ export function resolveSyntheticOptions(options: SyntheticMoeOptions): ResolvedS
     types,
     name: options.name ?? `moeswarm-synthetic-${arch}`,
     logitStd: positiveNumber(options.logitStd ?? 10, "logitStd"),
+    ...extra,
   };
 }
 
@@ -207,12 +243,14 @@ function syntheticMetadata(o: ResolvedSyntheticOptions, arch: string): Map<strin
   md.set("general.type", v.str("model"));
   md.set("general.name", v.str(o.name));
   md.set("general.quantization_version", v.u32(2));
+  if (o.mix !== undefined) md.set("general.file_type", v.u32(MIX_FILE_TYPE[o.mix]));
   md.set(k("block_count"), v.u32(o.nLayer));
   md.set(k("context_length"), v.u32(o.contextLength));
   md.set(k("embedding_length"), v.u32(o.nEmbd));
   // llama's experts use feed_forward_length; the qwen MoEs read expert_feed_forward_length and
-  // keep feed_forward_length as the dense width a converter writes.
-  md.set(k("feed_forward_length"), v.u32(o.arch === "mixtral" ? o.nFfExp : o.nFfExp * o.nExpertUsed));
+  // keep feed_forward_length as the dense width a converter writes (Qwen3.5 has no dense width).
+  if (o.arch !== "qwen35moe")
+    md.set(k("feed_forward_length"), v.u32(o.arch === "mixtral" ? o.nFfExp : o.nFfExp * o.nExpertUsed));
   md.set(k("attention.head_count"), v.u32(o.nHead));
   md.set(k("attention.head_count_kv"), v.u32(o.nHeadKv));
   md.set(k("rope.freq_base"), v.f32(o.ropeFreqBase));
@@ -223,7 +261,8 @@ function syntheticMetadata(o: ResolvedSyntheticOptions, arch: string): Map<strin
     md.set(k("attention.key_length"), v.u32(o.headDim));
     md.set(k("attention.value_length"), v.u32(o.headDim));
   }
-  if (o.arch !== "mixtral") md.set(k("expert_feed_forward_length"), v.u32(o.nFfExp));
+  if (o.arch === "qwen35moe" && o.linear) qwen35moeMetadata(md, k, { ...o, linear: o.linear });
+  else if (o.arch !== "mixtral") md.set(k("expert_feed_forward_length"), v.u32(o.nFfExp));
   if (o.arch === "qwen2moe") md.set(k("expert_shared_feed_forward_length"), v.u32(o.nFfShared));
   if (o.arch === "mixtral") {
     md.set(k("rope.dimension_count"), v.u32(o.headDim));
@@ -273,7 +312,19 @@ function syntheticTensors(o: ResolvedSyntheticOptions): SynthTensorSpec[] {
   const inv = (n: number) => 1 / Math.sqrt(n);
 
   add("token_embd.weight", [o.nEmbd, o.vocab], t.embeddings, 1);
+  const qwen35Add = (
+    name: string,
+    shape: number[],
+    cls: Qwen35TensorClass,
+    std: number,
+    mean?: number,
+    perExpert?: boolean,
+  ) => add(name, shape, cls === "norm" || cls === "F32" ? "F32" : t[cls], std, mean, perExpert);
   for (let i = 0; i < o.nLayer; i++) {
+    if (o.linear) {
+      qwen35moeLayerTensors(qwen35Add, { ...o, linear: o.linear }, i);
+      continue;
+    }
     const b = `blk.${i}.`;
     norm(`${b}attn_norm.weight`, o.nEmbd);
     add(`${b}attn_q.weight`, [o.nEmbd, nq], t.attention, inv(o.nEmbd));
@@ -304,13 +355,15 @@ function syntheticTensors(o: ResolvedSyntheticOptions): SynthTensorSpec[] {
   }
   norm("output_norm.weight", o.nEmbd);
   add("output.weight", [o.nEmbd, o.vocab], t.output, o.logitStd * inv(o.nEmbd));
-  return tensors;
+  if (o.mix === undefined) return tensors;
+  const mixed = q4kmTypes(tensors, o.nLayer, o.nExpert);
+  return tensors.map((spec, i) => ({ ...spec, type: mixed[i]! }));
 }
 
 /**
  * The metadata and tensor list llama.cpp (pinned release) requires for the architecture: the
  * keys its `load_hparams`/`load_arch_hparams` read and the tensors its `load_arch_tensors`
- * creates (src/models/qwen3moe.cpp, qwen2moe.cpp, llama.cpp), with those shapes.
+ * creates (src/models/qwen3moe.cpp, qwen2moe.cpp, llama.cpp, qwen35moe.cpp), with those shapes.
  */
 export function syntheticModelSpec(options: SyntheticMoeOptions): SynthModelSpec {
   const o = resolveSyntheticOptions(options);
