@@ -164,6 +164,37 @@ describe("synthesizeMoeModel", () => {
         keys: ["llama.rope.dimension_count", "llama.vocab_size"],
         tensors: { "blk.0.attn_k.weight": [64, 32], "blk.0.ffn_gate_exps.weight": [64, 128, 8] },
       },
+      // qwen35moe.cpp load_arch_hparams/load_arch_tensors: layers 0-2 Gated DeltaNet (2 key heads
+      // and 4 value heads of 16: conv channels 2*32 + 64), layer 3 gated attention (q and gate).
+      qwen35moe: {
+        keys: [
+          "qwen35moe.ssm.conv_kernel",
+          "qwen35moe.ssm.inner_size",
+          "qwen35moe.ssm.state_size",
+          "qwen35moe.ssm.time_step_rank",
+          "qwen35moe.ssm.group_count",
+          "qwen35moe.full_attention_interval",
+          "qwen35moe.rope.dimension_sections",
+          "qwen35moe.expert_shared_feed_forward_length",
+        ],
+        tensors: {
+          "blk.0.attn_qkv.weight": [64, 128],
+          "blk.0.attn_gate.weight": [64, 64],
+          "blk.0.ssm_conv1d.weight": [4, 128],
+          "blk.0.ssm_a": [4],
+          "blk.0.ssm_dt.bias": [4],
+          "blk.2.ssm_beta.weight": [64, 4],
+          "blk.2.ssm_out.weight": [64, 64],
+          "blk.2.ssm_norm.weight": [16],
+          "blk.3.attn_q.weight": [64, 256],
+          "blk.3.attn_output.weight": [128, 64],
+          "blk.3.attn_k_norm.weight": [32],
+          "blk.3.post_attention_norm.weight": [64],
+          "blk.3.ffn_gate_inp_shexp.weight": [64],
+          "blk.3.ffn_down_shexp.weight": [128, 64],
+          "blk.3.ffn_down_exps.weight": [128, 64, 8],
+        },
+      },
     };
     const paths = SYNTHETIC_ARCHS.map((arch) => join(tmp.dir, `layout-${arch}.gguf`));
     for (const [i, arch] of SYNTHETIC_ARCHS.entries())
@@ -203,6 +234,8 @@ print(json.dumps(out))`,
         "expert_count",
         "expert_used_count",
       ]) {
+        // Qwen3.5 has no dense FFN width: its loader reads the expert widths only.
+        if (arch === "qwen35moe" && suffix === "feed_forward_length") continue;
         expect(out.keys, `${arch} ${suffix}`).toContain(`${ggufArch}.${suffix}`);
       }
       for (const key of expected[arch]!.keys) expect(out.keys).toContain(key);

@@ -11,7 +11,12 @@ import {
   type SyntheticArch,
   type SyntheticMoeOptions,
 } from "./spec.js";
-import { planSyntheticModel, type SynthesizeProgress, synthesizeMoeModel } from "./synthesize.js";
+import {
+  planSyntheticModel,
+  type SynthesizeProgress,
+  type SynthQuantizer,
+  synthesizeMoeModel,
+} from "./synthesize.js";
 
 export const SYNTHETIC_PRESETS = ["tiny", "small", "medium", "shape"] as const;
 export type SyntheticPreset = (typeof SYNTHETIC_PRESETS)[number];
@@ -230,6 +235,8 @@ export interface EnsureSyntheticModelOptions {
   seed?: number;
   signal?: AbortSignal;
   onProgress?: (progress: SynthesizeProgress) => void;
+  /** A faster encoder writing the same bytes (see SynthesizeOptions.quantize). */
+  quantize?: SynthQuantizer;
 }
 
 export interface EnsuredSyntheticModel {
@@ -277,7 +284,11 @@ export async function ensureSyntheticModel(
         cause: error,
       });
     }
-    await synthesizeMoeModel(synthOptions, path, { signal: options.signal, onProgress: options.onProgress });
+    await synthesizeMoeModel(synthOptions, path, {
+      signal: options.signal,
+      onProgress: options.onProgress,
+      quantize: options.quantize,
+    });
     return { path, created: true, size, options: spec.options };
   })();
   inFlight.set(path, job);
