@@ -87,6 +87,37 @@ const PRESETS: Record<SyntheticPreset, PresetTable> = {
       linear: { keyHeads: 2, valueHeads: 4, headDim: 16 },
       types: { experts: "Q8_0", attention: "F16", sharedExpert: "F16" },
     },
+    // Experts in MXFP4, as gpt-oss ships them; heads of 16 so n_head * head_dim = n_embd.
+    "gpt-oss": {
+      arch: "gpt-oss",
+      seed: 1,
+      nLayer: 2,
+      nEmbd: 64,
+      nHead: 4,
+      nHeadKv: 2,
+      headDim: 16,
+      nFfExp: 128,
+      nExpert: 8,
+      nExpertUsed: 2,
+      vocab: 512,
+      types: { experts: "MXFP4", attention: "F16" },
+    },
+    // Layer 0 dense, layers 1-2 MoE with one shared expert.
+    glm4moe: {
+      arch: "glm4moe",
+      seed: 1,
+      nLayer: 3,
+      nEmbd: 64,
+      nHead: 4,
+      nHeadKv: 2,
+      headDim: 32,
+      nFfExp: 128,
+      nExpert: 8,
+      nExpertUsed: 2,
+      nFfShared: 128,
+      vocab: 512,
+      types: { experts: "Q8_0", attention: "F16", sharedExpert: "F16" },
+    },
   },
   small: {
     qwen3moe: {

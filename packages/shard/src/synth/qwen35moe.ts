@@ -5,6 +5,7 @@
 import { InvalidArgumentError } from "@moeswarm/core";
 import { GgufValueType } from "../gguf-constants.js";
 import { type GgufMetadataValue, ggufValue } from "../gguf-metadata.js";
+import type { FamilyAdd } from "./family.js";
 
 /** The Gated DeltaNet layers' sizes (the `ssm.*` keys) and the layer pattern. */
 export interface LinearAttentionOptions {
@@ -32,17 +33,6 @@ export interface Qwen35Dims {
   nExpert: number;
   linear: LinearAttentionOptions;
 }
-
-/** Tensor classes the caller maps to types: `norm` is an F32 weight drawn around 1. */
-export type Qwen35TensorClass = "attention" | "router" | "experts" | "sharedExpert" | "F32" | "norm";
-export type Qwen35Add = (
-  name: string,
-  shape: number[],
-  cls: Qwen35TensorClass,
-  std: number,
-  mean?: number,
-  perExpert?: boolean,
-) => void;
 
 function int(value: unknown, what: string, max = 1 << 16): number {
   if (typeof value !== "number" || !Number.isSafeInteger(value) || value < 1 || value > max) {
@@ -112,7 +102,7 @@ export function qwen35moeMetadata(
 }
 
 /** One trunk layer's tensors, in the order the converter writes them. */
-export function qwen35moeLayerTensors(add: Qwen35Add, d: Qwen35Dims, il: number): void {
+export function qwen35moeLayerTensors(add: FamilyAdd, d: Qwen35Dims, il: number): void {
   const b = `blk.${il}.`;
   const l = d.linear;
   const inv = (n: number) => 1 / Math.sqrt(n);

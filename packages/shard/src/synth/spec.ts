@@ -2,10 +2,12 @@ import { InvalidArgumentError } from "@moeswarm/core";
 import { GgmlType, ggmlTypeTraits } from "../ggml-type.js";
 import { GgufValueType } from "../gguf-constants.js";
 import { type GgufMetadataValue, ggufValue } from "../gguf-metadata.js";
+import type { FamilyAdd } from "./family.js";
+import { glm4moeLayerTensors, glm4moeMetadata } from "./glm4moe.js";
+import { gptOssLayerTensors, gptOssMetadata } from "./gpt-oss.js";
 import { MIX_FILE_TYPE, q4kmTypes, SYNTHETIC_MIXES, type SyntheticMix } from "./quant-mix.js";
 import {
   type LinearAttentionOptions,
-  type Qwen35TensorClass,
   qwen35moeLayerTensors,
   qwen35moeMetadata,
   resolveLinearAttention,
@@ -14,13 +16,22 @@ import { buildTokenizer } from "./tokenizer.js";
 
 /**
  * Architectures the synthesiser writes; `mixtral` is GGUF architecture `llama` with experts,
- * `qwen35moe` the hybrid Gated DeltaNet / gated attention Qwen3.5-MoE.
+ * `qwen35moe` the hybrid Gated DeltaNet / gated attention Qwen3.5-MoE, `gpt-oss` OpenAI's (biased
+ * swiglu_oai experts, attention sinks), `glm4moe` GLM-4.5 (sigmoid router with a selection bias,
+ * a shared expert, a leading dense layer).
  */
-export const SYNTHETIC_ARCHS = ["qwen3moe", "qwen2moe", "mixtral", "qwen35moe"] as const;
+export const SYNTHETIC_ARCHS = [
+  "qwen3moe",
+  "qwen2moe",
+  "mixtral",
+  "qwen35moe",
+  "gpt-oss",
+  "glm4moe",
+] as const;
 export type SyntheticArch = (typeof SYNTHETIC_ARCHS)[number];
 
 /** Tensor types a synthetic model can be written in (the ones the shard quantisers encode). */
-export const SYNTHETIC_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K"] as const;
+export const SYNTHETIC_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "MXFP4"] as const;
 export type SyntheticType = (typeof SYNTHETIC_TYPES)[number];
 
 /** The type of each class of tensor; norms (and attention biases) are always F32, as in ggml. */
@@ -119,6 +130,7 @@ const GGML_OF: Record<SyntheticType, GgmlType> = {
   Q8_0: GgmlType.Q8_0,
   Q4_0: GgmlType.Q4_0,
   Q4_K: GgmlType.Q4_K,
+  MXFP4: GgmlType.MXFP4,
 };
 
 /** Upper bounds that keep a typo from asking for terabytes. */
@@ -169,7 +181,7 @@ export function resolveSyntheticOptions(options: SyntheticMoeOptions): ResolvedS
   const nExpert = positiveInt(options.nExpert, "nExpert", LIMITS.nExpert);
   const nExpertUsed = positiveInt(options.nExpertUsed, "nExpertUsed", nExpert);
   const nFfShared = positiveInt(
-    options.nFfShared ?? (arch === "qwen35moe" ? nFfExp : nFfExp * nExpertUsed),
+    options.nFfShared ?? (arch === "qwen35moe" || arch === "glm4moe" ? nFfExp : nFfExp * nExpertUsed),
     "nFfShared",
     LIMITS.nFfExp,
   );
@@ -179,7 +191,8 @@ export function resolveSyntheticOptions(options: SyntheticMoeOptions): ResolvedS
     options.headDim === undefined ? nEmbd / nHead : positiveInt(options.headDim, "headDim", LIMITS.nEmbd);
   if (!Number.isInteger(headDim))
     throw new InvalidArgumentError(`nEmbd (${nEmbd}) must be a multiple of nHead (${nHead})`);
-  if (arch !== "qwen3moe" && arch !== "qwen35moe" && headDim * nHead !== nEmbd) {
+  const freeHeadDim: readonly SyntheticArch[] = ["qwen3moe", "qwen35moe", "gpt-oss", "glm4moe"];
+  if (!freeHeadDim.includes(arch) && headDim * nHead !== nEmbd) {
     throw new InvalidArgumentError(
       `${arch} needs headDim * nHead = nEmbd (${headDim} * ${nHead} != ${nEmbd})`,
     );
@@ -262,6 +275,8 @@ function syntheticMetadata(o: ResolvedSyntheticOptions, arch: string): Map<strin
     md.set(k("attention.value_length"), v.u32(o.headDim));
   }
   if (o.arch === "qwen35moe" && o.linear) qwen35moeMetadata(md, k, { ...o, linear: o.linear });
+  else if (o.arch === "gpt-oss") gptOssMetadata(md, k, o);
+  else if (o.arch === "glm4moe") glm4moeMetadata(md, k, o);
   else if (o.arch !== "mixtral") md.set(k("expert_feed_forward_length"), v.u32(o.nFfExp));
   if (o.arch === "qwen2moe") md.set(k("expert_shared_feed_forward_length"), v.u32(o.nFfShared));
   if (o.arch === "mixtral") {
@@ -312,17 +327,19 @@ function syntheticTensors(o: ResolvedSyntheticOptions): SynthTensorSpec[] {
   const inv = (n: number) => 1 / Math.sqrt(n);
 
   add("token_embd.weight", [o.nEmbd, o.vocab], t.embeddings, 1);
-  const qwen35Add = (
-    name: string,
-    shape: number[],
-    cls: Qwen35TensorClass,
-    std: number,
-    mean?: number,
-    perExpert?: boolean,
-  ) => add(name, shape, cls === "norm" || cls === "F32" ? "F32" : t[cls], std, mean, perExpert);
+  const familyAdd: FamilyAdd = (name, shape, cls, std, mean, perExpert) =>
+    add(name, shape, cls === "norm" || cls === "F32" ? "F32" : t[cls], std, mean, perExpert);
   for (let i = 0; i < o.nLayer; i++) {
     if (o.linear) {
-      qwen35moeLayerTensors(qwen35Add, { ...o, linear: o.linear }, i);
+      qwen35moeLayerTensors(familyAdd, { ...o, linear: o.linear }, i);
+      continue;
+    }
+    if (o.arch === "gpt-oss") {
+      gptOssLayerTensors(familyAdd, o, i);
+      continue;
+    }
+    if (o.arch === "glm4moe") {
+      glm4moeLayerTensors(familyAdd, o, i);
       continue;
     }
     const b = `blk.${i}.`;
