@@ -6,7 +6,8 @@
 // gpt-oss's router bias and softmax over the selected experts run in the backbone too; its expert
 // biases travel in the slices and its swiglu_oai runs on the workers. glm4moe's sigmoid router,
 // its selection bias (exp_probs_b) and weight scale run in the backbone, its shared expert too; its
-// leading dense layer has no experts and no split.
+// leading dense layer has no experts and no split. deepseek2 (as DeepSeek-V3 and Kimi K2 ship):
+// grouped top-k on sigmoid scores plus the selection bias, also in the backbone.
 //
 // MOESWARM_SHAPE_TRUE=1 also runs the shape-true qwen35moe preset (Qwen3.5-122B-A10B's layers,
 // ~6 GB, synthesised once into the model cache) and prints the decode figures.
@@ -55,6 +56,7 @@ const CASES: Case[] = [
   { preset: "tiny", arch: "qwen35moe", workers: 3, nPredict: 32, expertTensors: 3, moeLayers: [0, 1, 2, 3] },
   { preset: "tiny", arch: "gpt-oss", workers: 2, nPredict: 32, expertTensors: 6, moeLayers: [0, 1] },
   { preset: "tiny", arch: "glm4moe", workers: 2, nPredict: 32, expertTensors: 3, moeLayers: [1, 2] },
+  { preset: "tiny", arch: "deepseek2", workers: 3, nPredict: 32, expertTensors: 3, moeLayers: [1, 2] },
 ];
 const SHAPE_TRUE = process.env.MOESWARM_SHAPE_TRUE === "1";
 if (SHAPE_TRUE)

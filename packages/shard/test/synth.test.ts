@@ -223,6 +223,25 @@ describe("synthesizeMoeModel", () => {
           "blk.2.ffn_down_exps.weight": [128, 64, 8],
         },
       },
+      // deepseek2.cpp, MLA form: latent q/kv projections, split k_b/v_b heads, grouped experts
+      deepseek2: {
+        keys: [
+          "deepseek2.attention.kv_lora_rank",
+          "deepseek2.attention.key_length_mla",
+          "deepseek2.expert_group_count",
+          "deepseek2.expert_group_used_count",
+          "deepseek2.expert_shared_count",
+        ],
+        tensors: {
+          "blk.0.ffn_gate.weight": [64, 256],
+          "blk.1.attn_q_b.weight": [32, 4 * 48],
+          "blk.1.attn_kv_a_mqa.weight": [64, 32 + 16],
+          "blk.1.attn_k_b.weight": [32, 32, 4],
+          "blk.1.attn_v_b.weight": [32, 32, 4],
+          "blk.2.exp_probs_b.bias": [8],
+          "blk.2.ffn_up_exps.weight": [64, 128, 8],
+        },
+      },
     };
     const paths = SYNTHETIC_ARCHS.map((arch) => join(tmp.dir, `layout-${arch}.gguf`));
     for (const [i, arch] of SYNTHETIC_ARCHS.entries())
@@ -366,7 +385,7 @@ describe("presets and ensureSyntheticModel", () => {
       Number(planSyntheticModel(syntheticPreset(p, a)).plan.totalSize) / 2 ** 20;
     for (const arch of SYNTHETIC_ARCHS) {
       expect(size("tiny", arch)).toBeLessThan(1.5);
-      if (arch === "gpt-oss" || arch === "glm4moe") continue; // tiny only
+      if (arch === "gpt-oss" || arch === "glm4moe" || arch === "deepseek2") continue; // tiny only
       expect(size("small", arch)).toBeGreaterThan(30);
       expect(size("small", arch)).toBeLessThan(80);
     }

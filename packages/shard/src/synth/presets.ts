@@ -118,6 +118,31 @@ const PRESETS: Record<SyntheticPreset, PresetTable> = {
       vocab: 512,
       types: { experts: "Q8_0", attention: "F16", sharedExpert: "F16" },
     },
+    // Latent attention; 8 experts in 4 groups of which the router keeps 2; one shared expert.
+    deepseek2: {
+      arch: "deepseek2",
+      seed: 1,
+      nLayer: 3,
+      nEmbd: 64,
+      nHead: 4,
+      nHeadKv: 1,
+      headDim: 48,
+      nFfExp: 128,
+      nExpert: 8,
+      nExpertUsed: 2,
+      nFfShared: 128,
+      vocab: 512,
+      mla: {
+        qLoraRank: 32,
+        kvLoraRank: 32,
+        ropeDim: 16,
+        nopeDim: 32,
+        vHeadDim: 32,
+        groups: 4,
+        groupsUsed: 2,
+      },
+      types: { experts: "Q8_0", attention: "F16", sharedExpert: "F16" },
+    },
   },
   small: {
     qwen3moe: {
@@ -239,6 +264,7 @@ export function syntheticPreset(
   }
   const copy: SyntheticMoeOptions = { ...options, types: { ...options.types } };
   if (options.linear) copy.linear = { ...options.linear };
+  if (options.mla) copy.mla = { ...options.mla };
   return copy;
 }
 

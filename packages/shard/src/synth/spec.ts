@@ -2,6 +2,7 @@ import { InvalidArgumentError } from "@moeswarm/core";
 import { GgmlType, ggmlTypeTraits } from "../ggml-type.js";
 import { GgufValueType } from "../gguf-constants.js";
 import { type GgufMetadataValue, ggufValue } from "../gguf-metadata.js";
+import { deepseek2LayerTensors, deepseek2Metadata, type MlaOptions, resolveMla } from "./deepseek2.js";
 import type { FamilyAdd } from "./family.js";
 import { glm4moeLayerTensors, glm4moeMetadata } from "./glm4moe.js";
 import { gptOssLayerTensors, gptOssMetadata } from "./gpt-oss.js";
@@ -18,7 +19,8 @@ import { buildTokenizer } from "./tokenizer.js";
  * Architectures the synthesiser writes; `mixtral` is GGUF architecture `llama` with experts,
  * `qwen35moe` the hybrid Gated DeltaNet / gated attention Qwen3.5-MoE, `gpt-oss` OpenAI's (biased
  * swiglu_oai experts, attention sinks), `glm4moe` GLM-4.5 (sigmoid router with a selection bias,
- * a shared expert, a leading dense layer).
+ * a shared expert, a leading dense layer), `deepseek2` DeepSeek-V3/Kimi K2 (latent attention,
+ * grouped sigmoid routing with a selection bias, shared experts).
  */
 export const SYNTHETIC_ARCHS = [
   "qwen3moe",
@@ -27,6 +29,7 @@ export const SYNTHETIC_ARCHS = [
   "qwen35moe",
   "gpt-oss",
   "glm4moe",
+  "deepseek2",
 ] as const;
 export type SyntheticArch = (typeof SYNTHETIC_ARCHS)[number];
 
@@ -90,6 +93,8 @@ export interface SyntheticMoeOptions {
   logitStd?: number;
   /** qwen35moe only: the Gated DeltaNet layers (default 1 key head, as many value heads, 4 taps, 3:1). */
   linear?: Partial<LinearAttentionOptions>;
+  /** deepseek2 only: latent attention sizes and expert groups (defaults: one group, small ranks). */
+  mla?: Partial<MlaOptions>;
   /**
    * llama-quantize's per-tensor type rule for this preset (`Q4_K_M`), replacing `types`: the
    * tensors get the types a real GGUF of that preset has.
@@ -98,10 +103,14 @@ export interface SyntheticMoeOptions {
 }
 
 /** The options with every default applied: what identifies a synthetic model. */
-export type ResolvedSyntheticOptions = Required<Omit<SyntheticMoeOptions, "types" | "linear" | "mix">> & {
+export type ResolvedSyntheticOptions = Required<
+  Omit<SyntheticMoeOptions, "types" | "linear" | "mla" | "mix">
+> & {
   types: SyntheticTypes;
   /** Present for qwen35moe only (so the other families' keys stay what they were). */
   linear?: LinearAttentionOptions;
+  /** Present for deepseek2 only. */
+  mla?: MlaOptions;
   mix?: SyntheticMix;
 };
 
@@ -181,7 +190,8 @@ export function resolveSyntheticOptions(options: SyntheticMoeOptions): ResolvedS
   const nExpert = positiveInt(options.nExpert, "nExpert", LIMITS.nExpert);
   const nExpertUsed = positiveInt(options.nExpertUsed, "nExpertUsed", nExpert);
   const nFfShared = positiveInt(
-    options.nFfShared ?? (arch === "qwen35moe" || arch === "glm4moe" ? nFfExp : nFfExp * nExpertUsed),
+    options.nFfShared ??
+      (["qwen35moe", "glm4moe", "deepseek2"].includes(arch) ? nFfExp : nFfExp * nExpertUsed),
     "nFfShared",
     LIMITS.nFfExp,
   );
@@ -191,7 +201,7 @@ export function resolveSyntheticOptions(options: SyntheticMoeOptions): ResolvedS
     options.headDim === undefined ? nEmbd / nHead : positiveInt(options.headDim, "headDim", LIMITS.nEmbd);
   if (!Number.isInteger(headDim))
     throw new InvalidArgumentError(`nEmbd (${nEmbd}) must be a multiple of nHead (${nHead})`);
-  const freeHeadDim: readonly SyntheticArch[] = ["qwen3moe", "qwen35moe", "gpt-oss", "glm4moe"];
+  const freeHeadDim: readonly SyntheticArch[] = ["qwen3moe", "qwen35moe", "gpt-oss", "glm4moe", "deepseek2"];
   if (!freeHeadDim.includes(arch) && headDim * nHead !== nEmbd) {
     throw new InvalidArgumentError(
       `${arch} needs headDim * nHead = nEmbd (${headDim} * ${nHead} != ${nEmbd})`,
@@ -217,8 +227,11 @@ export function resolveSyntheticOptions(options: SyntheticMoeOptions): ResolvedS
       `mix must be one of ${SYNTHETIC_MIXES.join(", ")}, got ${String(options.mix)}`,
     );
   }
-  const extra: Pick<ResolvedSyntheticOptions, "linear" | "mix"> = {};
+  if (options.mla !== undefined && arch !== "deepseek2")
+    throw new InvalidArgumentError(`mla applies to deepseek2 only, not ${arch}`);
+  const extra: Pick<ResolvedSyntheticOptions, "linear" | "mla" | "mix"> = {};
   if (arch === "qwen35moe") extra.linear = resolveLinearAttention(options.linear, headDim);
+  if (arch === "deepseek2") extra.mla = resolveMla(options.mla, nEmbd, nExpert, nExpertUsed);
   if (options.mix !== undefined) extra.mix = options.mix;
   return {
     arch,
@@ -277,6 +290,7 @@ function syntheticMetadata(o: ResolvedSyntheticOptions, arch: string): Map<strin
   if (o.arch === "qwen35moe" && o.linear) qwen35moeMetadata(md, k, { ...o, linear: o.linear });
   else if (o.arch === "gpt-oss") gptOssMetadata(md, k, o);
   else if (o.arch === "glm4moe") glm4moeMetadata(md, k, o);
+  else if (o.arch === "deepseek2" && o.mla) deepseek2Metadata(md, k, { ...o, mla: o.mla });
   else if (o.arch !== "mixtral") md.set(k("expert_feed_forward_length"), v.u32(o.nFfExp));
   if (o.arch === "qwen2moe") md.set(k("expert_shared_feed_forward_length"), v.u32(o.nFfShared));
   if (o.arch === "mixtral") {
@@ -340,6 +354,10 @@ function syntheticTensors(o: ResolvedSyntheticOptions): SynthTensorSpec[] {
     }
     if (o.arch === "glm4moe") {
       glm4moeLayerTensors(familyAdd, o, i);
+      continue;
+    }
+    if (o.mla) {
+      deepseek2LayerTensors(familyAdd, { ...o, mla: o.mla }, i);
       continue;
     }
     const b = `blk.${i}.`;
