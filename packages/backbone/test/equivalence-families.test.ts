@@ -7,7 +7,8 @@
 // biases travel in the slices and its swiglu_oai runs on the workers. glm4moe's sigmoid router,
 // its selection bias (exp_probs_b) and weight scale run in the backbone, its shared expert too; its
 // leading dense layer has no experts and no split. deepseek2 (as DeepSeek-V3 and Kimi K2 ship):
-// grouped top-k on sigmoid scores plus the selection bias, also in the backbone.
+// grouped top-k on sigmoid scores plus the selection bias, also in the backbone. llama4 is not
+// here: its workers refuse the weight-before-FFN routing (MOESWARM_NATIVE_LOAD at slice load).
 //
 // MOESWARM_SHAPE_TRUE=1 also runs the shape-true qwen35moe preset (Qwen3.5-122B-A10B's layers,
 // ~6 GB, synthesised once into the model cache) and prints the decode figures.

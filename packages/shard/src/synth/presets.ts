@@ -143,6 +143,21 @@ const PRESETS: Record<SyntheticPreset, PresetTable> = {
       },
       types: { experts: "Q8_0", attention: "F16", sharedExpert: "F16" },
     },
+    // Layers 1 and 3 MoE (top-1 of 8, input-weighted), 0 and 2 dense, as Llama 4 Maverick.
+    // Seed 2: with seed 1 the greedy continuation of llama-load's first prompt ends at once (EOS).
+    llama4: {
+      arch: "llama4",
+      seed: 2,
+      nLayer: 4,
+      nEmbd: 64,
+      nHead: 4,
+      nHeadKv: 2,
+      nFfExp: 128,
+      nExpert: 8,
+      nExpertUsed: 1,
+      vocab: 512,
+      types: { experts: "Q8_0", attention: "F16", sharedExpert: "F16" },
+    },
   },
   small: {
     qwen3moe: {

@@ -6,6 +6,7 @@ import { deepseek2LayerTensors, deepseek2Metadata, type MlaOptions, resolveMla }
 import type { FamilyAdd } from "./family.js";
 import { glm4moeLayerTensors, glm4moeMetadata } from "./glm4moe.js";
 import { gptOssLayerTensors, gptOssMetadata } from "./gpt-oss.js";
+import { llama4LayerTensors, llama4Metadata } from "./llama4.js";
 import { MIX_FILE_TYPE, q4kmTypes, SYNTHETIC_MIXES, type SyntheticMix } from "./quant-mix.js";
 import {
   type LinearAttentionOptions,
@@ -20,7 +21,8 @@ import { buildTokenizer } from "./tokenizer.js";
  * `qwen35moe` the hybrid Gated DeltaNet / gated attention Qwen3.5-MoE, `gpt-oss` OpenAI's (biased
  * swiglu_oai experts, attention sinks), `glm4moe` GLM-4.5 (sigmoid router with a selection bias,
  * a shared expert, a leading dense layer), `deepseek2` DeepSeek-V3/Kimi K2 (latent attention,
- * grouped sigmoid routing with a selection bias, shared experts).
+ * grouped sigmoid routing with a selection bias, shared experts), `llama4` (top-1 routing whose
+ * sigmoid weight scales the expert input, MoE every other layer).
  */
 export const SYNTHETIC_ARCHS = [
   "qwen3moe",
@@ -30,6 +32,7 @@ export const SYNTHETIC_ARCHS = [
   "gpt-oss",
   "glm4moe",
   "deepseek2",
+  "llama4",
 ] as const;
 export type SyntheticArch = (typeof SYNTHETIC_ARCHS)[number];
 
@@ -291,6 +294,7 @@ function syntheticMetadata(o: ResolvedSyntheticOptions, arch: string): Map<strin
   else if (o.arch === "gpt-oss") gptOssMetadata(md, k, o);
   else if (o.arch === "glm4moe") glm4moeMetadata(md, k, o);
   else if (o.arch === "deepseek2" && o.mla) deepseek2Metadata(md, k, { ...o, mla: o.mla });
+  else if (o.arch === "llama4") llama4Metadata(md, k, o);
   else if (o.arch !== "mixtral") md.set(k("expert_feed_forward_length"), v.u32(o.nFfExp));
   if (o.arch === "qwen2moe") md.set(k("expert_shared_feed_forward_length"), v.u32(o.nFfShared));
   if (o.arch === "mixtral") {
@@ -358,6 +362,10 @@ function syntheticTensors(o: ResolvedSyntheticOptions): SynthTensorSpec[] {
     }
     if (o.mla) {
       deepseek2LayerTensors(familyAdd, { ...o, mla: o.mla }, i);
+      continue;
+    }
+    if (o.arch === "llama4") {
+      llama4LayerTensors(familyAdd, o, i);
       continue;
     }
     const b = `blk.${i}.`;
