@@ -8,7 +8,15 @@
 //
 //   node packages/backbone/scripts/build-llama-server.mjs [--jobs N] [--force] [--json]
 import { execFileSync, spawnSync } from "node:child_process";
-import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import {
+  copyFileSync,
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  writeFileSync,
+} from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { LLAMA_CPP_COMMIT, LLAMA_CPP_TAG, llamaSourceDir } from "../../../tools/llama-source.mjs";
@@ -37,7 +45,17 @@ const log = (line) => process.stderr.write(`build-llama-server: ${line}\n`);
 function nodeLlamaBins() {
   const platform = `${process.platform}-${process.arch}`;
   for (const from of ["packages/backbone", "packages/worker-native", "packages/shard"]) {
-    const dir = join(root, from, "node_modules", "node-llama-cpp", "node_modules", "@node-llama-cpp", platform, "bins", platform);
+    const dir = join(
+      root,
+      from,
+      "node_modules",
+      "node-llama-cpp",
+      "node_modules",
+      "@node-llama-cpp",
+      platform,
+      "bins",
+      platform,
+    );
     if (existsSync(dir)) return dir;
   }
   const store = join(root, "node_modules", ".pnpm");
@@ -56,9 +74,21 @@ function cmakeLists(src, bins) {
     .split(/\s+/)
     .filter((f) => f.endsWith(".cpp"))
     .map((f) => s(`tools/mtmd/${f}`));
-  const server = ["server-chat", "server-task", "server-queue", "server-common", "server-context",
-    "server-stream", "server-tools", "server-mcp", "server-schema", "server", "server-http", "server-models", "main"]
-    .map((f) => s(`tools/server/${f}.cpp`));
+  const server = [
+    "server-chat",
+    "server-task",
+    "server-queue",
+    "server-common",
+    "server-context",
+    "server-stream",
+    "server-tools",
+    "server-mcp",
+    "server-schema",
+    "server",
+    "server-http",
+    "server-models",
+    "main",
+  ].map((f) => s(`tools/server/${f}.cpp`));
   return `cmake_minimum_required(VERSION 3.18)
 project(moeswarm-llama-server CXX C)
 set(CMAKE_CXX_STANDARD 17)
@@ -102,7 +132,9 @@ function checkRelease(bins) {
   const meta = JSON.parse(readFileSync(join(bins, "_nlcBuildMetadata.json"), "utf8"));
   const release = meta.buildOptions?.llamaCpp?.release;
   if (release !== LLAMA_CPP_TAG) {
-    throw new Error(`node-llama-cpp's binaries are llama.cpp ${release}, the pinned source is ${LLAMA_CPP_TAG}: reinstall node-llama-cpp@3.21.1`);
+    throw new Error(
+      `node-llama-cpp's binaries are llama.cpp ${release}, the pinned source is ${LLAMA_CPP_TAG}: reinstall node-llama-cpp@3.21.1`,
+    );
   }
 }
 
