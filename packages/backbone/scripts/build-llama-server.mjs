@@ -113,6 +113,13 @@ add_custom_command(OUTPUT \${CMAKE_BINARY_DIR}/ui/ui.cpp \${CMAKE_BINARY_DIR}/ui
     -DLLAMA_UI_GZIP=ON -P "${s("scripts/ui-assets.cmake")}"
   DEPENDS llama-ui-embed)
 
+# vendor/hash (mtmd's file hashes): sha1 is compiled as C++ (it lives in a namespace)
+add_library(vendor-hash STATIC "${s("vendor/hash/hash.cpp")}" "${s("vendor/hash/xxhash/xxhash.c")}"
+  "${s("vendor/hash/sha1/sha1.c")}" "${s("vendor/hash/sha256/sha256.c")}")
+set_source_files_properties("${s("vendor/hash/sha1/sha1.c")}" PROPERTIES LANGUAGE CXX)
+target_include_directories(vendor-hash PRIVATE "${s("vendor/hash")}" "${s("vendor")}")
+target_compile_options(vendor-hash PRIVATE -w)
+
 add_library(mtmd STATIC ${mtmdSources.join(" ")})
 target_include_directories(mtmd PRIVATE \${INC})
 target_compile_definitions(mtmd PRIVATE \${DEFS} MTMD_VIDEO)
@@ -123,7 +130,7 @@ target_include_directories(llama-server PRIVATE \${INC} \${CMAKE_BINARY_DIR}/ui)
 target_compile_definitions(llama-server PRIVATE \${DEFS} CPPHTTPLIB_FORM_URL_ENCODED_PAYLOAD_MAX_LENGTH=1048576
   CPPHTTPLIB_LISTEN_BACKLOG=512 CPPHTTPLIB_REQUEST_URI_MAX_LENGTH=32768 CPPHTTPLIB_TCP_NODELAY=1)
 target_compile_options(llama-server PRIVATE -w)
-target_link_libraries(llama-server PRIVATE mtmd llama-common llama ggml ggml-base Threads::Threads)
+target_link_libraries(llama-server PRIVATE mtmd vendor-hash llama-common llama ggml ggml-base Threads::Threads)
 set_target_properties(llama-server PROPERTIES BUILD_RPATH "\\$ORIGIN" INSTALL_RPATH "\\$ORIGIN" BUILD_WITH_INSTALL_RPATH ON)
 `;
 }
