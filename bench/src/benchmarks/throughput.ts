@@ -5,7 +5,7 @@
 // Per cell: plain tok/s, swarm tok/s, their ratio, dispatch frames per remote layer per llama_decode
 // (1.00: the C sequences share each round trip), bytes on the wire per generated token, and
 // whether the swarm's texts equal plain's (temperature 0). MOESWARM_BENCH_SHORT=1: fewer cells and
-// tokens. Flags as the dispatcher prints them (-kvu, --no-mmap), --parallel = C, one thread.
+// tokens. Flags as the dispatcher prints them (-kvu, --load-mode none), --parallel = C, one thread.
 import { execFileSync } from "node:child_process";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -93,7 +93,9 @@ async function invalidTokens(server: LlamaServerProcess): Promise<Array<[number,
           method: "POST",
           body: JSON.stringify({ tokens: [t + i] }),
         });
-        if (r.status !== 200) bad.push([t + i, -100]);
+        if (r.status !== 200 || ((await r.json()) as { content: string }).content.includes("\uFFFD")) {
+          bad.push([t + i, -100]);
+        }
       }),
     );
   }
@@ -187,7 +189,13 @@ export const throughput: Benchmark = {
           await bridge.hub!.waitForPlacement((p) => p.missing.length === 0);
           const served = await startLlamaServer(
             bin,
-            [...common, "-ot", "blk\\.\\d+\\.ffn_(gate|up|down|gate_up)_exps\\..*=MOESWARM", "--no-mmap"],
+            [
+              ...common,
+              "-ot",
+              "blk\\.\\d+\\.ffn_(gate|up|down|gate_up)_exps\\..*=MOESWARM",
+              "--load-mode",
+              "none",
+            ],
             {
               env: {
                 GGML_BACKEND_PATH: pluginPath(),

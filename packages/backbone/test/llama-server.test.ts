@@ -31,6 +31,8 @@ const MODEL_ID = "srv";
 const SECRET = "backbone-llama-server-secret-0123456";
 const PROMPTS = ["The swarm", "Once upon a time", "1, 2, 3,", "A llama and"];
 const N_PREDICT = 24;
+// real processes on a shared machine: generous, never a speed goal
+const TEST_TIMEOUT_MS = 180_000;
 
 /** Why llama-server cannot be built here (no cmake or g++), or undefined; CI has both. */
 function toolchainMissing(): string | undefined {
@@ -183,12 +185,12 @@ describe.skipIf(Boolean(missing))("llama-server with the plugin, beside moeswarm
     plain = await startLlamaServer(bin, [...common, "-kvu"]);
     // exactly the flags the dispatcher prints, and nothing in the environment but its three variables
     const printed = dispatcher.listening.llamaServer;
-    expect(printed).toContain("--no-mmap");
+    expect(printed).toContain("--load-mode none");
     expect(printed).toContain("-kvu");
     expect(printed).toContain(`-ot '${dispatcher.listening.override}'`);
     served = await startLlamaServer(
       bin,
-      [...common, "-ot", dispatcher.listening.override, "--no-mmap", "-kvu"],
+      [...common, "-ot", dispatcher.listening.override, "--load-mode", "none", "-kvu"],
       {
         env: {
           GGML_BACKEND_PATH: pluginPath(),
@@ -199,7 +201,6 @@ describe.skipIf(Boolean(missing))("llama-server with the plugin, beside moeswarm
         },
       },
     );
-    expect(served.output()).toMatch(/loaded MOESWARM backend/);
     // TEMPORARY (see logitBias): every token whose text is not valid UTF-8
     const nVocab = (
       (await (await fetch(`${plain.url}/v1/models`)).json()) as { data: Array<{ meta: { n_vocab: number } }> }
@@ -213,7 +214,9 @@ describe.skipIf(Boolean(missing))("llama-server with the plugin, beside moeswarm
             method: "POST",
             body: JSON.stringify({ tokens: [id] }),
           });
-          if (r.status !== 200) bad.push(id);
+          // an invalid sequence comes back as U+FFFD (or a 500)
+          if (r.status !== 200 || ((await r.json()) as { content: string }).content.includes("\uFFFD"))
+            bad.push(id);
         }),
       );
     }
@@ -228,7 +231,7 @@ describe.skipIf(Boolean(missing))("llama-server with the plugin, beside moeswarm
     await swarm?.close();
     await hub?.close();
     tmp.remove();
-  });
+  }, 60_000);
 
   const complete = (server: LlamaServerProcess, prompt: string) =>
     new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "none", maxRetries: 0 }).completions.create({
@@ -239,70 +242,90 @@ describe.skipIf(Boolean(missing))("llama-server with the plugin, beside moeswarm
       logit_bias: logitBias,
     });
 
-  it("answers 4 concurrent clients with plain llama-server's text, one frame per remote layer per decode step", async () => {
-    const expected = await Promise.all(PROMPTS.map((p) => complete(plain, p)));
-    const before = await settledLayerRequests(dispatcher!);
-    const decodes0 = await decodeCalls(served);
-    const got = await Promise.all(PROMPTS.map((p) => complete(served, p)));
-    const decodes = (await decodeCalls(served)) - decodes0;
-    const after = await settledLayerRequests(dispatcher!);
-    for (const [i, r] of got.entries()) {
-      expect(r.choices[0]!.text.length).toBeGreaterThan(0);
-      expect(r.choices[0]!.text).toBe(expected[i]!.choices[0]!.text);
-      expect(r.usage?.completion_tokens).toBe(N_PREDICT);
-    }
-    // every MoE layer is remote; each took exactly one dispatch frame per llama_decode: a batch of
-    // the 4 sequences was never split (-kvu)
-    expect(decodes).toBeGreaterThanOrEqual(N_PREDICT);
-    expect(decodes).toBeLessThan(4 * N_PREDICT);
-    for (const layer of info.layers) {
-      expect((after.get(layer) ?? 0) - (before.get(layer) ?? 0)).toBe(decodes);
-    }
-  });
+  it(
+    "answers 4 concurrent clients with plain llama-server's text, one frame per remote layer per decode step",
+    async () => {
+      const expected = await Promise.all(PROMPTS.map((p) => complete(plain, p)));
+      const before = await settledLayerRequests(dispatcher!);
+      const decodes0 = await decodeCalls(served);
+      const got = await Promise.all(PROMPTS.map((p) => complete(served, p)));
+      const decodes = (await decodeCalls(served)) - decodes0;
+      const after = await settledLayerRequests(dispatcher!);
+      for (const [i, r] of got.entries()) {
+        expect(r.choices[0]!.text.length).toBeGreaterThan(0);
+        expect(r.choices[0]!.text).toBe(expected[i]!.choices[0]!.text);
+        expect(r.usage?.completion_tokens).toBe(N_PREDICT);
+      }
+      // every MoE layer is remote; each took exactly one dispatch frame per llama_decode: a batch of
+      // the 4 sequences was never split (-kvu)
+      expect(decodes).toBeGreaterThanOrEqual(N_PREDICT);
+      expect(decodes).toBeLessThan(4 * N_PREDICT);
+      expect(after.size).toBe(info.layers.length);
+      for (const layer of info.layers) {
+        expect((after.get(layer) ?? 0) - (before.get(layer) ?? 0)).toBe(decodes);
+      }
+    },
+    TEST_TIMEOUT_MS,
+  );
 
-  it("gives the same top-10 probabilities as plain llama-server (n_probs)", async () => {
-    const ask = async (server: LlamaServerProcess) => {
-      const r = await fetch(`${server.url}/completion`, {
+  it(
+    "gives the same top-10 probabilities as plain llama-server (n_probs)",
+    async () => {
+      const ask = async (server: LlamaServerProcess) => {
+        const r = await fetch(`${server.url}/completion`, {
+          method: "POST",
+          body: JSON.stringify({
+            prompt: PROMPTS[1],
+            n_predict: 16,
+            n_probs: 10,
+            temperature: 0,
+            // evaluated whole in both servers: a prompt partly cached in one slot and not in the
+            // other would be evaluated in different batch shapes, which changes llama.cpp's own bits
+            cache_prompt: false,
+            logit_bias: Object.entries(logitBias).map(([id, b]) => [Number(id), b]),
+          }),
+        });
+        expect(r.status).toBe(200);
+        return ((await r.json()) as { completion_probabilities: unknown[] }).completion_probabilities;
+      };
+      const want = await ask(plain);
+      expect(want).toHaveLength(16);
+      expect(await ask(served)).toEqual(want);
+    },
+    TEST_TIMEOUT_MS,
+  );
+
+  it(
+    "answers an HTTP error that says what to do while the dispatcher is down, and recovers after its restart",
+    async () => {
+      await stopDispatcher();
+      const failed = await fetch(`${served.url}/completion`, {
         method: "POST",
-        body: JSON.stringify({
-          prompt: PROMPTS[1],
-          n_predict: 16,
-          n_probs: 10,
-          temperature: 0,
-          logit_bias: Object.entries(logitBias).map(([id, b]) => [Number(id), b]),
-        }),
+        body: JSON.stringify({ prompt: PROMPTS[0], n_predict: 4, temperature: 0 }),
       });
-      expect(r.status).toBe(200);
-      return ((await r.json()) as { completion_probabilities: unknown[] }).completion_probabilities;
-    };
-    const want = await ask(plain);
-    expect(want).toHaveLength(16);
-    expect(await ask(served)).toEqual(want);
-  });
+      expect(failed.status).toBeGreaterThanOrEqual(500);
+      expect(served.output()).toMatch(/check that moeswarm-dispatcher is running and listening on unix:/);
+      expect(served.exited()).toBeUndefined();
+      // restarted: the plugin's connection to the old dispatcher is dead; the next request reconnects
+      dispatcher = await startDispatcher();
+      const again = await complete(served, PROMPTS[0]!);
+      const expected = await complete(plain, PROMPTS[0]!);
+      expect(again.choices[0]!.text).toBe(expected.choices[0]!.text);
+    },
+    TEST_TIMEOUT_MS,
+  );
 
-  it("answers an HTTP error that says what to do while the dispatcher is down, and recovers after its restart", async () => {
-    await stopDispatcher();
-    const failed = await fetch(`${served.url}/completion`, {
-      method: "POST",
-      body: JSON.stringify({ prompt: PROMPTS[0], n_predict: 4, temperature: 0 }),
-    });
-    expect(failed.status).toBeGreaterThanOrEqual(500);
-    expect(served.output()).toMatch(/check that moeswarm-dispatcher is running and listening on unix:/);
-    expect(served.exited()).toBeUndefined();
-    // restarted: the plugin's connection to the old dispatcher is dead; the next request reconnects
-    dispatcher = await startDispatcher();
-    const again = await complete(served, PROMPTS[0]!);
-    const expected = await complete(plain, PROMPTS[0]!);
-    expect(again.choices[0]!.text).toBe(expected.choices[0]!.text);
-  });
-
-  it("reconnects once, invisibly, when the dispatcher restarted between requests", async () => {
-    const first = await complete(served, PROMPTS[2]!);
-    await stopDispatcher();
-    dispatcher = await startDispatcher();
-    const marker = served.output().length;
-    const second = await complete(served, PROMPTS[2]!);
-    expect(second.choices[0]!.text).toBe(first.choices[0]!.text);
-    expect(served.output().slice(marker)).toMatch(/reconnecting to unix:.* once/);
-  });
+  it(
+    "reconnects once, invisibly, when the dispatcher restarted between requests",
+    async () => {
+      const first = await complete(served, PROMPTS[2]!);
+      await stopDispatcher();
+      dispatcher = await startDispatcher();
+      const marker = served.output().length;
+      const second = await complete(served, PROMPTS[2]!);
+      expect(second.choices[0]!.text).toBe(first.choices[0]!.text);
+      expect(served.output().slice(marker)).toMatch(/reconnecting to unix:.* once/);
+    },
+    TEST_TIMEOUT_MS,
+  );
 });

@@ -193,13 +193,13 @@ function printWorkersListening(
 /**
  * The llama-server command line for the plugin: every flag that matters. `-ot` hands the experts
  * to the MOESWARM buffer type; `-fit off` because llama.cpp's fitting probe gives up when overrides
- * are set; `--no-mmap` because with mmap loading llama.cpp still maps and touches the experts'
+ * are set; `--load-mode none` (no mmap; `--no-mmap` is deprecated in this release) because with mmap loading llama.cpp still maps and touches the experts'
  * pages, so the memory saving only shows without it; `-kvu` (one unified KV cache) because with a
  * KV stream per slot llama.cpp splits a decode batch wherever the busy slots' ids are not
  * consecutive, and every piece pays each remote layer's round trip again.
  */
 export function llamaServerCommand(modelPath: string, override: string): string {
-  return `llama-server -m ${modelPath} -ot '${override}' -fit off --no-mmap -kvu`;
+  return `llama-server -m ${modelPath} -ot '${override}' -fit off --load-mode none -kvu`;
 }
 
 /**
