@@ -153,7 +153,7 @@ export const throughput: Benchmark = {
         c.register({ model: MODEL_ID, layers, experts });
       }
       const hubPort = new URL(listener.url).port;
-      for (const c of SHORT ? [1, 4, 16] : CONCURRENCY) {
+      for (const c of CONCURRENCY) {
         const common = [
           "-m",
           model.path,
@@ -173,7 +173,7 @@ export const throughput: Benchmark = {
         await drive(plain, c, bias); // warm-up
         const base = await drive(plain, c, bias);
         await plain.close();
-        for (const rtt of SHORT ? [0, 10] : RTT_MS) {
+        for (const rtt of RTT_MS) {
           const proxy = await startDelayProxy({ target: `127.0.0.1:${hubPort}`, rttMs: rtt });
           const socket = join(dir, `b-${c}-${rtt}.sock`);
           const bridge = await serveBackboneBridge({
