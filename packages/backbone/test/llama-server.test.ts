@@ -243,21 +243,32 @@ describe.skipIf(Boolean(missing))("llama-server with the plugin, beside moeswarm
     });
 
   it(
-    "answers 4 concurrent clients with plain llama-server's text, one frame per remote layer per decode step",
+    "answers the openai client with plain llama-server's text",
     async () => {
-      const expected = await Promise.all(PROMPTS.map((p) => complete(plain, p)));
+      // one client at a time: llama-server batches concurrent requests by arrival time, and
+      // llama.cpp's own bits depend on the batch, so only fixed batches can be compared
+      for (const prompt of PROMPTS) {
+        const want = await complete(plain, prompt);
+        const got = await complete(served, prompt);
+        expect(got.choices[0]!.text.length).toBeGreaterThan(0);
+        expect(got.choices[0]!.text).toBe(want.choices[0]!.text);
+        expect(got.usage?.completion_tokens).toBe(N_PREDICT);
+      }
+    },
+    TEST_TIMEOUT_MS,
+  );
+
+  it(
+    "serves 4 concurrent clients with one frame per remote layer per decode step (-kvu)",
+    async () => {
       const before = await settledLayerRequests(dispatcher!);
       const decodes0 = await decodeCalls(served);
-      const got = await Promise.all(PROMPTS.map((p) => complete(served, p)));
+      const got = await Promise.all(PROMPTS.map((p) => complete(served, `${p} again`)));
       const decodes = (await decodeCalls(served)) - decodes0;
       const after = await settledLayerRequests(dispatcher!);
-      for (const [i, r] of got.entries()) {
-        expect(r.choices[0]!.text.length).toBeGreaterThan(0);
-        expect(r.choices[0]!.text).toBe(expected[i]!.choices[0]!.text);
-        expect(r.usage?.completion_tokens).toBe(N_PREDICT);
-      }
-      // every MoE layer is remote; each took exactly one dispatch frame per llama_decode: a batch of
-      // the 4 sequences was never split (-kvu)
+      for (const r of got) expect(r.usage?.completion_tokens).toBe(N_PREDICT);
+      // every MoE layer is remote; each took exactly one dispatch frame per llama_decode: the batch
+      // of the busy sequences was never split
       expect(decodes).toBeGreaterThanOrEqual(N_PREDICT);
       expect(decodes).toBeLessThan(4 * N_PREDICT);
       expect(after.size).toBe(info.layers.length);
@@ -304,7 +315,12 @@ describe.skipIf(Boolean(missing))("llama-server with the plugin, beside moeswarm
         body: JSON.stringify({ prompt: PROMPTS[0], n_predict: 4, temperature: 0 }),
       });
       expect(failed.status).toBeGreaterThanOrEqual(500);
-      expect(served.output()).toMatch(/check that moeswarm-dispatcher is running and listening on unix:/);
+      // llama.cpp's log is written by its own thread: the line may follow the answer
+      await vi.waitFor(
+        () =>
+          expect(served.output()).toMatch(/check that moeswarm-dispatcher is running and listening on unix:/),
+        { timeout: 10_000 },
+      );
       expect(served.exited()).toBeUndefined();
       // restarted: the plugin's connection to the old dispatcher is dead; the next request reconnects
       dispatcher = await startDispatcher();
@@ -324,7 +340,9 @@ describe.skipIf(Boolean(missing))("llama-server with the plugin, beside moeswarm
       const marker = served.output().length;
       const second = await complete(served, PROMPTS[2]!);
       expect(second.choices[0]!.text).toBe(first.choices[0]!.text);
-      expect(served.output().slice(marker)).toMatch(/reconnecting to unix:.* once/);
+      await vi.waitFor(() => expect(served.output().slice(marker)).toMatch(/reconnecting to unix:.* once/), {
+        timeout: 10_000,
+      });
     },
     TEST_TIMEOUT_MS,
   );
