@@ -4,7 +4,7 @@
 // two workers; driven by the `openai` client at temperature 0 and compared with a plain
 // llama-server: the same text, the same top-10 probabilities, one frame per remote layer per decode
 // step with 4 concurrent clients, and clear errors when the dispatcher is gone.
-import { execFileSync, spawnSync } from "node:child_process";
+import { execFile, spawnSync } from "node:child_process";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { createHub, type Hub, mintToken } from "@moeswarm/hub";
@@ -48,11 +48,14 @@ function toolchainMissing(): string | undefined {
 
 const missing = nativeMissing() ?? toolchainMissing();
 
-/** The cached llama-server (built here the first time: a few minutes, with progress on stderr). */
-function llamaServerBin(): string {
-  const out = execFileSync(process.execPath, [BUILD_SCRIPT, "--json"], {
-    stdio: ["ignore", "pipe", "inherit"],
-    encoding: "utf8",
+/** The cached llama-server (built here the first time: minutes, with progress on stderr). */
+async function llamaServerBin(): Promise<string> {
+  const out = await new Promise<string>((resolve, reject) => {
+    // asynchronous: the build must not block this worker's event loop for minutes
+    execFile(process.execPath, [BUILD_SCRIPT, "--json"], { maxBuffer: 1 << 20 }, (error, stdout, stderr) => {
+      if (error) reject(new Error(`build-llama-server failed: ${error.message}\n${stderr.slice(-4000)}`));
+      else resolve(stdout);
+    });
   });
   return (JSON.parse(out.trim().split("\n").pop()!) as { bin: string }).bin;
 }
@@ -150,7 +153,7 @@ describe.skipIf(Boolean(missing))("llama-server with the plugin, beside moeswarm
   };
 
   beforeAll(async () => {
-    bin = llamaServerBin();
+    bin = await llamaServerBin();
     model = await syntheticModel("small", "qwen3moe");
     info = await modelInfo(model);
     const halves = split(info.nExpert, 2);

@@ -214,10 +214,18 @@ static enum ggml_status moeswarm_backend_graph_compute(ggml_backend_t backend, g
     }
     moeswarm_stats_record(p->layer, T, moeswarm_now_us() - t0, ok, bytes_out, bytes_in);
     if (!ok) {
-        GGML_LOG_ERROR("%s: layer %d, %lld tokens: %s\n"
-                "moeswarm: this request fails; check that moeswarm-dispatcher is running and listening on %s "
-                "(it prints the llama-server command to use), then send the request again\n",
-                __func__, p->layer, (long long) T, err.c_str(), cfg.bridge.c_str());
+        // a closed connection: the dispatcher is gone (or never came); an open one: it answered
+        // with an error frame, which its own log explains
+        if (ctx->conn.fd < 0) {
+            GGML_LOG_ERROR("%s: layer %d, %lld tokens: %s\n"
+                    "moeswarm: this request fails; check that moeswarm-dispatcher is running and listening on %s "
+                    "(it prints the llama-server command to use), then send the request again\n",
+                    __func__, p->layer, (long long) T, err.c_str(), cfg.bridge.c_str());
+        } else {
+            GGML_LOG_ERROR("%s: layer %d, %lld tokens: %s\n"
+                    "moeswarm: the dispatcher could not compute this layer (its log says why); this request fails\n",
+                    __func__, p->layer, (long long) T, err.c_str());
+        }
         return GGML_STATUS_FAILED;
     }
     return GGML_STATUS_SUCCESS;
