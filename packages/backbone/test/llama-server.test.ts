@@ -5,6 +5,7 @@
 // llama-server: the same text, the same top-10 probabilities, one frame per remote layer per decode
 // step with 4 concurrent clients, and clear errors when the dispatcher is gone.
 import { execFile, spawnSync } from "node:child_process";
+import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { createHub, type Hub, mintToken } from "@moeswarm/hub";
@@ -82,20 +83,19 @@ function events(d: Dispatcher): Array<Record<string, unknown>> {
     .map((l) => JSON.parse(l) as Record<string, unknown>);
 }
 
-/** The dispatcher's per-layer frame counts, once two consecutive reports agree (it went quiet). */
+/**
+ * The dispatcher's per-layer frame counts from reports printed after this call (every second),
+ * once two consecutive ones agree: everything sent before the call is counted.
+ */
 async function settledLayerRequests(d: Dispatcher): Promise<Map<number, number>> {
-  let last = "";
-  let seen = 0;
+  const metrics = () => events(d).filter((e) => e.event === "metrics");
+  const from = metrics().length;
   for (;;) {
-    const metrics = events(d).filter((e) => e.event === "metrics");
-    if (metrics.length > seen + 1) {
-      const a = JSON.stringify(metrics.at(-2)!.layers);
-      const b = JSON.stringify(metrics.at(-1)!.layers);
-      if (a === b && a !== last) {
-        return new Map((metrics.at(-1)!.layers as LayerMetrics[]).map((l) => [l.layer, l.requests]));
-      }
-      last = "";
-      seen = metrics.length - 1;
+    const fresh = metrics().slice(from);
+    if (fresh.length >= 2) {
+      const a = JSON.stringify(fresh.at(-2)!.layers);
+      const b = JSON.stringify(fresh.at(-1)!.layers);
+      if (a === b) return new Map((fresh.at(-1)!.layers as LayerMetrics[]).map((l) => [l.layer, l.requests]));
     }
     await new Promise((r) => setTimeout(r, 250));
   }
@@ -257,6 +257,21 @@ describe.skipIf(Boolean(missing))("llama-server with the plugin, beside moeswarm
         expect(got.choices[0]!.text).toBe(want.choices[0]!.text);
         expect(got.usage?.completion_tokens).toBe(N_PREDICT);
       }
+    },
+    TEST_TIMEOUT_MS,
+  );
+
+  it(
+    "holds less memory than plain llama-server: the experts are never resident",
+    async () => {
+      const rssMb = (server: LlamaServerProcess) =>
+        Number(/^VmRSS:\s+(\d+) kB$/m.exec(readFileSync(`/proc/${server.process.pid}/status`, "utf8"))![1]) /
+        1024;
+      const [p, s] = [rssMb(plain), rssMb(served)];
+      console.log(
+        `llama-server RSS: plain (mmap) ${p.toFixed(1)} MB, with the plugin (--load-mode none) ${s.toFixed(1)} MB`,
+      );
+      expect(s).toBeLessThan(p);
     },
     TEST_TIMEOUT_MS,
   );
