@@ -6,6 +6,7 @@ import { expertShard } from "./benchmarks/expert-shard.js";
 import { parse } from "./benchmarks/parse.js";
 import { relay } from "./benchmarks/relay.js";
 import { slice } from "./benchmarks/slice.js";
+import { throughput } from "./benchmarks/throughput.js";
 import type { Benchmark } from "./harness.js";
 
 // Every named benchmark, in the order `pnpm bench` runs them. Add new ones here.
@@ -18,4 +19,5 @@ export const benchmarks: Benchmark[] = [
   slice,
   expertShard,
   decode,
+  throughput,
 ];
