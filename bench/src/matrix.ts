@@ -6,7 +6,7 @@
 //
 // --short (CI): 3 types, batches 1 and 8. A backend that cannot run here is listed with the reason.
 
-import { mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
@@ -54,10 +54,11 @@ const BACKENDS: Backend[] = [
   { name: "vulkan", load: (p) => spawnVulkanExpertWorker(p, { allowCpuDevice: true, threads: 1 }) },
   {
     name: "cuda",
-    load: (p) =>
-      spawnExpertWorker(join(expertWorkerPath(), "..", "..", "linux-x64-cuda", "moeswarm-expert-worker"), p, {
-        device: "gpu",
-      }),
+    load: async (p) => {
+      const exe = join(expertWorkerPath(), "..", "..", "linux-x64-cuda", "moeswarm-expert-worker");
+      if (!existsSync(exe)) throw new Error("no CUDA build (worker-native's scripts/build-gpu.sh cuda)");
+      return spawnExpertWorker(exe, p, { device: "gpu" });
+    },
   },
   { name: "ts", load: (p) => loadExpertCompute(p, { backend: "ts" }) },
 ];
