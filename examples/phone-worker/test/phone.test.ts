@@ -89,13 +89,14 @@ const COMMON = [
   "worker",
 ];
 
-function expectServed(r: ReturnType<typeof demo>): void {
+/** `emulated`: under qemu a reply can miss the bridge's deadline; the backbone then computes that part. */
+function expectServed(r: ReturnType<typeof demo>, emulated = false): void {
   expect(r.status, `${r.stdout}\n${r.stderr}`).toBe(0);
   expect(r.stdout).toMatch(/^OK +8\/8 tokens identical to the local run/m);
   expect(r.stdout).toMatch(/\[worker-0\] verified/);
   expect(r.stdout).toMatch(/\[worker-0\] loaded worker/); // the static executable, not the addon
   expect(r.stdout).toMatch(/^ {2}worker-0 .*computed [1-9]\d* expert-tokens in [1-9]\d* requests/m);
-  expect(r.stdout).toMatch(/0 failovers, 0 local fallbacks/);
+  if (!emulated) expect(r.stdout).toMatch(/0 failovers, 0 local fallbacks/);
   expect(r.stdout).toMatch(/^logits +min cosine per step vs the local run: (0\.99\d+|1\.0+)/m);
 }
 
