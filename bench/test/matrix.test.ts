@@ -5,7 +5,8 @@ import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import type { MatrixResult } from "../src/matrix.js";
 
-const tsx = join(import.meta.dirname, "..", "node_modules", ".bin", "tsx");
+// the root's tsx (the bench scripts run with it)
+const tsx = join(import.meta.dirname, "..", "..", "node_modules", ".bin", "tsx");
 const script = join(import.meta.dirname, "..", "src", "matrix.ts");
 
 describe("bench matrix --short", () => {
