@@ -195,7 +195,7 @@ export function resolveSyntheticOptions(options: SyntheticMoeOptions): ResolvedS
 }
 
 /** Version of the generator: bump whenever the bytes for given options change. */
-export const SYNTH_GENERATOR_VERSION = "moeswarm-synth/1";
+export const SYNTH_GENERATOR_VERSION = "moeswarm-synth/2";
 
 /** The keys llama.cpp reads for the architecture, then the tokenizer and the generator's own. */
 function syntheticMetadata(o: ResolvedSyntheticOptions, arch: string): Map<string, GgufMetadataValue> {

@@ -5,6 +5,7 @@ import { GgufError, InvalidArgumentError, onAbort, throwIfAborted } from "@moesw
 import { writeAll } from "../atomic-file.js";
 import { type GgufPlan, planGguf } from "../gguf-writer.js";
 import { quantize } from "../quant/quantize.js";
+import { syntheticLanguageModel } from "./language-model.js";
 import { streamFor } from "./prng.js";
 import {
   type ResolvedSyntheticOptions,
@@ -72,6 +73,29 @@ function* tensorChunks(seed: number, t: SynthTensorSpec): Generator<Uint8Array> 
   }
 }
 
+// token_embd and output carry the language model (language-model.ts) in every family.
+const LANGUAGE_MODEL_ROWS: Readonly<Record<string, "embeddingRow" | "outputRow">> = {
+  "token_embd.weight": "embeddingRow",
+  "output.weight": "outputRow",
+};
+
+/** The bytes of token_embd or output: the language model's rows, in bounded chunks. */
+function* languageModelChunks(
+  o: ResolvedSyntheticOptions,
+  t: SynthTensorSpec,
+  kind: "embeddingRow" | "outputRow",
+): Generator<Uint8Array> {
+  const [ne0 = 1, rows = 1] = t.shape;
+  const lm = syntheticLanguageModel(rows, ne0, o.seed, o.logitStd / 4);
+  const rowsPerChunk = Math.max(1, Math.floor(CHUNK_VALUES / ne0));
+  for (let r = 0; r < rows; r += rowsPerChunk) {
+    const n = Math.min(rowsPerChunk, rows - r);
+    const values = new Float32Array(n * ne0);
+    for (let i = 0; i < n; i++) lm[kind](r + i, values.subarray(i * ne0, (i + 1) * ne0));
+    yield quantize(t.type, values, ne0);
+  }
+}
+
 /** Every byte of the file in order: header, padding, each tensor and its padding. */
 function* fileChunks(spec: SynthModelSpec, plan: GgufPlan): Generator<Uint8Array> {
   yield plan.header;
@@ -80,7 +104,10 @@ function* fileChunks(spec: SynthModelSpec, plan: GgufPlan): Generator<Uint8Array
     const planned = plan.tensors[i]!;
     if (planned.absoluteOffset > pos) yield new Uint8Array(Number(planned.absoluteOffset - pos));
     let n = 0n;
-    for (const chunk of tensorChunks(spec.options.seed, spec.tensors[i]!)) {
+    const t = spec.tensors[i]!;
+    const lmRows = LANGUAGE_MODEL_ROWS[t.name];
+    const chunks = lmRows ? languageModelChunks(spec.options, t, lmRows) : tensorChunks(spec.options.seed, t);
+    for (const chunk of chunks) {
       n += BigInt(chunk.byteLength);
       yield chunk;
     }

@@ -41,16 +41,56 @@ export function byteToChar(): readonly string[] {
 const PRE_TOKENIZE =
   /(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+/gu;
 
-function wordCounts(text: string): Map<string, number> {
-  const counts = new Map<string, number>();
+/** Splits text as Qwen2's pre-tokeniser does, each piece in byte-mapped characters. */
+export function preTokenize(text: string): string[] {
   const chars = byteToChar();
   const encoder = new TextEncoder();
+  const pieces: string[] = [];
   for (const match of text.matchAll(PRE_TOKENIZE)) {
     let word = "";
     for (const b of encoder.encode(match[0])) word += chars[b];
-    counts.set(word, (counts.get(word) ?? 0) + 1);
+    pieces.push(word);
   }
+  return pieces;
+}
+
+function wordCounts(text: string): Map<string, number> {
+  const counts = new Map<string, number>();
+  for (const word of preTokenize(text)) counts.set(word, (counts.get(word) ?? 0) + 1);
   return counts;
+}
+
+const ranksOf = new WeakMap<SyntheticTokenizer, { ranks: Map<string, number>; ids: Map<string, number> }>();
+
+/**
+ * The token ids of one pre-tokenised piece, merged by rank as llama.cpp's BPE tokenizer does
+ * (the lowest-ranked adjacent pair first).
+ */
+export function encodePiece(tok: SyntheticTokenizer, piece: string): number[] {
+  let lookup = ranksOf.get(tok);
+  if (!lookup) {
+    lookup = {
+      ranks: new Map(tok.merges.map((m, i) => [m, i])),
+      ids: new Map(tok.tokens.map((t, i) => [t, i])),
+    };
+    ranksOf.set(tok, lookup);
+  }
+  const { ranks, ids } = lookup;
+  const symbols = [...piece];
+  for (;;) {
+    let best = -1;
+    let bestRank = Number.POSITIVE_INFINITY;
+    for (let i = 0; i + 1 < symbols.length; i++) {
+      const rank = ranks.get(`${symbols[i]} ${symbols[i + 1]}`);
+      if (rank !== undefined && rank < bestRank) {
+        bestRank = rank;
+        best = i;
+      }
+    }
+    if (best < 0) break;
+    symbols.splice(best, 2, symbols[best]! + symbols[best + 1]!);
+  }
+  return symbols.map((s) => ids.get(s)!);
 }
 
 /** Largest vocabulary the synthetic tokenizer builds (real models stay below 2^18). */
