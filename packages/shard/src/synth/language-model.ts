@@ -37,6 +37,8 @@ const JITTER = 0.25;
 const FORBIDDEN_LOGIT = -2000;
 /** Add-lambda smoothing towards the unigram distribution. */
 const SMOOTHING = 0.5;
+/** Jitter of the generated tokens' output rows, in units of ln P. */
+const TIE_BREAK = 0.05;
 
 /** Natural logarithm from +, *, / only (exactly rounded everywhere, unlike libm's log). */
 export function ln(x: number): number {
@@ -178,7 +180,10 @@ function buildModel(vocab: number, nEmbd: number, seed: number, logitScale: numb
         out[constDim] = -forbidWeight;
         return;
       }
-      for (let k = 0; k < nClass; k++) out[classDim[k]!] = classWeight * score[k * nOut + o]!;
+      // a seeded jitter far below the bigram's steps: no two tokens tie (equal counts would)
+      new Sfc32(hashString("output", seed >>> 0), token).fillTriangular(out, TIE_BREAK * classWeight);
+      out[constDim] = 0;
+      for (let k = 0; k < nClass; k++) out[classDim[k]!]! += classWeight * score[k * nOut + o]!;
     },
   };
 }

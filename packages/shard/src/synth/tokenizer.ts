@@ -101,17 +101,21 @@ const cache = new Map<number, SyntheticTokenizer>();
 /**
  * Once the corpus has no pair left to merge (about 1,480 tokens), pairs of learned tokens make
  * up the rest, as the rare words of a real vocabulary: valid merges that ordinary text seldom
- * reaches.
+ * reaches. Every token but the 128 bytes >= 0x80 is whole UTF-8 (the corpus is ASCII), so the
+ * language model can leave exactly those out of what it generates.
  */
 function addRareMerges(tokens: string[], known: Set<string>, merges: string[], target: number): void {
   const rng = new Sfc32(0x5eed, 0xb9e);
   const learned = tokens.length;
   let misses = 0;
   while (tokens.length < target) {
-    const left = tokens[rng.nextU32() % learned]!;
+    const leftId = rng.nextU32() % learned;
+    const left = tokens[leftId]!;
     const right = tokens[256 + (rng.nextU32() % (learned - 256))]!;
     const merged = left + right;
-    if (merged.length > 16 || known.has(merged) || right.startsWith("\u0120")) {
+    // A lone byte >= 0x80 is part of a UTF-8 sequence: a token made with one would not be text.
+    const partial = leftId >= 0x80 && leftId < 256;
+    if (partial || merged.length > 16 || known.has(merged) || right.startsWith("\u0120")) {
       if (++misses > 1_000_000) {
         throw new InvalidArgumentError(`cannot build a vocabulary of ${target} tokens`);
       }
