@@ -148,6 +148,19 @@ function buildModel(vocab: number, nEmbd: number, seed: number, logitScale: numb
     mean /= nOut;
     for (let o = 0; o < nOut; o++) score[k * nOut + o] = follow[o]! - mean;
   }
+  // Centred per token as well: a word that follows almost anything (" the") would otherwise have a
+  // long output row, and the layers' noise, projected on it, would pick it anywhere ("The the").
+  // Its mean moves to the constant dimension, which every embedding carries.
+  const tokenMean = new Float64Array(nOut);
+  if (nClass > 0) {
+    for (let o = 0; o < nOut; o++) {
+      let m = 0;
+      for (let k = 0; k < nClass; k++) m += score[k * nOut + o]!;
+      m /= nClass;
+      tokenMean[o] = m;
+      for (let k = 0; k < nClass; k++) score[k * nOut + o]! -= m;
+    }
+  }
 
   const root = Math.sqrt(nEmbd);
   const constant = CONSTANT * root;
@@ -182,7 +195,7 @@ function buildModel(vocab: number, nEmbd: number, seed: number, logitScale: numb
       }
       // a seeded jitter far below the bigram's steps: no two tokens tie (equal counts would)
       new Sfc32(hashString("output", seed >>> 0), token).fillTriangular(out, TIE_BREAK * classWeight);
-      out[constDim] = 0;
+      out[constDim] = (classWeight * tokenMean[o]! * spike) / constant;
       for (let k = 0; k < nClass; k++) out[classDim[k]!]! += classWeight * score[k * nOut + o]!;
     },
   };
