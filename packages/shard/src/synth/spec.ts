@@ -62,8 +62,9 @@ export interface SyntheticMoeOptions {
   /** `general.name` (default `moeswarm-synthetic-<arch>`). */
   name?: string;
   /**
-   * Standard deviation of the logits (default 10): large enough that the top two tokens are rarely
-   * within rounding noise of each other, so greedy decoding is stable across builds.
+   * Scale of the logits (default 10): the language model in token_embd/output gives logits of
+   * logitStd / 4 per unit of ln P, so the top two tokens are rarely within rounding noise of each
+   * other and greedy decoding is stable across builds.
    */
   logitStd?: number;
 }
