@@ -216,7 +216,7 @@ describe("synthetic models generate text a person can read", () => {
         const r = readability(g.text);
         expect(r.words).toBeGreaterThan(N_TOKENS / 2);
         expect(r.corpusShare).toBeGreaterThanOrEqual(0.95);
-        expect(r.pairShare).toBeGreaterThanOrEqual(0.7);
+        expect(r.pairShare).toBeGreaterThanOrEqual(0.6);
         expect(r.distinct).toBeGreaterThanOrEqual(4);
       }
     }
