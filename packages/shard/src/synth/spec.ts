@@ -90,8 +90,9 @@ export interface SyntheticMoeOptions {
   /** `general.name` (default `moeswarm-synthetic-<arch>`). */
   name?: string;
   /**
-   * Standard deviation of the logits (default 10): large enough that the top two tokens are rarely
-   * within rounding noise of each other, so greedy decoding is stable across builds.
+   * Scale of the logits (default 10): the language model in token_embd/output gives logits of
+   * logitStd / 4 per unit of ln P, so the top two tokens are rarely within rounding noise of each
+   * other and greedy decoding is stable across builds.
    */
   logitStd?: number;
   /** qwen35moe only: the Gated DeltaNet layers (default 1 key head, as many value heads, 4 taps, 3:1). */
@@ -260,7 +261,7 @@ export function resolveSyntheticOptions(options: SyntheticMoeOptions): ResolvedS
 }
 
 /** Version of the generator: bump whenever the bytes for given options change. */
-export const SYNTH_GENERATOR_VERSION = "moeswarm-synth/1";
+export const SYNTH_GENERATOR_VERSION = "moeswarm-synth/2";
 
 /** The keys llama.cpp reads for the architecture, then the tokenizer and the generator's own. */
 function syntheticMetadata(o: ResolvedSyntheticOptions, arch: string): Map<string, GgufMetadataValue> {

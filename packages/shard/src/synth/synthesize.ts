@@ -6,6 +6,7 @@ import { writeAll } from "../atomic-file.js";
 import type { GgmlType } from "../ggml-type.js";
 import { type GgufPlan, planGguf, writeGguf } from "../gguf-writer.js";
 import { quantize } from "../quant/quantize.js";
+import { syntheticLanguageModel } from "./language-model.js";
 import { streamFor } from "./prng.js";
 import {
   type ResolvedSyntheticOptions,
@@ -118,6 +119,30 @@ async function* tensorChunks(
   }
 }
 
+// token_embd and output carry the language model (language-model.ts) in every family.
+const LANGUAGE_MODEL_ROWS: Readonly<Record<string, "embeddingRow" | "outputRow">> = {
+  "token_embd.weight": "embeddingRow",
+  "output.weight": "outputRow",
+};
+
+/** The bytes of token_embd or output: the language model's rows, in bounded chunks. */
+async function* languageModelChunks(
+  o: ResolvedSyntheticOptions,
+  t: SynthTensorSpec,
+  kind: "embeddingRow" | "outputRow",
+  encode: SynthQuantizer,
+): AsyncGenerator<Uint8Array> {
+  const [ne0 = 1, rows = 1] = t.shape;
+  const lm = syntheticLanguageModel(rows, ne0, o.seed, o.logitStd / 4);
+  const rowsPerChunk = Math.max(1, Math.floor(CHUNK_VALUES / ne0));
+  for (let r = 0; r < rows; r += rowsPerChunk) {
+    const n = Math.min(rowsPerChunk, rows - r);
+    const values = new Float32Array(n * ne0);
+    for (let i = 0; i < n; i++) lm[kind](r + i, values.subarray(i * ne0, (i + 1) * ne0));
+    yield await encode(t.type, values, ne0);
+  }
+}
+
 /** Every byte of the file in order: header, padding, each tensor and its padding. */
 async function* fileChunks(
   spec: SynthModelSpec,
@@ -130,7 +155,12 @@ async function* fileChunks(
     const planned = plan.tensors[i]!;
     if (planned.absoluteOffset > pos) yield new Uint8Array(Number(planned.absoluteOffset - pos));
     let n = 0n;
-    for await (const chunk of tensorChunks(spec.options.seed, spec.tensors[i]!, encode)) {
+    const t = spec.tensors[i]!;
+    const lmRows = LANGUAGE_MODEL_ROWS[t.name];
+    const chunks = lmRows
+      ? languageModelChunks(spec.options, t, lmRows, encode)
+      : tensorChunks(spec.options.seed, t, encode);
+    for await (const chunk of chunks) {
       n += BigInt(chunk.byteLength);
       yield chunk;
     }
