@@ -217,14 +217,17 @@ export function guardServer(
       if (error.code === "ERR_TLS_HANDSHAKE_TIMEOUT") refusals["tls-handshake"]++;
     });
   }
-  // before the hub's handler: a refused request must do nothing (hub-server.ts checks `destroyed`)
-  server.prependListener("request", (req: IncomingMessage, res: ServerResponse) => {
+  // behind a trusted proxy, before the hub's handler: a refused request must do nothing
+  // (hub-server.ts checks `destroyed`)
+  if (trustProxy) {
+    server.prependListener("request", (req: IncomingMessage) => {
+      const c = connections.get(req.socket);
+      if (c && !attribute(c, req)) req.socket.destroy();
+    });
+  }
+  server.on("request", (req: IncomingMessage, res: ServerResponse) => {
     const c = connections.get(req.socket);
-    if (!c) return;
-    if (!attribute(c, req)) {
-      req.socket.destroy();
-      return;
-    }
+    if (!c || req.socket.destroyed) return;
     c.busy++;
     res.once("close", () => {
       c.busy--;
