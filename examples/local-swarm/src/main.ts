@@ -27,7 +27,8 @@ import { createProgress } from "./progress.js";
 import { printReport } from "./report.js";
 import { spawnWorkers, stopWorkers, type WorkerView } from "./workers.js";
 
-const root = join(import.meta.dirname, "..", "..", "..");
+// caches live in this example's own folder: it runs the same copied out of the repository
+const here = join(import.meta.dirname, "..");
 const out = (line = "") => process.stdout.write(`${line}\n`);
 
 interface PlacementBody {
@@ -324,7 +325,7 @@ function parseOrExit(): DemoOptions | undefined {
   try {
     return parseDemoOptions(
       process.argv.slice(2).filter((a) => a !== "--"),
-      { cacheDir: join(root, ".cache", "models"), workerCacheDir: join(root, ".cache", "demo-workers") },
+      { cacheDir: join(here, ".cache", "models"), workerCacheDir: join(here, ".cache", "demo-workers") },
     );
   } catch (error) {
     process.stderr.write(`demo: ${(error as Error).message} (pnpm demo -- --help)\n`);
