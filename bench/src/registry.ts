@@ -5,6 +5,7 @@ import { expertCompute } from "./benchmarks/expert-compute.js";
 import { expertShard } from "./benchmarks/expert-shard.js";
 import { parse } from "./benchmarks/parse.js";
 import { relay } from "./benchmarks/relay.js";
+import { roundtrip } from "./benchmarks/roundtrip.js";
 import { slice } from "./benchmarks/slice.js";
 import { throughput } from "./benchmarks/throughput.js";
 import type { Benchmark } from "./harness.js";
@@ -14,6 +15,7 @@ export const benchmarks: Benchmark[] = [
   codec,
   parse,
   relay,
+  roundtrip,
   dispatchInproc,
   expertCompute,
   slice,
