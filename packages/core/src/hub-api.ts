@@ -178,6 +178,13 @@ export interface PlacementRegistrationJson {
   model: string;
   layers: number[];
   experts: number[];
+  /**
+   * The principal the worker's token was issued to (`own` claim; the id when the token has none).
+   * Replicas count, and verification pairs, only distinct principals.
+   */
+  owner?: string;
+  /** How the worker computes (backend + ISA/build, e.g. "ggml-cpu-x86_64"), when it said at register. */
+  computeClass?: string;
 }
 
 /** `GET /api/models/:model/placement?since=&wait=` (a long-poll; 304 when `since` is current). */
