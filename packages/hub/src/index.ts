@@ -78,6 +78,7 @@ export {
   checkSecret,
   type MintTokenOptions,
   mintToken,
+  principalOf,
   type TokenClaims,
   type TokenRole,
   type TokenSecret,

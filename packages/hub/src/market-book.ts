@@ -127,7 +127,12 @@ export class MarketBook {
         break;
       case "register":
         // the leases it fulfils end on disk now, not at the next flush (no ghost after a kill -9)
-        if (this.market.register(event.id, event.model, event.layers, event.experts, now).length > 0) {
+        if (
+          this.market.register(event.id, event.model, event.layers, event.experts, now, {
+            ...(event.owner !== undefined ? { owner: event.owner } : {}),
+            ...(event.backend !== undefined ? { computeClass: event.backend } : {}),
+          }).length > 0
+        ) {
           void this.#commit();
         }
         break;

@@ -546,3 +546,48 @@ describe("replicas: an expert counts as covered with two independent owners", ()
     }
   });
 });
+
+describe("independence by principal: two ids of one owner are one replica", () => {
+  it("counts replicas by distinct owners (token `own`) and puts the owner in the placement", async () => {
+    const { base, relayUrl } = await start({ requireLeases: false });
+    const mallory = (id: string) => mintToken({ role: "worker", id, owner: "mallory", ttlS: 600 }, SECRET);
+    const experts = [0, 1, 2, 3, 4, 5, 6, 7];
+    const m1 = await peer(relayUrl, "worker", "m1", mallory("m1"));
+    const m2 = await peer(relayUrl, "worker", "m2", mallory("m2"));
+    m1.register({ model: ID, layers: [0], experts, backend: "ggml-cpu-x86_64" });
+    m2.register({ model: ID, layers: [0], experts });
+    await waitFor(async () => (await placementIds(base)).length === 2, "both registered");
+    const placement = (await http(base, `/api/models/${ID}/placement`)).body;
+    expect(placement.registrations.filter((r: Body) => r.layers.includes(0))).toEqual([
+      { id: "m1", model: ID, layers: [0], experts, owner: "mallory", computeClass: "ggml-cpu-x86_64" },
+      { id: "m2", model: ID, layers: [0], experts, owner: "mallory" },
+    ]);
+    // two workers, one principal: still one replica short of the default two
+    const layer0 = (await http(base, `/api/demand?model=${ID}`)).body.ranges.filter(
+      (r: Body) => r.layer === 0,
+    );
+    expect(layer0[0]).toMatchObject({ target: 2, coverage: 1, missing: 1 });
+    // an owner of its own (default: its id) makes the second replica
+    const b = await peer(relayUrl, "worker", "bob");
+    b.register({ model: ID, layers: [0], experts });
+    await waitFor(async () => (await placementIds(base)).includes("bob"), "bob registered");
+    const after = (await http(base, `/api/demand?model=${ID}`)).body.ranges.filter(
+      (r: Body) => r.layer === 0,
+    );
+    expect(after).toEqual([]);
+    expect(
+      (await http(base, `/api/models/${ID}/placement`)).body.registrations.find((r: Body) => r.id === "bob")
+        .owner,
+    ).toBe("bob");
+    // one of mallory's leaving keeps her replica; both leaving ends it
+    await m1.close();
+    await waitFor(async () => !(await placementIds(base)).includes("m1"), "m1 gone");
+    expect(
+      (await http(base, `/api/demand?model=${ID}`)).body.ranges.filter((r: Body) => r.layer === 0),
+    ).toEqual([]);
+    await m2.close();
+    await waitFor(async () => !(await placementIds(base)).includes("m2"), "m2 gone");
+    const gone = (await http(base, `/api/demand?model=${ID}`)).body.ranges.filter((r: Body) => r.layer === 0);
+    expect(gone[0]).toMatchObject({ coverage: 1, missing: 1 });
+  });
+});

@@ -489,13 +489,19 @@ const serve: Command = {
 const token: Command = {
   name: "token",
   summary: "mint a token signed with the hub's secret",
-  usage: "token --secret-file <file> --role worker|backbone|admin [--id <peer id>] [--ttl <seconds>]",
+  usage:
+    "token --secret-file <file> --role worker|backbone|admin [--id <peer id>] [--owner <principal>] [--ttl <seconds>]",
   options: {
     "secret-file": { type: "string", description: "file holding the hub's token secret" },
     role: { type: "string", description: "worker, backbone or admin" },
     id: {
       type: "string",
       description: "the peer id the token is bound to (required for worker and backbone)",
+    },
+    owner: {
+      type: "string",
+      description:
+        "who the identity belongs to (default: the id); replicas of one owner count once, so give all of one person's devices the same owner",
     },
     ttl: { type: "string", description: "lifetime in seconds (default 86400)" },
   },
@@ -512,7 +518,10 @@ const token: Command = {
       throw usageError(`--id <peer id> is required for a ${role} token (one token per peer)`);
     }
     const secret = await readSecret(file);
-    io.stdout.write(`${mintToken({ role: role as TokenRole, id: str(values, "id"), ttlS }, secret)}\n`);
+    const owner = str(values, "owner");
+    io.stdout.write(
+      `${mintToken({ role: role as TokenRole, id: str(values, "id"), ...(owner !== undefined ? { owner } : {}), ttlS }, secret)}\n`,
+    );
   },
 };
 
