@@ -207,6 +207,35 @@ export interface PlacementJson {
   missing: Array<{ layer: number; experts: string; count: number }>;
 }
 
+// --- reputation -------------------------------------------------------------------------------
+
+/** One quarantined worker, as `GET /api/quarantines` lists it. */
+export interface QuarantineJson {
+  worker: string;
+  /** When the hub took the report, unix ms. */
+  at: number;
+  /** The backbone that reported it. */
+  by: string;
+  model: string;
+  reason: string;
+}
+
+/** `GET /api/quarantines`: every worker quarantined on the hub (backbones seed their own from it). */
+export interface QuarantinesJson {
+  quarantined: QuarantineJson[];
+}
+
+export const QUARANTINES_PATH = "/api/quarantines";
+
+/** Checks a `GET /api/quarantines` body; HubError MOESWARM_HUB_BAD_REQUEST otherwise. */
+export function parseQuarantinesJson(v: unknown): QuarantinesJson {
+  if (!isObject(v) || !Array.isArray(v.quarantined)) throw unusable("a quarantine list");
+  for (const q of v.quarantined) {
+    if (!isObject(q) || !isHubId(q.worker)) throw unusable("a quarantine list");
+  }
+  return v as unknown as QuarantinesJson;
+}
+
 /** The placement path of a model, with the long-poll's query when `since` is given. */
 export function placementUrl(model: string, since?: number, waitS?: number): string {
   const q = since === undefined ? "" : `?since=${since}${waitS === undefined ? "" : `&wait=${waitS}`}`;

@@ -71,6 +71,7 @@ export {
   type StoredLease,
   type StoredModel,
   type StoredSlice,
+  type StoredStatsSeq,
   type StoredWorker,
 } from "./store.js";
 export { openSqliteStore, SQLITE_SCHEMA_VERSION, type SqliteStoreOptions } from "./store-sqlite.js";

@@ -209,6 +209,11 @@ export class CoverageMarket {
     }
   }
 
+  /** The principal a connected worker's token named (undefined: not connected). */
+  ownerOf(id: string): string | undefined {
+    return this.#st.workers.get(id)?.owner;
+  }
+
   /** A worker's connection ended, or a new one replaced it: its slices no longer count. */
   workerGone(id: string, now: number): void {
     const w = this.#st.workers.get(id);

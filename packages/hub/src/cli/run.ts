@@ -11,6 +11,7 @@ import { keptLoopbackCertificates } from "../kept-tls.js";
 import { createLoopbackCertificates, isCertificateHost } from "../loopback-tls.js";
 import type { ModelInfo } from "../model.js";
 import { mintToken, type TokenRole } from "../token.js";
+import { enrolCode } from "./enrol-code.js";
 
 export const CLI_NAME = "moeswarm-hub";
 /** The ids the tokens `serve` prints (no --secret-file) are bound to. */
@@ -525,7 +526,7 @@ const token: Command = {
   },
 };
 
-const COMMANDS: readonly Command[] = [serve, token];
+const COMMANDS: readonly Command[] = [serve, token, enrolCode];
 
 function helpText(command?: Command): string {
   if (command) {

@@ -7,7 +7,7 @@ import { authorize, type Handler, type RouteContext } from "./context.js";
 import { getDashboard, getMetrics, getStatus } from "./dashboard.js";
 import * as market from "./market.js";
 import { getManifest, getModel, listModels, registerModel, removeModel } from "./models.js";
-import { reinstateWorker, reportQuarantine } from "./reputation.js";
+import { enrol, issueEnrolCode, listQuarantines, reinstateWorker, reportQuarantine } from "./reputation.js";
 import { getExpertShard } from "./shard.js";
 import { drainWorker, listWorkers } from "./workers.js";
 
@@ -48,6 +48,9 @@ const ROUTES: readonly Route[] = [
   route("/api/workers", read(listWorkers)),
   route("/api/workers/:id/drain", { POST: { access: "admin", handle: drainWorker } }),
   route("/api/workers/:id/reinstate", { POST: { access: "admin", handle: reinstateWorker } }),
+  route("/api/quarantines", read(listQuarantines)),
+  route("/api/enrol", { POST: { access: "public", handle: enrol } }),
+  route("/api/enrol-codes", { POST: { access: "admin", handle: issueEnrolCode } }),
   route("/api/status", read(getStatus)),
   route("/api/demand", read(market.demand)),
   route("/api/claims", { POST: { access: "self", handle: market.claim } }),
