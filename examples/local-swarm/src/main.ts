@@ -232,6 +232,7 @@ async function startBridge(demo: Demo, model: DemoModel, hub: DemoHub) {
       ca: hub.ca,
     },
     fallback: fallback.compute,
+    trust: demo.options.trust,
     signal: demo.signal,
   });
   demo.cleanup.push(() => bridge.close());

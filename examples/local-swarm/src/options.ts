@@ -20,6 +20,8 @@ export interface DemoOptions {
   replicas: number;
   /** One more worker that lies (every output x1.05): the backbone must catch and name it. */
   liar: boolean;
+  /** The backbone's trust in the workers: "verify" (the default) or "own" (no verification). */
+  trust: "verify" | "own";
 }
 
 const USAGE = `usage: pnpm demo [-- options]
@@ -41,6 +43,7 @@ plain, and with its MoE layers handed to the swarm through the libggml-moeswarm 
   --cover-timeout S seconds to wait for full coverage (default 120)
   --replicas N      copies of each expert the hub asks for (default 2: answers are compared)
   --liar            start one more worker that lies (outputs x1.05); the tokens must stay identical
+  --trust T         verify (default: answers compared and audited) | own (taken as they come)
   -h, --help        this text`;
 
 function int(text: string | undefined, name: string, fallback: number, min: number, max: number): number {
@@ -85,6 +88,7 @@ export function parseDemoOptions(
       "cover-timeout": { type: "string" },
       replicas: { type: "string" },
       liar: { type: "boolean" },
+      trust: { type: "string" },
       help: { type: "boolean", short: "h" },
     },
   });
@@ -112,5 +116,6 @@ export function parseDemoOptions(
     coverTimeoutS: int(values["cover-timeout"], "cover-timeout", 120, 1, 3600),
     replicas: int(values.replicas, "replicas", 2, 1, 16),
     liar: values.liar === true,
+    trust: oneOf(values.trust, "trust", ["verify", "own"] as const, "verify"),
   };
 }
