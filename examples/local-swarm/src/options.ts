@@ -47,8 +47,8 @@ plain, and with its MoE layers handed to the swarm through the libggml-moeswarm 
   --cover-timeout S seconds to wait for full coverage (default 120)
   --replicas N      copies of each expert the hub asks for (default 2: answers are compared)
   --liar            start one more worker that lies (outputs x1.05); the tokens must stay identical
-  --trust T         verify (default: every part answered by two workers and compared; with one
-                    owner the backbone computes it itself) | own (answers taken as they come)
+  --trust T         verify (default: every part answered by two workers, compared and audited;
+                    with one owner the backbone computes it itself) | own (answers taken as they come)
   --backend B       the workers' compute backend (default llama-cpu: llama.cpp's own kernels, logits
                     bit-identical); another (worker: the static executable) must give the same tokens
   --worker-node CMD run the workers' bin with this command instead of this Node, e.g.

@@ -119,6 +119,10 @@ function printVerification(out: (line?: string) => void, bridge: BridgeMetrics):
       `${v.thirdOpinions} third opinions, ${v.unverifiableLocal} parts computed locally (one owner), ` +
       `cost ${formatBytes(v.extraBytes)} and ${fmt(v.extraComputeMs, 1)} ms of worker compute`,
   );
+  out(
+    `  audit     ${v.audits} agreed parts re-computed locally before use (probation, then 2% sampled), ` +
+      `${v.auditDisagreements} disproved, ${fmt(v.auditMs, 1)} ms of local compute`,
+  );
   if (v.quarantines > 0) {
     out(`  caught    ${v.quarantined.join(", ")} quarantined (reported to the hub with the evidence)`);
   }

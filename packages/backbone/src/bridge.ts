@@ -16,6 +16,7 @@ import {
   type SpotCheckOptions,
   Verification,
   type VerificationEvent,
+  type VerificationOptions,
 } from "@moeswarm/dispatch";
 import { BridgeCounters, type BridgeMetrics, type BridgeRequestStats } from "./bridge-metrics.js";
 import { BridgeRequests } from "./bridge-requests.js";
@@ -79,6 +80,13 @@ export interface BackboneBridgeOptions {
   trust?: "verify" | "own";
   /** Called once per worker quarantined by verification (after it is reported to the hub, with `hub`). */
   onQuarantine?: (event: VerificationEvent) => void;
+  /**
+   * Trust "verify"'s audit of agreed answers against the fallback (dispatch's `Verification`):
+   * each worker's first `probation` answers (default 8) and a sampled `auditRate` (default 0.02)
+   * afterwards are re-computed locally before they are used. `{ probation: 0, auditRate: 0 }`
+   * turns it off (redundancy alone, which two colluding owners of a part defeat).
+   */
+  verification?: Pick<VerificationOptions, "probation" | "auditRate" | "seed">;
 }
 
 export interface BackboneBridge extends AsyncDisposable {
@@ -201,7 +209,19 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
   throwIfAborted(options.signal);
   const { signal } = options;
   // the hub first: a hub that refuses us must not leave a socket listening
-  const link = options.hub ? await connectHub({ ...options.hub, ...(signal ? { signal } : {}) }) : undefined;
+  let refreshBans: (() => void) | undefined;
+  const userHubEvent = options.hub?.onEvent;
+  const link = options.hub
+    ? await connectHub({
+        ...options.hub,
+        ...(signal ? { signal } : {}),
+        // each new placement may follow a ban by another backbone: the ban list is read again
+        onEvent: (event) => {
+          if (event.type === "placement") refreshBans?.();
+          userHubEvent?.(event);
+        },
+      })
+    : undefined;
   if (link) reportSpot = (event) => void reportSpotQuarantine(link, event);
   const placement = placementSource(options, link);
   const model = options.model ?? link?.model ?? placement().model;
@@ -214,11 +234,14 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
   const onQuarantine = options.onQuarantine;
   // the fallback is the third opinion (dispatch uses it); every proven lie goes to the hub
   const verification = new Verification({
+    ...options.verification,
     onQuarantine: (event) => {
       void link?.reportQuarantine(event);
       onQuarantine?.(event);
     },
   });
+  // the hub's quarantines apply here from the start: a fresh process never trusts a known liar
+  if (link) refreshBans = await HubBans.seed(link, verification, controller.signal);
   const liveness = transport.trusted === true ? undefined : new Liveness();
   const requests = new BridgeRequests({
     model,
@@ -306,4 +329,66 @@ function reportSpotQuarantine(link: HubLink, e: QuarantineEvent): Promise<void> 
     decidedBy: e.decidedBy ?? "the reference",
     at: Math.floor(Date.now()),
   });
+}
+
+/**
+ * The hub's ban list applied to the bridge's Verification: at start and after each new placement
+ * (one read at a time). A ban the admin lifted ends here too; quarantines this bridge proved
+ * itself stay.
+ */
+class HubBans {
+  readonly #fromHub = new Set<string>();
+  #running: Promise<void> | undefined;
+  #again = false;
+
+  constructor(
+    private readonly link: HubLink,
+    private readonly verification: Verification,
+    private readonly signal: AbortSignal,
+  ) {}
+
+  /** Applies the hub's list now (closing the link when it cannot be read); returns the refresh. */
+  static async seed(link: HubLink, verification: Verification, signal: AbortSignal): Promise<() => void> {
+    const bans = new HubBans(link, verification, signal);
+    try {
+      await bans.refresh();
+    } catch (failure) {
+      await link.close();
+      throw failure;
+    }
+    return () => void bans.refresh().catch(() => {});
+  }
+
+  refresh(): Promise<void> {
+    if (this.#running) {
+      this.#again = true;
+      return this.#running;
+    }
+    this.#running = (async () => {
+      try {
+        do {
+          this.#again = false;
+          if (this.signal.aborted) return;
+          this.#apply(await this.link.quarantined({ signal: this.signal }));
+        } while (this.#again);
+      } finally {
+        this.#running = undefined;
+      }
+    })();
+    return this.#running;
+  }
+
+  #apply(banned: readonly string[]): void {
+    const now = new Set(banned);
+    for (const id of now) {
+      if (this.verification.isQuarantined(id)) continue;
+      this.verification.quarantine(id);
+      this.#fromHub.add(id);
+    }
+    for (const id of [...this.#fromHub]) {
+      if (now.has(id)) continue;
+      this.#fromHub.delete(id);
+      this.verification.release(id);
+    }
+  }
 }

@@ -1,10 +1,18 @@
-import { AbortError, abortReason, InvalidArgumentError, onAbort, throwIfAborted } from "@moeswarm/core";
+import {
+  AbortError,
+  abortReason,
+  InvalidArgumentError,
+  onAbort,
+  parseQuarantinesJson,
+  QUARANTINES_PATH,
+  throwIfAborted,
+} from "@moeswarm/core";
 import type { Placement, VerificationEvent } from "@moeswarm/dispatch";
 import { connectRelay, type RelayConnection, type RelayState, RelayTransport } from "@moeswarm/relay-client";
 import { asError, emitter, type HubLinkError, type StatsOutcome } from "./hub-events.js";
 import { HubHttp } from "./hub-http.js";
 import { checkHubOptions, type HubLinkOptions, type HubSettings, hubSettings } from "./hub-options.js";
-import { type HubPlacement, missingCount, PlacementFollower } from "./hub-placement.js";
+import { type HubPlacement, missingCount, PlacementFollower, REQUEST_TIMEOUT_MS } from "./hub-placement.js";
 import { type QuarantineReportCounters, QuarantineReporter } from "./hub-reports.js";
 import { StatsReporter } from "./hub-stats.js";
 import type { StatsSource } from "./stats-report.js";
@@ -66,6 +74,12 @@ export interface HubLink extends AsyncDisposable {
    * the endpoint, 404, is not asked again).
    */
   reportQuarantine(event: VerificationEvent): Promise<void>;
+  /**
+   * The workers quarantined on the hub (`GET /api/quarantines`), to seed this backbone's own
+   * quarantine: a liar another backbone caught is never trusted here, even by a fresh process.
+   * An older hub without the list answers none.
+   */
+  quarantined(options?: { signal?: AbortSignal }): Promise<string[]>;
   metrics(): HubLinkMetrics;
   /** Stops the poller and the reporter, sends a final report, closes the relay connection. */
   close(): Promise<void>;
@@ -139,10 +153,11 @@ export async function connectHub(options: HubLinkOptions): Promise<HubLink> {
   });
   loops.push(follower.run());
   if (settings.statsIntervalMs > 0) loops.push(reporter.run());
-  return linkHandle({ model, settings, relay, transport, follower, reporter, quarantines, close });
+  return linkHandle({ http, model, settings, relay, transport, follower, reporter, quarantines, close });
 }
 
 interface LinkParts {
+  http: HubHttp;
   model: string;
   settings: HubSettings;
   relay: RelayConnection;
@@ -176,6 +191,7 @@ function linkHandle(parts: LinkParts): HubLink {
       return reporter.report(opts.signal);
     },
     reportQuarantine: (event) => quarantines.report(event),
+    quarantined: (opts = {}) => fetchQuarantined(parts.http, opts.signal),
     metrics(): HubLinkMetrics {
       const current = follower.current;
       const p = follower.counters;
@@ -203,4 +219,19 @@ function linkHandle(parts: LinkParts): HubLink {
     close,
     [Symbol.asyncDispose]: close,
   };
+}
+
+/** The hub's ban list (ids only); none from a hub that has no list (404). */
+async function fetchQuarantined(http: HubHttp, signal: AbortSignal | undefined): Promise<string[]> {
+  try {
+    const r = await http.request(QUARANTINES_PATH, {
+      ...(signal ? { signal } : {}),
+      headersTimeoutMs: REQUEST_TIMEOUT_MS,
+      maxBodyBytes: 16 * 1024 * 1024,
+    });
+    return parseQuarantinesJson(r.json).quarantined.map((q) => q.worker);
+  } catch (error) {
+    if ((asError(error).details as { status?: unknown } | undefined)?.status === 404) return [];
+    throw error;
+  }
 }

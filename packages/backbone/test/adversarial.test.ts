@@ -64,12 +64,12 @@ describe.skipIf(Boolean(missing))("adversarial swarm: real worker processes, def
     | undefined;
   const admin = mintToken({ role: "admin", id: "adv-admin", ttlS: 3600 }, SECRET);
 
-  function spawnWorker(id: string, lie?: string): Proc {
+  function spawnWorker(id: string, lie?: string, owner?: string): Proc {
     const cache = join(tmp.dir, `cache-${id}`);
     mkdirSync(cache, { recursive: true });
     const args = [
       ...(lie ? [LIAR] : [WORKER_BIN]),
-      ...["--hub", url, "--token", mintToken({ role: "worker", id, ttlS: 3600 }, SECRET), "--id", id],
+      ...["--hub", url, "--token", mintToken({ role: "worker", id, owner, ttlS: 3600 }, SECRET), "--id", id],
       ...["--model", MODEL_ID, "--capacity", String(statSync(model).size), "--cache-dir", cache],
       ...["--backend", "llama-cpu", "--threads", "1", "--poll", "0.5", "--json"],
     ];
@@ -144,7 +144,10 @@ describe.skipIf(Boolean(missing))("adversarial swarm: real worker processes, def
 
   async function openBridge(
     owners: string[],
-    options: { spotCheck?: { fraction: number; seed: number } } = {},
+    options: {
+      spotCheck?: { fraction: number; seed: number };
+      verification?: { probation: number; auditRate: number };
+    } = {},
   ) {
     const id = `adv-bb-${++bridges}`;
     const bridge = await serveBackboneBridge({
@@ -152,6 +155,7 @@ describe.skipIf(Boolean(missing))("adversarial swarm: real worker processes, def
       hub: { url, token: mintToken({ role: "backbone", id, ttlS: 3600 }, SECRET), model: MODEL_ID },
       fallback: fallback.compute,
       ...(options.spotCheck ? { spotCheck: options.spotCheck } : {}),
+      ...(options.verification ? { verification: options.verification } : {}),
     });
     await bridge.hub!.waitForPlacement(
       (p) => p.missing.length === 0 && owners.every((o) => p.workers.includes(o)),
@@ -233,8 +237,10 @@ describe.skipIf(Boolean(missing))("adversarial swarm: real worker processes, def
     const m = bridge.metrics();
     const v = m.verification!;
     expect(m.failed).toBe(0);
-    expect(v.quarantined).toEqual([id]);
-    expect(bridge.verification.quarantined()).toEqual([id]);
+    // convicted here, once (the earlier liars are quarantined too: from the hub's list at start)
+    expect(bridge.verification.events().map((e) => e.worker)).toEqual([id]);
+    expect(v.quarantines).toBe(1);
+    expect(v.quarantined).toContain(id);
     expect(liar.lies).toBeGreaterThanOrEqual(1);
     expect(await hubQuarantined(id)).toBe(true);
     // caught at its first lie: it answered nothing after it (the hub dropped it too)
@@ -324,21 +330,25 @@ describe.skipIf(Boolean(missing))("adversarial swarm: real worker processes, def
     await stop(hung);
   }, 90_000);
 
-  it("5. two colluding liars holding both copies: redundancy cannot see them; spotCheck with the local reference catches them", async () => {
+  // The audit (probation + sampled rate) off: what redundancy alone and a SpotCheck do against
+  // colluders (the audit catches colluders that lie from the start; case 5b)
+  const NO_AUDIT = { probation: 0, auditRate: 0 };
+
+  it("5. two colluding liars holding both copies, audit off: redundancy cannot see them; spotCheck with the local reference catches both", async () => {
     await stop(procs.find((p) => p.id === honest)!);
     const c1 = spawnWorker("adv-colluder-1", "scale");
     const c2 = spawnWorker("adv-colluder-2", "scale");
     await waitForOwners([c1.id, c2.id]);
-    // the default: the twins agree bit for bit, nothing is seen (docs/trust.md, "what it cannot see")
+    // redundancy alone: the twins agree bit for bit, nothing is seen (docs/trust.md, "what it cannot see")
     {
-      await using bridge = await openBridge([c1.id, c2.id]);
+      await using bridge = await openBridge([c1.id, c2.id], { verification: NO_AUDIT });
       const d = await decode(bridge, "colluders");
       const v = bridge.metrics().verification!;
       expect(v.disagreements).toBe(0);
-      expect(v.quarantined).toEqual([]);
+      expect(v.quarantines).toBe(0);
       expect(d.logitsDiff).not.toBe(-1);
       rows.push({
-        attack: "two colluders (both x1.05), default",
+        attack: "two colluders (both x1.05), audit off",
         tokens: `${d.sameTokens}/${N_PREDICT}`,
         logits: "differ (not seen)",
         detected: "no (documented: redundancy cannot see agreeing liars)",
@@ -348,7 +358,10 @@ describe.skipIf(Boolean(missing))("adversarial swarm: real worker processes, def
     }
     // spotCheck: a sampled share recomputed by the local fallback catches the pair at the first sampled part
     const before = { c1: c1.requests, c2: c2.requests };
-    await using bridge = await openBridge([c1.id, c2.id], { spotCheck: { fraction: 0.25, seed: 7 } });
+    await using bridge = await openBridge([c1.id, c2.id], {
+      spotCheck: { fraction: 0.25, seed: 7 },
+      verification: NO_AUDIT,
+    });
     const d = await decode(bridge, "colluders-spot");
     const m = bridge.metrics();
     const s = m.spotCheck!;
@@ -365,7 +378,7 @@ describe.skipIf(Boolean(missing))("adversarial swarm: real worker processes, def
     const banned = [];
     for (const id of [c1.id, c2.id]) if (await hubQuarantined(id, 2000)) banned.push(id);
     // the spot check's quarantine is reported to the hub with its evidence, as verification's is
-    expect(banned).toEqual(s.quarantined);
+    expect(banned).toEqual([...s.quarantined].sort());
     console.log(
       `[adversarial] colluders + spotCheck: ${JSON.stringify(s)}; verification ${JSON.stringify(m.verification)}; hub bans ${JSON.stringify(banned)}; tokens ${d.sameTokens}/${N_PREDICT}, logits ${d.logitsDiff === -1 ? "bit-identical" : `differ at byte ${d.logitsDiff}`}`,
     );
@@ -376,7 +389,7 @@ describe.skipIf(Boolean(missing))("adversarial swarm: real worker processes, def
       banned,
     };
     rows.push({
-      attack: "two colluders, spotCheck 0.25 (local reference)",
+      attack: "two colluders, audit off, spotCheck 0.25 (local reference)",
       tokens: `${d.sameTokens}/${N_PREDICT}`,
       logits: d.logitsDiff === -1 ? "bit-identical" : "differ",
       detected: `yes: spotCheck quarantined ${s.quarantined.join(", ")} (${s.checks} checks, ${s.disagreements} disagreements); hub bans: ${banned.join(", ") || "none"}`,
@@ -385,16 +398,82 @@ describe.skipIf(Boolean(missing))("adversarial swarm: real worker processes, def
     });
   }, 90_000);
 
-  // A known gap, found by case 5 (failing until fixed; `collusion` missing makes it pass, so
-  // it.fails reports it).
-  it.fails("5c. KNOWN GAP: the twin that returned the same bits as the convicted colluder is not convicted", () => {
-    if (!collusion) return;
-    const convicted = new Set([
-      ...collusion.spotQuarantined,
-      ...collusion.verifyQuarantined,
-      ...collusion.banned,
-    ]);
-    // docs/trust.md: spotCheck "catches the pair at their first sampled part"
-    expect([...convicted].sort()).toEqual([...collusion.colluders].sort());
+  // Found as a gap by case 5 (an it.fails until twin conviction): the twin that returned the same
+  // bits as the convicted colluder is convicted with it, with the same evidence.
+  it("5c. the twin that returned the same bits as the convicted colluder is convicted too", () => {
+    expect(collusion).toBeDefined();
+    const c = collusion!;
+    expect([...c.spotQuarantined].sort()).toEqual([...c.colluders].sort());
+    expect([...c.banned].sort()).toEqual([...c.colluders].sort());
   });
+
+  it("5b. two colluders of two owners lying from the start, defaults: identical tokens, both convicted at their first answer", async () => {
+    const c3 = spawnWorker("adv-colluder-3", "scale", "mallory-a");
+    const c4 = spawnWorker("adv-colluder-4", "scale", "mallory-b");
+    await waitForOwners([c3.id, c4.id]);
+    await using bridge = await openBridge([c3.id, c4.id]);
+    const d = await decode(bridge, "colluders-default");
+    expect(d.run.tokens).toEqual(plain.tokens);
+    expect(d.logitsDiff).toBe(-1);
+    const m = bridge.metrics();
+    const v = m.verification!;
+    expect(m.failed).toBe(0);
+    expect(
+      bridge.verification
+        .events()
+        .map((e) => e.worker)
+        .sort(),
+    ).toEqual([c3.id, c4.id]);
+    expect(v.auditDisagreements).toBe(1);
+    // their first answer was their last: the audit ran before it was used
+    expect([c3.requests, c4.requests]).toEqual([1, 1]);
+    for (const id of [c3.id, c4.id]) expect(await hubQuarantined(id)).toBe(true);
+    rows.push({
+      attack: "two colluders of two owners (both x1.05), default",
+      tokens: `${d.sameTokens}/${N_PREDICT}`,
+      logits: "bit-identical",
+      detected: `yes: both quarantined by the audit (probation), banned by the hub`,
+      requests: `${c3.requests} + ${c4.requests} (first answer each)`,
+      cost: `${v.audits} audits (${v.auditMs.toFixed(0)} ms local), ${v.unverifiableLocal} parts local afterwards; decode ${d.ms.toFixed(0)} ms`,
+    });
+    await stop(c3);
+    await stop(c4);
+  }, 90_000);
+
+  it("5d. two colluders of ONE owner, defaults: never each other's twin (served locally, never asked)", async () => {
+    const m1 = spawnWorker("adv-mallory-1", "scale", "mallory");
+    const m2 = spawnWorker("adv-mallory-2", "scale", "mallory");
+    await waitForOwners([m1.id, m2.id]);
+    const p = await hubGet<PlacementJson>(`/api/models/${MODEL_ID}/placement`);
+    expect(new Set(p.registrations.map((r) => r.owner))).toEqual(new Set(["mallory"]));
+    await using bridge = await openBridge([m1.id, m2.id]);
+    const d = await decode(bridge, "one-owner");
+    expect(d.run.tokens).toEqual(plain.tokens);
+    expect(d.logitsDiff).toBe(-1);
+    const v = bridge.metrics().verification!;
+    expect(v.samePrincipal).toBeGreaterThan(0);
+    expect([m1.requests, m2.requests]).toEqual([0, 0]);
+    rows.push({
+      attack: "two colluders of one owner, default",
+      tokens: `${d.sameTokens}/${N_PREDICT}`,
+      logits: "bit-identical",
+      detected: "refused as a pair: one principal is one opinion",
+      requests: `${m1.requests} + ${m2.requests}`,
+      cost: `${v.unverifiableLocal} parts computed locally; decode ${d.ms.toFixed(0)} ms`,
+    });
+    await stop(m1);
+    await stop(m2);
+  }, 90_000);
+
+  it("7. a fresh backbone starts with the hub's quarantines", async () => {
+    const h = spawnWorker("adv-honest-3");
+    const h2 = spawnWorker("adv-honest-4");
+    await waitForOwners([h.id, h2.id]);
+    await using bridge = await openBridge([h.id, h2.id]);
+    const banned = ["adv-scale", "adv-swap", "adv-replay", "adv-after", "adv-colluder-1", "adv-colluder-2"];
+    // nothing decoded yet: the quarantine came from the hub's list
+    expect(bridge.metrics().requests).toBe(0);
+    for (const id of banned) expect(bridge.verification.isQuarantined(id), id).toBe(true);
+    expect(bridge.verification.isQuarantined(h.id)).toBe(false);
+  }, 90_000);
 });

@@ -248,6 +248,22 @@ export const ERROR_CODES = {
     area: "HubError",
     text: "Self-signed TLS certificates could not be made: the openssl CLI is missing or failed.",
   },
+  MOESWARM_HUB_ENROL_INVALID: {
+    area: "HubError",
+    text: "The enrolment code is not one this hub issued: ask the hub's operator for a code (`moeswarm-hub enrol-code`).",
+  },
+  MOESWARM_HUB_ENROL_EXPIRED: {
+    area: "HubError",
+    text: "The enrolment code has expired: ask the hub's operator for a new one.",
+  },
+  MOESWARM_HUB_ENROL_USED: {
+    area: "HubError",
+    text: "The enrolment code has been used as many times as the operator allowed: ask for a new one.",
+  },
+  MOESWARM_HUB_ENROL_REVOKED: {
+    area: "HubError",
+    text: "The enrolment code was revoked (a worker of its owner was quarantined): only the operator can enrol this owner again.",
+  },
 } as const satisfies Record<string, { area: string; text: string }>;
 
 export type ErrorCode = keyof typeof ERROR_CODES;

@@ -178,6 +178,13 @@ export interface PlacementRegistrationJson {
   model: string;
   layers: number[];
   experts: number[];
+  /**
+   * The principal the worker's token was issued to (`own` claim; the id when the token has none).
+   * Replicas count, and verification pairs, only distinct principals.
+   */
+  owner?: string;
+  /** How the worker computes (backend + ISA/build, e.g. "ggml-cpu-x86_64"), when it said at register. */
+  computeClass?: string;
 }
 
 /** `GET /api/models/:model/placement?since=&wait=` (a long-poll; 304 when `since` is current). */
@@ -198,6 +205,35 @@ export interface PlacementJson {
   owners: Array<{ layer: number; experts: string; workers: string[] }>;
   /** Experts nobody serves, per layer (`a:b,c:d`), as dispatch's `Placement.missing` reports them. */
   missing: Array<{ layer: number; experts: string; count: number }>;
+}
+
+// --- reputation -------------------------------------------------------------------------------
+
+/** One quarantined worker, as `GET /api/quarantines` lists it. */
+export interface QuarantineJson {
+  worker: string;
+  /** When the hub took the report, unix ms. */
+  at: number;
+  /** The backbone that reported it. */
+  by: string;
+  model: string;
+  reason: string;
+}
+
+/** `GET /api/quarantines`: every worker quarantined on the hub (backbones seed their own from it). */
+export interface QuarantinesJson {
+  quarantined: QuarantineJson[];
+}
+
+export const QUARANTINES_PATH = "/api/quarantines";
+
+/** Checks a `GET /api/quarantines` body; HubError MOESWARM_HUB_BAD_REQUEST otherwise. */
+export function parseQuarantinesJson(v: unknown): QuarantinesJson {
+  if (!isObject(v) || !Array.isArray(v.quarantined)) throw unusable("a quarantine list");
+  for (const q of v.quarantined) {
+    if (!isObject(q) || !isHubId(q.worker)) throw unusable("a quarantine list");
+  }
+  return v as unknown as QuarantinesJson;
 }
 
 /** The placement path of a model, with the long-poll's query when `since` is given. */

@@ -80,10 +80,11 @@ function groupByOwner(call: CallState): { groups: Group[]; orphans: number[] } {
     if (call.verification) {
       const taken = seconds.get(owner) ?? new Set<string>();
       seconds.set(owner, taken);
+      // the twin must be another principal's: two ids of one owner are one opinion
       second = call.placement.choose(call.layer, id, {
         rotation: call.rotation,
         chosen: taken,
-        exclude: new Set([...(quarantined ?? []), owner]),
+        exclude: new Set([...(quarantined ?? []), ...call.placement.samePrincipal(owner), owner]),
       });
       if (second !== undefined) taken.add(second);
     }

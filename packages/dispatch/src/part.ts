@@ -17,6 +17,11 @@ export interface Part {
   readonly worker: string | undefined;
   /** A spot check compared it (or it is the re-computation that replaced a worker's answer). */
   readonly verified: boolean;
+  /**
+   * Trust "verify": the other owners whose answers agreed with this one (bit for bit when they
+   * share a compute class). A later check that disproves this answer convicts them with it.
+   */
+  readonly twins?: ReadonlyArray<{ readonly worker: string; readonly y: Float32Array | Float64Array }>;
   /** Payload bytes it moved (request out + answer in) and the compute ms its answerer reported. */
   readonly bytes?: number;
   readonly computeMs?: number | undefined;

@@ -8,6 +8,17 @@ export interface WorkerRegistration {
   readonly layers: readonly number[];
   /** Global expert ids, served for every layer in `layers`. */
   readonly experts: readonly number[];
+  /**
+   * The principal the worker's token was issued to (the hub's placement carries it; default: the
+   * id). Trust "verify" pairs only workers of distinct principals: two ids of one owner are one
+   * opinion.
+   */
+  readonly owner?: string;
+  /**
+   * How the worker computes (backend + ISA/build, e.g. "ggml-cpu-x86_64", "vulkan"): answers of
+   * one class must agree bit for bit, of different classes within the calibrated tolerance.
+   */
+  readonly computeClass?: string;
 }
 
 /** The experts of one layer that nobody serves, as half-open ranges `a:b` joined by commas. */
@@ -55,6 +66,9 @@ export class Placement {
   /** Per worker, its slices in the order they were added. */
   readonly #registrations = new Map<string, Array<{ layers: number[]; experts: number[] }>>();
   readonly #inFlight = new Map<string, number>();
+  /** Per worker, its principal and compute class when the registration said. */
+  readonly #owner = new Map<string, string>();
+  readonly #class = new Map<string, string>();
   #rotation = 0;
 
   constructor(options: PlacementOptions) {
@@ -84,9 +98,17 @@ export class Placement {
   }
 
   #check(registration: WorkerRegistration): { id: string; layers: number[]; experts: number[] } {
-    const { id, model } = registration ?? ({} as WorkerRegistration);
+    const { id, model, owner, computeClass } = registration ?? ({} as WorkerRegistration);
     if (typeof id !== "string" || id.length === 0 || Buffer.byteLength(id) > 128) {
       throw new InvalidArgumentError("worker id must be a string of 1..128 bytes");
+    }
+    for (const [what, v] of [
+      ["owner", owner],
+      ["computeClass", computeClass],
+    ] as const) {
+      if (v !== undefined && (typeof v !== "string" || v.length === 0 || Buffer.byteLength(v) > 128)) {
+        throw new InvalidArgumentError(`worker ${id}: ${what} must be a string of 1..128 bytes`);
+      }
     }
     if (model !== this.model) {
       throw new InvalidArgumentError(
@@ -104,6 +126,7 @@ export class Placement {
   register(registration: WorkerRegistration): void {
     const { id, layers, experts } = this.#check(registration);
     this.unregister(id);
+    this.#identity(registration);
     this.#insert(id, layers, experts);
   }
 
@@ -114,9 +137,32 @@ export class Placement {
    */
   add(registration: WorkerRegistration): void {
     const { id, layers, experts } = this.#check(registration);
+    this.#identity(registration);
     const had = this.#registrations.get(id);
     if (had?.some((s) => sameIds(s.layers, layers) && sameIds(s.experts, experts))) return;
     this.#insert(id, layers, experts);
+  }
+
+  #identity(registration: WorkerRegistration): void {
+    const { id, owner, computeClass } = registration;
+    if (owner !== undefined) this.#owner.set(id, owner);
+    if (computeClass !== undefined) this.#class.set(id, computeClass);
+  }
+
+  /** The principal a worker's token was issued to (its id when the registration did not say). */
+  principal(id: string): string {
+    return this.#owner.get(id) ?? id;
+  }
+
+  /** A worker's compute class, undefined when its registration did not say. */
+  computeClass(id: string): string | undefined {
+    return this.#class.get(id);
+  }
+
+  /** The registered workers of the same principal as `id` (itself included). */
+  samePrincipal(id: string): string[] {
+    const p = this.principal(id);
+    return this.workers().filter((w) => w === id || this.principal(w) === p);
   }
 
   #insert(id: string, layers: number[], experts: number[]): void {
@@ -143,6 +189,8 @@ export class Placement {
     const slices = this.#registrations.get(id);
     if (!slices) return false;
     this.#registrations.delete(id);
+    this.#owner.delete(id);
+    this.#class.delete(id);
     for (const reg of slices) {
       for (const layer of reg.layers) {
         const byExpert = this.#byLayer.get(layer);

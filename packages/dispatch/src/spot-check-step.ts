@@ -49,19 +49,34 @@ async function spotCheck(call: CallState, v: SpotCheck, worker: string, part: Pa
     return { ...part, verified: true };
   }
   call.metrics.spotDisagreements++;
-  // its answer was refused: no credit for it
-  call.owner(worker).failures++;
   const shape = { mode: part.mode, n, k: call.routing.k, embd: call.embd, ids: part.ids };
-  v.disagreed({
-    worker,
-    layer: call.layer,
-    experts,
-    cosine: c.cosine,
-    reason: `${replica === undefined ? "the reference" : `replica ${replica}`} disagrees: ${c.reason}`,
-    requestDigest: digest(call, experts),
-    expected: { norm: norm(shape, ref.y) },
-    got: { norm: norm(shape, part.y), cosine: clampCos(c.cosine) },
-    decidedBy: replica ?? "the reference",
-  });
+  const by = replica === undefined ? "the reference" : `replica ${replica}`;
+  const requestDigest = digest(call, experts);
+  const convict = (w: string, y: Float32Array | Float64Array, cmp: typeof c, twinOf?: string) => {
+    // its answer was refused: no credit for it
+    call.owner(w).failures++;
+    v.disagreed({
+      worker: w,
+      layer: call.layer,
+      experts,
+      cosine: cmp.cosine,
+      reason: `${by} disagrees${twinOf ? ` (the twin of ${twinOf}, which gave the same answer)` : ""}: ${cmp.reason}`,
+      requestDigest,
+      expected: { norm: norm(shape, ref.y) },
+      got: { norm: norm(shape, y), cosine: clampCos(cmp.cosine) },
+      decidedBy: replica ?? "the reference",
+    });
+  };
+  convict(worker, part.y, c);
+  // the owners that returned the same answer for the same request are convicted with it (each
+  // compared on its own bits: a twin of another compute class is judged by its own answer)
+  for (const twin of part.twins ?? []) {
+    if (twin.worker === replica) continue;
+    const ct =
+      twin.y === part.y
+        ? c
+        : v.compare(part.mode, n, call.routing.k, call.embd, part.ids, part.tokens, twin.y, ref.y);
+    if (ct.reason !== undefined) convict(twin.worker, twin.y, ct, worker);
+  }
   return { ...ref, verified: true };
 }

@@ -1,5 +1,6 @@
+import { getRandomValues } from "node:crypto";
 import type { ExpertHandler } from "@moeswarm/core";
-import { InvalidArgumentError } from "@moeswarm/core";
+import { InvalidArgumentError, mulberry32 } from "@moeswarm/core";
 import { DEFAULT_MIN_COSINE, DEFAULT_NORM_TOLERANCE, type PartComparison, SpotCheck } from "./spot-check.js";
 
 // Redundant execution (issue 14: "no wrong token with default settings"). With trust "verify" every
@@ -15,6 +16,30 @@ import { DEFAULT_MIN_COSINE, DEFAULT_NORM_TOLERANCE, type PartComparison, SpotCh
 // the parts locally: a colluding pair is caught at the first sampled part (with fraction f, after
 // 1/f of their parts on average), and both are quarantined then; the parts before that are wrong.
 // Placement must make collusion expensive (the hub's replicas on independent identities).
+//
+// Against colluders that lie from the start, an AUDIT against the local third opinion (the
+// reference or the fallback, when the call has one): a worker's first `probation` agreed answers,
+// and a sampled `auditRate` of the agreed answers afterwards, are compared with the local
+// re-computation BEFORE they are used, so a lie caught this way never reaches the combine (nor
+// llama.cpp's KV cache). Every owner whose answer the audit disproves is convicted: a colluder and
+// its twin that returned the same bits go together.
+
+/**
+ * Default probation: a worker's first 8 agreed answers are audited locally. A liar that lies from
+ * its first answer is caught at it; 8 rather than 1 because one decode step asks a worker once per
+ * remote layer, and an attacker cannot know which of its first answers are audited only if a few
+ * steps' worth are (8 = two tokens of a 4-layer model, one of an 8-layer one). Its cost is paid once
+ * per worker and backbone process: 8 local computes of one part each.
+ */
+export const DEFAULT_PROBATION = 8;
+
+/**
+ * Default share of agreed answers audited after probation: 2%. A patient pair that is the only
+ * holder of a part and lies after probation is caught at its first sampled lie; the expected
+ * number of lies used before that is (1 - r) / r = 49 parts at r = 0.02. The cost is r local
+ * computes per part (2% of the worker compute, done on the backbone).
+ */
+export const DEFAULT_AUDIT_RATE = 0.02;
 
 /** What a quarantine proved; the body of the hub's quarantine report, plus the experts. */
 export interface VerificationEvent {
@@ -52,6 +77,15 @@ export interface VerificationOptions {
   readonly quarantineMs?: number;
   /** Called once per quarantine; an exception it throws is ignored. */
   readonly onQuarantine?: (event: VerificationEvent) => void;
+  /**
+   * Agreed answers of a new worker audited against the local third opinion before they are used
+   * (needs a reference or a fallback); default {@link DEFAULT_PROBATION}, 0 turns it off.
+   */
+  readonly probation?: number;
+  /** Share of agreed answers audited after probation, in [0, 1]; default {@link DEFAULT_AUDIT_RATE}. */
+  readonly auditRate?: number;
+  /** Seed of the audit sampling PRNG, a uint32 (default: random). */
+  readonly seed?: number;
 }
 
 export interface VerificationStats {
@@ -71,6 +105,13 @@ export interface VerificationStats {
   /** Payload bytes (out + in) and worker-reported compute ms spent on second and third opinions. */
   extraBytes: number;
   extraComputeMs: number;
+  /** Agreed answers audited against the local reference (probation + sampled), and those it disproved. */
+  audits: number;
+  auditDisagreements: number;
+  /** Wall ms of the local computes of audits. */
+  auditMs: number;
+  /** Pairs not formed because both owners belong to one principal (counted once per part). */
+  samePrincipal: number;
 }
 
 /**
@@ -95,7 +136,16 @@ export class Verification {
     failed: 0,
     extraBytes: 0,
     extraComputeMs: 0,
+    audits: 0,
+    auditDisagreements: 0,
+    auditMs: 0,
+    samePrincipal: 0,
   };
+  readonly probation: number;
+  readonly auditRate: number;
+  /** Audits each worker passed (probation ends at `probation`). */
+  readonly #passed = new Map<string, number>();
+  readonly #random: () => number;
 
   constructor(options: VerificationOptions = {}) {
     if (typeof options !== "object" || options === null)
@@ -112,6 +162,20 @@ export class Verification {
         `Verification: quarantineMs must be a positive finite number, got ${String(quarantineMs)}`,
       );
     }
+    const { probation, auditRate, seed } = options;
+    if (probation !== undefined && !(Number.isInteger(probation) && probation >= 0 && probation <= 1e6))
+      throw new InvalidArgumentError(
+        `Verification: probation must be an integer >= 0, got ${String(probation)}`,
+      );
+    if (auditRate !== undefined && !(typeof auditRate === "number" && auditRate >= 0 && auditRate <= 1))
+      throw new InvalidArgumentError(`Verification: auditRate must be in [0, 1], got ${String(auditRate)}`);
+    if (seed !== undefined && !(Number.isInteger(seed) && seed >= 0 && seed <= 0xffff_ffff))
+      throw new InvalidArgumentError(
+        `Verification: seed must be an integer in [0, 2^32), got ${String(seed)}`,
+      );
+    this.probation = probation ?? DEFAULT_PROBATION;
+    this.auditRate = auditRate ?? DEFAULT_AUDIT_RATE;
+    this.#random = mulberry32(seed ?? getRandomValues(new Uint32Array(1))[0]!);
     this.reference = reference;
     this.quarantineMs = quarantineMs;
     this.#classOf = computeClass;
@@ -125,12 +189,37 @@ export class Verification {
     });
   }
 
-  /** Whether two owners must agree bit for bit (same compute class, or unknown). */
-  sameClass(a: string, b: string): boolean {
-    if (!this.#classOf) return true;
-    const ca = this.#classOf(a);
-    const cb = this.#classOf(b);
+  /**
+   * Whether two owners must agree bit for bit: same compute class, or unknown. The class comes
+   * from `computeClass`, else from the placement's registrations.
+   */
+  sameClass(a: string, b: string, placement?: { computeClass(id: string): string | undefined }): boolean {
+    const of = this.#classOf ?? (placement ? (id: string) => placement.computeClass(id) : undefined);
+    if (!of) return true;
+    const ca = of(a);
+    const cb = of(b);
     return ca === undefined || cb === undefined || ca === cb;
+  }
+
+  /**
+   * @internal whether an agreed answer of these owners is audited now: one of them is on
+   * probation, or the sampled rate draws it (one draw per agreed part).
+   */
+  shouldAudit(workers: readonly string[]): boolean {
+    if (workers.some((w) => (this.#passed.get(w) ?? 0) < this.probation)) return true;
+    return this.auditRate > 0 && this.#random() < this.auditRate;
+  }
+
+  /** @internal an audit confirmed this worker's answer. */
+  passed(worker: string): void {
+    this.#passed.set(worker, (this.#passed.get(worker) ?? 0) + 1);
+  }
+
+  /** @internal an audit ran (ms of local compute) and how many answers it disproved. */
+  audited(ms: number, disproved: number): void {
+    this.#s.audits++;
+    this.#s.auditMs += ms;
+    if (disproved > 0) this.#s.auditDisagreements++;
   }
 
   /**
@@ -215,7 +304,15 @@ export class Verification {
   }
 
   /** @internal counters. */
-  count(what: "partsVerified" | "disagreements" | "thirdOpinions" | "unverifiableLocal" | "failed"): void {
+  count(
+    what:
+      | "partsVerified"
+      | "disagreements"
+      | "thirdOpinions"
+      | "unverifiableLocal"
+      | "failed"
+      | "samePrincipal",
+  ): void {
     this.#s[what]++;
   }
 

@@ -23,11 +23,16 @@ function settle(p: Promise<Part>): Promise<Settled> {
   );
 }
 
-/** A second owner of all the ask's experts: the one grouping chose, else any not yet excluded. */
+/**
+ * A second owner of all the ask's experts: the one grouping chose, else any not yet excluded. It
+ * must belong to another principal than every owner already asked (`also` and the ask's worker):
+ * two ids of one owner are one opinion (a colluder with two enrolments).
+ */
 function secondOwner(call: CallState, ask: Ask, also: readonly string[]): string | undefined {
   const excluded = call.exclude(ask.worker)!;
   for (const id of also) excluded.add(id);
   if (ask.avoid !== undefined) excluded.add(ask.avoid);
+  for (const id of [ask.worker, ...also]) for (const w of call.placement.samePrincipal(id)) excluded.add(w);
   if (ask.second !== undefined && !excluded.has(ask.second)) return ask.second;
   return call.replicaOfAll(ask.worker, ask.experts, excluded);
 }
@@ -35,7 +40,11 @@ function secondOwner(call: CallState, ask: Ask, also: readonly string[]): string
 async function redundant(call: CallState, v: Verification, next: Answer, ask: Ask): Promise<Part> {
   const { worker, experts } = ask;
   const second = secondOwner(call, ask, []);
-  if (second === undefined) return unverifiable(call, v, ask);
+  if (second === undefined) {
+    // another owner exists, but of the same principal: say so in the stats
+    if (call.replicaOfAll(worker, experts) !== undefined) v.count("samePrincipal");
+    return unverifiable(call, v, ask);
+  }
   const cancel = ask.cancel;
   const asked = (w: string) => settle(next({ worker: w, experts, ...(cancel ? { cancel } : {}) }));
   let [a, b] = await Promise.all([asked(worker), asked(second)]);
@@ -68,11 +77,20 @@ async function decide(
 ): Promise<Part> {
   const shape = { ...pa, n: pa.tokens.length, k: call.routing.k, embd: call.embd };
   spend(call, v, pb);
-  const c = v.compare(v.sameClass(wa, wb), shape, pa.y, pb.y);
+  const exact = v.sameClass(wa, wb, call.placement);
+  const c = v.compare(exact, shape, pa.y, pb.y);
   if (c.reason === undefined) {
+    if (call.thirdOpinion && v.shouldAudit([wa, wb])) {
+      const audited = await audit(call, v, ask, shape, [
+        [wa, pa],
+        [wb, pb],
+      ]);
+      if (audited) return audited;
+    }
     v.count("partsVerified");
     call.metrics.verifiedParts++;
-    return { ...pa, verified: true };
+    // the twin that agreed answers for the same bits: a later check that disproves them convicts both
+    return { ...pa, verified: true, twins: [{ worker: wb, y: pb.y }] };
   }
   v.count("disagreements");
   call.metrics.verifyDisagreements++;
@@ -133,6 +151,68 @@ async function decide(
     `layer ${call.layer}: workers ${wa}, ${wb} and ${third.by} answer experts ${describeExperts(ask.experts)} three ways (${c.reason})`,
     { details: { layer: call.layer, workers: [wa, wb, third.by], experts: describeExperts(ask.experts) } },
   );
+}
+
+type Shape = {
+  mode: "each" | "sum";
+  n: number;
+  k: number;
+  embd: number;
+  ids: Int32Array;
+  tokens: Int32Array;
+};
+
+/**
+ * Probation or a sampled audit: the agreed answers compared with the local third opinion before
+ * the combine. Every owner it disproves is convicted (colluding twins together); the answer used
+ * is an owner's that it confirms, else its own. Undefined when the local compute failed (the
+ * agreement stands, as without an audit).
+ */
+async function audit(
+  call: CallState,
+  v: Verification,
+  ask: Ask,
+  shape: Shape,
+  answers: ReadonlyArray<readonly [string, Part]>,
+): Promise<Part | undefined> {
+  const t0 = performance.now();
+  let ref: Part;
+  try {
+    ref = await attempt(call, "third")({ worker: ask.worker, experts: ask.experts });
+  } catch (error) {
+    if (call.signal.aborted) throw error;
+    return undefined;
+  }
+  let good: Part | undefined;
+  let disproved = 0;
+  for (const [w, p] of answers) {
+    const cmp = v.compare(false, shape, p.y, ref.y);
+    if (cmp.reason === undefined) {
+      v.passed(w);
+      good ??= p;
+      continue;
+    }
+    disproved++;
+    call.owner(w).failures++;
+    v.convict({
+      worker: w,
+      layer: call.layer,
+      experts: ask.experts,
+      reason: `${w}'s answer disagrees with the reference (audit; its twin ${answers
+        .filter(([x]) => x !== w)
+        .map(([x]) => x)
+        .join(", ")} agreed with it): ${cmp.reason}`.slice(0, 500),
+      requestDigest: digest(call, ask.experts),
+      expected: { norm: norm(shape, ref.y) },
+      got: { norm: norm(shape, p.y), cosine: clampCos(cmp.cosine) },
+      decidedBy: "the reference",
+      at: Math.floor(Date.now()),
+    });
+  }
+  v.audited(performance.now() - t0, disproved);
+  v.count("partsVerified");
+  call.metrics.verifiedParts++;
+  return good ? { ...good, verified: true } : { ...ref, worker: undefined, verified: true };
 }
 
 interface Third {

@@ -34,10 +34,16 @@ const honest = createReferenceWorker(model);
 const ALL = [0, 1, 2, 3, 4, 5];
 
 /** Workers as in-process computes behind a transport that does NOT say it is trusted (as the relay). */
-function strangers(workers: [string, number[], ExpertHandler][]) {
+function strangers(workers: [string, number[], ExpertHandler, owner?: string][]) {
   const calls: Record<string, number> = {};
   const placement = Placement.fromRegistrations(
-    workers.map(([id, experts]) => ({ id, model: "tiny", layers: [0], experts })),
+    workers.map(([id, experts, , owner]) => ({
+      id,
+      model: "tiny",
+      layers: [0],
+      experts,
+      ...(owner ? { owner } : {}),
+    })),
   );
   const inner = new InProcessTransport(
     workers.map(([id, , compute]) => {
@@ -166,6 +172,12 @@ describe("trust defaults", () => {
         dispatchExperts(hidden, routing, { layer: 0, placement, transport, ...(bad as object) }),
       ).rejects.toMatchObject({ code: "MOESWARM_INVALID_ARGUMENT" });
     }
+    for (const bad of [{ probation: -1 }, { probation: 1.5 }, { auditRate: 2 }, { seed: -1 }]) {
+      expect(() => new Verification(bad)).toThrow(/probation|auditRate|seed/);
+    }
+    expect(() =>
+      Placement.fromRegistrations([{ id: "w", model: "t", layers: [0], experts: [0], owner: "" }]),
+    ).toThrow(/owner/);
   });
 });
 
@@ -354,27 +366,136 @@ describe("liars under the defaults", () => {
     });
   });
 
-  it("two colluding liars holding the same part: redundancy cannot see it; a sampled local check can", async () => {
-    // what the design promises, honestly: two owners that return the same wrong answer agree
-    const colluders = () =>
-      strangers([
-        ["liarA", ALL, scaled],
-        ["liarB", ALL, scaled],
-      ]);
-    const blind = await decode(colluders(), 20, { verification: new Verification(), fallback: honest });
+  const colluders = (a: ExpertHandler = scaled, b: ExpertHandler = a) =>
+    strangers([
+      ["liarA", ALL, a],
+      ["liarB", ALL, b],
+    ]);
+
+  it("two colluders without an audit: redundancy cannot see them; a SpotCheck convicts both twins", async () => {
+    // what redundancy alone promises, honestly: two owners that return the same wrong answer agree
+    const noAudit = () => new Verification({ probation: 0, auditRate: 0 });
+    const blind = await decode(colluders(), 20, { verification: noAudit(), fallback: honest });
     expect(blind.wrong).toBe(20);
-    // a SpotCheck with the local reference on top: caught at the first sampled part; after it
-    // the pair is broken up and the rest is served locally
-    const verification = new Verification();
+    // a SpotCheck with the local reference on top: caught at the first sampled part, and the
+    // twin that returned the same bits for that request is convicted with it
     const verify = new SpotCheck({ fraction: 0.25, reference: honest, seed: 7 });
-    const checked = await decode(colluders(), 20, { verification, fallback: honest, verify });
-    const caughtAt = verify.snapshot().quarantines > 0 ? verify.snapshot() : undefined;
-    expect(caughtAt).toBeDefined();
-    // the sampled answers are replaced by the reference: every wrong output came before detection
+    const checked = await decode(colluders(), 20, { verification: noAudit(), fallback: honest, verify });
+    const snap = verify.snapshot();
+    expect(snap.quarantined.sort()).toEqual(["liarA", "liarB"]);
+    expect(snap.disagreements).toBe(2);
+    expect(snap.quarantines).toBe(2);
     expect(checked.wrong).toBeLessThan(20);
     console.log(
       `[trust] two colluding liars: redundancy alone 20/20 wrong; with SpotCheck 0.25 + reference ` +
-        `${checked.wrong}/20 wrong (all before the first sampled part), quarantined ${verify.snapshot().quarantined.join(",")}`,
+        `${checked.wrong}/20 wrong (all before the first sampled part), both twins quarantined`,
     );
+  });
+
+  it("two colluders lying from the start, defaults (probation): zero wrong outputs, both convicted at the first answer", async () => {
+    const events: VerificationEvent[] = [];
+    const verification = new Verification({ onQuarantine: (e) => events.push(e) });
+    const s = colluders();
+    const r = await decode(s, 20, { verification, fallback: honest });
+    expect(r.wrong).toBe(0);
+    expect(r.failed).toBe(0);
+    expect(r.detectedAt).toBe(1);
+    expect(verification.quarantined().sort()).toEqual(["liarA", "liarB"]);
+    expect(events.map((e) => e.worker).sort()).toEqual(["liarA", "liarB"]);
+    // the same request, the same evidence
+    expect(events[0]!.requestDigest).toBe(events[1]!.requestDigest);
+    expect(events[0]!.decidedBy).toBe("the reference");
+    expect(s.calls).toEqual({ liarA: 1, liarB: 1 });
+    const st = verification.stats();
+    expect(st).toMatchObject({ audits: 1, auditDisagreements: 1 });
+    // afterwards: both quarantined, the experts have no owner and the local fallback serves them
+    // (the liars were asked once each, above)
+  });
+
+  it("honest pairs: probation audits each worker's first answers, then the sampled rate", async () => {
+    const s = strangers([
+      ["a", ALL, honest],
+      ["b", ALL, honest],
+    ]);
+    const verification = new Verification({ probation: 3, auditRate: 0.1, seed: 1 });
+    const r = await decode(s, 40, { verification, fallback: honest });
+    expect(r.wrong).toBe(0);
+    const st = verification.stats();
+    expect(st.quarantines).toBe(0);
+    expect(st.auditDisagreements).toBe(0);
+    // 3 of probation (each audit covers both owners), then about 10% of the other 37
+    expect(st.audits).toBeGreaterThanOrEqual(3);
+    expect(st.audits).toBeLessThan(3 + 15);
+    const none = new Verification({ probation: 0, auditRate: 0 });
+    await decode(s, 10, { verification: none, fallback: honest });
+    expect(none.stats().audits).toBe(0);
+  });
+
+  it("patient colluders (honest through probation, then lying): caught by the sampled audit, both", async () => {
+    const verification = new Verification({ probation: 2, auditRate: 0.25, seed: 3 });
+    const r = await decode(colluders(honestThen(2, scaled), honestThen(2, scaled)), 40, {
+      verification,
+      fallback: honest,
+    });
+    expect(verification.quarantined().sort()).toEqual(["liarA", "liarB"]);
+    // the lies used are those between probation and the first sampled one: expected (1-r)/r = 3
+    expect(r.wrong).toBeLessThan(20);
+    console.log(
+      `[trust] patient colluders, probation 2, audit rate 0.25: ${r.wrong}/40 wrong outputs, caught at call ${r.detectedAt}`,
+    );
+  });
+
+  it("two ids of one principal are never each other's twin", async () => {
+    const mallory = () =>
+      strangers([
+        ["m1", ALL, scaled, "mallory"],
+        ["m2", ALL, scaled, "mallory"],
+      ]);
+    // with a local fallback: no verifiable pair, so the fallback computes; the pair is never asked
+    const verification = new Verification({ probation: 0, auditRate: 0 });
+    const s = mallory();
+    const r = await decode(s, 10, { verification, fallback: honest });
+    expect(r.wrong).toBe(0);
+    expect(s.calls).toEqual({ m1: 0, m2: 0 });
+    expect(verification.stats()).toMatchObject({ unverifiableLocal: 10, samePrincipal: 10 });
+    // without one: the typed refusal, never their agreement
+    const bare = await decode(mallory(), 3, { verification: new Verification() });
+    expect(bare.wrong).toBe(0);
+    expect(bare.failed).toBe(3);
+    expect(bare.metrics.errors).toMatchObject({ MOESWARM_VERIFY_UNAVAILABLE: 3 });
+    // beside an honest owner of another principal: every pair is mallory + honest
+    const mixed = strangers([
+      ["m1", ALL, scaled, "mallory"],
+      ["m2", ALL, scaled, "mallory"],
+      ["h", ALL, honest, "alice"],
+    ]);
+    const v3 = new Verification({ probation: 0, auditRate: 0 });
+    const m = await decode(mixed, 10, { verification: v3, fallback: honest });
+    expect(m.wrong).toBe(0);
+    expect(v3.quarantined().length).toBeGreaterThanOrEqual(1);
+    expect(v3.quarantined().every((id) => id === "m1" || id === "m2")).toBe(true);
+  });
+
+  it("a compute class from the placement: bit-exact within a class, the tolerance across", async () => {
+    const jitter = lying((_, y) => {
+      for (let i = 0; i < y.length; i++) y[i] = Math.fround(y[i]! * (1 + 1e-6 * ((i % 3) - 1)));
+    });
+    const placementWith = (ca: string, cb: string) => {
+      const s = strangers([
+        ["x", ALL, honest],
+        ["y", ALL, jitter],
+      ]);
+      const placement = Placement.fromRegistrations([
+        { id: "x", model: "tiny", layers: [0], experts: ALL, computeClass: ca },
+        { id: "y", model: "tiny", layers: [0], experts: ALL, computeClass: cb },
+      ]);
+      return { ...s, placement };
+    };
+    const same = new Verification({ probation: 0, auditRate: 0 });
+    await decode(placementWith("ggml-cpu-x86_64", "ggml-cpu-x86_64"), 3, { verification: same });
+    expect(same.stats().disagreements).toBe(3);
+    const across = new Verification({ probation: 0, auditRate: 0 });
+    await decode(placementWith("ggml-cpu-x86_64", "vulkan"), 3, { verification: across });
+    expect(across.stats()).toMatchObject({ disagreements: 0, partsVerified: 3 });
   });
 });

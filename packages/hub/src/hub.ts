@@ -6,6 +6,7 @@ import type { Server as HttpsServer } from "node:https";
 import { formatRange, HubError, InvalidArgumentError, toRanges } from "@moeswarm/core";
 import type { ExpertSlice } from "@moeswarm/shard";
 import type { ConnectionGuard } from "./connection-guard.js";
+import { Enrolment, openEnrolStore } from "./enrolment.js";
 import { sendError } from "./http-errors.js";
 import { ModelRegistry } from "./hub-models.js";
 import { type HubConfig, openHubStore, readHubOptions, type Settings } from "./hub-options.js";
@@ -61,6 +62,7 @@ class HubImpl implements Hub {
   readonly #marketBook: MarketBook;
   readonly #routes: RouteContext;
   readonly #reputation: Reputation;
+  readonly #enrolment: Enrolment;
   readonly #inflight = new Set<Promise<void>>();
   readonly #downloads = new Set<AbortController>();
   readonly #persistTimer: ReturnType<typeof setInterval>;
@@ -82,6 +84,11 @@ class HubImpl implements Hub {
     try {
       this.#reputation = new Reputation({
         reports: openReportStore(options.store, this.store),
+        clock: config.clock,
+      });
+      this.#enrolment = new Enrolment({
+        store: openEnrolStore(options.store, this.store),
+        secret: this.#s.secret,
         clock: config.clock,
       });
     } catch (error) {
@@ -190,6 +197,8 @@ class HubImpl implements Hub {
     evidence: QuarantineEvidence,
   ): Promise<QuarantineRecord> {
     const record = await this.#reputation.quarantine(backbone, model, evidence);
+    // a banned owner enrols again only with a code the operator issues after the ban
+    await this.#enrolment.revokeFor(record.worker, this.market.ownerOf(record.worker));
     const leases = this.market.revokeWorker(record.worker);
     if (leases.length > 0) {
       await this.#marketBook.flush();
@@ -287,6 +296,9 @@ class HubImpl implements Hub {
         if (done) this.#emit({ type: "reinstate", worker });
         return done;
       },
+      quarantines: () => this.#reputation.list(),
+      enrol: (code) => this.#enrolment.redeem(code),
+      issueEnrolCode: (o) => this.#enrolment.issue(o),
       emitLease: (action, lease) => this.#emitLease(action, lease),
     };
   }
@@ -496,6 +508,7 @@ class HubImpl implements Hub {
       await this.#marketBook.close();
       await this.#models.closeAll();
       await this.#reputation.close().catch(noop);
+      await this.#enrolment.close().catch(noop);
       if (this.#ownsStore) await this.store.close().catch(noop);
       await stopped;
     })();

@@ -80,6 +80,7 @@ export {
   type StoredLease,
   type StoredModel,
   type StoredSlice,
+  type StoredStatsSeq,
   type StoredWorker,
 } from "./store.js";
 export { openSqliteStore, SQLITE_SCHEMA_VERSION, type SqliteStoreOptions } from "./store-sqlite.js";
@@ -87,6 +88,7 @@ export {
   checkSecret,
   type MintTokenOptions,
   mintToken,
+  principalOf,
   type TokenClaims,
   type TokenRole,
   type TokenSecret,

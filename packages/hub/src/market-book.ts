@@ -67,6 +67,8 @@ export class MarketBook {
   readonly #reported = new Map<string, number>();
   readonly #rates = new Map<string, BackboneRate>();
   readonly #seq = new Map<string, number>();
+  /** Seqs taken since the last write (written with the credits they came with). */
+  readonly #dirtySeq = new Map<string, { backbone: string; model: string; seq: number }>();
   readonly #waiters = new Set<Waiter>();
   readonly #served = new Map<string, number>();
   #queue: Promise<void> = Promise.resolve();
@@ -98,6 +100,9 @@ export class MarketBook {
       this.#o.store.listCredits(),
     ]);
     this.market.load({ leases, demand, credits });
+    for (const q of (await this.#o.store.listStatsSeqs?.()) ?? []) {
+      this.#seq.set(`${q.backbone}\0${q.model}`, q.seq);
+    }
     this.#sweep();
   }
 
@@ -127,7 +132,12 @@ export class MarketBook {
         break;
       case "register":
         // the leases it fulfils end on disk now, not at the next flush (no ghost after a kill -9)
-        if (this.market.register(event.id, event.model, event.layers, event.experts, now).length > 0) {
+        if (
+          this.market.register(event.id, event.model, event.layers, event.experts, now, {
+            ...(event.owner !== undefined ? { owner: event.owner } : {}),
+            ...(event.backend !== undefined ? { computeClass: event.backend } : {}),
+          }).length > 0
+        ) {
           void this.#commit();
         }
         break;
@@ -192,7 +202,10 @@ export class MarketBook {
           return i < 0 ? 0 : (shape.nExpert[i] ?? 0);
         });
     this.market.addCounts(model, bounded.counts, now);
-    if (report.seq !== undefined) this.#seq.set(key, report.seq);
+    if (report.seq !== undefined) {
+      this.#seq.set(key, report.seq);
+      this.#dirtySeq.set(key, { backbone, model, seq: report.seq });
+    }
     if (bounded.tokens !== undefined && bounded.ms !== undefined) {
       this.#rates.set(key, {
         id: backbone,
@@ -333,15 +346,23 @@ export class MarketBook {
       const deleted = [
         ...new Set([...changes.deadLeases, ...ended, ...put.filter((l) => !live.has(l.id)).map((l) => l.id)]),
       ].filter((id) => !byId.has(id));
-      if (leases.length + deleted.length + changes.credits.length + changes.demand.length === 0) return;
+      const seqs = [...this.#dirtySeq.values()];
+      this.#dirtySeq.clear();
+      const n = leases.length + deleted.length + changes.credits.length + changes.demand.length;
+      if (n + seqs.length === 0) return;
       try {
         await this.#o.store.putLeases(leases, {
           deleteLeases: deleted,
           credits: changes.credits,
           demand: changes.demand,
+          ...(seqs.length > 0 ? { statsSeqs: seqs } : {}),
         });
       } catch (error) {
         this.market.restoreChanges(changes);
+        for (const q of seqs) {
+          const key = `${q.backbone}\0${q.model}`;
+          if (!this.#dirtySeq.has(key)) this.#dirtySeq.set(key, q);
+        }
         throw error;
       }
     }, rethrow);

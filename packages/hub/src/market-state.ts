@@ -82,6 +82,10 @@ export interface Slice {
 
 export interface WorkerState {
   draining: boolean;
+  /** The principal of its token (replicas count distinct owners); its id when unknown. */
+  owner: string;
+  /** Its compute class (the register frame's backend), when it said. */
+  computeClass: string | undefined;
   /** Per model, the slices registered, in order (none identical). */
   slices: Map<string, Slice[]>;
 }
@@ -152,6 +156,11 @@ export class Grid {
   readonly maxExpert: number;
   readonly coverage: Int32Array;
   readonly pending: Int32Array;
+  /**
+   * Per principal, how many of its workers hold each cell (sparse): `coverage` counts principals,
+   * so two ids of one owner are one replica (they could agree on a lie).
+   */
+  readonly #held = new Map<string, Map<number, number>>();
   demand: DemandCounters;
   version: number;
 
@@ -175,8 +184,17 @@ export class Grid {
     this.version = Math.max(this.version + 1, Math.floor(now));
   }
 
-  /** Adds `delta` to the coverage of each cell (layer -> ascending experts; cells off the grid skipped). */
-  addCells(cells: ReadonlyMap<number, readonly number[]>, delta: number): void {
+  /**
+   * A worker of principal `owner` gains (delta 1) or loses (-1) the cells (layer -> ascending
+   * experts; cells off the grid skipped): a cell's coverage changes when the first of the
+   * principal's workers gains it or the last loses it.
+   */
+  addCells(cells: ReadonlyMap<number, readonly number[]>, delta: 1 | -1, owner: string): void {
+    let held = this.#held.get(owner);
+    if (!held) {
+      held = new Map();
+      this.#held.set(owner, held);
+    }
     for (const [layer, experts] of cells) {
       const r = this.row.get(layer);
       if (r === undefined) continue;
@@ -184,9 +202,14 @@ export class Grid {
       const off = this.offsets[r] as number;
       for (const e of experts) {
         if (e >= n) break;
-        this.coverage[off + e] = (this.coverage[off + e] as number) + delta;
+        const was = held.get(off + e) ?? 0;
+        const now = Math.max(0, was + delta);
+        if (now === 0) held.delete(off + e);
+        else held.set(off + e, now);
+        if (was > 0 !== now > 0) this.coverage[off + e] = (this.coverage[off + e] as number) + delta;
       }
     }
+    if (held.size === 0) this.#held.delete(owner);
   }
 
   /** Expert bytes of the cells. */

@@ -34,7 +34,14 @@ function registrationsOf(st: MarketState, grid: Grid, model: string): PlacementR
       let end = s.experts.length;
       while (end > 0 && (s.experts[end - 1] as number) >= grid.maxExpert) end--;
       if (layers.length === 0 || end === 0) continue;
-      registrations.push({ id, model, layers, experts: s.experts.slice(0, end) });
+      registrations.push({
+        id,
+        model,
+        layers,
+        experts: s.experts.slice(0, end),
+        owner: w.owner,
+        ...(w.computeClass !== undefined ? { computeClass: w.computeClass } : {}),
+      });
     }
   }
   return registrations;

@@ -154,7 +154,7 @@ export class CoverageMarket {
     if (previous) grid.version = Math.max(grid.version, previous.version + 1);
     for (const w of this.#st.workers.values()) {
       const list = w.slices.get(model.id);
-      if (list && list.length > 0 && !w.draining) grid.addCells(cellsOf(list, grid), 1);
+      if (list && list.length > 0 && !w.draining) grid.addCells(cellsOf(list, grid), 1, w.owner);
     }
     for (const lease of this.#st.leases.values()) if (lease.model === model.id) grid.addLease(lease, 1);
     const rows = this.#st.storedDemand.get(model.id);
@@ -190,10 +190,10 @@ export class CoverageMarket {
 
   // --- coverage (from the relay) ----------------------------------------------------------------
 
-  #worker(id: string): WorkerState {
+  #worker(id: string, owner: string | undefined): WorkerState {
     let w = this.#st.workers.get(id);
     if (!w) {
-      w = { draining: false, slices: new Map() };
+      w = { draining: false, slices: new Map(), owner: owner ?? id, computeClass: undefined };
       this.#st.workers.set(id, w);
     }
     return w;
@@ -204,9 +204,14 @@ export class CoverageMarket {
     for (const [model, list] of w.slices) {
       const grid = this.#st.grids.get(model);
       if (!grid || list.length === 0) continue;
-      grid.addCells(cellsOf(list, grid), -1);
+      grid.addCells(cellsOf(list, grid), -1, w.owner);
       grid.touch(now);
     }
+  }
+
+  /** The principal a connected worker's token named (undefined: not connected). */
+  ownerOf(id: string): string | undefined {
+    return this.#st.workers.get(id)?.owner;
   }
 
   /** A worker's connection ended, or a new one replaced it: its slices no longer count. */
@@ -230,8 +235,11 @@ export class CoverageMarket {
     layers: readonly number[],
     experts: readonly number[],
     now: number,
+    identity: { owner?: string; computeClass?: string } = {},
   ): Lease[] {
-    const w = this.#worker(id);
+    // the owner is the token's, fixed for a connection (a new one starts with workerGone)
+    const w = this.#worker(id, identity.owner);
+    if (identity.computeClass !== undefined) w.computeClass = identity.computeClass;
     const slice: Slice = { layers: normaliseIds(layers), experts: normaliseIds(experts) };
     // a drain withdrew and forgot every slice: this register starts a new set
     w.draining = false;
@@ -246,7 +254,7 @@ export class CoverageMarket {
       list.push(slice);
       if (grid && before) {
         // a worker counts once per cell: only cells none of its other slices holds are new coverage
-        grid.addCells(cellsAdded(before, cellsOf(list, grid)), 1);
+        grid.addCells(cellsAdded(before, cellsOf(list, grid)), 1, w.owner);
         grid.touch(now);
       }
     }
@@ -295,7 +303,7 @@ export class CoverageMarket {
     const before = grid && !w.draining ? cellsOf(list, grid) : undefined;
     list.splice(i, 1);
     if (grid && before) {
-      grid.addCells(cellsAdded(cellsOf(list, grid), before), -1);
+      grid.addCells(cellsAdded(cellsOf(list, grid), before), -1, w.owner);
       grid.touch(now);
     }
   }

@@ -20,6 +20,8 @@ export interface Route {
 export class Peer {
   role: Role | undefined;
   id: string | undefined;
+  /** The principal of its token (`own`, else the id): replicas count distinct owners. */
+  owner: string | undefined;
   live = false;
   closed = false;
   readonly connectedAt = Date.now();

@@ -93,6 +93,8 @@ export type RelayServerEvent =
       experts: number[];
       capacity?: number;
       backend?: string;
+      /** The principal of the worker's token (its id when the token names none). */
+      owner?: string;
     }
   /** A slice the relay withdrew: the lease that covered it ended, or the worker was quarantined. */
   | { type: "unregister"; id: string; model: string; layers: number[]; experts: number[]; reason: string }

@@ -29,7 +29,7 @@ import type {
   SliceInfo,
   WorkerInfo,
 } from "./relay-types.js";
-import { type TokenClaims, unboundMessage, verifyToken } from "./token.js";
+import { principalOf, type TokenClaims, unboundMessage, verifyToken } from "./token.js";
 import { TokenBucket } from "./token-bucket.js";
 
 export type {
@@ -386,6 +386,7 @@ class RelayServer implements Relay {
           experts: frame.experts,
           ...(frame.capacity !== undefined ? { capacity: frame.capacity } : {}),
           ...(frame.backend !== undefined ? { backend: frame.backend } : {}),
+          owner: peer.owner ?? (peer.id as string),
         });
         return;
       }
@@ -494,6 +495,7 @@ class RelayServer implements Relay {
     }
     peer.role = frame.role;
     peer.id = frame.id;
+    peer.owner = principalOf(claims, frame.id);
     peer.live = true;
     if (frame.caps?.maxFrame !== undefined) peer.maxFrame = frame.caps.maxFrame;
     const table = frame.role === "worker" ? this.#workers : this.#backbones;

@@ -40,6 +40,8 @@ import type {
  *
  * Version 3 lets a worker keep several slices of one model (each register frame adds one): the
  * slices' key becomes (worker, model, layers, experts), with their registration order.
+ *
+ * Version 4 keeps the last stats report seq per backbone and model, written with the credits.
  */
 const MIGRATIONS: readonly string[] = [
   // 1: models registered at run time, workers and the slices they registered
@@ -109,6 +111,13 @@ const MIGRATIONS: readonly string[] = [
      SELECT worker, model, layers, experts, capacity, backend, registered_at, 0 FROM worker_slices;
    DROP TABLE worker_slices;
    ALTER TABLE worker_slices_v3 RENAME TO worker_slices;`,
+  // 4: the last stats report seq per backbone and model (retries stay duplicates across a restart)
+  `CREATE TABLE stats_seq (
+     backbone TEXT NOT NULL,
+     model    TEXT NOT NULL,
+     seq      INTEGER NOT NULL,
+     PRIMARY KEY (backbone, model)
+   ) STRICT;`,
 ];
 
 /** The schema version this hub writes. */
@@ -371,6 +380,7 @@ export function openSqliteStore(path: string, options: SqliteStoreOptions = {}):
       run("storing credits", () => {
         tx.putCredits.immediate(rows);
       }),
+    listStatsSeqs: () => run("listing stats seqs", () => q.statsSeqs.all()),
     async close() {
       if (closed) return;
       closed = true;
@@ -428,6 +438,13 @@ function prepareStatements(db: SqliteDatabase) {
     credits: db.prepare<[], CreditTableRow>(
       "SELECT worker, model, expert_tokens, updated_at FROM credits ORDER BY worker, model",
     ),
+    statsSeqs: db.prepare<[], { backbone: string; model: string; seq: number }>(
+      "SELECT backbone, model, seq FROM stats_seq ORDER BY backbone, model",
+    ),
+    putStatsSeq: db.prepare<[string, string, number]>(
+      `INSERT INTO stats_seq (backbone, model, seq) VALUES (?, ?, ?)
+       ON CONFLICT (backbone, model) DO UPDATE SET seq = MAX(seq, excluded.seq)`,
+    ),
     putCredit: db.prepare<[string, string, number, number]>(
       `INSERT INTO credits (worker, model, expert_tokens, updated_at) VALUES (?, ?, ?, ?)
        ON CONFLICT (worker, model) DO UPDATE SET expert_tokens = excluded.expert_tokens, updated_at = excluded.updated_at`,
@@ -456,6 +473,7 @@ function writeTransactions(db: SqliteDatabase, q: Statements) {
     for (const id of also.deleteLeases ?? []) q.deleteLease.run(id);
     for (const c of also.credits ?? []) q.putCredit.run(c.worker, c.model, c.expertTokens, c.updatedAt);
     for (const d of also.demand ?? []) q.putDemand.run(d.model, d.layer, d.at, countsToBlob(d.counts));
+    for (const x of also.statsSeqs ?? []) q.putStatsSeq.run(x.backbone, x.model, x.seq);
   });
   const deleteLeases = db.transaction((ids: readonly string[]) => {
     let n = 0;

@@ -44,7 +44,20 @@ export interface HubStore extends AsyncDisposable {
   listCredits(): Promise<StoredCredit[]>;
   /** Adds or replaces credit rows (absolute totals, by worker and model), in one transaction. */
   putCredits(rows: readonly StoredCredit[]): Promise<void>;
+  /**
+   * The last stats report `seq` taken per backbone and model (written with the credits it gave,
+   * in `putLeases`' transaction): a retry after a restart is still a duplicate. A store without
+   * it forgets them at a restart (a retry is then bounded only by what the relay forwarded).
+   */
+  listStatsSeqs?(): Promise<StoredStatsSeq[]>;
   close(): Promise<void>;
+}
+
+/** The last stats report sequence number a hub took from a backbone for a model. */
+export interface StoredStatsSeq {
+  readonly backbone: string;
+  readonly model: string;
+  readonly seq: number;
 }
 
 /** What the market changed beside its leases, written with them (see `putLeases`). */
@@ -55,6 +68,8 @@ export interface MarketWrite {
   readonly credits?: readonly StoredCredit[];
   /** Demand rows (by model and layer). */
   readonly demand?: readonly StoredDemandRow[];
+  /** The last report seq per backbone and model (see `listStatsSeqs`). */
+  readonly statsSeqs?: readonly StoredStatsSeq[];
 }
 
 /** A lease as the store keeps it (see `Lease` of the market). */
@@ -128,6 +143,7 @@ export function createMemoryStore(): HubStore {
   const leases = new Map<string, StoredLease>();
   const demand = new Map<string, StoredDemandRow>();
   const credits = new Map<string, StoredCredit>();
+  const seqs = new Map<string, StoredStatsSeq>();
   let closed = false;
   const open = () => {
     if (closed) throw new HubError("MOESWARM_HUB_STORE", "the hub store is closed");
@@ -176,6 +192,11 @@ export function createMemoryStore(): HubStore {
       for (const id of also.deleteLeases ?? []) leases.delete(id);
       for (const c of also.credits ?? []) credits.set(`${c.worker}\0${c.model}`, { ...c });
       for (const d of also.demand ?? []) demand.set(`${d.model}\0${d.layer}`, copyDemand(d));
+      for (const q of also.statsSeqs ?? []) seqs.set(`${q.backbone}\0${q.model}`, { ...q });
+    },
+    async listStatsSeqs() {
+      open();
+      return [...seqs.values()].map((q) => ({ ...q }));
     },
     async deleteLeases(ids) {
       open();

@@ -6,7 +6,9 @@ import { AuthError, InvalidArgumentError } from "@moeswarm/core";
  *
  *   msw1.<base64url(JSON claims)>.<base64url(HMAC-SHA256(secret, "msw1." + claims part))>
  *
- * claims: {"r": role, "sub"?: peer id, "iat": issued (unix s), "exp": expiry (unix s)}.
+ * claims: {"r": role, "sub"?: peer id, "own"?: principal, "iat": issued (unix s), "exp": expiry (unix s)}.
+ * `own` names who the identity belongs to (a person or organisation the operator enrolled): the
+ * hub counts replicas, and backbones pair answers, by distinct principals. Absent: the id.
  * The signature covers the prefix so a future format cannot be confused with this one; it is
  * checked (in constant time) before the claims are parsed. See README.md "Tokens".
  */
@@ -17,6 +19,8 @@ export interface TokenClaims {
   role: TokenRole;
   /** The peer id the token is bound to; any id when absent. */
   id?: string;
+  /** The principal the identity belongs to (`own`); the id when absent. */
+  owner?: string;
   /** Issued at, unix seconds. */
   iat: number;
   /** Expires at, unix seconds. */
@@ -68,6 +72,8 @@ export interface MintTokenOptions {
   role: TokenRole;
   /** Bind the token to this peer id. */
   id?: string;
+  /** The principal the identity belongs to (default: the id): replicas count distinct owners. */
+  owner?: string;
   /** Lifetime in seconds. */
   ttlS: number;
   /** Clock override, unix ms (tests). */
@@ -76,12 +82,18 @@ export interface MintTokenOptions {
 
 /** Signs a token with the first secret. */
 export function mintToken(options: MintTokenOptions, secret: TokenSecret): string {
-  const { role, id, ttlS } = options ?? ({} as MintTokenOptions);
+  const { role, id, owner, ttlS } = options ?? ({} as MintTokenOptions);
   if (!ROLES.includes(role)) {
     throw new InvalidArgumentError(`token role must be one of ${ROLES.join(", ")}`);
   }
   if (id !== undefined && (typeof id !== "string" || id.length === 0 || Buffer.byteLength(id) > 128)) {
     throw new InvalidArgumentError("token id must be a string of 1..128 bytes");
+  }
+  if (
+    owner !== undefined &&
+    (typeof owner !== "string" || owner.length === 0 || Buffer.byteLength(owner) > 128)
+  ) {
+    throw new InvalidArgumentError("token owner must be a string of 1..128 bytes");
   }
   if (typeof ttlS !== "number" || !Number.isFinite(ttlS) || ttlS <= 0) {
     throw new InvalidArgumentError("ttlS must be a positive number of seconds");
@@ -89,6 +101,7 @@ export function mintToken(options: MintTokenOptions, secret: TokenSecret): strin
   const iat = Math.floor((options.now ?? Date.now()) / 1000);
   const claims: Record<string, unknown> = { r: role };
   if (id !== undefined) claims.sub = id;
+  if (owner !== undefined) claims.own = owner;
   claims.iat = iat;
   claims.exp = iat + Math.ceil(ttlS);
   const body = PREFIX + Buffer.from(JSON.stringify(claims)).toString("base64url");
@@ -144,12 +157,14 @@ export function verifyToken(
     !ROLES.includes(c.r as TokenRole) ||
     !Number.isInteger(c.iat) ||
     !Number.isInteger(c.exp) ||
-    (c.sub !== undefined && typeof c.sub !== "string")
+    (c.sub !== undefined && typeof c.sub !== "string") ||
+    (c.own !== undefined && (typeof c.own !== "string" || c.own.length === 0))
   ) {
     throw new AuthError("the token's claims are malformed");
   }
   const claims: TokenClaims = { role: c.r as TokenRole, iat: c.iat as number, exp: c.exp as number };
   if (c.sub !== undefined) claims.id = c.sub as string;
+  if (c.own !== undefined) claims.owner = c.own as string;
 
   const nowS = (options.now ?? Date.now()) / 1000;
   if (nowS >= claims.exp + (options.leewayS ?? 0)) {
@@ -180,4 +195,9 @@ export function unboundMessage(role: TokenRole): string {
     `this ${role} token is not bound to a peer id: mint one with \`moeswarm-hub token --role ${role} --id <id>\`` +
     " (mintToken({ role, id })), or start the hub with --allow-unbound-tokens (allowUnboundTokens: a private swarm only)"
   );
+}
+
+/** The principal of a token's identity: its `own` claim, else its id, else `fallback`. */
+export function principalOf(claims: TokenClaims, fallback: string): string {
+  return claims.owner ?? claims.id ?? fallback;
 }

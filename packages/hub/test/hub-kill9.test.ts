@@ -29,13 +29,14 @@ const token = (role: "worker" | "backbone", id: string) => mintToken({ role, id,
 async function startHub(
   driver: string,
   data: string,
+  port = 0,
 ): Promise<{ child: ChildProcess; url: string; relayUrl: string; store: string }> {
   const child = spawn(
     process.execPath,
     [
       BIN,
       "serve",
-      ...["--model", modelPath, "--port", "0", "--json", "--lease-ttl", "600", "--trust-reports"],
+      ...["--model", modelPath, "--port", String(port), "--json", "--lease-ttl", "600", "--trust-reports"],
       ...["--data-dir", join(tmp.dir, data), "--secret-file", join(tmp.dir, "secret")],
       ...["--sqlite-driver", driver],
     ],
@@ -154,7 +155,11 @@ describe.each(drivers)("a kill -9 of the hub on %s", (driver) => {
         const r = await req(first.url, `/api/models/${ID}/stats`, {
           method: "POST",
           token: token("backbone", "bb"),
-          body: { counts: { "0": [1, 0, 0, 0, 0, 0, 0, i] }, receipts: { earner: { expertTokens: n } } },
+          body: {
+            seq: i + 1,
+            counts: { "0": [1, 0, 0, 0, 0, 0, 0, i] },
+            receipts: { earner: { expertTokens: n } },
+          },
         });
         expect(r.body).toMatchObject({ accepted: true, credited: ["earner"] });
         credited += n;
@@ -175,6 +180,28 @@ describe.each(drivers)("a kill -9 of the hub on %s", (driver) => {
         expect(workers.find((x) => x.id === "earner")).toMatchObject({
           credits: { expertTokens: credited, byModel: { [ID]: credited } },
         });
+        // the last report retried after the restart is still a duplicate (its seq is on disk):
+        // nothing credited twice; the next seq counts
+        const retry = await req(second.url, `/api/models/${ID}/stats`, {
+          method: "POST",
+          token: token("backbone", "bb"),
+          body: {
+            seq: 30,
+            counts: { "0": [1, 0, 0, 0, 0, 0, 0, 0] },
+            receipts: { earner: { expertTokens: 129 } },
+          },
+        });
+        expect(retry.body).toMatchObject({ accepted: false });
+        const next = await req(second.url, `/api/models/${ID}/stats`, {
+          method: "POST",
+          token: token("backbone", "bb"),
+          body: {
+            seq: 31,
+            counts: { "0": [1, 0, 0, 0, 0, 0, 0, 0] },
+            receipts: { earner: { expertTokens: 7 } },
+          },
+        });
+        expect(next.body).toMatchObject({ accepted: true });
       } finally {
         await killed(second.child);
       }
@@ -182,5 +209,49 @@ describe.each(drivers)("a kill -9 of the hub on %s", (driver) => {
       if (first.child.exitCode === null) first.child.kill("SIGKILL");
     }
     // two hub starts and ~80 durable transactions per driver: slow on a busy CI machine
+  }, 120_000);
+
+  it("between a worker's registration and its first renewal: the title survives, the reconnect re-registers", async () => {
+    const data = `title-${driver.replace(/\W/g, "-")}`;
+    const first = await startHub(driver, data);
+    const port = Number(new URL(first.url).port);
+    const lease = await req(first.url, "/api/claims", {
+      method: "POST",
+      token: token("worker", "w7"),
+      body: { model: ID, layers: "0:1", experts: "0:2", capacity: { ramBytes: 1 << 30 } },
+    });
+    expect(lease.status).toBe(201);
+    const notices: string[] = [];
+    const w = await connectRelay(first.relayUrl, {
+      role: "worker",
+      id: "w7",
+      token: token("worker", "w7"),
+      reconnect: true,
+      onDispatch: () => ({ y: new Float32Array(0) }),
+    });
+    w.on((e) => {
+      if (e.type === "notice") notices.push(e.error.code);
+    });
+    const registered = async (base: string) =>
+      ((await req(base, `/api/models/${ID}/placement`)).body.registrations as Array<{ id: string }>).some(
+        (r) => r.id === "w7",
+      );
+    let second: Awaited<ReturnType<typeof startHub>> | undefined;
+    try {
+      w.register({ model: ID, layers: [0], experts: [0, 1] });
+      await waitFor(() => registered(first.url), "w7 registered", 10_000);
+      // at once: no renewal, no flush
+      await killed(first.child);
+      second = await startHub(driver, data, port);
+      // the relay connection comes back by itself and replays its register: accepted, because the
+      // lease it fulfilled was written as the registration's title when it registered
+      const url = second.url;
+      await waitFor(() => registered(url), "w7 registered again after the restart", 30_000);
+      expect(notices).not.toContain("MOESWARM_HUB_NO_LEASE");
+    } finally {
+      await w.close();
+      if (second) await killed(second.child);
+      if (first.child.exitCode === null) first.child.kill("SIGKILL");
+    }
   }, 120_000);
 });

@@ -245,7 +245,9 @@ describe("demand, claims and leases over HTTP", () => {
     );
     const placement = (await get(`/api/models/${ID}/placement`)).body;
     expect(placement.version).toBeGreaterThan(v0);
-    expect(placement.registrations).toEqual([{ id: "w5", model: ID, layers: [0, 1], experts: [0, 1] }]);
+    expect(placement.registrations).toEqual([
+      { id: "w5", model: ID, layers: [0, 1], experts: [0, 1], owner: "w5" },
+    ]);
     const demand = (await get(`/api/demand?model=${ID}`)).body;
     expect(demand.models[0]).toMatchObject({ uncovered: 12, leases: 0 });
     expect(

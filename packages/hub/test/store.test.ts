@@ -224,7 +224,15 @@ describe.each(drivers)("SQLite store on %s", (driver) => {
         .prepare<[], { name: string }>("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
         .all()
         .map((r) => r.name);
-      expect(tables).toEqual(["credits", "demand", "leases", "models", "worker_slices", "workers"]);
+      expect(tables).toEqual([
+        "credits",
+        "demand",
+        "leases",
+        "models",
+        "stats_seq",
+        "worker_slices",
+        "workers",
+      ]);
     } finally {
       db.close();
     }
@@ -269,7 +277,7 @@ describe.each(drivers)("SQLite store on %s", (driver) => {
       }),
     ]);
     expect((await s.listWorkers())[0]?.slices.map((x) => x.layers)).toEqual([[0, 1], [2]]);
-    expect(SQLITE_SCHEMA_VERSION).toBe(3);
+    expect(SQLITE_SCHEMA_VERSION).toBe(4);
   });
 
   it("refuses a database written by a newer hub", () => {

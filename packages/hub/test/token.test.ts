@@ -1,7 +1,7 @@
 import { createHmac } from "node:crypto";
 import { AuthError, InvalidArgumentError, isMoeswarmError } from "@moeswarm/core";
 import { describe, expect, it } from "vitest";
-import { mintToken, verifyToken } from "../src/index.js";
+import { mintToken, principalOf, verifyToken } from "../src/index.js";
 
 const SECRET = "token-test-secret-0123456789abcdef";
 const NOW = Date.UTC(2030, 0, 1);
@@ -27,6 +27,19 @@ describe("tokens", () => {
       iat: NOW / 1000,
       exp: NOW / 1000 + 3600,
     });
+  });
+
+  it("carries the identity's principal (`own`), the id when absent", () => {
+    const token = mintToken({ role: "worker", id: "phone-1", owner: "alice", ttlS: 60, now: NOW }, SECRET);
+    const payload = JSON.parse(Buffer.from(token.split(".")[1]!, "base64url").toString());
+    expect(payload.own).toBe("alice");
+    expect(verifyToken(token, SECRET, { now: NOW }).owner).toBe("alice");
+    expect(principalOf(verifyToken(token, SECRET, { now: NOW }), "x")).toBe("alice");
+    const plain = mintToken({ role: "worker", id: "phone-2", ttlS: 60, now: NOW }, SECRET);
+    expect(principalOf(verifyToken(plain, SECRET, { now: NOW }), "x")).toBe("phone-2");
+    expect(codeOf(() => mintToken({ role: "worker", id: "p", owner: "", ttlS: 60 }, SECRET))).toBe(
+      "MOESWARM_INVALID_ARGUMENT",
+    );
   });
 
   it("signs with HMAC-SHA256 over the prefix and claims (checked against node:crypto by hand)", () => {

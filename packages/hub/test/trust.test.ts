@@ -2,6 +2,7 @@
 // hub's defaults: a real hub on loopback, fake workers and backbones speaking the protocol with
 // @moeswarm/relay-client, the market's clock injected where time matters.
 import { createHash } from "node:crypto";
+import { mkdirSync, readFileSync } from "node:fs";
 import { connectRelay, type RelayConnection, type RelayEvent } from "@moeswarm/relay-client";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import {
@@ -440,6 +441,10 @@ describe("reputation at the hub: quarantine with evidence", () => {
       reason: "scaled outputs",
     });
     expect(await placementIds(base)).toEqual([]);
+    // the ban list a backbone seeds its own quarantine from at start
+    expect((await http(base, "/api/quarantines")).body).toEqual({
+      quarantined: [{ worker: "liar", at: now, by: "bb", model: ID, reason: "scaled outputs" }],
+    });
     const listed = (await http(base, "/api/workers")).body.workers.find((w: Body) => w.id === "liar");
     expect(listed.quarantined).toMatchObject({ by: "bb", model: ID, reason: "scaled outputs" });
     expect(
@@ -462,8 +467,10 @@ describe("reputation at the hub: quarantine with evidence", () => {
     });
     const reinstate = await http(second.base, "/api/workers/liar/reinstate", {}, token("backbone", "bb"));
     expect(reinstate.status).toBe(403);
+    expect((await http(second.base, "/api/quarantines")).body.quarantined).toHaveLength(1);
     const ok = await http(second.base, "/api/workers/liar/reinstate", {}, token("admin"));
     expect(ok.body).toEqual({ worker: "liar", quarantined: false });
+    expect((await http(second.base, "/api/quarantines")).body).toEqual({ quarantined: [] });
     expect((await http(second.base, "/api/workers/liar/reinstate", {}, token("admin"))).status).toBe(404);
     expect((await peer(second.relayUrl, "worker", "liar")).state).toBe("connected");
   });
@@ -544,5 +551,150 @@ describe("replicas: an expert counts as covered with two independent owners", ()
       await Promise.all(open.splice(0).map((c) => c.close()));
       await Promise.all(hubs.splice(0).map((h) => h.close()));
     }
+  });
+});
+
+describe("independence by principal: two ids of one owner are one replica", () => {
+  it("counts replicas by distinct owners (token `own`) and puts the owner in the placement", async () => {
+    const { base, relayUrl } = await start({ requireLeases: false });
+    const mallory = (id: string) => mintToken({ role: "worker", id, owner: "mallory", ttlS: 600 }, SECRET);
+    const experts = [0, 1, 2, 3, 4, 5, 6, 7];
+    const m1 = await peer(relayUrl, "worker", "m1", mallory("m1"));
+    const m2 = await peer(relayUrl, "worker", "m2", mallory("m2"));
+    m1.register({ model: ID, layers: [0], experts, backend: "ggml-cpu-x86_64" });
+    m2.register({ model: ID, layers: [0], experts });
+    await waitFor(async () => (await placementIds(base)).length === 2, "both registered");
+    const placement = (await http(base, `/api/models/${ID}/placement`)).body;
+    expect(placement.registrations.filter((r: Body) => r.layers.includes(0))).toEqual([
+      { id: "m1", model: ID, layers: [0], experts, owner: "mallory", computeClass: "ggml-cpu-x86_64" },
+      { id: "m2", model: ID, layers: [0], experts, owner: "mallory" },
+    ]);
+    // two workers, one principal: still one replica short of the default two
+    const layer0 = (await http(base, `/api/demand?model=${ID}`)).body.ranges.filter(
+      (r: Body) => r.layer === 0,
+    );
+    expect(layer0[0]).toMatchObject({ target: 2, coverage: 1, missing: 1 });
+    // an owner of its own (default: its id) makes the second replica
+    const b = await peer(relayUrl, "worker", "bob");
+    b.register({ model: ID, layers: [0], experts });
+    await waitFor(async () => (await placementIds(base)).includes("bob"), "bob registered");
+    const after = (await http(base, `/api/demand?model=${ID}`)).body.ranges.filter(
+      (r: Body) => r.layer === 0,
+    );
+    expect(after).toEqual([]);
+    expect(
+      (await http(base, `/api/models/${ID}/placement`)).body.registrations.find((r: Body) => r.id === "bob")
+        .owner,
+    ).toBe("bob");
+    // one of mallory's leaving keeps her replica; both leaving ends it
+    await m1.close();
+    await waitFor(async () => !(await placementIds(base)).includes("m1"), "m1 gone");
+    expect(
+      (await http(base, `/api/demand?model=${ID}`)).body.ranges.filter((r: Body) => r.layer === 0),
+    ).toEqual([]);
+    await m2.close();
+    await waitFor(async () => !(await placementIds(base)).includes("m2"), "m2 gone");
+    const gone = (await http(base, `/api/demand?model=${ID}`)).body.ranges.filter((r: Body) => r.layer === 0);
+    expect(gone[0]).toMatchObject({ coverage: 1, missing: 1 });
+  });
+});
+
+describe("self-enrolment the operator allows", () => {
+  const redeem = (base: string, code: unknown) => http(base, "/api/enrol", { code });
+
+  it("trades a code for a bound token under its owner; refuses unknown, used-up and expired codes", async () => {
+    const { base, relayUrl } = await start({ requireLeases: false });
+    const refused = await http(base, "/api/enrol-codes", { owner: "alice" }, token("worker", "w"));
+    expect(refused.status).toBe(403);
+    const issued = await http(base, "/api/enrol-codes", { owner: "alice", uses: 2 }, token("admin"));
+    expect(issued.status).toBe(201);
+    expect(issued.body).toMatchObject({ owner: "alice", uses: 2 });
+    const a = await redeem(base, issued.body.code);
+    expect(a.status).toBe(201);
+    expect(a.body.id).toMatch(/^alice-[0-9a-f]{8}$/);
+    expect(a.body.owner).toBe("alice");
+    // the token is bound to the fresh id and names the owner; it says hello as that id
+    const c = await peer(relayUrl, "worker", a.body.id, a.body.token);
+    expect(c.state).toBe("connected");
+    await expect(peer(relayUrl, "worker", "someone-else", a.body.token)).rejects.toMatchObject({
+      code: "MOESWARM_AUTH_ROLE",
+    });
+    const b = await redeem(base, issued.body.code);
+    expect(b.status).toBe(201);
+    expect(b.body.id).not.toBe(a.body.id);
+    const third = await redeem(base, issued.body.code);
+    expect([third.status, third.body.error.code]).toEqual([403, "MOESWARM_HUB_ENROL_USED"]);
+    for (const junk of ["mse1_nothing-issued", "hello", 42, undefined]) {
+      const r = await redeem(base, junk);
+      expect([r.status, r.body.error.code]).toEqual([403, "MOESWARM_HUB_ENROL_INVALID"]);
+    }
+    const short = await http(base, "/api/enrol-codes", { owner: "alice", ttlMs: 1000 }, token("admin"));
+    now += 2000;
+    const late = await redeem(base, short.body.code);
+    expect([late.status, late.body.error.code]).toEqual([403, "MOESWARM_HUB_ENROL_EXPIRED"]);
+  });
+
+  it("revokes the owner's unused codes when one of its workers is banned", async () => {
+    const { base, relayUrl } = await start({ requireLeases: false });
+    const first = await http(base, "/api/enrol-codes", { owner: "mallory", uses: 1 }, token("admin"));
+    const spare = await http(base, "/api/enrol-codes", { owner: "mallory", uses: 5 }, token("admin"));
+    const other = await http(base, "/api/enrol-codes", { owner: "bob", uses: 1 }, token("admin"));
+    const m = (await redeem(base, first.body.code)).body;
+    const liar = await peer(relayUrl, "worker", m.id, m.token);
+    liar.register({ model: ID, layers: [0], experts: [0, 1] });
+    await waitFor(async () => (await placementIds(base)).includes(m.id), "registered");
+    const bb = await peer(relayUrl, "backbone", "bb");
+    await relayDispatch(bb, m.id, ID, 0, Int32Array.from([0, 1]), 2).catch(() => undefined);
+    const filed = await http(
+      base,
+      `/api/models/${ID}/reports/quarantine`,
+      {
+        worker: m.id,
+        layer: 0,
+        reason: "scaled outputs",
+        requestDigest: createHash("sha256").update("x").digest("hex"),
+        at: T0,
+      },
+      token("backbone", "bb"),
+    );
+    expect(filed.status).toBe(201);
+    // a new id under the banned owner needs a code issued after the ban
+    const again = await redeem(base, spare.body.code);
+    expect([again.status, again.body.error.code]).toEqual([403, "MOESWARM_HUB_ENROL_REVOKED"]);
+    expect((await redeem(base, other.body.code)).status).toBe(201);
+    const fresh = await http(base, "/api/enrol-codes", { owner: "mallory" }, token("admin"));
+    expect((await redeem(base, fresh.body.code)).status).toBe(201);
+  });
+
+  it("keeps codes (hashed) in the SQLite file: `moeswarm-hub enrol-code` issues, a restarted hub redeems", async () => {
+    const dir = `${tmp.dir}/enrol-data`;
+    const out: string[] = [];
+    const io = {
+      stdout: { write: (t: string) => out.push(t) } as unknown as NodeJS.WritableStream,
+      stderr: { write: (t: string) => out.push(t) } as unknown as NodeJS.WritableStream,
+    };
+    const { runCli } = await import("../src/cli/run.js");
+    const args = [
+      "enrol-code",
+      "--data-dir",
+      dir,
+      "--owner",
+      "carol",
+      "--uses",
+      "1",
+      "--ttl",
+      "24h",
+      "--json",
+    ];
+    mkdirSync(dir, { recursive: true });
+    expect(await runCli(args, io)).toBe(0);
+    const issued = JSON.parse(out.join(""));
+    expect(issued).toMatchObject({ owner: "carol", uses: 1 });
+    expect(readFileSync(`${dir}/moeswarm-hub.db`).includes(Buffer.from(issued.code))).toBe(false);
+    expect(await runCli(["enrol-code", "--data-dir", dir, "--owner", "carol", "--ttl", "soon"], io)).toBe(2);
+    const { base } = await start({ store: `${dir}/moeswarm-hub.db` });
+    const r = await redeem(base, issued.code);
+    expect([r.status, r.body.owner]).toEqual([201, "carol"]);
+    expect((await redeem(base, issued.code)).body.error.code).toBe("MOESWARM_HUB_ENROL_USED");
   });
 });

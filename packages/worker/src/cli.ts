@@ -7,6 +7,7 @@ import { parseByteSize } from "@moeswarm/shard";
 import { BACKEND_CHOICES, isBackendChoice, probeVulkan } from "@moeswarm/worker-native";
 import cliProgress from "cli-progress";
 import { hostFacts, workerDefaults } from "./device-defaults.js";
+import { enrolledToken } from "./enrol.js";
 import { formatBytes, formatWorkerEvent, type WorkerEvent } from "./events.js";
 import { type RunWorkerOptions, runWorker } from "./run-worker.js";
 
@@ -27,6 +28,8 @@ downloads and verifies it, serves it through the hub's relay until SIGINT/SIGTER
   --hub URL            the hub (or MOESWARM_HUB)
   --token T            a worker token (or MOESWARM_TOKEN)
   --token-file F       read the token from a file
+  --enrol CODE         enrol with a code from the hub's operator instead of a token (the token
+                       it buys is kept in the cache dir and used on later starts)
   --capacity SIZE      memory offered for expert weights, e.g. 2GiB (default: half the free memory;
                        on a phone also at most a quarter of its memory)
   --vram SIZE          device memory offered besides (default 0; --backend vulkan: the device's)
@@ -128,6 +131,7 @@ const OPTIONS = {
   hub: { type: "string" },
   token: { type: "string" },
   "token-file": { type: "string" },
+  enrol: { type: "string" },
   capacity: { type: "string" },
   vram: { type: "string" },
   "cache-dir": { type: "string" },
@@ -172,7 +176,9 @@ async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Promise<Ru
   const str = (name: string) => (typeof values[name] === "string" ? (values[name] as string) : undefined);
   const hub = str("hub") ?? env.MOESWARM_HUB;
   if (!hub) throw usageError("--hub <url> is required");
-  const token = await tokenOf(str, env);
+  const enrol = str("enrol");
+  if (enrol !== undefined && (str("token") !== undefined || str("token-file") !== undefined))
+    throw usageError("give --enrol or a token, not both");
   const backend = str("backend") ?? "auto";
   if (!isBackendChoice(backend)) {
     throw usageError(`--backend must be ${BACKEND_CHOICES.join(", ")}, got ${JSON.stringify(backend)}`);
@@ -194,6 +200,7 @@ async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Promise<Ru
   }
   const cacheMaxBytes = size(str("cache-max"), "cache-max") ?? defaults.cacheMaxBytes;
   const threads = threadsText !== undefined ? Number(threadsText) : defaults.threads;
+  const token = enrol !== undefined ? await enrolledToken(hub, enrol, cacheDir, ca) : await tokenOf(str, env);
   const pollMs = seconds(str("poll"), "poll", 0.01);
   const leaseTtlMs = seconds(str("lease-ttl"), "lease-ttl", 1);
   return {

@@ -11,6 +11,7 @@ import { keptLoopbackCertificates } from "../kept-tls.js";
 import { createLoopbackCertificates, isCertificateHost } from "../loopback-tls.js";
 import type { ModelInfo } from "../model.js";
 import { mintToken, type TokenRole } from "../token.js";
+import { enrolCode } from "./enrol-code.js";
 
 export const CLI_NAME = "moeswarm-hub";
 /** The ids the tokens `serve` prints (no --secret-file) are bound to. */
@@ -517,13 +518,19 @@ const serve: Command = {
 const token: Command = {
   name: "token",
   summary: "mint a token signed with the hub's secret",
-  usage: "token --secret-file <file> --role worker|backbone|admin [--id <peer id>] [--ttl <seconds>]",
+  usage:
+    "token --secret-file <file> --role worker|backbone|admin [--id <peer id>] [--owner <principal>] [--ttl <seconds>]",
   options: {
     "secret-file": { type: "string", description: "file holding the hub's token secret" },
     role: { type: "string", description: "worker, backbone or admin" },
     id: {
       type: "string",
       description: "the peer id the token is bound to (required for worker and backbone)",
+    },
+    owner: {
+      type: "string",
+      description:
+        "who the identity belongs to (default: the id); replicas of one owner count once, so give all of one person's devices the same owner",
     },
     ttl: { type: "string", description: "lifetime in seconds (default 86400)" },
   },
@@ -540,11 +547,14 @@ const token: Command = {
       throw usageError(`--id <peer id> is required for a ${role} token (one token per peer)`);
     }
     const secret = await readSecret(file);
-    io.stdout.write(`${mintToken({ role: role as TokenRole, id: str(values, "id"), ttlS }, secret)}\n`);
+    const owner = str(values, "owner");
+    io.stdout.write(
+      `${mintToken({ role: role as TokenRole, id: str(values, "id"), ...(owner !== undefined ? { owner } : {}), ttlS }, secret)}\n`,
+    );
   },
 };
 
-const COMMANDS: readonly Command[] = [serve, token];
+const COMMANDS: readonly Command[] = [serve, token, enrolCode];
 
 function helpText(command?: Command): string {
   if (command) {

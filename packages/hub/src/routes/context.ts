@@ -3,6 +3,7 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { AuthError } from "@moeswarm/core";
 import type { ExpertSlice } from "@moeswarm/shard";
+import type { Enrolled, IssuedCode, IssueOptions } from "../enrolment.js";
 import type { ModelRegistry } from "../hub-models.js";
 import type { Settings } from "../hub-options.js";
 import type { HubStatus } from "../hub-types.js";
@@ -35,6 +36,12 @@ export interface RouteContext {
   quarantine(backbone: string, model: string, evidence: QuarantineEvidence): Promise<QuarantineRecord>;
   /** Lifts a quarantine; false when the worker was not quarantined. */
   reinstate(worker: string): Promise<boolean>;
+  /** The quarantines in force. */
+  quarantines(): QuarantineRecord[];
+  /** Trades an enrolment code for a worker token (enrolment.ts). */
+  enrol(code: unknown): Promise<Enrolled>;
+  /** Issues an enrolment code (admin). */
+  issueEnrolCode(options: IssueOptions): Promise<IssuedCode>;
   /** Reports a lease change to the hub's onEvent hook. */
   emitLease(action: "granted" | "renewed" | "released", lease: Lease): void;
 }

@@ -1,7 +1,7 @@
 // Quarantine reports (backbone token) and reinstating a worker (admin).
-import { AuthError } from "@moeswarm/core";
+import { AuthError, type QuarantinesJson } from "@moeswarm/core";
 import { readJsonBody } from "../http-body.js";
-import { notFound, sendJson } from "../http-errors.js";
+import { badRequest, notFound, sendJson } from "../http-errors.js";
 import { MAX_REPORT_BYTES, parseEvidence } from "../reputation.js";
 import { authorize, type Handler } from "./context.js";
 
@@ -30,4 +30,37 @@ export const reinstateWorker: Handler = async (ctx, { res, params }) => {
   const id = params.id as string;
   if (!(await ctx.reinstate(id))) throw notFound(`worker ${JSON.stringify(id)} is not quarantined`);
   sendJson(res, 200, { worker: id, quarantined: false });
+};
+
+/** GET /api/quarantines: the workers quarantined on this hub (a backbone seeds its own from it). */
+export const listQuarantines: Handler = async (ctx, { res }) => {
+  const body: QuarantinesJson = {
+    quarantined: ctx
+      .quarantines()
+      .map((q) => ({ worker: q.worker, at: q.at, by: q.by, model: q.model, reason: q.evidence.reason })),
+  };
+  sendJson(res, 200, body);
+};
+
+/** POST /api/enrol {code}: a worker token bound to a fresh id under the code's owner (public). */
+export const enrol: Handler = async (ctx, { req, res }) => {
+  const body = (await readJsonBody(req, res, 1024)) as { code?: unknown } | null;
+  const e = await ctx.enrol(body && typeof body === "object" ? body.code : undefined);
+  sendJson(res, 201, e);
+};
+
+/** POST /api/enrol-codes {owner, uses?, ttlMs?} (admin): issues a code; the answer is its only copy. */
+export const issueEnrolCode: Handler = async (ctx, { req, res }) => {
+  const body = (await readJsonBody(req, res, 1024)) as Record<string, unknown> | null;
+  if (!body || typeof body !== "object") throw badRequest('the body must be {"owner", "uses"?, "ttlMs"?}');
+  const { owner, uses, ttlMs } = body;
+  sendJson(
+    res,
+    201,
+    await ctx.issueEnrolCode({
+      owner: owner as string,
+      ...(uses !== undefined ? { uses: uses as number } : {}),
+      ...(ttlMs !== undefined ? { ttlMs: ttlMs as number } : {}),
+    }),
+  );
 };

@@ -8,7 +8,7 @@ import { getDashboard, getMetrics, getStatus } from "./dashboard.js";
 import { getHealth } from "./health.js";
 import * as market from "./market.js";
 import { getManifest, getModel, listModels, registerModel, removeModel } from "./models.js";
-import { reinstateWorker, reportQuarantine } from "./reputation.js";
+import { enrol, issueEnrolCode, listQuarantines, reinstateWorker, reportQuarantine } from "./reputation.js";
 import { getExpertShard } from "./shard.js";
 import { drainWorker, listWorkers } from "./workers.js";
 
@@ -49,6 +49,9 @@ const ROUTES: readonly Route[] = [
   route("/api/workers", read(listWorkers)),
   route("/api/workers/:id/drain", { POST: { access: "admin", handle: drainWorker } }),
   route("/api/workers/:id/reinstate", { POST: { access: "admin", handle: reinstateWorker } }),
+  route("/api/quarantines", read(listQuarantines)),
+  route("/api/enrol", { POST: { access: "public", handle: enrol } }),
+  route("/api/enrol-codes", { POST: { access: "admin", handle: issueEnrolCode } }),
   route("/api/status", read(getStatus)),
   route("/api/health", {
     GET: { access: "public", handle: getHealth },
