@@ -40,7 +40,7 @@ async function metric(server: LlamaServerProcess, name: string): Promise<number>
 }
 
 /** C clients at once, each one completion of N_PREDICT tokens at temperature 0. */
-async function drive(server: LlamaServerProcess, c: number, bias: Array<[number, number]>): Promise<Run> {
+async function drive(server: LlamaServerProcess, c: number): Promise<Run> {
   const d0 = await metric(server, "n_decode_total");
   const t0 = performance.now();
   const texts = await Promise.all(
@@ -52,7 +52,6 @@ async function drive(server: LlamaServerProcess, c: number, bias: Array<[number,
           n_predict: N_PREDICT,
           temperature: 0,
           ignore_eos: true,
-          logit_bias: bias,
         }),
       });
       if (r.status !== 200) {
@@ -83,29 +82,6 @@ function relayWorker(relayUrl: string, id: string, compute: WorkerProcessCompute
       ),
     }),
   });
-}
-
-/** TEMPORARY until the synthesiser's tokens are valid UTF-8: those get logit_bias -100. */
-async function invalidTokens(server: LlamaServerProcess): Promise<Array<[number, number]>> {
-  const models = (await (await fetch(`${server.url}/v1/models`)).json()) as {
-    data: Array<{ meta: { n_vocab: number } }>;
-  };
-  const n = models.data[0]!.meta.n_vocab;
-  const bad: Array<[number, number]> = [];
-  for (let t = 0; t < n; t += 64) {
-    await Promise.all(
-      [...Array(Math.min(64, n - t)).keys()].map(async (i) => {
-        const r = await fetch(`${server.url}/detokenize`, {
-          method: "POST",
-          body: JSON.stringify({ tokens: [t + i] }),
-        });
-        if (r.status !== 200 || ((await r.json()) as { content: string }).content.includes("\uFFFD")) {
-          bad.push([t + i, -100]);
-        }
-      }),
-    );
-  }
-  return bad;
 }
 
 export const throughput: Benchmark = {
@@ -179,11 +155,10 @@ export const throughput: Benchmark = {
           "-kvu",
         ];
         const plain = await startLlamaServer(bin, common);
-        const bias = await invalidTokens(plain);
         // warm-up, and a second plain run: llama-server's batches depend on when requests arrive, and
         // llama.cpp's bits on its batches, so texts at C > 1 are compared with this repeat too
-        const warm = await drive(plain, c, bias);
-        const base = await drive(plain, c, bias);
+        const warm = await drive(plain, c);
+        const base = await drive(plain, c);
         const repeatable = warm.texts.every((t, i) => t === base.texts[i]);
         await plain.close();
         for (const rtt of RTT_MS) {
@@ -219,9 +194,9 @@ export const throughput: Benchmark = {
             },
           );
           try {
-            await drive(served, c, bias); // warm-up
+            await drive(served, c); // warm-up
             const m0 = bridge.metrics();
-            const run = await drive(served, c, bias);
+            const run = await drive(served, c);
             const m1 = bridge.metrics();
             const frames = m1.requests - m0.requests;
             const wire =
