@@ -14,6 +14,7 @@ import { isTransient, type RelayConnection } from "@moeswarm/relay-client";
 import { type ExpertCompute, loadExpertCompute, nativeStatus } from "@moeswarm/worker-native";
 import { chooseSlices, type SliceRect } from "./choose.js";
 import { Claims } from "./claims.js";
+import { computeClassOf } from "./compute-class.js";
 import type { WorkerEvent, WorkerEventBody } from "./events.js";
 import { type FetchContext, fetchSlice, LeaseLost } from "./fetch-slice.js";
 import { LeaseKeeper } from "./lease-keeper.js";
@@ -467,7 +468,7 @@ class WorkerRun {
         layers: rangeValues(a.layers),
         experts: rangeValues(a.experts),
         capacity: s.capacityBytes,
-        backend,
+        backend: computeClassOf(backend, info),
       });
     } catch (error) {
       router?.remove(compute);
