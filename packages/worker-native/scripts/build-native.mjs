@@ -34,6 +34,7 @@ import { availableParallelism } from "node:os";
 import { basename, dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { LLAMA_CPP_COMMIT, llamaSourceDir } from "../../../tools/llama-source.mjs";
+import { platformPackages, stage } from "./platform-packages.mjs";
 
 const pkgDir = resolve(dirname(fileURLToPath(import.meta.url)), "..");
 const strict = Boolean(process.env.CI);
@@ -275,9 +276,19 @@ function installBinary(src, dst) {
   }
 }
 
+/** Copies prebuilds/<target>/ into the platform packages (packages/worker-native-<target>/). */
+function stageAll() {
+  for (const p of platformPackages()) {
+    const missing = stage(p);
+    if (missing.length > 0 && missing.length < p.files.length)
+      log(`${p.name}: not built: ${missing.join(", ")}`);
+  }
+}
+
 function main() {
   if (process.env.MOESWARM_NATIVE_SKIP === "1") {
     log("MOESWARM_NATIVE_SKIP=1: no native build");
+    stageAll();
     return;
   }
   for (const tool of ["cmake", "g++"]) {
@@ -300,6 +311,7 @@ function main() {
   for (const target of targets) {
     for (const v of variants(target, napiInclude)) buildVariant(v, llamaSrc);
   }
+  stageAll();
   log(
     `native build done in ${((performance.now() - t0) / 1000).toFixed(1)} s (${targets.join(", ") || "nothing"})`,
   );
