@@ -3,7 +3,8 @@
 // package. Outside turbo it builds the package and what it depends on (`turbo run build
 // --filter=<name>...`, cached: seconds when nothing changed); inside a turbo task (the lint task's
 // `attw --pack`, which depends on build) the build already ran and rebuilding there would nest
-// turbo in turbo. Either way it then fails unless every entry of `files` exists and is non-empty.
+// turbo in turbo; MOESWARM_PREPACK_BUILT=1 says the caller (tools/release.mjs, the consumer test)
+// has just built everything. Either way it then fails unless every entry of `files` exists and is non-empty.
 import { spawnSync } from "node:child_process";
 import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
@@ -13,7 +14,7 @@ const root = resolve(dirname(fileURLToPath(import.meta.url)), "..");
 const pkg = JSON.parse(readFileSync("package.json", "utf8"));
 
 // biome-ignore lint/suspicious/noUndeclaredEnvVars: turbo sets it in its own tasks; never a cache input
-if (!process.env.TURBO_HASH) {
+if (!process.env.TURBO_HASH && process.env.MOESWARM_PREPACK_BUILT !== "1") {
   const turbo = join(root, "node_modules", ".bin", "turbo");
   const r = spawnSync(turbo, ["run", "build", `--filter=${pkg.name}...`, "--output-logs=errors-only"], {
     cwd: root,
