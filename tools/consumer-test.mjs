@@ -51,7 +51,7 @@ const PNPM = ["-y", "pnpm@12.4.2"];
 export const exampleRuns = [];
 
 function log(line) {
-  process.stdout.write(`[consumer] ${line}\n`);
+  process.stdout.write(`[consumer] ${((performance.now() - t0) / 1000).toFixed(0).padStart(4)} s  ${line}\n`);
 }
 
 function fail(message) {
@@ -324,6 +324,8 @@ function runReadmeSnippets(dir, env) {
     if (!existsSync(readme)) fail(`@moeswarm/${name} has no README.md`);
     const text = readFileSync(readme, "utf8");
     const blocks = [...text.matchAll(/^```js test\n([\s\S]*?)^```$/gm)].map((m) => m[1]);
+    if (blocks.length === 0 && !name.startsWith("worker-native-"))
+      fail(`@moeswarm/${name}'s README has no \`\`\`js test snippet`);
     blocks.forEach((code, i) => {
       const file = join(dir, `readme-${name}-${i}.mjs`);
       writeFileSync(file, code);
@@ -349,6 +351,41 @@ function checkInstalledModes(dir) {
   }
   log(
     `installed ${platform[0]} only; ${pkg.publishConfig.executableFiles.length} executables have their run bit`,
+  );
+}
+
+/** node-llama-cpp is an optional peer: absent, the error names the install line. */
+function checkPeerMissing(dir, env) {
+  const script = [
+    'import { llamaCppBinsDir } from "@moeswarm/worker-native";',
+    "try { llamaCppBinsDir(); console.log('node-llama-cpp was found'); process.exit(1); }",
+    "catch (e) { if (e.code !== 'MOESWARM_NATIVE_PEER_MISSING' || !e.message.includes('npm install node-llama-cpp@3.21.1')) { console.error(e); process.exit(1); } }",
+  ].join("\n");
+  writeFileSync(join(dir, "peer-missing.mjs"), script);
+  sh("node", ["peer-missing.mjs"], { cwd: dir, env });
+  log("without node-llama-cpp: MOESWARM_NATIVE_PEER_MISSING names npm install node-llama-cpp@3.21.1");
+}
+
+/** The backbone's README recipe: node-llama-cpp's CPU build only, without its GPU variants. */
+function backboneCpuOnly(work, registry, version, env) {
+  const dir = project(work, "backbone-cpu", registry);
+  const specs = [
+    `@moeswarm/backbone@${version}`,
+    `@moeswarm/worker-native-linux-x64@${version}`,
+    "node-llama-cpp@3.21.1",
+    "@node-llama-cpp/linux-x64@3.21.1",
+  ];
+  const r = npmInstall(dir, specs, env, ["--omit=optional"]);
+  const variants = readdirSync(join(dir, "node_modules", "@node-llama-cpp"));
+  if (variants.join() !== "linux-x64")
+    fail(`--omit=optional still installed @node-llama-cpp/${variants.join(", ")}`);
+  writeFileSync(
+    join(dir, "bins.mjs"),
+    'import { llamaCppBinsDir } from "@moeswarm/worker-native";\nimport { pluginPath } from "@moeswarm/backbone";\nconsole.log(llamaCppBinsDir(), pluginPath());\n',
+  );
+  sh("node", ["bins.mjs"], { cwd: dir, env });
+  log(
+    `backbone with node-llama-cpp's CPU build only (--omit=optional): ${r.seconds.toFixed(1)} s, ${mb(r.bytes)}`,
   );
 }
 
@@ -407,6 +444,9 @@ async function main() {
     runConsumers(full, env);
     runBins(full, env, version);
     runReadmeSnippets(full, env);
+    checkPeerMissing(full, env);
+    if (process.platform === "linux" && process.arch === "x64")
+      backboneCpuOnly(work, registry.url, version, env);
     npmInstall(full, ["typescript@5.9.3", "@types/node@20.19.43"], env, ["--save-dev"]);
     typecheck(full, env);
 

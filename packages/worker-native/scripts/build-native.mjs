@@ -58,7 +58,7 @@ function skipOrFail(reason, fix) {
 }
 
 // x86-64-v3: GGML_NATIVE=OFF still turns these on; saying so keeps the baseline explicit
-const X86_V3 = {
+export const X86_V3 = {
   GGML_NATIVE: "OFF",
   GGML_SSE42: "ON",
   GGML_AVX: "ON",
@@ -199,7 +199,7 @@ function defaultTargets() {
   return targets;
 }
 
-function napiIncludeString() {
+export function napiIncludeString() {
   // cmake-js knows where node-api-headers and node-addon-api are (offline, `binary.napi_versions`)
   const out = execFileSync(join(pkgDir, "node_modules", ".bin", "cmake-js"), ["print-cmakejs-include"], {
     cwd: pkgDir,
@@ -317,4 +317,5 @@ function main() {
   );
 }
 
-main();
+// imported by prebuildify-addon.mjs for its definitions: build only when run
+if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) main();
