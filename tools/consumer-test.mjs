@@ -158,38 +158,45 @@ async function startRegistry(work) {
  * workspace:* into versions) at a prerelease version, and publishes the tarballs. The versions
  * are rewritten in the package.json files for the packing and put back afterwards.
  */
-function packAndPublish(registry, version, tarDir, npmrc) {
+async function packAndPublish(registry, version, tarDir, npmrc) {
   const pkgs = publishedPackages();
   const originals = pkgs.map(({ dir }) => [
     join(dir, "package.json"),
     readFileSync(join(dir, "package.json"), "utf8"),
   ]);
-  const tarballs = [];
   try {
     for (const { dir, pkg } of pkgs) {
       writeFileSync(join(dir, "package.json"), `${JSON.stringify({ ...pkg, version }, null, 2)}\n`);
     }
-    for (const { dir, pkg } of pkgs) {
-      const out = sh("npx", [...PNPM, "pack", "--pack-destination", tarDir], {
-        cwd: dir,
-        env: { ...process.env, MOESWARM_PREPACK_BUILT: "1" },
-      });
-      const file = join(tarDir, basename(out.trim().split("\n").at(-1)));
-      if (!existsSync(file)) fail(`pnpm pack of ${pkg.name} wrote no ${file}`);
-      tarballs.push({
-        name: pkg.name,
-        file,
-        size: statSync(file).size,
-        executables: pkg.publishConfig?.executableFiles ?? [],
-      });
-    }
+    // one recursive pnpm pack (each package's prepack checks it is built)
+    const filters = pkgs.flatMap(({ pkg }) => ["--filter", pkg.name]);
+    sh("npx", [...PNPM, "-r", ...filters, "pack", "--pack-destination", tarDir], {
+      env: { ...process.env, MOESWARM_PREPACK_BUILT: "1" },
+    });
   } finally {
     for (const [file, text] of originals) writeFileSync(file, text);
   }
-  for (const t of tarballs) {
-    checkModes(t);
-    sh("npm", ["publish", t.file, "--registry", registry, "--tag", "ci", "--userconfig", npmrc]);
-  }
+  const tarballs = pkgs.map(({ pkg }) => {
+    const file = join(tarDir, `${pkg.name.slice(1).replace("/", "-")}-${version}.tgz`);
+    if (!existsSync(file)) fail(`pnpm pack of ${pkg.name} wrote no ${file}`);
+    const executables = pkg.publishConfig?.executableFiles ?? [];
+    return { name: pkg.name, file, size: statSync(file).size, executables };
+  });
+  for (const t of tarballs) checkModes(t);
+  await Promise.all(
+    tarballs.map(
+      (t) =>
+        new Promise((ok, ko) => {
+          const args = ["publish", t.file, "--registry", registry, "--tag", "ci", "--userconfig", npmrc];
+          const child = spawn("npm", args, { stdio: ["ignore", "ignore", "pipe"] });
+          let err = "";
+          child.stderr.on("data", (b) => (err += b));
+          child.on("exit", (code) =>
+            code === 0 ? ok() : ko(new Error(`npm publish ${t.file}: ${err.slice(-2000)}`)),
+          );
+        }),
+    ),
+  );
   return tarballs;
 }
 
@@ -366,6 +373,21 @@ function checkPeerMissing(dir, env) {
   log("without node-llama-cpp: MOESWARM_NATIVE_PEER_MISSING names npm install node-llama-cpp@3.21.1");
 }
 
+/** Without its platform package (--omit=optional), the loader names the package to install. */
+function checkPlatformMissing(work, registry, version, env) {
+  const dir = project(work, "omit-optional", registry);
+  npmInstall(dir, [`@moeswarm/worker-native@${version}`], env, ["--omit=optional"]);
+  const line = `npm install @moeswarm/worker-native-${process.platform}-${process.arch}`;
+  const script = [
+    'import { expertWorkerPath } from "@moeswarm/worker-native";',
+    "try { expertWorkerPath(); console.log('found an executable'); process.exit(1); }",
+    `catch (e) { if (e.code !== 'MOESWARM_NATIVE_PACKAGE_MISSING' || !e.message.includes(${JSON.stringify(line)})) { console.error(e); process.exit(1); } }`,
+  ].join("\n");
+  writeFileSync(join(dir, "platform-missing.mjs"), script);
+  sh("node", ["platform-missing.mjs"], { cwd: dir, env });
+  log(`without the platform package: MOESWARM_NATIVE_PACKAGE_MISSING names ${line}`);
+}
+
 /** The backbone's README recipe: node-llama-cpp's CPU build only, without its GPU variants. */
 function backboneCpuOnly(work, registry, version, env) {
   const dir = project(work, "backbone-cpu", registry);
@@ -415,7 +437,7 @@ async function main() {
     writeFileSync(npmrc, `//${new URL(registry.url).host}/:_authToken=${registry.token}\n`);
     const tarDir = join(work, "tarballs");
     mkdirSync(tarDir);
-    const tarballs = packAndPublish(registry.url, version, tarDir, npmrc);
+    const tarballs = await packAndPublish(registry.url, version, tarDir, npmrc);
     log(`published ${tarballs.length} packages at ${version} to ${registry.url}`);
     for (const t of tarballs)
       log(`  ${basename(t.file).padEnd(52)} ${(t.size / 1024).toFixed(0).padStart(6)} kB`);
@@ -445,6 +467,7 @@ async function main() {
     runBins(full, env, version);
     runReadmeSnippets(full, env);
     checkPeerMissing(full, env);
+    checkPlatformMissing(work, registry.url, version, env);
     if (process.platform === "linux" && process.arch === "x64")
       backboneCpuOnly(work, registry.url, version, env);
     npmInstall(full, ["typescript@5.9.3", "@types/node@20.19.43"], env, ["--save-dev"]);

@@ -192,7 +192,6 @@ function main() {
     return;
   }
   run("npx", ["changeset", "version"], { env });
-  run("npx", ["-y", "pnpm@12.4.2", "install", "--lockfile-only"], { env });
   run("npx", ["changeset", "publish"], { env });
   log(
     "published: commit the versions and CHANGELOGs, and push the tags changeset made (git push --follow-tags)",

@@ -1,4 +1,5 @@
 #!/usr/bin/env node
+import { spawnSync } from "node:child_process";
 // The release build of the N-API addon, by prebuildify (the design card's tool) with cmake-js as
 // its backend: prebuildify drives the build, strips the binary and names it by its tags
 // (prebuilds/<platform>-<arch>/node.napi.glibc.node, which node-gyp-build and the platform
@@ -14,7 +15,6 @@ import { copyFileSync, existsSync, mkdirSync, rmSync } from "node:fs";
 import { createRequire } from "node:module";
 import { availableParallelism } from "node:os";
 import { dirname, join, resolve } from "node:path";
-import { spawnSync } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { llamaSourceDir } from "../../../tools/llama-source.mjs";
 import { X86_V3 } from "./build-native.mjs";
@@ -45,7 +45,10 @@ function backend(args) {
   const cmakeJs = join(pkgDir, "node_modules", ".bin", "cmake-js");
   const defs = Object.entries(definitions(arch)).map(([k, v]) => `--CD${k}=${v}`);
   const jobs = String(Number(process.env.MOESWARM_NATIVE_JOBS) || availableParallelism());
-  const r = spawnSync(cmakeJs, ["rebuild", "-O", out, "--parallel", jobs, ...defs], { cwd: pkgDir, stdio: "inherit" });
+  const r = spawnSync(cmakeJs, ["rebuild", "-O", out, "--parallel", jobs, ...defs], {
+    cwd: pkgDir,
+    stdio: "inherit",
+  });
   if (r.status !== 0) process.exit(r.status ?? 1);
   // prebuildify takes the first .node of build/Release
   const release = join(pkgDir, "build", "Release");
@@ -88,7 +91,9 @@ async function main() {
   for (const arch of archs) {
     const t0 = performance.now();
     await prebuildify(arch);
-    process.stdout.write(`[prebuildify] linux-${arch}/node.napi.glibc.node in ${((performance.now() - t0) / 1000).toFixed(0)} s\n`);
+    process.stdout.write(
+      `[prebuildify] linux-${arch}/node.napi.glibc.node in ${((performance.now() - t0) / 1000).toFixed(0)} s\n`,
+    );
   }
   for (const p of platformPackages()) stage(p);
 }
