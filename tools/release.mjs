@@ -178,15 +178,14 @@ function main() {
   };
   if (dryRun) {
     const out = mkdtempSync(join(tmpdir(), "moeswarm-release-"));
-    for (const dir of readdirSync(join(root, "packages"))) {
-      const pkg = JSON.parse(readFileSync(join(root, "packages", dir, "package.json"), "utf8"));
-      if (pkg.private) continue;
-      run("npx", ["-y", "pnpm@12.4.2", "pack", "--pack-destination", out], {
-        cwd: join(root, "packages", dir),
-        env,
-        stdio: "ignore",
-      });
-    }
+    const filters = readdirSync(join(root, "packages"))
+      .map((dir) => JSON.parse(readFileSync(join(root, "packages", dir, "package.json"), "utf8")))
+      .filter((pkg) => !pkg.private)
+      .flatMap((pkg) => ["--filter", pkg.name]);
+    run("npx", ["-y", "pnpm@12.4.2", "-r", ...filters, "pack", "--pack-destination", out], {
+      env,
+      stdio: "ignore",
+    });
     for (const f of readdirSync(out)) log(`  ${f}  ${(statSync(join(out, f)).size / 1024).toFixed(0)} kB`);
     log(`dry run: nothing versioned or published (tarballs in ${out})`);
     return;

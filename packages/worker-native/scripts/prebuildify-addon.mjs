@@ -9,8 +9,10 @@ import { spawnSync } from "node:child_process";
 // (`rebuild --target=<node> --devdir=<dir> --arch=<arch> --release`); this file is that backend
 // when run with `rebuild`.
 //
-//   node scripts/prebuildify-addon.mjs            linux-x64 and (cross-compiled) linux-arm64
-//   MOESWARM_PREBUILDIFY_ARCHS=x64 node ...       one architecture
+//   node scripts/prebuildify-addon.mjs                  linux-x64 (what tools/release.mjs runs)
+//   MOESWARM_PREBUILDIFY_ARCHS=x64,arm64 node ...       also linux-arm64, cross-compiled (not yet
+//                                                       run end to end: the release takes the arm64
+//                                                       addon from build-native.mjs's cross build)
 import { copyFileSync, existsSync, mkdirSync, rmSync } from "node:fs";
 import { createRequire } from "node:module";
 import { availableParallelism } from "node:os";
@@ -87,7 +89,7 @@ function prebuildify(arch) {
 }
 
 async function main() {
-  const archs = (process.env.MOESWARM_PREBUILDIFY_ARCHS ?? "x64,arm64").split(",").filter(Boolean);
+  const archs = (process.env.MOESWARM_PREBUILDIFY_ARCHS ?? "x64").split(",").filter(Boolean);
   for (const arch of archs) {
     const t0 = performance.now();
     await prebuildify(arch);
