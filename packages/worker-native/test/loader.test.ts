@@ -77,7 +77,9 @@ describe("loading the native code", () => {
         /android-arm64\/moeswarm-expert-worker-armv82$/,
       );
     } catch (error) {
-      expect(error).toMatchObject({ code: "MOESWARM_NATIVE_LOAD" });
+      // not built here: the platform package to install is named (with npm's --os/--cpu)
+      expect(error).toMatchObject({ code: "MOESWARM_NATIVE_PACKAGE_MISSING" });
+      expect((error as Error).message).toContain("@moeswarm/worker-native-android-arm64");
     }
   });
 
