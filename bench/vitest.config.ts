@@ -1,3 +1,3 @@
 import { packageTests } from "../vitest.shared.ts";
 
-export default packageTests("bench");
+export default packageTests("bench", { testTimeout: 420_000 });

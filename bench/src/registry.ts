@@ -5,7 +5,9 @@ import { expertCompute } from "./benchmarks/expert-compute.js";
 import { expertShard } from "./benchmarks/expert-shard.js";
 import { parse } from "./benchmarks/parse.js";
 import { relay } from "./benchmarks/relay.js";
+import { roundtrip } from "./benchmarks/roundtrip.js";
 import { slice } from "./benchmarks/slice.js";
+import { throughput } from "./benchmarks/throughput.js";
 import type { Benchmark } from "./harness.js";
 
 // Every named benchmark, in the order `pnpm bench` runs them. Add new ones here.
@@ -13,9 +15,11 @@ export const benchmarks: Benchmark[] = [
   codec,
   parse,
   relay,
+  roundtrip,
   dispatchInproc,
   expertCompute,
   slice,
   expertShard,
   decode,
+  throughput,
 ];

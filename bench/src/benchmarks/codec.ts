@@ -1,4 +1,4 @@
-import { type DispatchFrame, decodeFrame, dispatchFrame, encodeFrame } from "@moeswarm/core";
+import { type DispatchFrame, decodeFrame, dispatchFrame, encodeFrame, rerouteFrame } from "@moeswarm/core";
 import { type Benchmark, gbPerSecond, measure, type Row } from "../harness.js";
 
 // Encode + decode of a dispatch frame (f32 activations, n_embd 3072, k = 8 with ids and router
@@ -66,6 +66,28 @@ export const codec: Benchmark = {
         batch,
         warmup: 20,
       });
+      // the relay's forwarding of this frame as received (at an odd offset, as a socket delivers
+      // it): before, decoded and re-encoded with new routing fields; now, validated without
+      // decoding x and rerouted (routing fields rewritten, the rest copied once)
+      const received = new Uint8Array(bytes + 1).subarray(1);
+      received.set(payload);
+      const max = 64 * 1024 * 1024;
+      const reencode = await measure(
+        `relay re-encode n=${n}`,
+        () => {
+          const f = decodeFrame(received, { maxFrameBytes: max }) as DispatchFrame;
+          return encodeFrame({ ...f, id: 7, from: "bb", to: "w" }, { maxFrameBytes: max });
+        },
+        { batch, warmup: 20 },
+      );
+      const reroute = await measure(
+        `relay reroute n=${n}`,
+        () => {
+          decodeFrame(received, { maxFrameBytes: max, raw: true });
+          return rerouteFrame(received, { id: 7, from: "bb", to: "w" }, max);
+        },
+        { batch, warmup: 20 },
+      );
       const copyGbs = gbPerSecond(bytes, copy.medianNs);
       const allocCopyGbs = gbPerSecond(bytes, allocCopy.medianNs);
       const bothGbs = gbPerSecond(bytes, both.medianNs);
@@ -80,7 +102,11 @@ export const codec: Benchmark = {
         "alloc+copy GB/s": allocCopyGbs,
         "codec/copy": bothGbs / copyGbs,
         "codec/alloc+copy": bothGbs / allocCopyGbs,
+        "relay re-encode us": reencode.medianNs / 1000,
+        "relay reroute us": reroute.medianNs / 1000,
       });
+      ratios[`relay forward re-encode/reroute n=${n}`] = reencode.medianNs / reroute.medianNs;
+      ratios[`relay reroute/alloc+copy n=${n}`] = reroute.medianNs / allocCopy.medianNs;
       ratios[`codec/copy n=${n}`] = bothGbs / copyGbs;
       ratios[`codec/alloc+copy n=${n}`] = bothGbs / allocCopyGbs;
       notes.push(

@@ -22,22 +22,40 @@ import {
   serveBackboneBridge,
 } from "@moeswarm/backbone";
 import { InProcessTransport, Placement } from "@moeswarm/dispatch";
-import { ensureSyntheticModel, findExpertTensors, readGguf, sliceExperts } from "@moeswarm/shard";
-import { spawnLlamaExpertWorker, type WorkerProcessCompute } from "@moeswarm/worker-native";
+import {
+  ensureSyntheticModel,
+  findExpertTensors,
+  ggmlTypeName,
+  readGguf,
+  sliceExperts,
+} from "@moeswarm/shard";
+import { ggmlQuantize, spawnLlamaExpertWorker, type WorkerProcessCompute } from "@moeswarm/worker-native";
 import { type Benchmark, median, type Row } from "../harness.js";
 
 const CACHE_DIR = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..", ".cache", "models");
-const N_PREDICT = 64;
-const ROUNDS = 3;
+/**
+ * MOESWARM_BENCH_DECODE_MODEL=shape decodes the shape-true qwen35moe instead (Qwen3.5-122B-A10B's
+ * layers, 4 of them, Q4_K_M, ~6 GB, synthesised once with ggml's quantiser): per-layer overhead
+ * against a real layer's compute. Fewer tokens and one round: a token costs a real layer's time.
+ */
+const SHAPE = process.env.MOESWARM_BENCH_DECODE_MODEL === "shape";
+const N_PREDICT = SHAPE ? 16 : 64;
+const ROUNDS = SHAPE ? 1 : 3;
 const WORKERS = 2;
 const PROMPT = "The swarm decodes";
 
 export const decode: Benchmark = {
   name: "decode",
   description:
-    "greedy decode of the medium synthetic qwen3moe: plain llama.cpp vs llama.cpp + plugin + 2 llama-cpu workers (all MoE layers remote, loopback)",
+    "greedy decode of the medium synthetic qwen3moe (MOESWARM_BENCH_DECODE_MODEL=shape: the shape-true qwen35moe): plain llama.cpp vs llama.cpp + plugin + 2 llama-cpu workers (all MoE layers remote, loopback)",
   async run() {
-    const model = await ensureSyntheticModel("medium", { cacheDir: CACHE_DIR });
+    const model = SHAPE
+      ? await ensureSyntheticModel("shape", {
+          cacheDir: CACHE_DIR,
+          arch: "qwen35moe",
+          quantize: (type, values, ne0) => ggmlQuantize(ggmlTypeName(type), values, ne0),
+        })
+      : await ensureSyntheticModel("medium", { cacheDir: CACHE_DIR });
     const layout = findExpertTensors(await readGguf(model.path));
     const layers = layout.layers.map((l) => l.layer);
     const nExpert = layout.layers[0]!.nExpert;

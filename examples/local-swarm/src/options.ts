@@ -20,6 +20,12 @@ export interface DemoOptions {
   replicas: number;
   /** One more worker that lies (every output x1.05): the backbone must catch and name it. */
   liar: boolean;
+  /** The bridge's trust: "verify" (default: two owners' answers compared) or "own" (taken as they come). */
+  trust: "verify" | "own";
+  /** The workers' `--backend` (default llama-cpu: bit-identical logits). */
+  backend: string;
+  /** The command that runs a worker's bin instead of this Node (e.g. an arm64 Node under qemu-user). */
+  workerNode: string[] | undefined;
 }
 
 const USAGE = `usage: pnpm demo [-- options]
@@ -35,12 +41,18 @@ plain, and with its MoE layers handed to the swarm through the libggml-moeswarm 
   --workers N       worker processes (default 2)
   --remote-layers L MoE layers sent to the swarm: all | 0,1,4-7 (default all)
   --threads N       llama.cpp and worker threads (default 1)
-  --cache-dir DIR   model cache (default <repo>/.cache/models)
-  --worker-cache D  worker slice caches, reused across runs (default <repo>/.cache/demo-workers)
+  --cache-dir DIR   model cache (default .cache/models in this example)
+  --worker-cache D  worker slice caches, reused across runs (default .cache/demo-workers here)
   --fresh           workers start with empty caches (download again)
   --cover-timeout S seconds to wait for full coverage (default 120)
   --replicas N      copies of each expert the hub asks for (default 2: answers are compared)
   --liar            start one more worker that lies (outputs x1.05); the tokens must stay identical
+  --trust T         verify (default: every part answered by two workers and compared; with one
+                    owner the backbone computes it itself) | own (answers taken as they come)
+  --backend B       the workers' compute backend (default llama-cpu: llama.cpp's own kernels, logits
+                    bit-identical); another (worker: the static executable) must give the same tokens
+  --worker-node CMD run the workers' bin with this command instead of this Node, e.g.
+                    "qemu-aarch64-static -L /usr/aarch64-linux-gnu node-arm64/bin/node"
   -h, --help        this text`;
 
 function int(text: string | undefined, name: string, fallback: number, min: number, max: number): number {
@@ -85,6 +97,9 @@ export function parseDemoOptions(
       "cover-timeout": { type: "string" },
       replicas: { type: "string" },
       liar: { type: "boolean" },
+      backend: { type: "string" },
+      trust: { type: "string" },
+      "worker-node": { type: "string" },
       help: { type: "boolean", short: "h" },
     },
   });
@@ -112,5 +127,13 @@ export function parseDemoOptions(
     coverTimeoutS: int(values["cover-timeout"], "cover-timeout", 120, 1, 3600),
     replicas: int(values.replicas, "replicas", 2, 1, 16),
     liar: values.liar === true,
+    backend: oneOf(
+      values.backend,
+      "backend",
+      ["llama-cpu", "native", "worker", "vulkan", "ts", "auto"] as const,
+      "llama-cpu",
+    ),
+    trust: oneOf(values.trust, "trust", ["verify", "own"] as const, "verify"),
+    workerNode: values["worker-node"]?.split(/\s+/).filter(Boolean),
   };
 }

@@ -22,13 +22,39 @@ function layersOf(range: string): string {
   return b === (a as number) + 1 ? `layer ${a}` : `layers ${range}`;
 }
 
+const TEXT_WIDTH = 88;
+const INDENT = " ".repeat(10);
+
+/**
+ * Text as a person reads it: its own line breaks kept, long lines wrapped at spaces, indented
+ * under a label; control characters (the model never generates them, but a prompt may carry them)
+ * shown escaped rather than sent to the terminal.
+ */
+function textBlock(out: (line?: string) => void, label: string, text: string): void {
+  const visible = text.replace(/(?!\n)\p{Cc}/gu, (c) => JSON.stringify(c).slice(1, -1));
+  const lines: string[] = [];
+  for (const paragraph of visible.split("\n")) {
+    let line = "";
+    for (const word of paragraph.split(/(?<= )/)) {
+      if (line.length > 0 && line.length + word.trimEnd().length > TEXT_WIDTH) {
+        lines.push(line.trimEnd());
+        line = "";
+      }
+      line += word;
+    }
+    lines.push(line);
+  }
+  for (const [i, line] of lines.entries()) out(`${i === 0 ? label.padEnd(INDENT.length) : INDENT}${line}`);
+}
+
 /** What a person wants to read after the run: the text, the verdict, the costs, who did what. */
 export function printReport(out: (line?: string) => void, r: DemoReport): void {
   const n = r.plain.tokens.length;
   out();
-  out(`prompt    ${JSON.stringify(r.prompt)}`);
-  out(`plain     ${JSON.stringify(r.plain.text)}`);
-  out(`swarm     ${JSON.stringify(r.swarm.text)}`);
+  textBlock(out, "prompt", r.prompt);
+  // the continuation as llama.cpp detokenised it, right after the prompt's last character
+  textBlock(out, "plain", `...${r.plain.text}`);
+  textBlock(out, "swarm", `...${r.swarm.text}`);
   out();
   const verdict = r.identical === n && r.swarm.tokens.length === n;
   out(

@@ -36,6 +36,10 @@ export interface SpawnWorkersOptions {
   /** These workers lie (src/liar-worker.ts: every output scaled by 1.05). */
   liar?: boolean;
   onEvent: (worker: WorkerView, event: WorkerEvent) => void;
+  /** The workers' --backend (default llama-cpu). */
+  backend?: string;
+  /** Runs the bin with this command instead of this Node (an arm64 Node under qemu-user). */
+  workerNode?: string[] | undefined;
 }
 
 /** How to start worker `i`: the `moeswarm-worker` bin, or the demo's liar under tsx. */
@@ -65,9 +69,11 @@ export function spawnWorkers(options: SpawnWorkersOptions): WorkerView[] {
   const views: WorkerView[] = [];
   for (let i = 0; i < options.count; i++) {
     const id = options.ids[i]!;
+    const [node, ...nodeArgs] = options.workerNode ?? [process.execPath];
     const child = spawn(
-      process.execPath,
+      node!,
       [
+        ...nodeArgs,
         ...workerCommand(options),
         "--hub",
         options.hubUrl,
@@ -85,7 +91,7 @@ export function spawnWorkers(options: SpawnWorkersOptions): WorkerView[] {
         options.caFile,
         // llama.cpp's own CPU kernels: the swarm's numbers are then plain llama.cpp's, bit for bit
         "--backend",
-        "llama-cpu",
+        options.backend ?? "llama-cpu",
         "--threads",
         String(options.threads),
         "--poll",

@@ -61,7 +61,7 @@ export interface SwarmLlamaOptions {
   trust?: "verify" | "own";
   /** `serveBackboneBridge`'s `onQuarantine`. */
   onQuarantine?: BackboneBridgeOptions["onQuarantine"];
-  /** How long the plugin waits for one layer's result (`MOESWARM_TIMEOUT_MS`, default 120 s). */
+  /** How long the plugin waits for one layer's result (`MOESWARM_TIMEOUT_MS`, default 30 s). */
   pluginTimeoutMs?: number;
   /**
    * node-llama-cpp's model options; `gpuLayers` is always 0 (the backbone runs on the CPU), and

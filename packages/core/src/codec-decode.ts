@@ -28,6 +28,12 @@ export interface DecodeOptions {
    * its alignment allows, so the input must not be reused while the frame is in use).
    */
   copy?: boolean;
+  /**
+   * Leave the activations and outputs (`x`, `y`) as the frame's bytes (Uint8Array views), their
+   * lengths checked but never decoded or copied: for a relay that forwards them (rerouteFrame).
+   * `ids` and `w` are decoded and checked as always. The frame's type then lies about `x` and `y`.
+   */
+  raw?: boolean;
 }
 
 const KNOWN_KEYS: ReadonlySet<string> = new Set([
@@ -143,7 +149,7 @@ export function decodeFrame(bytes: Uint8Array, options: DecodeOptions = {}): Fra
     out[spec.key] = value;
     if (spec.key === "id") ctx.id = value as number;
   }
-  decodeTensors(t, out, ctx, options.copy === true);
+  decodeTensors(t, out, ctx, options.copy === true, options.raw === true);
   checkCrossFields(t, out, ctx, maxExpert);
   return out as unknown as Frame;
 }
@@ -319,7 +325,13 @@ function lengthIs(
 }
 
 /** Checks bin lengths against the declared shape, then turns them into typed arrays. */
-function decodeTensors(t: FrameType, o: Record<string, unknown>, ctx: Checker, copy: boolean): void {
+function decodeTensors(
+  t: FrameType,
+  o: Record<string, unknown>,
+  ctx: Checker,
+  copy: boolean,
+  raw: boolean,
+): void {
   if (t === "dispatch") {
     const n = o.n as number;
     const k = o.k as number;
@@ -327,7 +339,7 @@ function decodeTensors(t: FrameType, o: Record<string, unknown>, ctx: Checker, c
     const dtype = o.dtype as keyof typeof ELEMENT_SIZE;
     lengthIs(o, "x", n * embd * ELEMENT_SIZE[dtype], `n*embd*${ELEMENT_SIZE[dtype]} for ${dtype}`, ctx);
     lengthIs(o, "ids", n * k * 4, "n*k*4", ctx);
-    o.x = typedArrayFromBytes(dtype === "f32" ? "f32" : "f16", o.x as Uint8Array, { copy });
+    if (!raw) o.x = typedArrayFromBytes(dtype === "f32" ? "f32" : "f16", o.x as Uint8Array, { copy });
     o.ids = typedArrayFromBytes("i32", o.ids as Uint8Array, { copy });
     if (o.w !== undefined) {
       lengthIs(o, "w", n * k * 4, "n*k*4", ctx);
@@ -351,6 +363,6 @@ function decodeTensors(t: FrameType, o: Record<string, unknown>, ctx: Checker, c
       }
     } else if (o.mode === "each") lengthIs(o, "y", n * k * embd * 4, 'n*k*embd*4 for mode "each"', ctx);
     else lengthIs(o, "y", n * embd * 4, 'n*embd*4 for mode "sum"', ctx);
-    o.y = typedArrayFromBytes("f32", o.y as Uint8Array, { copy });
+    if (!raw) o.y = typedArrayFromBytes("f32", o.y as Uint8Array, { copy });
   }
 }

@@ -20,4 +20,5 @@ export {
   encodeFrame,
   encodeFrameWithPrefixSpace,
 } from "./codec-encode.js";
+export { type RoutePatch, rerouteFrame } from "./codec-route.js";
 export { validateFrame } from "./codec-validate.js";

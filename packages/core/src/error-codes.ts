@@ -227,6 +227,10 @@ export const ERROR_CODES = {
     text: "The claim cannot be granted (already covered, over capacity, lease held by another).",
   },
   MOESWARM_HUB_STORE: { area: "HubError", text: "The hub's persistent store failed." },
+  MOESWARM_HUB_NO_SQLITE: {
+    area: "HubError",
+    text: "No SQLite driver loads (better-sqlite3, node:sqlite, node-sqlite3-wasm) and the hub was asked to keep its state on disk: `npm install node-sqlite3-wasm`, or run with `--db :memory:`.",
+  },
   MOESWARM_HUB_METHOD_NOT_ALLOWED: {
     area: "HubError",
     text: "The HTTP method is not allowed on this resource (the `Allow` header lists those that are).",

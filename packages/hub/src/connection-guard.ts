@@ -6,6 +6,7 @@ import type { Server as HttpServer, IncomingMessage, ServerResponse } from "node
 import type { Server as HttpsServer } from "node:https";
 import type { Duplex } from "node:stream";
 import { InvalidArgumentError } from "@moeswarm/core";
+import { clientAddress, type TrustedProxies } from "./client-address.js";
 import type { Relay } from "./relay.js";
 
 /** Limits on connections (each has a default; see the README's "Limits"). */
@@ -98,7 +99,11 @@ export function serverOptions(limits: CheckedLimits): {
 }
 
 interface Connection {
-  readonly address: string;
+  /** The client's address (behind a trusted proxy: X-Forwarded-For's, from its first request on). */
+  address: string;
+  /** From a trusted proxy: counted under `address` once a request names the client. */
+  readonly proxied: boolean;
+  counted: boolean;
   /** Requests in progress on it (a long-poll or a download keeps it busy, never idle). */
   busy: number;
   /** Taken over by the relay: its heartbeats and hello timeout govern it from then on. */
@@ -127,6 +132,7 @@ export function guardServer(
   relay: Relay,
   limits: CheckedLimits,
   tls: boolean,
+  trustProxy?: TrustedProxies,
 ): ConnectionGuard {
   const refusals = Object.fromEntries(REFUSAL_REASONS.map((r) => [r, 0])) as Record<
     ConnectionRefusal,
@@ -155,8 +161,11 @@ export function guardServer(
     bump(unauthenticated, c.address, -1);
   };
   const track = (socket: Duplex & { remoteAddress?: string; remotePort?: number }, address: string) => {
+    const proxied = trustProxy?.has(address) === true;
     const c: Connection = {
       address,
+      proxied,
+      counted: false,
       busy: 0,
       upgraded: false,
       unauthenticated: false,
@@ -172,15 +181,19 @@ export function guardServer(
       connections.delete(socket);
       if (byRemote.get(remote) === c) byRemote.delete(remote);
       endUnauthenticated(c);
+      if (c.counted) bump(perAddress, c.address, -1);
     });
   };
+  const attribute = attributeProxied({ trustProxy, limits, refusals, perAddress, bump, endUnauthenticated });
 
   server.on("connection", (socket) => {
     const address = socket.remoteAddress ?? "?";
+    // a trusted proxy's connections count under their clients' addresses (attribute)
+    const proxied = trustProxy?.has(address) === true;
     const reason: ConnectionRefusal | undefined =
       open >= limits.maxConnections
         ? "global-cap"
-        : (perAddress.get(address) ?? 0) >= limits.maxConnectionsPerAddress
+        : !proxied && (perAddress.get(address) ?? 0) >= limits.maxConnectionsPerAddress
           ? "address-cap"
           : undefined;
     socket.on("error", () => {});
@@ -190,10 +203,10 @@ export function guardServer(
       return;
     }
     open++;
-    bump(perAddress, address, 1);
+    if (!proxied) bump(perAddress, address, 1);
     socket.once("close", () => {
       open--;
-      bump(perAddress, address, -1);
+      if (!proxied) bump(perAddress, address, -1);
     });
     // a TLS connection is tracked once its handshake is done (the handshake has its own timeout)
     if (!tls) track(socket, address);
@@ -204,9 +217,17 @@ export function guardServer(
       if (error.code === "ERR_TLS_HANDSHAKE_TIMEOUT") refusals["tls-handshake"]++;
     });
   }
+  // behind a trusted proxy, before the hub's handler: a refused request must do nothing
+  // (hub-server.ts checks `destroyed`)
+  if (trustProxy) {
+    server.prependListener("request", (req: IncomingMessage) => {
+      const c = connections.get(req.socket);
+      if (c && !attribute(c, req)) req.socket.destroy();
+    });
+  }
   server.on("request", (req: IncomingMessage, res: ServerResponse) => {
     const c = connections.get(req.socket);
-    if (!c) return;
+    if (!c || req.socket.destroyed) return;
     c.busy++;
     res.once("close", () => {
       c.busy--;
@@ -216,13 +237,12 @@ export function guardServer(
   server.on("clientError", clientErrorHandler(refusals));
   server.on("upgrade", (req: IncomingMessage, socket: Duplex, head: Buffer) => {
     const c = connections.get(req.socket);
+    if (c && !attribute(c, req)) return unavailable(socket);
     if (c) {
       c.upgraded = true;
       if ((unauthenticated.get(c.address) ?? 0) >= limits.maxUnauthenticatedPerAddress) {
         refusals["unauthenticated-cap"]++;
-        socket.on("error", () => {});
-        socket.end("HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
-        return;
+        return unavailable(socket);
       }
       c.unauthenticated = true;
       bump(unauthenticated, c.address, 1);
@@ -246,6 +266,42 @@ export function guardServer(
 }
 
 type Refusals = Record<ConnectionRefusal, number>;
+
+/** A refused upgrade: 503, then closed. */
+function unavailable(socket: Duplex): void {
+  socket.on("error", () => {});
+  socket.end("HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+}
+
+/**
+ * Behind a trusted proxy (client-address.ts): a connection is counted under the client its
+ * request names, moved when a later request names another; false when that client's address
+ * is over its cap.
+ */
+function attributeProxied(g: {
+  trustProxy: TrustedProxies | undefined;
+  limits: CheckedLimits;
+  refusals: Refusals;
+  perAddress: Map<string, number>;
+  bump: (map: Map<string, number>, key: string, by: number) => void;
+  endUnauthenticated: (c: Connection) => void;
+}): (c: Connection, req: IncomingMessage) => boolean {
+  return (c, req) => {
+    if (!c.proxied) return true;
+    const { address } = clientAddress(req, g.trustProxy);
+    if (c.counted && address === c.address) return true;
+    if ((g.perAddress.get(address) ?? 0) >= g.limits.maxConnectionsPerAddress) {
+      g.refusals["address-cap"]++;
+      return false;
+    }
+    g.endUnauthenticated(c);
+    if (c.counted) g.bump(g.perAddress, c.address, -1);
+    c.address = address;
+    c.counted = true;
+    g.bump(g.perAddress, address, 1);
+    return true;
+  };
+}
 
 /** What node answers a request it cannot parse or that ran out of time, with the timeouts counted. */
 function clientErrorHandler(refusals: Refusals) {

@@ -1,7 +1,8 @@
 // Checking `createHub`'s options once, up front (InvalidArgumentError), into the settings the
 // hub's parts read, and opening the store the options name.
 import { resolve } from "node:path";
-import { InvalidArgumentError } from "@moeswarm/core";
+import { InvalidArgumentError, isMoeswarmError } from "@moeswarm/core";
+import { checkTrustProxy, type TrustedProxies } from "./client-address.js";
 import { type CheckedLimits, checkLimits } from "./connection-guard.js";
 import type { HubModelSource, HubOptions } from "./hub-types.js";
 import type { MarketOptions } from "./market.js";
@@ -29,6 +30,8 @@ export interface Settings {
   requireLeases: boolean;
   trustReports: boolean;
   limits: CheckedLimits;
+  /** Reverse proxies whose X-Forwarded-For names the client (client-address.ts). */
+  trustProxy: TrustedProxies | undefined;
 }
 
 /** Everything construction needs, checked. */
@@ -82,6 +85,7 @@ export function readHubOptions(options: HubOptions): HubConfig {
     requireLeases: options.requireLeases !== false,
     trustReports: options.trustReports === true,
     limits: checkLimits(options.limits),
+    trustProxy: checkTrustProxy(options.trustProxy),
   };
   const clock = options.clock ?? Date.now;
   if (typeof clock !== "function") {
@@ -125,9 +129,22 @@ function configuredModels(option: HubOptions["models"]): Array<{ id: string; pat
 }
 
 /** The store the option names; `owned` when the hub opened it (and so closes it). */
-export function openHubStore(option: HubOptions["store"]): { store: HubStore; owned: boolean } {
+export function openHubStore(
+  option: HubOptions["store"],
+  driver: HubOptions["sqliteDriver"] = "auto",
+): { store: HubStore; owned: boolean } {
   if (option === undefined) return { store: createMemoryStore(), owned: true };
-  if (typeof option === "string") return { store: openSqliteStore(option), owned: true };
+  if (typeof option === "string") {
+    try {
+      return { store: openSqliteStore(option, { driver }), owned: true };
+    } catch (error) {
+      // ":memory:" asked for no persistence: without SQLite, the memory store is the same
+      if (option === ":memory:" && isMoeswarmError(error, "MOESWARM_HUB_NO_SQLITE")) {
+        return { store: createMemoryStore(), owned: true };
+      }
+      throw error;
+    }
+  }
   if (typeof option === "object" && option !== null) return { store: option, owned: false };
   throw new InvalidArgumentError("hub option store must be a HubStore or a SQLite file path");
 }

@@ -9,6 +9,7 @@ import {
 import { createServer as createHttpsServer, type Server as HttpsServer } from "node:https";
 import type { AddressInfo } from "node:net";
 import { InvalidArgumentError } from "@moeswarm/core";
+import type { TrustedProxies } from "./client-address.js";
 import { type CheckedLimits, type ConnectionGuard, guardServer, serverOptions } from "./connection-guard.js";
 import { badRequest, notFound, publicError, sendJson } from "./http-errors.js";
 import type { HubListener, HubOptions } from "./hub-types.js";
@@ -33,12 +34,15 @@ export function createHubServer(
   relay: Relay,
   limits: CheckedLimits,
   handle: (req: IncomingMessage, res: ServerResponse) => boolean,
+  trustProxy?: TrustedProxies,
 ): { server: HttpServer | HttpsServer; guard: ConnectionGuard } {
   const options = serverOptions(limits);
   const server: HttpServer | HttpsServer = tls
     ? createHttpsServer({ ...options, cert: pem(tls.cert), key: pem(tls.key), ca: tls.ca && pem(tls.ca) })
     : createHttpServer(options);
   server.on("request", (req: IncomingMessage, res: ServerResponse) => {
+    // closed by the connection guard (a proxied client over its address's cap): nothing is done
+    if (req.socket.destroyed) return;
     if (handle(req, res)) return;
     const upgrade = (req.url ?? "").split("?")[0] === relay.path;
     const { body } = publicError(
@@ -48,7 +52,7 @@ export function createHubServer(
     );
     sendJson(res, upgrade ? 426 : 404, body, upgrade ? { upgrade: "websocket" } : {}, req.method === "HEAD");
   });
-  const guard = guardServer(server, relay, limits, tls !== undefined);
+  const guard = guardServer(server, relay, limits, tls !== undefined, trustProxy);
   return { server, guard };
 }
 

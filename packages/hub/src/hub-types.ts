@@ -8,6 +8,7 @@ import type { BackboneRate } from "./market-book.js";
 import type { HubMetrics } from "./metrics.js";
 import type { ModelInfo } from "./model.js";
 import type { Relay, RelayOptions, RelayServerEvent } from "./relay.js";
+import type { SqliteDriverName } from "./sqlite-driver.js";
 import type { HubStore } from "./store.js";
 import type { TokenSecret } from "./token.js";
 import type { HubWorkerInfo } from "./worker-book.js";
@@ -35,6 +36,18 @@ export interface HubOptions {
    * caller's to close; one opened from a path is closed with the hub.
    */
   store?: HubStore | string;
+  /**
+   * The SQLite driver for a `store` path: "auto" (default: better-sqlite3, else node:sqlite,
+   * else node-sqlite3-wasm) or one of them by name. With none loadable a path other than
+   * `":memory:"` is refused (HubError MOESWARM_HUB_NO_SQLITE): persistence is never dropped.
+   */
+  sqliteDriver?: "auto" | SqliteDriverName;
+  /**
+   * Addresses of reverse proxies in front of the hub (IP addresses or CIDR blocks, e.g.
+   * "127.0.0.1", "10.0.0.0/8"): a connection from one of them is counted, for the per-address
+   * limits, under the client address its X-Forwarded-For names (docs/deploy.md). Default none.
+   */
+  trustProxy?: readonly string[];
   /** Options of the relay mounted on `/relay` (its secret is the hub's). */
   relay?: Omit<RelayOptions, "secret">;
   /** Serve https/wss with this certificate and key (PEM) from `listen()`. */

@@ -74,7 +74,7 @@ class HubImpl implements Hub {
     this.relay = createRelay(this.#relayOptions(options.relay));
     this.handleUpgrade = (req, socket, head) => this.relay.handleUpgrade(req, socket, head);
     try {
-      ({ store: this.store, owned: this.#ownsStore } = openHubStore(options.store));
+      ({ store: this.store, owned: this.#ownsStore } = openHubStore(options.store, options.sqliteDriver));
     } catch (error) {
       void this.relay.close();
       throw error;
@@ -271,6 +271,7 @@ class HubImpl implements Hub {
     };
     return {
       settings,
+      store: this.store,
       metrics: this.metrics,
       relay: this.relay,
       models: this.#models,
@@ -463,8 +464,12 @@ class HubImpl implements Hub {
     if (this.#server || this.#closing) {
       throw new InvalidArgumentError("this hub is already listening or closed");
     }
-    const { server, guard } = createHubServer(this.#s.tls, this.relay, this.#s.limits, (req, res) =>
-      this.#handle(req, res, this.#s.dashboard !== false),
+    const { server, guard } = createHubServer(
+      this.#s.tls,
+      this.relay,
+      this.#s.limits,
+      (req, res) => this.#handle(req, res, this.#s.dashboard !== false),
+      this.#s.trustProxy,
     );
     this.#guard = guard;
     this.#server = server;

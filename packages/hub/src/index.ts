@@ -63,6 +63,15 @@ export {
   type WorkerInfo,
 } from "./relay.js";
 export {
+  loadSqliteDriver,
+  SQLITE_DRIVERS,
+  type SqliteDatabase,
+  type SqliteDriver,
+  type SqliteDriverName,
+  type SqliteStatement,
+  type SqliteTransaction,
+} from "./sqlite-driver.js";
+export {
   createMemoryStore,
   type HubStore,
   isModelId,

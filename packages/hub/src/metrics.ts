@@ -15,6 +15,7 @@ export type RouteLabel =
   | "/api/workers/:id/reinstate"
   | "/api/models/:model/reports/quarantine"
   | "/api/status"
+  | "/api/health"
   | "/api/demand"
   | "/api/claims"
   | "/api/claims/auto"

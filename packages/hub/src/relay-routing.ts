@@ -1,5 +1,8 @@
 // Routing in the relay: a backbone's dispatch forwarded to the worker it names (with the limits
 // and back-pressure checks that refuse it), and the worker's answer, or a timeout, sent back.
+// Dispatches and results are forwarded as the bytes that came, with only their routing fields
+// (`id`, `to`, `from`) rewritten (rerouteFrame): the relay validated them (decodeFrame `raw`) but
+// never decodes or re-encodes their activations and outputs.
 import {
   type DispatchFrame,
   type ErrorFrame,
@@ -7,6 +10,7 @@ import {
   isMoeswarmError,
   PROTOCOL_VERSION,
   type ResultFrame,
+  rerouteFrame,
   traceHop,
 } from "@moeswarm/core";
 import { CLOSE_SLOW_CONSUMER } from "@moeswarm/relay-client";
@@ -36,8 +40,11 @@ export interface RelayLink {
   drop(peer: Peer, code: number, reason: string, destroy: boolean): void;
 }
 
-/** Forwards a backbone's dispatch to the worker it names, or refuses it with an error frame. */
-export function routeDispatch(link: RelayLink, backbone: Peer, frame: DispatchFrame): void {
+/**
+ * Forwards a backbone's dispatch to the worker it names, or refuses it with an error frame.
+ * `raw`: the frame's bytes as received (decoded with `raw: true` into `frame`).
+ */
+export function routeDispatch(link: RelayLink, backbone: Peer, frame: DispatchFrame, raw: Uint8Array): void {
   const refuse = (code: RouteErrorCode, msg: string) => {
     link.stats.refused++;
     link.error(backbone, code, msg, frame.id, frame.to);
@@ -79,10 +86,7 @@ export function routeDispatch(link: RelayLink, backbone: Peer, frame: DispatchFr
   worker.nextRouteId = (relayId + 1) >>> 0;
   let bytes: Uint8Array;
   try {
-    bytes = encodeFrame(
-      { ...frame, id: relayId, from: backbone.id, to: frame.to },
-      { maxFrameBytes: link.s.maxFrameBytes },
-    );
+    bytes = rerouteFrame(raw, { id: relayId, from: backbone.id, to: frame.to }, link.s.maxFrameBytes);
   } catch (error) {
     // e.g. the added `from` pushed a frame at the limit over it
     const e = isMoeswarmError(error) ? error : undefined;
@@ -152,16 +156,30 @@ function expireRoute(link: RelayLink, route: Route): void {
   });
 }
 
-/** A worker's result or error, sent back to the backbone whose dispatch it answers. */
-export function routeAnswer(link: RelayLink, worker: Peer, frame: ResultFrame | ErrorFrame): void {
+/** A worker's result or error (`raw`: its bytes as received), sent back to the backbone it answers. */
+export function routeAnswer(
+  link: RelayLink,
+  worker: Peer,
+  frame: ResultFrame | ErrorFrame,
+  raw: Uint8Array,
+): void {
   if (frame.id === undefined) return; // a worker's connection-level notice; nothing to route
   const route = worker.routes.get(frame.id);
   if (!route) return; // late: the route expired or its backbone's connection is gone
   finishRoute(route);
-  answerBackbone(link, route, { ...frame, id: route.origId });
+  answerBackbone(link, route, { ...frame, id: route.origId }, frame.t === "result" ? raw : undefined);
 }
 
-export function answerBackbone(link: RelayLink, route: Route, frame: ResultFrame | ErrorFrame): void {
+/**
+ * Sends an answer to the backbone of `route`. `raw`: a worker's result as received, forwarded
+ * with its routing fields rewritten; without it the frame is encoded (errors, timeouts).
+ */
+export function answerBackbone(
+  link: RelayLink,
+  route: Route,
+  frame: ResultFrame | ErrorFrame,
+  raw?: Uint8Array,
+): void {
   const backbone = route.backbone;
   link.emit({
     type: "routed",
@@ -173,10 +191,11 @@ export function answerBackbone(link: RelayLink, route: Route, frame: ResultFrame
   if (backbone.closed) return;
   let bytes: Uint8Array;
   try {
-    bytes = encodeFrame(
-      { ...frame, from: route.worker.id, to: backbone.id },
-      { maxFrameBytes: link.s.maxFrameBytes },
-    );
+    const routing = { id: route.origId, from: route.worker.id, to: backbone.id };
+    bytes =
+      raw === undefined
+        ? encodeFrame({ ...frame, ...routing }, { maxFrameBytes: link.s.maxFrameBytes })
+        : rerouteFrame(raw, routing, link.s.maxFrameBytes);
   } catch (error) {
     const e = isMoeswarmError(error) ? error : undefined;
     link.error(

@@ -315,7 +315,8 @@ class RelayServer implements Relay {
     }
     let frame: Frame;
     try {
-      frame = decodeFrame(data, { maxFrameBytes: this.#s.maxFrameBytes });
+      // raw: activations and outputs stay the frame's bytes; a forwarded frame's payload is never decoded
+      frame = decodeFrame(data, { maxFrameBytes: this.#s.maxFrameBytes, raw: true });
     } catch (error) {
       if (!isMoeswarmError(error)) throw error;
       const id = typeof error.details?.id === "number" ? error.details.id : undefined;
@@ -393,12 +394,12 @@ class RelayServer implements Relay {
         this.#setDraining(peer, frame.reason, "worker");
         return;
       case "dispatch":
-        routeDispatch(this.#link, peer, frame);
+        routeDispatch(this.#link, peer, frame, data);
         return;
       case "result":
       case "error":
         if (peer.role !== "worker") return; // a backbone has nothing to answer; ignored
-        routeAnswer(this.#link, peer, frame);
+        routeAnswer(this.#link, peer, frame, data);
         return;
     }
   }

@@ -4,7 +4,7 @@
 // store object, so a hub built again on the same store (a restart in tests) finds them.
 
 import { HubError } from "@moeswarm/core";
-import Database from "better-sqlite3";
+import { loadSqliteDriver, type SqliteDatabase, sqliteDriverNamed } from "./sqlite-driver.js";
 import type { HubStore } from "./store.js";
 
 /** What a backbone saw: the evidence of a quarantine (validated in reputation.ts). */
@@ -59,10 +59,12 @@ function memoryReports(store: HubStore): ReportStore {
   };
 }
 
-function sqliteReports(path: string): ReportStore {
-  let db: Database.Database;
+function sqliteReports(path: string, driver: string | undefined): ReportStore {
+  let db: SqliteDatabase;
   try {
-    db = new Database(path);
+    // the store's own driver: the same file, the same locking
+    const named = driver === undefined ? undefined : sqliteDriverNamed(driver);
+    db = loadSqliteDriver(named ? [named] : undefined).open(path);
     db.pragma("busy_timeout = 5000");
     db.exec(
       `CREATE TABLE IF NOT EXISTS quarantine (
@@ -116,6 +118,6 @@ function sqliteReports(path: string): ReportStore {
 /** The quarantine table for the hub's `store` option (a SQLite path, or the store object in memory). */
 export function openReportStore(option: HubStore | string | undefined, store: HubStore): ReportStore {
   if (typeof option === "string" && option !== ":memory:" && store.kind === "sqlite")
-    return sqliteReports(option);
+    return sqliteReports(option, store.driver);
   return memoryReports(store);
 }

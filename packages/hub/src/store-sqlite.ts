@@ -10,8 +10,15 @@ import {
   parseRange,
   toRanges,
 } from "@moeswarm/core";
-import Database from "better-sqlite3";
 import type { StoredDemandRow } from "./market.js";
+import {
+  loadSqliteDriver,
+  SQLITE_DRIVERS,
+  type SqliteDatabase,
+  type SqliteDriver,
+  type SqliteDriverName,
+  sqliteDriverNamed,
+} from "./sqlite-driver.js";
 import type {
   HubStore,
   MarketWrite,
@@ -221,31 +228,34 @@ function capacityOf(text: string): StoredLease["capacity"] {
   }
 }
 
-function openDatabase(path: string): Database.Database {
+/** The drivers `options` allow, in the order they are tried. */
+function driversOf(options: SqliteStoreOptions): readonly SqliteDriver[] {
+  if (options.drivers !== undefined) return options.drivers;
+  const name = options.driver ?? "auto";
+  if (name === "auto") return SQLITE_DRIVERS;
+  const driver = sqliteDriverNamed(name);
+  if (!driver) {
+    throw new InvalidArgumentError(
+      `sqliteDriver must be "auto" or one of ${SQLITE_DRIVERS.map((d) => d.name).join(", ")}; got ${JSON.stringify(name)}`,
+    );
+  }
+  return [driver];
+}
+
+function openDatabase(path: string, options: SqliteStoreOptions): SqliteDatabase {
+  // MOESWARM_HUB_NO_SQLITE (no driver loads) goes to the caller as it is
+  const { open } = loadSqliteDriver(driversOf(options));
   try {
     if (path !== ":memory:") mkdirSync(dirname(path), { recursive: true });
-    return new Database(path);
+    return open(path);
   } catch (error) {
-    const message = (error as Error)?.message ?? String(error);
-    if (/better_sqlite3\.node|bindings|NODE_MODULE_VERSION|invalid ELF/i.test(message)) {
-      throw new HubError(
-        "MOESWARM_HUB_STORE",
-        [
-          `the SQLite store cannot load better-sqlite3's native binary: ${message}`,
-          "possible solutions:",
-          "  - rebuild it for this Node: `npm rebuild better-sqlite3` (needs python3, make and a C++ compiler;",
-          "    offline, point node-gyp at local headers: npm_config_nodedir=/usr)",
-          "  - or run the hub without persistence: an in-memory store (`--db :memory:`)",
-        ].join("\n"),
-        { cause: error },
-      );
-    }
+    if (error instanceof HubError) throw error; // the WASM driver: another process holds the file
     throw storeError(`cannot open the SQLite store ${path}`, error);
   }
 }
 
 /** Applies the pending migrations; returns the schema version now in force. */
-function migrate(db: Database.Database, path: string): number {
+function migrate(db: SqliteDatabase, path: string): number {
   const current = db.pragma("user_version", { simple: true }) as number;
   if (current > MIGRATIONS.length) {
     throw new HubError(
@@ -266,6 +276,13 @@ function migrate(db: Database.Database, path: string): number {
 export interface SqliteStoreOptions {
   /** How long a write waits for another process's lock (default 5000 ms). */
   busyTimeoutMs?: number;
+  /**
+   * Which SQLite driver (sqlite-driver.ts): "auto" (default) tries better-sqlite3, then Node's
+   * built-in node:sqlite (Node 22.5+), then node-sqlite3-wasm; a name uses only that one.
+   */
+  driver?: "auto" | SqliteDriverName;
+  /** Drivers to try instead, in order (tests; embedders with a driver of their own). */
+  drivers?: readonly SqliteDriver[];
 }
 
 /**
@@ -282,7 +299,7 @@ export function openSqliteStore(path: string, options: SqliteStoreOptions = {}):
   if (!Number.isInteger(busy) || busy < 0) {
     throw new InvalidArgumentError("busyTimeoutMs must be an integer >= 0");
   }
-  const db = openConfigured(path, busy);
+  const db = openConfigured(path, busy, options);
 
   const q = prepareStatements(db);
   const tx = writeTransactions(db, q);
@@ -300,6 +317,7 @@ export function openSqliteStore(path: string, options: SqliteStoreOptions = {}):
 
   const store: HubStore = {
     kind: "sqlite",
+    driver: db.driver,
     listModels: () =>
       run("listing models", () =>
         q.models.all().map((r): StoredModel => ({ id: r.id, path: r.path, addedAt: r.added_at })),
@@ -366,7 +384,7 @@ export function openSqliteStore(path: string, options: SqliteStoreOptions = {}):
 }
 
 /** The statements the store runs, prepared once. */
-function prepareStatements(db: Database.Database) {
+function prepareStatements(db: SqliteDatabase) {
   return {
     models: db.prepare<[], ModelRow>("SELECT id, path, added_at FROM models ORDER BY added_at, rowid"),
     putModel: db.prepare<[string, string, number]>(
@@ -420,7 +438,7 @@ function prepareStatements(db: Database.Database) {
 type Statements = ReturnType<typeof prepareStatements>;
 
 /** The multi-row writes, each one transaction. */
-function writeTransactions(db: Database.Database, q: Statements) {
+function writeTransactions(db: SqliteDatabase, q: Statements) {
   const putLeases = db.transaction((list: readonly StoredLease[], also: MarketWrite) => {
     for (const l of list) {
       q.putLease.run(
@@ -514,11 +532,12 @@ function leaseOfRow(r: LeaseRow): StoredLease {
 }
 
 /** The database, its journal and foreign keys set and its schema migrated. */
-function openConfigured(path: string, busy: number): Database.Database {
-  const db = openDatabase(path);
+function openConfigured(path: string, busy: number, options: SqliteStoreOptions): SqliteDatabase {
+  const db = openDatabase(path, options);
   try {
     db.pragma(`busy_timeout = ${busy}`);
-    if (path !== ":memory:") db.pragma("journal_mode = WAL");
+    // (a driver without shared memory keeps SQLite's rollback journal: as durable, one process)
+    if (path !== ":memory:" && db.wal) db.pragma("journal_mode = WAL");
     // FULL: a committed lease or credit is on disk before the hub answers for it (NORMAL could
     // lose the last commits to a power cut; a kill -9 loses nothing either way)
     db.pragma("synchronous = FULL");

@@ -11,6 +11,8 @@ import type { CreditRow, Lease, StoredDemandRow } from "./market.js";
 export interface HubStore extends AsyncDisposable {
   /** "memory", "sqlite", or an embedder's own name (for logs and /metrics). */
   readonly kind: string;
+  /** For "sqlite": the driver it runs on ("better-sqlite3", "node:sqlite", "node-sqlite3-wasm"). */
+  readonly driver?: string;
   /** Models registered at run time (POST /api/models), oldest first. */
   listModels(): Promise<StoredModel[]>;
   /** Adds or replaces (by id) a model. */

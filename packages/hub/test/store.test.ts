@@ -8,7 +8,9 @@ import {
   type HubStore,
   isModelId,
   openSqliteStore,
+  SQLITE_DRIVERS,
   SQLITE_SCHEMA_VERSION,
+  type SqliteDriverName,
   type StoredLease,
   type StoredWorker,
 } from "../src/index.js";
@@ -30,10 +32,32 @@ const w = (id: string, lastSeen: number, extra: Partial<StoredWorker> = {}): Sto
   ...extra,
 });
 
+/** The drivers this Node has; the others are named with the reason, once. */
+const drivers: SqliteDriverName[] = [];
+for (const d of SQLITE_DRIVERS) {
+  try {
+    d.load();
+    drivers.push(d.name as SqliteDriverName);
+  } catch (error) {
+    console.log(
+      `store tests: the ${d.name} driver is not available here, its runs are skipped: ${(error as Error).message}`,
+    );
+  }
+}
+// a test without better-sqlite3 would not reach the other drivers' tests: say so loudly
+if (!drivers.includes("node-sqlite3-wasm"))
+  throw new Error("node-sqlite3-wasm (a dependency of the hub) must load");
+
+const fresh = (name: string) => join(tmp.dir, `${name}-${Math.random().toString(36).slice(2)}.db`);
+
 const stores: Array<[string, () => HubStore]> = [
   ["memory", () => createMemoryStore()],
-  ["sqlite :memory:", () => openSqliteStore(":memory:")],
-  ["sqlite file", () => openSqliteStore(join(tmp.dir, `contract-${Math.random().toString(36).slice(2)}.db`))],
+  ...drivers.flatMap(
+    (driver): Array<[string, () => HubStore]> => [
+      [`sqlite :memory: (${driver})`, () => openSqliteStore(":memory:", { driver })],
+      [`sqlite file (${driver})`, () => openSqliteStore(fresh("contract"), { driver })],
+    ],
+  ),
 ];
 
 describe.each(stores)("HubStore contract: %s", (_name, make) => {
@@ -181,16 +205,21 @@ describe.each(stores)("HubStore contract: %s", (_name, make) => {
   });
 });
 
-describe("SQLite store", () => {
+describe.each(drivers)("SQLite store on %s", (driver) => {
+  const openSqliteStore = (path: string) => openSqliteStoreWith(path, { driver });
   it("creates the file and its directory, versions its schema with user_version", async () => {
-    const path = join(tmp.dir, "nested", "dir", "hub.db");
+    const path = join(fresh("nested"), "dir", "hub.db");
     const s = openSqliteStore(path);
+    expect(s.driver).toBe(driver);
     await s.putModel({ id: "m", path: "/x.gguf", addedAt: 1 });
     await s.close();
     const db = new Database(path, { readonly: true });
     try {
       expect(db.pragma("user_version", { simple: true })).toBe(SQLITE_SCHEMA_VERSION);
-      expect(db.pragma("journal_mode", { simple: true })).toBe("wal");
+      // node-sqlite3-wasm has no shared memory: SQLite's rollback journal
+      expect(db.pragma("journal_mode", { simple: true })).toBe(
+        driver === "node-sqlite3-wasm" ? "delete" : "wal",
+      );
       const tables = db
         .prepare<[], { name: string }>("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
         .all()
@@ -206,7 +235,7 @@ describe("SQLite store", () => {
   });
 
   it("upgrades a version 1 database to the current version, keeping its rows", async () => {
-    const path = join(tmp.dir, "v1.db");
+    const path = fresh("v1");
     const db = new Database(path);
     db.exec(`CREATE TABLE models (id TEXT PRIMARY KEY, path TEXT NOT NULL, added_at INTEGER NOT NULL) STRICT;
       CREATE TABLE workers (id TEXT PRIMARY KEY, first_seen INTEGER NOT NULL, last_seen INTEGER NOT NULL,
@@ -244,7 +273,7 @@ describe("SQLite store", () => {
   });
 
   it("refuses a database written by a newer hub", () => {
-    const path = join(tmp.dir, "newer.db");
+    const path = fresh("newer");
     const db = new Database(path);
     db.pragma(`user_version = ${SQLITE_SCHEMA_VERSION + 1}`);
     db.close();
@@ -254,7 +283,7 @@ describe("SQLite store", () => {
   });
 
   it("refuses a file that is not a database", () => {
-    const path = join(tmp.dir, "not-a-db.db");
+    const path = fresh("not-a-db");
     writeFileSync(path, "this is not sqlite, just some text that is long enough to have a header".repeat(20));
     expect(() => openSqliteStore(path)).toThrow(expect.objectContaining({ code: "MOESWARM_HUB_STORE" }));
   });
@@ -285,7 +314,7 @@ describe("SQLite store", () => {
   });
 
   it("names the disk's trouble: a file where its directory should be is MOESWARM_IO_NOT_FOUND under MOESWARM_HUB_STORE", () => {
-    const file = join(tmp.dir, "a-file");
+    const file = fresh("a-file");
     writeFileSync(file, "x");
     let thrown: unknown;
     try {
@@ -312,6 +341,8 @@ describe("SQLite store", () => {
     expect(await s.listWorkers()).toEqual([w("a", 10)]);
   });
 });
+
+const openSqliteStoreWith = openSqliteStore;
 
 describe("model ids", () => {
   it.each([

@@ -20,7 +20,7 @@ export interface ReadGgufOptions {
   /** Bounds on counts and lengths (defaults in DEFAULT_GGUF_LIMITS). */
   limits?: Partial<GgufLimits>;
   /**
-   * First read-ahead in bytes: the source's `preferredReadSize` (16 MiB for a file, everything
+   * First read-ahead in bytes: the source's `preferredReadSize` (1 MiB for a file, everything
    * for a buffer), else 1 MiB (HTTP). Each further read doubles it up to 64 MiB, or asks for
    * exactly what a large value needs, so a header costs a handful of reads (HTTP requests).
    */

@@ -169,6 +169,8 @@ export {
   syntheticModelKey,
   syntheticPreset,
 } from "./synth/presets.js";
+export { q4kmTypes, SYNTHETIC_MIXES, type SyntheticMix } from "./synth/quant-mix.js";
+export { isRecurrentLayer, type LinearAttentionOptions } from "./synth/qwen35moe.js";
 export {
   DEFAULT_SYNTHETIC_TYPES,
   type ResolvedSyntheticOptions,
@@ -186,5 +188,7 @@ export {
   type SynthesizeOptions,
   type SynthesizeProgress,
   type SynthesizeResult,
+  type SynthQuantizer,
   synthesizeMoeModel,
+  writeSyntheticHeader,
 } from "./synth/synthesize.js";

@@ -178,6 +178,33 @@ describe("moeswarm-shard", () => {
     expect(existsSync(x)).toBe(false);
   });
 
+  it("inspects and plans a header-only GGUF as the real file with --file-size", async () => {
+    const model = join(tmp.dir, "h.gguf");
+    await synthesizeMoeModel(syntheticPreset("tiny"), model);
+    const full = await readGguf(model);
+    const headerOnly = join(tmp.dir, "h.header.gguf");
+    writeFileSync(headerOnly, readFileSync(model).subarray(0, Number(full.dataOffset)));
+    // without the size its tensors lie past its end
+    const bare = await inProcess(["inspect", headerOnly, "--json"]);
+    expect(bare.code).toBe(1);
+    expect(JSON.parse(bare.stdout).error.code).toMatch(/^MOESWARM_GGUF_/);
+    const size = String(full.fileSize);
+    const asFile = await inProcess(["inspect", headerOnly, "--file-size", size, "--json"]);
+    expect(asFile.code).toBe(0);
+    const want = JSON.parse((await inProcess(["inspect", model, "--json"])).stdout);
+    const got = JSON.parse(asFile.stdout);
+    expect({ ...got, source: undefined }).toEqual({ ...want, source: undefined });
+    const plan = await inProcess(["plan", headerOnly, "--file-size", size, "--vram", "1GiB", "--json"]);
+    expect(plan.code).toBe(0);
+    const wantPlan = await inProcess(["plan", model, "--vram", "1GiB", "--json"]);
+    expect({ ...JSON.parse(plan.stdout), source: undefined }).toEqual({
+      ...JSON.parse(wantPlan.stdout),
+      source: undefined,
+    });
+    const bad = await inProcess(["inspect", headerOnly, "--file-size", "lots"]);
+    expect(bad.code).toBe(2);
+  });
+
   it("inspects and slices a model over HTTP Range requests", async () => {
     const model = join(tmp.dir, "h.gguf");
     await synthesizeMoeModel(syntheticPreset("tiny", "mixtral"), model);

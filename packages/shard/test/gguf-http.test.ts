@@ -151,6 +151,9 @@ describe("readGguf over HTTP", () => {
     const fromHttp = await readGguf(new URL(`${base}/sink.gguf`));
     expect(fromHttp).toEqual(fromFile);
     expect(stats.requests).toBe(1);
+    // a URL given as a string is a URL, not a relative path named "http:"
+    expect(await readGguf(`${base}/sink.gguf`)).toEqual(fromFile);
+    expect(stats.requests).toBe(2);
   });
 
   it("reads a 17 GB model's 2.6 MB header in a few requests, without its data", async () => {

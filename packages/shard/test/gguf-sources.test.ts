@@ -87,7 +87,7 @@ describe("read-ahead", () => {
     };
   }
 
-  it("reads a 4 MB header in a handful of growing blocks, or one read from a local file", async () => {
+  it("reads a 4 MB header in a handful of growing blocks, from a local file too (1 MiB first)", async () => {
     const p = join(tmp.dir, "vocab.gguf");
     const tokens = Array.from({ length: 200_000 }, (_, i) => `token-${i}`);
     const blob = "y".repeat(2_500_000);
@@ -111,9 +111,11 @@ describe("read-ahead", () => {
     expect(src.reads[0]).toBe(1 << 20);
     expect(src.reads.length).toBeLessThanOrEqual(4);
 
+    // a local file starts small as well: a 16 MiB first read made a large model's parse 2x slower
     const local = counting(await fileSource(p), true);
     expect(await readGguf(local)).toEqual(header);
     await local.close();
-    expect(local.reads).toHaveLength(1);
+    expect(local.reads[0]).toBe(1 << 20);
+    expect(local.reads.length).toBeLessThanOrEqual(4);
   });
 });

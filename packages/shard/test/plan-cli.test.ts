@@ -60,6 +60,34 @@ async function cli(args: string[]): Promise<{ code: number; stdout: string; stde
 }
 
 describe("moeswarm-shard plan", () => {
+  it("plans a header `synth --header-only` writes (the shape-true preset): sparse, seconds, loads as qwen35moe", async () => {
+    const out = join(tmp.dir, "shape-header.gguf");
+    const synth = await cli([
+      "synth",
+      "--preset",
+      "shape",
+      "--arch",
+      "qwen35moe",
+      "--header-only",
+      "-o",
+      out,
+      "--json",
+    ]);
+    expect(synth.code, synth.stderr).toBe(0);
+    const written = JSON.parse(synth.stdout);
+    expect(written.headerOnly).toBe(true);
+    expect(statSync(out).size).toBe(written.size);
+    expect(written.size).toBeGreaterThan(5.5e9);
+    const r = await cli(["plan", out, "--vram", "6GiB", "--ram", "8GiB", "--ctx", "8192", "--json"]);
+    expect(r.code, r.stderr).toBe(0);
+    const plan = JSON.parse(r.stdout);
+    // 4 expert layers of 1.4-1.6 GB do not all fit in 6 GiB beside the rest: the last two go to RAM
+    expect(plan.ramLayers).toEqual([2, 3]);
+    // the file is the header (with its 4096-token vocabulary) and the tensors
+    expect(BigInt(plan.modelBytes) < BigInt(written.size)).toBe(true);
+    expect(BigInt(written.size) - BigInt(plan.modelBytes) < 1n << 20n).toBe(true);
+  }, 60_000);
+
   it("prints a table with the devices, the layers moved and the -ot flag", async () => {
     const r = await cli(["plan", model, "--vram", "64GiB", "--ram", "128GiB", "--ctx", "8192"]);
     expect(r.code, r.stderr).toBe(0);

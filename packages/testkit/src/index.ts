@@ -22,5 +22,6 @@ export function expectNoUnhandledRejections(settleMs = 150): void {
   });
 }
 export { waitFor } from "./hub.js";
+export { freePort, type LlamaServerProcess, startLlamaServer } from "./llama-server.js";
 export { type CapturedStream, captureStream } from "./streams.js";
 export { type TempDir, tempDir } from "./temp.js";

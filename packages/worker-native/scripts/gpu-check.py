@@ -19,6 +19,13 @@ those frames) and compares:
 With --bench it times dispatches of 1..512 tokens on a bigger layer, device vs CPU (all cores),
 from the `ms` field the worker reports (compute only) and the round trip through stdio.
 Exits 1 if any check fails.
+
+The participant's GPU backends (moeswarm-worker --backend vulkan; a CUDA machine the same way) run
+moeswarm-expert-worker-llama on node-llama-cpp's published ggml build of the pinned commit; check
+exactly that with --ggml-dir (the package's bins/<platform> directory, e.g. from
+`npm pack @node-llama-cpp/linux-x64-cuda@3.21.1`):
+  python3 scripts/gpu-check.py --exe prebuilds/linux-x64/moeswarm-expert-worker-llama \
+      --ggml-dir <pkg>/bins/linux-x64-cuda --device CUDA0
 """
 
 from __future__ import annotations
@@ -144,12 +151,19 @@ def mp_unpack(b: bytes, i: int = 0):
 # --- the worker over stdio -------------------------------------------------------------------------
 
 
+# the environment of every worker: with --ggml-dir, node-llama-cpp's libraries (as the participant's
+# llama-cpu and vulkan backends start moeswarm-expert-worker-llama)
+WORKER_ENV = dict(os.environ)
+
+
 class Worker:
     def __init__(self, exe: str, model: str, device: str, threads: int, reference: bool = False):
         args = [exe, "--slice", model, "--device", device, "--threads", str(threads)]
         if reference:
             args.append("--reference")
-        self.p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.p = subprocess.Popen(
+            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=WORKER_ENV
+        )
         self.next_id = 1
         self.hello = self._read()
         self.register = self._read()
@@ -430,10 +444,15 @@ def main() -> int:
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--bench-shape", default="2048,768,128", help="n_embd,n_ff,n_expert of the bench layer")
     ap.add_argument("--json")
+    ap.add_argument("--ggml-dir", help="node-llama-cpp's bins/<platform> directory, for moeswarm-expert-worker-llama")
     args = ap.parse_args()
+    if args.ggml_dir:
+        ld = WORKER_ENV.get("LD_LIBRARY_PATH")
+        WORKER_ENV["LD_LIBRARY_PATH"] = args.ggml_dir + (":" + ld if ld else "")
+        WORKER_ENV["MOESWARM_GGML_BACKEND_DIR"] = args.ggml_dir
     args.bench_shape = tuple(int(v) for v in args.bench_shape.split(","))
     os.makedirs(args.work, exist_ok=True)
-    version = subprocess.run([args.exe, "--version"], capture_output=True, text=True).stdout.strip()
+    version = subprocess.run([args.exe, "--version"], capture_output=True, text=True, env=WORKER_ENV).stdout.strip()
     print(version, flush=True)
     report = {"version": version, "device": args.device, "checks": {}, "bench": []}
     ok = True

@@ -9,8 +9,13 @@ import { type ExpertRequest, InvalidArgumentError } from "@moeswarm/core";
  */
 export type ComputeBackend = "native" | "llama-cpu" | "worker" | "ts";
 
-/** What a caller asks for: a backend, or "auto" (native when it loads, else TypeScript). */
-export type BackendChoice = ComputeBackend | "auto";
+/**
+ * What a caller asks for: a backend; "vulkan" (`moeswarm-expert-worker-llama` on node-llama-cpp's
+ * Vulkan build of ggml, in a child process: `info.backend` "worker", `info.device` the Vulkan
+ * device); or "auto": native when it loads, else the standalone executable where this platform has
+ * one (Android/Termux, musl, any host the glibc addon does not load on), else TypeScript.
+ */
+export type BackendChoice = ComputeBackend | "vulkan" | "auto";
 
 /** Every `BackendChoice`, for validating options and command lines. */
 export const BACKEND_CHOICES: readonly BackendChoice[] = Object.freeze([
@@ -18,6 +23,7 @@ export const BACKEND_CHOICES: readonly BackendChoice[] = Object.freeze([
   "native",
   "llama-cpu",
   "worker",
+  "vulkan",
   "ts",
 ]);
 
@@ -85,6 +91,10 @@ export interface ExpertComputeInfo {
   cpu?: string;
   /** ggml device that computes ("CPU", "CUDA0"...; native and worker backends). */
   device?: string;
+  /** Memory of that device in bytes, when it is not the host's (GPU backends that can tell). */
+  vramBytes?: number;
+  /** ggml weight types this backend is checked to compute (GPU backends; the CPU ones compute every type). */
+  types?: readonly string[];
 }
 
 /**

@@ -44,10 +44,22 @@ export {
 export { type SliceLayer, type SliceLayout, type SliceTensor, sliceLayout } from "./slice-layout.js";
 export { TsExpertCompute, type TsLoadOptions } from "./ts-compute.js";
 export {
+  probeVulkan,
+  type SpawnVulkanExpertWorkerOptions,
+  spawnVulkanExpertWorker,
+  VULKAN_PACKAGE,
+  VULKAN_TYPES,
+  type VulkanDevice,
+  type VulkanOptions,
+  type VulkanStatus,
+  vulkanBinsDir,
+} from "./vulkan.js";
+export {
   type ArmVariant,
   armVariantFor,
   type ExpertWorkerPathOptions,
   expertWorkerPath,
   type WorkerTarget,
 } from "./worker-binary.js";
+export { autoBackendFor, staticWorkerExecutable } from "./worker-fallback.js";
 export { type SpawnExpertWorkerOptions, spawnExpertWorker, WorkerProcessCompute } from "./worker-process.js";

@@ -10,14 +10,18 @@ import { llamaCpuAddonPath, loadLlamaCpuCompute, spawnLlamaExpertWorker } from "
 import { probeNative } from "./native-binding.js";
 import { NativeExpertCompute } from "./native-compute.js";
 import { TsExpertCompute } from "./ts-compute.js";
+import { spawnVulkanExpertWorker } from "./vulkan.js";
 import { expertWorkerPath } from "./worker-binary.js";
+import { staticWorkerFallback } from "./worker-fallback.js";
 import { spawnExpertWorker } from "./worker-process.js";
 
 export interface LoadExpertComputeOptions {
   /**
    * "native": the N-API addon, or NativeError MOESWARM_NATIVE_LOAD saying why it cannot load;
-   * "ts": the TypeScript path; "auto" (default): native when it loads, else TypeScript
-   * (`info.backend` says which; `nativeStatus()` says why native was not used);
+   * "ts": the TypeScript path; "auto" (default): native when it loads, else the static
+   * executable where this platform has one (Android, musl: `info.backend` "worker"), else
+   * TypeScript (`info.backend` says which; `nativeStatus()` says why native was not used);
+   * "vulkan": see `spawnVulkanExpertWorker`;
    * "llama-cpu": the compute core built against node-llama-cpp's ggml, computing with the CPU
    * backend library that llama.cpp itself uses here: bit-identical to llama.cpp's MUL_MAT_ID on this
    * machine (`info.device` "llama-cpu"). In this process when its addon is built (`info.backend`
@@ -78,7 +82,15 @@ export async function loadExpertCompute(
       ...(signal ? { signal } : {}),
     });
   }
-  if (backend === "worker") {
+  if (backend === "vulkan") {
+    return spawnVulkanExpertWorker(slicePath, {
+      ...(threads !== undefined ? { threads } : {}),
+      ...(act !== undefined ? { act } : {}),
+      ...(device !== undefined ? { device } : {}),
+      ...(signal ? { signal } : {}),
+    });
+  }
+  if (backend === "worker" || (backend === "auto" && (await staticWorkerFallback(signal)))) {
     return spawnExpertWorker(expertWorkerPath(), slicePath, {
       ...(threads !== undefined ? { threads } : {}),
       ...(act !== undefined ? { act } : {}),

@@ -49,7 +49,11 @@ export interface SpawnExpertWorkerOptions {
   closeTimeoutMs?: number;
   /** Extra environment for the process. */
   env?: Record<string, string>;
-  /** Runs the executable through this program, e.g. "qemu-aarch64-static" for an aarch64 build. */
+  /**
+   * Runs the executable through this program, e.g. "qemu-aarch64-static" for an aarch64 build
+   * (default: the environment's MOESWARM_WORKER_LAUNCHER, so that an emulated participant, an
+   * arm64 Node under qemu-user without binfmt, can start its aarch64 executable).
+   */
   launcher?: string;
   /** More command-line arguments for the executable (after the ones these options make). */
   extraArgs?: readonly string[];
@@ -149,7 +153,8 @@ export class WorkerProcessCompute implements ExpertCompute {
     if (options.device !== undefined) args.push("--device", options.device);
     if (options.maxFrameBytes !== undefined) args.push("--max-frame", String(options.maxFrameBytes));
     if (options.extraArgs) args.push(...options.extraArgs);
-    const [cmd, cmdArgs] = options.launcher ? [options.launcher, [binaryPath, ...args]] : [binaryPath, args];
+    const launcher = options.launcher ?? (process.env.MOESWARM_WORKER_LAUNCHER || undefined);
+    const [cmd, cmdArgs] = launcher ? [launcher, [binaryPath, ...args]] : [binaryPath, args];
     const child = spawn(cmd, cmdArgs, {
       stdio: ["pipe", "pipe", "pipe"],
       env: { ...process.env, ...options.env },

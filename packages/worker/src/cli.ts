@@ -1,11 +1,12 @@
 import { readFile } from "node:fs/promises";
-import { freemem, homedir } from "node:os";
+import { homedir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { InvalidArgumentError, isMoeswarmError } from "@moeswarm/core";
 import { parseByteSize } from "@moeswarm/shard";
-import { BACKEND_CHOICES, isBackendChoice } from "@moeswarm/worker-native";
+import { BACKEND_CHOICES, isBackendChoice, probeVulkan } from "@moeswarm/worker-native";
 import cliProgress from "cli-progress";
+import { hostFacts, workerDefaults } from "./device-defaults.js";
 import { formatBytes, formatWorkerEvent, type WorkerEvent } from "./events.js";
 import { type RunWorkerOptions, runWorker } from "./run-worker.js";
 
@@ -26,14 +27,18 @@ downloads and verifies it, serves it through the hub's relay until SIGINT/SIGTER
   --hub URL            the hub (or MOESWARM_HUB)
   --token T            a worker token (or MOESWARM_TOKEN)
   --token-file F       read the token from a file
-  --capacity SIZE      memory offered for expert weights, e.g. 2GiB (default: half the free memory)
-  --vram SIZE          device memory offered besides (default 0)
+  --capacity SIZE      memory offered for expert weights, e.g. 2GiB (default: half the free memory;
+                       on a phone also at most a quarter of its memory)
+  --vram SIZE          device memory offered besides (default 0; --backend vulkan: the device's)
   --cache-dir DIR      where slices are kept across restarts (default ~/.cache/moeswarm/worker)
   --cache-max SIZE     most disk the cache may use, e.g. 20GiB; least recently used slices not
-                       being served are deleted to make room (default: no limit)
+                       being served are deleted to make room (default: no limit; on a phone
+                       half the free storage)
   --id ID              this worker's id (default: the token's, else <hostname>-<random>)
-  --backend B          auto | native | llama-cpu | worker | ts (default auto)
-  --threads N          compute threads (default: all CPUs)
+  --backend B          auto | native | llama-cpu | worker | vulkan | ts (default auto: the native
+                       addon, else the static executable (Android, musl), else TypeScript);
+                       vulkan needs npm package @node-llama-cpp/linux-x64-vulkan@3.21.1
+  --threads N          most compute threads (default: all CPUs; on a phone 4, its big cores)
   --model ID           serve only this model
   --ca FILE            PEM CA to trust for a self-hosted hub
   --relay URL          the relay, when not the hub's /relay
@@ -178,11 +183,17 @@ async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Promise<Ru
   }
   const caFile = str("ca");
   const ca = caFile === undefined ? undefined : await readOption(caFile, "ca");
-  const ramBytes = size(str("capacity"), "capacity") ?? Math.floor(freemem() / 2);
-  const vramBytes = size(str("vram"), "vram");
-  const cacheMaxBytes = size(str("cache-max"), "cache-max");
   const cacheDir =
     str("cache-dir") ?? join(env.XDG_CACHE_HOME || join(homedir(), ".cache"), "moeswarm", "worker");
+  const defaults = workerDefaults(hostFacts(env, cacheDir));
+  const ramBytes = size(str("capacity"), "capacity") ?? defaults.ramBytes;
+  let vramBytes = size(str("vram"), "vram");
+  if (vramBytes === undefined && backend === "vulkan") {
+    // the device's memory, as ggml-vulkan counts it (a missing device fails here, before any claim)
+    vramBytes = (await probeVulkan()).vramBytes;
+  }
+  const cacheMaxBytes = size(str("cache-max"), "cache-max") ?? defaults.cacheMaxBytes;
+  const threads = threadsText !== undefined ? Number(threadsText) : defaults.threads;
   const pollMs = seconds(str("poll"), "poll", 0.01);
   const leaseTtlMs = seconds(str("lease-ttl"), "lease-ttl", 1);
   return {
@@ -192,7 +203,7 @@ async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Promise<Ru
     cacheDir,
     ...(cacheMaxBytes !== undefined ? { cacheMaxBytes } : {}),
     backend,
-    ...(threadsText !== undefined ? { threads: Number(threadsText) } : {}),
+    ...(threads !== undefined ? { threads } : {}),
     ...(str("id") !== undefined ? { id: str("id") as string } : {}),
     ...(ca !== undefined ? { ca } : {}),
     ...(str("model") !== undefined ? { model: str("model") as string } : {}),

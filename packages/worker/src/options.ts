@@ -38,7 +38,10 @@ export interface RunWorkerOptions {
    * A lease it holds for a slice not yet registered is given back either way.
    */
   signal?: AbortSignal;
-  /** Expert compute: "auto" (default: native when it loads, else TypeScript), "native", "llama-cpu", "ts". */
+  /**
+   * Expert compute: "auto" (default: native when it loads, else the static executable where the
+   * platform has one, e.g. Android, else TypeScript), "native", "llama-cpu", "worker", "vulkan", "ts".
+   */
   backend?: BackendChoice;
   /**
    * Wraps each loaded compute before it serves (instrumentation, tracing, fault injection in tests
@@ -210,7 +213,11 @@ export function settings(o: RunWorkerOptions): Settings {
     hub,
     token: o.token,
     id,
-    capacity: { ramBytes, ...(vramBytes ? { vramBytes } : {}), backend: "cpu" },
+    capacity: {
+      ramBytes,
+      ...(vramBytes ? { vramBytes } : {}),
+      backend: backend === "vulkan" ? "vulkan" : "cpu",
+    },
     capacityBytes: ramBytes + vramBytes,
     cacheDir: o.cacheDir,
     cacheMaxBytes:

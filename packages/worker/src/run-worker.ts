@@ -301,52 +301,60 @@ class WorkerRun {
     let value: number | undefined;
     let lease: LeaseJson | undefined;
     try {
-      // what it has cached first (no download), then the demand, with the room left
-      lease = await this.#claims.claimCached();
-      if (!lease) {
-        const left = this.#capacityLeft();
-        const demand = await s.hub.demand({ model: s.model, signal: stop });
-        const ranges = demand.ranges.filter((r) => s.model === undefined || r.model === s.model);
-        const [choice] = chooseSlices(ranges, left, { limit: 1, exclude: this.#heldRects() });
-        poll.hubFailures = 0;
-        if (!choice) {
-          const idle = ranges.length === 0 ? "covered" : `no-fit:${ranges.length}`;
-          if (idle !== poll.lastIdle) {
-            this.#emit({
-              event: "idle",
-              reason: ranges.length === 0 ? "covered" : "no-fit",
-              ranges: ranges.length,
-              capacityBytes: left,
-              pollMs: s.pollMs,
-              ...(this.#held.length > 0 ? { heldBytes: s.capacityBytes - left } : {}),
-            });
-            poll.lastIdle = idle;
-          }
-          await sleep(jitter(s.pollMs), stop);
-          return undefined;
+      // the demand's best fit for the room left; its bytes from the cache when they are there
+      const left = this.#capacityLeft();
+      const demand = await s.hub.demand({ model: s.model, signal: stop });
+      const ranges = demand.ranges.filter((r) => s.model === undefined || r.model === s.model);
+      const choices = chooseSlices(ranges, left, { limit: 64, exclude: this.#heldRects() });
+      poll.hubFailures = 0;
+      const choice = await this.#claims.pick(choices);
+      if (!choice) {
+        const idle = ranges.length === 0 ? "covered" : `no-fit:${ranges.length}`;
+        if (idle !== poll.lastIdle) {
+          this.#emit({
+            event: "idle",
+            reason: ranges.length === 0 ? "covered" : "no-fit",
+            ranges: ranges.length,
+            capacityBytes: left,
+            pollMs: s.pollMs,
+            ...(this.#held.length > 0 ? { heldBytes: s.capacityBytes - left } : {}),
+          });
+          poll.lastIdle = idle;
         }
-        value = choice.value;
+        await sleep(jitter(s.pollMs), stop);
+        return undefined;
+      }
+      value = choice.value;
+      const chosen = choices.find(
+        (c) =>
+          c.model === choice.model &&
+          c.layers.start === choice.layers.start &&
+          c.layers.end === choice.layers.end &&
+          c.experts.start === choice.experts.start &&
+          c.experts.end === choice.experts.end,
+      );
+      if (chosen) {
         this.#emit({
           event: "demand",
           ranges: ranges.length,
           cells: ranges.reduce((n, r) => n + r.count, 0),
           rangeBytes: ranges.reduce((n, r) => n + r.bytes, 0),
-          model: choice.model,
-          layers: `${choice.layers.start}:${choice.layers.end}`,
-          experts: `${choice.experts.start}:${choice.experts.end}`,
-          value: choice.value,
-          bytes: choice.bytes,
+          model: chosen.model,
+          layers: `${chosen.layers.start}:${chosen.layers.end}`,
+          experts: `${chosen.experts.start}:${chosen.experts.end}`,
+          value: chosen.value,
+          bytes: chosen.bytes,
           capacityBytes: left,
         });
-        lease = await this.#claims.tryClaim(choice.model, choice.layers, choice.experts);
-        if (!lease) {
-          // another worker took it first: the demand has changed, read it again soon
-          poll.quickRetries++;
-          const pause = poll.quickRetries < 5 ? 50 + Math.random() * 250 : jitter(s.pollMs);
-          if (poll.quickRetries >= 5) poll.quickRetries = 0;
-          await sleep(pause, stop);
-          return undefined;
-        }
+      }
+      lease = await this.#claims.tryClaim(choice.model, choice.layers, choice.experts);
+      if (!lease) {
+        // another worker took it first: the demand has changed, read it again soon
+        poll.quickRetries++;
+        const pause = poll.quickRetries < 5 ? 50 + Math.random() * 250 : jitter(s.pollMs);
+        if (poll.quickRetries >= 5) poll.quickRetries = 0;
+        await sleep(pause, stop);
+        return undefined;
       }
     } catch (error) {
       if (stop.aborted) throw abortReason(stop);

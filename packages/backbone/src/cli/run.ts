@@ -7,6 +7,7 @@ import type { HubLinkEvent } from "../hub-events.js";
 import { formatLayerSelection, moeswarmOverride } from "../layers.js";
 import { pluginPath } from "../native-paths.js";
 import { createLocalFallback, expertComputeHandler, type LocalFallback } from "../worker-handler.js";
+import { waitForHub } from "./hub-wait.js";
 import {
   CLI_NAME,
   type CliConfig,
@@ -174,6 +175,7 @@ function printWorkersListening(
         model: c.modelId,
         plugin,
         override: shown.override,
+        llamaServer: `${env} ${llamaServerCommand(shown.modelPath, shown.override)}`,
         layers: shown.layers,
         fallback: !c.noFallback,
         workers: shown.workers,
@@ -183,9 +185,21 @@ function printWorkersListening(
     out(
       `listening on ${bridge.address} (model id ${JSON.stringify(c.modelId)}, local fallback ${c.noFallback ? "off" : "on"})`,
     );
-    out(`  llama-server: ${env} llama-server -m ${shown.modelPath} -ot '${shown.override}' -fit off`);
+    out(`  llama-server: ${env} ${llamaServerCommand(shown.modelPath, shown.override)}`);
     out(`  node-llama-cpp: ${env} MOESWARM_LAYERS=${formatLayerSelection(shown.layers)}`);
   }
+}
+
+/**
+ * The llama-server command line for the plugin: every flag that matters. `-ot` hands the experts
+ * to the MOESWARM buffer type; `-fit off` because llama.cpp's fitting probe gives up when overrides
+ * are set; `--load-mode none` (no mmap; `--no-mmap` is deprecated in this release) because with mmap loading llama.cpp still maps and touches the experts'
+ * pages, so the memory saving only shows without it; `-kvu` (one unified KV cache) because with a
+ * KV stream per slot llama.cpp splits a decode batch wherever the busy slots' ids are not
+ * consecutive, and every piece pays each remote layer's round trip again.
+ */
+export function llamaServerCommand(modelPath: string, override: string): string {
+  return `llama-server -m ${modelPath} -ot '${override}' -fit off --load-mode none -kvu`;
 }
 
 /**
@@ -297,13 +311,35 @@ async function serveHub(o: HubServe): Promise<number> {
   try {
     const moe = o.modelPath !== undefined ? await moeLayout(o.modelPath, signal) : undefined;
     if (!o.noFallback) fallback = await createLocalFallback(o.modelPath as string, { threads: o.threads });
-    bridge = await serveBackboneBridge({
-      socket: o.socket,
-      hub: { ...o.hub, onEvent: hubEventPrinter(out, io, json) },
-      deadlineMs: o.deadlineMs,
-      ...o.extra,
+    const start = () =>
+      serveBackboneBridge({
+        socket: o.socket,
+        hub: { ...o.hub, onEvent: hubEventPrinter(out, io, json) },
+        deadlineMs: o.deadlineMs,
+        ...o.extra,
+        signal,
+        ...(fallback ? { fallback: fallback.compute } : {}),
+      });
+    bridge = await waitForHub(start, {
       signal,
-      ...(fallback ? { fallback: fallback.compute } : {}),
+      onRetry: (error, retryInMs) => {
+        const e = error as Error & { code?: string };
+        if (json) {
+          out(
+            JSON.stringify({
+              event: "hub-wait",
+              hub: o.hub.url,
+              code: e.code,
+              message: e.message,
+              retryInMs,
+            }),
+          );
+        } else {
+          io.stderr.write(
+            `${CLI_NAME}: cannot reach the hub at ${o.hub.url} (${e.code ? `${e.code}: ` : ""}${e.message}); retrying in ${(retryInMs / 1000).toFixed(1)} s (Ctrl-C to stop)\n`,
+          );
+        }
+      },
     });
     const current = bridge.hub!.current();
     if (
@@ -344,6 +380,7 @@ function printHubListening(
         model: o.hub.model,
         plugin,
         override,
+        llamaServer: `${env} ${llamaServerCommand(o.modelPath ?? "<model.gguf>", override)}`,
         layers,
         fallback,
         hub: link.url,
@@ -356,7 +393,7 @@ function printHubListening(
     out(
       `listening on ${bridge.address} (hub ${link.url}, model id ${JSON.stringify(o.hub.model)}, backbone id ${JSON.stringify(link.id)}, local fallback ${fallback ? "on" : "off"})`,
     );
-    out(`  llama-server: ${env} llama-server -m ${o.modelPath ?? "<model.gguf>"} -ot '${override}' -fit off`);
+    out(`  llama-server: ${env} ${llamaServerCommand(o.modelPath ?? "<model.gguf>", override)}`);
     out(`  node-llama-cpp: ${env} MOESWARM_LAYERS=all`);
   }
 }

@@ -136,6 +136,15 @@ function dbPath(values: Values): string {
   return dir === undefined ? "moeswarm-hub.db" : join(resolvePath(dir), "moeswarm-hub.db");
 }
 
+const SQLITE_DRIVER_NAMES = ["auto", "better-sqlite3", "node:sqlite", "node-sqlite3-wasm"] as const;
+
+function sqliteDriverOf(values: Values): (typeof SQLITE_DRIVER_NAMES)[number] {
+  const name = str(values, "sqlite-driver") ?? "auto";
+  const known = SQLITE_DRIVER_NAMES.find((n) => n === name);
+  if (!known) throw usageError(`--sqlite-driver must be one of ${SQLITE_DRIVER_NAMES.join(", ")}`);
+  return known;
+}
+
 /** The connection limits the flags set (the hub's defaults for the rest). */
 function limitsOf(values: Values): ConnectionLimits {
   const limits: ConnectionLimits = {};
@@ -282,10 +291,15 @@ function hubEventPrinter(say: Say, io: CliIo): (e: HubEvent) => void {
   };
 }
 
+function storeLine(values: Values, store: { kind: string; driver?: string }): string {
+  if (store.kind !== "sqlite") return `${store.kind} (nothing is kept across restarts)`;
+  return `sqlite via ${store.driver ?? "?"} (${dbPath(values)})`;
+}
+
 /** What `serve` prints once it listens (humans; --json prints the same as one object). */
 function listeningLines(
   values: Values,
-  storeKind: string,
+  store: { kind: string; driver?: string },
   listener: HubListener,
   infos: readonly ModelInfo[],
   selfSignedInfo: SelfSignedInfo | undefined,
@@ -298,7 +312,7 @@ function listeningLines(
         `  ${m.id}  ${m.arch ?? "?"}  ${m.layers} layers x ${m.experts} experts  ${size(m.expertBytes)}/expert  file ${size(m.fileSize)}`,
     ),
     `  dashboard: ${listener.url}/${values.private === true ? "#token=<token>" : ""}`,
-    `  store: ${storeKind}${storeKind === "sqlite" ? ` (${dbPath(values)})` : ""}; reads ${values.private === true ? "need a token" : "are public"}`,
+    `  store: ${storeLine(values, store)}; reads ${values.private === true ? "need a token" : "are public"}`,
   ];
   if (selfSignedInfo) {
     lines.push(
@@ -359,6 +373,17 @@ const serve: Command = {
       type: "string",
       description:
         "where the hub keeps its state (default: the directory of --db, else the working directory)",
+    },
+    "sqlite-driver": {
+      type: "string",
+      description:
+        "SQLite driver for --db: auto (default: better-sqlite3, else node:sqlite, else node-sqlite3-wasm) or one by name",
+    },
+    "trust-proxy": {
+      type: "string",
+      multiple: true,
+      description:
+        "address or CIDR of a reverse proxy in front of the hub: its connections count under X-Forwarded-For's client address (repeatable; docs/deploy.md)",
     },
     "max-connections": { type: "string", description: "open TCP connections in all (default 8192)" },
     "max-connections-per-address": {
@@ -429,6 +454,8 @@ const serve: Command = {
       modelDir,
       manifestDir: str(values, "manifest-dir"),
       store: dbPath(values),
+      sqliteDriver: sqliteDriverOf(values),
+      trustProxy: (values["trust-proxy"] as string[] | undefined) ?? [],
       limits: limitsOf(values),
       tls,
       publicReads: values.private !== true,
@@ -457,7 +484,7 @@ const serve: Command = {
             backbone: mintToken({ role: "backbone", id: GENERATED_BACKBONE_ID, ttlS: 7 * DAY_S }, secret),
           }
         : undefined;
-      const lines = listeningLines(values, hub.store.kind, listener, infos, selfSignedInfo, tokens);
+      const lines = listeningLines(values, hub.store, listener, infos, selfSignedInfo, tokens);
       say(lines.join("\n"), {
         event: "listening",
         url: listener.url,
@@ -465,6 +492,7 @@ const serve: Command = {
         port: listener.port,
         models: infos,
         store: hub.store.kind,
+        ...(hub.store.driver ? { storeDriver: hub.store.driver } : {}),
         ...(selfSignedInfo
           ? {
               tls: {

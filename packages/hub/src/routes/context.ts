@@ -10,12 +10,15 @@ import type { Lease } from "../market.js";
 import type { MarketHttpContext } from "../market-http.js";
 import type { HubMetrics } from "../metrics.js";
 import type { Relay } from "../relay.js";
+import type { HubStore } from "../store.js";
 import type { QuarantineEvidence, QuarantineRecord } from "../store-reports.js";
 import { type TokenClaims, type TokenRole, unboundMessage, verifyToken } from "../token.js";
 import type { HubWorkerInfo } from "../worker-book.js";
 
 export interface RouteContext {
   readonly settings: Settings;
+  /** The hub's store (GET /api/health names its kind and driver). */
+  readonly store: Pick<HubStore, "kind" | "driver">;
   readonly metrics: HubMetrics;
   readonly relay: Relay;
   readonly models: ModelRegistry;

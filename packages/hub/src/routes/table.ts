@@ -5,6 +5,7 @@ import { badRequest, methodNotAllowed, notFound } from "../http-errors.js";
 import type { RouteLabel } from "../metrics.js";
 import { authorize, type Handler, type RouteContext } from "./context.js";
 import { getDashboard, getMetrics, getStatus } from "./dashboard.js";
+import { getHealth } from "./health.js";
 import * as market from "./market.js";
 import { getManifest, getModel, listModels, registerModel, removeModel } from "./models.js";
 import { reinstateWorker, reportQuarantine } from "./reputation.js";
@@ -49,6 +50,10 @@ const ROUTES: readonly Route[] = [
   route("/api/workers/:id/drain", { POST: { access: "admin", handle: drainWorker } }),
   route("/api/workers/:id/reinstate", { POST: { access: "admin", handle: reinstateWorker } }),
   route("/api/status", read(getStatus)),
+  route("/api/health", {
+    GET: { access: "public", handle: getHealth },
+    HEAD: { access: "public", handle: getHealth },
+  }),
   route("/api/demand", read(market.demand)),
   route("/api/claims", { POST: { access: "self", handle: market.claim } }),
   route("/api/claims/auto", { POST: { access: "self", handle: market.autoClaim } }),

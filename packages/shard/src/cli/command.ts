@@ -2,6 +2,7 @@
 // table (commands.ts) so that a command module never imports the table that lists it.
 import { InvalidArgumentError, parseRange, type Range } from "@moeswarm/core";
 import { type ByteSource, fileSource, httpSource } from "../byte-source.js";
+import { parseByteSize } from "../plan/units.js";
 import type { CliIo } from "./io.js";
 
 export type Flags = Record<string, string | boolean | undefined>;
@@ -52,6 +53,24 @@ export function positional(ctx: CommandContext, what: string): string {
 export function stringFlag(ctx: CommandContext, name: string): string | undefined {
   const v = ctx.flags[name];
   return typeof v === "string" ? v : undefined;
+}
+
+/** The `--file-size` option: a header-only GGUF (the first bytes of a large model) read as that file. */
+export const FILE_SIZE_OPTION: CommandOption = {
+  type: "string",
+  description:
+    "the real file's size (bytes, 70GiB): read a header-only GGUF, such as the first MiBs of a large model, as that file",
+};
+
+/** `--file-size` as readGguf's fileSize; undefined when not given. */
+export function fileSizeFlag(ctx: CommandContext): bigint | undefined {
+  const text = stringFlag(ctx, "file-size");
+  if (text === undefined) return undefined;
+  try {
+    return parseByteSize(text, "--file-size");
+  } catch (error) {
+    throw usageError((error as Error).message);
+  }
 }
 
 export function write(ctx: CommandContext, text: string): void {

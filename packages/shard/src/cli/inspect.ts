@@ -4,7 +4,15 @@ import type { GgufMetadataValue } from "../gguf-metadata.js";
 import { type GgufHeader, readGguf } from "../gguf-reader.js";
 import { findExpertTensors, SLICE_KEYS } from "../moe-tensors.js";
 import { sliceContents } from "../slice.js";
-import { type Command, compact, openInput, positional, write } from "./command.js";
+import {
+  type Command,
+  compact,
+  FILE_SIZE_OPTION,
+  fileSizeFlag,
+  openInput,
+  positional,
+  write,
+} from "./command.js";
 import { formatBytes, toJson } from "./io.js";
 
 // ---- inspect -----------------------------------------------------------------------------------
@@ -166,17 +174,22 @@ function inspectText(
 export const inspect: Command = {
   name: "inspect",
   summary: "metadata, tensors and MoE layout of a GGUF file or URL",
-  usage: "inspect <file|url> [--tensors] [--full] [--json]",
+  usage: "inspect <file|url> [--tensors] [--full] [--file-size <bytes>] [--json]",
   options: {
     tensors: { type: "boolean", description: "list every tensor (text mode lists a summary by type)" },
     full: { type: "boolean", description: "print metadata arrays in full (default: the first items)" },
+    "file-size": FILE_SIZE_OPTION,
   },
   async run(ctx) {
     const input = positional(ctx, "file|url");
+    const fileSize = fileSizeFlag(ctx);
     const source = await openInput(input, ctx.signal);
     let header: GgufHeader;
     try {
-      header = await readGguf(source, { signal: ctx.signal });
+      header = await readGguf(source, {
+        signal: ctx.signal,
+        ...(fileSize === undefined ? {} : { fileSize }),
+      });
     } finally {
       await source.close();
     }

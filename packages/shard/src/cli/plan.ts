@@ -8,6 +8,8 @@ import type { ExpertDemand, SwarmWorker } from "../plan/swarm.js";
 import {
   type Command,
   type CommandContext,
+  FILE_SIZE_OPTION,
+  fileSizeFlag,
   openInput,
   stringFlag as str,
   usageError as usage,
@@ -57,10 +59,15 @@ function inlineWorkers(text: string): SwarmWorker[] {
   });
 }
 
-async function headerOf(input: string, signal: AbortSignal): Promise<{ header: GgufHeader; source: string }> {
+async function headerOf(
+  input: string,
+  signal: AbortSignal,
+  fileSize: bigint | undefined,
+): Promise<{ header: GgufHeader; source: string }> {
   const source = await openInput(input, signal);
   try {
-    return { header: await readGguf(source, { signal }), source: source.description };
+    const header = await readGguf(source, { signal, ...(fileSize === undefined ? {} : { fileSize }) });
+    return { header, source: source.description };
   } finally {
     await source.close();
   }
@@ -122,6 +129,7 @@ export const planCommand: Command = {
   usage: "plan <file|url> --vram 64GiB [--ram 128GiB] [--ctx 8192] [--json]",
   options: {
     vram: { type: "string", description: "GPU memory (bytes, 64GiB, 80GB)" },
+    "file-size": FILE_SIZE_OPTION,
     ram: { type: "string", description: "host memory for offloaded layers (default: unchecked)" },
     ctx: { type: "string", description: "context size (default 4096)" },
     "kv-type": { type: "string", description: `KV cache type: ${KV_CACHE_TYPES.join(", ")} (default f16)` },
@@ -148,7 +156,7 @@ export const planCommand: Command = {
     if (input === undefined) throw usage("missing <file|url>");
     if (extra.length > 0) throw usage(`unexpected argument ${JSON.stringify(extra[0])}`);
     const options = await planOptions(ctx);
-    const { header, source } = await headerOf(input, ctx.signal);
+    const { header, source } = await headerOf(input, ctx.signal, fileSizeFlag(ctx));
     let plan: ReturnType<typeof planOffload>;
     try {
       plan = planOffload(header, options);

@@ -11,15 +11,22 @@ import {
   type SyntheticArch,
   type SyntheticMoeOptions,
 } from "./spec.js";
-import { planSyntheticModel, type SynthesizeProgress, synthesizeMoeModel } from "./synthesize.js";
+import {
+  planSyntheticModel,
+  type SynthesizeProgress,
+  type SynthQuantizer,
+  synthesizeMoeModel,
+} from "./synthesize.js";
 
-export const SYNTHETIC_PRESETS = ["tiny", "small", "medium"] as const;
+export const SYNTHETIC_PRESETS = ["tiny", "small", "medium", "shape"] as const;
 export type SyntheticPreset = (typeof SYNTHETIC_PRESETS)[number];
 
 type PresetTable = Partial<Record<SyntheticArch, SyntheticMoeOptions>>;
 
 // tiny ~1 MB (unit tests), small ~50-60 MB, medium ~460 MB (benchmarks, qwen3moe only). Experts
-// in Q8_0, the type most MoE GGUFs ship their experts in at these sizes.
+// in Q8_0, the type most MoE GGUFs ship their experts in at these sizes. `shape`: a real model's
+// per-layer dimensions and llama-quantize's Q4_K_M types with few layers and a small vocabulary,
+// so one layer costs what a real layer costs (qwen35moe: Qwen3.5-122B-A10B's layers, ~5.9 GB).
 const PRESETS: Record<SyntheticPreset, PresetTable> = {
   tiny: {
     qwen3moe: {
@@ -62,6 +69,94 @@ const PRESETS: Record<SyntheticPreset, PresetTable> = {
       nExpertUsed: 2,
       vocab: 512,
       types: { experts: "Q8_0", attention: "F16" },
+    },
+    // One full-attention layer after three Gated DeltaNet layers, as in Qwen3.5.
+    qwen35moe: {
+      arch: "qwen35moe",
+      seed: 1,
+      nLayer: 4,
+      nEmbd: 64,
+      nHead: 4,
+      nHeadKv: 2,
+      headDim: 32,
+      nFfExp: 128,
+      nExpert: 8,
+      nExpertUsed: 2,
+      nFfShared: 128,
+      vocab: 512,
+      linear: { keyHeads: 2, valueHeads: 4, headDim: 16 },
+      types: { experts: "Q8_0", attention: "F16", sharedExpert: "F16" },
+    },
+    // Experts in MXFP4, as gpt-oss ships them; heads of 16 so n_head * head_dim = n_embd.
+    "gpt-oss": {
+      arch: "gpt-oss",
+      seed: 1,
+      nLayer: 2,
+      nEmbd: 64,
+      nHead: 4,
+      nHeadKv: 2,
+      headDim: 16,
+      nFfExp: 128,
+      nExpert: 8,
+      nExpertUsed: 2,
+      vocab: 512,
+      types: { experts: "MXFP4", attention: "F16" },
+    },
+    // Layer 0 dense, layers 1-2 MoE with one shared expert.
+    glm4moe: {
+      arch: "glm4moe",
+      seed: 1,
+      nLayer: 3,
+      nEmbd: 64,
+      nHead: 4,
+      nHeadKv: 2,
+      headDim: 32,
+      nFfExp: 128,
+      nExpert: 8,
+      nExpertUsed: 2,
+      nFfShared: 128,
+      vocab: 512,
+      types: { experts: "Q8_0", attention: "F16", sharedExpert: "F16" },
+    },
+    // Latent attention; 8 experts in 4 groups of which the router keeps 2; one shared expert.
+    deepseek2: {
+      arch: "deepseek2",
+      seed: 1,
+      nLayer: 3,
+      nEmbd: 64,
+      nHead: 4,
+      nHeadKv: 1,
+      headDim: 48,
+      nFfExp: 128,
+      nExpert: 8,
+      nExpertUsed: 2,
+      nFfShared: 128,
+      vocab: 512,
+      mla: {
+        qLoraRank: 32,
+        kvLoraRank: 32,
+        ropeDim: 16,
+        nopeDim: 32,
+        vHeadDim: 32,
+        groups: 4,
+        groupsUsed: 2,
+      },
+      types: { experts: "Q8_0", attention: "F16", sharedExpert: "F16" },
+    },
+    // Layers 1 and 3 MoE (top-1 of 8, input-weighted), 0 and 2 dense, as Llama 4 Maverick.
+    // Seed 2: with seed 1 the greedy continuation of llama-load's first prompt ends at once (EOS).
+    llama4: {
+      arch: "llama4",
+      seed: 2,
+      nLayer: 4,
+      nEmbd: 64,
+      nHead: 4,
+      nHeadKv: 2,
+      nFfExp: 128,
+      nExpert: 8,
+      nExpertUsed: 1,
+      vocab: 512,
+      types: { experts: "Q8_0", attention: "F16", sharedExpert: "F16" },
     },
   },
   small: {
@@ -106,6 +201,45 @@ const PRESETS: Record<SyntheticPreset, PresetTable> = {
       vocab: 2048,
       types: { experts: "Q8_0", attention: "F16", embeddings: "F16", output: "F16" },
     },
+    qwen35moe: {
+      arch: "qwen35moe",
+      seed: 1,
+      nLayer: 4,
+      nEmbd: 256,
+      nHead: 8,
+      nHeadKv: 2,
+      headDim: 64,
+      nFfExp: 256,
+      nExpert: 64,
+      nExpertUsed: 8,
+      nFfShared: 256,
+      vocab: 2048,
+      linear: { keyHeads: 2, valueHeads: 4, headDim: 64 },
+      types: { experts: "Q8_0", attention: "F16", sharedExpert: "F16", embeddings: "F16", output: "F16" },
+    },
+  },
+  shape: {
+    // Qwen/Qwen3.5-122B-A10B (config.json text_config): hidden 3072, 32 query and 2 KV heads of
+    // 256, Gated DeltaNet with 16 key and 64 value heads of 128, 256 experts of 1024 with 8
+    // used, a shared expert of 1024; 4 of its 48 layers and a 4096-token vocabulary.
+    qwen35moe: {
+      arch: "qwen35moe",
+      seed: 1,
+      nLayer: 4,
+      nEmbd: 3072,
+      nHead: 32,
+      nHeadKv: 2,
+      headDim: 256,
+      nFfExp: 1024,
+      nExpert: 256,
+      nExpertUsed: 8,
+      nFfShared: 1024,
+      vocab: 4096,
+      contextLength: 262_144,
+      ropeFreqBase: 10_000_000,
+      linear: { keyHeads: 16, valueHeads: 64, headDim: 128, convKernel: 4, fullAttentionInterval: 4 },
+      mix: "Q4_K_M",
+    },
   },
   medium: {
     qwen3moe: {
@@ -143,7 +277,10 @@ export function syntheticPreset(
     const archs = Object.keys(PRESETS[preset]).join(", ");
     throw new InvalidArgumentError(`preset ${preset} exists for ${archs}, not ${arch}`);
   }
-  return { ...options, types: { ...options.types } };
+  const copy: SyntheticMoeOptions = { ...options, types: { ...options.types } };
+  if (options.linear) copy.linear = { ...options.linear };
+  if (options.mla) copy.mla = { ...options.mla };
+  return copy;
 }
 
 /** A stable identity for synthetic options: sha256 of the generator version and the resolved options. */
@@ -170,6 +307,8 @@ export interface EnsureSyntheticModelOptions {
   seed?: number;
   signal?: AbortSignal;
   onProgress?: (progress: SynthesizeProgress) => void;
+  /** A faster encoder writing the same bytes (see SynthesizeOptions.quantize). */
+  quantize?: SynthQuantizer;
 }
 
 export interface EnsuredSyntheticModel {
@@ -217,7 +356,11 @@ export async function ensureSyntheticModel(
         cause: error,
       });
     }
-    await synthesizeMoeModel(synthOptions, path, { signal: options.signal, onProgress: options.onProgress });
+    await synthesizeMoeModel(synthOptions, path, {
+      signal: options.signal,
+      onProgress: options.onProgress,
+      quantize: options.quantize,
+    });
     return { path, created: true, size, options: spec.options };
   })();
   inFlight.set(path, job);

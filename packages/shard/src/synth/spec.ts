@@ -2,23 +2,51 @@ import { InvalidArgumentError } from "@moeswarm/core";
 import { GgmlType, ggmlTypeTraits } from "../ggml-type.js";
 import { GgufValueType } from "../gguf-constants.js";
 import { type GgufMetadataValue, ggufValue } from "../gguf-metadata.js";
+import { deepseek2LayerTensors, deepseek2Metadata, type MlaOptions, resolveMla } from "./deepseek2.js";
+import type { FamilyAdd } from "./family.js";
+import { glm4moeLayerTensors, glm4moeMetadata } from "./glm4moe.js";
+import { gptOssLayerTensors, gptOssMetadata } from "./gpt-oss.js";
+import { llama4LayerTensors, llama4Metadata } from "./llama4.js";
+import { MIX_FILE_TYPE, q4kmTypes, SYNTHETIC_MIXES, type SyntheticMix } from "./quant-mix.js";
+import {
+  type LinearAttentionOptions,
+  qwen35moeLayerTensors,
+  qwen35moeMetadata,
+  resolveLinearAttention,
+} from "./qwen35moe.js";
 import { buildTokenizer } from "./tokenizer.js";
 
-/** Architectures the synthesiser writes; `mixtral` is GGUF architecture `llama` with experts. */
-export const SYNTHETIC_ARCHS = ["qwen3moe", "qwen2moe", "mixtral"] as const;
+/**
+ * Architectures the synthesiser writes; `mixtral` is GGUF architecture `llama` with experts,
+ * `qwen35moe` the hybrid Gated DeltaNet / gated attention Qwen3.5-MoE, `gpt-oss` OpenAI's (biased
+ * swiglu_oai experts, attention sinks), `glm4moe` GLM-4.5 (sigmoid router with a selection bias,
+ * a shared expert, a leading dense layer), `deepseek2` DeepSeek-V3/Kimi K2 (latent attention,
+ * grouped sigmoid routing with a selection bias, shared experts), `llama4` (top-1 routing whose
+ * sigmoid weight scales the expert input, MoE every other layer).
+ */
+export const SYNTHETIC_ARCHS = [
+  "qwen3moe",
+  "qwen2moe",
+  "mixtral",
+  "qwen35moe",
+  "gpt-oss",
+  "glm4moe",
+  "deepseek2",
+  "llama4",
+] as const;
 export type SyntheticArch = (typeof SYNTHETIC_ARCHS)[number];
 
 /** Tensor types a synthetic model can be written in (the ones the shard quantisers encode). */
-export const SYNTHETIC_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K"] as const;
+export const SYNTHETIC_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "MXFP4"] as const;
 export type SyntheticType = (typeof SYNTHETIC_TYPES)[number];
 
 /** The type of each class of tensor; norms (and attention biases) are always F32, as in ggml. */
 export interface SyntheticTypes {
   /** Routed experts: ffn_{gate,up,down}_exps. */
   experts: SyntheticType;
-  /** The shared expert (qwen2moe): ffn_{gate,up,down}_shexp. */
+  /** The shared expert (qwen2moe, qwen35moe): ffn_{gate,up,down}_shexp. */
   sharedExpert: SyntheticType;
-  /** attn_q, attn_k, attn_v, attn_output. */
+  /** attn_q, attn_k, attn_v, attn_output (qwen35moe: also attn_qkv, attn_gate, ssm_{alpha,beta,out}). */
   attention: SyntheticType;
   /** token_embd. */
   embeddings: SyntheticType;
@@ -49,11 +77,11 @@ export interface SyntheticMoeOptions {
   nFfExp: number;
   nExpert: number;
   nExpertUsed: number;
-  /** Width of the shared expert (qwen2moe only; default nFfExp * nExpertUsed). */
+  /** Width of the shared expert (qwen2moe: default nFfExp * nExpertUsed; qwen35moe: nFfExp). */
   nFfShared?: number;
   /** Vocabulary size, special tokens included (at least 259). */
   vocab: number;
-  /** Attention head size (qwen3moe's key_length/value_length; the others need nEmbd / nHead). */
+  /** Attention head size (qwen3moe/qwen35moe key_length/value_length; the others nEmbd / nHead). */
   headDim?: number;
   contextLength?: number;
   ropeFreqBase?: number;
@@ -62,15 +90,32 @@ export interface SyntheticMoeOptions {
   /** `general.name` (default `moeswarm-synthetic-<arch>`). */
   name?: string;
   /**
-   * Standard deviation of the logits (default 10): large enough that the top two tokens are rarely
-   * within rounding noise of each other, so greedy decoding is stable across builds.
+   * Scale of the logits (default 10): the language model in token_embd/output gives logits of
+   * logitStd / 4 per unit of ln P, so the top two tokens are rarely within rounding noise of each
+   * other and greedy decoding is stable across builds.
    */
   logitStd?: number;
+  /** qwen35moe only: the Gated DeltaNet layers (default 1 key head, as many value heads, 4 taps, 3:1). */
+  linear?: Partial<LinearAttentionOptions>;
+  /** deepseek2 only: latent attention sizes and expert groups (defaults: one group, small ranks). */
+  mla?: Partial<MlaOptions>;
+  /**
+   * llama-quantize's per-tensor type rule for this preset (`Q4_K_M`), replacing `types`: the
+   * tensors get the types a real GGUF of that preset has.
+   */
+  mix?: SyntheticMix;
 }
 
 /** The options with every default applied: what identifies a synthetic model. */
-export type ResolvedSyntheticOptions = Required<Omit<SyntheticMoeOptions, "types">> & {
+export type ResolvedSyntheticOptions = Required<
+  Omit<SyntheticMoeOptions, "types" | "linear" | "mla" | "mix">
+> & {
   types: SyntheticTypes;
+  /** Present for qwen35moe only (so the other families' keys stay what they were). */
+  linear?: LinearAttentionOptions;
+  /** Present for deepseek2 only. */
+  mla?: MlaOptions;
+  mix?: SyntheticMix;
 };
 
 /** How the values of a tensor are drawn: mean and standard deviation before quantisation. */
@@ -98,6 +143,7 @@ const GGML_OF: Record<SyntheticType, GgmlType> = {
   Q8_0: GgmlType.Q8_0,
   Q4_0: GgmlType.Q4_0,
   Q4_K: GgmlType.Q4_K,
+  MXFP4: GgmlType.MXFP4,
 };
 
 /** Upper bounds that keep a typo from asking for terabytes. */
@@ -147,14 +193,20 @@ export function resolveSyntheticOptions(options: SyntheticMoeOptions): ResolvedS
   const nFfExp = positiveInt(options.nFfExp, "nFfExp", LIMITS.nFfExp);
   const nExpert = positiveInt(options.nExpert, "nExpert", LIMITS.nExpert);
   const nExpertUsed = positiveInt(options.nExpertUsed, "nExpertUsed", nExpert);
-  const nFfShared = positiveInt(options.nFfShared ?? nFfExp * nExpertUsed, "nFfShared", LIMITS.nFfExp);
+  const nFfShared = positiveInt(
+    options.nFfShared ??
+      (["qwen35moe", "glm4moe", "deepseek2"].includes(arch) ? nFfExp : nFfExp * nExpertUsed),
+    "nFfShared",
+    LIMITS.nFfExp,
+  );
   const vocab = options.vocab;
   buildTokenizer(vocab); // validates the vocabulary size
   const headDim =
     options.headDim === undefined ? nEmbd / nHead : positiveInt(options.headDim, "headDim", LIMITS.nEmbd);
   if (!Number.isInteger(headDim))
     throw new InvalidArgumentError(`nEmbd (${nEmbd}) must be a multiple of nHead (${nHead})`);
-  if (arch !== "qwen3moe" && headDim * nHead !== nEmbd) {
+  const freeHeadDim: readonly SyntheticArch[] = ["qwen3moe", "qwen35moe", "gpt-oss", "glm4moe", "deepseek2"];
+  if (!freeHeadDim.includes(arch) && headDim * nHead !== nEmbd) {
     throw new InvalidArgumentError(
       `${arch} needs headDim * nHead = nEmbd (${headDim} * ${nHead} != ${nEmbd})`,
     );
@@ -172,6 +224,19 @@ export function resolveSyntheticOptions(options: SyntheticMoeOptions): ResolvedS
     }
     types[key as keyof SyntheticTypes] = value as SyntheticType;
   }
+  if (options.linear !== undefined && arch !== "qwen35moe")
+    throw new InvalidArgumentError(`linear applies to qwen35moe only, not ${arch}`);
+  if (options.mix !== undefined && !SYNTHETIC_MIXES.includes(options.mix)) {
+    throw new InvalidArgumentError(
+      `mix must be one of ${SYNTHETIC_MIXES.join(", ")}, got ${String(options.mix)}`,
+    );
+  }
+  if (options.mla !== undefined && arch !== "deepseek2")
+    throw new InvalidArgumentError(`mla applies to deepseek2 only, not ${arch}`);
+  const extra: Pick<ResolvedSyntheticOptions, "linear" | "mla" | "mix"> = {};
+  if (arch === "qwen35moe") extra.linear = resolveLinearAttention(options.linear, headDim);
+  if (arch === "deepseek2") extra.mla = resolveMla(options.mla, nEmbd, nExpert, nExpertUsed);
+  if (options.mix !== undefined) extra.mix = options.mix;
   return {
     arch,
     seed,
@@ -191,11 +256,12 @@ export function resolveSyntheticOptions(options: SyntheticMoeOptions): ResolvedS
     types,
     name: options.name ?? `moeswarm-synthetic-${arch}`,
     logitStd: positiveNumber(options.logitStd ?? 10, "logitStd"),
+    ...extra,
   };
 }
 
 /** Version of the generator: bump whenever the bytes for given options change. */
-export const SYNTH_GENERATOR_VERSION = "moeswarm-synth/1";
+export const SYNTH_GENERATOR_VERSION = "moeswarm-synth/2";
 
 /** The keys llama.cpp reads for the architecture, then the tokenizer and the generator's own. */
 function syntheticMetadata(o: ResolvedSyntheticOptions, arch: string): Map<string, GgufMetadataValue> {
@@ -207,12 +273,14 @@ function syntheticMetadata(o: ResolvedSyntheticOptions, arch: string): Map<strin
   md.set("general.type", v.str("model"));
   md.set("general.name", v.str(o.name));
   md.set("general.quantization_version", v.u32(2));
+  if (o.mix !== undefined) md.set("general.file_type", v.u32(MIX_FILE_TYPE[o.mix]));
   md.set(k("block_count"), v.u32(o.nLayer));
   md.set(k("context_length"), v.u32(o.contextLength));
   md.set(k("embedding_length"), v.u32(o.nEmbd));
   // llama's experts use feed_forward_length; the qwen MoEs read expert_feed_forward_length and
-  // keep feed_forward_length as the dense width a converter writes.
-  md.set(k("feed_forward_length"), v.u32(o.arch === "mixtral" ? o.nFfExp : o.nFfExp * o.nExpertUsed));
+  // keep feed_forward_length as the dense width a converter writes (Qwen3.5 has no dense width).
+  if (o.arch !== "qwen35moe")
+    md.set(k("feed_forward_length"), v.u32(o.arch === "mixtral" ? o.nFfExp : o.nFfExp * o.nExpertUsed));
   md.set(k("attention.head_count"), v.u32(o.nHead));
   md.set(k("attention.head_count_kv"), v.u32(o.nHeadKv));
   md.set(k("rope.freq_base"), v.f32(o.ropeFreqBase));
@@ -223,7 +291,12 @@ function syntheticMetadata(o: ResolvedSyntheticOptions, arch: string): Map<strin
     md.set(k("attention.key_length"), v.u32(o.headDim));
     md.set(k("attention.value_length"), v.u32(o.headDim));
   }
-  if (o.arch !== "mixtral") md.set(k("expert_feed_forward_length"), v.u32(o.nFfExp));
+  if (o.arch === "qwen35moe" && o.linear) qwen35moeMetadata(md, k, { ...o, linear: o.linear });
+  else if (o.arch === "gpt-oss") gptOssMetadata(md, k, o);
+  else if (o.arch === "glm4moe") glm4moeMetadata(md, k, o);
+  else if (o.arch === "deepseek2" && o.mla) deepseek2Metadata(md, k, { ...o, mla: o.mla });
+  else if (o.arch === "llama4") llama4Metadata(md, k, o);
+  else if (o.arch !== "mixtral") md.set(k("expert_feed_forward_length"), v.u32(o.nFfExp));
   if (o.arch === "qwen2moe") md.set(k("expert_shared_feed_forward_length"), v.u32(o.nFfShared));
   if (o.arch === "mixtral") {
     md.set(k("rope.dimension_count"), v.u32(o.headDim));
@@ -273,7 +346,29 @@ function syntheticTensors(o: ResolvedSyntheticOptions): SynthTensorSpec[] {
   const inv = (n: number) => 1 / Math.sqrt(n);
 
   add("token_embd.weight", [o.nEmbd, o.vocab], t.embeddings, 1);
+  const familyAdd: FamilyAdd = (name, shape, cls, std, mean, perExpert) =>
+    add(name, shape, cls === "norm" || cls === "F32" ? "F32" : t[cls], std, mean, perExpert);
   for (let i = 0; i < o.nLayer; i++) {
+    if (o.linear) {
+      qwen35moeLayerTensors(familyAdd, { ...o, linear: o.linear }, i);
+      continue;
+    }
+    if (o.arch === "gpt-oss") {
+      gptOssLayerTensors(familyAdd, o, i);
+      continue;
+    }
+    if (o.arch === "glm4moe") {
+      glm4moeLayerTensors(familyAdd, o, i);
+      continue;
+    }
+    if (o.mla) {
+      deepseek2LayerTensors(familyAdd, { ...o, mla: o.mla }, i);
+      continue;
+    }
+    if (o.arch === "llama4") {
+      llama4LayerTensors(familyAdd, o, i);
+      continue;
+    }
     const b = `blk.${i}.`;
     norm(`${b}attn_norm.weight`, o.nEmbd);
     add(`${b}attn_q.weight`, [o.nEmbd, nq], t.attention, inv(o.nEmbd));
@@ -304,13 +399,15 @@ function syntheticTensors(o: ResolvedSyntheticOptions): SynthTensorSpec[] {
   }
   norm("output_norm.weight", o.nEmbd);
   add("output.weight", [o.nEmbd, o.vocab], t.output, o.logitStd * inv(o.nEmbd));
-  return tensors;
+  if (o.mix === undefined) return tensors;
+  const mixed = q4kmTypes(tensors, o.nLayer, o.nExpert);
+  return tensors.map((spec, i) => ({ ...spec, type: mixed[i]! }));
 }
 
 /**
  * The metadata and tensor list llama.cpp (pinned release) requires for the architecture: the
  * keys its `load_hparams`/`load_arch_hparams` read and the tensors its `load_arch_tensors`
- * creates (src/models/qwen3moe.cpp, qwen2moe.cpp, llama.cpp), with those shapes.
+ * creates (src/models/qwen3moe.cpp, qwen2moe.cpp, llama.cpp, qwen35moe.cpp), with those shapes.
  */
 export function syntheticModelSpec(options: SyntheticMoeOptions): SynthModelSpec {
   const o = resolveSyntheticOptions(options);

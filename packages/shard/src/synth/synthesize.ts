@@ -3,8 +3,10 @@ import { open, rename, unlink } from "node:fs/promises";
 import type { Writable } from "node:stream";
 import { GgufError, InvalidArgumentError, onAbort, throwIfAborted } from "@moeswarm/core";
 import { writeAll } from "../atomic-file.js";
-import { type GgufPlan, planGguf } from "../gguf-writer.js";
+import type { GgmlType } from "../ggml-type.js";
+import { type GgufPlan, planGguf, writeGguf } from "../gguf-writer.js";
 import { quantize } from "../quant/quantize.js";
+import { syntheticLanguageModel } from "./language-model.js";
 import { streamFor } from "./prng.js";
 import {
   type ResolvedSyntheticOptions,
@@ -19,9 +21,25 @@ export interface SynthesizeProgress {
   totalBytes: number;
 }
 
+/**
+ * Encodes f32 values as a ggml type, `ne0` values per row. Must write exactly what `quantize`
+ * does (ggml_quantize_chunk's bytes): a faster encoder gives the same file.
+ */
+export type SynthQuantizer = (
+  type: GgmlType,
+  values: Float32Array,
+  ne0: number,
+) => Uint8Array | Promise<Uint8Array>;
+
 export interface SynthesizeOptions {
   signal?: AbortSignal;
   onProgress?: (progress: SynthesizeProgress) => void;
+  /**
+   * The encoder (default: the shard quantisers, a reference implementation at about 0.4 M values/s
+   * for Q4_K). Shape-true models hold billions of values: pass ggml's own (worker-native's
+   * `ggmlQuantize`), which writes the same bytes.
+   */
+  quantize?: SynthQuantizer;
 }
 
 export interface SynthesizeResult {
@@ -48,8 +66,37 @@ export function planSyntheticModel(options: SyntheticMoeOptions): { spec: SynthM
   return { spec, plan };
 }
 
+/**
+ * Writes only the header of the synthetic model and extends the file to its full size as a sparse
+ * hole: what the planner and `readGguf` see of a real model of that shape, at the cost of a few
+ * megabytes (the tokenizer) and no weights. Options like the shape-true preset's with the real
+ * layer count and vocabulary give the header of the real model.
+ */
+export async function writeSyntheticHeader(
+  options: SyntheticMoeOptions,
+  path: string,
+  opts: { signal?: AbortSignal } = {},
+): Promise<{ spec: SynthModelSpec; plan: GgufPlan }> {
+  const spec = syntheticModelSpec(options);
+  const plan = await writeGguf(
+    {
+      metadata: spec.metadata,
+      tensors: spec.tensors.map(({ name, shape, type }) => ({ name, shape, type })),
+    },
+    path,
+    { headerOnly: true, signal: opts.signal },
+  );
+  return { spec, plan };
+}
+
+const referenceQuantizer: SynthQuantizer = (type, values, ne0) => quantize(type, values, ne0);
+
 /** The bytes of one tensor, in bounded chunks, each expert slab from its own stream. */
-function* tensorChunks(seed: number, t: SynthTensorSpec): Generator<Uint8Array> {
+async function* tensorChunks(
+  seed: number,
+  t: SynthTensorSpec,
+  encode: SynthQuantizer,
+): AsyncGenerator<Uint8Array> {
   const ne0 = t.shape[0] ?? 1;
   if (t.perExpert) {
     const slab = ne0 * (t.shape[1] ?? 1);
@@ -57,7 +104,7 @@ function* tensorChunks(seed: number, t: SynthTensorSpec): Generator<Uint8Array> 
     const nExpert = t.shape[2] ?? 1;
     for (let e = 0; e < nExpert; e++) {
       streamFor(seed, t.name, e).fillTriangular(values, t.std, t.mean);
-      yield quantize(t.type, values, ne0);
+      yield await encode(t.type, values, ne0);
     }
     return;
   }
@@ -68,19 +115,52 @@ function* tensorChunks(seed: number, t: SynthTensorSpec): Generator<Uint8Array> 
   for (let r = 0; r < rows; r += rowsPerChunk) {
     const values = new Float32Array(Math.min(rowsPerChunk, rows - r) * ne0);
     rng.fillTriangular(values, t.std, t.mean);
-    yield quantize(t.type, values, ne0);
+    yield await encode(t.type, values, ne0);
+  }
+}
+
+// token_embd and output carry the language model (language-model.ts) in every family.
+const LANGUAGE_MODEL_ROWS: Readonly<Record<string, "embeddingRow" | "outputRow">> = {
+  "token_embd.weight": "embeddingRow",
+  "output.weight": "outputRow",
+};
+
+/** The bytes of token_embd or output: the language model's rows, in bounded chunks. */
+async function* languageModelChunks(
+  o: ResolvedSyntheticOptions,
+  t: SynthTensorSpec,
+  kind: "embeddingRow" | "outputRow",
+  encode: SynthQuantizer,
+): AsyncGenerator<Uint8Array> {
+  const [ne0 = 1, rows = 1] = t.shape;
+  const lm = syntheticLanguageModel(rows, ne0, o.seed, o.logitStd / 4);
+  const rowsPerChunk = Math.max(1, Math.floor(CHUNK_VALUES / ne0));
+  for (let r = 0; r < rows; r += rowsPerChunk) {
+    const n = Math.min(rowsPerChunk, rows - r);
+    const values = new Float32Array(n * ne0);
+    for (let i = 0; i < n; i++) lm[kind](r + i, values.subarray(i * ne0, (i + 1) * ne0));
+    yield await encode(t.type, values, ne0);
   }
 }
 
 /** Every byte of the file in order: header, padding, each tensor and its padding. */
-function* fileChunks(spec: SynthModelSpec, plan: GgufPlan): Generator<Uint8Array> {
+async function* fileChunks(
+  spec: SynthModelSpec,
+  plan: GgufPlan,
+  encode: SynthQuantizer,
+): AsyncGenerator<Uint8Array> {
   yield plan.header;
   let pos = BigInt(plan.header.byteLength);
   for (let i = 0; i < plan.tensors.length; i++) {
     const planned = plan.tensors[i]!;
     if (planned.absoluteOffset > pos) yield new Uint8Array(Number(planned.absoluteOffset - pos));
     let n = 0n;
-    for (const chunk of tensorChunks(spec.options.seed, spec.tensors[i]!)) {
+    const t = spec.tensors[i]!;
+    const lmRows = LANGUAGE_MODEL_ROWS[t.name];
+    const chunks = lmRows
+      ? languageModelChunks(spec.options, t, lmRows, encode)
+      : tensorChunks(spec.options.seed, t, encode);
+    for await (const chunk of chunks) {
       n += BigInt(chunk.byteLength);
       yield chunk;
     }
@@ -202,6 +282,7 @@ export async function synthesizeMoeModel(
   opts: SynthesizeOptions = {},
 ): Promise<SynthesizeResult> {
   const { signal, onProgress } = opts;
+  const encode = opts.quantize ?? referenceQuantizer;
   throwIfAborted(signal);
   const { spec, plan } = planSyntheticModel(options);
   let sink: ChunkSink;
@@ -218,7 +299,7 @@ export async function synthesizeMoeModel(
   let written = 0;
   let sinceYield = 0;
   try {
-    for (const chunk of fileChunks(spec, plan)) {
+    for await (const chunk of fileChunks(spec, plan, encode)) {
       throwIfAborted(signal);
       hash.update(chunk);
       await sink.write(chunk);

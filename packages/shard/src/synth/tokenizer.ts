@@ -41,16 +41,56 @@ export function byteToChar(): readonly string[] {
 const PRE_TOKENIZE =
   /(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+/gu;
 
-function wordCounts(text: string): Map<string, number> {
-  const counts = new Map<string, number>();
+/** Splits text as Qwen2's pre-tokeniser does, each piece in byte-mapped characters. */
+export function preTokenize(text: string): string[] {
   const chars = byteToChar();
   const encoder = new TextEncoder();
+  const pieces: string[] = [];
   for (const match of text.matchAll(PRE_TOKENIZE)) {
     let word = "";
     for (const b of encoder.encode(match[0])) word += chars[b];
-    counts.set(word, (counts.get(word) ?? 0) + 1);
+    pieces.push(word);
   }
+  return pieces;
+}
+
+function wordCounts(text: string): Map<string, number> {
+  const counts = new Map<string, number>();
+  for (const word of preTokenize(text)) counts.set(word, (counts.get(word) ?? 0) + 1);
   return counts;
+}
+
+const ranksOf = new WeakMap<SyntheticTokenizer, { ranks: Map<string, number>; ids: Map<string, number> }>();
+
+/**
+ * The token ids of one pre-tokenised piece, merged by rank as llama.cpp's BPE tokenizer does
+ * (the lowest-ranked adjacent pair first).
+ */
+export function encodePiece(tok: SyntheticTokenizer, piece: string): number[] {
+  let lookup = ranksOf.get(tok);
+  if (!lookup) {
+    lookup = {
+      ranks: new Map(tok.merges.map((m, i) => [m, i])),
+      ids: new Map(tok.tokens.map((t, i) => [t, i])),
+    };
+    ranksOf.set(tok, lookup);
+  }
+  const { ranks, ids } = lookup;
+  const symbols = [...piece];
+  for (;;) {
+    let best = -1;
+    let bestRank = Number.POSITIVE_INFINITY;
+    for (let i = 0; i + 1 < symbols.length; i++) {
+      const rank = ranks.get(`${symbols[i]} ${symbols[i + 1]}`);
+      if (rank !== undefined && rank < bestRank) {
+        bestRank = rank;
+        best = i;
+      }
+    }
+    if (best < 0) break;
+    symbols.splice(best, 2, symbols[best]! + symbols[best + 1]!);
+  }
+  return symbols.map((s) => ids.get(s)!);
 }
 
 /** Largest vocabulary the synthetic tokenizer builds (real models stay below 2^18). */
@@ -61,17 +101,21 @@ const cache = new Map<number, SyntheticTokenizer>();
 /**
  * Once the corpus has no pair left to merge (about 1,480 tokens), pairs of learned tokens make
  * up the rest, as the rare words of a real vocabulary: valid merges that ordinary text seldom
- * reaches.
+ * reaches. Every token but the 128 bytes >= 0x80 is whole UTF-8 (the corpus is ASCII), so the
+ * language model can leave exactly those out of what it generates.
  */
 function addRareMerges(tokens: string[], known: Set<string>, merges: string[], target: number): void {
   const rng = new Sfc32(0x5eed, 0xb9e);
   const learned = tokens.length;
   let misses = 0;
   while (tokens.length < target) {
-    const left = tokens[rng.nextU32() % learned]!;
+    const leftId = rng.nextU32() % learned;
+    const left = tokens[leftId]!;
     const right = tokens[256 + (rng.nextU32() % (learned - 256))]!;
     const merged = left + right;
-    if (merged.length > 16 || known.has(merged) || right.startsWith("\u0120")) {
+    // A lone byte >= 0x80 is part of a UTF-8 sequence: a token made with one would not be text.
+    const partial = leftId >= 0x80 && leftId < 256;
+    if (partial || merged.length > 16 || known.has(merged) || right.startsWith("\u0120")) {
       if (++misses > 1_000_000) {
         throw new InvalidArgumentError(`cannot build a vocabulary of ${target} tokens`);
       }

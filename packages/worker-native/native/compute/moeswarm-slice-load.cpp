@@ -390,17 +390,53 @@ static bool moeswarm_alloc_weights(moeswarm_slice * slice, ggml_backend_dev_t de
     return true;
 }
 
-// copies the data from a read-only mapping of the file (the page cache, no staging copy)
+// reads a tensor's bytes straight into its host buffer (no mapping: the slice's bytes are held once)
+static bool moeswarm_pread_all(int fd, uint8_t * dst, size_t n, size_t offset) {
+    while (n > 0) {
+        const ssize_t got = pread(fd, dst, n, (off_t) offset);
+        if (got < 0 && errno == EINTR) {
+            continue;
+        }
+        if (got <= 0) {
+            return false;
+        }
+        dst += got;
+        n -= (size_t) got;
+        offset += (size_t) got;
+    }
+    return true;
+}
+
+// Loads the weights holding one copy of the slice at a time, so that a worker's peak RSS is ~1x its
+// slice, not ~2x: a host buffer in the plain layout is read into directly; other buffers (repacked
+// layouts, device memory) copy from a read-only mapping of the file, each tensor's mapped pages
+// dropped from this process as soon as they are copied (the page cache keeps them).
 static bool moeswarm_copy_weights(moeswarm_slice * slice, const char * path, moeswarm_map_guard & map, size_t file_size,
         const std::vector<moeswarm_tensor_src> & srcs, moeswarm_error * err) {
-    map.size = file_size;
-    map.addr = mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, map.fd, 0);
-    if (map.addr == MAP_FAILED) {
-        return moeswarm_error_set(err, "MOESWARM_GGUF_IO", "cannot map %s: %s", path, strerror(errno));
-    }
+    const long page = sysconf(_SC_PAGESIZE);
+    const size_t pg = page > 0 ? (size_t) page : 4096;
     for (const moeswarm_tensor_src & s : srcs) {
-        ggml_backend_tensor_set(s.t, (const uint8_t *) map.addr + s.offset, 0, ggml_nbytes(s.t));
-        slice->weight_bytes += ggml_nbytes(s.t);
+        const size_t n = ggml_nbytes(s.t);
+        ggml_backend_buffer_t buf = s.t->buffer;
+        if (buf != nullptr && buf == slice->buf_plain && ggml_backend_buffer_is_host(buf) && s.t->data != nullptr) {
+            errno = 0;
+            if (!moeswarm_pread_all(map.fd, (uint8_t *) s.t->data, n, s.offset)) {
+                return moeswarm_error_set(err, "MOESWARM_GGUF_IO", "cannot read %s at %zu: %s", path, s.offset,
+                        errno != 0 ? strerror(errno) : "short read");
+            }
+        } else {
+            if (map.addr == MAP_FAILED) {
+                map.size = file_size;
+                map.addr = mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, map.fd, 0);
+                if (map.addr == MAP_FAILED) {
+                    return moeswarm_error_set(err, "MOESWARM_GGUF_IO", "cannot map %s: %s", path, strerror(errno));
+                }
+            }
+            ggml_backend_tensor_set(s.t, (const uint8_t *) map.addr + s.offset, 0, n);
+            const size_t first = s.offset / pg * pg;
+            madvise((uint8_t *) map.addr + first, s.offset + n - first, MADV_DONTNEED);
+        }
+        slice->weight_bytes += n;
     }
     return true;
 }

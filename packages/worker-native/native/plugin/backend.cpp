@@ -46,14 +46,23 @@ static void moeswarm_backend_synchronize(ggml_backend_t backend) {
     // graph_compute returns with the result written: nothing is ever pending
 }
 
-// one round trip: the dispatch frame out, its result (or error) back into out
+// one round trip: the dispatch frame out, its result (or error) back into out. *lost is set when
+// the connection itself failed (not an error frame, not the deadline): worth one more try on a
+// fresh connection, since the compute is a pure function of the frame.
 static bool moeswarm_round_trip(moeswarm_backend_context * ctx, const moeswarm_config & cfg, const moeswarm_pattern & p,
-        std::string & err, size_t & bytes_out, size_t & bytes_in) {
+        double deadline, std::string & err, size_t & bytes_out, size_t & bytes_in, bool * lost) {
     moeswarm_conn & c = ctx->conn;
+    *lost             = false;
     if (c.fd < 0 && !moeswarm_conn_open(c, cfg.bridge, err)) {
         return false;
     }
-    const double deadline = moeswarm_now_us() + cfg.timeout_ms * 1000.0;
+    // every transport failure below closes the connection; it counts as lost unless the deadline did it
+    struct lost_on_close {
+        moeswarm_conn & c;
+        double deadline;
+        bool * lost;
+        ~lost_on_close() { *lost = c.fd < 0 && moeswarm_now_us() < deadline; }
+    } classify{ c, deadline, lost };
     const uint32_t id     = c.next_id;
     c.next_id             = c.next_id == 0xffffffffu ? 1 : c.next_id + 1;
 
@@ -190,11 +199,33 @@ static enum ggml_status moeswarm_backend_graph_compute(ggml_backend_t backend, g
 
     std::string err;
     size_t bytes_out = 0, bytes_in = 0;
-    const double t0 = moeswarm_now_us();
-    const bool ok   = moeswarm_round_trip(ctx, cfg, *p, err, bytes_out, bytes_in);
+    const double t0       = moeswarm_now_us();
+    const double deadline = t0 + cfg.timeout_ms * 1000.0;
+    const bool reused     = ctx->conn.fd >= 0;
+    bool lost             = false;
+    bool ok               = moeswarm_round_trip(ctx, cfg, *p, deadline, err, bytes_out, bytes_in, &lost);
+    if (!ok && lost && reused) {
+        // the dispatcher restarted (or the socket broke) since this backend's last split: one more
+        // try on a fresh connection, within the same deadline
+        GGML_LOG_WARN("%s: layer %d: %s; reconnecting to %s once\n", __func__, p->layer, err.c_str(), cfg.bridge.c_str());
+        err.clear();
+        bytes_out = bytes_in = 0;
+        ok = moeswarm_round_trip(ctx, cfg, *p, deadline, err, bytes_out, bytes_in, &lost);
+    }
     moeswarm_stats_record(p->layer, T, moeswarm_now_us() - t0, ok, bytes_out, bytes_in);
     if (!ok) {
-        GGML_LOG_ERROR("%s: layer %d, %lld tokens: %s\n", __func__, p->layer, (long long) T, err.c_str());
+        // a closed connection: the dispatcher is gone (or never came); an open one: it answered
+        // with an error frame, which its own log explains
+        if (ctx->conn.fd < 0) {
+            GGML_LOG_ERROR("%s: layer %d, %lld tokens: %s\n"
+                    "moeswarm: this request fails; check that moeswarm-dispatcher is running and listening on %s "
+                    "(it prints the llama-server command to use), then send the request again\n",
+                    __func__, p->layer, (long long) T, err.c_str(), cfg.bridge.c_str());
+        } else {
+            GGML_LOG_ERROR("%s: layer %d, %lld tokens: %s\n"
+                    "moeswarm: the dispatcher could not compute this layer (its log says why); this request fails\n",
+                    __func__, p->layer, (long long) T, err.c_str());
+        }
         return GGML_STATUS_FAILED;
     }
     return GGML_STATUS_SUCCESS;

@@ -24,7 +24,8 @@
 //                        With llama-server's -ot '...=MOESWARM' this is not needed.
 //   MOESWARM_BRIDGE      unix:/path/to/socket | tcp:host:port
 //   MOESWARM_MODEL       model id in the dispatch frames (default "moeswarm")
-//   MOESWARM_TIMEOUT_MS  how long one split may wait for its result (default 120000)
+//   MOESWARM_TIMEOUT_MS  how long one split may wait for its result (default 30000); a broken
+//                        connection is reopened and the split sent again once within it
 //   MOESWARM_CLAIM_FILE  optional, environment only: a line is appended to this file for every
 //                        weight buffer the device allocates (proof of a claim for the host)
 // They are read again whenever they change: a backend (one per llama context) keeps the values
@@ -53,7 +54,9 @@
 #define MOESWARM_ROLE_MAX_DEPTH  1024
 #define MOESWARM_CACHE_MAX       512
 #define MOESWARM_SAMPLES_MAX     8192
-#define MOESWARM_TIMEOUT_DEFAULT 120000
+// a stopped dispatcher blocks every sequence of a llama-server for this long: 30 s is longer than
+// any healthy split (the bridge falls back or fails a call well before) and short enough to notice
+#define MOESWARM_TIMEOUT_DEFAULT 30000
 
 //
 // configuration (config.cpp)

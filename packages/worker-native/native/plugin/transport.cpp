@@ -94,7 +94,8 @@ static bool moeswarm_wait_fd(int fd, short events, double deadline_us, std::stri
     for (;;) {
         const double left_ms = (deadline_us - moeswarm_now_us()) / 1000.0;
         if (left_ms <= 0) {
-            err = "timed out waiting for the bridge";
+            err = "no answer from the bridge within the timeout (MOESWARM_TIMEOUT_MS): is moeswarm-dispatcher stopped, "
+                  "or are its workers unreachable?";
             return false;
         }
         pollfd p    = { fd, events, 0 };

@@ -1,0 +1,95 @@
+// Child process of the `roundtrip` benchmark's floors, each the least a path of its kind can cost:
+// `node-echo`: a length-prefixed TCP echo (Node's socket floor); `ws-echo`: a WebSocket echoing
+// each binary message (the direct path's floor); `blind-relay`: a WebSocket server that forwards
+// each message between its backbone and its worker without reading it (the relay path's floor);
+// `blind-worker`: the echo at the blind relay's far end.
+import { createServer, type Socket } from "node:net";
+import { WebSocket, WebSocketServer } from "ws";
+
+interface Args {
+  mode: "node-echo" | "ws-echo" | "blind-relay" | "blind-worker";
+  /** blind-worker: the blind relay's worker URL. */
+  url?: string;
+}
+
+const args = JSON.parse(process.argv[2] ?? "{}") as Args;
+const MAX = 64 * 1024 * 1024;
+
+function nodeEcho(): Promise<number> {
+  const server = createServer((socket: Socket) => {
+    socket.setNoDelay(true);
+    let pending: Buffer[] = [];
+    let have = 0;
+    socket.on("data", (chunk: Buffer) => {
+      pending.push(chunk);
+      have += chunk.byteLength;
+      for (;;) {
+        if (have < 4) return;
+        const all = pending.length === 1 ? pending[0]! : Buffer.concat(pending);
+        const n = all.readUInt32LE(0);
+        if (have < 4 + n) {
+          pending = [all];
+          return;
+        }
+        socket.write(all.subarray(0, 4 + n));
+        const rest = all.subarray(4 + n);
+        pending = rest.byteLength > 0 ? [rest] : [];
+        have = rest.byteLength;
+      }
+    });
+    socket.on("error", () => {});
+  });
+  return new Promise((resolve) =>
+    server.listen(0, "127.0.0.1", () => resolve((server.address() as { port: number }).port)),
+  );
+}
+
+async function wsServer(onConnection: (ws: WebSocket, path: string) => void): Promise<number> {
+  const wss = new WebSocketServer({ host: "127.0.0.1", port: 0, perMessageDeflate: false, maxPayload: MAX });
+  await new Promise<void>((resolve) => wss.once("listening", () => resolve()));
+  wss.on("connection", (ws, req) => {
+    ws.on("error", () => {});
+    onConnection(ws, req.url ?? "/");
+  });
+  return (wss.address() as { port: number }).port;
+}
+
+async function main(): Promise<void> {
+  let port: number;
+  if (args.mode === "blind-worker") {
+    // the far end of the blind relay: echoes each message back through it
+    const ws = new WebSocket(args.url!, { perMessageDeflate: false, maxPayload: MAX });
+    await new Promise<void>((resolve, reject) => {
+      ws.once("open", () => resolve());
+      ws.once("error", reject);
+    });
+    ws.on("message", (data: Buffer) => ws.send(data));
+    process.send?.({ ready: "1" });
+    process.on("message", () => process.exit(0));
+    return;
+  }
+  if (args.mode === "node-echo") port = await nodeEcho();
+  else if (args.mode === "ws-echo") {
+    port = await wsServer((ws) => ws.on("message", (data: Buffer) => ws.send(data)));
+  } else {
+    // one worker (path /worker), backbones on any other path: bytes forwarded, never parsed
+    let worker: WebSocket | undefined;
+    let backbone: WebSocket | undefined;
+    port = await wsServer((ws, path) => {
+      if (path === "/worker") {
+        worker = ws;
+        ws.on("message", (data: Buffer) => backbone?.send(data));
+      } else {
+        backbone = ws;
+        ws.on("message", (data: Buffer) => worker?.send(data));
+      }
+    });
+  }
+  process.send?.({ port: String(port) });
+  process.on("message", () => process.exit(0));
+}
+
+main().catch((error: unknown) => {
+  process.stderr.write(`roundtrip-peer ${args.mode}: ${String(error)}\n`);
+  process.exit(1);
+});

@@ -1,0 +1,270 @@
+// `roundtrip`: one remote layer's round trip through each path the product has, next to the
+// floors of such paths measured in the same run. Product paths (@moeswarm/relay-client in this
+// process as the backbone, an echo worker in its own process that computes nothing, so the whole
+// round trip is overhead): "relay" (through the hub's relay in a third process) and "direct" (a
+// WebSocket to the worker). Floors: a C echo over a Unix socket and loopback TCP (compiled with cc
+// into .cache when cc exists), a Node TCP echo, a Node WebSocket echo (the direct floor) and a
+// blind Node WebSocket relay that forwards bytes unread (the relay floor). The frames are the
+// product's own dispatch frames (f32, n_embd 3072, k 8, mode "sum") at 1, 8 and 64 tokens.
+import { type ChildProcess, fork, spawnSync } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { existsSync, mkdirSync, statSync } from "node:fs";
+import { connect, type Socket } from "node:net";
+import { fileURLToPath } from "node:url";
+import { dispatchFrame, encodeFrame, isMoeswarmError, sleep } from "@moeswarm/core";
+import { mintToken } from "@moeswarm/hub";
+import { connectRelay, type DispatchRequest, type RelayConnection } from "@moeswarm/relay-client";
+import { WebSocket } from "ws";
+import type { Benchmark, Row } from "../harness.js";
+
+const EMBD = 3072;
+const K = 8;
+const MODEL = "bench-moe";
+const MAX = 64 * 1024 * 1024;
+const TOKENS = [1, 8, 64];
+const SAMPLE_MS = Number(process.env.MOESWARM_BENCH_ROUNDTRIP_MS ?? 1500);
+const MAX_SAMPLES = 2000;
+
+const here = (name: string) => fileURLToPath(new URL(name, import.meta.url));
+const CACHE = fileURLToPath(new URL("../../../.cache/bench/", import.meta.url));
+
+interface Spread {
+  p10: number;
+  p50: number;
+  p90: number;
+}
+
+/** Microsecond p10/p50/p90 of one-at-a-time round trips of `fn`, for SAMPLE_MS after a warm-up. */
+async function spread(fn: () => Promise<unknown>): Promise<Spread> {
+  for (let i = 0; i < 30; i++) await fn();
+  const us: number[] = [];
+  const end = performance.now() + SAMPLE_MS;
+  while ((us.length < 50 || performance.now() < end) && us.length < MAX_SAMPLES) {
+    const t0 = process.hrtime.bigint();
+    await fn();
+    us.push(Number(process.hrtime.bigint() - t0) / 1000);
+  }
+  us.sort((a, b) => a - b);
+  const at = (p: number) => us[Math.min(us.length - 1, Math.floor((p / 100) * us.length))]!;
+  return { p10: at(10), p50: at(50), p90: at(90) };
+}
+
+function spawnPeer(
+  file: string,
+  args: object,
+): Promise<{ child: ChildProcess; info: Record<string, string> }> {
+  const child = fork(here(file), [JSON.stringify(args)], { execArgv: process.execArgv, stdio: "inherit" });
+  return new Promise((resolve, reject) => {
+    child.once("message", (info) => resolve({ child, info: info as Record<string, string> }));
+    child.once("exit", (code) => reject(new Error(`${file} exited with ${code}`)));
+  });
+}
+
+function request(n: number): DispatchRequest {
+  const x = new Float32Array(n * EMBD).map((_, i) => Math.sin(i));
+  const ids = new Int32Array(n * K).map((_, i) => i % 8);
+  const w = new Float32Array(n * K).fill(1 / K);
+  return { model: MODEL, layer: 0, n, embd: EMBD, x, k: K, ids, w, mode: "sum" };
+}
+
+/** The dispatch frame's bytes as the backbone sends them (what the floors carry). */
+function frameBytes(req: DispatchRequest): Uint8Array {
+  return encodeFrame(dispatchFrame({ id: 1, to: "echo", dtype: "f32", ...req } as never));
+}
+
+/** The C echo, compiled into .cache/bench when cc exists; undefined otherwise. */
+function cEcho(): string | undefined {
+  const src = here("roundtrip-echo.c");
+  const bin = `${CACHE}roundtrip-echo`;
+  if (existsSync(bin) && statSync(bin).mtimeMs >= statSync(src).mtimeMs) return bin;
+  if (spawnSync("cc", ["--version"]).status !== 0) return undefined;
+  mkdirSync(CACHE, { recursive: true });
+  const built = spawnSync("cc", ["-O2", "-o", bin, src], { stdio: "inherit" });
+  return built.status === 0 ? bin : undefined;
+}
+
+function cFloor(bin: string, kind: "unix" | "tcp", bytes: number): Spread {
+  const out = spawnSync(bin, [kind, String(bytes), String(bytes), "2000"], { encoding: "utf8" });
+  const [p10, p50, p90] = out.stdout.trim().split(/\s+/).map(Number);
+  if (out.status !== 0 || p50 === undefined || !Number.isFinite(p50))
+    throw new Error(`C echo failed: ${out.stderr}`);
+  return { p10: p10!, p50, p90: p90! };
+}
+
+/** One length-prefixed round trip at a time over a Node TCP socket. */
+async function tcpClient(port: number): Promise<{ trip(bytes: Uint8Array): Promise<void>; close(): void }> {
+  const socket: Socket = connect(port, "127.0.0.1");
+  await new Promise<void>((resolve, reject) => {
+    socket.once("connect", () => resolve());
+    socket.once("error", reject);
+  });
+  socket.setNoDelay(true);
+  let want = 0;
+  let got = 0;
+  let done: (() => void) | undefined;
+  socket.on("data", (chunk: Buffer) => {
+    got += chunk.byteLength;
+    if (got >= want && done) done();
+  });
+  return {
+    trip(bytes) {
+      const head = Buffer.alloc(4);
+      head.writeUInt32LE(bytes.byteLength, 0);
+      want = 4 + bytes.byteLength;
+      got = 0;
+      return new Promise<void>((resolve) => {
+        done = resolve;
+        socket.write(head);
+        socket.write(bytes);
+      });
+    },
+    close: () => socket.destroy(),
+  };
+}
+
+async function wsClient(url: string): Promise<{ trip(bytes: Uint8Array): Promise<void>; close(): void }> {
+  const ws = new WebSocket(url, { perMessageDeflate: false, maxPayload: MAX });
+  await new Promise<void>((resolve, reject) => {
+    ws.once("open", () => resolve());
+    ws.once("error", reject);
+  });
+  let done: (() => void) | undefined;
+  ws.on("message", () => done?.());
+  return {
+    trip: (bytes) =>
+      new Promise<void>((resolve) => {
+        done = resolve;
+        ws.send(bytes);
+      }),
+    close: () => ws.close(),
+  };
+}
+
+function stop(children: ChildProcess[]): Promise<void> {
+  return Promise.all(
+    children.map(
+      (child) =>
+        new Promise<void>((resolve) => {
+          if (child.exitCode !== null) return resolve();
+          const kill = setTimeout(() => child.kill("SIGKILL"), 3000);
+          child.once("exit", () => {
+            clearTimeout(kill);
+            resolve();
+          });
+          child.send("stop");
+        }),
+    ),
+  ).then(() => undefined);
+}
+
+const fmt = (s: Spread) => `${s.p10.toFixed(0)}-${s.p90.toFixed(0)}`;
+
+export const roundtrip: Benchmark = {
+  name: "roundtrip",
+  description: `one remote layer's round trip (n_embd ${EMBD}, k ${K}, mode sum) through the relay and direct, next to C/Node/blind-relay floors`,
+  async run() {
+    const secret = randomBytes(32).toString("hex");
+    const children: ChildProcess[] = [];
+    const closers: Array<() => unknown> = [];
+    try {
+      const token = (role: "worker" | "backbone", id: string) => mintToken({ role, id, ttlS: 3600 }, secret);
+      const relayPeer = await spawnPeer("relay-peer.ts", { mode: "relay", secret });
+      children.push(relayPeer.child);
+      const worker = await spawnPeer("relay-peer.ts", {
+        mode: "worker",
+        relayUrl: relayPeer.info.url,
+        token: token("worker", "echo"),
+        model: MODEL,
+      });
+      children.push(worker.child);
+      const options = {
+        role: "backbone" as const,
+        id: "bench",
+        maxFrameBytes: MAX,
+        token: token("backbone", "bench"),
+      };
+      const viaRelay: RelayConnection = await connectRelay(relayPeer.info.url!, options);
+      const direct: RelayConnection = await connectRelay(worker.info.directUrl!, options);
+      closers.push(
+        () => viaRelay.close(),
+        () => direct.close(),
+      );
+      for (let i = 0; ; i++) {
+        try {
+          await viaRelay.request("echo", request(1));
+          break;
+        } catch (error) {
+          if (i > 200 || !isMoeswarmError(error, "MOESWARM_TRANSPORT_UNKNOWN_PEER")) throw error;
+          await sleep(10);
+        }
+      }
+      const nodeEcho = await spawnPeer("roundtrip-peer.ts", { mode: "node-echo" });
+      const wsEcho = await spawnPeer("roundtrip-peer.ts", { mode: "ws-echo" });
+      const blind = await spawnPeer("roundtrip-peer.ts", { mode: "blind-relay" });
+      children.push(nodeEcho.child, wsEcho.child, blind.child);
+      const blindWorker = await spawnPeer("roundtrip-peer.ts", {
+        mode: "blind-worker",
+        url: `ws://127.0.0.1:${blind.info.port}/worker`,
+      });
+      children.push(blindWorker.child);
+      const tcp = await tcpClient(Number(nodeEcho.info.port));
+      const wsDirect = await wsClient(`ws://127.0.0.1:${wsEcho.info.port}/`);
+      const wsBlind = await wsClient(`ws://127.0.0.1:${blind.info.port}/backbone`);
+      closers.push(tcp.close, wsDirect.close, wsBlind.close);
+      const c = cEcho();
+
+      const rows: Row[] = [];
+      const ratios: Record<string, number> = {};
+      for (const n of TOKENS) {
+        const req = request(n);
+        const bytes = frameBytes(req);
+        const paths: Array<[string, Spread]> = [];
+        if (c) {
+          paths.push(["floor: C echo, Unix socket", cFloor(c, "unix", bytes.byteLength)]);
+          paths.push(["floor: C echo, TCP", cFloor(c, "tcp", bytes.byteLength)]);
+        }
+        paths.push(["floor: Node echo, TCP", await spread(() => tcp.trip(bytes))]);
+        const wsFloor = await spread(() => wsDirect.trip(bytes));
+        paths.push(["floor: Node WebSocket echo (direct floor)", wsFloor]);
+        const blindFloor = await spread(() => wsBlind.trip(bytes));
+        paths.push(["floor: blind Node relay (relay floor)", blindFloor]);
+        const directPath = await spread(() => direct.request("echo", req));
+        paths.push(["product: direct (relay-client -> worker)", directPath]);
+        const relayPath = await spread(() => viaRelay.request("echo", req));
+        paths.push(["product: relay (relay-client -> hub relay -> worker)", relayPath]);
+        for (const [path, s] of paths) {
+          const floor = path.startsWith("product: relay")
+            ? blindFloor
+            : path.startsWith("product: direct")
+              ? wsFloor
+              : undefined;
+          rows.push({
+            path,
+            tokens: n,
+            "frame KB": Math.round(bytes.byteLength / 1024),
+            "p50 us": s.p50,
+            "p10-p90 us": fmt(s),
+            // the echo worker computes nothing: the whole round trip is overhead
+            "overhead us": s.p50,
+            "overhead/floor": floor ? s.p50 / floor.p50 : "",
+          });
+        }
+        ratios[`relay/blind-relay floor, ${n} tok`] = relayPath.p50 / blindFloor.p50;
+        ratios[`direct/Node ws floor, ${n} tok`] = directPath.p50 / wsFloor.p50;
+        if (c) ratios[`relay/C unix floor, ${n} tok`] = relayPath.p50 / paths[0]![1].p50;
+      }
+      return {
+        rows,
+        ratios,
+        notes: [
+          "worker compute is 0 (an echo worker), so overhead = round trip; p50 and p10-p90 of one-at-a-time round trips",
+          `goals (issue 15): relay <= 1.2x the blind-relay floor, direct <= 1.2x the Node direct floor${c ? "" : "; no cc: the C floors were not measured"}`,
+          "no native data plane is built into the product yet: no native path row",
+        ],
+      };
+    } finally {
+      for (const close of closers) await close();
+      await stop(children);
+    }
+  },
+};
