@@ -1,17 +1,11 @@
-import { existsSync } from "node:fs";
-import { createRequire } from "node:module";
-import { dirname, join } from "node:path";
 import { NativeError } from "@moeswarm/core";
+import { prebuiltPath } from "@moeswarm/worker-native";
 
 /**
- * The directory of @moeswarm/worker-native, which builds and ships every native binary of moeswarm
- * (one CMake project): the plugin and the harness are in its prebuilds, beside the addon.
+ * The plugin and the harness ship in @moeswarm/worker-native-linux-x64, beside the addon: one CMake
+ * project builds every native binary of moeswarm, and both link against node-llama-cpp's linux-x64
+ * libggml-base, so they exist for that platform only (~250 kB, not worth a package of their own).
  */
-function workerNativeRoot(): string {
-  const require = createRequire(import.meta.url);
-  return dirname(require.resolve("@moeswarm/worker-native/package.json"));
-}
-
 function prebuilt(name: string): string {
   if (process.platform !== "linux" || process.arch !== "x64") {
     throw new NativeError(
@@ -19,19 +13,13 @@ function prebuilt(name: string): string {
       `${name} is built for linux-x64 (node-llama-cpp's CPU binaries), this is ${process.platform}-${process.arch}`,
     );
   }
-  const path = join(workerNativeRoot(), "prebuilds", "linux-x64", name);
-  if (!existsSync(path)) {
-    throw new NativeError(
-      "MOESWARM_NATIVE_LOAD",
-      `${path} does not exist\n  possible solution: pnpm --filter @moeswarm/worker-native build (needs cmake, g++ and node-llama-cpp@3.21.1)`,
-    );
-  }
-  return path;
+  return prebuiltPath("linux-x64", name);
 }
 
 /**
  * Path of `libggml-moeswarm.so`, the ggml backend plugin: give it to llama.cpp (llama-server,
- * node-llama-cpp) as `GGML_BACKEND_PATH`.
+ * node-llama-cpp) as `GGML_BACKEND_PATH`. NativeError MOESWARM_NATIVE_PACKAGE_MISSING names the
+ * package to install when it is missing.
  */
 export function pluginPath(): string {
   return prebuilt("libggml-moeswarm.so");

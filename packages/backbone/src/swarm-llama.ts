@@ -10,7 +10,7 @@ import {
   throwIfAborted,
 } from "@moeswarm/core";
 import type { Placement } from "@moeswarm/dispatch";
-import { llamaCppBinsDir } from "@moeswarm/worker-native";
+import { llamaCppBinsDir, NODE_LLAMA_CPP_VERSION } from "@moeswarm/worker-native";
 import type { Llama, LlamaLogLevel, LlamaModel, LlamaModelOptions } from "node-llama-cpp";
 import {
   type BackboneBridge,
@@ -218,6 +218,19 @@ const LOG_RANK: Record<string, number> = {
   debug: 4,
 };
 
+/** node-llama-cpp, an optional peer dependency: only createSwarmLlama and the harness need it. */
+async function importNodeLlamaCpp(): Promise<typeof import("node-llama-cpp")> {
+  try {
+    return await import("node-llama-cpp");
+  } catch (cause) {
+    throw new NativeError(
+      "MOESWARM_NATIVE_PEER_MISSING",
+      `createSwarmLlama needs node-llama-cpp, an optional peer dependency of @moeswarm/backbone: ${(cause as Error).message.split("\n")[0]}\n  possible solution: npm install node-llama-cpp@${NODE_LLAMA_CPP_VERSION}`,
+      { cause },
+    );
+  }
+}
+
 /** node-llama-cpp's Llama on the CPU, from its prebuilt binaries; the model loaded into it. */
 async function loadLlama(
   { getLlama, LlamaLogLevel: Levels }: typeof import("node-llama-cpp"),
@@ -274,7 +287,7 @@ export async function createSwarmLlama(options: SwarmLlamaOptions): Promise<Swar
   throwIfAborted(options.signal);
   const plugin = pluginPath();
   const binsDir = llamaCppBinsDir();
-  const nodeLlamaCpp = await import("node-llama-cpp");
+  const nodeLlamaCpp = await importNodeLlamaCpp();
 
   // the bridge sees the caller's signal only while this call runs: later, close() ends it
   const creating = options.signal ? linkedSignal([options.signal]) : undefined;

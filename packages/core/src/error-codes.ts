@@ -210,6 +210,14 @@ export const ERROR_CODES = {
     text: "The native compute rejected its input or failed while computing.",
   },
   MOESWARM_NATIVE_CLOSED: { area: "NativeError", text: "The compute was used after close()." },
+  MOESWARM_NATIVE_PACKAGE_MISSING: {
+    area: "NativeError",
+    text: "The platform package with this platform's prebuilt binaries (@moeswarm/worker-native-<platform>) is not installed, or lacks the file.",
+  },
+  MOESWARM_NATIVE_PEER_MISSING: {
+    area: "NativeError",
+    text: "node-llama-cpp, an optional peer dependency needed by this feature, is not installed.",
+  },
 
   // --- hub ---------------------------------------------------------------------------------------
   MOESWARM_HUB_NOT_FOUND: { area: "HubError", text: "The model, worker or resource does not exist." },

@@ -34,6 +34,7 @@ import { availableParallelism } from "node:os";
 import { basename, dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { LLAMA_CPP_COMMIT, llamaSourceDir } from "../../../tools/llama-source.mjs";
+import { platformPackages, stage } from "./platform-packages.mjs";
 
 const pkgDir = resolve(dirname(fileURLToPath(import.meta.url)), "..");
 const strict = Boolean(process.env.CI);
@@ -57,7 +58,7 @@ function skipOrFail(reason, fix) {
 }
 
 // x86-64-v3: GGML_NATIVE=OFF still turns these on; saying so keeps the baseline explicit
-const X86_V3 = {
+export const X86_V3 = {
   GGML_NATIVE: "OFF",
   GGML_SSE42: "ON",
   GGML_AVX: "ON",
@@ -198,7 +199,7 @@ function defaultTargets() {
   return targets;
 }
 
-function napiIncludeString() {
+export function napiIncludeString() {
   // cmake-js knows where node-api-headers and node-addon-api are (offline, `binary.napi_versions`)
   const out = execFileSync(join(pkgDir, "node_modules", ".bin", "cmake-js"), ["print-cmakejs-include"], {
     cwd: pkgDir,
@@ -275,9 +276,19 @@ function installBinary(src, dst) {
   }
 }
 
+/** Copies prebuilds/<target>/ into the platform packages (packages/worker-native-<target>/). */
+function stageAll() {
+  for (const p of platformPackages()) {
+    const missing = stage(p);
+    if (missing.length > 0 && missing.length < p.files.length)
+      log(`${p.name}: not built: ${missing.join(", ")}`);
+  }
+}
+
 function main() {
   if (process.env.MOESWARM_NATIVE_SKIP === "1") {
     log("MOESWARM_NATIVE_SKIP=1: no native build");
+    stageAll();
     return;
   }
   for (const tool of ["cmake", "g++"]) {
@@ -300,9 +311,11 @@ function main() {
   for (const target of targets) {
     for (const v of variants(target, napiInclude)) buildVariant(v, llamaSrc);
   }
+  stageAll();
   log(
     `native build done in ${((performance.now() - t0) / 1000).toFixed(1)} s (${targets.join(", ") || "nothing"})`,
   );
 }
 
-main();
+// imported by prebuildify-addon.mjs for its definitions: build only when run
+if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) main();

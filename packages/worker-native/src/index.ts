@@ -21,6 +21,7 @@ export {
   llamaCpuAddonPath,
   llamaExpertWorkerPath,
   loadLlamaCpuCompute,
+  NODE_LLAMA_CPP_VERSION,
   type SpawnLlamaExpertWorkerOptions,
   spawnLlamaExpertWorker,
 } from "./llama-cpu.js";
@@ -34,6 +35,12 @@ export {
   probeNative,
 } from "./native-binding.js";
 export { NativeExpertCompute, type NativeLoadOptions } from "./native-compute.js";
+export {
+  NATIVE_TARGETS,
+  type NativeTarget,
+  platformPackageName,
+  prebuiltPath,
+} from "./prebuilt.js";
 export { type SliceLayer, type SliceLayout, type SliceTensor, sliceLayout } from "./slice-layout.js";
 export { TsExpertCompute, type TsLoadOptions } from "./ts-compute.js";
 export {

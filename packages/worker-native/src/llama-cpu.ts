@@ -4,6 +4,7 @@ import { dirname, join, resolve } from "node:path";
 import { NativeError, throwIfAborted } from "@moeswarm/core";
 import { type NativeAddon, nativeError, packageRoot } from "./native-binding.js";
 import { NativeExpertCompute, type NativeLoadOptions } from "./native-compute.js";
+import { prebuiltCandidates, prebuiltPath } from "./prebuilt.js";
 import {
   type SpawnExpertWorkerOptions,
   spawnExpertWorker,
@@ -23,6 +24,12 @@ export interface LlamaCppBinsOptions {
 }
 
 const ENV_DIR = "MOESWARM_GGML_BACKEND_DIR";
+
+/**
+ * The node-llama-cpp release whose libggml-base ABI the llama-cpu binaries and the backbone plugin
+ * are linked against: the optional peer dependency of this package and of @moeswarm/backbone.
+ */
+export const NODE_LLAMA_CPP_VERSION = "3.21.1";
 
 /** The directory of the package `name` that `entry` (a resolved file of it) belongs to. */
 function packageDirOf(entry: string, name: string): string | undefined {
@@ -50,6 +57,8 @@ function packageDirOf(entry: string, name: string): string | undefined {
  */
 export function llamaCppBinsDir(options: LlamaCppBinsOptions = {}): string {
   const tried: string[] = [];
+  // what is missing, when it is node-llama-cpp or its platform package (the peer to install)
+  let missing: string | undefined;
   const ok = (dir: string) => existsSync(join(dir, "libggml-base.so"));
   const explicit = options.dir ?? process.env[ENV_DIR];
   if (explicit) {
@@ -59,8 +68,15 @@ export function llamaCppBinsDir(options: LlamaCppBinsOptions = {}): string {
   } else if (process.platform === "linux" && (process.arch === "x64" || process.arch === "arm64")) {
     const plat = `linux-${process.arch}`;
     for (const from of [join(packageRoot(), "package.json"), join(process.cwd(), "package.json")]) {
+      let nlc: string | undefined;
       try {
-        const nlc = packageDirOf(createRequire(from).resolve("node-llama-cpp"), "node-llama-cpp");
+        nlc = packageDirOf(createRequire(from).resolve("node-llama-cpp"), "node-llama-cpp");
+      } catch {
+        missing ??= `node-llama-cpp@${NODE_LLAMA_CPP_VERSION}`;
+        tried.push(`node-llama-cpp from ${dirname(from)}: not installed`);
+        continue;
+      }
+      try {
         if (!nlc) continue;
         const binPkg = packageDirOf(
           createRequire(join(realpathSync(nlc), "package.json")).resolve(`@node-llama-cpp/${plat}`),
@@ -71,6 +87,7 @@ export function llamaCppBinsDir(options: LlamaCppBinsOptions = {}): string {
         if (ok(dir)) return dir;
         tried.push(`${dir} (no libggml-base.so)`);
       } catch (cause) {
+        missing = `@node-llama-cpp/${plat}@${NODE_LLAMA_CPP_VERSION}`;
         tried.push(`node-llama-cpp from ${dirname(from)}: ${(cause as Error).message.split("\n")[0]}`);
       }
     }
@@ -79,10 +96,19 @@ export function llamaCppBinsDir(options: LlamaCppBinsOptions = {}): string {
       `node-llama-cpp's CPU binaries are looked up on linux-x64 and linux-arm64, not ${process.platform}-${process.arch}`,
     );
   }
+  if (missing) {
+    // node-llama-cpp is an optional peer: only the llama-cpu backend and the backbone need it
+    throw new NativeError(
+      "MOESWARM_NATIVE_PEER_MISSING",
+      `node-llama-cpp's prebuilt ggml libraries were not found:\n  ${tried.join("\n  ")}\n` +
+        `possible solution: npm install ${missing} (an optional peer dependency of @moeswarm/worker-native and @moeswarm/backbone), or set ${ENV_DIR} to its bins/<platform> directory`,
+      { details: { tried, install: missing } },
+    );
+  }
   throw new NativeError(
     "MOESWARM_NATIVE_LOAD",
     `node-llama-cpp's prebuilt ggml libraries were not found:\n  ${tried.join("\n  ")}\n` +
-      `possible solutions: install node-llama-cpp@3.21.1, or set ${ENV_DIR} to its bins/<platform> directory`,
+      `possible solutions: npm install node-llama-cpp@${NODE_LLAMA_CPP_VERSION}, or set ${ENV_DIR} to its bins/<platform> directory`,
     { details: { tried } },
   );
 }
@@ -95,14 +121,7 @@ export function llamaExpertWorkerPath(): string {
       `moeswarm-expert-worker-llama is built for linux-x64, this is ${process.platform}-${process.arch}`,
     );
   }
-  const path = join(packageRoot(), "prebuilds", "linux-x64", "moeswarm-expert-worker-llama");
-  if (!existsSync(path)) {
-    throw new NativeError(
-      "MOESWARM_NATIVE_LOAD",
-      `${path} does not exist: build it (pnpm --filter @moeswarm/worker-native build, with node-llama-cpp installed)`,
-    );
-  }
-  return path;
+  return prebuiltPath("linux-x64", "moeswarm-expert-worker-llama");
 }
 
 export interface SpawnLlamaExpertWorkerOptions extends SpawnExpertWorkerOptions {
@@ -138,11 +157,12 @@ export async function spawnLlamaExpertWorker(
   });
 }
 
+const LLAMA_ADDON = "llama-cpu/moeswarm_expert_llama.node";
+
 /** Path of the in-process llama-cpu addon (linux-x64; built by this package's build script), or undefined. */
 export function llamaCpuAddonPath(): string | undefined {
   if (process.platform !== "linux" || process.arch !== "x64") return undefined;
-  const path = join(packageRoot(), "prebuilds", "linux-x64", "llama-cpu", "moeswarm_expert_llama.node");
-  return existsSync(path) ? path : undefined;
+  return prebuiltCandidates("linux-x64", LLAMA_ADDON).find((p) => existsSync(p));
 }
 
 // dlopen flags (glibc's values; Node's os.constants.dlopen lacks RTLD_NODELETE)
@@ -163,10 +183,8 @@ const loadedAddons = new Map<string, NativeAddon>();
 function requireLlamaCpuAddon(binsDir: string): NativeAddon {
   const path = llamaCpuAddonPath();
   if (!path) {
-    throw new NativeError(
-      "MOESWARM_NATIVE_LOAD",
-      "the llama-cpu addon is not built: pnpm --filter @moeswarm/worker-native build, with node-llama-cpp installed",
-    );
+    prebuiltPath("linux-x64", LLAMA_ADDON); // throws, naming the platform package to install
+    throw new NativeError("MOESWARM_NATIVE_LOAD", `${LLAMA_ADDON} was not found`);
   }
   const cached = loadedAddons.get(path);
   if (cached) return cached;

@@ -1,10 +1,12 @@
 import { execFile } from "node:child_process";
 import { existsSync } from "node:fs";
 import { createRequire } from "node:module";
-import { dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { join, resolve } from "node:path";
 import { abortable, NativeError, throwIfAborted } from "@moeswarm/core";
 import { errorFromCode } from "./error-from-code.js";
+import { hostTarget, installHint, packageRoot, platformPackageDir } from "./prebuilt.js";
+
+export { packageRoot };
 
 // One loader for the N-API addon, as sharp and node-llama-cpp do it: candidates in order (a local
 // build, then the prebuild that node-gyp-build finds), each probed in a child process before it is
@@ -66,7 +68,7 @@ export interface NativeSliceHandle {
 }
 
 export interface NativeCandidate {
-  kind: "MOESWARM_NATIVE_ADDON" | "local build" | "prebuild";
+  kind: "MOESWARM_NATIVE_ADDON" | "local build" | "platform package" | "prebuild";
   path: string;
   ok: boolean;
   /** Why the candidate was not used. */
@@ -91,11 +93,6 @@ const ADDON_NAME = "moeswarm_expert.node";
 
 const require = createRequire(import.meta.url);
 
-/** The package directory, from dist/ (built) or src/ (tests). */
-export function packageRoot(): string {
-  return resolve(dirname(fileURLToPath(import.meta.url)), "..");
-}
-
 const PROBE_SCRIPT = `
 const b = require(process.argv[1]);
 if (typeof b.loadSlice !== "function" || b.abiVersion !== ${ABI_VERSION}) throw new Error("unexpected exports (abi " + b.abiVersion + ")");
@@ -114,6 +111,11 @@ function candidatePaths(root: string): Array<Pick<NativeCandidate, "kind" | "pat
     kind: "local build",
     path: join(root, "build", `${process.platform}-${process.arch}`, ADDON_NAME),
   });
+  // the platform package installed beside this one (android-arm64 has none: Termux's Node is
+  // bionic and cannot load a glibc addon; the static executable serves it)
+  const target = hostTarget();
+  const platformDir = target && target !== "android-arm64" ? platformPackageDir(target) : undefined;
+  if (platformDir) out.push({ kind: "platform package", path: join(platformDir, "node.napi.glibc.node") });
   try {
     const ngb = require("node-gyp-build") as { path(dir: string): string };
     out.push({ kind: "prebuild", path: ngb.path(root) });
@@ -168,10 +170,14 @@ export function failureMessage(candidates: NativeCandidate[]): string {
     "  candidates tried:",
     ...candidates.map((c) => `    - ${c.kind} ${c.path}: ${c.reason ?? "ok"}`),
     "  possible solutions:",
-    "    - build it from source: pnpm --filter @moeswarm/worker-native build (needs cmake and g++)",
   ];
-  if (process.platform !== "linux" || (process.arch !== "x64" && process.arch !== "arm64")) {
-    lines.push(`    - there are no prebuilds for ${process.platform}-${process.arch}: build from source`);
+  const target = hostTarget();
+  if (target === "linux-x64" || target === "linux-arm64") {
+    lines.push(`    - install this platform's prebuilt binaries: ${installHint(target)}`);
+  } else {
+    lines.push(
+      `    - there is no prebuilt addon for ${process.platform}-${process.arch}: build it from a clone of the moeswarm repository (needs cmake and g++)`,
+    );
   }
   lines.push(
     '    - use the TypeScript path: loadExpertCompute(slicePath, { backend: "ts" }) (or "auto")',

@@ -1,10 +1,12 @@
 import { existsSync, readFileSync } from "node:fs";
-import { join } from "node:path";
 import { NativeError } from "@moeswarm/core";
-import { packageRoot } from "./native-binding.js";
+import { hostTarget, NATIVE_TARGETS, type NativeTarget, prebuiltPath } from "./prebuilt.js";
 
-/** Prebuilt executables: linux-x64, and static aarch64 builds for android-arm64 and linux-arm64. */
-export type WorkerTarget = "linux-x64" | "linux-arm64" | "android-arm64";
+/**
+ * Prebuilt executables: linux-x64, and static aarch64 builds for android-arm64 and linux-arm64
+ * (the same static ELF files: they need no libc, so they run under Termux's bionic too).
+ */
+export type WorkerTarget = NativeTarget;
 
 /** aarch64 builds: armv8-a runs everywhere; armv82 (armv8.2-a+dotprod) on cores with dotprod. */
 export type ArmVariant = "armv8a" | "armv82";
@@ -35,20 +37,17 @@ export function armVariantFor(cpuinfo: string): ArmVariant {
   return features.has("asimddp") ? "armv82" : "armv8a";
 }
 
-function hostTarget(): WorkerTarget | undefined {
-  if (process.platform === "linux" && process.arch === "x64") return "linux-x64";
-  if (process.platform === "linux" && process.arch === "arm64") return "linux-arm64";
-  if (process.platform === "android" && process.arch === "arm64") return "android-arm64";
-  return undefined;
-}
-
-/** Path of the prebuilt moeswarm-expert-worker for a target (default: this host). */
+/**
+ * Path of the prebuilt moeswarm-expert-worker for a target (default: this host), from the target's
+ * platform package (`@moeswarm/worker-native-<target>`); NativeError MOESWARM_NATIVE_PACKAGE_MISSING
+ * with the `npm install` line when that package is not installed.
+ */
 export function expertWorkerPath(options: ExpertWorkerPathOptions = {}): string {
   const target = options.target ?? hostTarget();
   if (!target) {
     throw new NativeError(
       "MOESWARM_NATIVE_LOAD",
-      `no prebuilt moeswarm-expert-worker for ${process.platform}-${process.arch}: build it from source (pnpm --filter @moeswarm/worker-native build)`,
+      `there is no prebuilt moeswarm-expert-worker for ${process.platform}-${process.arch} (prebuilt: ${NATIVE_TARGETS.join(", ")}); the TypeScript compute path works everywhere: loadExpertCompute(slicePath, { backend: "ts" })`,
     );
   }
   let variant = options.variant ?? "auto";
@@ -62,12 +61,5 @@ export function expertWorkerPath(options: ExpertWorkerPathOptions = {}): string 
     target !== "linux-x64" && variant === "armv82"
       ? "moeswarm-expert-worker-armv82"
       : "moeswarm-expert-worker";
-  const path = join(packageRoot(), "prebuilds", target, name);
-  if (!existsSync(path)) {
-    throw new NativeError(
-      "MOESWARM_NATIVE_LOAD",
-      `${path} does not exist: build it (pnpm --filter @moeswarm/worker-native build; aarch64 needs g++-aarch64-linux-gnu)`,
-    );
-  }
-  return path;
+  return prebuiltPath(target, name);
 }

@@ -11,7 +11,7 @@ describe("loading the native code", () => {
     const status = await probeNative();
     expect(nativeStatus()).toBe(status);
     for (const c of status.candidates)
-      expect(["MOESWARM_NATIVE_ADDON", "local build", "prebuild"]).toContain(c.kind);
+      expect(["MOESWARM_NATIVE_ADDON", "local build", "platform package", "prebuild"]).toContain(c.kind);
     // every candidate before the one in use failed, and says why
     for (const c of status.candidates.slice(0, -1)) expect(c.reason).toBeTypeOf("string");
     if (status.available) {
@@ -46,7 +46,7 @@ describe("loading the native code", () => {
         /candidates tried:\n {4}- local build .*: not found\n {4}- prebuild .*probe failed/,
       );
       expect(msg).toMatch(
-        /possible solutions:[\s\S]*pnpm --filter @moeswarm\/worker-native build[\s\S]*backend: "ts"/,
+        /possible solutions:[\s\S]*(npm install @moeswarm\/worker-native-|no prebuilt addon)[\s\S]*backend: "ts"/,
       );
     } finally {
       tmp.remove();
@@ -67,15 +67,19 @@ describe("loading the native code", () => {
     try {
       path = expertWorkerPath({ target: "linux-x64" });
     } catch (error) {
-      expect((error as Error).message).toMatch(/does not exist: build it/);
+      expect(error).toMatchObject({ code: "MOESWARM_NATIVE_PACKAGE_MISSING" });
+      expect((error as Error).message).toContain("npm install @moeswarm/worker-native-linux-x64");
     }
-    if (path) expect(path).toMatch(/prebuilds\/linux-x64\/moeswarm-expert-worker$/);
+    // the platform package when it is staged, else the monorepo's prebuilds/
+    if (path) expect(path).toMatch(/(worker-native-linux-x64|prebuilds\/linux-x64)\/moeswarm-expert-worker$/);
     try {
       expect(expertWorkerPath({ target: "android-arm64", variant: "armv82" })).toMatch(
         /android-arm64\/moeswarm-expert-worker-armv82$/,
       );
     } catch (error) {
-      expect(error).toMatchObject({ code: "MOESWARM_NATIVE_LOAD" });
+      // not built here: the platform package to install is named (with npm's --os/--cpu)
+      expect(error).toMatchObject({ code: "MOESWARM_NATIVE_PACKAGE_MISSING" });
+      expect((error as Error).message).toContain("@moeswarm/worker-native-android-arm64");
     }
   });
 
