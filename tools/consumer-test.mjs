@@ -43,12 +43,31 @@ const t0 = performance.now();
 const PNPM = ["-y", "pnpm@12.4.2"];
 
 /**
- * The examples, copied out of the repository and run against the installed packages: each is
- * `{ name, run(ctx) }` where ctx is `{ registry, version, env, dir }` (dir: a fresh folder whose
- * .npmrc points @moeswarm at the registry; env: the PATH without compilers). Wired by the examples'
- * owner; empty here.
+ * One example, copied out of the repository and run against the published packages: `run(ctx)`
+ * gets `{ registry, version, env, dir }` (dir: a fresh folder whose .npmrc points @moeswarm at the
+ * registry; env: the PATH without compilers). tools/run-example-copy.mjs installs it with npm at
+ * the published prerelease, type-checks it and runs it; a failure fails the consumer test.
  */
-export const exampleRuns = [];
+function exampleRun(name) {
+  return {
+    name,
+    run: (ctx) =>
+      sh(
+        process.execPath,
+        [
+          join(root, "tools", "run-example-copy.mjs"),
+          ...[name, join(ctx.dir, "app"), "--registry", ctx.registry, "--version", ctx.version],
+        ],
+        { env: ctx.env, cwd: ctx.dir },
+      ),
+  };
+}
+
+// local-swarm too with MOESWARM_CONSUMER_DEMO=1: it installs node-llama-cpp and decodes (minutes),
+// so not on every CI run
+export const exampleRuns = ["embed-dispatch", "offload-plan"]
+  .concat(process.env.MOESWARM_CONSUMER_DEMO === "1" ? ["local-swarm"] : [])
+  .map(exampleRun);
 
 function log(line) {
   process.stdout.write(`[consumer] ${((performance.now() - t0) / 1000).toFixed(0).padStart(4)} s  ${line}\n`);

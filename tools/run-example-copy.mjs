@@ -28,6 +28,8 @@ const USAGE = `usage: node tools/run-example-copy.mjs <example> <dir> [--registr
   <dir>            where to copy it (must not exist, or be empty)
   --registry URL   install @moeswarm/* from this registry (e.g. http://127.0.0.1:4873)
   --tarballs DIR   install @moeswarm/* from the tarballs of \`pnpm pack\` in DIR
+  --version V      with --registry: install @moeswarm/* at exactly V (e.g. a prerelease just
+                   published), not the repository's version
   --no-run         copy, install and type-check only
   --timeout S      seconds the run may take (default 600)
   -h, --help       this text
@@ -50,6 +52,7 @@ function parse() {
       options: {
         registry: { type: "string" },
         tarballs: { type: "string" },
+        version: { type: "string" },
         "no-run": { type: "boolean" },
         timeout: { type: "string" },
         help: { type: "boolean", short: "h" },
@@ -110,7 +113,7 @@ function rewritePackage(dir, options) {
         if (!tgz) fail(`no tarball of ${name} in ${options.tarballs} (pnpm pack it there)`);
         pkg[field][name] = `file:${tgz}`;
       } else {
-        const v = repoVersion(name);
+        const v = options.version ?? repoVersion(name);
         pkg[field][name] = v.includes("-") ? v : `^${v}`;
       }
     }
