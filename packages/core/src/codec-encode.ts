@@ -304,7 +304,8 @@ class ReusedMemory implements Memory {
 
   room(bytes: number): Buffer {
     if (this.#buffer.byteLength < bytes) {
-      this.#buffer = Buffer.alloc(Math.max(bytes, 2 * this.#buffer.byteLength, 4096));
+      // a little slack for frames that grow by a token or two, without doubling a 64 MiB frame
+      this.#buffer = Buffer.alloc(Math.max(4096, bytes + (bytes >> 3)));
     }
     return this.#buffer;
   }
@@ -324,7 +325,8 @@ class ReusedMemory implements Memory {
  *
  * The bytes are lent, never given: `encode(frame, use)` calls `use` with them and takes them back
  * when `use` returns (or throws). Keep nothing that refers to them (not the view, not its
- * `.buffer`); to keep a frame, copy it or use `encodeFrame`. An `encode` called from inside `use`
+ * `.buffer`, not a frame `decodeFrame` made of them: its tensors are views); to keep a frame,
+ * copy it or use `encodeFrame`. The encoder keeps the memory of its largest frame so far. An `encode` called from inside `use`
  * (a nested send) gets memory of its own, so the bytes `use` holds are never overwritten while it
  * runs. The bytes are exactly `encodeFrame`'s; the view's `.buffer` may hold older frames beyond
  * it: write the view itself, never its `.buffer`.

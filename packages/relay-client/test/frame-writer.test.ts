@@ -1,6 +1,8 @@
+import type { AddressInfo } from "node:net";
 import { type DispatchFrame, decodeFrame } from "@moeswarm/core";
-import { expectNoUnhandledRejections } from "@moeswarm/testkit";
+import { expectNoUnhandledRejections, waitFor } from "@moeswarm/testkit";
 import { afterEach, describe, expect, it } from "vitest";
+import { WebSocketServer } from "ws";
 import { connectRelay, dialWebSocket, type FrameDialer, type RelayConnection } from "../src/index.js";
 import { FakeRelay } from "./fake-relay.js";
 
@@ -96,5 +98,38 @@ describe("sending frames through reused memory", () => {
     const kept = sent.map((b) => decodeFrame(b)).filter((f): f is DispatchFrame => f.t === "dispatch");
     expect(kept).toHaveLength(requests.length);
     expect(kept.map((f, i) => same(f.x as Float32Array, requests[i]!.x))).toEqual(requests.map(() => true));
+  });
+
+  it("the WebSocket link is done with the bytes when send returns, as copiesOnSend says", async () => {
+    // bytes scribbled over right after each send, as the next encode would: the peer must still
+    // get every frame as it was (this breaks if a ws upgrade stops copying as it masks)
+    const wss = new WebSocketServer({ port: 0, host: "127.0.0.1" });
+    await new Promise<void>((r) => wss.once("listening", () => r()));
+    const got: Buffer[] = [];
+    wss.on("connection", (ws) => ws.on("message", (data: Buffer) => got.push(data)));
+    try {
+      const url = `ws://127.0.0.1:${(wss.address() as AddressInfo).port}`;
+      const link = await dialWebSocket(url, {
+        handlers: { frame: () => {}, activity: () => {}, close: () => {} },
+        maxFrameBytes: 1 << 20,
+        connectTimeoutMs: 5000,
+      });
+      expect(link.copiesOnSend).toBe(true);
+      const frames = [200_000, 5000, 100, 1].map((size, i) => {
+        const bytes = new Uint8Array(size);
+        for (let j = 0; j < size; j++) bytes[j] = (i * 31 + j) & 0xff;
+        return bytes;
+      });
+      for (const frame of frames) {
+        const lent = frame.slice();
+        link.send(lent);
+        lent.fill(0xee);
+      }
+      await waitFor(() => got.length === frames.length, "every frame");
+      expect(got.map((g, i) => g.equals(frames[i]!))).toEqual(frames.map(() => true));
+      link.destroy();
+    } finally {
+      await new Promise<void>((r) => wss.close(() => r()));
+    }
   });
 });
