@@ -19,6 +19,7 @@ export {
   type EncodeOptions,
   encodeFrame,
   encodeFrameWithPrefixSpace,
+  FrameEncoder,
 } from "./codec-encode.js";
 export { type RoutePatch, rerouteFrame } from "./codec-route.js";
 export { validateFrame } from "./codec-validate.js";

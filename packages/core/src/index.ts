@@ -14,6 +14,7 @@ export {
   decodeFrame,
   type EncodeOptions,
   encodeFrame,
+  FrameEncoder,
   validateFrame,
 } from "./codec.js";
 export { type RoutePatch, rerouteFrame } from "./codec-route.js";

@@ -24,6 +24,7 @@ import type {
   RelayState,
   RequestOptions,
 } from "./connection-types.js";
+import { FrameWriter } from "./frame-writer.js";
 import { dialAndHello, type PendingHello } from "./handshake.js";
 import { Heartbeat } from "./heartbeat.js";
 import type { FrameLink, LinkCloseInfo } from "./link.js";
@@ -38,7 +39,7 @@ import {
 } from "./options.js";
 import { RequestTable } from "./requests.js";
 import { WorkerServing } from "./serving.js";
-import { decodeFrame, encodeFrame, type Frame, PROTOCOL_VERSION, type Role } from "./wire.js";
+import { decodeFrame, type Frame, PROTOCOL_VERSION, type Role } from "./wire.js";
 
 // One relay connection: its state and events, (re)connecting, the frames in and out, and the API.
 // The parts live beside it: options.ts (checks), handshake.ts (dial and hello), heartbeat.ts,
@@ -52,7 +53,8 @@ class Connection implements RelayConnection {
   #link: FrameLink | undefined;
   #hello: PendingHello | undefined;
   readonly #life = new AbortController();
-  readonly #requests = new RequestTable();
+  readonly #writer: FrameWriter;
+  readonly #requests: RequestTable;
   readonly #serving: WorkerServing;
   readonly #heartbeat: Heartbeat;
   readonly #registrations = new Map<string, RegisterFrame>();
@@ -68,6 +70,8 @@ class Connection implements RelayConnection {
     this.url = url;
     this.#s = s;
     this.#userSignal = signal;
+    this.#writer = new FrameWriter(s.maxFrameBytes);
+    this.#requests = new RequestTable(this.#writer);
     this.#serving = new WorkerServing({
       id: s.id,
       maxIncoming: s.maxIncoming,
@@ -317,7 +321,7 @@ class Connection implements RelayConnection {
   /** Encodes and queues a frame; throws when the frame is invalid or over maxFrameBytes. */
   #send(link: FrameLink | undefined, frame: Frame): boolean {
     if (!link) return false;
-    link.send(encodeFrame(frame, { maxFrameBytes: this.#s.maxFrameBytes }));
+    this.#writer.send(link, frame);
     return true;
   }
 
@@ -434,14 +438,12 @@ class Connection implements RelayConnection {
           details: { to },
         });
       }
-      const { maxFrameBytes, maxQueueBytes } = this.#s;
       return this.#requests.send({
         link,
         to,
         request: req,
         deadlineMs,
-        maxFrameBytes,
-        maxQueueBytes,
+        maxQueueBytes: this.#s.maxQueueBytes,
         signal,
       });
     } catch (error) {

@@ -1,3 +1,4 @@
+import { randomFillSync } from "node:crypto";
 import type { Socket } from "node:net";
 import { abortReason, onAbort, ProtocolError, TransportError } from "@moeswarm/core";
 import WebSocket from "ws";
@@ -41,6 +42,12 @@ export interface FrameLink {
   readonly bufferedBytes: number;
   /** Queues one frame; failures show up as a close. */
   send(frame: Uint8Array): void;
+  /**
+   * True when `send` is done with the frame's bytes when it returns (it has copied or written
+   * them): the connection then encodes frames into memory it reuses for the next frame. Leave it
+   * unset for a link that keeps the bytes it is given (it then gets bytes of its own).
+   */
+  readonly copiesOnSend?: boolean;
   /** Graceful close (the peer sees code and reason). */
   close(code?: number, reason?: string): void;
   /** Abrupt close: the socket is destroyed at once. */
@@ -61,6 +68,26 @@ export type FrameDialer = (url: string, options: DialOptions) => Promise<FrameLi
 
 function toBuffer(value: string | Uint8Array): string | Buffer {
   return typeof value === "string" ? value : Buffer.from(value.buffer, value.byteOffset, value.byteLength);
+}
+
+// ws's own masks come from a random pool; a mask of four zero bytes (1 in 2^32) makes it send
+// the caller's bytes unmasked and uncopied, to be written later: the next frame could overwrite
+// them first. The same pooled randomness as ws's, but a zero mask becomes 1,0,0,0 (still
+// unpredictable to a proxy, which is what masking is for).
+const MASK_POOL_BYTES = 8 * 1024;
+const maskPool = Buffer.alloc(MASK_POOL_BYTES);
+let maskAt = MASK_POOL_BYTES;
+
+export function nonZeroMask(mask: Buffer): void {
+  if (maskAt === MASK_POOL_BYTES) {
+    randomFillSync(maskPool);
+    maskAt = 0;
+  }
+  mask[0] = maskPool[maskAt++]!;
+  mask[1] = maskPool[maskAt++]!;
+  mask[2] = maskPool[maskAt++]!;
+  mask[3] = maskPool[maskAt++]!;
+  if ((mask[0] | mask[1] | mask[2] | mask[3]) === 0) mask[0] = 1;
 }
 
 function closeError(code: number, error: Error | undefined): Error | undefined {
@@ -85,6 +112,7 @@ export const dialWebSocket: FrameDialer = (url, options) => {
         ca: options.ca === undefined ? undefined : [options.ca].flat().map(toBuffer),
         maxPayload: options.maxFrameBytes,
         perMessageDeflate: false,
+        generateMask: nonZeroMask,
         handshakeTimeout: options.connectTimeoutMs,
       });
     } catch (cause) {
@@ -145,6 +173,10 @@ export const dialWebSocket: FrameDialer = (url, options) => {
     });
 
     const link: FrameLink = {
+      // ws masks a client frame into a buffer of its own before send returns (for a Buffer it was
+      // given, with compression off and a mask that is not all zero: nonZeroMask), never queueing
+      // the caller's bytes
+      copiesOnSend: true,
       get bufferedBytes() {
         return ws.bufferedAmount;
       },

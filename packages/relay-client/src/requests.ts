@@ -1,11 +1,12 @@
 import { errorFromCode, onAbort, ProtocolError, TransportError, traceHop } from "@moeswarm/core";
 import type { DispatchReply, DispatchRequest } from "./connection-types.js";
+import type { FrameWriter } from "./frame-writer.js";
 import type { FrameLink } from "./link.js";
 import { activationsToWire } from "./tensors.js";
 import {
+  type DispatchFrame,
   type DispatchMode,
   type ErrorFrame,
-  encodeFrame,
   PROTOCOL_VERSION,
   type ResultFrame,
 } from "./wire.js";
@@ -29,7 +30,6 @@ export interface Outgoing {
   readonly to: string;
   readonly request: DispatchRequest;
   readonly deadlineMs: number;
-  readonly maxFrameBytes: number;
   /** Bytes that may wait in the link's send buffer (back-pressure). */
   readonly maxQueueBytes: number;
   readonly signal: AbortSignal | undefined;
@@ -38,15 +38,28 @@ export interface Outgoing {
 export class RequestTable {
   readonly #pending = new Map<number, Pending>();
   #nextId = 0;
+  readonly #writer: FrameWriter;
+
+  /** `writer` encodes the dispatches (and enforces maxFrameBytes). */
+  constructor(writer: FrameWriter) {
+    this.#writer = writer;
+  }
 
   /**
    * Encodes and sends the dispatch and waits for its answer. Throws at once (before anything is
    * sent) for a frame over maxFrameBytes or a send buffer over maxQueueBytes.
    */
   send(out: Outgoing): Promise<DispatchReply> {
-    const { link, to, request: req, deadlineMs, signal } = out;
     const id = this.#allocateId();
-    const bytes = encodeDispatch(id, out);
+    // the bytes may be lent (memory reused by the next frame): sent before `send` returns
+    return this.#writer.encode(out.link, dispatchFrameOf(id, out), (bytes) =>
+      this.#sendBytes(id, bytes, out),
+    );
+  }
+
+  #sendBytes(id: number, bytes: Uint8Array, out: Outgoing): Promise<DispatchReply> {
+    const { link, to, request: req, deadlineMs, signal } = out;
+    // (the Promise executor runs at once: the bytes reach link.send while still lent)
     if (link.bufferedBytes + bytes.byteLength > out.maxQueueBytes) {
       throw new TransportError(
         "MOESWARM_TRANSPORT_BACKPRESSURE",
@@ -142,28 +155,25 @@ export class RequestTable {
   }
 }
 
-function encodeDispatch(id: number, out: Outgoing): Uint8Array {
+function dispatchFrameOf(id: number, out: Outgoing): DispatchFrame {
   const { to, request: req, deadlineMs } = out;
   const dtype = req.dtype ?? "f32";
   const x = activationsToWire(req.x, dtype);
-  return encodeFrame(
-    {
-      t: "dispatch",
-      v: PROTOCOL_VERSION,
-      id,
-      to,
-      model: req.model,
-      layer: req.layer,
-      n: req.n,
-      embd: req.embd,
-      ...(dtype === "f32" ? { dtype, x: x as Float32Array } : { dtype, x: x as Uint16Array }),
-      k: req.k,
-      ids: req.ids,
-      w: req.w,
-      mode: req.mode,
-      deadline: Math.min(0xffff_ffff, Math.ceil(deadlineMs)),
-      ...(req.compact === true && req.mode === "each" ? { compact: true } : {}),
-    },
-    { maxFrameBytes: out.maxFrameBytes },
-  );
+  return {
+    t: "dispatch",
+    v: PROTOCOL_VERSION,
+    id,
+    to,
+    model: req.model,
+    layer: req.layer,
+    n: req.n,
+    embd: req.embd,
+    ...(dtype === "f32" ? { dtype, x: x as Float32Array } : { dtype, x: x as Uint16Array }),
+    k: req.k,
+    ids: req.ids,
+    w: req.w,
+    mode: req.mode,
+    deadline: Math.min(0xffff_ffff, Math.ceil(deadlineMs)),
+    ...(req.compact === true && req.mode === "each" ? { compact: true } : {}),
+  };
 }

@@ -9,6 +9,7 @@ export {
   type ErrorFrame,
   encodeFrame,
   type Frame,
+  FrameEncoder,
   type HelloCaps as Caps,
   type PeerRole as Role,
   PROTOCOL_VERSION,
