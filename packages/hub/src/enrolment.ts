@@ -5,7 +5,7 @@
 // identity comes back under a new id only with a new code the operator chose to issue.
 import { createHash, randomBytes } from "node:crypto";
 import { HubError, InvalidArgumentError } from "@moeswarm/core";
-import Database from "better-sqlite3";
+import { loadSqliteDriver, type SqliteDatabase, sqliteDriverNamed } from "./sqlite-driver.js";
 import type { HubStore } from "./store.js";
 import { mintToken, type TokenSecret } from "./token.js";
 
@@ -86,10 +86,13 @@ interface CodeRow {
   revoked: number;
 }
 
-function sqliteEnrol(path: string): EnrolStore {
-  let db: Database.Database;
+function sqliteEnrol(path: string, driver: string | undefined): EnrolStore {
+  let db: SqliteDatabase;
   try {
-    db = new Database(path);
+    // the store's driver choice (better-sqlite3 is optional: a static import would break the
+    // bundled hub, and a hub without it)
+    const same = driver === undefined ? undefined : sqliteDriverNamed(driver);
+    db = loadSqliteDriver(same ? [same] : undefined).open(path);
     db.pragma("busy_timeout = 5000");
     db.exec(
       `CREATE TABLE IF NOT EXISTS enrol_codes (
@@ -161,7 +164,7 @@ function sqliteEnrol(path: string): EnrolStore {
 /** The enrolment tables for the hub's `store` option (a SQLite path, or the store object in memory). */
 export function openEnrolStore(option: HubStore | string | undefined, store: HubStore): EnrolStore {
   if (typeof option === "string" && option !== ":memory:" && store.kind === "sqlite")
-    return sqliteEnrol(option);
+    return sqliteEnrol(option, store.driver);
   return memoryEnrol(store);
 }
 
