@@ -1,7 +1,8 @@
 // One owner's second copy is no replica (issue 14): the coverage market counts replicas by
 // distinct principals, so it must not lease a cell to a worker whose owner already holds it
 // through another worker (that worker would download a copy that adds nothing). A real hub on
-// loopback, workers speaking HTTP and the relay with tokens that name their owner.
+// loopback, workers speaking HTTP and the relay with tokens that name their owner. Also the
+// per-address limit on enrolment tries (codes are guessed only by trying).
 import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { createHub, type Hub, mintToken } from "../src/index.js";
@@ -110,5 +111,39 @@ describe("a second copy held by the same owner is not a replica", () => {
     // another owner takes both layers' second copy
     const bob = await auto("bob");
     expect(bob.body).toMatchObject({ layers: "0:2", experts: "0:8" });
+  });
+});
+
+describe("POST /api/enrol: tries are rate-limited per address", () => {
+  it("answers 429 MOESWARM_HUB_ENROL_RATE past the burst, per client address, and refills with time", async () => {
+    let now = T0;
+    const hub = createHub({
+      secret: SECRET,
+      models: [{ id: ID, path: tinyPath }],
+      clock: () => now,
+      // loopback is a trusted proxy here, so X-Forwarded-For names the client
+      trustProxy: ["127.0.0.1"],
+    });
+    hubs.push(hub);
+    const { url: base } = await hub.listen(0);
+    const tryCode = async (from: string) => {
+      const a = await call(`${base}/api/enrol`, {
+        method: "POST",
+        headers: { "content-type": "application/json", "x-forwarded-for": from },
+        body: JSON.stringify({ code: "not-a-code" }),
+      });
+      return { status: a.status, code: (json(a) as Body).error?.code as string };
+    };
+    const statuses: number[] = [];
+    for (let i = 0; i < 11; i++) statuses.push((await tryCode("203.0.113.7")).status);
+    // ten guesses answered (wrong code), the eleventh refused before the code is looked at
+    expect(statuses).toEqual([...new Array(10).fill(403), 429]);
+    expect(await tryCode("203.0.113.7")).toEqual({ status: 429, code: "MOESWARM_HUB_ENROL_RATE" });
+    // another address has its own budget
+    expect(await tryCode("198.51.100.9")).toEqual({ status: 403, code: "MOESWARM_HUB_ENROL_INVALID" });
+    // 10 a minute: after 6 s the first address may try once more, then not
+    now += 6_000;
+    expect((await tryCode("203.0.113.7")).status).toBe(403);
+    expect((await tryCode("203.0.113.7")).status).toBe(429);
   });
 });
