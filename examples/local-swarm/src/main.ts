@@ -283,6 +283,7 @@ async function decodeAndCompare(demo: Demo, model: DemoModel, bridge: Bridge, wo
     tokPerSecond: { plain: tokPerSecond(plain), swarm: tokPerSecond(swarm) },
     bridge: bridge.metrics(),
     workers,
+    trust: options.trust,
   });
   if (options.backend !== "llama-cpu") {
     // other kernels (the static executable, another ISA) sum in another order: every token, and

@@ -12,6 +12,8 @@ export interface DemoReport {
   tokPerSecond: { plain: number; swarm: number };
   bridge: BridgeMetrics;
   workers: readonly WorkerView[];
+  /** The bridge's trust (default "verify"): under "own" nothing is verified or audited. */
+  trust?: "verify" | "own";
 }
 
 const fmt = (v: number, digits = 1) => (Number.isFinite(v) ? v.toFixed(digits) : "-");
@@ -98,7 +100,7 @@ export function printReport(out: (line?: string) => void, r: DemoReport): void {
     `  backbone  ${r.bridge.requests} bridge requests, ${formatBytes(d.bytesOut)} out / ${formatBytes(d.bytesIn)} in over the relay, ` +
       `${r.bridge.failovers} failovers, ${r.bridge.fallbacks} local fallbacks`,
   );
-  printVerification(out, r.bridge);
+  printVerification(out, r.bridge, r.trust ?? "verify");
   if (r.swarm.plugin) {
     out(
       `  plugin    ${r.swarm.plugin.splits} splits, ${formatBytes(r.swarm.plugin.weightsDroppedBytes)} of expert weights never kept ` +
@@ -108,10 +110,18 @@ export function printReport(out: (line?: string) => void, r: DemoReport): void {
 }
 
 /** What the backbone's verification did: every answer of a stranger is checked before it is used. */
-function printVerification(out: (line?: string) => void, bridge: BridgeMetrics): void {
+function printVerification(
+  out: (line?: string) => void,
+  bridge: BridgeMetrics,
+  trust: "verify" | "own",
+): void {
   const v = bridge.verification;
-  if (!v) {
-    out("  verify    off (trust: own)");
+  if (!v || trust === "own") {
+    // the bridge keeps its (zero) counters under trust "own": lines of zeros would read as checks that found nothing
+    out("  verify    off (--trust own: answers used as they come; no second opinion, no audit)");
+    if (v && v.quarantines > 0) {
+      out(`  caught    ${v.quarantined.join(", ")} quarantined (reported to the hub with the evidence)`);
+    }
     return;
   }
   out(

@@ -26,10 +26,13 @@ export type HubLinkEvent =
    */
   | {
       type: "error";
-      source: "poll" | "stats" | "quarantine";
+      /** "bans": a ban-list refresh failed; the last list read stays in force. */
+      source: "poll" | "stats" | "quarantine" | "bans";
       error: MoeswarmError;
       retryInMs?: number;
       dropped?: boolean;
+      /** What it means and what to do (the CLI prints it). */
+      hint?: string;
     };
 
 export interface HubLinkError {

@@ -9,7 +9,7 @@ import {
 } from "@moeswarm/core";
 import type { Placement, VerificationEvent } from "@moeswarm/dispatch";
 import { connectRelay, type RelayConnection, type RelayState, RelayTransport } from "@moeswarm/relay-client";
-import { asError, emitter, type HubLinkError, type StatsOutcome } from "./hub-events.js";
+import { asError, type Emit, emitter, type HubLinkError, type StatsOutcome, stamp } from "./hub-events.js";
 import { HubHttp } from "./hub-http.js";
 import { checkHubOptions, type HubLinkOptions, type HubSettings, hubSettings } from "./hub-options.js";
 import { type HubPlacement, missingCount, PlacementFollower, REQUEST_TIMEOUT_MS } from "./hub-placement.js";
@@ -42,6 +42,10 @@ export interface HubLinkMetrics extends QuarantineReportCounters {
   /** The last report the hub answered (epoch ms). */
   lastStatsAt?: number;
   lastStatsError?: HubLinkError;
+  /** Ban-list reads (`GET /api/quarantines`) answered, and failed (the last list read is kept). */
+  banRefreshes: number;
+  banRefreshErrors: number;
+  lastBanRefreshError?: HubLinkError;
 }
 
 export interface HubLink extends AsyncDisposable {
@@ -77,7 +81,10 @@ export interface HubLink extends AsyncDisposable {
   /**
    * The workers quarantined on the hub (`GET /api/quarantines`), to seed this backbone's own
    * quarantine: a liar another backbone caught is never trusted here, even by a fresh process.
-   * An older hub without the list answers none.
+   * An older hub without the list answers none. A read that fails after one succeeded resolves
+   * with the last list read (a ban is not lifted because the hub could not be asked), emits an
+   * `error` event with source "bans" and a hint, and counts it in `metrics()`; with no list read
+   * yet it rejects (the bridge's start fails rather than trust workers it cannot check).
    */
   quarantined(options?: { signal?: AbortSignal }): Promise<string[]>;
   metrics(): HubLinkMetrics;
@@ -113,6 +120,7 @@ export async function connectHub(options: HubLinkOptions): Promise<HubLink> {
     stop: stop.signal,
   });
   const quarantines = new QuarantineReporter({ http, settings, emit, stop: stop.signal });
+  const bans = new BanList(http, emit);
   let relay: RelayConnection | undefined;
   const loops: Promise<void>[] = [];
   let closing: Promise<void> | undefined;
@@ -153,7 +161,18 @@ export async function connectHub(options: HubLinkOptions): Promise<HubLink> {
   });
   loops.push(follower.run());
   if (settings.statsIntervalMs > 0) loops.push(reporter.run());
-  return linkHandle({ http, model, settings, relay, transport, follower, reporter, quarantines, close });
+  return linkHandle({
+    http,
+    model,
+    settings,
+    relay,
+    transport,
+    follower,
+    reporter,
+    quarantines,
+    bans,
+    close,
+  });
 }
 
 interface LinkParts {
@@ -165,6 +184,7 @@ interface LinkParts {
   follower: PlacementFollower;
   reporter: StatsReporter;
   quarantines: QuarantineReporter;
+  bans: BanList;
   close(): Promise<void>;
 }
 
@@ -191,7 +211,7 @@ function linkHandle(parts: LinkParts): HubLink {
       return reporter.report(opts.signal);
     },
     reportQuarantine: (event) => quarantines.report(event),
-    quarantined: (opts = {}) => fetchQuarantined(parts.http, opts.signal),
+    quarantined: (opts = {}) => parts.bans.read(opts.signal),
     metrics(): HubLinkMetrics {
       const current = follower.current;
       const p = follower.counters;
@@ -211,6 +231,9 @@ function linkHandle(parts: LinkParts): HubLink {
         statsErrors: s.statsErrors,
         statsDropped: s.statsDropped,
         ...quarantines.counters,
+        banRefreshes: parts.bans.refreshes,
+        banRefreshErrors: parts.bans.errors,
+        ...(parts.bans.lastError ? { lastBanRefreshError: { ...parts.bans.lastError } } : {}),
         ...(p.lastPollError ? { lastPollError: { ...p.lastPollError } } : {}),
         ...(s.lastStatsAt !== undefined ? { lastStatsAt: s.lastStatsAt } : {}),
         ...(s.lastStatsError ? { lastStatsError: { ...s.lastStatsError } } : {}),
@@ -219,6 +242,46 @@ function linkHandle(parts: LinkParts): HubLink {
     close,
     [Symbol.asyncDispose]: close,
   };
+}
+
+/**
+ * The hub's ban list as last read: a failed refresh keeps it (the bans stay in force), says so
+ * (event, counter) and says what to do; it is read again at the next placement version.
+ */
+class BanList {
+  refreshes = 0;
+  errors = 0;
+  lastError: HubLinkError | undefined;
+  #last: string[] | undefined;
+
+  constructor(
+    private readonly http: HubHttp,
+    private readonly emit: Emit,
+  ) {}
+
+  async read(signal: AbortSignal | undefined): Promise<string[]> {
+    try {
+      const list = await fetchQuarantined(this.http, signal);
+      this.refreshes++;
+      this.#last = list;
+      return [...list];
+    } catch (failure) {
+      if (this.#last === undefined || signal?.aborted) throw failure;
+      const error = asError(failure);
+      this.errors++;
+      this.lastError = stamp(error);
+      this.emit({
+        type: "error",
+        source: "bans",
+        error,
+        hint:
+          `could not refresh the hub's ban list (GET ${QUARANTINES_PATH}); keeping the last one ` +
+          `(${this.#last.length} worker(s) banned). It is read again at the next placement change; ` +
+          "if this repeats, check that the hub is reachable and that the backbone's token is still valid",
+      });
+      return [...this.#last];
+    }
+  }
 }
 
 /** The hub's ban list (ids only); none from a hub that has no list (404). */

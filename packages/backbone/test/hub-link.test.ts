@@ -351,6 +351,73 @@ describe("connectHub", () => {
     }
   });
 
+  it("keeps the last ban list when a refresh fails, and says so (event with a hint, counters)", async () => {
+    const temp = createHub({
+      secret: SECRET,
+      models: [{ id: MODEL_ID, path: model }],
+      tls: certs,
+      ...TRUSTED,
+    });
+    const { url: tempUrl } = await temp.listen(0);
+    const events: HubLinkEvent[] = [];
+    const link = await connectHub(base({ url: tempUrl, id: "bb-bans", onEvent: (e) => events.push(e) }));
+    try {
+      // an admin bans a worker on the hub (the evidence a backbone would send)
+      const banned = await request(`${tempUrl}/api/models/${MODEL_ID}/reports/quarantine`, {
+        method: "POST",
+        dispatcher: agent,
+        headers: { "content-type": "application/json", authorization: `Bearer ${adminToken}` },
+        body: JSON.stringify({
+          worker: "liar-1",
+          layer: info.layers[0],
+          reason: "scaled outputs",
+          requestDigest: "ab".repeat(32),
+          expected: { norm: 1.5, cosine: 1 },
+          got: { norm: 1.575, cosine: 0.999 },
+          at: Date.now(),
+        }),
+      });
+      expect(banned.statusCode).toBe(201);
+      await banned.body.dump();
+      expect(await link.quarantined()).toEqual(["liar-1"]);
+      expect(link.metrics()).toMatchObject({ banRefreshes: 1, banRefreshErrors: 0 });
+      // the hub goes away: the refresh keeps the ban, counts the failure and says what to do
+      await temp.close();
+      expect(await link.quarantined()).toEqual(["liar-1"]);
+      const m = link.metrics();
+      expect(m).toMatchObject({ banRefreshes: 1, banRefreshErrors: 1 });
+      expect(m.lastBanRefreshError?.code).toMatch(/^MOESWARM_TRANSPORT_/);
+      const failed = events.find((e) => e.type === "error" && e.source === "bans");
+      expect(failed).toBeDefined();
+      expect(failed?.type === "error" ? failed.hint : "").toMatch(
+        /keeping the last one \(1 worker\(s\) banned\).*hub is reachable.*token/,
+      );
+    } finally {
+      await link.close();
+      await temp.close();
+    }
+  });
+
+  it("rejects the first ban-list read when the hub cannot answer (nothing to keep yet)", async () => {
+    const temp = createHub({
+      secret: SECRET,
+      models: [{ id: MODEL_ID, path: model }],
+      tls: certs,
+      ...TRUSTED,
+    });
+    const { url: tempUrl } = await temp.listen(0);
+    const link = await connectHub(base({ url: tempUrl, id: "bb-bans-first" }));
+    try {
+      await temp.close();
+      await expect(link.quarantined()).rejects.toMatchObject({
+        code: expect.stringMatching(/^MOESWARM_TRANSPORT_/),
+      });
+      expect(link.metrics().banRefreshErrors).toBe(0);
+    } finally {
+      await link.close();
+    }
+  });
+
   it("aborting the signal closes the link", async () => {
     const controller = new AbortController();
     const link = await connectHub({ ...base({ id: "bb-abort" }), signal: controller.signal });

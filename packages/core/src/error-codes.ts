@@ -272,6 +272,10 @@ export const ERROR_CODES = {
     area: "HubError",
     text: "The enrolment code was revoked (a worker of its owner was quarantined): only the operator can enrol this owner again.",
   },
+  MOESWARM_HUB_ENROL_RATE: {
+    area: "HubError",
+    text: "Too many enrolment attempts from this address (codes are guessed only by trying): wait a minute and try again.",
+  },
 } as const satisfies Record<string, { area: string; text: string }>;
 
 export type ErrorCode = keyof typeof ERROR_CODES;

@@ -5,9 +5,10 @@
 // identity comes back under a new id only with a new code the operator chose to issue.
 import { createHash, randomBytes } from "node:crypto";
 import { HubError, InvalidArgumentError } from "@moeswarm/core";
-import Database from "better-sqlite3";
+import { loadSqliteDriver, type SqliteDatabase, sqliteDriverNamed } from "./sqlite-driver.js";
 import type { HubStore } from "./store.js";
 import { mintToken, type TokenSecret } from "./token.js";
+import { TokenBucket } from "./token-bucket.js";
 
 /** An issued code as the store keeps it (never the code itself). */
 export interface StoredEnrolCode {
@@ -86,10 +87,13 @@ interface CodeRow {
   revoked: number;
 }
 
-function sqliteEnrol(path: string): EnrolStore {
-  let db: Database.Database;
+function sqliteEnrol(path: string, driver: string | undefined): EnrolStore {
+  let db: SqliteDatabase;
   try {
-    db = new Database(path);
+    // the store's driver choice (better-sqlite3 is optional: a static import would break the
+    // bundled hub, and a hub without it)
+    const same = driver === undefined ? undefined : sqliteDriverNamed(driver);
+    db = loadSqliteDriver(same ? [same] : undefined).open(path);
     db.pragma("busy_timeout = 5000");
     db.exec(
       `CREATE TABLE IF NOT EXISTS enrol_codes (
@@ -161,7 +165,7 @@ function sqliteEnrol(path: string): EnrolStore {
 /** The enrolment tables for the hub's `store` option (a SQLite path, or the store object in memory). */
 export function openEnrolStore(option: HubStore | string | undefined, store: HubStore): EnrolStore {
   if (typeof option === "string" && option !== ":memory:" && store.kind === "sqlite")
-    return sqliteEnrol(option);
+    return sqliteEnrol(option, store.driver);
   return memoryEnrol(store);
 }
 
@@ -206,10 +210,18 @@ export async function issueEnrolCode(store: EnrolStore, o: IssueOptions, now: nu
 }
 
 /** Trades codes for worker tokens; revokes an owner's codes when one of its workers is banned. */
+/** Redemptions an address may try: a burst of this many, refilled at this many a minute. */
+export const ENROL_BURST = 10;
+export const ENROL_PER_MINUTE = 10;
+/** Addresses remembered at most; idle ones (bucket full again) are forgotten first. */
+const MAX_ENROL_ADDRESSES = 10_000;
+
 export class Enrolment {
   readonly #o: { store: EnrolStore; secret: TokenSecret; clock: () => number };
   /** Redemptions run one at a time: two racing for a code's last use cannot both get it. */
   #queue: Promise<unknown> = Promise.resolve();
+  /** Per client address: codes are guessable only by trying, so trying is rate-limited. */
+  readonly #buckets = new Map<string, TokenBucket>();
 
   constructor(o: { store: EnrolStore; secret: TokenSecret; clock: () => number }) {
     this.#o = o;
@@ -219,10 +231,52 @@ export class Enrolment {
     return issueEnrolCode(this.#o.store, o, this.#o.clock());
   }
 
-  redeem(code: unknown): Promise<Enrolled> {
+  /**
+   * Trades a code for a token. `address` (the client's) is rate-limited: HubError
+   * MOESWARM_HUB_ENROL_RATE (429) past ENROL_BURST tries, refilled at ENROL_PER_MINUTE.
+   */
+  redeem(code: unknown, address?: string): Promise<Enrolled> {
+    if (address !== undefined && !this.#take(address)) {
+      return Promise.reject(
+        new HubError(
+          "MOESWARM_HUB_ENROL_RATE",
+          `too many enrolment attempts from ${address}: at most ${ENROL_BURST} at once, then ${ENROL_PER_MINUTE} a minute; wait a minute and try again`,
+          {
+            details: {
+              burst: ENROL_BURST,
+              perMinute: ENROL_PER_MINUTE,
+              retryAfterMs: 60_000 / ENROL_PER_MINUTE,
+            },
+          },
+        ),
+      );
+    }
     const next = this.#queue.then(() => this.#redeem(code));
     this.#queue = next.catch(() => {});
     return next;
+  }
+
+  #take(address: string): boolean {
+    let bucket = this.#buckets.get(address);
+    if (!bucket) {
+      if (this.#buckets.size >= MAX_ENROL_ADDRESSES) this.#forgetIdle();
+      bucket = new TokenBucket(ENROL_PER_MINUTE / 60, ENROL_BURST, this.#o.clock);
+      this.#buckets.set(address, bucket);
+    }
+    return bucket.take();
+  }
+
+  /** Forgets addresses whose bucket has refilled (idle a full refill); else the oldest half. */
+  #forgetIdle(): void {
+    const now = this.#o.clock();
+    const full = (ENROL_BURST / ENROL_PER_MINUTE) * 60_000;
+    for (const [a, b] of this.#buckets) if (now - b.lastUsed >= full) this.#buckets.delete(a);
+    if (this.#buckets.size < MAX_ENROL_ADDRESSES) return;
+    let drop = this.#buckets.size / 2;
+    for (const a of this.#buckets.keys()) {
+      if (drop-- <= 0) break;
+      this.#buckets.delete(a);
+    }
   }
 
   async #redeem(code: unknown): Promise<Enrolled> {

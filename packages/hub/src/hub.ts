@@ -297,7 +297,7 @@ class HubImpl implements Hub {
         return done;
       },
       quarantines: () => this.#reputation.list(),
-      enrol: (code) => this.#enrolment.redeem(code),
+      enrol: (code, address) => this.#enrolment.redeem(code, address),
       issueEnrolCode: (o) => this.#enrolment.issue(o),
       emitLease: (action, lease) => this.#emitLease(action, lease),
     };

@@ -1,7 +1,7 @@
 // Claims in the coverage market: checking a claimed slice against the cells and the worker's
 // capacity and granting its lease, and the search for the best slice an auto-claim takes.
 import { formatRange, GgufError, InvalidArgumentError, type Range, toRanges } from "@moeswarm/core";
-import { demandRanges, type View, viewOf } from "./market-demand.js";
+import { demandRanges, ownerOf, type View, viewOf } from "./market-demand.js";
 import { dropLease, expireLeases, heldBytes, ttlOf } from "./market-leases.js";
 import { endService } from "./market-service.js";
 import {
@@ -84,7 +84,8 @@ function rowsOf(grid: Grid, layers: Range, experts: Range): number[] {
 /**
  * Grants a lease on `layers x experts` of a model, or throws HubError MOESWARM_HUB_CONFLICT
  * with `details.reason`: "capacity" (the slice, with what the worker already holds, is larger
- * than the capacity offered), "held" (the worker already serves some of these cells),
+ * than the capacity offered), "held" (the worker already serves some of these cells), "owner" (another worker of its
+   * principal holds some: one owner's second copy is no replica),
  * "covered" (an expert already has its target of live replicas), "leased" (live replicas and
  * other workers' leases reach the target; `details.retryAfterMs` says when the first of those
 
@@ -118,7 +119,16 @@ export function claim(st: MarketState, request: ClaimRequest, now: number): Leas
       replacing.add(lease.id);
     }
   }
-  const cells = classify(grid, viewOf(st, grid, now, { worker: request.worker, replacing }), rows, experts);
+  const cells = classify(
+    grid,
+    viewOf(st, grid, now, {
+      worker: request.worker,
+      replacing,
+      ...(request.owner !== undefined ? { owner: request.owner } : {}),
+    }),
+    rows,
+    experts,
+  );
   if (request.replaceLeases === true) {
     // a worker that starts afresh gives up its previous run's titles too (their registrations go)
     for (const lease of st.serving.values()) if (lease.worker === request.worker) replacing.add(lease.id);
@@ -132,6 +142,13 @@ export function claim(st: MarketState, request: ClaimRequest, now: number): Leas
       reason: "held",
       cells: describe(cells.held),
     });
+  }
+  if (cells.owned.length > 0) {
+    // a second copy held by the same principal is no replica: it would only cost a download
+    throw conflict(
+      `${slice}: another worker of owner ${JSON.stringify(ownerOf(st, request.worker, request.owner))} already holds some of these experts; a copy of the same owner is not a replica`,
+      { reason: "owner", cells: describe(cells.owned) },
+    );
   }
   const used = heldBytes(st, request.worker, replacing);
   if (bytes + used > offered) {
@@ -163,29 +180,34 @@ function classify(
   v: View,
   rows: readonly number[],
   experts: Range,
-): { held: CellList; covered: CellList; leased: CellList } {
+): { held: CellList; owned: CellList; covered: CellList; leased: CellList } {
   const mine = v.mine as Uint8Array;
+  const ownedBy = v.owned as Uint8Array;
   const held: CellList = [];
+  const owned: CellList = [];
   const covered: CellList = [];
   const leased: CellList = [];
   for (const r of rows) {
     const off = grid.offsets[r] as number;
     const layer = (grid.model.layers[r] as MarketLayer).layer;
     const h: number[] = [];
+    const o: number[] = [];
     const c: number[] = [];
     const p: number[] = [];
     for (let e = experts.start; e < experts.end; e++) {
       const i = off + e;
       const t = v.target[i] as number;
       if (mine[i]) h.push(e);
+      else if (ownedBy[i]) o.push(e);
       else if ((v.coverage[i] as number) >= t) c.push(e);
       else if ((v.coverage[i] as number) + (v.pending[i] as number) >= t) p.push(e);
     }
     if (h.length > 0) held.push({ layer, experts: h });
+    if (o.length > 0) owned.push({ layer, experts: o });
     if (c.length > 0) covered.push({ layer, experts: c });
     if (p.length > 0) leased.push({ layer, experts: p });
   }
-  return { held, covered, leased };
+  return { held, owned, covered, leased };
 }
 
 /** When the first of other workers' leases on the slice expires (infinity: none). */
@@ -227,6 +249,7 @@ function grant(
     grantedAt: now,
     expiresAt: now + terms.ttl,
     capacity: copyCapacity(request.capacity),
+    ...(request.owner !== undefined ? { owner: request.owner } : {}),
   };
   st.leases.set(id, lease);
   st.deadLeases.delete(id);
@@ -247,7 +270,11 @@ export function bestSlice(
     request.model === undefined ? modelIds(st).map((id) => gridOf(st, id)) : [gridOf(st, request.model)];
   let best: Candidate | undefined;
   for (const grid of grids) {
-    best = bestInGrid(grid, viewOf(st, grid, now, { worker: request.worker }), offered, best);
+    const claimant = {
+      worker: request.worker,
+      ...(request.owner !== undefined ? { owner: request.owner } : {}),
+    };
+    best = bestInGrid(grid, viewOf(st, grid, now, claimant), offered, best);
   }
   if (!best || !(best.value > 0)) return undefined;
   const first = (best.grid.model.layers[best.r0] as MarketLayer).layer;
@@ -272,6 +299,7 @@ function bestInGrid(
   best: Candidate | undefined,
 ): Candidate | undefined {
   const mine = v.mine as Uint8Array;
+  const owned = v.owned as Uint8Array;
   const L = grid.model.layers;
   for (let r0 = 0; r0 < L.length; r0++) {
     const colValue = new Float64Array(grid.maxExpert);
@@ -289,7 +317,11 @@ function bestInGrid(
       let any = false;
       for (let e = 0; e < width; e++) {
         const i = off + e;
-        if (mine[i] || (v.coverage[i] as number) + (v.pending[i] as number) >= (v.target[i] as number)) {
+        if (
+          mine[i] ||
+          owned[i] ||
+          (v.coverage[i] as number) + (v.pending[i] as number) >= (v.target[i] as number)
+        ) {
           open[e] = 0;
         }
         colValue[e] = (colValue[e] as number) + (v.value[i] as number);
@@ -345,6 +377,14 @@ export function autoClaim(st: MarketState, request: AutoClaimRequest, now: numbe
   const pick = bestSlice(st, request, now);
   if (!pick) {
     const wanted = demandRanges(st, now, request.model === undefined ? {} : { model: request.model });
+    // "" is nobody's principal (owners and ids have 1..128 bytes): the search as a stranger would see it
+    if (wanted.length > 0 && request.owner !== undefined && bestSlice(st, { ...request, owner: "" }, now)) {
+      // something would fit, but only cells the claimant's owner already holds: no replica to add
+      throw conflict(
+        `every expert in demand that fits is already held by another worker of owner ${JSON.stringify(request.owner)}; a copy of the same owner is not a replica`,
+        { reason: "owner" },
+      );
+    }
     if (wanted.length > 0) {
       const smallest = Math.min(...wanted.map((d) => d.bytesPerExpert));
       throw conflict("no expert in demand fits the capacity offered", {
@@ -365,6 +405,7 @@ export function autoClaim(st: MarketState, request: AutoClaimRequest, now: numbe
       experts: pick.experts,
       capacity: request.capacity,
       ttlMs: ttl,
+      ...(request.owner !== undefined ? { owner: request.owner } : {}),
     },
     now,
   );

@@ -16,12 +16,48 @@ export interface View {
   readonly value: Float64Array;
   /** 1 for the cells the claimant already holds: registered, or leased (leases it replaces aside). */
   readonly mine: Uint8Array | undefined;
+  /**
+   * 1 for the cells another worker of the claimant's owner holds (registered or leased): a second
+   * copy of one owner adds no replica, so those cells are not in demand for this claimant.
+   */
+  readonly owned: Uint8Array | undefined;
 }
 
 /** Whose view: a claimant, and its leases that its claim would replace (not counted). */
 export interface Claimant {
   readonly worker: string;
   readonly replacing?: ReadonlySet<string>;
+  /** Its principal (default: the owner it registered with, else its id). */
+  readonly owner?: string;
+}
+
+/** The principal of a worker: the claim's, else the one it registered with, else its id. */
+export function ownerOf(st: MarketState, worker: string, claimed?: string): string {
+  return claimed ?? st.workers.get(worker)?.owner ?? worker;
+}
+
+/** Marks, in `out`, the cells that other workers of `owner` hold (registered or leased). */
+function markOwned(st: MarketState, grid: Grid, worker: string, owner: string, out: Uint8Array): void {
+  const mark = (layer: number, from: number, to: number) => {
+    const r = grid.row.get(layer);
+    if (r === undefined) return;
+    const n = (grid.model.layers[r] as MarketLayer).nExpert;
+    const off = grid.offsets[r] as number;
+    for (let e = from; e < Math.min(to, n); e++) out[off + e] = 1;
+  };
+  for (const [id, w] of st.workers) {
+    if (id === worker || w.owner !== owner || w.draining) continue;
+    for (const [layer, experts] of cellsOf(w.slices.get(grid.model.id) ?? [], grid)) {
+      for (const e of experts) mark(layer, e, e + 1);
+    }
+  }
+  for (const lease of st.leases.values()) {
+    if (lease.worker === worker || lease.model !== grid.model.id) continue;
+    if (ownerOf(st, lease.worker, lease.owner) !== owner) continue;
+    for (let layer = lease.layers.start; layer < lease.layers.end; layer++) {
+      mark(layer, lease.experts.start, lease.experts.end);
+    }
+  }
 }
 
 /**
@@ -70,7 +106,10 @@ export function viewOf(st: MarketState, grid: Grid, now: number, claimant?: Clai
   const coverage = grid.coverage;
   let pending = grid.pending;
   let mine: Uint8Array | undefined;
+  let owned: Uint8Array | undefined;
   if (claimant !== undefined) {
+    owned = new Uint8Array(cells);
+    markOwned(st, grid, claimant.worker, ownerOf(st, claimant.worker, claimant.owner), owned);
     mine = new Uint8Array(cells);
     const w = st.workers.get(claimant.worker);
     const list = w?.slices.get(grid.model.id);
@@ -121,7 +160,7 @@ export function viewOf(st: MarketState, grid: Grid, now: number, claimant?: Clai
       value[i] = cellValue(h, t, (coverage[i] as number) + (pending[i] as number), st.policy);
     }
   }
-  return { target, coverage, pending, load, value, mine };
+  return { target, coverage, pending, load, value, mine, owned };
 }
 
 /**

@@ -23,7 +23,7 @@ import type { MarketBook } from "./market-book.js";
 import type { HubMetrics } from "./metrics.js";
 import { parseStatsReport } from "./stats.js";
 import { isModelId } from "./store.js";
-import type { TokenClaims, TokenRole } from "./token.js";
+import { principalOf, type TokenClaims, type TokenRole } from "./token.js";
 
 /** What the market's routes need from the hub. */
 export interface MarketHttpContext {
@@ -158,6 +158,9 @@ export async function postClaim(
     auto ? AUTO_CLAIM_BODY_SHAPE : CLAIM_BODY_SHAPE,
   );
   const worker = claimant(claims, body);
+  // the token's principal (an admin claiming for a worker: the one that worker registered with)
+  const principal = claims.role === "admin" ? undefined : principalOf(claims, worker);
+  const who = principal !== undefined ? { owner: principal } : {};
   const capacity = capacityOf(body);
   const ttlMs = ttlOf(body);
   const { book } = ctx;
@@ -168,7 +171,7 @@ export async function postClaim(
       return book.writeLease(
         () =>
           market.autoClaim(
-            { worker, capacity, ...(model ? { model } : {}), ...(ttlMs ? { ttlMs } : {}) },
+            { worker, capacity, ...(model ? { model } : {}), ...(ttlMs ? { ttlMs } : {}), ...who },
             book.now(),
           ),
         (l) => market.release(l.id, undefined, book.now()),
@@ -191,6 +194,7 @@ export async function postClaim(
             capacity,
             ...(ttlMs ? { ttlMs } : {}),
             ...(replace === true ? { replaceLeases: true } : {}),
+            ...who,
           },
           book.now(),
         ),

@@ -35,6 +35,12 @@ export interface Lease {
   readonly grantedAt: number;
   readonly expiresAt: number;
   readonly capacity: WorkerCapacity;
+  /**
+   * The claimant's principal (its token's `own`), when the claim said: a cell this owner already
+   * holds through another worker is not granted to it again (a second copy of one owner is not a
+   * replica). Not persisted: after a restart the owner is the registered worker's, else its id.
+   */
+  readonly owner?: string;
 }
 
 /** A run of under-covered experts of one layer, all with the same target, coverage and pending. */
@@ -77,6 +83,8 @@ export interface ClaimRequest {
    * run's (they are dropped only if this claim is granted).
    */
   readonly replaceLeases?: boolean;
+  /** The claimant's principal (its token's `own`; default: the owner it registered with, else its id). */
+  readonly owner?: string;
 }
 
 export interface AutoClaimRequest {
@@ -85,6 +93,8 @@ export interface AutoClaimRequest {
   readonly model?: string;
   readonly capacity: WorkerCapacity;
   readonly ttlMs?: number;
+  /** As ClaimRequest.owner. */
+  readonly owner?: string;
 }
 
 /** One slice of a worker in a placement (core's body type). */

@@ -372,7 +372,8 @@ export class CoverageMarket {
   /**
    * Grants a lease on `layers x experts` of a model, or throws HubError MOESWARM_HUB_CONFLICT
    * with `details.reason`: "capacity" (the slice, with what the worker already holds, is larger
-   * than the capacity offered), "held" (the worker already serves some of these cells),
+   * than the capacity offered), "held" (the worker already serves some of these cells), "owner" (another worker of its
+   * principal holds some: one owner's second copy is no replica),
    * "covered" (an expert already has its target of live replicas), "leased" (live replicas and
    * other workers' leases reach the target; `details.retryAfterMs` says when the first of those
    * leases expires). A worker may hold several leases; a claim that overlaps one of its leases of

@@ -126,6 +126,30 @@ describe("the hub under abuse", () => {
     }
   });
 
+  it("the fd exhauster at default limits: 256 idle connections per address, the rest refused at once", async () => {
+    // the hub's defaults (limits {}): 8192 in all, 256 per address, idle ones closed after 30 s
+    const { hub, port, base, relayUrl } = await startHub({});
+    const probes: Probe[] = [];
+    let honest: RelayConnection | undefined;
+    try {
+      probes.push(...(await openIdle(port, 300)));
+      await waitFor(() => openCount(probes) === 256, "the connections", 3000);
+      // another address is served while the attacker holds its whole cap
+      honest = await worker(relayUrl, "honest-default");
+      expect((await call(`${base}/api/models`)).status).toBe(200);
+      const metrics = (await call(`${base}/metrics`)).body.toString();
+      expect(refusedMetric(metrics, "address-cap")).toBe(44);
+      // one more from the attacker is refused too; the cap is not a queue
+      const more = await openIdle(port, 1);
+      await waitFor(() => openCount(more) === 0, "the extra connection", 3000);
+      expect(openCount(probes)).toBe(256);
+    } finally {
+      for (const p of probes) p.socket.destroy();
+      await honest?.close();
+      await hub.close();
+    }
+  });
+
   it("caps connections in all", async () => {
     const { hub, port, base } = await startHub({ maxConnections: 20, idleConnectionMs: 5000 });
     try {

@@ -201,7 +201,9 @@ const FORMATTERS: { [N in WorkerEventName]: (e: WorkerEventOf<N>) => string } = 
           ? "already covered"
           : e.reason === "capacity"
             ? "more than the capacity offered"
-            : e.reason;
+            : e.reason === "owner"
+              ? "another worker of the same owner holds it (a second copy of one owner is no replica)"
+              : e.reason;
     return `claim of ${slice(e)} refused: ${why}; reading the demand again`;
   },
   claimed: (e) =>

@@ -281,7 +281,7 @@ function hubEventPrinter(out: Out, io: CliIo, json: boolean): (e: HubLinkEvent) 
       if (json) out(JSON.stringify({ event: "quarantine-report", worker: e.worker, accepted: e.accepted }));
       else out(`reported worker ${e.worker}'s quarantine to the hub`);
     } else if (e.type === "error") {
-      const text = `hub ${e.source} failed: ${e.error.code}: ${e.error.message}${e.dropped ? " (report dropped)" : e.retryInMs !== undefined ? ` (retry in ${e.retryInMs} ms)` : ""}`;
+      const text = `hub ${e.source} failed: ${e.error.code}: ${e.error.message}${e.dropped ? " (report dropped)" : e.retryInMs !== undefined ? ` (retry in ${e.retryInMs} ms)` : ""}${e.hint ? `: ${e.hint}` : ""}`;
       if (json)
         out(
           JSON.stringify({
@@ -289,6 +289,7 @@ function hubEventPrinter(out: Out, io: CliIo, json: boolean): (e: HubLinkEvent) 
             source: e.source,
             code: e.error.code,
             message: e.error.message,
+            ...(e.hint ? { hint: e.hint } : {}),
           }),
         );
       else io.stderr.write(`${CLI_NAME}: ${text}\n`);

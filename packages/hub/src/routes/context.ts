@@ -39,7 +39,7 @@ export interface RouteContext {
   /** The quarantines in force. */
   quarantines(): QuarantineRecord[];
   /** Trades an enrolment code for a worker token (enrolment.ts). */
-  enrol(code: unknown): Promise<Enrolled>;
+  enrol(code: unknown, address?: string): Promise<Enrolled>;
   /** Issues an enrolment code (admin). */
   issueEnrolCode(options: IssueOptions): Promise<IssuedCode>;
   /** Reports a lease change to the hub's onEvent hook. */

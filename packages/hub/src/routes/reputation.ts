@@ -1,5 +1,6 @@
 // Quarantine reports (backbone token) and reinstating a worker (admin).
 import { AuthError, type QuarantinesJson } from "@moeswarm/core";
+import { clientAddress } from "../client-address.js";
 import { readJsonBody } from "../http-body.js";
 import { badRequest, notFound, sendJson } from "../http-errors.js";
 import { MAX_REPORT_BYTES, parseEvidence } from "../reputation.js";
@@ -45,7 +46,9 @@ export const listQuarantines: Handler = async (ctx, { res }) => {
 /** POST /api/enrol {code}: a worker token bound to a fresh id under the code's owner (public). */
 export const enrol: Handler = async (ctx, { req, res }) => {
   const body = (await readJsonBody(req, res, 1024)) as { code?: unknown } | null;
-  const e = await ctx.enrol(body && typeof body === "object" ? body.code : undefined);
+  // tries are rate-limited per client address (behind a trusted proxy: the forwarded one)
+  const { address } = clientAddress(req, ctx.settings.trustProxy);
+  const e = await ctx.enrol(body && typeof body === "object" ? body.code : undefined, address);
   sendJson(res, 201, e);
 };
 

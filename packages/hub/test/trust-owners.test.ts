@@ -1,0 +1,149 @@
+// One owner's second copy is no replica (issue 14): the coverage market counts replicas by
+// distinct principals, so it must not lease a cell to a worker whose owner already holds it
+// through another worker (that worker would download a copy that adds nothing). A real hub on
+// loopback, workers speaking HTTP and the relay with tokens that name their owner. Also the
+// per-address limit on enrolment tries (codes are guessed only by trying).
+import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { createHub, type Hub, mintToken } from "../src/index.js";
+import { call, copyModel, json, syntheticModel, type TempDir, tempDir, waitFor } from "./hub-helpers.js";
+
+const SECRET = "hub-trust-owners-secret-0123456789";
+const ID = "tiny";
+const T0 = 1_700_000_000_000;
+
+let tmp: TempDir;
+let tinyPath: string;
+const open: RelayConnection[] = [];
+const hubs: Hub[] = [];
+
+// biome-ignore lint/suspicious/noExplicitAny: JSON answers, probed field by field by the assertions
+type Body = Record<string, any>;
+
+const worker = (id: string, owner?: string) =>
+  mintToken({ role: "worker", id, ...(owner ? { owner } : {}), ttlS: 600 }, SECRET);
+const capacity = { ramBytes: 1 << 30 };
+
+async function start(): Promise<{ base: string; relayUrl: string }> {
+  const hub = createHub({
+    secret: SECRET,
+    models: [{ id: ID, path: tinyPath }],
+    clock: () => T0,
+    market: { leaseTtlMs: 60_000 },
+  });
+  hubs.push(hub);
+  const l = await hub.listen(0);
+  return { base: l.url, relayUrl: l.relayUrl };
+}
+
+async function post(base: string, path: string, body: unknown, auth: string) {
+  const a = await call(`${base}${path}`, {
+    method: "POST",
+    headers: { "content-type": "application/json", authorization: `Bearer ${auth}` },
+    body: JSON.stringify(body),
+  });
+  return { status: a.status, body: (a.body.byteLength > 0 ? json(a) : {}) as Body };
+}
+
+const claim = (base: string, id: string, tok: string, experts = "0:8") =>
+  post(base, "/api/claims", { worker: id, model: ID, layers: "0:1", experts, capacity }, tok);
+
+beforeAll(async () => {
+  tmp = tempDir();
+  tinyPath = copyModel(await syntheticModel("tiny"), tmp.dir, "tiny.gguf");
+});
+
+afterEach(async () => {
+  await Promise.all(open.splice(0).map((c) => c.close()));
+  await Promise.all(hubs.splice(0).map((h) => h.close()));
+});
+
+afterAll(() => tmp?.remove());
+
+describe("a second copy held by the same owner is not a replica", () => {
+  it("refuses a claim on cells another worker of the owner has leased or registered (reason owner)", async () => {
+    const { base, relayUrl } = await start();
+    const m1 = await claim(base, "m1", worker("m1", "mallory"));
+    expect(m1.status).toBe(201);
+    // leased (not yet registered) by m1: m2 of the same owner is refused, with the cells
+    const leased = await claim(base, "m2", worker("m2", "mallory"), "4:8");
+    expect(leased.status).toBe(409);
+    expect(leased.body.error).toMatchObject({
+      code: "MOESWARM_HUB_CONFLICT",
+      details: { reason: "owner", cells: [{ layer: 0, experts: "4:8" }] },
+    });
+    expect(leased.body.error.message).toMatch(/owner "mallory".*not a replica/);
+    // m1 registers what it leased: still refused (now held, no longer pending)
+    const c = await connectRelay(relayUrl, {
+      role: "worker",
+      id: "m1",
+      token: worker("m1", "mallory"),
+      reconnect: false,
+      onDispatch: () => ({ y: new Float32Array(0) }),
+    });
+    open.push(c);
+    c.register({ model: ID, layers: [0], experts: [0, 1, 2, 3, 4, 5, 6, 7] });
+    await waitFor(async () => {
+      const p = await call(`${base}/api/models/${ID}/placement`);
+      return (json(p) as Body).registrations.some((r: Body) => r.id === "m1");
+    }, "m1 registered");
+    const held = await claim(base, "m2", worker("m2", "mallory"));
+    expect(held.body.error?.details?.reason).toBe("owner");
+    // the cell is still in demand (one replica of two): another owner gets it
+    expect((await claim(base, "bob", worker("bob"))).status).toBe(201);
+    // a third owner is refused only because the target (two) is reached: m1's copy and bob's lease
+    expect((await claim(base, "carol", worker("carol", "carol"))).body.error?.details?.reason).toBe("leased");
+  });
+
+  it("leaves the owner's cells out of an auto-claim's choice", async () => {
+    const { base } = await start();
+    // tiny has two MoE layers (0, 1) of 8 experts. m1 holds layer 0: m2 of the same owner takes
+    // layer 1 only, though its capacity fits both (a stranger would take 0:2 whole)
+    const auto = (id: string, owner?: string) =>
+      post(base, "/api/claims/auto", { worker: id, capacity }, worker(id, owner));
+    expect((await claim(base, "m1", worker("m1", "mallory"))).status).toBe(201);
+    const m2 = await auto("m2", "mallory");
+    expect(m2.status, JSON.stringify(m2.body)).toBe(201);
+    expect(m2.body).toMatchObject({ layers: "1:2", experts: "0:8" });
+    // mallory now holds both layers: m3 is refused with the reason, though both are still in demand
+    const m3 = await auto("m3", "mallory");
+    expect(m3.body.error).toMatchObject({ code: "MOESWARM_HUB_CONFLICT", details: { reason: "owner" } });
+    // another owner takes both layers' second copy
+    const bob = await auto("bob");
+    expect(bob.body).toMatchObject({ layers: "0:2", experts: "0:8" });
+  });
+});
+
+describe("POST /api/enrol: tries are rate-limited per address", () => {
+  it("answers 429 MOESWARM_HUB_ENROL_RATE past the burst, per client address, and refills with time", async () => {
+    let now = T0;
+    const hub = createHub({
+      secret: SECRET,
+      models: [{ id: ID, path: tinyPath }],
+      clock: () => now,
+      // loopback is a trusted proxy here, so X-Forwarded-For names the client
+      trustProxy: ["127.0.0.1"],
+    });
+    hubs.push(hub);
+    const { url: base } = await hub.listen(0);
+    const tryCode = async (from: string) => {
+      const a = await call(`${base}/api/enrol`, {
+        method: "POST",
+        headers: { "content-type": "application/json", "x-forwarded-for": from },
+        body: JSON.stringify({ code: "not-a-code" }),
+      });
+      return { status: a.status, code: (json(a) as Body).error?.code as string };
+    };
+    const statuses: number[] = [];
+    for (let i = 0; i < 11; i++) statuses.push((await tryCode("203.0.113.7")).status);
+    // ten guesses answered (wrong code), the eleventh refused before the code is looked at
+    expect(statuses).toEqual([...new Array(10).fill(403), 429]);
+    expect(await tryCode("203.0.113.7")).toEqual({ status: 429, code: "MOESWARM_HUB_ENROL_RATE" });
+    // another address has its own budget
+    expect(await tryCode("198.51.100.9")).toEqual({ status: 403, code: "MOESWARM_HUB_ENROL_INVALID" });
+    // 10 a minute: after 6 s the first address may try once more, then not
+    now += 6_000;
+    expect((await tryCode("203.0.113.7")).status).toBe(403);
+    expect((await tryCode("203.0.113.7")).status).toBe(429);
+  });
+});
