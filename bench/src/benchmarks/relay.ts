@@ -5,6 +5,7 @@ import { isMoeswarmError, sleep } from "@moeswarm/core";
 import { mintToken } from "@moeswarm/hub";
 import { connectRelay, type DispatchRequest, type RelayConnection } from "@moeswarm/relay-client";
 import { type Benchmark, measure, type Row } from "../harness.js";
+import { stopChildren } from "./children.js";
 
 const EMBD = 3072;
 const K = 8;
@@ -131,20 +132,7 @@ export const relay: Benchmark = {
       };
     } finally {
       await Promise.all(conns.map((c) => c.close()));
-      await Promise.all(
-        children.map(
-          (child) =>
-            new Promise<void>((resolve) => {
-              if (child.exitCode !== null) return resolve();
-              const kill = setTimeout(() => child.kill("SIGKILL"), 3000);
-              child.once("exit", () => {
-                clearTimeout(kill);
-                resolve();
-              });
-              child.send("stop");
-            }),
-        ),
-      );
+      await stopChildren(children);
     }
   },
 };

@@ -16,6 +16,7 @@ import { mintToken } from "@moeswarm/hub";
 import { connectRelay, type DispatchRequest, type RelayConnection } from "@moeswarm/relay-client";
 import { WebSocket } from "ws";
 import type { Benchmark, Row } from "../harness.js";
+import { stopChildren } from "./children.js";
 
 const EMBD = 3072;
 const K = 8;
@@ -140,23 +141,6 @@ async function wsClient(url: string): Promise<{ trip(bytes: Uint8Array): Promise
   };
 }
 
-function stop(children: ChildProcess[]): Promise<void> {
-  return Promise.all(
-    children.map(
-      (child) =>
-        new Promise<void>((resolve) => {
-          if (child.exitCode !== null) return resolve();
-          const kill = setTimeout(() => child.kill("SIGKILL"), 3000);
-          child.once("exit", () => {
-            clearTimeout(kill);
-            resolve();
-          });
-          child.send("stop");
-        }),
-    ),
-  ).then(() => undefined);
-}
-
 const fmt = (s: Spread) => `${s.p10.toFixed(0)}-${s.p90.toFixed(0)}`;
 
 export const roundtrip: Benchmark = {
@@ -264,7 +248,7 @@ export const roundtrip: Benchmark = {
       };
     } finally {
       for (const close of closers) await close();
-      await stop(children);
+      await stopChildren(children);
     }
   },
 };

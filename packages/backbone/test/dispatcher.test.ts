@@ -10,11 +10,10 @@ import { runLogitsHarness, serveBackboneBridge } from "../src/index.js";
 import {
   firstByteDiff,
   type ModelInfo,
-  modelInfo,
   nativeMissing,
   split,
-  startSwarm,
-  syntheticModel,
+  startSplitSwarm,
+  syntheticModelInfo,
   tempDir,
 } from "./helpers.js";
 
@@ -71,8 +70,7 @@ describe.skipIf(Boolean(missing))("moeswarm-dispatcher beside a llama.cpp with t
   let info: ModelInfo;
 
   beforeAll(async () => {
-    model = await syntheticModel("small", "qwen3moe");
-    info = await modelInfo(model);
+    ({ path: model, info } = await syntheticModelInfo("small"));
   });
   afterAll(() => tmp.remove());
 
@@ -138,12 +136,7 @@ describe.skipIf(Boolean(missing))("moeswarm-dispatcher beside a llama.cpp with t
   });
 
   it("drops the expert weights: resident memory falls by about their size (no mmap)", async () => {
-    await using swarm = await startSwarm(
-      model,
-      split(info.nExpert, 2).map((experts, i) => ({ id: `m${i}`, experts })),
-      tmp.dir,
-      "mem",
-    );
+    await using swarm = await startSplitSwarm(model, info, 2, tmp.dir, "mem", "m");
     await using bridge = await serveBackboneBridge({
       socket: join(tmp.dir, "mem.sock"),
       placement: swarm.placement,

@@ -32,7 +32,7 @@ import {
   nativeMissing,
   type Swarm,
   split,
-  startSwarm,
+  startSplitSwarm,
   syntheticModel,
   tempDir,
 } from "./helpers.js";
@@ -102,12 +102,7 @@ describe.skipIf(Boolean(missing))("model families: plain llama.cpp vs llama.cpp 
             : await syntheticModel(c.preset, c.arch);
         console.log(`${tag}: model ready in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
         info = await modelInfo(model);
-        swarm = await startSwarm(
-          model,
-          split(info.nExpert, c.workers).map((experts, i) => ({ id: `w${i}`, experts })),
-          tmp.dir,
-          MODEL_ID,
-        );
+        swarm = await startSplitSwarm(model, info, c.workers, tmp.dir, MODEL_ID);
         const w0 = await readGguf(join(tmp.dir, "w0.gguf"));
         const w0Experts = split(info.nExpert, c.workers)[0]!.length;
         sliceBytesPerExpert = Number(w0.tensors.reduce((s, t) => s + t.nbytes, 0n)) / w0Experts;

@@ -16,12 +16,12 @@ import {
 import {
   firstByteDiff,
   type ModelInfo,
-  modelInfo,
   nativeMissing,
   type Swarm,
   split,
+  startSplitSwarm,
   startSwarm,
-  syntheticModel,
+  syntheticModelInfo,
   tempDir,
 } from "./helpers.js";
 
@@ -58,14 +58,8 @@ describe.skipIf(Boolean(missing))("plain llama.cpp vs llama.cpp + plugin + swarm
       const tag = `${c.arch}-${c.preset}-${c.workers}`;
 
       beforeAll(async () => {
-        model = await syntheticModel(c.preset, c.arch);
-        info = await modelInfo(model);
-        swarm = await startSwarm(
-          model,
-          split(info.nExpert, c.workers).map((experts, i) => ({ id: `w${i}`, experts })),
-          tmp.dir,
-          MODEL_ID,
-        );
+        ({ path: model, info } = await syntheticModelInfo(c.preset, c.arch));
+        swarm = await startSplitSwarm(model, info, c.workers, tmp.dir, MODEL_ID);
         bridge = await serveBackboneBridge({
           socket: join(tmp.dir, `${tag}.sock`),
           placement: swarm.placement,
@@ -146,8 +140,7 @@ describe.skipIf(Boolean(missing))(
     let plainLogits: Buffer;
 
     beforeAll(async () => {
-      model = await syntheticModel("small", "qwen3moe");
-      info = await modelInfo(model);
+      ({ path: model, info } = await syntheticModelInfo("small"));
       const plain = await runLogitsHarness({
         modelPath: model,
         prompt: PROMPT,
@@ -205,12 +198,7 @@ describe.skipIf(Boolean(missing))(
     });
 
     it("over TCP (MOESWARM_BRIDGE=tcp:host:port): the same bytes", async () => {
-      await using swarm = await startSwarm(
-        model,
-        split(info.nExpert, 2).map((experts, i) => ({ id: `t${i}`, experts })),
-        tmp.dir,
-        MODEL_ID,
-      );
+      await using swarm = await startSplitSwarm(model, info, 2, tmp.dir, MODEL_ID, "t");
       await using bridge = await serveBackboneBridge({
         socket: { host: "127.0.0.1", port: 0 },
         placement: swarm.placement,

@@ -12,7 +12,13 @@ import {
   sumSlots,
 } from "@moeswarm/core";
 import { InProcessTransport, Placement } from "@moeswarm/dispatch";
-import { createLoopbackCertificates, type LoopbackCertificates, mintToken } from "@moeswarm/hub";
+import {
+  createHub,
+  createLoopbackCertificates,
+  type Hub,
+  type LoopbackCertificates,
+  mintToken,
+} from "@moeswarm/hub";
 import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
 import {
   ensureSyntheticModel,
@@ -60,6 +66,15 @@ export async function syntheticModel(
   arch: SyntheticArch = "qwen3moe",
 ): Promise<string> {
   return (await ensureSyntheticModel(preset, { cacheDir: MODEL_CACHE, arch })).path;
+}
+
+/** A synthetic model's path and its expert layout. */
+export async function syntheticModelInfo(
+  preset: SyntheticPreset,
+  arch: SyntheticArch = "qwen3moe",
+): Promise<{ path: string; info: ModelInfo }> {
+  const path = await syntheticModel(preset, arch);
+  return { path, info: await modelInfo(path) };
 }
 
 export interface TempDir {
@@ -144,6 +159,61 @@ export async function startSwarm(
     throw error;
   }
   return { placement, transport, workers, close, [Symbol.asyncDispose]: close };
+}
+
+/** startSwarm with the experts cut into `parts` contiguous ranges, workers `${prefix}0`, `${prefix}1`... */
+export function startSplitSwarm(
+  modelPath: string,
+  info: ModelInfo,
+  parts: number,
+  dir: string,
+  model: string,
+  prefix = "w",
+): Promise<Swarm> {
+  const specs = split(info.nExpert, parts).map((experts, i) => ({ id: `${prefix}${i}`, experts }));
+  return startSwarm(modelPath, specs, dir, model);
+}
+
+/**
+ * A hub serving one model to test workers: fake workers register without claiming, one copy per
+ * expert, stats not routed through the relay (the hub's trust defaults are tested in @moeswarm/hub).
+ */
+export function testHub(secret: string, modelId: string, modelPath: string): Hub {
+  return createHub({
+    secret,
+    models: [{ id: modelId, path: modelPath }],
+    requireLeases: false,
+    replicas: 1,
+    trustReports: true,
+  });
+}
+
+/**
+ * The swarm's workers `w0`, `w1`... (as startSplitSwarm names them) on a hub's relay, each
+ * registered for its experts on every MoE layer; closes the ones it connected if one fails.
+ */
+export async function relaySwarmWorkers(
+  relayUrl: string,
+  options: { secret: string; swarm: Swarm; model: string; layers: number[]; parts: number[][] },
+): Promise<RelayConnection[]> {
+  const connections: RelayConnection[] = [];
+  try {
+    for (const [i, experts] of options.parts.entries()) {
+      const id = `w${i}`;
+      const c = await connectComputeToRelay(relayUrl, {
+        id,
+        secret: options.secret,
+        compute: options.swarm.workers.get(id)!,
+        ttlS: 600,
+      });
+      connections.push(c);
+      c.register({ model: options.model, layers: options.layers, experts });
+    }
+  } catch (error) {
+    await Promise.all(connections.map((c) => c.close().catch(() => {})));
+    throw error;
+  }
+  return connections;
 }
 
 /** Byte-for-byte equality of two buffers, with the first differing offset. */

@@ -8,7 +8,7 @@ import { execFile, spawnSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { createHub, type Hub, mintToken } from "@moeswarm/hub";
+import { type Hub, mintToken } from "@moeswarm/hub";
 import type { RelayConnection } from "@moeswarm/relay-client";
 import { captureStream, type LlamaServerProcess, startLlamaServer } from "@moeswarm/testkit";
 import OpenAI from "openai";
@@ -16,15 +16,15 @@ import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { runDispatcherCli } from "../src/cli/run.js";
 import { pluginPath } from "../src/native-paths.js";
 import {
-  connectComputeToRelay,
   type ModelInfo,
-  modelInfo,
   nativeMissing,
+  relaySwarmWorkers,
   type Swarm,
   split,
-  startSwarm,
-  syntheticModel,
+  startSplitSwarm,
+  syntheticModelInfo,
   tempDir,
+  testHub,
 } from "./helpers.js";
 
 const BUILD_SCRIPT = fileURLToPath(new URL("../scripts/build-llama-server.mjs", import.meta.url));
@@ -151,35 +151,14 @@ describe.skipIf(Boolean(missing))("llama-server with the plugin, beside moeswarm
 
   beforeAll(async () => {
     bin = await llamaServerBin();
-    model = await syntheticModel("small", "qwen3moe");
-    info = await modelInfo(model);
+    ({ path: model, info } = await syntheticModelInfo("small"));
     const halves = split(info.nExpert, 2);
-    swarm = await startSwarm(
-      model,
-      halves.map((experts, i) => ({ id: `w${i}`, experts })),
-      tmp.dir,
-      MODEL_ID,
-    );
-    hub = createHub({
-      secret: SECRET,
-      models: [{ id: MODEL_ID, path: model }],
-      requireLeases: false,
-      replicas: 1,
-      trustReports: true,
-    });
+    swarm = await startSplitSwarm(model, info, 2, tmp.dir, MODEL_ID);
+    hub = testHub(SECRET, MODEL_ID, model);
     const listener = await hub.listen(0);
     hubUrl = listener.url;
-    for (const [i, experts] of halves.entries()) {
-      const id = `w${i}`;
-      const c = await connectComputeToRelay(listener.relayUrl, {
-        id,
-        secret: SECRET,
-        compute: swarm.workers.get(id)!,
-        ttlS: 600,
-      });
-      relays.push(c);
-      c.register({ model: MODEL_ID, layers: info.layers, experts });
-    }
+    const opts = { secret: SECRET, swarm, model: MODEL_ID, layers: info.layers, parts: halves };
+    relays.push(...(await relaySwarmWorkers(listener.relayUrl, opts)));
     dispatcher = await startDispatcher();
     const common = ["-m", model, "-t", "1", "--parallel", "4", "-c", "2048", "--metrics", "-fit", "off"];
     plain = await startLlamaServer(bin, [...common, "-kvu"]);

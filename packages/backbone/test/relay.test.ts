@@ -3,7 +3,7 @@
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { Placement } from "@moeswarm/dispatch";
-import { createHub, type Hub, mintToken } from "@moeswarm/hub";
+import { type Hub, mintToken } from "@moeswarm/hub";
 import { connectRelay, type RelayConnection, RelayTransport } from "@moeswarm/relay-client";
 import { sliceExperts } from "@moeswarm/shard";
 import { spawnLlamaExpertWorker, type WorkerProcessCompute } from "@moeswarm/worker-native";
@@ -13,11 +13,11 @@ import {
   connectComputeToRelay,
   firstByteDiff,
   type ModelInfo,
-  modelInfo,
   nativeMissing,
   split,
-  syntheticModel,
+  syntheticModelInfo,
   tempDir,
+  testHub,
 } from "./helpers.js";
 
 const missing = nativeMissing();
@@ -34,17 +34,8 @@ describe.skipIf(Boolean(missing))("llama.cpp + plugin + workers behind the hub's
   const connections: RelayConnection[] = [];
 
   beforeAll(async () => {
-    model = await syntheticModel("small", "qwen3moe");
-    info = await modelInfo(model);
-    hub = createHub({
-      secret: SECRET,
-      models: [{ id: MODEL_ID, path: model }],
-      // fake workers register without claiming, one copy per expert, stats not routed through the
-      // relay: the hub's trust defaults are tested in @moeswarm/hub
-      requireLeases: false,
-      replicas: 1,
-      trustReports: true,
-    });
+    ({ path: model, info } = await syntheticModelInfo("small"));
+    hub = testHub(SECRET, MODEL_ID, model);
     relayUrl = `${(await hub.listen(0)).url.replace(/^http/, "ws")}/relay`;
   });
   afterAll(async () => {

@@ -1,20 +1,20 @@
 // createSwarmLlama in its hub form (node-llama-cpp in this process; its own file, so that this is
 // the process's first getLlama): only the hub's URL, a backbone token and the model id. The local
 // fallback over the model file is created by default and must stay unused while workers cover it.
-import { createHub, type Hub, mintToken } from "@moeswarm/hub";
+import { type Hub, mintToken } from "@moeswarm/hub";
 import type { RelayConnection } from "@moeswarm/relay-client";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createSwarmLlama, runLogitsHarness } from "../src/index.js";
 import {
-  connectComputeToRelay,
   type ModelInfo,
-  modelInfo,
   nativeMissing,
+  relaySwarmWorkers,
   type Swarm,
   split,
-  startSwarm,
-  syntheticModel,
+  startSplitSwarm,
+  syntheticModelInfo,
   tempDir,
+  testHub,
 } from "./helpers.js";
 
 const missing = nativeMissing();
@@ -33,35 +33,15 @@ describe.skipIf(Boolean(missing))("createSwarmLlama({hub})", () => {
   let plain: { prompt: number[]; tokens: number[] };
 
   beforeAll(async () => {
-    model = await syntheticModel("small", "qwen3moe");
-    info = await modelInfo(model);
+    ({ path: model, info } = await syntheticModelInfo("small"));
     const halves = split(info.nExpert, 2);
-    swarm = await startSwarm(
-      model,
-      halves.map((experts, i) => ({ id: `w${i}`, experts })),
-      tmp.dir,
-      MODEL_ID,
-    );
-    hub = createHub({
-      secret: SECRET,
-      models: [{ id: MODEL_ID, path: model }],
-      // fake workers register without claiming, one copy per expert, stats not routed through the
-      // relay: the hub's trust defaults are tested in @moeswarm/hub
-      requireLeases: false,
-      replicas: 1,
-      trustReports: true,
-    });
+    swarm = await startSplitSwarm(model, info, 2, tmp.dir, MODEL_ID);
+    hub = testHub(SECRET, MODEL_ID, model);
     const listener = await hub.listen(0);
     url = listener.url;
-    const relayUrl = listener.relayUrl;
     // the worker processes behind the hub's relay
-    for (const [i, experts] of halves.entries()) {
-      const id = `w${i}`;
-      const worker = swarm.workers.get(id)!;
-      const c = await connectComputeToRelay(relayUrl, { id, secret: SECRET, compute: worker, ttlS: 600 });
-      relays.push(c);
-      c.register({ model: MODEL_ID, layers: info.layers, experts });
-    }
+    const opts = { secret: SECRET, swarm, model: MODEL_ID, layers: info.layers, parts: halves };
+    relays.push(...(await relaySwarmWorkers(listener.relayUrl, opts)));
     plain = await runLogitsHarness({
       modelPath: model,
       prompt: "A hub and a llama",

@@ -6,12 +6,10 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createSwarmLlama, runLogitsHarness } from "../src/index.js";
 import {
   type ModelInfo,
-  modelInfo,
   nativeMissing,
   type Swarm,
-  split,
-  startSwarm,
-  syntheticModel,
+  startSplitSwarm,
+  syntheticModelInfo,
   tempDir,
 } from "./helpers.js";
 
@@ -27,14 +25,8 @@ describe.skipIf(Boolean(missing))("createSwarmLlama: node-llama-cpp with the plu
   let plain: { prompt: number[]; tokens: number[] };
 
   beforeAll(async () => {
-    model = await syntheticModel("small", "qwen3moe");
-    info = await modelInfo(model);
-    swarm = await startSwarm(
-      model,
-      split(info.nExpert, 2).map((experts, i) => ({ id: `w${i}`, experts })),
-      tmp.dir,
-      MODEL_ID,
-    );
+    ({ path: model, info } = await syntheticModelInfo("small"));
+    swarm = await startSplitSwarm(model, info, 2, tmp.dir, MODEL_ID);
     plain = await runLogitsHarness({
       modelPath: model,
       prompt: "Bees and experts",

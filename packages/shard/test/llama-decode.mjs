@@ -2,28 +2,17 @@
 // build or a download), tokenises prompts and decodes greedily, twice per model with a fresh
 // context. Runs in a child process of the tests, so a crash inside llama.cpp cannot take the test
 // runner down. Prints one JSON object on stdout.
-import { getLlama, LlamaLogLevel } from "node-llama-cpp";
+import { prebuiltCpuLlama, withSequence } from "./llama-child.mjs";
 
 const [modelsJson, promptsJson, nTokensText] = process.argv.slice(2);
 const models = JSON.parse(modelsJson);
 const prompts = JSON.parse(promptsJson);
 const nTokens = Number(nTokensText);
 
-const llama = await getLlama({
-  gpu: false,
-  build: "never",
-  skipDownload: true,
-  usePrebuiltBinaries: true,
-  progressLogs: false,
-  logLevel: LlamaLogLevel.error,
-  // One thread: two spinning ggml threads crawl on a loaded 2-core machine (300 ms vs 3 ms a token).
-  maxThreads: 1,
-});
+const llama = await prebuiltCpuLlama();
 
 async function decode(model, tokens) {
-  const context = await model.createContext({ contextSize: 256, batchSize: 64, threads: 1 });
-  try {
-    const sequence = context.getSequence();
+  return withSequence(model, async (sequence) => {
     const out = [];
     const margins = [];
     for await (const step of sequence.evaluateWithMetadata(
@@ -37,9 +26,7 @@ async function decode(model, tokens) {
       if (out.length >= nTokens) break;
     }
     return { tokens: out, margins };
-  } finally {
-    await context.dispose();
-  }
+  });
 }
 
 const results = [];

@@ -3,28 +3,11 @@
 // prompt, and the sampler's full probability table at a high temperature with no truncation.
 // Runs in a child process of the tests (a llama.cpp abort fails the test, not the runner); prints
 // one JSON object on stdout.
-import { getLlama, LlamaLogLevel } from "node-llama-cpp";
+import { prebuiltCpuLlama, withSequence } from "./llama-child.mjs";
 
 const { models, prompts, nTokens, sampleSteps } = JSON.parse(process.argv[2]);
 
-const llama = await getLlama({
-  gpu: false,
-  build: "never",
-  skipDownload: true,
-  usePrebuiltBinaries: true,
-  progressLogs: false,
-  logLevel: LlamaLogLevel.error,
-  maxThreads: 1,
-});
-
-async function withSequence(model, fn) {
-  const context = await model.createContext({ contextSize: 256, batchSize: 64, threads: 1 });
-  try {
-    return await fn(context.getSequence());
-  } finally {
-    await context.dispose();
-  }
-}
+const llama = await prebuiltCpuLlama();
 
 async function greedy(model, prompt) {
   return withSequence(model, async (sequence) => {

@@ -2,20 +2,14 @@
 // build or a download) using node-llama-cpp's own CPU/GPU split option (gpuLayers), creates a
 // context of the planned shape, decodes a few tokens and reports what llama.cpp logged about
 // its buffers. A child process of the tests, so a llama.cpp abort cannot take the runner down.
-import { getLlama, LlamaLogLevel } from "node-llama-cpp";
+import { LlamaLogLevel, prebuiltCpuLlama } from "./llama-child.mjs";
 
 const [modelPath, optionsJson] = process.argv.slice(2);
 const options = JSON.parse(optionsJson);
 const logs = [];
-const llama = await getLlama({
-  gpu: false,
-  build: "never",
-  skipDownload: true,
-  usePrebuiltBinaries: true,
-  progressLogs: false,
+const llama = await prebuiltCpuLlama({
   logLevel: LlamaLogLevel.info,
   logger: (_level, message) => logs.push(message),
-  maxThreads: 1,
 });
 const model = await llama.loadModel({ modelPath, gpuLayers: options.gpuLayers });
 const context = await model.createContext({

@@ -7,6 +7,15 @@
 import { InvalidArgumentError } from "@moeswarm/core";
 import { type GgufMetadataValue, ggufValue } from "../gguf-metadata.js";
 import type { FamilyAdd } from "./family.js";
+import {
+  checkSigmoidRouting,
+  ffnTensors,
+  inv,
+  normTensor,
+  routedExpertTensors,
+  routerTensor,
+  sigmoidRoutingMetadata,
+} from "./layer-parts.js";
 
 /** Multi-head latent attention sizes (DeepSeek-V3: 1536, 512, 64, 128, 128) and expert groups. */
 export interface MlaOptions {
@@ -79,13 +88,7 @@ export function deepseek2Metadata(
   k: (key: string) => string,
   d: DeepSeek2Dims,
 ): void {
-  if (d.nFfShared % d.nFfExp !== 0) {
-    throw new InvalidArgumentError(
-      `deepseek2 needs nFfShared (${d.nFfShared}) to be a multiple of nFfExp (${d.nFfExp})`,
-    );
-  }
-  if (d.nLayer <= DEEPSEEK2_DENSE_LEAD)
-    throw new InvalidArgumentError(`deepseek2 needs more than ${DEEPSEEK2_DENSE_LEAD} layer(s)`);
+  checkSigmoidRouting("deepseek2", d, DEEPSEEK2_DENSE_LEAD);
   const v = ggufValue;
   const m = d.mla;
   // MLA as the converter writes it: the cache holds the latent and the rotated key (one "KV head").
@@ -97,12 +100,7 @@ export function deepseek2Metadata(
   md.set(k("attention.q_lora_rank"), v.u32(m.qLoraRank));
   md.set(k("attention.kv_lora_rank"), v.u32(m.kvLoraRank));
   md.set(k("rope.dimension_count"), v.u32(m.ropeDim));
-  md.set(k("expert_feed_forward_length"), v.u32(d.nFfExp));
-  md.set(k("expert_shared_count"), v.u32(d.nFfShared / d.nFfExp));
-  md.set(k("leading_dense_block_count"), v.u32(DEEPSEEK2_DENSE_LEAD));
-  md.set(k("expert_weights_scale"), v.f32(DEEPSEEK2_WEIGHTS_SCALE));
-  md.set(k("expert_weights_norm"), v.bool(true));
-  md.set(k("expert_gating_func"), v.u32(2)); // LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
+  sigmoidRoutingMetadata(md, k, d, DEEPSEEK2_DENSE_LEAD, DEEPSEEK2_WEIGHTS_SCALE);
   if (m.groups > 1) {
     md.set(k("expert_group_count"), v.u32(m.groups));
     md.set(k("expert_group_used_count"), v.u32(m.groupsUsed));
@@ -114,8 +112,7 @@ export const deepseek2DenseFf = (d: DeepSeek2Dims) => d.nFfExp * d.nExpertUsed;
 export function deepseek2LayerTensors(add: FamilyAdd, d: DeepSeek2Dims, il: number): void {
   const b = `blk.${il}.`;
   const m = d.mla;
-  const inv = (n: number) => 1 / Math.sqrt(n);
-  const norm = (name: string, n: number) => add(name, [n], "norm", 0.1, 1);
+  const norm = (name: string, n: number) => normTensor(add, name, n);
   const headK = m.nopeDim + m.ropeDim;
   norm(`${b}attn_norm.weight`, d.nEmbd);
   norm(`${b}attn_q_a_norm.weight`, m.qLoraRank);
@@ -128,18 +125,11 @@ export function deepseek2LayerTensors(add: FamilyAdd, d: DeepSeek2Dims, il: numb
   add(`${b}attn_output.weight`, [d.nHead * m.vHeadDim, d.nEmbd], "attention", inv(d.nHead * m.vHeadDim));
   norm(`${b}ffn_norm.weight`, d.nEmbd);
   if (il < DEEPSEEK2_DENSE_LEAD) {
-    const nFf = deepseek2DenseFf(d);
-    add(`${b}ffn_gate.weight`, [d.nEmbd, nFf], "sharedExpert", inv(d.nEmbd));
-    add(`${b}ffn_down.weight`, [nFf, d.nEmbd], "sharedExpert", inv(nFf));
-    add(`${b}ffn_up.weight`, [d.nEmbd, nFf], "sharedExpert", inv(d.nEmbd));
+    ffnTensors(add, b, "", d.nEmbd, deepseek2DenseFf(d), "gate-down-up");
     return;
   }
-  add(`${b}ffn_gate_inp.weight`, [d.nEmbd, d.nExpert], "router", 2 * inv(d.nEmbd));
+  routerTensor(add, b, d.nEmbd, d.nExpert);
   add(`${b}exp_probs_b.bias`, [d.nExpert], "F32", 0.2);
-  add(`${b}ffn_gate_exps.weight`, [d.nEmbd, d.nFfExp, d.nExpert], "experts", inv(d.nEmbd), 0, true);
-  add(`${b}ffn_down_exps.weight`, [d.nFfExp, d.nEmbd, d.nExpert], "experts", inv(d.nFfExp), 0, true);
-  add(`${b}ffn_up_exps.weight`, [d.nEmbd, d.nFfExp, d.nExpert], "experts", inv(d.nEmbd), 0, true);
-  add(`${b}ffn_gate_shexp.weight`, [d.nEmbd, d.nFfShared], "sharedExpert", inv(d.nEmbd));
-  add(`${b}ffn_down_shexp.weight`, [d.nFfShared, d.nEmbd], "sharedExpert", inv(d.nFfShared));
-  add(`${b}ffn_up_shexp.weight`, [d.nEmbd, d.nFfShared], "sharedExpert", inv(d.nEmbd));
+  routedExpertTensors(add, b, d, "gate-down-up");
+  ffnTensors(add, b, "_shexp", d.nEmbd, d.nFfShared, "gate-down-up");
 }

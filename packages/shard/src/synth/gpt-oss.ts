@@ -5,15 +5,16 @@
 // src/models/openai-moe.cpp reads and creates; experts ship in MXFP4.
 import { type GgufMetadataValue, ggufValue } from "../gguf-metadata.js";
 import type { FamilyAdd } from "./family.js";
+import {
+  attentionTensors,
+  type BaseMoeDims,
+  headLengthMetadata,
+  normTensor,
+  routedExpertTensors,
+  routerTensor,
+} from "./layer-parts.js";
 
-export interface GptOssDims {
-  nEmbd: number;
-  nHead: number;
-  nHeadKv: number;
-  headDim: number;
-  nFfExp: number;
-  nExpert: number;
-}
+export type GptOssDims = BaseMoeDims;
 
 /** gpt-oss's window: 128 tokens on every other layer (sliding_window_pattern 2). */
 export const GPT_OSS_SLIDING_WINDOW = 128;
@@ -25,8 +26,7 @@ export function gptOssMetadata(
   d: GptOssDims,
 ): void {
   const v = ggufValue;
-  md.set(k("attention.key_length"), v.u32(d.headDim));
-  md.set(k("attention.value_length"), v.u32(d.headDim));
+  headLengthMetadata(md, k, d.headDim);
   md.set(k("expert_feed_forward_length"), v.u32(d.nFfExp));
   md.set(k("attention.sliding_window"), v.u32(GPT_OSS_SLIDING_WINDOW));
 }
@@ -34,27 +34,16 @@ export function gptOssMetadata(
 /** One layer's tensors (openai-moe.cpp load_arch_tensors). */
 export function gptOssLayerTensors(add: FamilyAdd, d: GptOssDims, il: number): void {
   const b = `blk.${il}.`;
-  const inv = (n: number) => 1 / Math.sqrt(n);
-  const norm = (name: string, n: number) => add(name, [n], "norm", 0.1, 1);
   const nq = d.nHead * d.headDim;
   const nkv = d.nHeadKv * d.headDim;
-  norm(`${b}attn_norm.weight`, d.nEmbd);
-  add(`${b}attn_q.weight`, [d.nEmbd, nq], "attention", inv(d.nEmbd));
-  add(`${b}attn_k.weight`, [d.nEmbd, nkv], "attention", inv(d.nEmbd));
-  add(`${b}attn_v.weight`, [d.nEmbd, nkv], "attention", inv(d.nEmbd));
-  add(`${b}attn_q.bias`, [nq], "F32", 0.02);
-  add(`${b}attn_k.bias`, [nkv], "F32", 0.02);
-  add(`${b}attn_v.bias`, [nkv], "F32", 0.02);
-  add(`${b}attn_output.weight`, [nq, d.nEmbd], "attention", inv(nq));
-  add(`${b}attn_output.bias`, [d.nEmbd], "F32", 0.02);
+  normTensor(add, `${b}attn_norm.weight`, d.nEmbd);
+  attentionTensors(add, b, { nEmbd: d.nEmbd, nq, nkv, qkvBias: true, outputBias: true });
   // One extra logit per head in the softmax's denominator.
   add(`${b}attn_sinks.weight`, [d.nHead], "F32", 1);
-  norm(`${b}post_attention_norm.weight`, d.nEmbd);
-  add(`${b}ffn_gate_inp.weight`, [d.nEmbd, d.nExpert], "router", 2 * inv(d.nEmbd));
+  normTensor(add, `${b}post_attention_norm.weight`, d.nEmbd);
+  routerTensor(add, b, d.nEmbd, d.nExpert);
   add(`${b}ffn_gate_inp.bias`, [d.nExpert], "F32", 0.5);
-  add(`${b}ffn_gate_exps.weight`, [d.nEmbd, d.nFfExp, d.nExpert], "experts", inv(d.nEmbd), 0, true);
-  add(`${b}ffn_up_exps.weight`, [d.nEmbd, d.nFfExp, d.nExpert], "experts", inv(d.nEmbd), 0, true);
-  add(`${b}ffn_down_exps.weight`, [d.nFfExp, d.nEmbd, d.nExpert], "experts", inv(d.nFfExp), 0, true);
+  routedExpertTensors(add, b, d, "gate-up-down");
   // Biases of the experts: one row per expert along ne[1], sliced with their experts.
   add(`${b}ffn_gate_exps.bias`, [d.nFfExp, d.nExpert], "F32", 0.1);
   add(`${b}ffn_up_exps.bias`, [d.nFfExp, d.nExpert], "F32", 0.1);

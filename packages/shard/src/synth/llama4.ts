@@ -5,14 +5,16 @@
 // src/models/llama4.cpp reads and creates, with chunked attention (its default without a key).
 import { type GgufMetadataValue, ggufValue } from "../gguf-metadata.js";
 import type { FamilyAdd } from "./family.js";
+import {
+  attentionTensors,
+  type BaseMoeDims,
+  ffnTensors,
+  normTensor,
+  routedExpertTensors,
+  routerTensor,
+} from "./layer-parts.js";
 
-export interface Llama4Dims {
-  nEmbd: number;
-  nHead: number;
-  nHeadKv: number;
-  headDim: number;
-  nFfExp: number;
-  nExpert: number;
+export interface Llama4Dims extends BaseMoeDims {
   nExpertUsed: number;
 }
 
@@ -36,28 +38,14 @@ export function llama4Metadata(
 
 export function llama4LayerTensors(add: FamilyAdd, d: Llama4Dims, il: number): void {
   const b = `blk.${il}.`;
-  const inv = (n: number) => 1 / Math.sqrt(n);
-  const norm = (name: string, n: number) => add(name, [n], "norm", 0.1, 1);
-  const nq = d.nHead * d.headDim;
-  const nkv = d.nHeadKv * d.headDim;
-  norm(`${b}attn_norm.weight`, d.nEmbd);
-  add(`${b}attn_q.weight`, [d.nEmbd, nq], "attention", inv(d.nEmbd));
-  add(`${b}attn_k.weight`, [d.nEmbd, nkv], "attention", inv(d.nEmbd));
-  add(`${b}attn_v.weight`, [d.nEmbd, nkv], "attention", inv(d.nEmbd));
-  add(`${b}attn_output.weight`, [nq, d.nEmbd], "attention", inv(nq));
-  norm(`${b}ffn_norm.weight`, d.nEmbd);
+  normTensor(add, `${b}attn_norm.weight`, d.nEmbd);
+  attentionTensors(add, b, { nEmbd: d.nEmbd, nq: d.nHead * d.headDim, nkv: d.nHeadKv * d.headDim });
+  normTensor(add, `${b}ffn_norm.weight`, d.nEmbd);
   if (!isLlama4MoeLayer(il)) {
-    const nFf = llama4DenseFf(d);
-    add(`${b}ffn_gate.weight`, [d.nEmbd, nFf], "sharedExpert", inv(d.nEmbd));
-    add(`${b}ffn_down.weight`, [nFf, d.nEmbd], "sharedExpert", inv(nFf));
-    add(`${b}ffn_up.weight`, [d.nEmbd, nFf], "sharedExpert", inv(d.nEmbd));
+    ffnTensors(add, b, "", d.nEmbd, llama4DenseFf(d), "gate-down-up");
     return;
   }
-  add(`${b}ffn_gate_inp.weight`, [d.nEmbd, d.nExpert], "router", 2 * inv(d.nEmbd));
-  add(`${b}ffn_gate_exps.weight`, [d.nEmbd, d.nFfExp, d.nExpert], "experts", inv(d.nEmbd), 0, true);
-  add(`${b}ffn_down_exps.weight`, [d.nFfExp, d.nEmbd, d.nExpert], "experts", inv(d.nFfExp), 0, true);
-  add(`${b}ffn_up_exps.weight`, [d.nEmbd, d.nFfExp, d.nExpert], "experts", inv(d.nEmbd), 0, true);
-  add(`${b}ffn_gate_shexp.weight`, [d.nEmbd, d.nFfExp], "sharedExpert", inv(d.nEmbd));
-  add(`${b}ffn_down_shexp.weight`, [d.nFfExp, d.nEmbd], "sharedExpert", inv(d.nFfExp));
-  add(`${b}ffn_up_shexp.weight`, [d.nEmbd, d.nFfExp], "sharedExpert", inv(d.nEmbd));
+  routerTensor(add, b, d.nEmbd, d.nExpert);
+  routedExpertTensors(add, b, d, "gate-down-up");
+  ffnTensors(add, b, "_shexp", d.nEmbd, d.nFfExp, "gate-down-up");
 }

@@ -23,115 +23,79 @@ export type SyntheticPreset = (typeof SYNTHETIC_PRESETS)[number];
 
 type PresetTable = Partial<Record<SyntheticArch, SyntheticMoeOptions>>;
 
+/** The key order the presets print in (`synth --header-only --json`), whatever order they are built in. */
+const KEY_ORDER: readonly (keyof SyntheticMoeOptions)[] = [
+  "arch",
+  "seed",
+  "nLayer",
+  "nEmbd",
+  "nHead",
+  "nHeadKv",
+  "headDim",
+  "nFfExp",
+  "nExpert",
+  "nExpertUsed",
+  "nFfShared",
+  "vocab",
+  "contextLength",
+  "ropeFreqBase",
+  "linear",
+  "mla",
+  "types",
+  "mix",
+];
+
+/** Every tiny preset: 64 wide, 4 query and 2 KV heads, 8 experts of 128 with 2 used, 512 tokens. */
+const TINY_BASE = {
+  seed: 1,
+  nLayer: 2,
+  nEmbd: 64,
+  nHead: 4,
+  nHeadKv: 2,
+  nFfExp: 128,
+  nExpert: 8,
+  nExpertUsed: 2,
+  vocab: 512,
+  types: { experts: "Q8_0", attention: "F16" },
+} as const satisfies Omit<SyntheticMoeOptions, "arch">;
+
+/** Experts in Q8_0, attention and the shared expert in F16. */
+const Q8_SHARED_TYPES = { experts: "Q8_0", attention: "F16", sharedExpert: "F16" } as const;
+
+function tiny(arch: SyntheticArch, overrides: Partial<SyntheticMoeOptions> = {}): SyntheticMoeOptions {
+  const merged: Partial<SyntheticMoeOptions> = { ...TINY_BASE, arch, ...overrides };
+  const ordered: Partial<Record<keyof SyntheticMoeOptions, unknown>> = {};
+  for (const key of KEY_ORDER) if (merged[key] !== undefined) ordered[key] = merged[key];
+  return ordered as SyntheticMoeOptions;
+}
+
 // tiny ~1 MB (unit tests), small ~50-60 MB, medium ~460 MB (benchmarks, qwen3moe only). Experts
 // in Q8_0, the type most MoE GGUFs ship their experts in at these sizes. `shape`: a real model's
 // per-layer dimensions and llama-quantize's Q4_K_M types with few layers and a small vocabulary,
 // so one layer costs what a real layer costs (qwen35moe: Qwen3.5-122B-A10B's layers, ~5.9 GB).
 const PRESETS: Record<SyntheticPreset, PresetTable> = {
   tiny: {
-    qwen3moe: {
-      arch: "qwen3moe",
-      seed: 1,
-      nLayer: 2,
-      nEmbd: 64,
-      nHead: 4,
-      nHeadKv: 2,
-      headDim: 32,
-      nFfExp: 128,
-      nExpert: 8,
-      nExpertUsed: 2,
-      vocab: 512,
-      types: { experts: "Q8_0", attention: "F16" },
-    },
-    qwen2moe: {
-      arch: "qwen2moe",
-      seed: 1,
-      nLayer: 2,
-      nEmbd: 64,
-      nHead: 4,
-      nHeadKv: 2,
-      nFfExp: 128,
-      nExpert: 8,
-      nExpertUsed: 2,
-      nFfShared: 256,
-      vocab: 512,
-      types: { experts: "Q8_0", attention: "F16", sharedExpert: "F16" },
-    },
-    mixtral: {
-      arch: "mixtral",
-      seed: 1,
-      nLayer: 2,
-      nEmbd: 64,
-      nHead: 4,
-      nHeadKv: 2,
-      nFfExp: 128,
-      nExpert: 8,
-      nExpertUsed: 2,
-      vocab: 512,
-      types: { experts: "Q8_0", attention: "F16" },
-    },
+    qwen3moe: tiny("qwen3moe", { headDim: 32 }),
+    qwen2moe: tiny("qwen2moe", { nFfShared: 256, types: Q8_SHARED_TYPES }),
+    mixtral: tiny("mixtral"),
     // One full-attention layer after three Gated DeltaNet layers, as in Qwen3.5.
-    qwen35moe: {
-      arch: "qwen35moe",
-      seed: 1,
+    qwen35moe: tiny("qwen35moe", {
       nLayer: 4,
-      nEmbd: 64,
-      nHead: 4,
-      nHeadKv: 2,
       headDim: 32,
-      nFfExp: 128,
-      nExpert: 8,
-      nExpertUsed: 2,
       nFfShared: 128,
-      vocab: 512,
       linear: { keyHeads: 2, valueHeads: 4, headDim: 16 },
-      types: { experts: "Q8_0", attention: "F16", sharedExpert: "F16" },
-    },
+      types: Q8_SHARED_TYPES,
+    }),
     // Experts in MXFP4, as gpt-oss ships them; heads of 16 so n_head * head_dim = n_embd.
-    "gpt-oss": {
-      arch: "gpt-oss",
-      seed: 1,
-      nLayer: 2,
-      nEmbd: 64,
-      nHead: 4,
-      nHeadKv: 2,
-      headDim: 16,
-      nFfExp: 128,
-      nExpert: 8,
-      nExpertUsed: 2,
-      vocab: 512,
-      types: { experts: "MXFP4", attention: "F16" },
-    },
+    "gpt-oss": tiny("gpt-oss", { headDim: 16, types: { experts: "MXFP4", attention: "F16" } }),
     // Layer 0 dense, layers 1-2 MoE with one shared expert.
-    glm4moe: {
-      arch: "glm4moe",
-      seed: 1,
-      nLayer: 3,
-      nEmbd: 64,
-      nHead: 4,
-      nHeadKv: 2,
-      headDim: 32,
-      nFfExp: 128,
-      nExpert: 8,
-      nExpertUsed: 2,
-      nFfShared: 128,
-      vocab: 512,
-      types: { experts: "Q8_0", attention: "F16", sharedExpert: "F16" },
-    },
+    glm4moe: tiny("glm4moe", { nLayer: 3, headDim: 32, nFfShared: 128, types: Q8_SHARED_TYPES }),
     // Latent attention; 8 experts in 4 groups of which the router keeps 2; one shared expert.
-    deepseek2: {
-      arch: "deepseek2",
-      seed: 1,
+    deepseek2: tiny("deepseek2", {
       nLayer: 3,
-      nEmbd: 64,
-      nHead: 4,
       nHeadKv: 1,
       headDim: 48,
-      nFfExp: 128,
-      nExpert: 8,
-      nExpertUsed: 2,
       nFfShared: 128,
-      vocab: 512,
       mla: {
         qLoraRank: 32,
         kvLoraRank: 32,
@@ -141,23 +105,11 @@ const PRESETS: Record<SyntheticPreset, PresetTable> = {
         groups: 4,
         groupsUsed: 2,
       },
-      types: { experts: "Q8_0", attention: "F16", sharedExpert: "F16" },
-    },
+      types: Q8_SHARED_TYPES,
+    }),
     // Layers 1 and 3 MoE (top-1 of 8, input-weighted), 0 and 2 dense, as Llama 4 Maverick.
     // Seed 2: with seed 1 the greedy continuation of llama-load's first prompt ends at once (EOS).
-    llama4: {
-      arch: "llama4",
-      seed: 2,
-      nLayer: 4,
-      nEmbd: 64,
-      nHead: 4,
-      nHeadKv: 2,
-      nFfExp: 128,
-      nExpert: 8,
-      nExpertUsed: 1,
-      vocab: 512,
-      types: { experts: "Q8_0", attention: "F16", sharedExpert: "F16" },
-    },
+    llama4: tiny("llama4", { seed: 2, nLayer: 4, nExpertUsed: 1, types: Q8_SHARED_TYPES }),
   },
   small: {
     qwen3moe: {

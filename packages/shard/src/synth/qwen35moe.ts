@@ -6,6 +6,16 @@ import { InvalidArgumentError } from "@moeswarm/core";
 import { GgufValueType } from "../gguf-constants.js";
 import { type GgufMetadataValue, ggufValue } from "../gguf-metadata.js";
 import type { FamilyAdd } from "./family.js";
+import {
+  attentionTensors,
+  type BaseMoeDims,
+  ffnTensors,
+  headLengthMetadata,
+  inv,
+  normTensor,
+  routedExpertTensors,
+  routerTensor,
+} from "./layer-parts.js";
 
 /** The Gated DeltaNet layers' sizes (the `ssm.*` keys) and the layer pattern. */
 export interface LinearAttentionOptions {
@@ -22,15 +32,9 @@ export interface LinearAttentionOptions {
 }
 
 /** What the family needs of the resolved options. */
-export interface Qwen35Dims {
+export interface Qwen35Dims extends BaseMoeDims {
   nLayer: number;
-  nEmbd: number;
-  nHead: number;
-  nHeadKv: number;
-  headDim: number;
-  nFfExp: number;
   nFfShared: number;
-  nExpert: number;
   linear: LinearAttentionOptions;
 }
 
@@ -87,8 +91,7 @@ export function qwen35moeMetadata(
   const l = d.linear;
   // Qwen3.5 rotates a quarter of each head (partial_rotary_factor 0.25).
   const nRot = Math.max(2, 2 * Math.floor(d.headDim / 8));
-  md.set(k("attention.key_length"), v.u32(d.headDim));
-  md.set(k("attention.value_length"), v.u32(d.headDim));
+  headLengthMetadata(md, k, d.headDim);
   md.set(k("rope.dimension_count"), v.u32(nRot));
   md.set(k("rope.dimension_sections"), v.array(GgufValueType.INT32, ropeSections(nRot)));
   md.set(k("expert_feed_forward_length"), v.u32(d.nFfExp));
@@ -105,8 +108,7 @@ export function qwen35moeMetadata(
 export function qwen35moeLayerTensors(add: FamilyAdd, d: Qwen35Dims, il: number): void {
   const b = `blk.${il}.`;
   const l = d.linear;
-  const inv = (n: number) => 1 / Math.sqrt(n);
-  const norm = (name: string, n: number) => add(name, [n], "norm", 0.1, 1);
+  const norm = (name: string, n: number) => normTensor(add, name, n);
   const keyDim = l.keyHeads * l.headDim;
   const valueDim = l.valueHeads * l.headDim;
   const convDim = 2 * keyDim + valueDim;
@@ -126,21 +128,14 @@ export function qwen35moeLayerTensors(add: FamilyAdd, d: Qwen35Dims, il: number)
   } else {
     const nq = d.nHead * d.headDim;
     // One projection gives the query and the output gate, interleaved per head.
-    add(`${b}attn_q.weight`, [d.nEmbd, 2 * nq], "attention", inv(d.nEmbd));
-    add(`${b}attn_k.weight`, [d.nEmbd, d.nHeadKv * d.headDim], "attention", inv(d.nEmbd));
-    add(`${b}attn_v.weight`, [d.nEmbd, d.nHeadKv * d.headDim], "attention", inv(d.nEmbd));
-    add(`${b}attn_output.weight`, [nq, d.nEmbd], "attention", inv(nq));
+    attentionTensors(add, b, { nEmbd: d.nEmbd, nq: 2 * nq, nkv: d.nHeadKv * d.headDim, nOut: nq });
     norm(`${b}attn_q_norm.weight`, d.headDim);
     norm(`${b}attn_k_norm.weight`, d.headDim);
   }
   norm(`${b}post_attention_norm.weight`, d.nEmbd);
-  add(`${b}ffn_gate_inp.weight`, [d.nEmbd, d.nExpert], "router", 2 * inv(d.nEmbd));
-  add(`${b}ffn_gate_exps.weight`, [d.nEmbd, d.nFfExp, d.nExpert], "experts", inv(d.nEmbd), 0, true);
-  add(`${b}ffn_up_exps.weight`, [d.nEmbd, d.nFfExp, d.nExpert], "experts", inv(d.nEmbd), 0, true);
-  add(`${b}ffn_down_exps.weight`, [d.nFfExp, d.nEmbd, d.nExpert], "experts", inv(d.nFfExp), 0, true);
+  routerTensor(add, b, d.nEmbd, d.nExpert);
+  routedExpertTensors(add, b, d, "gate-up-down");
   // The shared expert and its sigmoid gate run in the backbone, outside build_moe_ffn.
   add(`${b}ffn_gate_inp_shexp.weight`, [d.nEmbd], "F32", inv(d.nEmbd));
-  add(`${b}ffn_gate_shexp.weight`, [d.nEmbd, d.nFfShared], "sharedExpert", inv(d.nEmbd));
-  add(`${b}ffn_up_shexp.weight`, [d.nEmbd, d.nFfShared], "sharedExpert", inv(d.nEmbd));
-  add(`${b}ffn_down_shexp.weight`, [d.nFfShared, d.nEmbd], "sharedExpert", inv(d.nFfShared));
+  ffnTensors(add, b, "_shexp", d.nEmbd, d.nFfShared, "gate-up-down");
 }

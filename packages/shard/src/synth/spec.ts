@@ -6,6 +6,15 @@ import { deepseek2LayerTensors, deepseek2Metadata, type MlaOptions, resolveMla }
 import type { FamilyAdd } from "./family.js";
 import { glm4moeLayerTensors, glm4moeMetadata } from "./glm4moe.js";
 import { gptOssLayerTensors, gptOssMetadata } from "./gpt-oss.js";
+import {
+  attentionTensors,
+  ffnTensors,
+  headLengthMetadata,
+  inv,
+  normTensor,
+  routedExpertTensors,
+  routerTensor,
+} from "./layer-parts.js";
 import { llama4LayerTensors, llama4Metadata } from "./llama4.js";
 import { MIX_FILE_TYPE, q4kmTypes, SYNTHETIC_MIXES, type SyntheticMix } from "./quant-mix.js";
 import {
@@ -287,10 +296,7 @@ function syntheticMetadata(o: ResolvedSyntheticOptions, arch: string): Map<strin
   md.set(k("attention.layer_norm_rms_epsilon"), v.f32(o.rmsEps));
   md.set(k("expert_count"), v.u32(o.nExpert));
   md.set(k("expert_used_count"), v.u32(o.nExpertUsed));
-  if (o.arch === "qwen3moe") {
-    md.set(k("attention.key_length"), v.u32(o.headDim));
-    md.set(k("attention.value_length"), v.u32(o.headDim));
-  }
+  if (o.arch === "qwen3moe") headLengthMetadata(md, k, o.headDim);
   if (o.arch === "qwen35moe" && o.linear) qwen35moeMetadata(md, k, { ...o, linear: o.linear });
   else if (o.arch === "gpt-oss") gptOssMetadata(md, k, o);
   else if (o.arch === "glm4moe") glm4moeMetadata(md, k, o);
@@ -318,6 +324,40 @@ function syntheticMetadata(o: ResolvedSyntheticOptions, arch: string): Map<strin
   return md;
 }
 
+/** One layer of the families without a file of their own: qwen3moe, qwen2moe, mixtral. */
+function genericLayerTensors(add: FamilyAdd, o: ResolvedSyntheticOptions, il: number): void {
+  const b = `blk.${il}.`;
+  normTensor(add, `${b}attn_norm.weight`, o.nEmbd);
+  const nq = o.headDim * o.nHead;
+  const nkv = o.headDim * o.nHeadKv;
+  attentionTensors(add, b, { nEmbd: o.nEmbd, nq, nkv, qkvBias: o.arch === "qwen2moe" });
+  if (o.arch === "qwen3moe") {
+    normTensor(add, `${b}attn_q_norm.weight`, o.headDim);
+    normTensor(add, `${b}attn_k_norm.weight`, o.headDim);
+  }
+  normTensor(add, `${b}ffn_norm.weight`, o.nEmbd);
+  routerTensor(add, b, o.nEmbd, o.nExpert);
+  routedExpertTensors(add, b, o, "gate-up-down");
+  if (o.arch === "qwen2moe") {
+    add(`${b}ffn_gate_inp_shexp.weight`, [o.nEmbd], "F32", inv(o.nEmbd));
+    ffnTensors(add, b, "_shexp", o.nEmbd, o.nFfShared, "gate-up-down");
+  }
+}
+
+type LayerTensors = (add: FamilyAdd, o: ResolvedSyntheticOptions, il: number) => void;
+
+/** Each family's layer; `linear` is set for qwen35moe and `mla` for deepseek2 (resolveSyntheticOptions). */
+const LAYER_TENSORS: Record<SyntheticArch, LayerTensors> = {
+  qwen3moe: genericLayerTensors,
+  qwen2moe: genericLayerTensors,
+  mixtral: genericLayerTensors,
+  qwen35moe: (add, o, il) => qwen35moeLayerTensors(add, { ...o, linear: o.linear! }, il),
+  "gpt-oss": gptOssLayerTensors,
+  glm4moe: glm4moeLayerTensors,
+  deepseek2: (add, o, il) => deepseek2LayerTensors(add, { ...o, mla: o.mla! }, il),
+  llama4: llama4LayerTensors,
+};
+
 /** The tensors `load_arch_tensors` creates, in file order, each with its distribution. */
 function syntheticTensors(o: ResolvedSyntheticOptions): SynthTensorSpec[] {
   const t = o.types;
@@ -340,64 +380,13 @@ function syntheticTensors(o: ResolvedSyntheticOptions): SynthTensorSpec[] {
     }
     tensors.push({ name, shape, type: ggml, mean, std, perExpert });
   };
-  const norm = (name: string, n: number) => add(name, [n], "F32", 0.1, 1);
-  const nq = o.headDim * o.nHead;
-  const nkv = o.headDim * o.nHeadKv;
-  const inv = (n: number) => 1 / Math.sqrt(n);
 
   add("token_embd.weight", [o.nEmbd, o.vocab], t.embeddings, 1);
   const familyAdd: FamilyAdd = (name, shape, cls, std, mean, perExpert) =>
     add(name, shape, cls === "norm" || cls === "F32" ? "F32" : t[cls], std, mean, perExpert);
-  for (let i = 0; i < o.nLayer; i++) {
-    if (o.linear) {
-      qwen35moeLayerTensors(familyAdd, { ...o, linear: o.linear }, i);
-      continue;
-    }
-    if (o.arch === "gpt-oss") {
-      gptOssLayerTensors(familyAdd, o, i);
-      continue;
-    }
-    if (o.arch === "glm4moe") {
-      glm4moeLayerTensors(familyAdd, o, i);
-      continue;
-    }
-    if (o.mla) {
-      deepseek2LayerTensors(familyAdd, { ...o, mla: o.mla }, i);
-      continue;
-    }
-    if (o.arch === "llama4") {
-      llama4LayerTensors(familyAdd, o, i);
-      continue;
-    }
-    const b = `blk.${i}.`;
-    norm(`${b}attn_norm.weight`, o.nEmbd);
-    add(`${b}attn_q.weight`, [o.nEmbd, nq], t.attention, inv(o.nEmbd));
-    add(`${b}attn_k.weight`, [o.nEmbd, nkv], t.attention, inv(o.nEmbd));
-    add(`${b}attn_v.weight`, [o.nEmbd, nkv], t.attention, inv(o.nEmbd));
-    if (o.arch === "qwen2moe") {
-      add(`${b}attn_q.bias`, [nq], "F32", 0.02);
-      add(`${b}attn_k.bias`, [nkv], "F32", 0.02);
-      add(`${b}attn_v.bias`, [nkv], "F32", 0.02);
-    }
-    add(`${b}attn_output.weight`, [nq, o.nEmbd], t.attention, inv(nq));
-    if (o.arch === "qwen3moe") {
-      norm(`${b}attn_q_norm.weight`, o.headDim);
-      norm(`${b}attn_k_norm.weight`, o.headDim);
-    }
-    norm(`${b}ffn_norm.weight`, o.nEmbd);
-    // Router logits with a spread of about 2: clear preferences, not one-hot.
-    add(`${b}ffn_gate_inp.weight`, [o.nEmbd, o.nExpert], t.router, 2 * inv(o.nEmbd));
-    add(`${b}ffn_gate_exps.weight`, [o.nEmbd, o.nFfExp, o.nExpert], t.experts, inv(o.nEmbd), 0, true);
-    add(`${b}ffn_up_exps.weight`, [o.nEmbd, o.nFfExp, o.nExpert], t.experts, inv(o.nEmbd), 0, true);
-    add(`${b}ffn_down_exps.weight`, [o.nFfExp, o.nEmbd, o.nExpert], t.experts, inv(o.nFfExp), 0, true);
-    if (o.arch === "qwen2moe") {
-      add(`${b}ffn_gate_inp_shexp.weight`, [o.nEmbd], "F32", inv(o.nEmbd));
-      add(`${b}ffn_gate_shexp.weight`, [o.nEmbd, o.nFfShared], t.sharedExpert, inv(o.nEmbd));
-      add(`${b}ffn_up_shexp.weight`, [o.nEmbd, o.nFfShared], t.sharedExpert, inv(o.nEmbd));
-      add(`${b}ffn_down_shexp.weight`, [o.nFfShared, o.nEmbd], t.sharedExpert, inv(o.nFfShared));
-    }
-  }
-  norm("output_norm.weight", o.nEmbd);
+  const layer = LAYER_TENSORS[o.arch];
+  for (let i = 0; i < o.nLayer; i++) layer(familyAdd, o, i);
+  normTensor(familyAdd, "output_norm.weight", o.nEmbd);
   add("output.weight", [o.nEmbd, o.vocab], t.output, o.logitStd * inv(o.nEmbd));
   if (o.mix === undefined) return tensors;
   const mixed = q4kmTypes(tensors, o.nLayer, o.nExpert);
