@@ -17,6 +17,7 @@ import {
 import {
   type Fixture,
   type FixtureTensor,
+  nativeAddon,
   normals,
   oracleEach,
   randomIds,
@@ -101,6 +102,15 @@ describe.skipIf(Boolean(missing))("a slice with another ggml type per layer", ()
 
   it("llama-cpu worker: every layer matches the f64 oracle, pass after pass, in one process", async () => {
     await using compute = await spawnLlamaExpertWorker(model.path, { threads: 1 });
+    await runAll(compute, model, 0.9995);
+  }, 120_000);
+
+  it("native addon (static ggml, CPU): every layer matches the f64 oracle, pass after pass", async (ctx) => {
+    if (!(await nativeAddon())) {
+      console.warn("skipping the addon's mixed-type run: the N-API addon is not built");
+      ctx.skip();
+    }
+    await using compute = await loadExpertCompute(model.path, { backend: "native", threads: 1 });
     await runAll(compute, model, 0.9995);
   }, 120_000);
 
