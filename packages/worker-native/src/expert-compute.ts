@@ -112,10 +112,20 @@ export interface ExpertCompute extends AsyncDisposable {
   close(): Promise<void>;
 }
 
+/**
+ * Whether the architecture multiplies the expert *input* by the router weight and sums the outputs
+ * unweighted (llama4: build_moe_ffn's weight_before_ffn). Its workers take the weighted rows with
+ * weight 1 (the dispatcher expands them, the plugin reads them from llama.cpp's graph) and refuse
+ * any other weight rather than apply it after the FFN.
+ */
+export function weightsBeforeFfn(arch: string): boolean {
+  return arch === "llama4";
+}
+
 /** Number of tokens of a request that fits the slice; throws InvalidArgumentError otherwise. */
 export function checkRunRequest(
   request: RunRequest,
-  info: Pick<ExpertComputeInfo, "layers" | "nEmbd">,
+  info: Pick<ExpertComputeInfo, "layers" | "nEmbd"> & { arch?: string },
   expertSet: ReadonlySet<number>,
 ): number {
   if (typeof request !== "object" || request === null)
@@ -173,6 +183,12 @@ export function checkRunRequest(
     for (let i = 0; i < w.length; i++) {
       if (!Number.isFinite(w[i]!))
         throw new InvalidArgumentError(`weight ${i} is not finite`, { details: { index: i } });
+      if (info.arch !== undefined && weightsBeforeFfn(info.arch) && w[i] !== 1) {
+        throw new InvalidArgumentError(
+          `weight ${i} is ${w[i]}: ${info.arch} weights the expert input, so each row comes weighted with weight 1`,
+          { details: { index: i } },
+        );
+      }
     }
   } else if (mode === "sum") {
     throw new InvalidArgumentError('mode "sum" needs the router weights');

@@ -269,12 +269,6 @@ function sliceExperts(header: GgufHeader, nExpert: number): number[] {
 
 /** The activation: the option, or the architecture's; architectures not supported yet are refused. */
 function sliceActivation(arch: string, act: Activation | "auto" | undefined): Activation {
-  if (arch === "llama4") {
-    throw bad(
-      "MOESWARM_GGUF_BAD_TENSOR",
-      "llama4 applies the router weights before the expert FFN; not supported yet",
-    );
-  }
   if (arch === "kimi-k3")
     throw bad("MOESWARM_GGUF_BAD_TENSOR", "kimi-k3's SITU activation is not supported yet");
   const actOption = act ?? "auto";

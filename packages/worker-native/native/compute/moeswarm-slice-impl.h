@@ -72,6 +72,7 @@ struct moeswarm_slice {
     uint32_t n_embd     = 0;
     uint32_t n_expert   = 0;
     int32_t act         = MOESWARM_ACT_SILU;
+    bool weight_before_ffn = false; // llama4: the router weights multiply the input (rows come weighted)
     int32_t n_threads   = 1;
     uint32_t n_graphs   = 16;
     size_t weight_bytes = 0;

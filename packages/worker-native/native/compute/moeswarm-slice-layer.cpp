@@ -190,10 +190,11 @@ bool moeswarm_load_layer(moeswarm_slice * slice, const gguf_context * gctx, uint
 
 bool moeswarm_resolve_act(moeswarm_slice * slice, const gguf_context * gctx, int32_t act_param, moeswarm_error * err) {
     const std::string & arch = slice->arch;
-    if (arch == "llama4") {
-        return moeswarm_error_set(err, "MOESWARM_NATIVE_LOAD",
-                "llama4 applies the router weights before the expert FFN; this worker does not support that yet");
-    }
+    // llama4 multiplies the expert *input* by the router weight (build_moe_ffn, weight_before_ffn)
+    // and sums the outputs unweighted: the caller sends the weighted rows with weight 1 (the
+    // dispatcher expands them, the plugin reads them from llama.cpp's graph), and a run with any
+    // other weight is refused (moeswarm_check_run) rather than weighted after the FFN
+    slice->weight_before_ffn = arch == "llama4";
     if (arch == "kimi-k3") {
         return moeswarm_error_set(err, "MOESWARM_NATIVE_LOAD", "kimi-k3's SITU activation is not supported yet");
     }

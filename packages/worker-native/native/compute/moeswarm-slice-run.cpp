@@ -278,6 +278,11 @@ static bool moeswarm_check_run(const moeswarm_slice * slice, const moeswarm_run_
                 return moeswarm_error_set(err, "MOESWARM_NATIVE_COMPUTE", "router weight %zu (token %zu, slot %zu) is not finite",
                         i, i / p->k, i % p->k);
             }
+            if (slice->weight_before_ffn && p->weights[i] != 1.0f) {
+                return moeswarm_error_set(err, "MOESWARM_NATIVE_COMPUTE",
+                        "router weight %zu is %g: %s weights the expert input, so each row comes weighted with weight 1",
+                        i, (double) p->weights[i], slice->arch.c_str());
+            }
         }
     }
     return true;

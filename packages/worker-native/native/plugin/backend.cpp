@@ -46,6 +46,24 @@ static void moeswarm_backend_synchronize(ggml_backend_t backend) {
     // graph_compute returns with the result written: nothing is ever pending
 }
 
+// llama4's k per-slot rows of each token added in slot order into out, as llama.cpp adds the k
+// views of ffn_moe_down (((y0 + y1) + y2) ...)
+static void moeswarm_sum_rows(const uint8_t * y, int64_t rows_per_token, const moeswarm_pattern & p) {
+    ggml_tensor * out = p.out;
+    for (int64_t t = 0; t < p.n_tokens; ++t) {
+        for (int64_t e = 0; e < p.n_embd; ++e) {
+            float acc;
+            memcpy(&acc, y + ((t * rows_per_token) * p.n_embd + e) * 4, 4);
+            for (int64_t r = 1; r < rows_per_token; ++r) {
+                float v;
+                memcpy(&v, y + ((t * rows_per_token + r) * p.n_embd + e) * 4, 4);
+                acc = acc + v;
+            }
+            memcpy((char *) out->data + t * out->nb[1] + e * out->nb[0], &acc, 4);
+        }
+    }
+}
+
 // one round trip: the dispatch frame out, its result (or error) back into out. *lost is set when
 // the connection itself failed (not an error frame, not the deadline): worth one more try on a
 // fresh connection, since the compute is a pure function of the frame.
@@ -70,10 +88,13 @@ static bool moeswarm_round_trip(moeswarm_backend_context * ctx, const moeswarm_c
     d.id      = id;
     d.model   = cfg.model.c_str();
     d.layer   = (uint32_t) p.layer;
-    d.n       = (uint32_t) p.n_tokens;
+    // weighted input (llama4): one row per (token, slot), each with its one slot of weight 1
+    const int64_t rows_per_token = p.weighted_input ? p.k : 1;
+    const int64_t n_rows         = p.n_tokens * rows_per_token;
+    d.n       = (uint32_t) n_rows;
     d.embd    = (uint32_t) p.n_embd;
     d.x       = ctx->x.data();
-    d.k       = (uint32_t) p.k;
+    d.k       = (uint32_t) (p.k / rows_per_token);
     d.ids     = ctx->ids.data();
     d.weights = ctx->w.data();
     d.mode    = MOESWARM_MODE_SUM;
@@ -89,7 +110,7 @@ static bool moeswarm_round_trip(moeswarm_backend_context * ctx, const moeswarm_c
         moeswarm_conn_close(c);
         return false;
     }
-    const size_t want = (size_t) p.n_tokens * p.n_embd;
+    const size_t want = (size_t) n_rows * p.n_embd;
     // a result is its y plus a small header; anything much larger is not ours to allocate
     const size_t max_frame = std::max<size_t>(MOESWARM_FRAME_MAX_DEFAULT, want * 4 + 4096);
     for (;;) {
@@ -128,7 +149,7 @@ static bool moeswarm_round_trip(moeswarm_backend_context * ctx, const moeswarm_c
         if (f.type != MOESWARM_FRAME_RESULT || f.id != id) {
             continue; // pings, or a late answer to a request given up on
         }
-        if (f.mode != MOESWARM_MODE_SUM || f.n != p.n_tokens || f.embd != p.n_embd || f.y.len != want * 4) {
+        if (f.mode != MOESWARM_MODE_SUM || f.n != n_rows || f.embd != p.n_embd || f.y.len != want * 4) {
             err = "the bridge's result has the wrong shape";
             moeswarm_conn_close(c);
             return false;
@@ -136,7 +157,9 @@ static bool moeswarm_round_trip(moeswarm_backend_context * ctx, const moeswarm_c
         moeswarm_trace_hop("plugin.recv", p.layer);
         const uint8_t * y = f.y.ptr;
         ggml_tensor * out = p.out;
-        if (out->nb[0] == 4 && out->nb[1] == (size_t) p.n_embd * 4) {
+        if (rows_per_token > 1) {
+            moeswarm_sum_rows(y, rows_per_token, p);
+        } else if (out->nb[0] == 4 && out->nb[1] == (size_t) p.n_embd * 4) {
             memcpy(out->data, y, want * 4);
         } else {
             for (int64_t t = 0; t < p.n_tokens; ++t) {
@@ -178,22 +201,31 @@ static enum ggml_status moeswarm_backend_graph_compute(ggml_backend_t backend, g
     }
 
     // gather the inputs with their strides (the ids are a view of the argsort)
+    // (llama4's weighted input: K rows per token, whose weights are already in them)
     const int64_t T = p->n_tokens, E = p->n_embd, K = p->k;
-    ctx->x.resize((size_t) T * E);
+    const int64_t R = p->weighted_input ? K : 1;
+    ctx->x.resize((size_t) T * R * E);
     ctx->ids.resize((size_t) T * K);
     ctx->w.resize((size_t) T * K);
     const ggml_tensor * x = p->x;
     for (int64_t t = 0; t < T; ++t) {
-        const char * row = (const char *) x->data + t * x->nb[2];
-        if (x->nb[0] == 4) {
-            memcpy(ctx->x.data() + t * E, row, E * 4);
-        } else {
-            for (int64_t e = 0; e < E; ++e)
-                memcpy(ctx->x.data() + t * E + e, row + e * x->nb[0], 4);
+        for (int64_t r = 0; r < R; ++r) {
+            const char * row = (const char *) x->data + t * x->nb[2] + r * x->nb[1];
+            float * dst      = ctx->x.data() + (t * R + r) * E;
+            if (x->nb[0] == 4) {
+                memcpy(dst, row, E * 4);
+            } else {
+                for (int64_t e = 0; e < E; ++e)
+                    memcpy(dst + e, row + e * x->nb[0], 4);
+            }
         }
         for (int64_t j = 0; j < K; ++j) {
             memcpy(ctx->ids.data() + t * K + j, (const char *) p->ids->data + t * p->ids->nb[1] + j * p->ids->nb[0], 4);
-            memcpy(ctx->w.data() + t * K + j, (const char *) p->w->data + t * p->w->nb[2] + j * p->w->nb[1], 4);
+            if (p->w == nullptr) {
+                ctx->w[t * K + j] = 1.0f;
+            } else {
+                memcpy(ctx->w.data() + t * K + j, (const char *) p->w->data + t * p->w->nb[2] + j * p->w->nb[1], 4);
+            }
         }
     }
 

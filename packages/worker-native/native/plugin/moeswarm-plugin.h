@@ -140,7 +140,11 @@ struct moeswarm_pattern {
     int layer         = -1;
     ggml_tensor * x   = nullptr; // [n_embd, 1, n_tokens] f32: the normed hidden rows
     ggml_tensor * ids = nullptr; // [k, n_tokens] i32, strided (a view of the argsort)
-    ggml_tensor * w   = nullptr; // [1, k, n_tokens] f32: the router weights
+    ggml_tensor * w   = nullptr; // [1, k, n_tokens] f32: the router weights (null when weighted_input)
+    // llama4 (build_moe_ffn's weight_before_ffn): the backbone multiplied the input by the router
+    // weights before the split (ffn_moe_weighted), so x is [n_embd, k, n_tokens], one weighted row
+    // per slot, and the split sums the k expert outputs unweighted
+    bool weighted_input = false;
     ggml_tensor * out = nullptr; // [n_embd, n_tokens] f32: ffn_moe_out
     int64_t n_embd    = 0;
     int64_t n_tokens  = 0;

@@ -179,17 +179,23 @@ bool moeswarm_find_pattern(const ggml_cgraph * cgraph, moeswarm_pattern & p, std
             ++n_add;
         }
     }
-    if (cgraph->n_nodes == 0 || p.x == nullptr || p.w == nullptr || n_weighting != 1 || n_mmid < 2) {
+    // no weighting inside the split: llama4's weight_before_ffn, whose input rows the backbone
+    // already multiplied by the router weights (the node llama.cpp names ffn_moe_weighted-<layer>;
+    // the scheduler's copy of a split input keeps the name inside its own)
+    p.weighted_input = n_weighting == 0 && p.x != nullptr && strstr(p.x->name, "ffn_moe_weighted") != nullptr;
+    if (cgraph->n_nodes == 0 || p.x == nullptr || n_mmid < 2 || (!p.weighted_input && (p.w == nullptr || n_weighting != 1))) {
         err = "not the routed-expert FFN of one layer (projections, weighting and sum)";
         return false;
     }
-    p.out         = cgraph->nodes[cgraph->n_nodes - 1];
-    p.n_embd      = p.x->ne[0];
-    p.n_tokens    = p.x->ne[2];
-    p.k           = p.ids->ne[0];
-    const bool ok = p.x->type == GGML_TYPE_F32 && p.x->ne[1] == 1 && p.x->ne[3] == 1 && p.ids->type == GGML_TYPE_I32 &&
-            p.ids->ne[1] == p.n_tokens && p.ids->ne[2] == 1 && p.w->type == GGML_TYPE_F32 && p.w->ne[0] == 1 &&
-            p.w->ne[1] == p.k && p.w->ne[2] == p.n_tokens && p.out->type == GGML_TYPE_F32 && p.out->ne[0] == p.n_embd &&
+    p.out          = cgraph->nodes[cgraph->n_nodes - 1];
+    p.n_embd       = p.x->ne[0];
+    p.n_tokens     = p.x->ne[2];
+    p.k            = p.ids->ne[0];
+    const bool w_ok = p.weighted_input ? p.x->ne[1] == p.k
+                                       : p.x->ne[1] == 1 && p.w->type == GGML_TYPE_F32 && p.w->ne[0] == 1 &&
+                                                 p.w->ne[1] == p.k && p.w->ne[2] == p.n_tokens;
+    const bool ok  = p.x->type == GGML_TYPE_F32 && w_ok && p.x->ne[3] == 1 && p.ids->type == GGML_TYPE_I32 &&
+            p.ids->ne[1] == p.n_tokens && p.ids->ne[2] == 1 && p.out->type == GGML_TYPE_F32 && p.out->ne[0] == p.n_embd &&
             p.out->ne[1] == p.n_tokens && p.out->ne[2] == 1 && p.out->ne[3] == 1 &&
             (p.k == 1 ? p.out->op == GGML_OP_CONT : (p.out->op == GGML_OP_ADD && n_add == p.k - 1));
     if (!ok || p.k < 1 || p.k > 256 || p.n_tokens < 1 || p.n_tokens > 65536 || p.n_embd < 1 || p.n_embd > 65536) {
