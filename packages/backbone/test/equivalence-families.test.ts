@@ -7,8 +7,11 @@
 // biases travel in the slices and its swiglu_oai runs on the workers. glm4moe's sigmoid router,
 // its selection bias (exp_probs_b) and weight scale run in the backbone, its shared expert too; its
 // leading dense layer has no experts and no split. deepseek2 (as DeepSeek-V3 and Kimi K2 ship):
-// grouped top-k on sigmoid scores plus the selection bias, also in the backbone. llama4 is not
-// here: its workers refuse the weight-before-FFN routing (MOESWARM_NATIVE_LOAD at slice load).
+// grouped top-k on sigmoid scores plus the selection bias, also in the backbone. llama4: top-1 on
+// the raw router logits, and the sigmoid weight multiplies the expert *input* (build_moe_ffn's
+// weight_before_ffn, ffn_moe_weighted) in the backbone, before the split; the split takes those
+// weighted rows and sums the expert outputs unweighted. Its shared expert and the dense layers
+// between the MoE ones (interleave_moe_layer_step 2) stay in the backbone.
 //
 // MOESWARM_SHAPE_TRUE=1 also runs the shape-true qwen35moe preset (Qwen3.5-122B-A10B's layers,
 // ~6 GB, synthesised once into the model cache) and prints the decode figures.
@@ -58,6 +61,7 @@ const CASES: Case[] = [
   { preset: "tiny", arch: "gpt-oss", workers: 2, nPredict: 32, expertTensors: 6, moeLayers: [0, 1] },
   { preset: "tiny", arch: "glm4moe", workers: 2, nPredict: 32, expertTensors: 3, moeLayers: [1, 2] },
   { preset: "tiny", arch: "deepseek2", workers: 3, nPredict: 32, expertTensors: 3, moeLayers: [1, 2] },
+  { preset: "tiny", arch: "llama4", workers: 2, nPredict: 32, expertTensors: 3, moeLayers: [1, 3] },
 ];
 const SHAPE_TRUE = process.env.MOESWARM_SHAPE_TRUE === "1";
 if (SHAPE_TRUE)
