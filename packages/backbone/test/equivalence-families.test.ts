@@ -22,7 +22,10 @@ import {
   ggmlTypeName,
   readGguf,
   type SyntheticArch,
+  type SyntheticMoeOptions,
   type SyntheticPreset,
+  synthesizeMoeModel,
+  syntheticPreset,
 } from "@moeswarm/shard";
 import { ggmlQuantize } from "@moeswarm/worker-native";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -53,6 +56,8 @@ interface Case {
   expertTensors: number;
   /** The layers with routed experts (glm4moe's leading dense layer has none). */
   moeLayers: number[];
+  /** Options over the preset's, the model written into the test's directory (not the cache). */
+  overrides?: Partial<SyntheticMoeOptions>;
 }
 
 const CASES: Case[] = [
@@ -62,6 +67,18 @@ const CASES: Case[] = [
   { preset: "tiny", arch: "glm4moe", workers: 2, nPredict: 32, expertTensors: 3, moeLayers: [1, 2] },
   { preset: "tiny", arch: "deepseek2", workers: 3, nPredict: 32, expertTensors: 3, moeLayers: [1, 2] },
   { preset: "tiny", arch: "llama4", workers: 2, nPredict: 32, expertTensors: 3, moeLayers: [1, 3] },
+  // Llama 4 ships top-1; top-2 makes llama.cpp weight two rows per token before the split, which
+  // the plugin sends as one row per slot and adds back in slot order
+  {
+    preset: "tiny",
+    arch: "llama4",
+    workers: 3,
+    nPredict: 32,
+    expertTensors: 3,
+    moeLayers: [1, 3],
+    overrides: { nExpertUsed: 2 },
+  },
+  { preset: "tiny", arch: "minimax-m2", workers: 2, nPredict: 32, expertTensors: 3, moeLayers: [0, 1] },
 ];
 const SHAPE_TRUE = process.env.MOESWARM_SHAPE_TRUE === "1";
 if (SHAPE_TRUE)
@@ -80,7 +97,8 @@ describe.skipIf(Boolean(missing))("model families: plain llama.cpp vs llama.cpp 
   afterAll(() => tmp.remove());
 
   for (const c of CASES) {
-    describe(`${c.preset} ${c.arch}, ${c.workers} workers, every MoE layer remote`, () => {
+    const custom = c.overrides ? ` ${JSON.stringify(c.overrides)}` : "";
+    describe(`${c.preset} ${c.arch}${custom}, ${c.workers} workers, every MoE layer remote`, () => {
       let model: string;
       let info: ModelInfo;
       let swarm: Swarm;
@@ -89,13 +107,18 @@ describe.skipIf(Boolean(missing))("model families: plain llama.cpp vs llama.cpp 
       let plainTokens: number[];
       let plainDecodeMs: number;
       let sliceBytesPerExpert: number;
-      const tag = `${c.arch}-${c.preset}-${c.workers}`;
+      const tag = `${c.arch}-${c.preset}-${c.workers}${c.overrides ? "-custom" : ""}`;
 
       beforeAll(async () => {
         const t0 = performance.now();
-        // ggml's own quantiser for the shape-true model: the same bytes, a hundred times faster
-        model =
-          c.preset === "shape"
+        const custom = join(tmp.dir, `${c.arch}-custom.gguf`);
+        if (c.overrides)
+          await synthesizeMoeModel({ ...syntheticPreset(c.preset, c.arch), ...c.overrides }, custom);
+        // ggml's own quantiser for the shape-true model and minimax-m2's K-quants: the same
+        // bytes, a hundred times faster
+        model = c.overrides
+          ? custom
+          : c.preset === "shape" || c.arch === "minimax-m2"
             ? (
                 await ensureSyntheticModel(c.preset, {
                   cacheDir: MODEL_CACHE,

@@ -266,6 +266,22 @@ describe("synthesizeMoeModel", () => {
           "blk.3.ffn_down_exps.weight": [128, 64, 8],
         },
       },
+      // minimax-m2.cpp: QK norms over the whole query/key widths, a selection bias, no shared expert
+      "minimax-m2": {
+        keys: [
+          "minimax-m2.expert_gating_func",
+          "minimax-m2.expert_feed_forward_length",
+          "minimax-m2.rope.dimension_count",
+          "minimax-m2.attention.key_length",
+        ],
+        tensors: {
+          "blk.0.attn_q_norm.weight": [256],
+          "blk.0.attn_k_norm.weight": [128],
+          "blk.1.exp_probs_b.bias": [8],
+          "blk.1.ffn_gate_exps.weight": [256, 256, 8],
+          "blk.1.ffn_down_exps.weight": [256, 256, 8],
+        },
+      },
     };
     const paths = SYNTHETIC_ARCHS.map((arch) => join(tmp.dir, `layout-${arch}.gguf`));
     for (const [i, arch] of SYNTHETIC_ARCHS.entries())

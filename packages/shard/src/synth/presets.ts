@@ -110,6 +110,9 @@ const PRESETS: Record<SyntheticPreset, PresetTable> = {
     // Layers 1 and 3 MoE (top-1 of 8, input-weighted), 0 and 2 dense, as Llama 4 Maverick.
     // Seed 2: with seed 1 the greedy continuation of llama-load's first prompt ends at once (EOS).
     llama4: tiny("llama4", { seed: 2, nLayer: 4, nExpertUsed: 1, types: Q8_SHARED_TYPES }),
+    // llama-quantize's Q4_K_M types, 256 wide so that the experts are real K-quants (Q4_K gate
+    // and up, Q6_K down on use_more_bits layers) rather than a row-length fallback.
+    "minimax-m2": tiny("minimax-m2", { nEmbd: 256, headDim: 64, nFfExp: 256, mix: "Q4_K_M" }),
   },
   small: {
     qwen3moe: {

@@ -16,6 +16,7 @@ import {
   routerTensor,
 } from "./layer-parts.js";
 import { llama4LayerTensors, llama4Metadata } from "./llama4.js";
+import { minimaxM2LayerTensors, minimaxM2Metadata } from "./minimax-m2.js";
 import { MIX_FILE_TYPE, q4kmTypes, SYNTHETIC_MIXES, type SyntheticMix } from "./quant-mix.js";
 import {
   type LinearAttentionOptions,
@@ -31,7 +32,8 @@ import { buildTokenizer } from "./tokenizer.js";
  * swiglu_oai experts, attention sinks), `glm4moe` GLM-4.5 (sigmoid router with a selection bias,
  * a shared expert, a leading dense layer), `deepseek2` DeepSeek-V3/Kimi K2 (latent attention,
  * grouped sigmoid routing with a selection bias, shared experts), `llama4` (top-1 routing whose
- * sigmoid weight scales the expert input, MoE every other layer).
+ * sigmoid weight scales the expert input, MoE every other layer), `minimax-m2` (sigmoid router with
+ * a selection bias, no shared expert, full-width QK norms).
  */
 export const SYNTHETIC_ARCHS = [
   "qwen3moe",
@@ -42,6 +44,7 @@ export const SYNTHETIC_ARCHS = [
   "glm4moe",
   "deepseek2",
   "llama4",
+  "minimax-m2",
 ] as const;
 export type SyntheticArch = (typeof SYNTHETIC_ARCHS)[number];
 
@@ -214,7 +217,14 @@ export function resolveSyntheticOptions(options: SyntheticMoeOptions): ResolvedS
     options.headDim === undefined ? nEmbd / nHead : positiveInt(options.headDim, "headDim", LIMITS.nEmbd);
   if (!Number.isInteger(headDim))
     throw new InvalidArgumentError(`nEmbd (${nEmbd}) must be a multiple of nHead (${nHead})`);
-  const freeHeadDim: readonly SyntheticArch[] = ["qwen3moe", "qwen35moe", "gpt-oss", "glm4moe", "deepseek2"];
+  const freeHeadDim: readonly SyntheticArch[] = [
+    "qwen3moe",
+    "qwen35moe",
+    "gpt-oss",
+    "glm4moe",
+    "deepseek2",
+    "minimax-m2",
+  ];
   if (!freeHeadDim.includes(arch) && headDim * nHead !== nEmbd) {
     throw new InvalidArgumentError(
       `${arch} needs headDim * nHead = nEmbd (${headDim} * ${nHead} != ${nEmbd})`,
@@ -302,6 +312,7 @@ function syntheticMetadata(o: ResolvedSyntheticOptions, arch: string): Map<strin
   else if (o.arch === "glm4moe") glm4moeMetadata(md, k, o);
   else if (o.arch === "deepseek2" && o.mla) deepseek2Metadata(md, k, { ...o, mla: o.mla });
   else if (o.arch === "llama4") llama4Metadata(md, k, o);
+  else if (o.arch === "minimax-m2") minimaxM2Metadata(md, k, o);
   else if (o.arch !== "mixtral") md.set(k("expert_feed_forward_length"), v.u32(o.nFfExp));
   if (o.arch === "qwen2moe") md.set(k("expert_shared_feed_forward_length"), v.u32(o.nFfShared));
   if (o.arch === "mixtral") {
@@ -356,6 +367,7 @@ const LAYER_TENSORS: Record<SyntheticArch, LayerTensors> = {
   glm4moe: glm4moeLayerTensors,
   deepseek2: (add, o, il) => deepseek2LayerTensors(add, { ...o, mla: o.mla! }, il),
   llama4: llama4LayerTensors,
+  "minimax-m2": minimaxM2LayerTensors,
 };
 
 /** The tensors `load_arch_tensors` creates, in file order, each with its distribution. */
