@@ -277,9 +277,9 @@ describe("synthesizeMoeModel", () => {
         tensors: {
           "blk.0.attn_q_norm.weight": [256],
           "blk.0.attn_k_norm.weight": [128],
-          "blk.1.exp_probs_b.bias": [8],
-          "blk.1.ffn_gate_exps.weight": [256, 256, 8],
-          "blk.1.ffn_down_exps.weight": [256, 256, 8],
+          "blk.1.exp_probs_b.bias": [4],
+          "blk.1.ffn_gate_exps.weight": [256, 256, 4],
+          "blk.1.ffn_down_exps.weight": [256, 256, 4],
         },
       },
     };

@@ -111,8 +111,10 @@ const PRESETS: Record<SyntheticPreset, PresetTable> = {
     // Seed 2: with seed 1 the greedy continuation of llama-load's first prompt ends at once (EOS).
     llama4: tiny("llama4", { seed: 2, nLayer: 4, nExpertUsed: 1, types: Q8_SHARED_TYPES }),
     // llama-quantize's Q4_K_M types, 256 wide so that the experts are real K-quants (Q4_K gate
-    // and up, Q6_K down on use_more_bits layers) rather than a row-length fallback.
-    "minimax-m2": tiny("minimax-m2", { nEmbd: 256, headDim: 64, nFfExp: 256, mix: "Q4_K_M" }),
+    // and up, Q6_K down on use_more_bits layers) rather than a row-length fallback; 4 experts, not
+    // 8, to stay under ~1.5 MB and out of llama-quantize's 8-expert (Mixtral) attention bump,
+    // which MiniMax-M2's 256 experts do not get either.
+    "minimax-m2": tiny("minimax-m2", { nEmbd: 256, headDim: 64, nFfExp: 256, nExpert: 4, mix: "Q4_K_M" }),
   },
   small: {
     qwen3moe: {

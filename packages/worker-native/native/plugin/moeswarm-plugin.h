@@ -11,7 +11,8 @@
 //   workers hold them); the address range is reserved without RAM. Compute buffers (the split's
 //   inputs and output) are ordinary memory.
 // - supports_op is structural, so that each remote MoE layer is exactly one split per ubatch:
-//   gate/up MUL_MAT_ID -> activation -> down MUL_MAT_ID -> weighting MUL -> adds of the k views.
+//   gate/up MUL_MAT_ID -> activation -> down MUL_MAT_ID -> weighting MUL -> adds of the k views
+//   (llama4: no weighting MUL; llama.cpp weighted the k input rows before the split).
 // - graph_compute sends one `dispatch` frame (mode "sum") per split over a Unix or TCP socket and
 //   blocks until the combined `result`; an `error` frame or a dead socket fails the compute
 //   (llama_decode returns an error), never a wrong value.
