@@ -187,14 +187,15 @@ bool moeswarm_find_pattern(const ggml_cgraph * cgraph, moeswarm_pattern & p, std
         err = "not the routed-expert FFN of one layer (projections, weighting and sum)";
         return false;
     }
-    p.out          = cgraph->nodes[cgraph->n_nodes - 1];
-    p.n_embd       = p.x->ne[0];
-    p.n_tokens     = p.x->ne[2];
-    p.k            = p.ids->ne[0];
+    p.out      = cgraph->nodes[cgraph->n_nodes - 1];
+    p.n_embd   = p.x->ne[0];
+    p.n_tokens = p.x->ne[2];
+    p.k        = p.ids->ne[0];
+    // one input row per token and the weights beside them, or (weighted input) one row per slot
     const bool w_ok = p.weighted_input ? p.x->ne[1] == p.k
                                        : p.x->ne[1] == 1 && p.w->type == GGML_TYPE_F32 && p.w->ne[0] == 1 &&
                                                  p.w->ne[1] == p.k && p.w->ne[2] == p.n_tokens;
-    const bool ok  = p.x->type == GGML_TYPE_F32 && w_ok && p.x->ne[3] == 1 && p.ids->type == GGML_TYPE_I32 &&
+    const bool ok = p.x->type == GGML_TYPE_F32 && w_ok && p.x->ne[3] == 1 && p.ids->type == GGML_TYPE_I32 &&
             p.ids->ne[1] == p.n_tokens && p.ids->ne[2] == 1 && p.out->type == GGML_TYPE_F32 && p.out->ne[0] == p.n_embd &&
             p.out->ne[1] == p.n_tokens && p.out->ne[2] == 1 && p.out->ne[3] == 1 &&
             (p.k == 1 ? p.out->op == GGML_OP_CONT : (p.out->op == GGML_OP_ADD && n_add == p.k - 1));
