@@ -325,6 +325,27 @@ describe.skipIf(Boolean(missing))("llama-server with the plugin, beside moeswarm
   );
 
   it(
+    "warns at load when --parallel N comes without -kvu (every decode step would be split)",
+    async () => {
+      const warning = /moeswarm: llama-server --parallel 2 without -kvu: .* Add -kvu/;
+      expect(served.output()).not.toMatch(/without -kvu/);
+      await using split = await startLlamaServer(
+        bin,
+        ["-m", model, "-t", "1", "--parallel", "2", "-c", "512", "-fit", "off"].concat([
+          "-ot",
+          dispatcher!.listening.override,
+          "--load-mode",
+          "none",
+        ]),
+        { env: { GGML_BACKEND_PATH: pluginPath(), MOESWARM_BRIDGE: dispatcher!.listening.address } },
+      );
+      expect(split.output()).toMatch(warning);
+      expect(split.output()).toMatch(/kv_unified = 'false'/);
+    },
+    TEST_TIMEOUT_MS,
+  );
+
+  it(
     "gives the same top-10 probabilities as plain llama-server (n_probs)",
     async () => {
       const ask = async (server: LlamaServerProcess) => {
