@@ -52,8 +52,8 @@ routing statistics and receipts to the hub.
   --draft-model <gguf>    a small model with the same vocabulary for llama-server's speculative
                           decoding: the printed command gains -md <gguf> --spec-type draft-simple,
                           so one round trip per remote layer verifies up to --draft-max + 1 tokens
-  --draft-max <n>         tokens drafted per step (default 8: a round trip costs more than the
-                          verification of a few extra tokens)
+  --draft-max <n>         tokens drafted per step (default 8, best for a few concurrent clients;
+                          with many, 3 verifies less in vain)
   --stats-interval <s>    print the metrics every s seconds (default: only at exit)
   --json                  one JSON object per line on stdout
   --help                  this text
