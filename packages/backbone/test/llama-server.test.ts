@@ -337,7 +337,13 @@ describe.skipIf(Boolean(missing))("llama-server with the plugin, beside moeswarm
           "--load-mode",
           "none",
         ]),
-        { env: { GGML_BACKEND_PATH: pluginPath(), MOESWARM_BRIDGE: dispatcher!.listening.address } },
+        {
+          env: {
+            GGML_BACKEND_PATH: pluginPath(),
+            MOESWARM_BRIDGE: dispatcher!.listening.address,
+            MOESWARM_MODEL: MODEL_ID,
+          },
+        },
       );
       expect(split.output()).toMatch(warning);
       expect(split.output()).toMatch(/kv_unified = 'false'/);
