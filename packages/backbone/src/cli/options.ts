@@ -171,7 +171,7 @@ function draftOf(values: Values): CliConfig["draft"] {
   return { path, max: int(values["draft-max"], "draft-max", DEFAULT_DRAFT_MAX, 1, 64) };
 }
 
-/** Tokens drafted per step by default (measured by `pnpm bench throughput`: see docs/backbone-plugin.md). */
+/** Tokens drafted per step by default (`pnpm bench throughput`; the backbone README has the figures). */
 export const DEFAULT_DRAFT_MAX = 8;
 
 function socketOf(values: Values): BridgeSocket {
