@@ -2,70 +2,58 @@
 // packages/backbone/scripts/build-llama-server.mjs) serving C concurrent clients, plain against the
 // same llama-server with every MoE layer sent through the plugin to moeswarm's bridge, whose hub
 // and 2 llama-cpu workers sit behind a userspace delay proxy (tools/delay-proxy.mjs) adding RTT.
-// Per cell: plain tok/s, swarm tok/s, their ratio, dispatch frames per remote layer per llama_decode
-// (1.00: the C sequences share each round trip), bytes on the wire per generated token, and
-// whether the swarm's texts equal plain's (temperature 0). MOESWARM_BENCH_SHORT=1: fewer cells and
-// tokens. Flags as the dispatcher prints them (-kvu, --load-mode none), --parallel = C, one thread.
+// Three ways to serve the C sequences (throughput-servers.ts): "none" (one llama-server,
+// --parallel C), "draft" (the same with a local draft model: speculative decoding verifies several
+// tokens per round trip) and "overlap" (two llama-servers with C/2 slots each on one bridge: one
+// computes while the other waits). Per cell: plain and swarm tok/s (median of the repeats, with
+// their range), their ratio, the gain over "none" at the same C and RTT, round trips per remote
+// layer per generated token, frames per remote layer per llama_decode, draft acceptance, bytes on
+// the wire per token, and whether the swarm's texts equal plain's (temperature 0).
+// MOESWARM_BENCH_SHORT=1: the small model, fewer cells and tokens; MOESWARM_BENCH_TP_VARIANTS
+// (default none,draft,overlap), MOESWARM_BENCH_REPEAT (default 3) and MOESWARM_BENCH_DRAFT_MAX
+// (default 8, the dispatcher's) choose the rest. Flags as the dispatcher prints them (-kvu,
+// --load-mode none, the draft's), one thread per llama-server.
 import { execFileSync } from "node:child_process";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { createLocalFallback, pluginPath, serveBackboneBridge } from "@moeswarm/backbone";
+import { createLocalFallback, type LocalFallback, pluginPath, serveBackboneBridge } from "@moeswarm/backbone";
 import { createHub, mintToken } from "@moeswarm/hub";
 import { connectRelay } from "@moeswarm/relay-client";
 import { ensureSyntheticModel, findExpertTensors, readGguf, sliceExperts } from "@moeswarm/shard";
-import { type LlamaServerProcess, startLlamaServer } from "@moeswarm/testkit/llama-server";
 import { spawnLlamaExpertWorker, type WorkerProcessCompute } from "@moeswarm/worker-native";
-import type { Benchmark, Row } from "../harness.js";
+import { type Benchmark, median, type Row } from "../harness.js";
+import {
+  drive,
+  type Run,
+  type ServerGroup,
+  type ServerGroupOptions,
+  startServerGroup,
+  VARIANTS,
+  type Variant,
+} from "./throughput-servers.js";
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..");
 const CACHE_DIR = join(ROOT, ".cache", "models");
 const SHORT = process.env.MOESWARM_BENCH_SHORT === "1";
 const N_PREDICT = SHORT ? 16 : 48;
 const CONCURRENCY = [1, 4, 16];
-const RTT_MS = [0, 0.5, 10, 30];
+const RTT_MS = SHORT ? [0, 10, 30] : [0, 0.5, 10, 30];
+const REPEAT = Math.max(1, Number(process.env.MOESWARM_BENCH_REPEAT ?? 3));
+const DRAFT_MAX = Number(process.env.MOESWARM_BENCH_DRAFT_MAX ?? 8);
 const SECRET = "bench-throughput-secret-0123456789ab";
 const MODEL_ID = "bench-tp";
+const OVERRIDE = "blk\\.\\d+\\.ffn_(gate|up|down|gate_up)_exps\\..*=MOESWARM";
 
-interface Run {
-  tokS: number;
-  texts: string[];
-  decodes: number;
-}
+type DelayProxy = (o: { target: string; rttMs: number }) => Promise<{ url: string; close(): Promise<void> }>;
 
-async function metric(server: LlamaServerProcess, name: string): Promise<number> {
-  const text = await (await fetch(`${server.url}/metrics`)).text();
-  return Number(new RegExp(`^llamacpp:${name} (\\S+)$`, "m").exec(text)?.[1] ?? Number.NaN);
-}
-
-/** C clients at once, each one completion of N_PREDICT tokens at temperature 0. */
-async function drive(server: LlamaServerProcess, c: number): Promise<Run> {
-  const d0 = await metric(server, "n_decode_total");
-  const t0 = performance.now();
-  const texts = await Promise.all(
-    [...Array(c).keys()].map(async (i) => {
-      const r = await fetch(`${server.url}/completion`, {
-        method: "POST",
-        body: JSON.stringify({
-          prompt: `Client ${i} says`,
-          n_predict: N_PREDICT,
-          temperature: 0,
-          ignore_eos: true,
-        }),
-      });
-      if (r.status !== 200) {
-        const log = server
-          .output()
-          .split("\n")
-          .filter((l) => /moeswarm|MOESWARM/.test(l));
-        throw new Error(`llama-server answered ${r.status}: ${await r.text()}\n${log.slice(-5).join("\n")}`);
-      }
-      return ((await r.json()) as { content: string }).content;
-    }),
-  );
-  const s = (performance.now() - t0) / 1000;
-  return { tokS: (c * N_PREDICT) / s, texts, decodes: (await metric(server, "n_decode_total")) - d0 };
+function variants(): Variant[] {
+  const asked = (process.env.MOESWARM_BENCH_TP_VARIANTS ?? VARIANTS.join(",")).split(",");
+  for (const v of asked) {
+    if (!VARIANTS.includes(v as Variant)) throw new Error(`MOESWARM_BENCH_TP_VARIANTS: unknown ${v}`);
+  }
+  return asked as Variant[];
 }
 
 /** A worker process behind the hub's relay, answering the dispatches it is sent. */
@@ -84,152 +72,280 @@ function relayWorker(relayUrl: string, id: string, compute: WorkerProcessCompute
   });
 }
 
+/** Everything the cells share: llama-server, the models, the hub with its two workers, the fallback. */
+interface Setup {
+  bin: string;
+  model: string;
+  draft: { path: string; max: number };
+  layers: number[];
+  hubPort: string;
+  fallback: LocalFallback;
+  dir: string;
+  startDelayProxy: DelayProxy;
+}
+
+async function startSwarm(
+  model: string,
+  dir: string,
+  workers: WorkerProcessCompute[],
+  closers: Array<() => Promise<unknown>>,
+): Promise<{ layers: number[]; hubPort: string }> {
+  const layout = findExpertTensors(await readGguf(model));
+  const layers = layout.layers.map((l) => l.layer);
+  const nExpert = layout.layers[0]!.nExpert;
+  const hub = createHub({
+    secret: SECRET,
+    models: [{ id: MODEL_ID, path: model }],
+    requireLeases: false,
+    replicas: 1,
+    trustReports: true,
+  });
+  closers.push(() => hub.close());
+  const listener = await hub.listen(0);
+  for (let w = 0; w < 2; w++) {
+    const experts = [...Array(nExpert / 2).keys()].map((i) => i + (w * nExpert) / 2);
+    const path = join(dir, `w${w}.gguf`);
+    await using slice = await sliceExperts(model, { layers, experts });
+    await slice.write(path);
+    const worker = await spawnLlamaExpertWorker(path, { threads: 1 });
+    workers.push(worker);
+    const c = await relayWorker(listener.relayUrl, `w${w}`, worker);
+    closers.push(() => c.close());
+    c.register({ model: MODEL_ID, layers, experts });
+  }
+  return { layers, hubPort: new URL(listener.url).port };
+}
+
+/** The variants that apply at concurrency C ("none" first: the others are compared with it). */
+function variantsAt(c: number): Variant[] {
+  // one sequence cannot overlap with another
+  const asked = variants().filter((v) => v !== "overlap" || c > 1);
+  return [...asked].sort((x, y) => Number(y === "none") - Number(x === "none"));
+}
+
+/**
+ * REPEAT measured runs of every group (after a warm-up each), interleaved and in a rotating
+ * order: on a shared machine each variant then sees the same load, so their ratios hold better
+ * than their absolute speeds. `around` is read before each run (the bridge's counters).
+ */
+async function interleave<T>(
+  groups: Array<[Variant, ServerGroup]>,
+  c: number,
+  around: () => T,
+  record: (variant: Variant, run: Run, before: T) => void,
+): Promise<void> {
+  for (const [, g] of groups) await drive(g, c, N_PREDICT);
+  for (let r = 0; r < REPEAT; r++) {
+    for (let j = 0; j < groups.length; j++) {
+      const [variant, g] = groups[(r + j) % groups.length]!;
+      const before = around();
+      record(variant, await drive(g, c, N_PREDICT), before);
+    }
+  }
+}
+
+async function startGroups(
+  s: Setup,
+  c: number,
+  plugin?: ServerGroupOptions["plugin"],
+): Promise<Array<[Variant, ServerGroup]>> {
+  const groups: Array<[Variant, ServerGroup]> = [];
+  try {
+    for (const variant of variantsAt(c)) {
+      const options = { ...s, variant, clients: c, nPredict: N_PREDICT, ...(plugin ? { plugin } : {}) };
+      groups.push([variant, await startServerGroup(options)]);
+    }
+    return groups;
+  } catch (error) {
+    await Promise.all(groups.map(([, g]) => g.close()));
+    throw error;
+  }
+}
+
+/** Plain llama-server, every variant at concurrency C. */
+async function measurePlain(s: Setup, c: number): Promise<Map<Variant, Run[]>> {
+  const groups = await startGroups(s, c);
+  const out = new Map<Variant, Run[]>(groups.map(([v]) => [v, []]));
+  try {
+    await interleave(
+      groups,
+      c,
+      () => undefined,
+      (v, run) => out.get(v)!.push(run),
+    );
+    return out;
+  } finally {
+    await Promise.all(groups.map(([, g]) => g.close()));
+  }
+}
+
+interface SwarmCell {
+  runs: Run[];
+  requests: number;
+  wireBytes: number;
+  fallbacks: number;
+}
+
+/** The same with the plugin, one bridge for all, behind a delay proxy of `rtt` ms to the hub. */
+async function measureSwarm(s: Setup, c: number, rtt: number): Promise<Map<Variant, SwarmCell>> {
+  const proxy = await s.startDelayProxy({ target: `127.0.0.1:${s.hubPort}`, rttMs: rtt });
+  const bridge = await serveBackboneBridge({
+    socket: join(s.dir, `b-${c}-${rtt}.sock`),
+    hub: {
+      url: `http://${proxy.url}`,
+      token: mintToken({ role: "backbone", id: `bb-${c}-${rtt}`, ttlS: 3600 }, SECRET),
+      model: MODEL_ID,
+      statsIntervalMs: 0,
+    },
+    trust: "own",
+    fallback: s.fallback.compute,
+  }).catch(async (error) => {
+    await proxy.close();
+    throw error;
+  });
+  try {
+    await bridge.hub!.waitForPlacement((p) => p.missing.length === 0);
+    const env = {
+      GGML_BACKEND_PATH: pluginPath(),
+      MOESWARM_BRIDGE: bridge.address,
+      MOESWARM_MODEL: MODEL_ID,
+    };
+    const groups = await startGroups(s, c, { env, override: OVERRIDE });
+    const out = new Map<Variant, SwarmCell>(
+      groups.map(([v]) => [v, { runs: [], requests: 0, wireBytes: 0, fallbacks: 0 }]),
+    );
+    try {
+      const bytes = (m: ReturnType<typeof bridge.metrics>) => m.dispatch.bytesOut + m.dispatch.bytesIn;
+      await interleave(
+        groups,
+        c,
+        () => bridge.metrics(),
+        (v, run, m0) => {
+          const m1 = bridge.metrics();
+          const cell = out.get(v)!;
+          cell.runs.push(run);
+          cell.requests += m1.requests - m0.requests;
+          cell.wireBytes += bytes(m1) - bytes(m0);
+          cell.fallbacks += m1.fallbacks - m0.fallbacks;
+        },
+      );
+      return out;
+    } finally {
+      await Promise.all(groups.map(([, g]) => g.close()));
+    }
+  } finally {
+    await bridge.close();
+    await proxy.close();
+  }
+}
+
+const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
+const fixed = (x: number, digits: number) => Number(x.toFixed(digits));
+
+/** One table row from a cell's measurements. */
+function row(
+  variant: Variant,
+  c: number,
+  rtt: number,
+  plain: Run[],
+  swarm: SwarmCell,
+  layers: number,
+  none: SwarmCell | undefined,
+): Row {
+  const plainTokS = median(plain.map((r) => r.tokS));
+  const tokS = swarm.runs.map((r) => r.tokS);
+  const swarmTokS = median(tokS);
+  const tokens = REPEAT * c * N_PREDICT;
+  const drafted = sum(swarm.runs.map((r) => r.drafted));
+  const same = swarm.runs.every((r) => r.texts.every((t, i) => t === plain[0]!.texts[i]));
+  const repeatable = plain.every((r) => r.texts.every((t, i) => t === plain[0]!.texts[i]));
+  // paired: run r of this variant against run r of "none", measured in the same round
+  const vsNone =
+    none && variant !== "none" ? median(swarm.runs.map((r, i) => r.tokS / none.runs[i]!.tokS)) : undefined;
+  return {
+    variant,
+    clients: c,
+    rttMs: rtt,
+    plainTokS: fixed(plainTokS, 1),
+    swarmTokS: fixed(swarmTokS, 1),
+    swarmRange: `${Math.min(...tokS).toFixed(1)}-${Math.max(...tokS).toFixed(1)}`,
+    ratio: fixed(swarmTokS / plainTokS, 3),
+    vsNone: vsNone === undefined ? "-" : fixed(vsNone, 2),
+    roundTripsPerToken: fixed(swarm.requests / (layers * tokens), 3),
+    framesPerLayerStep: fixed(swarm.requests / (layers * sum(swarm.runs.map((r) => r.decodes))), 2),
+    acceptance: drafted > 0 ? fixed(sum(swarm.runs.map((r) => r.accepted)) / drafted, 2) : "-",
+    wireBytesPerToken: Math.round(swarm.wireBytes / tokens),
+    fallbacks: swarm.fallbacks,
+    identical: same ? "yes" : "NO",
+    plainRepeatable: repeatable ? "yes" : "NO",
+  };
+}
+
+async function cells(s: Setup, rows: Row[], ratios: Record<string, number>): Promise<void> {
+  for (const c of CONCURRENCY) {
+    const plain = await measurePlain(s, c);
+    for (const rtt of RTT_MS) {
+      const swarm = await measureSwarm(s, c, rtt);
+      for (const [variant, cell] of swarm) {
+        const r = row(variant, c, rtt, plain.get(variant)!, cell, s.layers.length, swarm.get("none"));
+        rows.push(r);
+        process.stderr.write(`throughput: ${JSON.stringify(r)}\n`);
+        ratios[`${variant} swarm/plain C=${c} RTT=${rtt}ms`] = r.ratio as number;
+        if (typeof r.vsNone === "number")
+          ratios[`${variant} swarm/none-swarm C=${c} RTT=${rtt}ms`] = r.vsNone;
+      }
+    }
+  }
+}
+
 export const throughput: Benchmark = {
   name: "throughput",
   description:
-    "llama-server, C concurrent clients x RTT to the hub: plain vs plugin + bridge + hub + 2 llama-cpu workers (small qwen3moe, all MoE layers remote)",
+    "llama-server, C concurrent clients x RTT to the hub: plain vs plugin + bridge + hub + 2 llama-cpu workers (qwen3moe, all MoE layers remote), without and with speculation (draft model) and overlap (2 servers)",
   async run() {
     const out = execFileSync(
       process.execPath,
       [join(ROOT, "packages/backbone/scripts/build-llama-server.mjs"), "--json"],
-      {
-        stdio: ["ignore", "pipe", "inherit"],
-        encoding: "utf8",
-      },
+      { stdio: ["ignore", "pipe", "inherit"], encoding: "utf8" },
     );
     const bin = (JSON.parse(out.trim().split("\n").pop()!) as { bin: string }).bin;
     const { startDelayProxy } = (await import(join(ROOT, "tools/delay-proxy.mjs"))) as {
-      startDelayProxy: (o: {
-        target: string;
-        rttMs: number;
-      }) => Promise<{ url: string; close(): Promise<void> }>;
+      startDelayProxy: DelayProxy;
     };
-    const model = await ensureSyntheticModel(SHORT ? "small" : "medium", { cacheDir: CACHE_DIR });
-    const layout = findExpertTensors(await readGguf(model.path));
-    const layers = layout.layers.map((l) => l.layer);
-    const nExpert = layout.layers[0]!.nExpert;
+    const preset = SHORT ? "small" : "medium";
+    const model = await ensureSyntheticModel(preset, { cacheDir: CACHE_DIR });
+    const draft = await ensureSyntheticModel(`${preset}-draft`, { cacheDir: CACHE_DIR });
     const dir = await mkdtemp(join(tmpdir(), "mswb-tp-"));
     const workers: WorkerProcessCompute[] = [];
     const closers: Array<() => Promise<unknown>> = [];
     const rows: Row[] = [];
     const ratios: Record<string, number> = {};
     try {
-      const hub = createHub({
-        secret: SECRET,
-        models: [{ id: MODEL_ID, path: model.path }],
-        requireLeases: false,
-        replicas: 1,
-        trustReports: true,
-      });
-      closers.push(() => hub.close());
-      const listener = await hub.listen(0);
-      for (let w = 0; w < 2; w++) {
-        const experts = [...Array(nExpert / 2).keys()].map((i) => i + (w * nExpert) / 2);
-        const path = join(dir, `w${w}.gguf`);
-        await using slice = await sliceExperts(model.path, { layers, experts });
-        await slice.write(path);
-        const worker = await spawnLlamaExpertWorker(path, { threads: 1 });
-        workers.push(worker);
-        const c = await relayWorker(listener.relayUrl, `w${w}`, worker);
-        closers.push(() => c.close());
-        c.register({ model: MODEL_ID, layers, experts });
-      }
-      const hubPort = new URL(listener.url).port;
+      const { layers, hubPort } = await startSwarm(model.path, dir, workers, closers);
       // the bridge's liveness deadline adapts down to 250 ms: on a loaded machine a worker can miss
       // it, and the fallback answers instead (counted in the table) rather than failing the request
       const fallback = await createLocalFallback(model.path, { threads: 1 });
       closers.push(() => fallback.close());
-      for (const c of CONCURRENCY) {
-        const common = [
-          "-m",
-          model.path,
-          "-t",
-          "1",
-          "--parallel",
-          String(c),
-          "-c",
-          String(c * 256),
-          "--metrics",
-          "-fit",
-          "off",
-          "-kvu",
-        ];
-        const plain = await startLlamaServer(bin, common);
-        // warm-up, and a second plain run: llama-server's batches depend on when requests arrive, and
-        // llama.cpp's bits on its batches, so texts at C > 1 are compared with this repeat too
-        const warm = await drive(plain, c);
-        const base = await drive(plain, c);
-        const repeatable = warm.texts.every((t, i) => t === base.texts[i]);
-        await plain.close();
-        for (const rtt of RTT_MS) {
-          const proxy = await startDelayProxy({ target: `127.0.0.1:${hubPort}`, rttMs: rtt });
-          const socket = join(dir, `b-${c}-${rtt}.sock`);
-          const bridge = await serveBackboneBridge({
-            socket,
-            hub: {
-              url: `http://${proxy.url}`,
-              token: mintToken({ role: "backbone", id: `bb-${c}-${rtt}`, ttlS: 3600 }, SECRET),
-              model: MODEL_ID,
-              statsIntervalMs: 0,
-            },
-            trust: "own",
-            fallback: fallback.compute,
-          });
-          await bridge.hub!.waitForPlacement((p) => p.missing.length === 0);
-          const served = await startLlamaServer(
-            bin,
-            [
-              ...common,
-              "-ot",
-              "blk\\.\\d+\\.ffn_(gate|up|down|gate_up)_exps\\..*=MOESWARM",
-              "--load-mode",
-              "none",
-            ],
-            {
-              env: {
-                GGML_BACKEND_PATH: pluginPath(),
-                MOESWARM_BRIDGE: bridge.address,
-                MOESWARM_MODEL: MODEL_ID,
-              },
-            },
-          );
-          try {
-            await drive(served, c); // warm-up
-            const m0 = bridge.metrics();
-            const run = await drive(served, c);
-            const m1 = bridge.metrics();
-            const frames = m1.requests - m0.requests;
-            const wire =
-              m1.dispatch.bytesOut + m1.dispatch.bytesIn - (m0.dispatch.bytesOut + m0.dispatch.bytesIn);
-            const same = run.texts.every((t, i) => t === base.texts[i]);
-            rows.push({
-              clients: c,
-              rttMs: rtt,
-              plainTokS: Number(base.tokS.toFixed(1)),
-              swarmTokS: Number(run.tokS.toFixed(1)),
-              ratio: Number((run.tokS / base.tokS).toFixed(3)),
-              framesPerLayerStep: Number((frames / (layers.length * run.decodes)).toFixed(2)),
-              wireBytesPerToken: Math.round(wire / (c * N_PREDICT)),
-              fallbacks: m1.fallbacks - m0.fallbacks,
-              identical: same ? "yes" : "NO",
-              plainRepeatable: repeatable ? "yes" : "NO",
-            });
-            ratios[`swarm/plain C=${c} RTT=${rtt}ms`] = run.tokS / base.tokS;
-          } finally {
-            await served.close();
-            await bridge.close();
-            await proxy.close();
-          }
-        }
-      }
+      const setup: Setup = {
+        bin,
+        model: model.path,
+        draft: { path: draft.path, max: DRAFT_MAX },
+        layers,
+        hubPort,
+        fallback,
+        dir,
+        startDelayProxy,
+      };
+      await cells(setup, rows, ratios);
       return {
         rows,
         ratios,
         notes: [
-          `${SHORT ? "small" : "medium"} synthetic qwen3moe, ${layers.length} remote MoE layers, ${N_PREDICT} tokens per client, llama-server -t 1 -kvu --parallel C`,
+          `${preset} synthetic qwen3moe (draft: ${preset}-draft, --spec-draft-n-max ${DRAFT_MAX}), ${layers.length} remote MoE layers, ${N_PREDICT} tokens per client, ${REPEAT} measured runs per cell (median; swarmRange: min-max), llama-server -t 1 -kvu`,
           "RTT: a userspace delay proxy between the bridge and the hub (placement, relay); workers on loopback to the hub",
-          "framesPerLayerStep: bridge dispatch frames / (remote layers x llama_decode calls); wireBytesPerToken: bridge<->workers",
-          "identical: swarm texts = plain's; plainRepeatable: plain's warm-up texts = its measured ones (llama-server batches by arrival time, so at C > 1 neither is guaranteed; the llama-server test checks identity at fixed batches)",
+          "variants run interleaved, round by round, under the same load; ratio: swarm/plain of the same variant; vsNone: median over rounds of swarm tok/s over variant none's swarm tok/s in the same round (same C and RTT)",
+          "roundTripsPerToken: bridge requests / (remote layers x generated tokens); framesPerLayerStep: per llama_decode; acceptance: accepted / drafted tokens",
+          "identical: swarm texts = plain's of the same variant; plainRepeatable: plain's repeats agree (llama-server batches by arrival time, so at C > 1 neither is guaranteed; the llama-server test checks identity at fixed batches)",
         ],
       };
     } finally {

@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { sliceExperts } from "@moeswarm/shard";
 import { captureStream } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { runDispatcherCli } from "../src/cli/run.js";
+import { llamaServerCommand, runDispatcherCli } from "../src/cli/run.js";
 import { runLogitsHarness, serveBackboneBridge } from "../src/index.js";
 import {
   firstByteDiff,
@@ -55,12 +55,31 @@ describe("moeswarm-dispatcher usage", () => {
       [[...hub, "--model-id", "m", "--token", "t", "--spot-check", "1.5"], /--spot-check must be a share/],
       [[...hub, "--model-id", "m", "--token", "t", "--spot-check", "x"], /--spot-check must be a share/],
       [[...hub, "--model-id", "m", "--token", "t", "--hedge-ms", "1.5"], /--hedge-ms must be/],
+      [[...hub, "--model-id", "m", "--token", "t", "--draft-max", "4"], /--draft-max needs --draft-model/],
+      [
+        [...hub, "--model-id", "m", "--token", "t", "--draft-model", "/no/d.gguf"],
+        /--draft-model \/no\/d.gguf/,
+      ],
+      [
+        [...hub, "--model-id", "m", "--token", "t", "--draft-model", "/tmp", "--draft-max", "0"],
+        /--draft-max must be an integer in 1..64/,
+      ],
     ];
     for (const [args, message] of cases) {
       const e = captureStream();
       expect(await runDispatcherCli(args, { stdout: out.stream, stderr: e.stream }, signal)).toBe(2);
       expect(e.text()).toMatch(message);
     }
+  });
+});
+
+describe("the printed llama-server command", () => {
+  it("carries the draft model's speculative flags only when given one", () => {
+    const plain = llamaServerCommand("m.gguf", "x=MOESWARM");
+    expect(plain).toBe("llama-server -m m.gguf -ot 'x=MOESWARM' -fit off --load-mode none -kvu");
+    expect(llamaServerCommand("m.gguf", "x=MOESWARM", { path: "d.gguf", max: 5 })).toBe(
+      `${plain} -md d.gguf --spec-type draft-simple --spec-draft-n-max 5`,
+    );
   });
 });
 

@@ -3,7 +3,9 @@
 // GGML_BACKEND_PATH and the dispatcher's printed flags, moeswarm-dispatcher beside it on a hub with
 // two workers; driven by the `openai` client at temperature 0 and compared with a plain
 // llama-server: the same text, the same top-10 probabilities, one frame per remote layer per decode
-// step with 4 concurrent clients, and clear errors when the dispatcher is gone.
+// step with 4 concurrent clients, clear errors when the dispatcher is gone, and speculative
+// decoding with a draft model (the dispatcher's --draft-model): the same text as plain llama-server
+// with the same draft, in fewer round trips per token.
 import { execFile, spawnSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
@@ -32,6 +34,8 @@ const MODEL_ID = "srv";
 const SECRET = "backbone-llama-server-secret-0123456";
 const PROMPTS = ["The swarm", "Once upon a time", "1, 2, 3,", "A llama and"];
 const N_PREDICT = 24;
+/** What the dispatcher prints after -md <draft> (its default --draft-max). */
+const DRAFT_FLAGS = ["--spec-type", "draft-simple", "--spec-draft-n-max", "8"];
 // real processes on a shared machine: generous, never a speed goal
 const TEST_TIMEOUT_MS = 180_000;
 
@@ -114,6 +118,7 @@ describe.skipIf(Boolean(missing))("llama-server with the plugin, beside moeswarm
   const socket = join(tmp.dir, "bridge.sock");
   let bin: string;
   let model: string;
+  let draft: string;
   let info: ModelInfo;
   let swarm: Swarm;
   let hub: Hub;
@@ -130,6 +135,7 @@ describe.skipIf(Boolean(missing))("llama-server with the plugin, beside moeswarm
     const token = mintToken({ role: "backbone", id: "bb-srv", ttlS: 600 }, SECRET);
     const args = ["--socket", socket, "--hub", hubUrl, "--model-id", MODEL_ID, "--token", token];
     args.push("--model", model, "--trust", "own", "--spot-check", "0", "--json", "--stats-interval", "1");
+    args.push("--draft-model", draft);
     const done = runDispatcherCli(args, { stdout: stdout.stream, stderr: stderr.stream }, stop.signal);
     const d = { stop, done, stdout, stderr, listening: undefined as never };
     await vi.waitFor(
@@ -152,6 +158,7 @@ describe.skipIf(Boolean(missing))("llama-server with the plugin, beside moeswarm
   beforeAll(async () => {
     bin = await llamaServerBin();
     ({ path: model, info } = await syntheticModelInfo("small"));
+    draft = (await syntheticModelInfo("small-draft")).path;
     const halves = split(info.nExpert, 2);
     swarm = await startSplitSwarm(model, info, 2, tmp.dir, MODEL_ID);
     hub = testHub(SECRET, MODEL_ID, model);
@@ -167,6 +174,7 @@ describe.skipIf(Boolean(missing))("llama-server with the plugin, beside moeswarm
     expect(printed).toContain("--load-mode none");
     expect(printed).toContain("-kvu");
     expect(printed).toContain(`-ot '${dispatcher.listening.override}'`);
+    expect(printed).toContain(`-md ${draft} ${DRAFT_FLAGS.join(" ")}`);
     served = await startLlamaServer(
       bin,
       [...common, "-ot", dispatcher.listening.override, "--load-mode", "none", "-kvu"],
@@ -251,6 +259,94 @@ describe.skipIf(Boolean(missing))("llama-server with the plugin, beside moeswarm
       for (const layer of info.layers) {
         expect((after.get(layer) ?? 0) - (before.get(layer) ?? 0)).toBe(decodes);
       }
+    },
+    TEST_TIMEOUT_MS,
+  );
+
+  it(
+    "speculates with the draft model: plain's text with the same draft, in fewer round trips per token",
+    async () => {
+      const env = {
+        GGML_BACKEND_PATH: pluginPath(),
+        MOESWARM_BRIDGE: dispatcher!.listening.address,
+        MOESWARM_MODEL: MODEL_ID,
+        LD_LIBRARY_PATH: "",
+      };
+      const common = [
+        "-m",
+        model,
+        "-t",
+        "1",
+        "--parallel",
+        "1",
+        "-c",
+        "1024",
+        "--metrics",
+        "-fit",
+        "off",
+        "-kvu",
+      ];
+      const speculative = [...common, "-md", draft, ...DRAFT_FLAGS];
+      await using plainDraft = await startLlamaServer(bin, speculative);
+      await using servedDraft = await startLlamaServer(
+        bin,
+        [...speculative, "-ot", dispatcher!.listening.override, "--load-mode", "none"],
+        { env },
+      );
+      // round trips per remote layer for the same completions: without the draft (served), with it
+      const roundTrips = async (server: LlamaServerProcess) => {
+        const before = await settledLayerRequests(dispatcher!);
+        const texts: string[] = [];
+        for (const prompt of PROMPTS.slice(0, 2))
+          texts.push((await complete(server, prompt)).choices[0]!.text);
+        const after = await settledLayerRequests(dispatcher!);
+        return { texts, perLayer: info.layers.map((l) => (after.get(l) ?? 0) - (before.get(l) ?? 0)) };
+      };
+      const want = await Promise.all(PROMPTS.slice(0, 2).map((p) => complete(plainDraft, p)));
+      const withDraft = await roundTrips(servedDraft);
+      const without = await roundTrips(served);
+      expect(withDraft.texts).toEqual(want.map((w) => w.choices[0]!.text));
+      const accepted = /^llamacpp:spec_decode_num_accepted_tokens_total (\S+)$/m.exec(
+        await (await fetch(`${servedDraft.url}/metrics`)).text(),
+      );
+      expect(Number(accepted?.[1])).toBeGreaterThan(0);
+      // one round trip per layer per token without the draft (plus the prompt's); with it, each
+      // round trip verifies several
+      for (const n of without.perLayer) expect(n).toBeGreaterThanOrEqual(2 * N_PREDICT);
+      for (const [i, n] of withDraft.perLayer.entries()) {
+        expect(n).toBeGreaterThan(0);
+        expect(n).toBeLessThan(0.75 * without.perLayer[i]!);
+      }
+      console.log(
+        `round trips per remote layer for 2 x ${N_PREDICT} tokens: ${without.perLayer[0]} plain, ${withDraft.perLayer[0]} with the draft`,
+      );
+    },
+    TEST_TIMEOUT_MS,
+  );
+
+  it(
+    "warns at load when --parallel N comes without -kvu (every decode step would be split)",
+    async () => {
+      const warning = /moeswarm: llama-server --parallel 2 without -kvu: .* Add -kvu/;
+      expect(served.output()).not.toMatch(/without -kvu/);
+      await using split = await startLlamaServer(
+        bin,
+        ["-m", model, "-t", "1", "--parallel", "2", "-c", "512", "-fit", "off"].concat([
+          "-ot",
+          dispatcher!.listening.override,
+          "--load-mode",
+          "none",
+        ]),
+        {
+          env: {
+            GGML_BACKEND_PATH: pluginPath(),
+            MOESWARM_BRIDGE: dispatcher!.listening.address,
+            MOESWARM_MODEL: MODEL_ID,
+          },
+        },
+      );
+      expect(split.output()).toMatch(warning);
+      expect(split.output()).toMatch(/kv_unified = 'false'/);
     },
     TEST_TIMEOUT_MS,
   );

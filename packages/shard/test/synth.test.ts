@@ -434,6 +434,22 @@ describe("presets and ensureSyntheticModel", () => {
     expect(() => syntheticPreset("medium", "mixtral")).toThrow(/exists for qwen3moe/);
   });
 
+  it("has draft presets that share their target's tokenizer and language model at a fraction of its size", () => {
+    for (const target of ["small", "medium"] as const) {
+      const t = syntheticPreset(target);
+      const d = syntheticPreset(`${target}-draft`);
+      // the tokenizer is a function of vocab, the language model (token_embd, output) of vocab,
+      // nEmbd, seed and logitStd: llama-server accepts the draft, and its logits track the target's
+      for (const key of ["arch", "seed", "vocab", "nEmbd", "logitStd", "types"] as const) {
+        expect(d[key], `${target}-draft ${key}`).toEqual(t[key]);
+      }
+      expect(d.nLayer).toBe(1);
+      const size = (o: typeof t) => Number(planSyntheticModel(o).plan.totalSize);
+      expect(size(d)).toBeLessThan(size(t) / 10);
+    }
+    expect(() => syntheticPreset("small-draft", "mixtral")).toThrow(/exists for qwen3moe/);
+  });
+
   it("generates once, then reuses the file; the key follows options and generator", async () => {
     const cacheDir = join(tmp.dir, "cache");
     const first = await ensureSyntheticModel("tiny", { cacheDir, arch: "qwen2moe" });

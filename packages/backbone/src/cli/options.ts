@@ -49,6 +49,11 @@ routing statistics and receipts to the hub.
                           workers and compared, the local fallback decides a mismatch, a liar is
                           quarantined and reported to the hub; own: take answers as they come
                           (only for a swarm of your own devices)
+  --draft-model <gguf>    a small model with the same vocabulary for llama-server's speculative
+                          decoding: the printed command gains -md <gguf> --spec-type draft-simple,
+                          so one round trip per remote layer verifies up to --draft-max + 1 tokens
+  --draft-max <n>         tokens drafted per step (default 8, best for a few concurrent clients;
+                          with many, 3 verifies less in vain)
   --stats-interval <s>    print the metrics every s seconds (default: only at exit)
   --json                  one JSON object per line on stdout
   --help                  this text
@@ -132,6 +137,8 @@ export interface CliConfig {
   reportS: number;
   modelId: string;
   noFallback: boolean;
+  /** --draft-model and --draft-max: llama-server's speculative decoding, in the printed command. */
+  draft: { path: string; max: number } | undefined;
   extra: Pick<BackboneBridgeOptions, "spotCheck" | "hedgeMs" | "trust" | "onQuarantine">;
 }
 
@@ -152,6 +159,20 @@ function checkMode(values: Values): void {
   if (values.model !== undefined && !existsSync(values.model))
     throw usageError(`--model ${values.model} does not exist`);
 }
+
+/** --draft-model and --draft-max (the latter only with the former). */
+function draftOf(values: Values): CliConfig["draft"] {
+  const path = values["draft-model"];
+  if (path === undefined) {
+    if (values["draft-max"] !== undefined) throw usageError("--draft-max needs --draft-model");
+    return undefined;
+  }
+  if (!existsSync(path)) throw usageError(`--draft-model ${path} does not exist`);
+  return { path, max: int(values["draft-max"], "draft-max", DEFAULT_DRAFT_MAX, 1, 64) };
+}
+
+/** Tokens drafted per step by default (`pnpm bench throughput`; the backbone README has the figures). */
+export const DEFAULT_DRAFT_MAX = 8;
 
 function socketOf(values: Values): BridgeSocket {
   if ((values.socket === undefined) === (values.tcp === undefined)) {
@@ -179,6 +200,7 @@ export function readConfig(values: Values, io: CliIo): CliConfig {
     reportS: int(values["report-interval"], "report-interval", 10, 1, 86_400),
     modelId: values["model-id"] ?? "moeswarm",
     noFallback: values["no-fallback"] === true || values.model === undefined,
+    draft: draftOf(values),
     extra: resilience(values, json, io),
   };
 }
@@ -253,6 +275,8 @@ export function parse(args: readonly string[]) {
         "hedge-ms": { type: "string" },
         trust: { type: "string" },
         "stats-interval": { type: "string" },
+        "draft-model": { type: "string" },
+        "draft-max": { type: "string" },
         hub: { type: "string" },
         token: { type: "string" },
         "token-file": { type: "string" },

@@ -175,7 +175,7 @@ function printWorkersListening(
         model: c.modelId,
         plugin,
         override: shown.override,
-        llamaServer: `${env} ${llamaServerCommand(shown.modelPath, shown.override)}`,
+        llamaServer: `${env} ${llamaServerCommand(shown.modelPath, shown.override, c.draft)}`,
         layers: shown.layers,
         fallback: !c.noFallback,
         workers: shown.workers,
@@ -185,7 +185,7 @@ function printWorkersListening(
     out(
       `listening on ${bridge.address} (model id ${JSON.stringify(c.modelId)}, local fallback ${c.noFallback ? "off" : "on"})`,
     );
-    out(`  llama-server: ${env} ${llamaServerCommand(shown.modelPath, shown.override)}`);
+    out(`  llama-server: ${env} ${llamaServerCommand(shown.modelPath, shown.override, c.draft)}`);
     out(`  node-llama-cpp: ${env} MOESWARM_LAYERS=${formatLayerSelection(shown.layers)}`);
   }
 }
@@ -196,10 +196,17 @@ function printWorkersListening(
  * are set; `--load-mode none` (no mmap; `--no-mmap` is deprecated in this release) because with mmap loading llama.cpp still maps and touches the experts'
  * pages, so the memory saving only shows without it; `-kvu` (one unified KV cache) because with a
  * KV stream per slot llama.cpp splits a decode batch wherever the busy slots' ids are not
- * consecutive, and every piece pays each remote layer's round trip again.
+ * consecutive, and every piece pays each remote layer's round trip again. With a draft model,
+ * `-md <draft> --spec-type draft-simple --spec-draft-n-max N`: the draft runs locally (no `-otd`),
+ * and each remote layer's round trip verifies up to N + 1 tokens of every busy slot at once.
  */
-export function llamaServerCommand(modelPath: string, override: string): string {
-  return `llama-server -m ${modelPath} -ot '${override}' -fit off --load-mode none -kvu`;
+export function llamaServerCommand(
+  modelPath: string,
+  override: string,
+  draft?: { path: string; max: number },
+): string {
+  const spec = draft ? ` -md ${draft.path} --spec-type draft-simple --spec-draft-n-max ${draft.max}` : "";
+  return `llama-server -m ${modelPath} -ot '${override}' -fit off --load-mode none -kvu${spec}`;
 }
 
 /**
@@ -381,7 +388,7 @@ function printHubListening(
         model: o.hub.model,
         plugin,
         override,
-        llamaServer: `${env} ${llamaServerCommand(o.modelPath ?? "<model.gguf>", override)}`,
+        llamaServer: `${env} ${llamaServerCommand(o.modelPath ?? "<model.gguf>", override, o.draft)}`,
         layers,
         fallback,
         hub: link.url,
@@ -394,7 +401,7 @@ function printHubListening(
     out(
       `listening on ${bridge.address} (hub ${link.url}, model id ${JSON.stringify(o.hub.model)}, backbone id ${JSON.stringify(link.id)}, local fallback ${fallback ? "on" : "off"})`,
     );
-    out(`  llama-server: ${env} ${llamaServerCommand(o.modelPath ?? "<model.gguf>", override)}`);
+    out(`  llama-server: ${env} ${llamaServerCommand(o.modelPath ?? "<model.gguf>", override, o.draft)}`);
     out(`  node-llama-cpp: ${env} MOESWARM_LAYERS=all`);
   }
 }

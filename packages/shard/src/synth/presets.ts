@@ -18,7 +18,7 @@ import {
   synthesizeMoeModel,
 } from "./synthesize.js";
 
-export const SYNTHETIC_PRESETS = ["tiny", "small", "medium", "shape"] as const;
+export const SYNTHETIC_PRESETS = ["tiny", "small", "medium", "shape", "small-draft", "medium-draft"] as const;
 export type SyntheticPreset = (typeof SYNTHETIC_PRESETS)[number];
 
 type PresetTable = Partial<Record<SyntheticArch, SyntheticMoeOptions>>;
@@ -73,7 +73,7 @@ function tiny(arch: SyntheticArch, overrides: Partial<SyntheticMoeOptions> = {})
 // in Q8_0, the type most MoE GGUFs ship their experts in at these sizes. `shape`: a real model's
 // per-layer dimensions and llama-quantize's Q4_K_M types with few layers and a small vocabulary,
 // so one layer costs what a real layer costs (qwen35moe: Qwen3.5-122B-A10B's layers, ~5.9 GB).
-const PRESETS: Record<SyntheticPreset, PresetTable> = {
+const PRESETS: Record<Exclude<SyntheticPreset, `${string}-draft`>, PresetTable> = {
   tiny: {
     qwen3moe: tiny("qwen3moe", { headDim: 32 }),
     qwen2moe: tiny("qwen2moe", { nFfShared: 256, types: Q8_SHARED_TYPES }),
@@ -216,6 +216,29 @@ const PRESETS: Record<SyntheticPreset, PresetTable> = {
   },
 };
 
+/**
+ * A draft model for speculative decoding (llama-server `-md`) of a qwen3moe preset: the same seed,
+ * vocabulary and width, so the same tokenizer and the same language model in token_embd/output
+ * (which dominates the logits), but one layer of 8 small experts: it runs locally in a fraction of
+ * the target's time and agrees with the target where the target's layers do not move the bigram's
+ * choice, so its acceptance rate is a realistic one rather than 0 or 1.
+ */
+function draftOf(target: SyntheticMoeOptions): SyntheticMoeOptions {
+  return {
+    ...target,
+    nLayer: 1,
+    nFfExp: 64,
+    nExpert: 8,
+    nExpertUsed: 2,
+    types: { ...target.types },
+  };
+}
+const ALL_PRESETS: Record<SyntheticPreset, PresetTable> = {
+  ...PRESETS,
+  "small-draft": { qwen3moe: draftOf(PRESETS.small.qwen3moe!) },
+  "medium-draft": { qwen3moe: draftOf(PRESETS.medium.qwen3moe!) },
+};
+
 /** The options of a preset (a copy: change what you like and synthesise it yourself). */
 export function syntheticPreset(
   preset: SyntheticPreset,
@@ -229,9 +252,9 @@ export function syntheticPreset(
   if (!SYNTHETIC_ARCHS.includes(arch)) {
     throw new InvalidArgumentError(`arch must be one of ${SYNTHETIC_ARCHS.join(", ")}, got ${String(arch)}`);
   }
-  const options = PRESETS[preset][arch];
+  const options = ALL_PRESETS[preset][arch];
   if (!options) {
-    const archs = Object.keys(PRESETS[preset]).join(", ");
+    const archs = Object.keys(ALL_PRESETS[preset]).join(", ");
     throw new InvalidArgumentError(`preset ${preset} exists for ${archs}, not ${arch}`);
   }
   const copy: SyntheticMoeOptions = { ...options, types: { ...options.types } };

@@ -440,6 +440,8 @@ static ggml_backend_reg_t moeswarm_reg(void) {
 
 static ggml_backend_reg_t moeswarm_backend_init(void) {
     moeswarm_config_current(); // a bad configuration is reported when the plugin loads
+    static std::once_flag warned;
+    std::call_once(warned, moeswarm_warn_split_batches);
     return moeswarm_reg();
 }
 

@@ -182,3 +182,61 @@ std::string moeswarm_config_fingerprint(void) {
     }
     return fp;
 }
+
+// llama-server's flags as the process got them: /proc/self/cmdline, then LLAMA_ARG_* (the command
+// line wins, as in common/arg.cpp). Without a unified KV cache, llama.cpp splits a decode batch
+// wherever the busy slots' ids are not consecutive (llama_kv_cache::init_batch ->
+// split_equal(sequential = true)), inside the KV cache where no backend can reach it; every piece
+// then pays each remote layer's round trip again. llama-server unifies the cache by itself only when
+// --parallel is not given (server.cpp: auto -> 4 slots, kv_unified = true).
+static bool moeswarm_flag_true(const char * v) {
+    return v != nullptr && (strcmp(v, "1") == 0 || strcmp(v, "true") == 0 || strcmp(v, "on") == 0 ||
+                                   strcmp(v, "enabled") == 0);
+}
+
+void moeswarm_warn_split_batches(void) {
+    FILE * f = fopen("/proc/self/cmdline", "rb");
+    if (f == nullptr) {
+        return;
+    }
+    std::vector<std::string> args;
+    std::string cur;
+    for (int c; (c = fgetc(f)) != EOF;) {
+        if (c == '\0') {
+            args.push_back(cur);
+            cur.clear();
+        } else {
+            cur += (char) c;
+        }
+    }
+    fclose(f);
+    if (args.empty() || args[0].find("llama-server") == std::string::npos) {
+        return; // node-llama-cpp and the harness decode in fixed batches of their own
+    }
+    long parallel     = -1;
+    bool kv_unified   = false;
+    bool parallel_set = false;
+    if (const char * v = getenv("LLAMA_ARG_N_PARALLEL")) {
+        parallel     = strtol(v, nullptr, 10);
+        parallel_set = true;
+    }
+    kv_unified = moeswarm_flag_true(getenv("LLAMA_ARG_KV_UNIFIED"));
+    for (size_t i = 1; i < args.size(); ++i) {
+        const std::string & a = args[i];
+        if ((a == "-np" || a == "--parallel") && i + 1 < args.size()) {
+            parallel     = strtol(args[i + 1].c_str(), nullptr, 10);
+            parallel_set = true;
+        } else if (a == "-kvu" || a == "--kv-unified") {
+            kv_unified = true;
+        } else if (a == "-no-kvu" || a == "--no-kv-unified") {
+            kv_unified = false;
+        }
+    }
+    if (parallel_set && parallel != -1 && parallel > 1 && !kv_unified) {
+        GGML_LOG_WARN("moeswarm: llama-server --parallel %ld without -kvu: llama.cpp then splits each decode step "
+                      "wherever the busy slots are not consecutive, and every piece pays each remote layer's round "
+                      "trip again (up to %ld times per step). Add -kvu (--kv-unified), as moeswarm-dispatcher "
+                      "prints it.\n",
+                parallel, parallel);
+    }
+}

@@ -76,6 +76,8 @@ struct moeswarm_config {
 moeswarm_config moeswarm_load_config(void);
 // changes whenever an environment variable that makes the configuration changes
 std::string moeswarm_config_fingerprint(void);
+// a warning when the host is llama-server with --parallel N > 1 and no -kvu (config.cpp)
+void moeswarm_warn_split_batches(void);
 // the device's current configuration (re-read when the fingerprint changes; backend.cpp)
 std::shared_ptr<const moeswarm_config> moeswarm_config_current(void);
 
