@@ -40,10 +40,14 @@ export interface NativeLoadOptions {
 }
 
 /**
- * The default bound of the synchronous path. One token of a 122B-shaped layer (top-8, n_embd 3072,
- * n_ff 1024, one thread) computes in about 0.1 ms and 8 tokens in under 1 ms, so a small request
- * holds the event loop no longer than the hop it saves would; 64 tokens take several ms and go
- * to the pool (bench: `pnpm bench compute-call`).
+ * The default bound of the synchronous path. The hop it saves (RunQueue, then an AsyncWorker on
+ * libuv's pool and back) costs 0.1-0.3 ms on a quiet machine and several ms on a loaded one
+ * (`pnpm bench compute-call`), a large share of a small request. Inline, a run holds the event
+ * loop for its arithmetic: up to 8 tokens read at most 8*k experts' weights (a few ms for a
+ * 122B-shaped layer on a multi-core machine), and since a slice's runs are serialised anyway
+ * that delays only I/O (the next frame's decoding, heartbeats every few seconds) by one run. A
+ * prefill batch (64 tokens and more) reads most of the slice and takes many times longer: it
+ * goes to the pool.
  */
 export const SYNC_MAX_TOKENS = 8;
 
