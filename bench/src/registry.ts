@@ -1,4 +1,5 @@
 import { codec } from "./benchmarks/codec.js";
+import { computeCall } from "./benchmarks/compute-call.js";
 import { decode } from "./benchmarks/decode.js";
 import { dispatchInproc } from "./benchmarks/dispatch-inproc.js";
 import { expertCompute } from "./benchmarks/expert-compute.js";
@@ -18,6 +19,7 @@ export const benchmarks: Benchmark[] = [
   roundtrip,
   dispatchInproc,
   expertCompute,
+  computeCall,
   slice,
   expertShard,
   decode,

@@ -39,7 +39,10 @@ interface Memory {
   room(bytes: number): Buffer;
   /** Takes `bytes` bytes at the start of the view `room` returned. */
   take(bytes: number): void;
-  /** `bytes` writable bytes (contents unspecified) for the caller to fill completely. */
+  /**
+   * At least `bytes` writable bytes from offset 0 (contents unspecified; the caller fills the
+   * first `bytes` completely and writes nothing beyond them).
+   */
   alloc(bytes: number): Buffer;
 }
 
@@ -312,8 +315,10 @@ class ReusedMemory implements Memory {
 
   take(): void {}
 
+  // the whole buffer, not a `subarray` of it: packTensors writes only its first `bytes` bytes and
+  // builds its view from offsets, and a Buffer view per frame is a measurable part of a small frame
   alloc(bytes: number): Buffer {
-    return this.room(bytes).subarray(0, bytes);
+    return this.room(bytes);
   }
 }
 

@@ -21,5 +21,5 @@ export {
   encodeFrameWithPrefixSpace,
   FrameEncoder,
 } from "./codec-encode.js";
-export { type RoutePatch, rerouteFrame } from "./codec-route.js";
+export { FrameRerouter, type RoutePatch, rerouteFrame } from "./codec-route.js";
 export { validateFrame } from "./codec-validate.js";

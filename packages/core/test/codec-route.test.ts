@@ -4,7 +4,7 @@
 // x and y as the frame's bytes.
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { decodeFrame, encodeFrame, type Frame, rerouteFrame } from "../src/index.js";
+import { decodeFrame, encodeFrame, type Frame, FrameRerouter, rerouteFrame } from "../src/index.js";
 import { validFrame } from "./arbitraries.js";
 
 const MAX = 64 * 1024 * 1024;
@@ -66,5 +66,71 @@ describe("rerouteFrame", () => {
     expect(() =>
       rerouteFrame(bytes, { id: 9, to: "w", from: "b".repeat(100) }, bytes.byteLength + 10),
     ).toThrow(expect.objectContaining({ code: "MOESWARM_PROTOCOL_FRAME_TOO_LARGE" }));
+  });
+});
+
+describe("FrameRerouter", () => {
+  it("gives rerouteFrame's bytes frame after frame in reused memory, larger and smaller", () => {
+    const rerouter = new FrameRerouter();
+    const buffers = new Set<ArrayBufferLike>();
+    fc.assert(
+      fc.property(
+        validFrame.filter((f) => f.t === "dispatch" || f.t === "result"),
+        fc.integer({ min: 0, max: 0xffff_ffff }),
+        fc.option(peerId, { nil: undefined }),
+        (frame, id, to) => {
+          const bytes = encodeFrame(frame);
+          const want = rerouteFrame(bytes, { id, to, from: "bb" }, MAX);
+          const got = rerouter.reroute(bytes, { id, to, from: "bb" }, MAX);
+          try {
+            expect(Buffer.from(got).equals(Buffer.from(want))).toBe(true);
+            buffers.add(got.buffer);
+          } finally {
+            rerouter.release(false);
+          }
+        },
+      ),
+      { numRuns: 200 },
+    );
+    // the memory grew a few times, never once per frame
+    expect(buffers.size).toBeLessThan(20);
+  });
+
+  it("never overwrites bytes that are lent (nested) or kept (released with kept = true)", () => {
+    const frame = (id: number, fill: number): Uint8Array =>
+      encodeFrame({
+        t: "result",
+        v: 1,
+        id,
+        mode: "sum",
+        n: 1,
+        k: 1,
+        embd: 256,
+        y: new Float32Array(256).fill(fill),
+      });
+    const rerouter = new FrameRerouter();
+    const outer = rerouter.reroute(frame(1, 1), { id: 10 }, MAX);
+    const copyOuter = Buffer.from(outer);
+    // a reroute while `outer` is lent gets memory of its own
+    const inner = rerouter.reroute(frame(2, 2), { id: 20 }, MAX);
+    expect(inner.buffer).not.toBe(outer.buffer);
+    rerouter.release(false);
+    expect(Buffer.from(outer).equals(copyOuter)).toBe(true);
+    // kept by a socket: the next frame goes elsewhere and `outer` stays intact
+    rerouter.release(true);
+    const next = rerouter.reroute(frame(3, 3), { id: 30 }, MAX);
+    expect(next.buffer).not.toBe(outer.buffer);
+    expect(Buffer.from(outer).equals(copyOuter)).toBe(true);
+    rerouter.release(false);
+    // not kept: the memory is reused
+    const again = rerouter.reroute(frame(4, 4), { id: 40 }, MAX);
+    expect(again.buffer).toBe(next.buffer);
+    expect(decodeFrame(again)).toMatchObject({ id: 40 });
+    rerouter.release(false);
+    // a frame it cannot reroute throws before anything is lent
+    expect(() => rerouter.reroute(frame(5, 5), { id: -1 }, MAX)).toThrow();
+    const after = rerouter.reroute(frame(6, 6), { id: 60 }, MAX);
+    expect(after.buffer).toBe(next.buffer);
+    rerouter.release(false);
   });
 });

@@ -2,15 +2,16 @@
 // and back-pressure checks that refuse it), and the worker's answer, or a timeout, sent back.
 // Dispatches and results are forwarded as the bytes that came, with only their routing fields
 // (`id`, `to`, `from`) rewritten (rerouteFrame): the relay validated them (decodeFrame `raw`) but
-// never decodes or re-encodes their activations and outputs.
+// never decodes or re-encodes their activations and outputs. The bytes are written into memory
+// reused frame after frame (FrameRerouter) unless the socket kept the last ones.
 import {
   type DispatchFrame,
   type ErrorFrame,
   encodeFrame,
+  type FrameRerouter,
   isMoeswarmError,
   PROTOCOL_VERSION,
   type ResultFrame,
-  rerouteFrame,
   traceHop,
 } from "@moeswarm/core";
 import { CLOSE_SLOW_CONSUMER } from "@moeswarm/relay-client";
@@ -35,6 +36,11 @@ export interface RelayLink {
   guard(fn: () => void): void;
   emit(event: RelayServerEvent): void;
   sendBytes(peer: Peer, bytes: Uint8Array): boolean;
+  /**
+   * Reroutes forwarded frames into reused memory: each `reroute` is released in a `finally`, kept
+   * when the peer's socket may still hold the bytes (ws writes a server's frames without copying).
+   */
+  readonly rerouter: FrameRerouter;
   error(peer: Peer, code: string, msg: string, id?: number, from?: string): void;
   violation(peer: Peer, code: string, msg: string, id?: number): void;
   drop(peer: Peer, code: number, reason: string, destroy: boolean): void;
@@ -86,7 +92,11 @@ export function routeDispatch(link: RelayLink, backbone: Peer, frame: DispatchFr
   worker.nextRouteId = (relayId + 1) >>> 0;
   let bytes: Uint8Array;
   try {
-    bytes = rerouteFrame(raw, { id: relayId, from: backbone.id, to: frame.to }, link.s.maxFrameBytes);
+    bytes = link.rerouter.reroute(
+      raw,
+      { id: relayId, from: backbone.id, to: frame.to },
+      link.s.maxFrameBytes,
+    );
   } catch (error) {
     // e.g. the added `from` pushed a frame at the limit over it
     const e = isMoeswarmError(error) ? error : undefined;
@@ -94,47 +104,53 @@ export function routeDispatch(link: RelayLink, backbone: Peer, frame: DispatchFr
     link.error(backbone, e?.code ?? "MOESWARM_PROTOCOL_MALFORMED", e?.message ?? "cannot forward", frame.id);
     return;
   }
-  if (bytes.byteLength > worker.maxFrame) {
-    // the worker would drop its link on it; refusing keeps the worker and fails only this request
-    refuse(
-      "MOESWARM_PROTOCOL_FRAME_TOO_LARGE",
-      `dispatch of ${bytes.byteLength} bytes exceeds worker ${frame.to}'s limit of ${worker.maxFrame}`,
-    );
-    return;
-  }
-  if (worker.ws.bufferedAmount + bytes.byteLength > link.s.maxQueueBytes) {
-    refuse("MOESWARM_TRANSPORT_BACKPRESSURE", `the send queue to worker ${frame.to} is full`);
-    return;
-  }
-  const route: Route = {
-    relayId,
-    origId: frame.id,
-    backbone,
-    worker,
-    started: performance.now(),
-    // the backbone gives up at its deadline; the relay forgets the route a little later
-    timer: setTimeout(
-      () => link.guard(() => expireRoute(link, route)),
-      (frame.deadline ?? link.s.requestTimeoutMs) + 1000,
-    ),
-  };
-  route.timer.unref?.();
-  worker.routes.set(relayId, route);
-  backbone.outstanding.add(route);
-  link.stats.routed++;
-  if (link.s.onForward) {
-    const forward = {
-      backbone: backbone.id as string,
-      worker: frame.to,
-      model: frame.model,
-      layer: frame.layer,
-      n: frame.n,
-      k: frame.k,
-      ids: frame.ids,
+  let kept = false;
+  try {
+    if (bytes.byteLength > worker.maxFrame) {
+      // the worker would drop its link on it; refusing keeps the worker and fails only this request
+      refuse(
+        "MOESWARM_PROTOCOL_FRAME_TOO_LARGE",
+        `dispatch of ${bytes.byteLength} bytes exceeds worker ${frame.to}'s limit of ${worker.maxFrame}`,
+      );
+      return;
+    }
+    if (worker.ws.bufferedAmount + bytes.byteLength > link.s.maxQueueBytes) {
+      refuse("MOESWARM_TRANSPORT_BACKPRESSURE", `the send queue to worker ${frame.to} is full`);
+      return;
+    }
+    const route: Route = {
+      relayId,
+      origId: frame.id,
+      backbone,
+      worker,
+      started: performance.now(),
+      // the backbone gives up at its deadline; the relay forgets the route a little later
+      timer: setTimeout(
+        () => link.guard(() => expireRoute(link, route)),
+        (frame.deadline ?? link.s.requestTimeoutMs) + 1000,
+      ),
     };
-    link.guard(() => link.s.onForward?.(forward));
+    route.timer.unref?.();
+    worker.routes.set(relayId, route);
+    backbone.outstanding.add(route);
+    link.stats.routed++;
+    if (link.s.onForward) {
+      const forward = {
+        backbone: backbone.id as string,
+        worker: frame.to,
+        model: frame.model,
+        layer: frame.layer,
+        n: frame.n,
+        k: frame.k,
+        ids: frame.ids,
+      };
+      link.guard(() => link.s.onForward?.(forward));
+    }
+    link.sendBytes(worker, bytes);
+    kept = worker.ws.bufferedAmount > 0;
+  } finally {
+    link.rerouter.release(kept);
   }
-  link.sendBytes(worker, bytes);
   traceHop("hub.out.dispatch", relayId);
 }
 
@@ -195,7 +211,7 @@ export function answerBackbone(
     bytes =
       raw === undefined
         ? encodeFrame({ ...frame, ...routing }, { maxFrameBytes: link.s.maxFrameBytes })
-        : rerouteFrame(raw, routing, link.s.maxFrameBytes);
+        : link.rerouter.reroute(raw, routing, link.s.maxFrameBytes);
   } catch (error) {
     const e = isMoeswarmError(error) ? error : undefined;
     link.error(
@@ -207,16 +223,24 @@ export function answerBackbone(
     );
     return;
   }
-  if (backbone.ws.bufferedAmount + bytes.byteLength > link.s.maxQueueBytes) {
-    // the backbone does not read its answers: cut it off rather than buffer without bound
-    link.drop(
-      backbone,
-      CLOSE_SLOW_CONSUMER,
-      "MOESWARM_TRANSPORT_BACKPRESSURE: answers are not being read",
-      true,
-    );
-    return;
+  // (encoded bytes are the frame's own: releasing the rerouter then is a no-op)
+  const lent = raw !== undefined;
+  let kept = false;
+  try {
+    if (backbone.ws.bufferedAmount + bytes.byteLength > link.s.maxQueueBytes) {
+      // the backbone does not read its answers: cut it off rather than buffer without bound
+      link.drop(
+        backbone,
+        CLOSE_SLOW_CONSUMER,
+        "MOESWARM_TRANSPORT_BACKPRESSURE: answers are not being read",
+        true,
+      );
+      return;
+    }
+    link.sendBytes(backbone, bytes);
+    kept = backbone.ws.bufferedAmount > 0;
+  } finally {
+    if (lent) link.rerouter.release(kept);
   }
-  link.sendBytes(backbone, bytes);
   traceHop("hub.out.answer", route.relayId);
 }

@@ -34,7 +34,7 @@ export {
   nativeStatus,
   probeNative,
 } from "./native-binding.js";
-export { NativeExpertCompute, type NativeLoadOptions } from "./native-compute.js";
+export { NativeExpertCompute, type NativeLoadOptions, SYNC_MAX_TOKENS } from "./native-compute.js";
 export {
   NATIVE_TARGETS,
   type NativeTarget,

@@ -61,6 +61,19 @@ export interface NativeSliceHandle {
     mode: 0 | 1,
     reference: boolean,
   ): Promise<Float32Array>;
+  /**
+   * `run` on the calling thread, reading the arrays in place and returning the output it wrote.
+   * Absent from addons built before it.
+   */
+  runSync?(
+    layer: number,
+    x: Float32Array,
+    ids: Int32Array,
+    k: number,
+    weights: Float32Array | null,
+    mode: 0 | 1,
+    reference: boolean,
+  ): Float32Array;
   info(): NativeSliceInfo;
   setThreads(threads: number): void;
   abort(): void;

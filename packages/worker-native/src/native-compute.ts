@@ -1,4 +1,4 @@
-import { NativeError, throwIfAborted } from "@moeswarm/core";
+import { abortReason, InvalidArgumentError, NativeError, throwIfAborted } from "@moeswarm/core";
 import {
   ACTIVATIONS,
   type Activation,
@@ -29,8 +29,27 @@ export interface NativeLoadOptions {
    * addon built with that backend (scripts/build-gpu.sh, loaded through MOESWARM_NATIVE_ADDON).
    */
   device?: string;
+  /**
+   * Requests of at most this many tokens are computed on the calling thread when no run is queued
+   * (default: 8 on the CPU, 0 on other devices; 0 turns it off): for them the hop to libuv's
+   * thread pool and back costs more than the arithmetic. Larger requests always run on the pool,
+   * so that a long prefill never holds up the event loop.
+   */
+  syncMaxTokens?: number;
   signal?: AbortSignal;
 }
+
+/**
+ * The default bound of the synchronous path. The hop it saves (RunQueue, then an AsyncWorker on
+ * libuv's pool and back) costs 0.1-0.3 ms on a quiet machine and several ms on a loaded one
+ * (`pnpm bench compute-call`), a large share of a small request. Inline, a run holds the event
+ * loop for its arithmetic: up to 8 tokens read at most 8*k experts' weights (a few ms for a
+ * 122B-shaped layer on a multi-core machine), and since a slice's runs are serialised anyway
+ * that delays only I/O (the next frame's decoding, heartbeats every few seconds) by one run. A
+ * prefill batch (64 tokens and more) reads most of the slice and takes many times longer: it
+ * goes to the pool.
+ */
+export const SYNC_MAX_TOKENS = 8;
 
 function toInfo(n: NativeSliceInfo): ExpertComputeInfo {
   return {
@@ -63,14 +82,29 @@ export class NativeExpertCompute implements ExpertCompute {
   readonly #handle: NativeSliceHandle;
   readonly #queue = new RunQueue();
   readonly #experts: ReadonlySet<number>;
+  /** Token bound of the synchronous path; 0 when off or the addon has no runSync. */
+  readonly #syncMaxTokens: number;
   #closed = false;
 
-  private constructor(handle: NativeSliceHandle, device?: string) {
+  private constructor(
+    handle: NativeSliceHandle,
+    device: string | undefined,
+    syncMaxTokens: number | undefined,
+  ) {
     this.#handle = handle;
     this.native = handle.info();
     this.info = toInfo(this.native);
     if (device !== undefined) this.info.device = device;
     this.#experts = new Set(this.info.experts);
+    // a GPU's first run of a shape may take long (kernels, buffers): only the CPU runs inline by default
+    const cpu = this.native.device === "CPU";
+    this.#syncMaxTokens =
+      typeof handle.runSync !== "function" ? 0 : (syncMaxTokens ?? (cpu ? SYNC_MAX_TOKENS : 0));
+  }
+
+  /** Requests of at most this many tokens run on the calling thread when nothing is queued (0: none). */
+  get syncMaxTokens(): number {
+    return this.#syncMaxTokens;
   }
 
   /** Loads a slice GGUF into ggml CPU buffers (off the event loop). */
@@ -95,9 +129,12 @@ export class NativeExpertCompute implements ExpertCompute {
     device?: string,
   ): Promise<NativeExpertCompute> {
     throwIfAborted(options.signal);
-    const { threads, repack, act } = options;
+    const { threads, repack, act, syncMaxTokens } = options;
     if (act !== undefined && act !== "auto" && !ACTIVATIONS.includes(act)) {
       throw new NativeError("MOESWARM_NATIVE_LOAD", `unknown activation ${String(act)}`);
+    }
+    if (syncMaxTokens !== undefined && !(Number.isInteger(syncMaxTokens) && syncMaxTokens >= 0)) {
+      throw new InvalidArgumentError(`syncMaxTokens must be an integer >= 0, got ${String(syncMaxTokens)}`);
     }
     const dev = device === undefined ? options.device : undefined;
     let loaded: { handle: NativeSliceHandle };
@@ -111,7 +148,7 @@ export class NativeExpertCompute implements ExpertCompute {
     } catch (cause) {
       throw nativeError(cause);
     }
-    const compute = new NativeExpertCompute(loaded.handle, device);
+    const compute = new NativeExpertCompute(loaded.handle, device, syncMaxTokens);
     if (options.signal?.aborted) {
       await compute.close();
       throwIfAborted(options.signal);
@@ -146,12 +183,25 @@ export class NativeExpertCompute implements ExpertCompute {
   #exec(request: RunRequest, options: RunOptions, reference: boolean): Promise<Float32Array> {
     if (this.#closed)
       return Promise.reject(new NativeError("MOESWARM_NATIVE_CLOSED", "the expert compute was closed"));
+    let n: number;
     try {
-      checkRunRequest(request, this.info, this.#experts);
+      n = checkRunRequest(request, this.info, this.#experts);
     } catch (error) {
       return Promise.reject(error);
     }
     const { layer, x, ids, k, w, mode } = request;
+    // with nothing queued, a small request computes right here: still in call order, since every
+    // earlier call has either finished or is in the queue (which then takes this one too)
+    if (n <= this.#syncMaxTokens && this.#queue.pending === 0) {
+      if (options.signal?.aborted) return Promise.reject(abortReason(options.signal));
+      try {
+        // (#syncMaxTokens is 0 without runSync)
+        const y = this.#handle.runSync?.(layer, x, ids, k, w ?? null, mode === "sum" ? 1 : 0, reference);
+        return Promise.resolve(y as Float32Array);
+      } catch (cause) {
+        return Promise.reject(nativeError(cause));
+      }
+    }
     return this.#queue.enqueue(
       async () => {
         try {

@@ -8,9 +8,16 @@ import { abortReason, onAbort } from "@moeswarm/core";
  */
 export class RunQueue {
   #tail: Promise<void> = Promise.resolve();
+  #pending = 0;
+
+  /** Tasks submitted and not yet settled (or skipped): 0 when the queue is idle. */
+  get pending(): number {
+    return this.#pending;
+  }
 
   enqueue<T>(task: () => Promise<T>, signal?: AbortSignal, onAbortRunning?: () => void): Promise<T> {
     if (signal?.aborted) return Promise.reject(abortReason(signal));
+    this.#pending++;
     return new Promise<T>((resolve, reject) => {
       let state: "queued" | "running" | "done" | "cancelled" = "queued";
       const registration = onAbort(signal, (reason) => {
@@ -19,7 +26,10 @@ export class RunQueue {
         reject(reason);
       });
       this.#tail = this.#tail.then(async () => {
-        if (state === "cancelled") return;
+        if (state === "cancelled") {
+          this.#pending--;
+          return;
+        }
         state = "running";
         try {
           resolve(await task());
@@ -27,6 +37,7 @@ export class RunQueue {
           reject(error);
         } finally {
           state = "done";
+          this.#pending--;
           registration[Symbol.dispose]();
         }
       });

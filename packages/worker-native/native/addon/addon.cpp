@@ -1,6 +1,9 @@
 // The N-API wrapper of the expert compute core. Loading and running happen on libuv's thread
 // pool (Napi::AsyncWorker); runs of one slice are serialised by its mutex. Inputs are copied
-// before the worker starts, so the caller may reuse its typed arrays at once. Failures reject
+// before the worker starts, so the caller may reuse its typed arrays at once; the output array is
+// made on the JS thread before the worker starts and the compute writes into it directly.
+// `runSync` computes on the calling thread instead, reading the caller's arrays in place: for small
+// requests, where the thread-pool hop costs more than the arithmetic. Failures reject (or throw)
 // with an Error carrying `code` (a MOESWARM_* code); src/native-binding.ts turns it into the
 // typed error class.
 
@@ -126,9 +129,10 @@ private:
 class RunWorker : public Napi::AsyncWorker {
 public:
     RunWorker(Napi::Env env, std::shared_ptr<slice_state> state, moeswarm_run_params params, bool reference,
-            std::vector<float> x, std::vector<int32_t> ids, std::vector<float> w)
+            std::vector<float> x, std::vector<int32_t> ids, std::vector<float> w, Napi::Float32Array y)
         : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), state_(std::move(state)),
-          params_(params), reference_(reference), x_(std::move(x)), ids_(std::move(ids)), w_(std::move(w)) {
+          params_(params), reference_(reference), x_(std::move(x)), ids_(std::move(ids)), w_(std::move(w)),
+          y_ref_(Napi::Persistent(y)), y_(y.Data()), n_out_(y.ElementLength()) {
         moeswarm_error_clear(&err_);
     }
 
@@ -149,10 +153,9 @@ public:
         params_.ids = ids_.data();
         params_.weights = w_.empty() ? nullptr : w_.data();
         params_.abort_flag = &state_->abort;
-        const size_t n_out = moeswarm_run_output_len(state_->slice, params_.n_tokens, params_.k, params_.mode);
-        y_.resize(n_out);
-        ok_ = reference_ ? moeswarm_slice_run_reference(state_->slice, &params_, y_.data(), n_out, &err_)
-                         : moeswarm_slice_run(state_->slice, &params_, y_.data(), n_out, &err_);
+        // y_ is the data of a Float32Array that y_ref_ keeps alive: its memory never moves
+        ok_ = reference_ ? moeswarm_slice_run_reference(state_->slice, &params_, y_, n_out_, &err_)
+                         : moeswarm_slice_run(state_->slice, &params_, y_, n_out_, &err_);
         state_->abort = false;
     }
 
@@ -162,9 +165,7 @@ public:
             deferred_.Reject(make_error(env, err_).Value());
             return;
         }
-        Napi::Float32Array y = Napi::Float32Array::New(env, y_.size());
-        memcpy(y.Data(), y_.data(), y_.size() * sizeof(float));
-        deferred_.Resolve(y);
+        deferred_.Resolve(y_ref_.Value());
     }
 
 private:
@@ -175,7 +176,9 @@ private:
     std::vector<float> x_;
     std::vector<int32_t> ids_;
     std::vector<float> w_;
-    std::vector<float> y_;
+    Napi::Reference<Napi::Float32Array> y_ref_;
+    float * y_;
+    size_t n_out_;
     bool ok_ = false;
     moeswarm_error err_;
 };
@@ -206,6 +209,7 @@ public:
     static Napi::Function define(Napi::Env env) {
         return DefineClass(env, "SliceHandle", {
             InstanceMethod<&SliceHandle::run>("run"),
+            InstanceMethod<&SliceHandle::run_sync>("runSync"),
             InstanceMethod<&SliceHandle::info>("info"),
             InstanceMethod<&SliceHandle::set_threads>("setThreads"),
             InstanceMethod<&SliceHandle::abort>("abort"),
@@ -227,59 +231,116 @@ private:
         }
     }
 
-    // run(layer, x: Float32Array, ids: Int32Array, k, weights: Float32Array | null, mode: 0|1, reference: bool)
-    Napi::Value run(const Napi::CallbackInfo & info) {
+    // The checked arguments of run and runSync; views of the caller's arrays.
+    struct run_args {
+        moeswarm_run_params p;
+        bool reference;
+        Napi::Float32Array x;
+        Napi::Int32Array ids;
+        Napi::Float32Array w; // empty when absent
+        size_t n_out;
+    };
+
+    run_args parse_run(const Napi::CallbackInfo & info, const char * usage) {
         Napi::Env env = info.Env();
         check_open(env);
         if (info.Length() < 7) {
-            throw_error(env, "MOESWARM_INVALID_ARGUMENT", "run(layer, x, ids, k, weights, mode, reference)");
+            throw_error(env, "MOESWARM_INVALID_ARGUMENT", usage);
         }
-        moeswarm_run_params p;
+        run_args a;
+        moeswarm_run_params & p = a.p;
         memset(&p, 0, sizeof(p));
         p.layer = get_u32(env, info[0], "layer", 0, UINT32_MAX);
         p.k = get_u32(env, info[3], "k", 1, 256);
         p.mode = (int32_t) get_u32(env, info[5], "mode", 0, 1);
-        const bool reference = info[6].ToBoolean().Value();
+        a.reference = info[6].ToBoolean().Value();
         if (!info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array) {
             throw_error(env, "MOESWARM_INVALID_ARGUMENT", "x must be a Float32Array");
         }
         if (!info[2].IsTypedArray() || info[2].As<Napi::TypedArray>().TypedArrayType() != napi_int32_array) {
             throw_error(env, "MOESWARM_INVALID_ARGUMENT", "ids must be an Int32Array");
         }
-        Napi::Float32Array x = info[1].As<Napi::Float32Array>();
-        Napi::Int32Array ids = info[2].As<Napi::Int32Array>();
+        a.x = info[1].As<Napi::Float32Array>();
+        a.ids = info[2].As<Napi::Int32Array>();
         const uint32_t n_embd = moeswarm_slice_n_embd(state_->slice);
-        const size_t n_ids = ids.ElementLength();
+        const size_t n_ids = a.ids.ElementLength();
         if (n_ids == 0 || n_ids % p.k != 0 || n_ids / p.k > 65536) {
             throw_error(env, "MOESWARM_NATIVE_COMPUTE", "ids holds " + std::to_string(n_ids) +
                 " values: expected n_tokens * k with 1 <= n_tokens <= 65536 and k = " + std::to_string(p.k));
         }
         p.n_tokens = (uint32_t) (n_ids / p.k);
-        if (x.ElementLength() != (size_t) p.n_tokens * n_embd) {
-            throw_error(env, "MOESWARM_NATIVE_COMPUTE", "x holds " + std::to_string(x.ElementLength()) +
+        if (a.x.ElementLength() != (size_t) p.n_tokens * n_embd) {
+            throw_error(env, "MOESWARM_NATIVE_COMPUTE", "x holds " + std::to_string(a.x.ElementLength()) +
                 " values, expected n_tokens * n_embd = " + std::to_string((size_t) p.n_tokens * n_embd));
         }
-        std::vector<float> w;
         if (!info[4].IsNull() && !info[4].IsUndefined()) {
             if (!info[4].IsTypedArray() || info[4].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array) {
                 throw_error(env, "MOESWARM_INVALID_ARGUMENT", "weights must be a Float32Array");
             }
-            Napi::Float32Array wa = info[4].As<Napi::Float32Array>();
-            if (wa.ElementLength() != n_ids) {
-                throw_error(env, "MOESWARM_NATIVE_COMPUTE", "weights holds " + std::to_string(wa.ElementLength()) +
+            a.w = info[4].As<Napi::Float32Array>();
+            if (a.w.ElementLength() != n_ids) {
+                throw_error(env, "MOESWARM_NATIVE_COMPUTE", "weights holds " + std::to_string(a.w.ElementLength()) +
                     " values, expected n_tokens * k = " + std::to_string(n_ids));
             }
-            w.assign(wa.Data(), wa.Data() + n_ids);
         }
-        if (p.mode == MOESWARM_MODE_SUM && w.empty()) {
+        if (p.mode == MOESWARM_MODE_SUM && a.w.IsEmpty()) {
             throw_error(env, "MOESWARM_NATIVE_COMPUTE", "mode sum needs the router weights");
         }
-        std::vector<float> xv(x.Data(), x.Data() + x.ElementLength());
-        std::vector<int32_t> iv(ids.Data(), ids.Data() + n_ids);
-        RunWorker * worker = new RunWorker(env, state_, p, reference, std::move(xv), std::move(iv), std::move(w));
+        a.n_out = moeswarm_run_output_len(state_->slice, p.n_tokens, p.k, p.mode);
+        return a;
+    }
+
+    // run(layer, x: Float32Array, ids: Int32Array, k, weights: Float32Array | null, mode: 0|1, reference: bool)
+    Napi::Value run(const Napi::CallbackInfo & info) {
+        Napi::Env env = info.Env();
+        run_args a = parse_run(info, "run(layer, x, ids, k, weights, mode, reference)");
+        const size_t n_ids = a.ids.ElementLength();
+        std::vector<float> w;
+        if (!a.w.IsEmpty()) {
+            w.assign(a.w.Data(), a.w.Data() + n_ids);
+        }
+        std::vector<float> xv(a.x.Data(), a.x.Data() + a.x.ElementLength());
+        std::vector<int32_t> iv(a.ids.Data(), a.ids.Data() + n_ids);
+        Napi::Float32Array y = Napi::Float32Array::New(env, a.n_out);
+        RunWorker * worker =
+            new RunWorker(env, state_, a.p, a.reference, std::move(xv), std::move(iv), std::move(w), y);
         Napi::Promise promise = worker->promise();
         worker->Queue();
         return promise;
+    }
+
+    // runSync(same arguments as run) -> Float32Array, computed on the calling thread: the arrays are
+    // read in place (nothing else runs on this thread meanwhile) and the output is written straight
+    // into the array returned. It waits for a run in flight on the thread pool, if any: the
+    // TypeScript side calls it only when none is queued.
+    Napi::Value run_sync(const Napi::CallbackInfo & info) {
+        Napi::Env env = info.Env();
+        run_args a = parse_run(info, "runSync(layer, x, ids, k, weights, mode, reference)");
+        Napi::Float32Array y = Napi::Float32Array::New(env, a.n_out);
+        a.p.x = a.x.Data();
+        a.p.ids = a.ids.Data();
+        a.p.weights = a.w.IsEmpty() ? nullptr : a.w.Data();
+        moeswarm_error err;
+        moeswarm_error_clear(&err);
+        bool ok;
+        {
+            std::lock_guard<std::mutex> lock(state_->mu);
+            if (state_->slice == nullptr) {
+                throw_error(env, "MOESWARM_NATIVE_CLOSED", "the expert compute was closed");
+            }
+            const int32_t threads = state_->pending_threads.exchange(-1);
+            if (threads >= 0) {
+                moeswarm_slice_set_n_threads(state_->slice, threads);
+            }
+            // no abort flag: nothing on this thread can set it while the run blocks it
+            a.p.abort_flag = nullptr;
+            ok = a.reference ? moeswarm_slice_run_reference(state_->slice, &a.p, y.Data(), a.n_out, &err)
+                             : moeswarm_slice_run(state_->slice, &a.p, y.Data(), a.n_out, &err);
+        }
+        if (!ok) {
+            throw make_error(env, err);
+        }
+        return y;
     }
 
     // what the slice holds never changes after loading: no lock, so a run in flight never

@@ -1,0 +1,199 @@
+// `compute-call`: what a worker's compute call costs above its arithmetic, at 1, 8 and 64 tokens
+// with n_embd 3072 (the activations and outputs of a 122B-shaped layer, so that every copy is true
+// to size), top-8 of a 16-expert Q8_0 slice, mode "sum", and n_ff 32: a 122B layer's n_ff (1024)
+// makes a token's arithmetic ~10-20 ms here (80 MB of weights read), which would bury the
+// overhead being measured in its noise. expert-compute measures the arithmetic at full shape.
+// - floor: the addon's `runSync` called directly (the arithmetic, plus N-API's argument checks);
+// - pool: NativeExpertCompute with `syncMaxTokens: 0`, every call through the RunQueue and an
+//   AsyncWorker on libuv's thread pool (the path every request took before; its output is now
+//   written in place too);
+// - inline: NativeExpertCompute with `syncMaxTokens: 64`, every call on the calling thread (the
+//   default, 8, takes this path at 1 and 8 tokens and the pool at 64).
+// The three are sampled in turns, call by call, so that they see the same machine load; overhead
+// is each call's time minus the floor call of its turn, reported as median and p10..p90.
+import { mkdtemp, rm } from "node:fs/promises";
+import { createRequire } from "node:module";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { mulberry32 } from "@moeswarm/core";
+import {
+  GgmlType,
+  type GgufMetadataValue,
+  GgufValueType,
+  ggmlTypeName,
+  ggufValue,
+  writeGguf,
+} from "@moeswarm/shard";
+import { ggmlQuantize, NativeExpertCompute, probeNative } from "@moeswarm/worker-native";
+import { type Benchmark, median, type Row } from "../harness.js";
+
+const N_EMBD = 3072;
+const N_FF = 32;
+const N_EXPERT = 16;
+const K = 8;
+const TYPE = GgmlType.Q8_0;
+const TOKENS = [1, 8, 64] as const;
+/** Turns per token count: enough for a stable median on a shared machine. */
+const TURNS: Record<number, number> = { 1: 400, 8: 200, 64: 40 };
+/** Compute threads (MOESWARM_BENCH_THREADS, default 1), as in expert-compute. */
+const THREADS = Number(process.env.MOESWARM_BENCH_THREADS) || 1;
+
+/** The part of the addon's slice handle this benchmark calls (see worker-native's native-binding.ts). */
+interface BareHandle {
+  runSync(
+    layer: number,
+    x: Float32Array,
+    ids: Int32Array,
+    k: number,
+    w: Float32Array | null,
+    mode: 0 | 1,
+    reference: boolean,
+  ): Float32Array;
+  close(): Promise<void>;
+}
+
+function uniform(n: number, seed: number, scale: number): Float32Array {
+  const r = mulberry32(seed);
+  const out = new Float32Array(n);
+  for (let i = 0; i < n; i++) out[i] = (r() * 2 - 1) * scale;
+  return out;
+}
+
+async function writeCallSlice(path: string): Promise<void> {
+  const tensor = async (name: string, ne0: number, ne1: number, seed: number) => {
+    const parts: Uint8Array[] = [];
+    for (let e = 0; e < N_EXPERT; e++) {
+      parts.push(
+        await ggmlQuantize(ggmlTypeName(TYPE), uniform(ne0 * ne1, seed * 100 + e, Math.sqrt(3 / ne0)), ne0),
+      );
+    }
+    const data = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+    let at = 0;
+    for (const p of parts) {
+      data.set(p, at);
+      at += p.length;
+    }
+    return { name, type: TYPE, shape: [ne0, ne1, N_EXPERT], data };
+  };
+  const metadata = new Map<string, GgufMetadataValue>([
+    ["general.architecture", ggufValue.str("qwen35moe")],
+    ["moeswarm.slice.layers", ggufValue.array(GgufValueType.UINT32, [0])],
+    ["moeswarm.slice.experts", ggufValue.array(GgufValueType.UINT32, [...Array(N_EXPERT).keys()])],
+  ]);
+  const tensors = [
+    await tensor("blk.0.ffn_gate_exps.weight", N_EMBD, N_FF, 1),
+    await tensor("blk.0.ffn_up_exps.weight", N_EMBD, N_FF, 2),
+    await tensor("blk.0.ffn_down_exps.weight", N_FF, N_EMBD, 3),
+  ];
+  await writeGguf({ metadata, tensors }, path);
+}
+
+function callRequest(n: number, seed: number) {
+  const r = mulberry32(seed);
+  const ids = new Int32Array(n * K);
+  const w = new Float32Array(n * K).fill(1 / K);
+  for (let i = 0; i < n; i++) {
+    const pool = [...Array(N_EXPERT).keys()];
+    for (let j = 0; j < K; j++) ids[i * K + j] = pool.splice(Math.floor(r() * pool.length), 1)[0]!;
+  }
+  return { layer: 0, x: uniform(n * N_EMBD, seed, 1), ids, k: K, w, mode: "sum" as const };
+}
+
+const us = (ns: number) => Math.round(ns / 100) / 10;
+
+function quantile(sorted: readonly number[], q: number): number {
+  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.round(q * (sorted.length - 1))))]!;
+}
+
+/** Times of one call, ns. */
+async function timed(f: () => unknown): Promise<number> {
+  const t0 = process.hrtime.bigint();
+  await f();
+  return Number(process.hrtime.bigint() - t0);
+}
+
+export const computeCall: Benchmark = {
+  name: "compute-call",
+  description: `a worker's compute call above its arithmetic: floor (addon runSync) vs the thread-pool path vs the inline path, n_embd ${N_EMBD} n_ff ${N_FF}, top-${K}, ${ggmlTypeName(TYPE)}`,
+  async run() {
+    const status = await probeNative();
+    if (!status.available || status.path === undefined) {
+      return {
+        rows: [],
+        ratios: {},
+        notes: [`native addon unavailable, nothing measured:\n${status.message}`],
+      };
+    }
+    const addon = createRequire(import.meta.url)(status.path) as {
+      loadSlice(path: string, o: { threads: number }): Promise<{ handle: Partial<BareHandle> }>;
+    };
+    const dir = await mkdtemp(join(tmpdir(), "moeswarm-bench-call-"));
+    const rows: Row[] = [];
+    const ratios: Record<string, number> = {};
+    const notes: string[] = [
+      `threads ${THREADS}; overhead = a call's wall time minus the floor call of the same turn (median, p10..p90); the default syncMaxTokens is 8`,
+    ];
+    try {
+      const path = join(dir, "slice.gguf");
+      await writeCallSlice(path);
+      const { handle } = await addon.loadSlice(path, { threads: THREADS });
+      if (typeof handle.runSync !== "function") {
+        await handle.close?.();
+        return { rows: [], ratios: {}, notes: ["this build of the addon has no runSync: rebuild it"] };
+      }
+      const bare = handle as BareHandle;
+      const pool = await NativeExpertCompute.load(path, { threads: THREADS, syncMaxTokens: 0 });
+      const inline = await NativeExpertCompute.load(path, { threads: THREADS, syncMaxTokens: 64 });
+      try {
+        for (const n of TOKENS) {
+          const req = callRequest(n, 7000 + n);
+          const floor = () => bare.runSync(0, req.x, req.ids, K, req.w, 1, false);
+          const paths = { pool: () => pool.run(req), inline: () => inline.run(req) };
+          // same bits on every path, and a warm graph cache
+          const want = floor();
+          for (const run of Object.values(paths)) {
+            const y = await run();
+            if (
+              Buffer.compare(Buffer.from(y.buffer, y.byteOffset, y.byteLength), Buffer.from(want.buffer)) !==
+              0
+            )
+              throw new Error(`n=${n}: a path's output differs from the floor's`);
+          }
+          const floorNs: number[] = [];
+          const over: Record<keyof typeof paths, number[]> = { pool: [], inline: [] };
+          for (let t = 0; t < TURNS[n]!; t++) {
+            const f = await timed(floor);
+            floorNs.push(f);
+            // alternate which path goes first, so that neither always follows the floor
+            const order = t % 2 === 0 ? (["pool", "inline"] as const) : (["inline", "pool"] as const);
+            for (const p of order) over[p].push((await timed(paths[p])) - f);
+          }
+          const turnFloor = [...floorNs];
+          floorNs.sort((a, b) => a - b);
+          const row: Row = { tokens: n, "floor p50 us": us(quantile(floorNs, 0.5)) };
+          for (const p of ["pool", "inline"] as const) {
+            const o = [...over[p]].sort((a, b) => a - b);
+            row[`${p} over p50 us`] = us(quantile(o, 0.5));
+            row[`${p} over p10..p90 us`] = `${us(quantile(o, 0.1))}..${us(quantile(o, 0.9))}`;
+          }
+          rows.push(row);
+          // per turn, the call over the floor call: 1.0 is a call that costs only its arithmetic
+          for (const p of ["pool", "inline"] as const) {
+            ratios[`${p}/floor n=${n}`] = median(over[p].map((o, t) => (turnFloor[t]! + o) / turnFloor[t]!));
+            ratios[`${p} overhead us n=${n}`] = median(over[p]) / 1000;
+          }
+        }
+      } finally {
+        await pool.close();
+        await inline.close();
+        await bare.close();
+      }
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+    notes.push(
+      "goal (issue #15): inline overhead <= ~50 us at 1 token; at 64 tokens the default path is the pool, so that the event loop is never held for the floor's time",
+    );
+    return { rows, ratios, notes };
+  },
+};
