@@ -9,9 +9,15 @@
 
 /** Logit error beyond the largest measured before the difference that a step may show. */
 export const ERROR_SAFETY = 2;
+/**
+ * The error is measured on the local run's top candidates of each step (and the swarm's choice):
+ * the tokens that can win. The far tail of a vocabulary can carry logits of another magnitude
+ * whose error says nothing about a flip between the top two.
+ */
+export const TOP_K = 8;
 
 export type CrossBackendVerdict =
-  | { kind: "identical"; tokens: number; maxError: number }
+  | { kind: "identical"; tokens: number /** of the candidates (TOP_K) */; maxError: number }
   | {
       kind: "near-tie";
       tokens: number;
@@ -21,17 +27,30 @@ export type CrossBackendVerdict =
       margin: number;
       /** 2 x ERROR_SAFETY x `measuredError`: the largest margin the measured error can flip. */
       bound: number;
-      /** Largest |logit difference| over the steps before `position`. */
+      /** Largest |logit difference| of the candidates (TOP_K) over the steps before `position`. */
       measuredError: number;
       /** |logit difference| at `position`. */
       errorAtPosition: number;
     }
   | { kind: "mismatch"; tokens: number; position: number; reason: string };
 
-function maxAbsDiff(a: Float32Array, b: Float32Array): number {
-  let m = 0;
-  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs((a[i] as number) - (b[i] as number)));
-  return m;
+/** Indices of the k largest values of `row`. */
+function topIndices(row: Float32Array, k: number): number[] {
+  const idx: number[] = [];
+  for (let i = 0; i < row.length; i++) {
+    if (idx.length < k) idx.push(i);
+    else if ((row[i] as number) > (row[idx[k - 1] as number] as number)) idx[k - 1] = i;
+    else continue;
+    idx.sort((x, y) => (row[y] as number) - (row[x] as number));
+  }
+  return idx;
+}
+
+/** Largest |a - b| over the local top TOP_K of `a` and the token `also`. */
+function candidateError(a: Float32Array, b: Float32Array, also: number | undefined): number {
+  const at = topIndices(a, TOP_K);
+  if (also !== undefined && also >= 0 && also < a.length) at.push(also);
+  return Math.max(...at.map((v) => Math.abs((a[v] as number) - (b[v] as number))));
 }
 
 /** Index of the largest logit, and the top-1 minus top-2 margin. */
@@ -55,7 +74,8 @@ export function topTwo(row: Float32Array): { argmax: number; margin: number } {
  * chose token i (greedy). Identical tokens: "identical". Else the first difference at position d
  * is a "near-tie" when d >= 1 (some error was measured), both runs' row d chose their token by
  * argmax (the rows are the steps they claim to be), the error at d is at most ERROR_SAFETY times
- * the largest error over rows 0..d-1 (E), and the local margin at d is below 2 x ERROR_SAFETY x E
+ * the largest error over rows 0..d-1 (E; errors measured on each step's local top TOP_K logits and
+ * the swarm's token), and the local margin at d is below 2 x ERROR_SAFETY x E
  * (each of the two logits off by up to ERROR_SAFETY x E); else "mismatch", with the reason.
  */
 export function crossBackendVerdict(
@@ -74,7 +94,7 @@ export function crossBackendVerdict(
     if (!a || !b || a.length !== b.length) {
       return { kind: "mismatch", tokens, position: i, reason: `no logits row ${i} to compare` };
     }
-    errors.push(maxAbsDiff(a, b));
+    errors.push(candidateError(a, b, swarmTokens[i]));
   }
   if (d === tokens && swarmTokens.length === tokens) {
     return { kind: "identical", tokens, maxError: Math.max(0, ...errors) };
@@ -138,12 +158,14 @@ export function crossBackendVerdict(
 /** The verdict as the demo prints it (first line "OK" or "MISMATCH"). */
 export function verdictLines(v: CrossBackendVerdict): string[] {
   if (v.kind === "identical") {
-    return [`verdict   every token identical; largest logit difference ${v.maxError.toPrecision(3)}`];
+    return [
+      `verdict   every token identical; largest difference of the top-${TOP_K} logits ${v.maxError.toPrecision(3)}`,
+    ];
   }
   if (v.kind === "near-tie") {
     return [
       `verdict   OK (near-tie): ${v.position}/${v.tokens} tokens identical, then token ${v.position + 1} differs where the local run's top-2 margin is ${v.margin.toPrecision(3)},`,
-      `          below ${v.bound.toPrecision(3)} = 2 x ${ERROR_SAFETY} x the largest logit difference over the ${v.position} steps before (${v.measuredError.toPrecision(3)}; ${v.errorAtPosition.toPrecision(3)} at that step); later tokens follow another context`,
+      `          below ${v.bound.toPrecision(3)} = 2 x ${ERROR_SAFETY} x the largest difference of the top-${TOP_K} logits over the ${v.position} steps before (${v.measuredError.toPrecision(3)}; ${v.errorAtPosition.toPrecision(3)} at that step); later tokens follow another context`,
     ];
   }
   return [`verdict   MISMATCH at token ${v.position + 1}: ${v.reason}`];

@@ -70,4 +70,14 @@ describe("cross-backend verdict", () => {
     // a swarm run that stopped early
     expect(crossBackendVerdict([1, 0], [1], before.plain, before.swarm)).toMatchObject({ kind: "mismatch" });
   });
+
+  it("measures the error on the candidates: a tail logit's large error does not widen the bound", () => {
+    // 10 logits; index 9 is a far-tail value off by 50 at every step, the top-8 are off by <= 0.01
+    const mk = (top: number[], tail: number) => Float32Array.from([...top, 0, tail]);
+    const plain = [mk([9, 1, 1, 1, 1, 1, 1, 1], -1000), mk([1, 2, 1.5, 1, 1, 1, 1, 1], -1000)];
+    const swarm = [mk([9.01, 1, 1, 1, 1, 1, 1, 1], -950), mk([1, 1.99, 2.0, 1, 1, 1, 1, 1], -950)];
+    // step 1: local margin 0.5, swarm flips with a 0.5 error: E = 0.01 (not 50): a mismatch
+    const v = crossBackendVerdict([0, 1], [0, 2], plain, swarm);
+    expect(v).toMatchObject({ kind: "mismatch", position: 1 });
+  });
 });

@@ -52,7 +52,6 @@ struct moeswarm_graph {
     uint32_t k;      // 1 (run) or slots (reference)
     int32_t kind;    // 0 run, 1 reference each, 2 reference sum
     uint64_t last_use;
-    uint64_t serial; // unique per built graph (a freed graph's slot or address can come back)
     ggml_context * ctx;
     ggml_cgraph * gf;
     ggml_tensor * x;
@@ -89,8 +88,6 @@ struct moeswarm_slice {
     ggml_backend_t backend           = nullptr;
     ggml_threadpool * threadpool     = nullptr;
     ggml_gallocr_t galloc            = nullptr;
-    uint64_t galloc_serial           = 0; // the graph the allocator's layout was reserved for (0: none)
-    uint64_t graph_serial            = 0; // last serial handed out
 
     std::vector<moeswarm_graph> graphs;
     uint64_t clock = 0;

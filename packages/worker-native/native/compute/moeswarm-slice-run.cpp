@@ -142,7 +142,6 @@ static moeswarm_graph * moeswarm_graph_get(
     g.n_rows             = n_rows;
     g.k                  = k;
     g.last_use           = slice->clock;
-    g.serial             = ++slice->graph_serial;
     const size_t n_nodes = MOESWARM_GRAPH_NODES + 2 * (size_t) k;
     ggml_init_params ip  = { ggml_tensor_overhead() * n_nodes + ggml_graph_overhead_custom(n_nodes, false), nullptr, true };
     g.ctx                = ggml_init(ip);
@@ -205,28 +204,14 @@ static moeswarm_graph * moeswarm_graph_get(
 
 // A cached graph keeps the addresses of its last allocation, and ggml-alloc skips tensors that
 // already have data: after another graph (re)used or regrew the shared compute buffer, those
-// addresses are stale. Forget them so that every tensor is placed anew (views of the weights are
-// re-derived from them).
-// ggml_gallocr_alloc_graph alone would reuse the previous graph's layout whenever the node count,
-// the leaf count and each node's size fit, without comparing the graphs' structure (which tensors
-// are alive together, which ops run in place) or their leaves: a graph of another layer (another
-// weight type) or kind can then get a layout computed for a different graph. The layout is therefore
-// reserved for this very graph whenever the allocator last laid out another one. Reserving is a walk
-// over a few dozen nodes; the buffer only grows, so its memory stays that of the largest graph.
+// addresses are stale. Forget them so that ggml_gallocr_alloc_graph places every tensor anew
+// (views of the weights are re-derived from them).
 static bool moeswarm_graph_alloc(moeswarm_slice * slice, moeswarm_graph * g, moeswarm_error * err) {
     for (ggml_tensor * t = ggml_get_first_tensor(g->ctx); t != nullptr; t = ggml_get_next_tensor(g->ctx, t)) {
         t->data   = nullptr;
         t->buffer = nullptr;
     }
-    if (slice->galloc_serial != g->serial) {
-        slice->galloc_serial = 0;
-        if (!ggml_gallocr_reserve(slice->galloc, g->gf)) {
-            return moeswarm_error_set(err, "MOESWARM_NATIVE_COMPUTE", "cannot reserve the compute buffer (out of memory?)");
-        }
-        slice->galloc_serial = g->serial;
-    }
     if (!ggml_gallocr_alloc_graph(slice->galloc, g->gf)) {
-        slice->galloc_serial = 0;
         return moeswarm_error_set(err, "MOESWARM_NATIVE_COMPUTE", "cannot allocate the compute buffer (out of memory?)");
     }
     return true;
