@@ -140,13 +140,13 @@ describe("phone participant (static executable backend)", () => {
     if (identical) {
       expect(r.stdout).toMatch(/^verdict +every token identical/m);
     } else {
-      const m = /^OK \(near-tie\) (\d)\/8 tokens identical[\s\S]*^verdict +OK \(near-tie\): (\d)\/8 tokens identical, then token (\d) differs/m.exec(
-        r.stdout,
-      );
+      const m =
+        /^OK \(near-tie\) (\d)\/8 tokens identical[\s\S]*^verdict +OK \(near-tie\): (\d)\/8 tokens identical, then token (\d) differs/m.exec(
+          r.stdout,
+        );
       expect(m, r.stdout).not.toBeNull();
       // the tokens before the near-tie are all identical
       expect(Number(m?.[3])).toBe(Number(m?.[2]) + 1);
     }
   });
-});
 });
