@@ -12,10 +12,15 @@
 # is the dry run: everything but the GPU, on this build's own CPU backend (what CI-less machines
 # and this script's test can run). Writes $OUT/summary.txt, $OUT/gpu-check.json, $OUT/probe.json.
 #
-# Carry (the device tool moves at most 64 MiB per call; libggml-cuda.so alone is 159 MB): split
-# the zstd-compressed package into ignored .cache/gpu-carry/part-* files, carry one part per call
-# (ignored outputs stay on the warm machine between calls), then run this script with
-# `--assemble .cache/gpu-carry`, which joins and unpacks them into .cache/gpu-carry/bins.
+# Carry (the device tool moves at most 64 MiB per call; libggml-cuda.so alone is 159 MB, 124 MB
+# with zstd -19): split the compressed bins into ignored files here,
+#   mkdir -p .cache/gpu-carry && tar c -C <pkg> bins/linux-x64-cuda | zstd -19 --long=27 -T2 |
+#     split -b 55m - .cache/gpu-carry/part-          # part-aa, part-ab, part-ac
+# carry one part per call while the machine stays warm (ignored paths already there are kept between
+# calls): `true` with carry [.cache/gpu-carry/part-aa], then -ab, then the last call runs
+#   sh packages/worker-native/scripts/gpu-participant-check.sh --assemble .cache/gpu-carry --out $OUT
+# with carry [.cache/gpu-carry/part-ac, .cache/gpu-carry/gguf-py (a copy, not the .cache symlink),
+# packages/worker-native/prebuilds/linux-x64]; --assemble joins and unpacks them (zstd --long=27 -d).
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -33,7 +38,7 @@ while [ $# -gt 0 ]; do
     --device) device="$2"; shift 2 ;;
     --bench) bench="--bench"; shift ;;
     --assemble) assemble="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -eu/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -44,8 +49,9 @@ say() { echo "$*" | tee -a "$summary"; }
 t0=$(date +%s)
 
 if [ -n "$assemble" ]; then
+  command -v zstd >/dev/null 2>&1 || { say "FAIL --assemble needs zstd on this machine"; exit 1; }
   # part-aa, part-ab...: one zstd stream of a tar of bins/linux-x64-cuda
-  cat "$assemble"/part-* | zstd -d -q | tar x -C "$assemble"
+  cat "$assemble"/part-* | zstd -d -q --long=27 | tar x -C "$assemble"
   bins="$assemble/bins/linux-x64-cuda"
 fi
 [ -n "$bins" ] || { echo "--bins DIR (or --assemble DIR) is required" >&2; exit 2; }
@@ -72,7 +78,7 @@ else
 fi
 
 gguf_py=""
-for d in "$root"/.cache/llama.cpp-*/gguf-py "$root"/vendor/llama.cpp/gguf-py; do
+for d in ${GGUF_PY:-} ${assemble:+"$assemble/gguf-py"} "$root"/.cache/llama.cpp-*/gguf-py "$root"/vendor/llama.cpp/gguf-py; do
   [ -d "$d" ] && gguf_py="$d" && break
 done
 [ -n "$gguf_py" ] || { say "FAIL no gguf-py (the pinned llama.cpp source under .cache/)"; exit 1; }
