@@ -129,8 +129,9 @@ describe.skipIf(Boolean(missing))("a slice with another ggml type per layer", ()
   // yet fixed: run it with MOESWARM_VK_MIXED=1. Found so far: reserving the graph allocator's
   // layout for every graph switch does not help (3 of 5 runs still crashed), while
   // MOESWARM_VK_MIXED=same (the first pass's inputs again: only cached graphs after it) passed 3 of
-  // 3: the crash needs graphs built (and others evicted, the compute buffer regrown) after the first
-  // pass.
+  // 3, and so did new activations each pass with the first pass's ids (same graphs), 3 of 3, while
+  // the unchanged test crashed 3 of 3: the crash needs graphs built (and others evicted, the compute
+  // buffer regrown) after the first pass, not new data.
   const vkMode = process.env.MOESWARM_VK_MIXED;
   const vk = vkMode === "1" || vkMode === "same";
   if (!vk)
