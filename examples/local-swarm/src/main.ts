@@ -25,6 +25,7 @@ import { Agent, request } from "undici";
 import { type DemoOptions, parseDemoOptions } from "./options.js";
 import { createProgress } from "./progress.js";
 import { printReport } from "./report.js";
+import { crossBackendVerdict, verdictLines } from "./verdict.js";
 import { spawnWorkers, stopWorkers, type WorkerView } from "./workers.js";
 
 // caches live in this example's own folder: it runs the same copied out of the repository
@@ -274,6 +275,17 @@ async function decodeAndCompare(demo: Demo, model: DemoModel, bridge: Bridge, wo
   const identical = plain.tokens.filter((t, i) => swarm.tokens[i] === t).length;
   const sameLength = plain.tokens.length === swarm.tokens.length;
   const logitsIdentical = readFileSync(join(tmp, "plain.bin")).equals(readFileSync(join(tmp, "swarm.bin")));
+  // other kernels (the static executable, another ISA, a GPU) sum in another order: every token,
+  // or a first difference that is a near-tie of the local run (verdict.ts), and the logits as
+  // close as the worst row's cosine says
+  const crossBackend = options.backend !== "llama-cpu";
+  const rows = crossBackend
+    ? [
+        await readLogits(join(tmp, "plain.bin"), plain.nVocab),
+        await readLogits(join(tmp, "swarm.bin"), plain.nVocab),
+      ]
+    : undefined;
+  const verdict = rows ? crossBackendVerdict(plain.tokens, swarm.tokens, rows[0]!, rows[1]!) : undefined;
   printReport(out, {
     prompt: options.prompt,
     plain,
@@ -284,19 +296,15 @@ async function decodeAndCompare(demo: Demo, model: DemoModel, bridge: Bridge, wo
     bridge: bridge.metrics(),
     workers,
     trust: options.trust,
+    nearTie: verdict?.kind === "near-tie",
   });
-  if (options.backend !== "llama-cpu") {
-    // other kernels (the static executable, another ISA) sum in another order: every token, and
-    // the logits as close as the worst row's cosine says
-    const rows = [
-      await readLogits(join(tmp, "plain.bin"), plain.nVocab),
-      await readLogits(join(tmp, "swarm.bin"), plain.nVocab),
-    ];
+  if (rows && verdict) {
     const cos = rows[0]!.map((row, i) => (rows[1]![i] ? cosine(row, rows[1]![i]!) : 0));
     out(
       `logits    min cosine per step vs the local run: ${Math.min(...cos).toFixed(8)} (${cos.length} steps)`,
     );
-    return identical === plain.tokens.length && sameLength ? 0 : 1;
+    for (const line of verdictLines(verdict)) out(line);
+    return verdict.kind === "mismatch" ? 1 : 0;
   }
   // every token, and (same CPU, llama.cpp's own kernels in the workers) every logit bit
   return identical === plain.tokens.length && sameLength && logitsIdentical ? 0 : 1;

@@ -14,6 +14,11 @@ export interface DemoReport {
   workers: readonly WorkerView[];
   /** The bridge's trust (default "verify"): under "own" nothing is verified or audited. */
   trust?: "verify" | "own";
+  /**
+   * Cross-backend runs only: the first differing token was judged a near-tie (verdict.ts), so the
+   * headline says "OK (near-tie)" rather than "MISMATCH".
+   */
+  nearTie?: boolean;
 }
 
 const fmt = (v: number, digits = 1) => (Number.isFinite(v) ? v.toFixed(digits) : "-");
@@ -60,7 +65,7 @@ export function printReport(out: (line?: string) => void, r: DemoReport): void {
   out();
   const verdict = r.identical === n && r.swarm.tokens.length === n;
   out(
-    `${verdict ? "OK" : "MISMATCH"}        ${r.identical}/${n} tokens identical to the local run` +
+    `${(verdict ? "OK" : r.nearTie ? "OK (near-tie)" : "MISMATCH").padEnd(9)} ${r.identical}/${n} tokens identical to the local run` +
       `; logits ${r.logitsIdentical ? "bit-identical" : "differ"} (${r.plain.nVocab} x ${n + 1} floats compared)`,
   );
   const ratio = r.tokPerSecond.swarm / r.tokPerSecond.plain;

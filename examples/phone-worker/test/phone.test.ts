@@ -122,20 +122,31 @@ describe("phone participant (static executable backend)", () => {
   );
 
   // the same participant on a GPU backend: --backend vulkan (on lavapipe here, GGML_VK_VISIBLE_DEVICES
-  // shows it); its capacity counts the device's memory
-  // SKIPPED, with its reason in the title (#19): since the synthetic models carry a language model,
-  // plain llama.cpp's greedy choice at token 8 of this prompt is a near-tie, and Vulkan's kernels
-  // (which sum differently from the CPU's) flip it: 7/8 tokens, the first 7 identical. The demo's
-  // cross-backend verdict needs a near-tie-aware criterion before this can assert again. Vulkan's
-  // numerics are checked against the f64 oracle per type in worker-native/test/vulkan.test.ts.
-  it.skip("--backend vulkan serves the same tokens (Mesa's lavapipe) [skipped: a near-tie at token 8 flips on Vulkan's summation order; see the comment]", () => {
+  // shows it); its capacity counts the device's memory. Plain llama.cpp's greedy choice at token 8
+  // of this prompt is a near-tie that Vulkan's summation order can flip (#19): the demo's
+  // cross-backend verdict accepts a first difference only as a near-tie of the local run that the
+  // logit error measured on the steps before can flip (examples/local-swarm/src/verdict.ts), and
+  // says so; every token before it must be identical.
+  it("--backend vulkan serves the local run's tokens, or differs only at a near-tie, reported as such (Mesa's lavapipe)", () => {
     const r = demo(
       COMMON.map((a) => (a === "worker" ? "vulkan" : a)),
       { GGML_VK_VISIBLE_DEVICES: "0" },
     );
     expect(r.status, `${r.stdout}\n${r.stderr}`).toBe(0);
-    expect(r.stdout).toMatch(/^OK +8\/8 tokens identical to the local run/m);
     expect(r.stdout).toMatch(/\[worker-0\] loaded worker on vulkan0/);
     expect(r.stdout).toMatch(/^ {2}worker-0 .*computed [1-9]\d* expert-tokens in [1-9]\d* requests/m);
+    expect(r.stdout).toMatch(/0 failovers, 0 local fallbacks/);
+    const identical = /^OK +8\/8 tokens identical to the local run/m.test(r.stdout);
+    if (identical) {
+      expect(r.stdout).toMatch(/^verdict +every token identical/m);
+    } else {
+      const m =
+        /^OK \(near-tie\) (\d)\/8 tokens identical[\s\S]*^verdict +OK \(near-tie\): (\d)\/8 tokens identical, then token (\d) differs/m.exec(
+          r.stdout,
+        );
+      expect(m, r.stdout).not.toBeNull();
+      // the tokens before the near-tie are all identical
+      expect(Number(m?.[3])).toBe(Number(m?.[2]) + 1);
+    }
   });
 });

@@ -218,6 +218,14 @@ export const ERROR_CODES = {
     area: "NativeError",
     text: "node-llama-cpp, an optional peer dependency needed by this feature, is not installed.",
   },
+  MOESWARM_NATIVE_GPU_PACKAGE_MISSING: {
+    area: "NativeError",
+    text: "The GPU build a GPU backend computes with (@node-llama-cpp/linux-x64-vulkan or -cuda, an optional peer) is not installed: `npm install` the package the message names next to the worker.",
+  },
+  MOESWARM_NATIVE_GPU_DRIVER: {
+    area: "NativeError",
+    text: "The GPU build is installed but a library it needs from the machine is missing (the NVIDIA driver's libcuda.so.1, CUDA's runtime or cuBLAS, the Vulkan loader): install what the message names.",
+  },
 
   // --- hub ---------------------------------------------------------------------------------------
   MOESWARM_HUB_NOT_FOUND: { area: "HubError", text: "The model, worker or resource does not exist." },

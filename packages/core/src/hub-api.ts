@@ -23,12 +23,35 @@ export function isHubId(value: unknown): value is string {
 export interface ClaimCapacityJson {
   /** Host memory offered for expert weights, bytes. */
   readonly ramBytes?: number;
-  /** Device memory offered, bytes. The slice must fit `ramBytes + vramBytes`. */
+  /** Device memory offered, bytes. What a claim must fit: see {@link capacityWeightBytes}. */
   readonly vramBytes?: number;
-  /** "cpu", "cuda", "hip", "vulkan", "metal"... (informative). */
+  /** "cpu", "cuda", "hip", "vulkan", "metal"...: a GPU backend's claims are sized by `vramBytes`. */
   readonly backend?: string;
   /** Measured download bandwidth, bytes/s (informative). */
   readonly bandwidthBps?: number;
+}
+
+/** Capacity backends whose expert weights live in device memory (see {@link capacityWeightBytes}). */
+export const GPU_CAPACITY_BACKENDS: readonly string[] = Object.freeze([
+  "cuda",
+  "hip",
+  "vulkan",
+  "metal",
+  "sycl",
+]);
+
+/**
+ * The bytes of expert weights a capacity holds, the one rule the hub's claims and the worker's
+ * choices share: a GPU backend's weights are uploaded to the device (host memory only stages them
+ * while loading), so they must fit `vramBytes` when it is given; any other backend computes from
+ * host memory, `ramBytes + vramBytes` (as before device memory was counted apart).
+ */
+export function capacityWeightBytes(capacity: ClaimCapacityJson): number {
+  const ram = capacity.ramBytes ?? 0;
+  const vram = capacity.vramBytes ?? 0;
+  const gpu =
+    typeof capacity.backend === "string" && GPU_CAPACITY_BACKENDS.includes(capacity.backend.toLowerCase());
+  return gpu && vram > 0 ? vram : ram + vram;
 }
 
 /** `POST /api/claims`: one rectangle of layers x experts of a model. */

@@ -1,6 +1,6 @@
 // The coverage market's state and its building blocks: the per-model grid of cells, workers'
 // registered slices, and the small checks and copies every section of the market shares.
-import { HubError, InvalidArgumentError, type Range } from "@moeswarm/core";
+import { capacityWeightBytes, HubError, InvalidArgumentError, type Range } from "@moeswarm/core";
 import { DemandCounters, type DemandPolicy } from "./demand.js";
 import type {
   Lease,
@@ -22,7 +22,10 @@ export function isWorkerId(value: unknown): value is string {
   return typeof value === "string" && value.length > 0 && Buffer.byteLength(value) <= MAX_WORKER_ID_BYTES;
 }
 
-/** The bytes a capacity offers (`ramBytes + vramBytes`), checked; InvalidArgumentError when unusable. */
+/**
+ * The weight bytes a capacity offers, checked (InvalidArgumentError when unusable): core's
+ * capacityWeightBytes, i.e. `vramBytes` for a GPU backend, `ramBytes + vramBytes` otherwise.
+ */
 export function capacityBytes(capacity: WorkerCapacity): number {
   if (typeof capacity !== "object" || capacity === null)
     throw new InvalidArgumentError("capacity must be an object");
@@ -47,7 +50,7 @@ export function capacityBytes(capacity: WorkerCapacity): number {
   if (total <= 0 || !Number.isSafeInteger(total)) {
     throw new InvalidArgumentError("capacity must offer some bytes (ramBytes + vramBytes > 0)");
   }
-  return total;
+  return capacityWeightBytes(capacity);
 }
 
 export function copyCapacity(c: WorkerCapacity): WorkerCapacity {

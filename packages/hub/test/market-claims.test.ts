@@ -228,6 +228,35 @@ describe("claims and leases", () => {
     expect(own([4, 8], 6 * MiB).bytes).toBe(4 * MiB);
   });
 
+  it("sizes a GPU worker's claims by its device memory, a CPU worker's by host memory", () => {
+    const m = market();
+    m.addModel(TWO, T0);
+    const claim = (worker: string, experts: [number, number], capacity: Record<string, unknown>) =>
+      m.claim(
+        {
+          worker,
+          model: "two",
+          layers: { start: 1, end: 2 },
+          experts: { start: experts[0], end: experts[1] },
+          capacity,
+        },
+        T0,
+      );
+    // 64 MiB of RAM does not make room on a 3 MiB GPU: the 4 MiB slice is refused for capacity
+    for (const backend of ["cuda", "vulkan", "CUDA"]) {
+      try {
+        claim("g", [0, 4], { ramBytes: 64 * MiB, vramBytes: 3 * MiB, backend });
+        expect.unreachable();
+      } catch (e) {
+        expect(isMoeswarmHubConflict(e, "capacity")).toBe(true);
+        expect((e as { details: Record<string, unknown> }).details).toMatchObject({ capacity: 3 * MiB });
+      }
+    }
+    expect(claim("g", [0, 4], { ramBytes: MiB, vramBytes: 4 * MiB, backend: "cuda" }).bytes).toBe(4 * MiB);
+    // a CPU worker computes from host memory: ram + vram, as before device memory was counted apart
+    expect(claim("c", [4, 8], { ramBytes: 3 * MiB, vramBytes: MiB, backend: "cpu" }).bytes).toBe(4 * MiB);
+  });
+
   it("checks ranges against the model: dense layers, expert bounds, unknown models", () => {
     const m = market();
     m.addModel(TWO, T0);

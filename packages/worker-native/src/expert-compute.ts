@@ -10,12 +10,12 @@ import { type ExpertRequest, InvalidArgumentError } from "@moeswarm/core";
 export type ComputeBackend = "native" | "llama-cpu" | "worker" | "ts";
 
 /**
- * What a caller asks for: a backend; "vulkan" (`moeswarm-expert-worker-llama` on node-llama-cpp's
- * Vulkan build of ggml, in a child process: `info.backend` "worker", `info.device` the Vulkan
- * device); or "auto": native when it loads, else the standalone executable where this platform has
+ * What a caller asks for: a backend; "vulkan" or "cuda" (`moeswarm-expert-worker-llama` on
+ * node-llama-cpp's Vulkan or CUDA build of ggml, in a child process: `info.backend` "worker",
+ * `info.device` the GPU device); or "auto": native when it loads, else the standalone executable where this platform has
  * one (Android/Termux, musl, any host the glibc addon does not load on), else TypeScript.
  */
-export type BackendChoice = ComputeBackend | "vulkan" | "auto";
+export type BackendChoice = ComputeBackend | "vulkan" | "cuda" | "auto";
 
 /** Every `BackendChoice`, for validating options and command lines. */
 export const BACKEND_CHOICES: readonly BackendChoice[] = Object.freeze([
@@ -24,8 +24,12 @@ export const BACKEND_CHOICES: readonly BackendChoice[] = Object.freeze([
   "llama-cpu",
   "worker",
   "vulkan",
+  "cuda",
   "ts",
 ]);
+
+/** The choices that compute on a GPU (their weights live in device memory: claims count VRAM). */
+export const GPU_BACKEND_CHOICES: readonly BackendChoice[] = Object.freeze(["vulkan", "cuda"]);
 
 /** True when `value` is a `BackendChoice`. */
 export function isBackendChoice(value: unknown): value is BackendChoice {

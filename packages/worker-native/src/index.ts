@@ -1,4 +1,15 @@
 // Public API of @moeswarm/worker-native.
+
+export {
+  CUDA_PACKAGE,
+  CUDA_TYPES,
+  type CudaOptions,
+  type CudaStatus,
+  cudaBinsDir,
+  probeCuda,
+  type SpawnCudaExpertWorkerOptions,
+  spawnCudaExpertWorker,
+} from "./cuda.js";
 export {
   ACTIVATIONS,
   type Activation,
@@ -8,12 +19,14 @@ export {
   checkRunRequest,
   type ExpertCompute,
   type ExpertComputeInfo,
+  GPU_BACKEND_CHOICES,
   isBackendChoice,
   type LayerTensors,
   type RunMode,
   type RunOptions,
   type RunRequest,
 } from "./expert-compute.js";
+export { type GpuDevice, type GpuStatus, gpuDriverError } from "./gpu-build.js";
 export {
   type LlamaCppBinsOptions,
   type LoadLlamaCpuOptions,

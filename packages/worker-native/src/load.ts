@@ -1,4 +1,5 @@
 import { InvalidArgumentError, NativeError, throwIfAborted } from "@moeswarm/core";
+import { spawnCudaExpertWorker } from "./cuda.js";
 import {
   type Activation,
   BACKEND_CHOICES,
@@ -21,7 +22,7 @@ export interface LoadExpertComputeOptions {
    * "ts": the TypeScript path; "auto" (default): native when it loads, else the static
    * executable where this platform has one (Android, musl: `info.backend` "worker"), else
    * TypeScript (`info.backend` says which; `nativeStatus()` says why native was not used);
-   * "vulkan": see `spawnVulkanExpertWorker`;
+   * "vulkan": see `spawnVulkanExpertWorker`; "cuda": see `spawnCudaExpertWorker`;
    * "llama-cpu": the compute core built against node-llama-cpp's ggml, computing with the CPU
    * backend library that llama.cpp itself uses here: bit-identical to llama.cpp's MUL_MAT_ID on this
    * machine (`info.device` "llama-cpu"). In this process when its addon is built (`info.backend`
@@ -84,6 +85,14 @@ export async function loadExpertCompute(
   }
   if (backend === "vulkan") {
     return spawnVulkanExpertWorker(slicePath, {
+      ...(threads !== undefined ? { threads } : {}),
+      ...(act !== undefined ? { act } : {}),
+      ...(device !== undefined ? { device } : {}),
+      ...(signal ? { signal } : {}),
+    });
+  }
+  if (backend === "cuda") {
+    return spawnCudaExpertWorker(slicePath, {
       ...(threads !== undefined ? { threads } : {}),
       ...(act !== undefined ? { act } : {}),
       ...(device !== undefined ? { device } : {}),

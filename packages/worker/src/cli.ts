@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { InvalidArgumentError, isMoeswarmError } from "@moeswarm/core";
 import { parseByteSize } from "@moeswarm/shard";
-import { BACKEND_CHOICES, isBackendChoice, probeVulkan } from "@moeswarm/worker-native";
+import { BACKEND_CHOICES, isBackendChoice, probeCuda, probeVulkan } from "@moeswarm/worker-native";
 import cliProgress from "cli-progress";
 import { hostFacts, workerDefaults } from "./device-defaults.js";
 import { enrolledToken } from "./enrol.js";
@@ -32,15 +32,17 @@ downloads and verifies it, serves it through the hub's relay until SIGINT/SIGTER
                        it buys is kept in the cache dir and used on later starts)
   --capacity SIZE      memory offered for expert weights, e.g. 2GiB (default: half the free memory;
                        on a phone also at most a quarter of its memory)
-  --vram SIZE          device memory offered besides (default 0; --backend vulkan: the device's)
+  --vram SIZE          device memory offered (default 0; --backend vulkan/cuda: the device's, and
+                       a GPU worker's claims are sized by it, not by --capacity)
   --cache-dir DIR      where slices are kept across restarts (default ~/.cache/moeswarm/worker)
   --cache-max SIZE     most disk the cache may use, e.g. 20GiB; least recently used slices not
                        being served are deleted to make room (default: no limit; on a phone
                        half the free storage)
   --id ID              this worker's id (default: the token's, else <hostname>-<random>)
-  --backend B          auto | native | llama-cpu | worker | vulkan | ts (default auto: the native
-                       addon, else the static executable (Android, musl), else TypeScript);
-                       vulkan needs npm package @node-llama-cpp/linux-x64-vulkan@3.21.1
+  --backend B          auto | native | llama-cpu | worker | vulkan | cuda | ts (default auto: the
+                       native addon, else the static executable (Android, musl), else TypeScript);
+                       vulkan needs npm package @node-llama-cpp/linux-x64-vulkan@3.21.1, cuda
+                       @node-llama-cpp/linux-x64-cuda@3.21.1 and the NVIDIA driver
   --threads N          most compute threads (default: all CPUs; on a phone 4, its big cores)
   --model ID           serve only this model
   --ca FILE            PEM CA to trust for a self-hosted hub
@@ -194,9 +196,10 @@ async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Promise<Ru
   const defaults = workerDefaults(hostFacts(env, cacheDir));
   const ramBytes = size(str("capacity"), "capacity") ?? defaults.ramBytes;
   let vramBytes = size(str("vram"), "vram");
-  if (vramBytes === undefined && backend === "vulkan") {
-    // the device's memory, as ggml-vulkan counts it (a missing device fails here, before any claim)
-    vramBytes = (await probeVulkan()).vramBytes;
+  if (vramBytes === undefined && (backend === "vulkan" || backend === "cuda")) {
+    // the device's memory, as ggml counts it (a missing package, driver or device fails here,
+    // before any claim, with what to install)
+    vramBytes = (await (backend === "cuda" ? probeCuda() : probeVulkan())).vramBytes;
   }
   const cacheMaxBytes = size(str("cache-max"), "cache-max") ?? defaults.cacheMaxBytes;
   const threads = threadsText !== undefined ? Number(threadsText) : defaults.threads;

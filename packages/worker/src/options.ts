@@ -1,12 +1,17 @@
 import { randomBytes } from "node:crypto";
 import { hostname } from "node:os";
-import { type ClaimCapacityJson as ClaimCapacity, InvalidArgumentError } from "@moeswarm/core";
+import {
+  type ClaimCapacityJson as ClaimCapacity,
+  capacityWeightBytes,
+  InvalidArgumentError,
+} from "@moeswarm/core";
 import { type HubCa as CaOption, HubClient } from "@moeswarm/relay-client";
 import {
   BACKEND_CHOICES,
   type BackendChoice,
   type ComputeBackend,
   type ExpertCompute,
+  GPU_BACKEND_CHOICES,
   isBackendChoice,
 } from "@moeswarm/worker-native";
 import type { WorkerEvent } from "./events.js";
@@ -20,7 +25,8 @@ export interface RunWorkerOptions {
   token: string;
   /**
    * Memory this worker offers for expert weights: the slices it claims (as many as fit) add up to
-   * at most `ramBytes + vramBytes`.
+   * at most `vramBytes` on a GPU backend ("vulkan", "cuda": the weights live on the device) when
+   * given, else `ramBytes + vramBytes` (core's capacityWeightBytes, the hub's rule too).
    */
   capacity: { ramBytes: number; vramBytes?: number };
   /** Where slices are kept across restarts (`<cacheDir>/<model>/<layers>_<experts>.gguf`). */
@@ -40,7 +46,8 @@ export interface RunWorkerOptions {
   signal?: AbortSignal;
   /**
    * Expert compute: "auto" (default: native when it loads, else the static executable where the
-   * platform has one, e.g. Android, else TypeScript), "native", "llama-cpu", "worker", "vulkan", "ts".
+   * platform has one, e.g. Android, else TypeScript), "native", "llama-cpu", "worker", "vulkan", "cuda",
+   * "ts".
    */
   backend?: BackendChoice;
   /**
@@ -209,16 +216,17 @@ export function settings(o: RunWorkerOptions): Settings {
   const maxVerifyAttempts = o.maxVerifyAttempts ?? 3;
   if (!Number.isInteger(maxVerifyAttempts) || maxVerifyAttempts < 1)
     throw new InvalidArgumentError("maxVerifyAttempts must be an integer >= 1");
+  const capacity = {
+    ramBytes,
+    ...(vramBytes ? { vramBytes } : {}),
+    backend: GPU_BACKEND_CHOICES.includes(backend) ? backend : "cpu",
+  };
   return {
     hub,
     token: o.token,
     id,
-    capacity: {
-      ramBytes,
-      ...(vramBytes ? { vramBytes } : {}),
-      backend: backend === "vulkan" ? "vulkan" : "cpu",
-    },
-    capacityBytes: ramBytes + vramBytes,
+    capacity,
+    capacityBytes: capacityWeightBytes(capacity),
     cacheDir: o.cacheDir,
     cacheMaxBytes:
       o.cacheMaxBytes === undefined ? undefined : bytesOption("cacheMaxBytes", o.cacheMaxBytes, true),

@@ -1,0 +1,212 @@
+import { execFile } from "node:child_process";
+import { existsSync, realpathSync } from "node:fs";
+import { createRequire } from "node:module";
+import { dirname, join, resolve } from "node:path";
+import { abortReason, NativeError, throwIfAborted } from "@moeswarm/core";
+import { packageRoot } from "./native-binding.js";
+
+// What the GPU backends ("vulkan", "cuda") share: node-llama-cpp publishes each GPU build of the
+// pinned llama.cpp commit as a package (`@node-llama-cpp/linux-x64-<gpu>`, bins/linux-x64-<gpu>:
+// libggml-base.so, libggml-<gpu>.so, the CPU variants and its own addon). The participant finds
+// the package, asks its addon (in a child process, so a broken driver cannot take this one down)
+// which devices and how much memory it sees, and runs moeswarm-expert-worker-llama on it.
+
+/** One of node-llama-cpp's GPU builds. */
+export interface GpuBuild {
+  /** "vulkan" | "cuda": the package suffix, the bins directory suffix and the addon's getGpuType(). */
+  gpu: string;
+  /** The ggml device name prefix ("Vulkan", "CUDA"): device i is `${prefix}${i}`. */
+  devicePrefix: string;
+  /** The backend library in the bins directory ("libggml-vulkan.so"). */
+  library: string;
+  /** Environment variable that names the bins directory instead. */
+  envDir: string;
+  /** Shared-library dependencies the build cannot load without, each with what provides it. */
+  runtime: readonly { lib: string; from: string }[];
+  /** What to do when no device is visible. */
+  noDeviceHint: string;
+}
+
+export const GPU_PACKAGE_VERSION = "3.21.1";
+
+export function gpuPackage(build: Pick<GpuBuild, "gpu">): string {
+  return `@node-llama-cpp/linux-x64-${build.gpu}`;
+}
+
+function packageDir(entry: string, sub: string): string | undefined {
+  let dir = dirname(entry);
+  for (let i = 0; i < 6; i++) {
+    if (existsSync(join(dir, "bins", sub))) return dir;
+    const up = dirname(dir);
+    if (up === dir) break;
+    dir = up;
+  }
+  return undefined;
+}
+
+/**
+ * Where a GPU build's libraries are: `explicit`, else the build's environment variable, else the
+ * installed package (resolved from this package, then the working directory). NativeError
+ * MOESWARM_NATIVE_GPU_PACKAGE_MISSING saying which npm package to install.
+ */
+export function gpuBinsDir(build: GpuBuild, explicit?: string): string {
+  const pkg = gpuPackage(build);
+  const sub = `linux-x64-${build.gpu}`;
+  const tried: string[] = [];
+  const ok = (dir: string) =>
+    existsSync(join(dir, build.library)) && existsSync(join(dir, "libggml-base.so"));
+  const dirOption = explicit ?? process.env[build.envDir];
+  if (dirOption) {
+    if (ok(dirOption)) return resolve(dirOption);
+    tried.push(`${dirOption} (no ${build.library} and libggml-base.so)`);
+  } else if (process.platform === "linux" && process.arch === "x64") {
+    for (const from of [join(packageRoot(), "package.json"), join(process.cwd(), "package.json")]) {
+      try {
+        const main = createRequire(from).resolve(pkg);
+        const dir = packageDir(realpathSync(main), sub);
+        if (dir && ok(join(dir, "bins", sub))) return join(dir, "bins", sub);
+        tried.push(`${dirname(main)} (no bins/${sub})`);
+      } catch (cause) {
+        tried.push(`${pkg} from ${dirname(from)}: ${(cause as Error).message.split("\n")[0]}`);
+      }
+    }
+  } else {
+    tried.push(
+      `the ${build.gpu} build is published for linux-x64, this is ${process.platform}-${process.arch}`,
+    );
+  }
+  throw new NativeError(
+    "MOESWARM_NATIVE_GPU_PACKAGE_MISSING",
+    `node-llama-cpp's ${build.gpu} build was not found:\n  ${tried.join("\n  ")}\n` +
+      `possible solutions: npm install ${pkg}@${GPU_PACKAGE_VERSION} next to the worker, or set ${build.envDir} to its bins/${sub} directory`,
+    { details: { tried, package: `${pkg}@${GPU_PACKAGE_VERSION}` } },
+  );
+}
+
+/** A GPU device as ggml sees it. */
+export interface GpuDevice {
+  /** The ggml device name the worker's `--device` takes ("Vulkan0", "CUDA0"...). */
+  name: string;
+  /** The driver's description ("NVIDIA H200", "llvmpipe (LLVM 15.0.6, 256 bits)"). */
+  description: string;
+}
+
+export interface GpuStatus {
+  binsDir: string;
+  devices: GpuDevice[];
+  /** Device-local memory over the visible devices, bytes (ggml's own count). */
+  vramBytes: number;
+}
+
+// First each runtime library on its own (process.dlopen of a library that is not an addon loads
+// it and then fails with "did not self-register": found; "cannot open shared object file":
+// missing), so a missing driver is named rather than reported as "no device"; then the addon.
+const PROBE_SCRIPT = `
+const [dir, libs] = [process.argv[1], JSON.parse(process.argv[2])];
+const missing = [];
+for (const lib of libs) {
+  try { process.dlopen({ exports: {} }, lib); } catch (e) {
+    if (/cannot open shared object file|No such file/.test(String(e.message))) missing.push({ lib, message: String(e.message) });
+  }
+}
+if (missing.length > 0) {
+  process.stdout.write("\\nmoeswarm-gpu " + JSON.stringify({ missing }) + "\\n");
+  process.exit(0);
+}
+const a = require(dir + "/llama-addon.node");
+a.loadBackends(dir);
+Promise.resolve(a.init()).then(() => {
+  const info = a.getGpuDeviceInfo();
+  const vram = a.getGpuVramInfo();
+  process.stdout.write("\\nmoeswarm-gpu " + JSON.stringify({ type: a.getGpuType(), names: info.deviceNames, total: vram.total }) + "\\n");
+});
+`;
+
+/** What the probe's child process answered. */
+export interface GpuProbeAnswer {
+  type?: unknown;
+  names?: unknown;
+  total?: unknown;
+  missing?: { lib: string; message: string }[];
+}
+
+/**
+ * The error for runtime libraries the build could not load (pure, for tests): NativeError
+ * MOESWARM_NATIVE_GPU_DRIVER naming each library and what provides it.
+ */
+export function gpuDriverError(
+  build: GpuBuild,
+  missing: readonly { lib: string }[],
+  binsDir: string,
+): NativeError {
+  const lines = missing.map(({ lib }) => {
+    const from = build.runtime.find((r) => r.lib === lib)?.from ?? "its package";
+    return `${lib} (${from})`;
+  });
+  return new NativeError(
+    "MOESWARM_NATIVE_GPU_DRIVER",
+    `the ${build.gpu} build cannot load: missing ${lines.join(", ")}\n` +
+      `possible solutions: install ${missing.map(({ lib }) => build.runtime.find((r) => r.lib === lib)?.from ?? lib).join("; and ")}; ` +
+      "or use --backend auto (CPU)",
+    { details: { binsDir, missing: missing.map((m) => m.lib) } },
+  );
+}
+
+/**
+ * The devices a GPU build sees here, and their memory. NativeError MOESWARM_NATIVE_GPU_PACKAGE_MISSING
+ * (no package), MOESWARM_NATIVE_GPU_DRIVER (a runtime library is missing: the driver, CUDA's
+ * runtime) or MOESWARM_NATIVE_LOAD (it loads but finds no device).
+ */
+export async function probeGpuBuild(
+  build: GpuBuild,
+  options: { binsDir?: string; env?: Record<string, string>; signal?: AbortSignal } = {},
+): Promise<GpuStatus> {
+  throwIfAborted(options.signal);
+  const binsDir = gpuBinsDir(build, options.binsDir);
+  return new Promise((resolvePromise, reject) => {
+    execFile(
+      process.execPath,
+      ["-e", PROBE_SCRIPT, binsDir, JSON.stringify(build.runtime.map((r) => r.lib))],
+      {
+        timeout: 60_000,
+        env: { ...process.env, ...options.env, LD_LIBRARY_PATH: binsDir },
+        ...(options.signal ? { signal: options.signal } : {}),
+      },
+      (error, stdout, stderr) => {
+        if (options.signal?.aborted) return reject(abortReason(options.signal));
+        const line = String(stdout)
+          .split("\n")
+          .find((l) => l.startsWith("moeswarm-gpu "));
+        let parsed: GpuProbeAnswer = {};
+        try {
+          if (line) parsed = JSON.parse(line.slice("moeswarm-gpu ".length));
+        } catch {
+          // reported below as no device
+        }
+        if (parsed.missing && parsed.missing.length > 0) {
+          reject(gpuDriverError(build, parsed.missing, binsDir));
+          return;
+        }
+        const names = Array.isArray(parsed.names) ? parsed.names.map(String) : [];
+        if (error || parsed.type !== build.gpu || names.length === 0) {
+          const why = error ? error.message.split("\n")[0] : `ggml-${build.gpu} found no usable device`;
+          const err = String(stderr).trim();
+          reject(
+            new NativeError(
+              "MOESWARM_NATIVE_LOAD",
+              `no ${build.devicePrefix} device: ${why}${err ? `\n${err.slice(-800)}` : ""}\n` +
+                `possible solutions: ${build.noDeviceHint}, or use --backend auto`,
+              { details: { binsDir } },
+            ),
+          );
+          return;
+        }
+        resolvePromise({
+          binsDir,
+          devices: names.map((description, i) => ({ name: `${build.devicePrefix}${i}`, description })),
+          vramBytes: typeof parsed.total === "number" ? parsed.total : 0,
+        });
+      },
+    );
+  });
+}
