@@ -6,6 +6,7 @@ import type { Server as HttpsServer } from "node:https";
 import { formatRange, HubError, InvalidArgumentError, toRanges } from "@moeswarm/core";
 import type { ExpertSlice } from "@moeswarm/shard";
 import type { ConnectionGuard } from "./connection-guard.js";
+import { DirectKeys } from "./direct.js";
 import { Enrolment, openEnrolStore } from "./enrolment.js";
 import { sendError } from "./http-errors.js";
 import { ModelRegistry } from "./hub-models.js";
@@ -285,6 +286,7 @@ class HubImpl implements Hub {
       relay: this.relay,
       models: this.#models,
       marketHttp,
+      directKeys: new DirectKeys(),
       downloads: this.#downloads,
       etags: new WeakMap<ExpertSlice, string>(),
       workers: () => this.workers(),
