@@ -9,6 +9,7 @@ import {
   type ExpertCompute,
   isBackendChoice,
 } from "@moeswarm/worker-native";
+import { type DirectOptions, type DirectSettings, directSettings } from "./direct.js";
 import type { WorkerEvent } from "./events.js";
 
 // runWorker's options, checked once into Settings, and the summary it resolves with.
@@ -74,6 +75,8 @@ export interface RunWorkerOptions {
   download?: { maxAttempts?: number; initialDelayMs?: number; maxDelayMs?: number; idleTimeoutMs?: number };
   /** Least time between two `progress` events (default 250 ms). */
   progressIntervalMs?: number;
+  /** Also serve backbones directly on a TLS WebSocket endpoint (the relay stays for the others). */
+  direct?: DirectOptions;
 }
 
 /** A slice a worker served. */
@@ -130,6 +133,7 @@ export interface Settings {
   heartbeatMs: number | undefined;
   download: NonNullable<RunWorkerOptions["download"]>;
   progressIntervalMs: number;
+  direct: DirectSettings | undefined;
 }
 
 function bytesOption(name: string, v: unknown, required: boolean): number {
@@ -234,6 +238,7 @@ export function settings(o: RunWorkerOptions): Settings {
     heartbeatMs: o.heartbeatMs,
     download: o.download ?? {},
     progressIntervalMs: msOption("progressIntervalMs", o.progressIntervalMs, 250, 0),
+    direct: directSettings(o.direct),
   };
 }
 
