@@ -238,7 +238,10 @@ describe.skipIf(Boolean(missing))(
           headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
           body: JSON.stringify(body),
         });
-        return { status: r.statusCode, json: (await r.body.json()) as { error?: { code: string }; ticket?: string } };
+        return {
+          status: r.statusCode,
+          json: (await r.body.json()) as { error?: { code: string }; ticket?: string },
+        };
       };
       const workerToken = mintToken({ role: "worker", id: "dw", ttlS: 60 }, SECRET);
       expect(await post(workerToken, { worker: "dw" })).toMatchObject({

@@ -3,6 +3,7 @@
 // lists the slice carries its endpoint and certificate fingerprint; a backbone dials it with a
 // ticket from the hub and gets the bits of a local compute; the drain closes the endpoint.
 import { connect } from "node:tls";
+import type { PlacementRegistrationJson } from "@moeswarm/core";
 import { type Hub, mintToken } from "@moeswarm/hub";
 import { connectRelay, DirectTransport, RelayTransport } from "@moeswarm/relay-client";
 import type { TempDir } from "@moeswarm/testkit";
@@ -57,7 +58,8 @@ describe("runWorker({direct})", () => {
       const p = await waitPlacement(url, MODEL, "wd's slice", (pl) =>
         pl.registrations.some((r) => r.id === "wd"),
       );
-      const reg = p.registrations.find((r) => r.id === "wd")!;
+      // the hub's full registration shape (the fixture's type lists only what the other tests read)
+      const reg = p.registrations.find((r) => r.id === "wd") as PlacementRegistrationJson;
       const announced = events.find((e) => e.event === "direct") as Extract<WorkerEvent, { event: "direct" }>;
       expect(announced.endpoints).toEqual([`wss://127.0.0.1:${announced.port}`]);
       // the first placement with the slice already has the endpoint
