@@ -9,6 +9,8 @@ import { badRequest } from "./http-errors.js";
 export const TICKET_TTL_MS = 5 * 60_000;
 const MAX_ENDPOINTS = 8;
 const MAX_URL_BYTES = 512;
+/** Pairs remembered for ticketed(); the oldest are forgotten first. */
+const MAX_PAIRS = 100_000;
 const FINGERPRINT = /^([0-9A-F]{2}:){31}[0-9A-F]{2}$/;
 
 /**
@@ -19,6 +21,8 @@ export class DirectKeys {
   readonly #privateKey: KeyObject;
   readonly #publicKey: KeyObject;
   readonly json: DirectKeyJson;
+  /** Backbone-worker pairs a ticket was minted for, oldest first (bounded). */
+  readonly #ticketed = new Set<string>();
 
   constructor() {
     const { privateKey, publicKey } = generateKeyPairSync("ed25519");
@@ -27,8 +31,22 @@ export class DirectKeys {
     this.json = directKeyJson(publicKey);
   }
 
+  /**
+   * Whether this hub admitted `backbone` to dial `worker` directly: the direct counterpart of
+   * "the relay forwarded a request of this backbone to this worker", which a quarantine report
+   * needs (a backbone may accuse only a worker it could have asked).
+   */
+  ticketed(backbone: string, worker: string): boolean {
+    return this.#ticketed.has(`${backbone}\n${worker}`);
+  }
+
   /** A ticket admitting backbone `backbone` (principal `owner`) to `worker`. */
   mint(backbone: string, owner: string | undefined, worker: string, now = Date.now()): DirectTicketJson {
+    const pair = `${backbone}\n${worker}`;
+    this.#ticketed.delete(pair);
+    this.#ticketed.add(pair);
+    if (this.#ticketed.size > MAX_PAIRS)
+      this.#ticketed.delete(this.#ticketed.values().next().value as string);
     const exp = now + TICKET_TTL_MS;
     const claims = {
       sub: backbone,

@@ -256,6 +256,7 @@ class HubImpl implements Hub {
 
   #routeContext(): RouteContext {
     const settings = this.#s;
+    const directKeys = new DirectKeys();
     const marketHttp: MarketHttpContext = {
       book: this.#marketBook,
       metrics: this.metrics,
@@ -286,12 +287,14 @@ class HubImpl implements Hub {
       relay: this.relay,
       models: this.#models,
       marketHttp,
-      directKeys: new DirectKeys(),
+      directKeys,
       downloads: this.#downloads,
       etags: new WeakMap<ExpertSlice, string>(),
       workers: () => this.workers(),
       status: (options) => this.status(options),
-      forwardedTo: (backbone, worker) => this.#marketBook.ledger.forwardedTo(backbone, worker),
+      // a direct link's requests never cross the relay: a ticket for the pair counts as a route
+      forwardedTo: (backbone, worker) =>
+        this.#marketBook.ledger.forwardedTo(backbone, worker) || directKeys.ticketed(backbone, worker),
       quarantine: (backbone, model, evidence) => this.#quarantine(backbone, model, evidence),
       reinstate: async (worker) => {
         const done = await this.#reputation.reinstate(worker);
