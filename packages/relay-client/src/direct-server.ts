@@ -51,6 +51,13 @@ export interface DirectServerOptions {
   maxIncoming?: number;
   /** Time a new connection has to say hello (default 10000 ms). */
   helloTimeoutMs?: number;
+  /**
+   * Silence after which a backbone counts as dead and its connection is cut (default 15000 ms;
+   * a backbone pings every 5 s), so a vanished one does not hold its dispatches.
+   */
+  deadPeerMs?: number;
+  /** Connections not past the hello at once; more are refused at once (default 64). */
+  maxPending?: number;
   /** Least time between two key fetches (default 10000 ms). */
   keyRefreshMs?: number;
   /** Now, unix ms (tests). */
@@ -141,6 +148,8 @@ async function closeServer(server: Server, wss: WebSocketServer, state: DirectSt
 class DirectState {
   readonly maxFrameBytes: number;
   readonly counters = { accepted: 0, refused: 0, dispatches: 0 };
+  /** Connections not past the hello. */
+  pending = 0;
   /** Each live connection's close. */
   readonly links = new Set<() => void>();
   readonly #o: DirectServerOptions;
@@ -179,6 +188,8 @@ class DirectState {
 
   connection(ws: WebSocket, socket: Socket): void {
     socket.setNoDelay(true);
+    // any bytes reset it; a healthy backbone pings every 5 s
+    socket.setTimeout(this.#o.deadPeerMs ?? 15_000, () => ws.terminate());
     let live: { claims: DirectTicketClaims; serving: WorkerServing } | undefined;
     let verifying = false;
     let closed = false;
@@ -196,6 +207,20 @@ class DirectState {
       this.#send(link, { t: "error", v: PROTOCOL_VERSION, code: error.code, msg: error.message });
       ws.close(code, error.code);
     };
+    let pending = true;
+    const settle = () => {
+      if (pending) this.pending--;
+      pending = false;
+    };
+    this.pending++;
+    if (this.pending > (this.#o.maxPending ?? 64)) {
+      settle();
+      refuse(
+        new TransportError("MOESWARM_TRANSPORT_LIMIT", "too many connections waiting for their hello"),
+        1013,
+      );
+      return;
+    }
     const hello = setTimeout(() => {
       if (!live) refuse(new AuthError("MOESWARM_AUTH_MISSING", "no hello within the hello timeout"));
     }, this.#o.helloTimeoutMs ?? 10_000);
@@ -204,6 +229,7 @@ class DirectState {
     this.links.add(closeThis);
     ws.on("close", () => {
       closed = true;
+      settle();
       clearTimeout(hello);
       this.links.delete(closeThis);
       live?.serving.abortAll(new TransportError("MOESWARM_TRANSPORT_CLOSED", "direct link closed"));
@@ -233,6 +259,7 @@ class DirectState {
               verifying = false;
               if (closed) return;
               clearTimeout(hello);
+              settle();
               live = { claims, serving: this.#serving(() => (closed ? undefined : link)) };
               this.counters.accepted++;
               const caps = {

@@ -239,6 +239,41 @@ describe("direct links", () => {
     expect(dispatched).toBe(0);
   });
 
+  it("refuses connections beyond maxPending waiting for their hello, and cuts a silent backbone", async () => {
+    const server = await serveDirect({
+      id: "w1",
+      ...tls,
+      host: "127.0.0.1",
+      maxPending: 1,
+      deadPeerMs: 300,
+      hubKey: async () => ({ kid: directKeyId(hub.publicKey), key: hub.publicKey }),
+      onDispatch: (d) => ({ y: doubled(d) }),
+    });
+    servers.push(server);
+    const url = `wss://127.0.0.1:${server.port}`;
+    const open = async () => {
+      const ws = new WebSocket(url, { rejectUnauthorized: false });
+      const closed = new Promise<{ code: number; error?: string }>((resolve) => {
+        let error: string | undefined;
+        ws.on("message", (data: Buffer) => {
+          const f = decodeFrame(data);
+          if (f.t === "error") error = f.code;
+        });
+        ws.on("close", (code) => resolve({ code, ...(error ? { error } : {}) }));
+      });
+      await new Promise<void>((resolve) => ws.once("open", () => resolve()));
+      return { ws, closed };
+    };
+    const first = await open(); // says nothing: pending
+    const second = await open();
+    expect(await second.closed).toEqual({ code: 1013, error: "MOESWARM_TRANSPORT_LIMIT" });
+    // the silent first one is cut (no hello timeout needed: deadPeerMs is shorter)
+    expect((await first.closed).code).toBe(1006);
+    // and a backbone with a ticket is accepted again
+    expect(await refusal(url, ticket({ wk: "w1" }), server.fingerprint)).toBe("accepted");
+    expect(server.stats()).toMatchObject({ accepted: 1, refused: 1 });
+  });
+
   it("sends a request whose direct link dies under it again over the fallback", async () => {
     let release!: () => void;
     const held = new Promise<void>((resolve) => {
