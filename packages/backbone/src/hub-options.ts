@@ -111,6 +111,9 @@ export function checkHubOptions(o: Omit<HubLinkOptions, "signal" | "onEvent"> | 
   if (typeof o.model !== "string" || !MODEL_ID.test(o.model)) {
     throw new InvalidArgumentError("hub.model must be a model id ([A-Za-z0-9][A-Za-z0-9._-]{0,127})");
   }
+  if (o.direct !== undefined && typeof o.direct !== "boolean") {
+    throw new InvalidArgumentError("hub.direct must be true or false");
+  }
   if (
     o.id !== undefined &&
     (typeof o.id !== "string" || o.id.length === 0 || Buffer.byteLength(o.id) > 128)
