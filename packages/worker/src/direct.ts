@@ -106,16 +106,25 @@ export async function startDirect(
   return { server, endpoint: { endpoints, fingerprint: server.fingerprint } };
 }
 
-/** Tells the hub where this worker listens (placement carries it to backbones). */
+/**
+ * Tells the hub where this worker listens (placement carries it to backbones); false when the hub
+ * has no direct links (404: an older hub).
+ */
 export async function publishDirect(
   hub: HubClient,
   id: string,
   endpoint: DirectEndpointJson,
   signal: AbortSignal,
-): Promise<void> {
-  await hub.request(`/api/workers/${encodeURIComponent(id)}/direct`, {
-    method: "PUT",
-    body: endpoint,
-    signal,
-  });
+): Promise<boolean> {
+  try {
+    await hub.request(`/api/workers/${encodeURIComponent(id)}/direct`, {
+      method: "PUT",
+      body: endpoint,
+      signal,
+    });
+    return true;
+  } catch (error) {
+    if ((error as { details?: { status?: unknown } })?.details?.status === 404) return false;
+    throw error;
+  }
 }

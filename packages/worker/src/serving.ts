@@ -95,9 +95,14 @@ export class Serving {
       try {
         if (this.#direct && !published) {
           const { endpoint, server } = this.#direct;
-          await publishDirect(s.hub, s.id, endpoint, connecting.signal);
+          if (await publishDirect(s.hub, s.id, endpoint, connecting.signal)) {
+            this.#ctx.emit({ event: "direct", ...endpoint, port: server.port });
+          } else {
+            // a hub from before direct links: serve through the relay alone
+            this.#ctx.emit({ event: "direct-unsupported", hub: s.hub.base.href });
+            await this.closeDirect();
+          }
           published = true;
-          this.#ctx.emit({ event: "direct", ...endpoint, port: server.port });
         }
         const conn = await connectRelay(s.relay, {
           role: "worker",
