@@ -201,7 +201,11 @@ class DirectState {
       close: (code = 1000, reason = "") => ws.close(code, reason.slice(0, 120)),
       destroy: () => ws.terminate(),
     };
+    let refused = false;
     const refuse = (error: MoeswarmError, code = CLOSE_AUTH) => {
+      // once: frames may still arrive while the close completes
+      if (refused) return;
+      refused = true;
       this.counters.refused++;
       this.#o.onRefused?.(error, socket.remoteAddress);
       this.#send(link, { t: "error", v: PROTOCOL_VERSION, code: error.code, msg: error.message });
@@ -257,7 +261,7 @@ class DirectState {
           void this.#admit(frame.token, frame.id).then(
             (claims) => {
               verifying = false;
-              if (closed) return;
+              if (closed || refused) return;
               clearTimeout(hello);
               settle();
               live = { claims, serving: this.#serving(() => (closed ? undefined : link)) };
