@@ -3,7 +3,7 @@
 // WebSocket, so both paths end in the same process doing the same work.
 import { decodeFrame, encodeFrame, type Frame, PROTOCOL_VERSION } from "@moeswarm/core";
 import { listenRelay } from "@moeswarm/hub";
-import { connectRelay } from "@moeswarm/relay-client";
+import { connectRelay, parseDirectKey, serveDirect } from "@moeswarm/relay-client";
 import { WebSocketServer } from "ws";
 
 interface Args {
@@ -12,6 +12,8 @@ interface Args {
   relayUrl?: string;
   token?: string;
   model?: string;
+  /** worker: also serve the product's direct endpoint (serveDirect) with this certificate and hub key. */
+  direct?: { cert: string; key: string; hubKey: unknown };
 }
 
 const args = JSON.parse(process.argv[2] ?? "{}") as Args;
@@ -66,8 +68,28 @@ async function main(): Promise<void> {
     }),
   });
   conn.register({ model: args.model!, layers: [0], experts: [0, 1, 2, 3, 4, 5, 6, 7] });
-  process.send?.({ directUrl: `ws://127.0.0.1:${(wss.address() as { port: number }).port}/` });
+  const d = args.direct;
+  const product = d
+    ? await serveDirect({
+        id: "echo",
+        cert: d.cert,
+        key: d.key,
+        host: "127.0.0.1",
+        maxFrameBytes: MAX,
+        maxIncoming: 4096,
+        hubKey: async () => parseDirectKey(d.hubKey),
+        onDispatch: (req) => ({
+          y: req.x instanceof Float32Array ? req.x : new Float32Array(req.n * req.embd),
+          ms: 0,
+        }),
+      })
+    : undefined;
+  process.send?.({
+    directUrl: `ws://127.0.0.1:${(wss.address() as { port: number }).port}/`,
+    ...(product ? { tlsUrl: `wss://127.0.0.1:${product.port}`, fingerprint: product.fingerprint } : {}),
+  });
   process.on("message", async () => {
+    await product?.close();
     await conn.close();
     wss.close();
     process.exit(0);

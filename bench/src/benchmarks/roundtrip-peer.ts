@@ -2,14 +2,19 @@
 // `node-echo`: a length-prefixed TCP echo (Node's socket floor); `ws-echo`: a WebSocket echoing
 // each binary message (the direct path's floor); `blind-relay`: a WebSocket server that forwards
 // each message between its backbone and its worker without reading it (the relay path's floor);
-// `blind-worker`: the echo at the blind relay's far end.
+// `blind-worker`: the echo at the blind relay's far end; `wss-echo`: the WebSocket echo over TLS
+// (the floor of the product's direct path, which is TLS).
+import { createServer as createHttpsServer } from "node:https";
 import { createServer, type Socket } from "node:net";
 import { WebSocket, WebSocketServer } from "ws";
 
 interface Args {
-  mode: "node-echo" | "ws-echo" | "blind-relay" | "blind-worker";
+  mode: "node-echo" | "ws-echo" | "wss-echo" | "blind-relay" | "blind-worker";
   /** blind-worker: the blind relay's worker URL. */
   url?: string;
+  /** wss-echo: PEM certificate and key. */
+  cert?: string;
+  key?: string;
 }
 
 const args = JSON.parse(process.argv[2] ?? "{}") as Args;
@@ -68,7 +73,16 @@ async function main(): Promise<void> {
     process.on("message", () => process.exit(0));
     return;
   }
-  if (args.mode === "node-echo") port = await nodeEcho();
+  if (args.mode === "wss-echo") {
+    const server = createHttpsServer({ cert: args.cert, key: args.key });
+    const wss = new WebSocketServer({ server, perMessageDeflate: false, maxPayload: MAX });
+    wss.on("connection", (ws) => {
+      ws.on("error", () => {});
+      ws.on("message", (data: Buffer) => ws.send(data));
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", () => resolve()));
+    port = (server.address() as { port: number }).port;
+  } else if (args.mode === "node-echo") port = await nodeEcho();
   else if (args.mode === "ws-echo") {
     port = await wsServer((ws) => ws.on("message", (data: Buffer) => ws.send(data)));
   } else {

@@ -7,13 +7,22 @@
 // blind Node WebSocket relay that forwards bytes unread (the relay floor). The frames are the
 // product's own dispatch frames (f32, n_embd 3072, k 8, mode "sum") at 1, 8 and 64 tokens.
 import { type ChildProcess, fork, spawnSync } from "node:child_process";
-import { randomBytes } from "node:crypto";
+import { generateKeyPairSync, randomBytes } from "node:crypto";
 import { existsSync, mkdirSync, statSync } from "node:fs";
 import { connect, type Socket } from "node:net";
 import { fileURLToPath } from "node:url";
 import { dispatchFrame, encodeFrame, isMoeswarmError, sleep } from "@moeswarm/core";
 import { mintToken } from "@moeswarm/hub";
-import { connectRelay, type DispatchRequest, type RelayConnection } from "@moeswarm/relay-client";
+import {
+  connectRelay,
+  DirectTransport,
+  type DispatchRequest,
+  directKeyJson,
+  type RelayConnection,
+  RelayTransport,
+  selfSignedCertificate,
+  signDirectTicket,
+} from "@moeswarm/relay-client";
 import { WebSocket } from "ws";
 import type { Benchmark, Row } from "../harness.js";
 import { stopChildren } from "./children.js";
@@ -124,7 +133,8 @@ async function tcpClient(port: number): Promise<{ trip(bytes: Uint8Array): Promi
 }
 
 async function wsClient(url: string): Promise<{ trip(bytes: Uint8Array): Promise<void>; close(): void }> {
-  const ws = new WebSocket(url, { perMessageDeflate: false, maxPayload: MAX });
+  // the wss floor's certificate is the bench's own self-signed one
+  const ws = new WebSocket(url, { perMessageDeflate: false, maxPayload: MAX, rejectUnauthorized: false });
   await new Promise<void>((resolve, reject) => {
     ws.once("open", () => resolve());
     ws.once("error", reject);
@@ -154,11 +164,15 @@ export const roundtrip: Benchmark = {
       const token = (role: "worker" | "backbone", id: string) => mintToken({ role, id, ttlS: 3600 }, secret);
       const relayPeer = await spawnPeer("relay-peer.ts", { mode: "relay", secret });
       children.push(relayPeer.child);
+      // the product's direct path: a TLS endpoint, a pinned certificate, a ticket the "hub" signed
+      const tls = await selfSignedCertificate();
+      const hubKeys = generateKeyPairSync("ed25519");
       const worker = await spawnPeer("relay-peer.ts", {
         mode: "worker",
         relayUrl: relayPeer.info.url,
         token: token("worker", "echo"),
         model: MODEL,
+        direct: { ...tls, hubKey: directKeyJson(hubKeys.publicKey) },
       });
       children.push(worker.child);
       const options = {
@@ -169,10 +183,28 @@ export const roundtrip: Benchmark = {
       };
       const viaRelay: RelayConnection = await connectRelay(relayPeer.info.url!, options);
       const direct: RelayConnection = await connectRelay(worker.info.directUrl!, options);
+      const product = new DirectTransport({
+        fallback: new RelayTransport(viaRelay),
+        id: "bench",
+        maxFrameBytes: MAX,
+        ticket: async (wk) => {
+          const now = Date.now();
+          return signDirectTicket(
+            { sub: "bench", wk, iat: now, exp: now + 600_000 },
+            hubKeys.privateKey,
+            hubKeys.publicKey,
+          );
+        },
+      });
       closers.push(
         () => viaRelay.close(),
         () => direct.close(),
+        () => product.close(),
       );
+      product.update(
+        new Map([["echo", { endpoints: [worker.info.tlsUrl!], fingerprint: worker.info.fingerprint! }]]),
+      );
+      if (!(await product.linked("echo"))) throw new Error("the product's direct link did not come up");
       for (let i = 0; ; i++) {
         try {
           await viaRelay.request("echo", request(1));
@@ -184,6 +216,8 @@ export const roundtrip: Benchmark = {
       }
       const nodeEcho = await spawnPeer("roundtrip-peer.ts", { mode: "node-echo" });
       const wsEcho = await spawnPeer("roundtrip-peer.ts", { mode: "ws-echo" });
+      const wssEcho = await spawnPeer("roundtrip-peer.ts", { mode: "wss-echo", ...tls });
+      children.push(wssEcho.child);
       const blind = await spawnPeer("roundtrip-peer.ts", { mode: "blind-relay" });
       children.push(nodeEcho.child, wsEcho.child, blind.child);
       const blindWorker = await spawnPeer("roundtrip-peer.ts", {
@@ -193,6 +227,8 @@ export const roundtrip: Benchmark = {
       children.push(blindWorker.child);
       const tcp = await tcpClient(Number(nodeEcho.info.port));
       const wsDirect = await wsClient(`ws://127.0.0.1:${wsEcho.info.port}/`);
+      const wssDirect = await wsClient(`wss://127.0.0.1:${wssEcho.info.port}/`);
+      closers.push(wssDirect.close);
       const wsBlind = await wsClient(`ws://127.0.0.1:${blind.info.port}/backbone`);
       closers.push(tcp.close, wsDirect.close, wsBlind.close);
       const c = cEcho();
@@ -212,16 +248,24 @@ export const roundtrip: Benchmark = {
         paths.push(["floor: Node WebSocket echo (direct floor)", wsFloor]);
         const blindFloor = await spread(() => wsBlind.trip(bytes));
         paths.push(["floor: blind Node relay (relay floor)", blindFloor]);
+        const wssFloor = await spread(() => wssDirect.trip(bytes));
+        paths.push(["floor: Node WebSocket echo over TLS (direct TLS floor)", wssFloor]);
         const directPath = await spread(() => direct.request("echo", req));
         paths.push(["product: direct (relay-client -> worker)", directPath]);
+        const call = { signal: new AbortController().signal, deadlineMs: 30_000 };
+        const expertReq = { ...req, dtype: "f32" as const, x: req.x as Float32Array };
+        const linkPath = await spread(() => product.request("echo", expertReq, call));
+        paths.push(["product: direct link (DirectTransport -> serveDirect, TLS)", linkPath]);
         const relayPath = await spread(() => viaRelay.request("echo", req));
         paths.push(["product: relay (relay-client -> hub relay -> worker)", relayPath]);
         for (const [path, s] of paths) {
           const floor = path.startsWith("product: relay")
             ? blindFloor
-            : path.startsWith("product: direct")
-              ? wsFloor
-              : undefined;
+            : path.startsWith("product: direct link")
+              ? wssFloor
+              : path.startsWith("product: direct")
+                ? wsFloor
+                : undefined;
           rows.push({
             path,
             tokens: n,
@@ -235,6 +279,8 @@ export const roundtrip: Benchmark = {
         }
         ratios[`relay/blind-relay floor, ${n} tok`] = relayPath.p50 / blindFloor.p50;
         ratios[`direct/Node ws floor, ${n} tok`] = directPath.p50 / wsFloor.p50;
+        ratios[`direct link (TLS)/Node wss floor, ${n} tok`] = linkPath.p50 / wssFloor.p50;
+        ratios[`direct link (TLS)/relay, ${n} tok`] = linkPath.p50 / relayPath.p50;
         if (c) ratios[`relay/C unix floor, ${n} tok`] = relayPath.p50 / paths[0]![1].p50;
       }
       return {

@@ -20,6 +20,15 @@ export type HubLinkEvent =
   | { type: "relay"; state: RelayState; error?: MoeswarmError }
   /** A quarantine this backbone proved was reported to the hub. */
   | { type: "quarantine-report"; worker: string; accepted: boolean }
+  /** A direct link to a worker came up, could not be dialed, or was lost (the relay carries its requests meanwhile). */
+  | {
+      type: "direct";
+      worker: string;
+      state: "linked" | "dial-failed" | "lost";
+      url?: string;
+      error?: Error;
+      retryInMs?: number;
+    }
   /**
    * A poll or a report failed; it is retried after `retryInMs` (a report the hub refused as
    * invalid is dropped). A quarantine report is not retried (the local quarantine holds).

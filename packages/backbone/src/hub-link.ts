@@ -8,7 +8,14 @@ import {
   throwIfAborted,
 } from "@moeswarm/core";
 import type { Placement, VerificationEvent } from "@moeswarm/dispatch";
-import { connectRelay, type RelayConnection, type RelayState, RelayTransport } from "@moeswarm/relay-client";
+import {
+  connectRelay,
+  DirectTransport,
+  type DirectTransportCounters,
+  type RelayConnection,
+  type RelayState,
+  RelayTransport,
+} from "@moeswarm/relay-client";
 import { asError, type Emit, emitter, type HubLinkError, type StatsOutcome, stamp } from "./hub-events.js";
 import { HubHttp } from "./hub-http.js";
 import { checkHubOptions, type HubLinkOptions, type HubSettings, hubSettings } from "./hub-options.js";
@@ -46,6 +53,8 @@ export interface HubLinkMetrics extends QuarantineReportCounters {
   banRefreshes: number;
   banRefreshErrors: number;
   lastBanRefreshError?: HubLinkError;
+  /** Requests over direct links and over the relay, retries of dead links, dials (absent with `direct: false`). */
+  direct?: DirectTransportCounters;
 }
 
 export interface HubLink extends AsyncDisposable {
@@ -55,8 +64,13 @@ export interface HubLink extends AsyncDisposable {
   readonly id: string;
   /** The backbone's relay connection (reconnects by itself). */
   readonly relay: RelayConnection;
-  /** `dispatchExperts`' transport over the relay: the placement's worker ids are relay ids. */
-  readonly transport: RelayTransport;
+  /**
+   * `dispatchExperts`' transport: direct links to the workers that advertise endpoints, the relay
+   * for the rest (a RelayTransport with `direct: false`). The placement's worker ids are relay ids.
+   */
+  readonly transport: DirectTransport | RelayTransport;
+  /** The transport over the relay alone. */
+  readonly relayTransport: RelayTransport;
   /** The current placement: a new object per hub version; requests keep the one they started with. */
   placement(): Placement;
   current(): HubPlacement;
@@ -122,6 +136,7 @@ export async function connectHub(options: HubLinkOptions): Promise<HubLink> {
   const quarantines = new QuarantineReporter({ http, settings, emit, stop: stop.signal });
   const bans = new BanList(http, emit);
   let relay: RelayConnection | undefined;
+  let linkTransport: DirectTransport | RelayTransport | undefined;
   const loops: Promise<void>[] = [];
   let closing: Promise<void> | undefined;
   const close = (): Promise<void> => {
@@ -133,6 +148,7 @@ export async function connectHub(options: HubLinkOptions): Promise<HubLink> {
       follower.wake();
       for (const loop of loops) await loop;
       await reporter.final();
+      if (linkTransport instanceof DirectTransport) await linkTransport.close();
       await relay?.close().catch(() => {});
       await http.close();
     })();
@@ -154,11 +170,20 @@ export async function connectHub(options: HubLinkOptions): Promise<HubLink> {
     if (signal?.aborted) throw abortReason(signal);
     throw error;
   }
-  const transport = new RelayTransport(relay);
+  const relayTransport = new RelayTransport(relay);
+  const transport =
+    options.direct === false
+      ? relayTransport
+      : directTransport(relayTransport, http, settings, emit, options);
+  if (transport instanceof DirectTransport) {
+    follower.onApply = (p) => transport.update(p.direct);
+    transport.update(follower.current.direct);
+  }
   relay.on((e) => {
     if (e.type !== "state" || stop.signal.aborted) return;
     emit({ type: "relay", state: e.state, ...(e.error ? { error: asError(e.error) } : {}) });
   });
+  linkTransport = transport;
   loops.push(follower.run());
   if (settings.statsIntervalMs > 0) loops.push(reporter.run());
   return linkHandle({
@@ -167,6 +192,7 @@ export async function connectHub(options: HubLinkOptions): Promise<HubLink> {
     settings,
     relay,
     transport,
+    relayTransport,
     follower,
     reporter,
     quarantines,
@@ -175,12 +201,49 @@ export async function connectHub(options: HubLinkOptions): Promise<HubLink> {
   });
 }
 
+/** The direct-links transport over the relay one: tickets from the hub, events to the link's. */
+function directTransport(
+  fallback: RelayTransport,
+  http: HubHttp,
+  settings: HubSettings,
+  emit: Emit,
+  options: HubLinkOptions,
+): DirectTransport {
+  return new DirectTransport({
+    fallback,
+    id: settings.id,
+    ...(options.directBackoff ? { backoff: options.directBackoff } : {}),
+    async ticket(worker, signal) {
+      const r = await http.request("api/direct/tickets", {
+        method: "POST",
+        body: { worker, backbone: settings.id },
+        signal,
+        headersTimeoutMs: REQUEST_TIMEOUT_MS,
+        maxBodyBytes: 16 * 1024,
+      });
+      const ticket = (r.json as { ticket?: unknown } | undefined)?.ticket;
+      if (typeof ticket !== "string") throw new InvalidArgumentError("the hub answered no ticket");
+      return ticket;
+    },
+    onEvent(e) {
+      emit({
+        type: "direct",
+        worker: e.worker,
+        state: e.type,
+        ...(e.type === "linked" ? { url: e.url } : { retryInMs: e.retryInMs }),
+        ...(e.type !== "linked" && e.error ? { error: e.error } : {}),
+      });
+    },
+  });
+}
+
 interface LinkParts {
   http: HubHttp;
   model: string;
   settings: HubSettings;
   relay: RelayConnection;
-  transport: RelayTransport;
+  transport: DirectTransport | RelayTransport;
+  relayTransport: RelayTransport;
   follower: PlacementFollower;
   reporter: StatsReporter;
   quarantines: QuarantineReporter;
@@ -197,6 +260,7 @@ function linkHandle(parts: LinkParts): HubLink {
     id: settings.id,
     relay,
     transport: parts.transport,
+    relayTransport: parts.relayTransport,
     placement: () => follower.current.placement,
     current: () => follower.current,
     waitForPlacement: (predicate, opts = {}) => follower.waitFor(predicate, opts.signal),
@@ -233,6 +297,7 @@ function linkHandle(parts: LinkParts): HubLink {
         ...quarantines.counters,
         banRefreshes: parts.bans.refreshes,
         banRefreshErrors: parts.bans.errors,
+        ...(parts.transport instanceof DirectTransport ? { direct: parts.transport.counters() } : {}),
         ...(parts.bans.lastError ? { lastBanRefreshError: { ...parts.bans.lastError } } : {}),
         ...(p.lastPollError ? { lastPollError: { ...p.lastPollError } } : {}),
         ...(s.lastStatsAt !== undefined ? { lastStatsAt: s.lastStatsAt } : {}),

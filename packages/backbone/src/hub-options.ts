@@ -31,6 +31,14 @@ export interface HubLinkOptions {
   retryMaxMs?: number;
   /** How long close() waits for the final report, ms (default 5000). */
   closeTimeoutMs?: number;
+  /**
+   * Direct links (default true): requests to a worker that advertises endpoints go straight to
+   * it (its certificate pinned by the hub's fingerprint, a hub-signed ticket as the hello), the
+   * relay carrying the rest and whatever a direct link cannot. false: everything over the relay.
+   */
+  direct?: boolean;
+  /** Back-off between dials to one worker's direct endpoint after a failure (default 1 s doubling to 60 s). */
+  directBackoff?: ReconnectOptions;
   /** Placement changes, reports and (retried) errors, for logs. Exceptions thrown here are ignored. */
   onEvent?: (event: HubLinkEvent) => void;
   /** Aborting it closes the link (and rejects connectHub while it is connecting). */
@@ -102,6 +110,9 @@ export function checkHubOptions(o: Omit<HubLinkOptions, "signal" | "onEvent"> | 
   }
   if (typeof o.model !== "string" || !MODEL_ID.test(o.model)) {
     throw new InvalidArgumentError("hub.model must be a model id ([A-Za-z0-9][A-Za-z0-9._-]{0,127})");
+  }
+  if (o.direct !== undefined && typeof o.direct !== "boolean") {
+    throw new InvalidArgumentError("hub.direct must be true or false");
   }
   if (
     o.id !== undefined &&

@@ -1,6 +1,6 @@
 import { AbortError, abortReason, HubError, onAbort, sleep } from "@moeswarm/core";
 import { type MissingExperts, Placement } from "@moeswarm/dispatch";
-import { backoffDelay } from "@moeswarm/relay-client";
+import { backoffDelay, type DirectRoute } from "@moeswarm/relay-client";
 import { asError, type Emit, type HubLinkError, stamp } from "./hub-events.js";
 import type { HubHttp } from "./hub-http.js";
 import type { HubSettings } from "./hub-options.js";
@@ -23,6 +23,26 @@ export interface HubPlacement {
   readonly missing: readonly MissingExperts[];
   /** When this version arrived (epoch ms). */
   readonly receivedAt: number;
+  /** Workers that advertise direct endpoints, with their certificate's fingerprint. */
+  readonly direct: ReadonlyMap<string, DirectRoute>;
+}
+
+/** The `direct` entries of the registrations, by worker; a malformed one is left out (relay only). */
+function directRoutesOf(registrations: readonly unknown[]): Map<string, DirectRoute> {
+  const routes = new Map<string, DirectRoute>();
+  for (const r of registrations) {
+    if (!isObject(r) || typeof r.id !== "string" || !isObject(r.direct)) continue;
+    const { endpoints, fingerprint } = r.direct;
+    if (
+      typeof fingerprint !== "string" ||
+      !Array.isArray(endpoints) ||
+      !endpoints.every((e) => typeof e === "string" && e.startsWith("wss://"))
+    ) {
+      continue;
+    }
+    routes.set(r.id, { endpoints: [...(endpoints as string[])], fingerprint });
+  }
+  return routes;
 }
 
 const MAX_PLACEMENT_BYTES = 64 * 1024 * 1024;
@@ -67,6 +87,7 @@ export function parseHubPlacement(json: unknown, model: string, receivedAt = Dat
     workers: placement.workers(),
     missing: placement.missing({ layers: layers as number[], nExpert: nExpert as number }),
     receivedAt,
+    direct: directRoutesOf(json.registrations),
   };
 }
 
@@ -95,6 +116,8 @@ export class PlacementFollower {
     lastPollError: undefined as HubLinkError | undefined,
   };
   private readonly waiters = new Set<() => void>();
+  /** Told each version applied (the link's direct transport follows the endpoints). */
+  onApply: ((placement: HubPlacement) => void) | undefined;
 
   constructor(private readonly o: PlacementFollowerOptions) {}
 
@@ -167,6 +190,7 @@ export class PlacementFollower {
   private apply(next: HubPlacement, first: boolean): void {
     this.current = next;
     if (!first) this.counters.placementUpdates++;
+    this.onApply?.(next);
     this.wake();
     this.o.emit({
       type: "placement",

@@ -190,6 +190,10 @@ export const ERROR_CODES = {
     area: "TransportError",
     text: "The peer is draining: it finishes the requests it holds but takes no new ones.",
   },
+  MOESWARM_TRANSPORT_PIN_MISMATCH: {
+    area: "TransportError",
+    text: "A worker's direct endpoint presented a TLS certificate whose SHA-256 fingerprint is not the one the hub published for it: the backbone hung up before sending anything and uses the relay.",
+  },
 
   // --- auth --------------------------------------------------------------------------------------
   MOESWARM_AUTH_MISSING: { area: "AuthError", text: "No token was presented where one is required." },
@@ -198,6 +202,14 @@ export const ERROR_CODES = {
   MOESWARM_AUTH_ROLE: {
     area: "AuthError",
     text: "The token's role does not allow this action (e.g. a worker token used as a backbone).",
+  },
+  MOESWARM_AUTH_TICKET_INVALID: {
+    area: "AuthError",
+    text: "A direct-link ticket is malformed, not signed by the hub's key, or names another worker or backbone.",
+  },
+  MOESWARM_AUTH_TICKET_EXPIRED: {
+    area: "AuthError",
+    text: "A direct-link ticket has expired: the backbone asks the hub for a new one (POST /api/direct/tickets).",
   },
 
   // --- native compute (worker-native) -------------------------------------------------------------

@@ -208,6 +208,38 @@ export interface PlacementRegistrationJson {
   owner?: string;
   /** How the worker computes (backend + ISA/build, e.g. "ggml-cpu-x86_64"), when it said at register. */
   computeClass?: string;
+  /** Where a backbone may reach the worker directly, when it advertised endpoints. */
+  direct?: DirectEndpointJson;
+}
+
+// --- direct links -------------------------------------------------------------------------------
+
+/**
+ * A worker's direct endpoints (`PUT /api/workers/:id/direct`, and each placement registration's
+ * `direct`): `wss://` URLs serving the relay's frames, and the SHA-256 fingerprint of the TLS
+ * certificate they present, which a backbone pins (no CA involved).
+ */
+export interface DirectEndpointJson {
+  /** `wss://host:port` URLs, tried in order. */
+  endpoints: string[];
+  /** SHA-256 of the certificate's DER, uppercase hex pairs joined by `:` (as Node's fingerprint256). */
+  fingerprint: string;
+}
+
+/** `GET /api/direct/key`: the hub's Ed25519 key that signs direct-link tickets. */
+export interface DirectKeyJson {
+  alg: "Ed25519";
+  /** Key id: the first 16 hex digits of SHA-256 of the SPKI DER. */
+  kid: string;
+  /** The public key, SPKI DER in base64. */
+  spki: string;
+}
+
+/** `POST /api/direct/tickets` with `{worker}` (a backbone token): a ticket for that worker. */
+export interface DirectTicketJson {
+  ticket: string;
+  /** Expiry, unix ms. */
+  exp: number;
 }
 
 /** `GET /api/models/:model/placement?since=&wait=` (a long-poll; 304 when `since` is current). */

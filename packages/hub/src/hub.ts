@@ -6,6 +6,7 @@ import type { Server as HttpsServer } from "node:https";
 import { formatRange, HubError, InvalidArgumentError, toRanges } from "@moeswarm/core";
 import type { ExpertSlice } from "@moeswarm/shard";
 import type { ConnectionGuard } from "./connection-guard.js";
+import { DirectKeys } from "./direct.js";
 import { Enrolment, openEnrolStore } from "./enrolment.js";
 import { sendError } from "./http-errors.js";
 import { ModelRegistry } from "./hub-models.js";
@@ -255,6 +256,7 @@ class HubImpl implements Hub {
 
   #routeContext(): RouteContext {
     const settings = this.#s;
+    const directKeys = new DirectKeys();
     const marketHttp: MarketHttpContext = {
       book: this.#marketBook,
       metrics: this.metrics,
@@ -285,11 +287,14 @@ class HubImpl implements Hub {
       relay: this.relay,
       models: this.#models,
       marketHttp,
+      directKeys,
       downloads: this.#downloads,
       etags: new WeakMap<ExpertSlice, string>(),
       workers: () => this.workers(),
       status: (options) => this.status(options),
-      forwardedTo: (backbone, worker) => this.#marketBook.ledger.forwardedTo(backbone, worker),
+      // a direct link's requests never cross the relay: a ticket for the pair counts as a route
+      forwardedTo: (backbone, worker) =>
+        this.#marketBook.ledger.forwardedTo(backbone, worker) || directKeys.ticketed(backbone, worker),
       quarantine: (backbone, model, evidence) => this.#quarantine(backbone, model, evidence),
       reinstate: async (worker) => {
         const done = await this.#reputation.reinstate(worker);

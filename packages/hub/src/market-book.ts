@@ -1,4 +1,4 @@
-import { HubError, isMoeswarmError, onAbort } from "@moeswarm/core";
+import { type DirectEndpointJson, HubError, isMoeswarmError, onAbort } from "@moeswarm/core";
 import { asReported, ForwardLedger } from "./forward-ledger.js";
 import { CoverageMarket, type Lease, type MarketModel, type MarketOptions } from "./market.js";
 import type { RelayServerEvent } from "./relay.js";
@@ -117,6 +117,12 @@ export class MarketBook {
   removeModel(id: string): void {
     this.market.removeModel(id);
     this.#enqueue(() => this.#o.store.deleteDemand(id).then(() => undefined));
+    this.#wake();
+  }
+
+  /** A worker's direct endpoints changed (PUT /api/workers/:id/direct): placements show them. */
+  setDirect(id: string, direct: DirectEndpointJson | undefined): void {
+    this.market.setDirect(id, direct, this.now());
     this.#wake();
   }
 

@@ -1,15 +1,24 @@
 // What the coverage market shows: a model's live placement (what backbones route by), its
 // coverage grid (the dashboard's heatmap) and its summary (metrics, status).
-import { formatRange, toRanges } from "@moeswarm/core";
+import { type DirectEndpointJson, formatRange, toRanges } from "@moeswarm/core";
 import { viewOf } from "./market-demand.js";
 import { expireLeases } from "./market-leases.js";
 import { compareIds, type Grid, gridOf, type MarketState, round, type WorkerState } from "./market-state.js";
 import type { CoverageGrid, CoverageSummary, PlacementJson, PlacementRegistration } from "./market-types.js";
 
 /** See CoverageMarket.placement. */
-export function placementOf(st: MarketState, model: string): PlacementJson {
+export function placementOf(
+  st: MarketState,
+  model: string,
+  directs: ReadonlyMap<string, DirectEndpointJson> = new Map(),
+): PlacementJson {
   const grid = gridOf(st, model);
-  const registrations = registrationsOf(st, grid, model);
+  const registrations = registrationsOf(st, grid, model).map((r) => {
+    const direct = directs.get(r.id);
+    return direct
+      ? { ...r, direct: { endpoints: [...direct.endpoints], fingerprint: direct.fingerprint } }
+      : r;
+  });
   const { owners, missing } = ownersOf(grid, registrations);
   return {
     model,

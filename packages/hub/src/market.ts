@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { InvalidArgumentError, type Range } from "@moeswarm/core";
+import { type DirectEndpointJson, InvalidArgumentError, type Range } from "@moeswarm/core";
 import { type DemandPolicy, demandPolicy } from "./demand.js";
 import {
   addCredit,
@@ -95,6 +95,8 @@ export class CoverageMarket {
   readonly leaseTtlMs: number;
   readonly maxLeaseTtlMs: number;
   readonly #st: MarketState;
+  /** Workers' direct endpoints, by worker id (setDirect). */
+  readonly #directs = new Map<string, DirectEndpointJson>();
 
   constructor(options: MarketOptions = {}) {
     const { leaseTtlMs, maxLeaseTtlMs, newId, onLeaseEnd, ...policy } = options;
@@ -459,7 +461,18 @@ export class CoverageMarket {
 
   /** The live placement of a model (see PlacementJson). */
   placement(model: string): PlacementJson {
-    return placementOf(this.#st, model);
+    return placementOf(this.#st, model, this.#directs);
+  }
+
+  /**
+   * A worker's direct endpoints (undefined withdraws them). Kept by worker id, apart from its
+   * connection: it tells them before it connects, and placement shows them for its live slices.
+   * The placements it is in get a new version, so backbones see the change.
+   */
+  setDirect(id: string, direct: DirectEndpointJson | undefined, now: number): void {
+    if (direct) this.#directs.set(id, direct);
+    else this.#directs.delete(id);
+    for (const model of this.#st.workers.get(id)?.slices.keys() ?? []) this.#st.grids.get(model)?.touch(now);
   }
 
   /** Per-cell replicas, leases, targets and load of a model at `now`. */

@@ -41,7 +41,7 @@ export interface HubClientOptions {
 }
 
 export interface HubRequestOptions {
-  method?: "GET" | "POST" | "DELETE";
+  method?: "GET" | "POST" | "PUT" | "DELETE";
   /** A JSON body. */
   body?: unknown;
   signal?: AbortSignal | undefined;

@@ -22,6 +22,30 @@ export type {
   RelayState,
   RequestOptions,
 } from "./connection-types.js";
+export {
+  certificateFingerprint,
+  type DirectServer,
+  type DirectServerOptions,
+  type DirectServerStats,
+  serveDirect,
+} from "./direct-server.js";
+export {
+  type DirectTicketClaims,
+  directKeyId,
+  directKeyJson,
+  parseDirectKey,
+  signDirectTicket,
+  type VerifyTicketOptions,
+  verifyDirectTicket,
+} from "./direct-ticket.js";
+export { selfSignedCertificate } from "./direct-tls.js";
+export {
+  type DirectLinkEvent,
+  type DirectRoute,
+  DirectTransport,
+  type DirectTransportCounters,
+  type DirectTransportOptions,
+} from "./direct-transport.js";
 // The hub's HTTP API client (the worker runtime's and the backbone's).
 export {
   discardBody,

@@ -1,5 +1,6 @@
 import { randomFillSync } from "node:crypto";
 import type { Socket } from "node:net";
+import type { TLSSocket } from "node:tls";
 import { abortReason, onAbort, ProtocolError, TransportError } from "@moeswarm/core";
 import WebSocket from "ws";
 
@@ -62,6 +63,12 @@ export interface DialOptions {
   /** Largest frame accepted from the peer; a larger one closes the link (1009). */
   maxFrameBytes: number;
   connectTimeoutMs: number;
+  /**
+   * The SHA-256 fingerprint (AA:BB:...) the server's certificate must have: the certificate is
+   * then pinned instead of checked against a CA (a worker's direct endpoint is self-signed). A
+   * mismatch closes the link before the WebSocket opens, so no frame is ever sent to the impostor.
+   */
+  pin?: string;
 }
 
 export type FrameDialer = (url: string, options: DialOptions) => Promise<FrameLink>;
@@ -110,6 +117,8 @@ export const dialWebSocket: FrameDialer = (url, options) => {
     try {
       ws = new WebSocket(url, {
         ca: options.ca === undefined ? undefined : [options.ca].flat().map(toBuffer),
+        // pinned: the fingerprint is checked at the upgrade, below, instead of a CA chain
+        ...(options.pin !== undefined ? { rejectUnauthorized: false } : {}),
         maxPayload: options.maxFrameBytes,
         perMessageDeflate: false,
         generateMask: nonZeroMask,
@@ -129,6 +138,17 @@ export const dialWebSocket: FrameDialer = (url, options) => {
 
     ws.on("upgrade", (res) => {
       const socket = res.socket as Socket;
+      if (options.pin !== undefined) {
+        const seen = (socket as TLSSocket).getPeerX509Certificate?.()?.fingerprint256;
+        if (seen !== options.pin) {
+          lastError = new TransportError(
+            "MOESWARM_TRANSPORT_PIN_MISMATCH",
+            `${url} presented certificate ${seen ?? "(none)"}, not the pinned ${options.pin}`,
+          );
+          ws.terminate();
+          return;
+        }
+      }
       // ws already sets it; stated here because request latency depends on it
       socket.setNoDelay(true);
       socket.on("data", () => handlers.activity());

@@ -7,6 +7,7 @@ import { parseByteSize } from "@moeswarm/shard";
 import { BACKEND_CHOICES, isBackendChoice, probeCuda, probeVulkan } from "@moeswarm/worker-native";
 import cliProgress from "cli-progress";
 import { hostFacts, workerDefaults } from "./device-defaults.js";
+import { directSettings } from "./direct.js";
 import { enrolledToken } from "./enrol.js";
 import { formatBytes, formatWorkerEvent, type WorkerEvent } from "./events.js";
 import { type RunWorkerOptions, runWorker } from "./run-worker.js";
@@ -49,6 +50,12 @@ downloads and verifies it, serves it through the hub's relay until SIGINT/SIGTER
   --relay URL          the relay, when not the hub's /relay
   --poll SECONDS       pause between demand polls while nothing is needed (default 10)
   --lease-ttl SECONDS  lease lifetime to ask for (default: the hub's)
+  --listen HOST:PORT   also serve backbones directly on this TLS WebSocket address, e.g.
+                       0.0.0.0:7443 (the relay stays for backbones that cannot reach it)
+  --advertise URL      the wss://name:port backbones dial (repeatable; default wss://<host>:<port>)
+  --tls-cert FILE      PEM certificate for --listen, with --tls-key (default: a self-signed one,
+                       made with openssl; backbones pin its fingerprint, no CA needed)
+  --tls-key FILE       its PEM private key
   --json               one JSON object per line instead of text
   -h, --help           this text`;
 
@@ -146,11 +153,15 @@ const OPTIONS = {
   relay: { type: "string" },
   poll: { type: "string" },
   "lease-ttl": { type: "string" },
+  listen: { type: "string" },
+  advertise: { type: "string", multiple: true },
+  "tls-cert": { type: "string" },
+  "tls-key": { type: "string" },
   json: { type: "boolean" },
   help: { type: "boolean", short: "h" },
 } as const;
 
-type Values = Record<string, string | boolean | undefined>;
+type Values = Record<string, string | string[] | boolean | undefined>;
 
 async function readOption(path: string, option: string): Promise<string> {
   try {
@@ -204,6 +215,7 @@ async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Promise<Ru
   const cacheMaxBytes = size(str("cache-max"), "cache-max") ?? defaults.cacheMaxBytes;
   const threads = threadsText !== undefined ? Number(threadsText) : defaults.threads;
   const token = enrol !== undefined ? await enrolledToken(hub, enrol, cacheDir, ca) : await tokenOf(str, env);
+  const direct = await directOptions(str, values.advertise as string[] | undefined);
   const pollMs = seconds(str("poll"), "poll", 0.01);
   const leaseTtlMs = seconds(str("lease-ttl"), "lease-ttl", 1);
   return {
@@ -220,7 +232,39 @@ async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Promise<Ru
     ...(str("relay") !== undefined ? { relay: str("relay") as string } : {}),
     ...(pollMs !== undefined ? { pollMs } : {}),
     ...(leaseTtlMs !== undefined ? { leaseTtlMs } : {}),
+    ...(direct !== undefined ? { direct } : {}),
   };
+}
+
+/** --listen, --advertise, --tls-cert and --tls-key as runWorker's `direct`. */
+async function directOptions(
+  str: (name: string) => string | undefined,
+  advertise: string[] | undefined,
+): Promise<RunWorkerOptions["direct"]> {
+  const listen = str("listen");
+  const certFile = str("tls-cert");
+  const keyFile = str("tls-key");
+  if (listen === undefined) {
+    if (advertise !== undefined || certFile !== undefined || keyFile !== undefined) {
+      throw usageError("--advertise, --tls-cert and --tls-key go with --listen HOST:PORT");
+    }
+    return undefined;
+  }
+  if ((certFile === undefined) !== (keyFile === undefined)) {
+    throw usageError("give both --tls-cert and --tls-key, or neither (a self-signed certificate is made)");
+  }
+  const direct = {
+    listen,
+    ...(advertise !== undefined ? { advertise } : {}),
+    ...(certFile !== undefined ? { tlsCert: await readOption(certFile, "tls-cert") } : {}),
+    ...(keyFile !== undefined ? { tlsKey: await readOption(keyFile, "tls-key") } : {}),
+  };
+  try {
+    directSettings(direct);
+  } catch (error) {
+    throw usageError((error as Error).message);
+  }
+  return direct;
 }
 
 /**

@@ -97,6 +97,12 @@ export type WorkerEventBody =
       ms: number;
     }
   | { event: "connected"; url: string }
+  /** The direct endpoint listens, and the hub was told (backbones that reach it dial it). */
+  | { event: "direct"; endpoints: string[]; fingerprint: string; port: number }
+  /** The hub has no direct links (an older hub): the endpoint is closed, the relay serves alone. */
+  | { event: "direct-unsupported"; hub: string }
+  /** A backbone's dial to the direct endpoint was refused (bad ticket, no hello). */
+  | { event: "direct-refused"; code: string; error: string; remote?: string | undefined }
   | ({
       event: "registered";
       cells: number;
@@ -235,6 +241,11 @@ const FORMATTERS: { [N in WorkerEventName]: (e: WorkerEventOf<N>) => string } = 
     return `loaded ${e.backend}${e.device && e.device !== "CPU" && e.device !== e.backend ? ` on ${e.device}` : ""} (${[e.cpu, e.threads !== undefined ? plural(e.threads, "thread") : undefined].filter(Boolean).join(", ")}) in ${formatMs(e.ms)}`;
   },
   connected: (e) => `connected to relay ${e.url}`,
+  direct: (e) =>
+    `direct endpoint ${e.endpoints.join(", ")} (port ${e.port}, certificate ${e.fingerprint.slice(0, 23)}...)`,
+  "direct-unsupported": (e) => `the hub ${e.hub} has no direct links: serving through its relay only`,
+  "direct-refused": (e) =>
+    `refused a direct link${e.remote ? ` from ${e.remote}` : ""}: ${e.code}: ${e.error}`,
   registered: (e) => {
     const more =
       e.slices !== undefined && e.slices > 1 && e.bytes !== undefined && e.capacityBytes !== undefined

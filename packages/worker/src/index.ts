@@ -11,6 +11,7 @@ export {
   type SliceRect,
 } from "./choose.js";
 export { runWorkerCli, type WorkerCliIo } from "./cli.js";
+export type { DirectOptions } from "./direct.js";
 export {
   type DownloadOptions,
   type DownloadProgress,

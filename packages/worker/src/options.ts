@@ -14,6 +14,7 @@ import {
   GPU_BACKEND_CHOICES,
   isBackendChoice,
 } from "@moeswarm/worker-native";
+import { type DirectOptions, type DirectSettings, directSettings } from "./direct.js";
 import type { WorkerEvent } from "./events.js";
 
 // runWorker's options, checked once into Settings, and the summary it resolves with.
@@ -81,6 +82,8 @@ export interface RunWorkerOptions {
   download?: { maxAttempts?: number; initialDelayMs?: number; maxDelayMs?: number; idleTimeoutMs?: number };
   /** Least time between two `progress` events (default 250 ms). */
   progressIntervalMs?: number;
+  /** Also serve backbones directly on a TLS WebSocket endpoint (the relay stays for the others). */
+  direct?: DirectOptions;
 }
 
 /** A slice a worker served. */
@@ -137,6 +140,7 @@ export interface Settings {
   heartbeatMs: number | undefined;
   download: NonNullable<RunWorkerOptions["download"]>;
   progressIntervalMs: number;
+  direct: DirectSettings | undefined;
 }
 
 function bytesOption(name: string, v: unknown, required: boolean): number {
@@ -242,6 +246,7 @@ export function settings(o: RunWorkerOptions): Settings {
     heartbeatMs: o.heartbeatMs,
     download: o.download ?? {},
     progressIntervalMs: msOption("progressIntervalMs", o.progressIntervalMs, 250, 0),
+    direct: directSettings(o.direct),
   };
 }
 

@@ -221,6 +221,7 @@ class WorkerRun {
     } finally {
       userStop[Symbol.dispose]();
       await this.#conn?.close();
+      await this.#serving.closeDirect();
       for (const h of this.#held) await h.compute.close().catch(() => {});
     }
   }

@@ -1,6 +1,7 @@
 import {
   AuthError,
   abortReason,
+  type DirectEndpointJson,
   InvalidArgumentError,
   isMoeswarmError,
   type MoeswarmError,
@@ -11,10 +12,12 @@ import {
 } from "@moeswarm/core";
 import {
   connectRelay,
+  type DirectServer,
   type IncomingDispatch,
   isTransient,
   type RelayConnection,
 } from "@moeswarm/relay-client";
+import { publishDirect, startDirect } from "./direct.js";
 import type { WorkerEventBody } from "./events.js";
 import type { Settings } from "./options.js";
 import { codeOf, jitter, message } from "./run-helpers.js";
@@ -47,6 +50,7 @@ export class Serving {
   #draining = false;
   #idleWaiters: Array<() => void> = [];
   #dispatchErrors = 0;
+  #direct: { server: DirectServer; endpoint: DirectEndpointJson } | undefined;
 
   constructor(ctx: ServingContext) {
     this.#ctx = ctx;
@@ -70,6 +74,18 @@ export class Serving {
   /** Connects to the relay, retrying transient failures until it works or the worker stops. */
   async connect(): Promise<RelayConnection> {
     const { s, stop } = this.#ctx;
+    // the direct endpoint listens before the relay registrations, so the placement that first
+    // lists this worker's slices already carries its endpoints
+    if (s.direct && !this.#direct) {
+      this.#direct = await startDirect(s.direct, {
+        id: s.id,
+        hub: s.hub,
+        onDispatch: (req) => this.#onDispatch(req),
+        emit: (body) => this.#ctx.emit(body),
+        signal: stop,
+      });
+    }
+    let published = false;
     for (let attempt = 1; ; attempt++) {
       // aborting connectRelay's signal closes the connection, and a drain must not: this one
       // only aborts while connecting
@@ -77,6 +93,17 @@ export class Serving {
       if (stop.aborted) connecting.abort(abortReason(stop));
       const stopping = onAbort(stop, (reason) => connecting.abort(reason));
       try {
+        if (this.#direct && !published) {
+          const { endpoint, server } = this.#direct;
+          if (await publishDirect(s.hub, s.id, endpoint, connecting.signal)) {
+            this.#ctx.emit({ event: "direct", ...endpoint, port: server.port });
+          } else {
+            // a hub from before direct links: serve through the relay alone
+            this.#ctx.emit({ event: "direct-unsupported", hub: s.hub.base.href });
+            await this.closeDirect();
+          }
+          published = true;
+        }
         const conn = await connectRelay(s.relay, {
           role: "worker",
           id: s.id,
@@ -109,6 +136,10 @@ export class Serving {
               this.#ctx.requestStop("signal", "relay connection closed");
             }
             return;
+          }
+          // a hub that restarted forgot the endpoints: told again with the registrations
+          if (e.state === "connected" && this.#direct) {
+            publishDirect(s.hub, s.id, this.#direct.endpoint, stop).catch(() => {});
           }
           this.#ctx.emit({
             event: "relay",
@@ -188,6 +219,13 @@ export class Serving {
    * Stops taking dispatches, withdraws every registration, waits for those in flight (at most
    * drainTimeoutMs) and closes the connection.
    */
+  /** Closes the direct endpoint (its dispatches are aborted; backbones go back to the relay). */
+  async closeDirect(): Promise<void> {
+    const direct = this.#direct;
+    this.#direct = undefined;
+    await direct?.server.close();
+  }
+
   async drain(conn: RelayConnection, reason: string, slices: number): Promise<void> {
     const t0 = performance.now();
     this.#draining = true;
@@ -208,6 +246,7 @@ export class Serving {
       if (timedOut) abandoned = this.#inFlight;
     }
     await conn.close();
+    await this.closeDirect();
     this.#ctx.emit({
       event: "drained",
       requests: this.#requests,

@@ -22,8 +22,8 @@ export const USAGE = `usage: ${CLI_NAME} (--socket <path> | --tcp <host:port>) -
 Runs the bridge beside a llama.cpp that has libggml-moeswarm.so loaded (llama-server, the
 llama-logits harness): it answers the plugin's requests by sending the experts to workers,
 either worker processes it starts here (--worker), or the workers of a hub (--hub): then it
-follows the hub's live placement, reaches the workers through the hub's relay and reports
-routing statistics and receipts to the hub.
+follows the hub's live placement, reaches the workers directly when they advertise an endpoint
+and through the hub's relay otherwise, and reports routing statistics and receipts to the hub.
 
   --socket <path>         Unix socket to listen on (MOESWARM_BRIDGE=unix:<path>)
   --tcp <host:port>       TCP instead (port 0: any free port)
@@ -38,6 +38,9 @@ routing statistics and receipts to the hub.
   --ca <pem file>         trust this CA for the hub (a self-hosted hub's certificate)
   --id <id>               this backbone's id on the hub (default: the token's, else host-pid-random)
   --report-interval <s>   seconds between statistics reports to the hub (default 10)
+  --no-direct             send everything through the hub's relay, never dialing the workers
+                          that advertise direct endpoints (default: dial them, pinning their
+                          certificate by the hub's fingerprint; the relay carries the rest)
   --threads <n>           compute threads per worker and for the fallback (default 1)
   --no-fallback           experts no worker serves fail the decode instead of running here
   --deadline-ms <ms>      per worker request, before failover (default 30000)
@@ -243,6 +246,7 @@ export function hubOptions(
       statsIntervalMs,
       ...(ca !== undefined ? { ca } : {}),
       ...(values.id !== undefined ? { id: values.id } : {}),
+      ...(values["no-direct"] === true ? { direct: false } : {}),
     };
     checkHubOptions(hub);
     return hub;
@@ -283,6 +287,7 @@ export function parse(args: readonly string[]) {
         ca: { type: "string" },
         id: { type: "string" },
         "report-interval": { type: "string" },
+        "no-direct": { type: "boolean" },
         json: { type: "boolean" },
         help: { type: "boolean", short: "h" },
       },

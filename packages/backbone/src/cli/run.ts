@@ -265,6 +265,13 @@ function printMetrics(out: (line: string) => void, json: boolean, bridge: Backbo
       `  hub: placement v${h.placementVersion} (${h.placementUpdates} updates, ${h.workers} workers, ${h.missingExperts} experts missing), ` +
         `reports ${h.statsAccepted} (errors ${h.statsErrors}), poll errors ${h.pollErrors}, relay ${h.relay}`,
     );
+    if (h.direct) {
+      const d = h.direct;
+      out(
+        `  direct links: ${d.direct} requests direct, ${d.relay} over the relay (${d.retried} resent after a link died); ` +
+          `up to ${d.linked.length ? d.linked.join(", ") : "no worker"}; ${d.dials} dials, ${d.dialFailures} failed`,
+      );
+    }
   }
 }
 
@@ -284,6 +291,24 @@ function hubEventPrinter(out: Out, io: CliIo, json: boolean): (e: HubLinkEvent) 
         out(JSON.stringify({ event: "relay", state: e.state, ...(e.error ? { code: e.error.code } : {}) }));
       else if (e.state !== "connected") io.stderr.write(`${CLI_NAME}: relay ${e.state}${why}\n`);
       else out("relay connected");
+    } else if (e.type === "direct") {
+      const code = e.error && "code" in e.error ? String(e.error.code) : undefined;
+      if (json)
+        out(
+          JSON.stringify({
+            event: "direct",
+            worker: e.worker,
+            state: e.state,
+            ...(e.url ? { url: e.url } : {}),
+            ...(code ? { code } : {}),
+            ...(e.retryInMs !== undefined ? { retryInMs: e.retryInMs } : {}),
+          }),
+        );
+      else if (e.state === "linked") out(`direct link to worker ${e.worker} (${e.url})`);
+      else
+        out(
+          `direct link to worker ${e.worker} ${e.state === "lost" ? "lost" : "failed"}${e.error ? ` (${code ? `${code}: ` : ""}${e.error.message})` : ""}; the relay carries its requests, next dial in ${Math.round((e.retryInMs ?? 0) / 1000)} s`,
+        );
     } else if (e.type === "quarantine-report") {
       if (json) out(JSON.stringify({ event: "quarantine-report", worker: e.worker, accepted: e.accepted }));
       else out(`reported worker ${e.worker}'s quarantine to the hub`);

@@ -3,6 +3,7 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { AuthError } from "@moeswarm/core";
 import type { ExpertSlice } from "@moeswarm/shard";
+import type { DirectKeys } from "../direct.js";
 import type { Enrolled, IssuedCode, IssueOptions } from "../enrolment.js";
 import type { ModelRegistry } from "../hub-models.js";
 import type { Settings } from "../hub-options.js";
@@ -24,6 +25,8 @@ export interface RouteContext {
   readonly relay: Relay;
   readonly models: ModelRegistry;
   readonly marketHttp: MarketHttpContext;
+  /** The key that signs direct-link tickets. */
+  readonly directKeys: DirectKeys;
   /** Downloads in flight (the hub aborts them when it closes). */
   readonly downloads: Set<AbortController>;
   /** The ETag of each planned slice, computed once. */

@@ -5,6 +5,7 @@ import { badRequest, methodNotAllowed, notFound } from "../http-errors.js";
 import type { RouteLabel } from "../metrics.js";
 import { authorize, type Handler, type RouteContext } from "./context.js";
 import { getDashboard, getMetrics, getStatus } from "./dashboard.js";
+import { getDirectKey, postDirectTicket, putWorkerDirect } from "./direct.js";
 import { getHealth } from "./health.js";
 import * as market from "./market.js";
 import { getManifest, getModel, listModels, registerModel, removeModel } from "./models.js";
@@ -49,6 +50,12 @@ const ROUTES: readonly Route[] = [
   route("/api/workers", read(listWorkers)),
   route("/api/workers/:id/drain", { POST: { access: "admin", handle: drainWorker } }),
   route("/api/workers/:id/reinstate", { POST: { access: "admin", handle: reinstateWorker } }),
+  route("/api/workers/:id/direct", { PUT: { access: "self", handle: putWorkerDirect } }),
+  route("/api/direct/key", {
+    GET: { access: "public", handle: getDirectKey },
+    HEAD: { access: "public", handle: getDirectKey },
+  }),
+  route("/api/direct/tickets", { POST: { access: "self", handle: postDirectTicket } }),
   route("/api/quarantines", read(listQuarantines)),
   route("/api/enrol", { POST: { access: "public", handle: enrol } }),
   route("/api/enrol-codes", { POST: { access: "admin", handle: issueEnrolCode } }),

@@ -1,0 +1,88 @@
+// Direct links on the hub's side: the Ed25519 key that signs tickets (a backbone shows one to a
+// worker it dials directly), and the check of the endpoints a worker advertises.
+import { generateKeyPairSync, type KeyObject } from "node:crypto";
+import type { DirectEndpointJson, DirectKeyJson, DirectTicketJson } from "@moeswarm/core";
+import { directKeyJson, signDirectTicket } from "@moeswarm/relay-client";
+import { badRequest } from "./http-errors.js";
+
+/** How long a ticket admits its backbone (it is asked again before every dial). */
+export const TICKET_TTL_MS = 5 * 60_000;
+const MAX_ENDPOINTS = 8;
+const MAX_URL_BYTES = 512;
+/** Pairs remembered for ticketed(); the oldest are forgotten first. */
+const MAX_PAIRS = 100_000;
+const FINGERPRINT = /^([0-9A-F]{2}:){31}[0-9A-F]{2}$/;
+
+/**
+ * The hub's ticket key. A new one per hub process: tickets live minutes and backbones ask for one
+ * before every dial, and a worker fetches the key again when a ticket names one it has not seen.
+ */
+export class DirectKeys {
+  readonly #privateKey: KeyObject;
+  readonly #publicKey: KeyObject;
+  readonly json: DirectKeyJson;
+  /** Backbone-worker pairs a ticket was minted for, oldest first (bounded). */
+  readonly #ticketed = new Set<string>();
+
+  constructor() {
+    const { privateKey, publicKey } = generateKeyPairSync("ed25519");
+    this.#privateKey = privateKey;
+    this.#publicKey = publicKey;
+    this.json = directKeyJson(publicKey);
+  }
+
+  /**
+   * Whether this hub admitted `backbone` to dial `worker` directly: the direct counterpart of
+   * "the relay forwarded a request of this backbone to this worker", which a quarantine report
+   * needs (a backbone may accuse only a worker it could have asked).
+   */
+  ticketed(backbone: string, worker: string): boolean {
+    return this.#ticketed.has(`${backbone}\n${worker}`);
+  }
+
+  /** A ticket admitting backbone `backbone` (principal `owner`) to `worker`. */
+  mint(backbone: string, owner: string | undefined, worker: string, now = Date.now()): DirectTicketJson {
+    const pair = `${backbone}\n${worker}`;
+    this.#ticketed.delete(pair);
+    this.#ticketed.add(pair);
+    if (this.#ticketed.size > MAX_PAIRS)
+      this.#ticketed.delete(this.#ticketed.values().next().value as string);
+    const exp = now + TICKET_TTL_MS;
+    const claims = {
+      sub: backbone,
+      ...(owner !== undefined ? { own: owner } : {}),
+      wk: worker,
+      iat: now,
+      exp,
+    };
+    return { ticket: signDirectTicket(claims, this.#privateKey, this.#publicKey), exp };
+  }
+}
+
+/** Checks a `PUT /api/workers/:id/direct` body: `wss://` endpoints and a SHA-256 fingerprint. */
+export function parseDirectEndpoint(body: unknown): DirectEndpointJson | undefined {
+  const shape = '{"endpoints": ["wss://host:port", ...], "fingerprint": "AA:BB:..."}';
+  if (typeof body !== "object" || body === null || Array.isArray(body)) {
+    throw badRequest(`the body must be ${shape}`);
+  }
+  const { endpoints, fingerprint } = body as Record<string, unknown>;
+  if (Array.isArray(endpoints) && endpoints.length === 0) return undefined;
+  if (!Array.isArray(endpoints) || endpoints.length > MAX_ENDPOINTS) {
+    throw badRequest(`"endpoints" must list 0..${MAX_ENDPOINTS} wss:// URLs`);
+  }
+  for (const e of endpoints) {
+    let url: URL | undefined;
+    try {
+      url = typeof e === "string" && Buffer.byteLength(e) <= MAX_URL_BYTES ? new URL(e) : undefined;
+    } catch {
+      url = undefined;
+    }
+    if (url?.protocol !== "wss:" || url.username !== "" || url.password !== "") {
+      throw badRequest(`endpoint ${JSON.stringify(e)} is not a wss:// URL`);
+    }
+  }
+  if (typeof fingerprint !== "string" || !FINGERPRINT.test(fingerprint)) {
+    throw badRequest('"fingerprint" must be a SHA-256 fingerprint, 32 uppercase hex pairs joined by ":"');
+  }
+  return { endpoints: [...(endpoints as string[])], fingerprint };
+}
