@@ -5,8 +5,9 @@
 // identity comes back under a new id only with a new code the operator chose to issue.
 import { createHash, randomBytes } from "node:crypto";
 import { HubError, InvalidArgumentError } from "@moeswarm/core";
-import { loadSqliteDriver, type SqliteDatabase, sqliteDriverNamed } from "./sqlite-driver.js";
+import type { SqliteDatabase } from "./sqlite-driver.js";
 import type { HubStore } from "./store.js";
+import { openSideStore, type SideRun } from "./store-side.js";
 import { mintToken, type TokenSecret } from "./token.js";
 import { TokenBucket } from "./token-bucket.js";
 
@@ -40,18 +41,9 @@ export function hashCode(code: string): string {
   return createHash("sha256").update(code).digest("hex");
 }
 
-const memoryTables = new WeakMap<
-  HubStore,
-  { codes: Map<string, StoredEnrolCode>; ids: Map<string, string> }
->();
-
-function memoryEnrol(store: HubStore): EnrolStore {
-  let t = memoryTables.get(store);
-  if (!t) {
-    t = { codes: new Map(), ids: new Map() };
-    memoryTables.set(store, t);
-  }
-  const { codes, ids } = t;
+function memoryEnrol(): EnrolStore {
+  const codes = new Map<string, StoredEnrolCode>();
+  const ids = new Map<string, string>();
   return {
     put: async (c) => void codes.set(c.hash, { ...c }),
     get: async (hash) => {
@@ -87,26 +79,7 @@ interface CodeRow {
   revoked: number;
 }
 
-function sqliteEnrol(path: string, driver: string | undefined): EnrolStore {
-  let db: SqliteDatabase;
-  try {
-    // the store's driver choice (better-sqlite3 is optional: a static import would break the
-    // bundled hub, and a hub without it)
-    const same = driver === undefined ? undefined : sqliteDriverNamed(driver);
-    db = loadSqliteDriver(same ? [same] : undefined).open(path);
-    db.pragma("busy_timeout = 5000");
-    db.exec(
-      `CREATE TABLE IF NOT EXISTS enrol_codes (
-         hash TEXT PRIMARY KEY, owner TEXT NOT NULL, uses_left INTEGER NOT NULL,
-         expires_at INTEGER NOT NULL, created_at INTEGER NOT NULL, revoked INTEGER NOT NULL DEFAULT 0
-       );
-       CREATE TABLE IF NOT EXISTS enrolled (id TEXT PRIMARY KEY, owner TEXT NOT NULL, at INTEGER NOT NULL);`,
-    );
-  } catch (error) {
-    throw new HubError("MOESWARM_HUB_STORE", `cannot open the enrolment tables: ${String(error)}`, {
-      cause: error,
-    });
-  }
+function sqliteEnrol(db: SqliteDatabase, run: SideRun): EnrolStore {
   const q = {
     put: db.prepare<[string, string, number, number, number, number]>(
       "INSERT OR REPLACE INTO enrol_codes (hash, owner, uses_left, expires_at, created_at, revoked) VALUES (?, ?, ?, ?, ?, ?)",
@@ -125,15 +98,6 @@ function sqliteEnrol(path: string, driver: string | undefined): EnrolStore {
     q.take.run(hash);
     q.enrolled.run(id, owner, at);
   });
-  const run = <T>(what: string, fn: () => T): Promise<T> => {
-    try {
-      return Promise.resolve(fn());
-    } catch (error) {
-      return Promise.reject(
-        new HubError("MOESWARM_HUB_STORE", `${what}: ${String(error)}`, { cause: error }),
-      );
-    }
-  };
   return {
     put: (c) =>
       run("storing an enrolment code", () => {
@@ -164,9 +128,16 @@ function sqliteEnrol(path: string, driver: string | undefined): EnrolStore {
 
 /** The enrolment tables for the hub's `store` option (a SQLite path, or the store object in memory). */
 export function openEnrolStore(option: HubStore | string | undefined, store: HubStore): EnrolStore {
-  if (typeof option === "string" && option !== ":memory:" && store.kind === "sqlite")
-    return sqliteEnrol(option, store.driver);
-  return memoryEnrol(store);
+  return openSideStore(option, store, {
+    name: "the enrolment tables",
+    schema: `CREATE TABLE IF NOT EXISTS enrol_codes (
+       hash TEXT PRIMARY KEY, owner TEXT NOT NULL, uses_left INTEGER NOT NULL,
+       expires_at INTEGER NOT NULL, created_at INTEGER NOT NULL, revoked INTEGER NOT NULL DEFAULT 0
+     );
+     CREATE TABLE IF NOT EXISTS enrolled (id TEXT PRIMARY KEY, owner TEXT NOT NULL, at INTEGER NOT NULL);`,
+    sqlite: sqliteEnrol,
+    memory: memoryEnrol,
+  });
 }
 
 export interface IssueOptions {
