@@ -143,6 +143,9 @@ describe.each(stores)("HubStore contract: %s", (_name, make) => {
     expect(await s.listLeases()).toEqual([lease("a", 20), lease("b", 30)]);
     expect(await s.deleteLeases(["a", "zzz"])).toBe(1);
     expect(await s.listLeases()).toEqual([lease("b", 30)]);
+    // the claimant's principal is kept with its lease (schema 5); a lease without one stays without
+    await s.putLeases([{ ...lease("c", 40), owner: "alice" }]);
+    expect(await s.listLeases()).toEqual([lease("b", 30), { ...lease("c", 40), owner: "alice" }]);
 
     // f64 counts round-trip bit for bit (subnormals, fractions, large values)
     const counts = new Float64Array([0, 1.5, 5e-324, 1e300, 1 / 3]);
@@ -277,7 +280,37 @@ describe.each(drivers)("SQLite store on %s", (driver) => {
       }),
     ]);
     expect((await s.listWorkers())[0]?.slices.map((x) => x.layers)).toEqual([[0, 1], [2]]);
-    expect(SQLITE_SCHEMA_VERSION).toBe(4);
+    expect(SQLITE_SCHEMA_VERSION).toBe(5);
+  });
+
+  it("upgrades a version 4 database: its leases are kept, without an owner, and take one", async () => {
+    const path = fresh("v4");
+    const v4 = openSqliteStore(path);
+    await v4.close();
+    const db = new Database(path);
+    db.exec("DROP TABLE leases");
+    db.exec(`CREATE TABLE leases (id TEXT PRIMARY KEY, worker TEXT NOT NULL, model TEXT NOT NULL, layers TEXT NOT NULL,
+        experts TEXT NOT NULL, bytes INTEGER NOT NULL, granted_at REAL NOT NULL, expires_at REAL NOT NULL,
+        capacity TEXT NOT NULL) STRICT;
+      CREATE INDEX leases_worker ON leases (worker, model);
+      INSERT INTO leases VALUES ('l', 'w', 'm', '0:1', '0:8', 10, 1, 2, '{}');`);
+    db.pragma("user_version = 4");
+    db.close();
+    await using s = openSqliteStore(path);
+    const old: StoredLease = {
+      id: "l",
+      worker: "w",
+      model: "m",
+      layers: { start: 0, end: 1 },
+      experts: { start: 0, end: 8 },
+      bytes: 10,
+      grantedAt: 1,
+      expiresAt: 2,
+      capacity: {},
+    };
+    expect(await s.listLeases()).toEqual([old]);
+    await s.putLeases([{ ...old, owner: "bob" }]);
+    expect(await s.listLeases()).toEqual([{ ...old, owner: "bob" }]);
   });
 
   it("refuses a database written by a newer hub", () => {

@@ -3,6 +3,7 @@
 // through another worker (that worker would download a copy that adds nothing). A real hub on
 // loopback, workers speaking HTTP and the relay with tokens that name their owner. Also the
 // per-address limit on enrolment tries (codes are guessed only by trying).
+import { join } from "node:path";
 import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { createHub, type Hub, mintToken } from "../src/index.js";
@@ -24,16 +25,17 @@ const worker = (id: string, owner?: string) =>
   mintToken({ role: "worker", id, ...(owner ? { owner } : {}), ttlS: 600 }, SECRET);
 const capacity = { ramBytes: 1 << 30 };
 
-async function start(): Promise<{ base: string; relayUrl: string }> {
+async function start(store?: string): Promise<{ base: string; relayUrl: string; hub: Hub }> {
   const hub = createHub({
     secret: SECRET,
     models: [{ id: ID, path: tinyPath }],
     clock: () => T0,
     market: { leaseTtlMs: 60_000 },
+    ...(store ? { store } : {}),
   });
   hubs.push(hub);
   const l = await hub.listen(0);
-  return { base: l.url, relayUrl: l.relayUrl };
+  return { base: l.url, relayUrl: l.relayUrl, hub };
 }
 
 async function post(base: string, path: string, body: unknown, auth: string) {
@@ -93,6 +95,23 @@ describe("a second copy held by the same owner is not a replica", () => {
     expect((await claim(base, "bob", worker("bob"))).status).toBe(201);
     // a third owner is refused only because the target (two) is reached: m1's copy and bob's lease
     expect((await claim(base, "carol", worker("carol", "carol"))).body.error?.details?.reason).toBe("leased");
+  });
+
+  it("keeps a lease's owner across a hub restart (SQLite): the owner's other worker is still refused", async () => {
+    const db = join(tmp.dir, "owners.db");
+    const first = await start(db);
+    expect((await claim(first.base, "m1", worker("m1", "mallory"))).status).toBe(201);
+    await first.hub.close();
+    // m1 never registered: only its lease (now read back from the file) says whose the cells are
+    const { base } = await start(db);
+    const again = await claim(base, "m2", worker("m2", "mallory"), "4:8");
+    expect(again.status).toBe(409);
+    expect(again.body.error).toMatchObject({
+      code: "MOESWARM_HUB_CONFLICT",
+      details: { reason: "owner", cells: [{ layer: 0, experts: "4:8" }] },
+    });
+    // a stranger still gets the cells' second copy
+    expect((await claim(base, "bob", worker("bob"), "4:8")).status).toBe(201);
   });
 
   it("leaves the owner's cells out of an auto-claim's choice", async () => {
