@@ -143,6 +143,8 @@ describe("trust defaults", () => {
     expect(sameBits(r.output, await truth(hidden, routing, "each"))).toBe(true);
     expect(s.calls.w).toBe(0);
     expect(verification.stats()).toMatchObject({ unverifiableLocal: 1, partsVerified: 0 });
+    // computed locally in the worker's place: a fallback, not an audit
+    expect(r.metrics).toMatchObject({ fallbacks: 1, audits: 0 });
   });
 
   it("trusted transports (in-process, threads) keep trust own; the relay's says false", async () => {
@@ -409,7 +411,8 @@ describe("liars under the defaults", () => {
     const st = verification.stats();
     expect(st).toMatchObject({ audits: 1, auditDisagreements: 1 });
     // afterwards: both quarantined, the experts have no owner and the local fallback serves them
-    // (the liars were asked once each, above)
+    // (the liars were asked once each, above): the metrics count the audit apart from those
+    expect(r.metrics).toMatchObject({ audits: 1, fallbacks: 19, failovers: 0 });
   });
 
   it("honest pairs: probation audits each worker's first answers, then the sampled rate", async () => {
@@ -426,6 +429,8 @@ describe("liars under the defaults", () => {
     // 3 of probation (each audit covers both owners), then about 10% of the other 37
     expect(st.audits).toBeGreaterThanOrEqual(3);
     expect(st.audits).toBeLessThan(3 + 15);
+    // each audit is one local compute, counted as an audit: nothing fell back
+    expect(r.metrics).toMatchObject({ audits: st.audits, fallbacks: 0, failovers: 0 });
     const none = new Verification({ probation: 0, auditRate: 0 });
     await decode(s, 10, { verification: none, fallback: honest });
     expect(none.stats().audits).toBe(0);
