@@ -6,7 +6,7 @@
 import { join } from "node:path";
 import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { createHub, type Hub, mintToken } from "../src/index.js";
+import { createHub, type Hub, type HubOptions, mintToken } from "../src/index.js";
 import { call, copyModel, json, syntheticModel, type TempDir, tempDir, waitFor } from "./hub-helpers.js";
 
 const SECRET = "hub-trust-owners-secret-0123456789";
@@ -133,25 +133,35 @@ describe("a second copy held by the same owner is not a replica", () => {
   });
 });
 
+/** A hub on loopback that trusts loopback as its proxy (X-Forwarded-For names the client), and one enrolment try. */
+async function enrolHub(clock: () => number, enrolment?: HubOptions["enrolment"]) {
+  const hub = createHub({
+    secret: SECRET,
+    models: [{ id: ID, path: tinyPath }],
+    clock,
+    trustProxy: ["127.0.0.1"],
+    ...(enrolment ? { enrolment } : {}),
+  });
+  hubs.push(hub);
+  const { url: base } = await hub.listen(0);
+  return async (from: string) => {
+    const a = await call(`${base}/api/enrol`, {
+      method: "POST",
+      headers: { "content-type": "application/json", "x-forwarded-for": from },
+      body: JSON.stringify({ code: "not-a-code" }),
+    });
+    const error = (json(a) as Body).error;
+    return { status: a.status, code: error?.code as string, details: error?.details as Body | undefined };
+  };
+}
+
 describe("POST /api/enrol: tries are rate-limited per address", () => {
   it("answers 429 MOESWARM_HUB_ENROL_RATE past the burst, per client address, and refills with time", async () => {
     let now = T0;
-    const hub = createHub({
-      secret: SECRET,
-      models: [{ id: ID, path: tinyPath }],
-      clock: () => now,
-      // loopback is a trusted proxy here, so X-Forwarded-For names the client
-      trustProxy: ["127.0.0.1"],
-    });
-    hubs.push(hub);
-    const { url: base } = await hub.listen(0);
+    const attempt = await enrolHub(() => now);
     const tryCode = async (from: string) => {
-      const a = await call(`${base}/api/enrol`, {
-        method: "POST",
-        headers: { "content-type": "application/json", "x-forwarded-for": from },
-        body: JSON.stringify({ code: "not-a-code" }),
-      });
-      return { status: a.status, code: (json(a) as Body).error?.code as string };
+      const { status, code } = await attempt(from);
+      return { status, code };
     };
     const statuses: number[] = [];
     for (let i = 0; i < 11; i++) statuses.push((await tryCode("203.0.113.7")).status);
@@ -164,5 +174,28 @@ describe("POST /api/enrol: tries are rate-limited per address", () => {
     now += 6_000;
     expect((await tryCode("203.0.113.7")).status).toBe(403);
     expect((await tryCode("203.0.113.7")).status).toBe(429);
+  });
+
+  it("takes its limits as options (enrolment.burst, enrolment.perMinute) and refuses bad ones", async () => {
+    let now = T0;
+    const tryCode = await enrolHub(() => now, { burst: 3, perMinute: 2 });
+    const statuses: number[] = [];
+    for (let i = 0; i < 4; i++) statuses.push((await tryCode("203.0.113.7")).status);
+    expect(statuses).toEqual([403, 403, 403, 429]);
+    expect((await tryCode("203.0.113.7")).details).toEqual({ burst: 3, perMinute: 2, retryAfterMs: 30_000 });
+    // 2 a minute: one more try after 30 s, not after 29
+    now += 29_000;
+    expect((await tryCode("203.0.113.7")).status).toBe(429);
+    now += 1_000;
+    expect((await tryCode("203.0.113.7")).status).toBe(403);
+    expect((await tryCode("203.0.113.7")).status).toBe(429);
+    for (const enrolment of [{ burst: 0 }, { perMinute: 1.5 }, { perMinute: -1 }]) {
+      expect(() => createHub({ secret: SECRET, enrolment })).toThrow(
+        expect.objectContaining({
+          code: "MOESWARM_INVALID_ARGUMENT",
+          message: expect.stringMatching(/enrolment\./),
+        }),
+      );
+    }
   });
 });
