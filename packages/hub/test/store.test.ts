@@ -32,6 +32,20 @@ const w = (id: string, lastSeen: number, extra: Partial<StoredWorker> = {}): Sto
   ...extra,
 });
 
+/** A lease of model m, layer 0, experts 0:8, with `extra` fields. */
+const aLease = (id: string, extra: Partial<StoredLease> = {}): StoredLease => ({
+  id,
+  worker: "w",
+  model: "m",
+  layers: { start: 0, end: 1 },
+  experts: { start: 0, end: 8 },
+  bytes: 10,
+  grantedAt: 1,
+  expiresAt: 2,
+  capacity: {},
+  ...extra,
+});
+
 /** The drivers this Node has; the others are named with the reason, once. */
 const drivers: SqliteDriverName[] = [];
 for (const d of SQLITE_DRIVERS) {
@@ -297,17 +311,7 @@ describe.each(drivers)("SQLite store on %s", (driver) => {
     db.pragma("user_version = 4");
     db.close();
     await using s = openSqliteStore(path);
-    const old: StoredLease = {
-      id: "l",
-      worker: "w",
-      model: "m",
-      layers: { start: 0, end: 1 },
-      experts: { start: 0, end: 8 },
-      bytes: 10,
-      grantedAt: 1,
-      expiresAt: 2,
-      capacity: {},
-    };
+    const old = aLease("l");
     expect(await s.listLeases()).toEqual([old]);
     await s.putLeases([{ ...old, owner: "bob" }]);
     expect(await s.listLeases()).toEqual([{ ...old, owner: "bob" }]);
@@ -331,17 +335,7 @@ describe.each(drivers)("SQLite store on %s", (driver) => {
 
   it("writes a lease and what ended with it in one transaction: all or nothing", async () => {
     await using s = openSqliteStore(":memory:");
-    const lease: StoredLease = {
-      id: "kept",
-      worker: "w1",
-      model: "m",
-      layers: { start: 0, end: 1 },
-      experts: { start: 0, end: 2 },
-      bytes: 10,
-      grantedAt: 1,
-      expiresAt: 100,
-      capacity: {},
-    };
+    const lease = aLease("kept", { worker: "w1", experts: { start: 0, end: 2 }, expiresAt: 100 });
     await s.putLeases([lease]);
     // a credit that is not an integer fails the STRICT table half way: the delete and the put roll back
     await expect(
