@@ -90,14 +90,8 @@ describe("SpotCheck with a local reference", () => {
           ["good", ALL, honest],
         ]);
         const metrics = new DispatchMetrics();
-        const first = await dispatchExpertsDetailed(hidden, routing, {
-          layer: 0,
-          placement: s.placement,
-          transport: s.transport,
-          mode,
-          verify,
-          metrics,
-        });
+        const options = { layer: 0, placement: s.placement, transport: s.transport, mode, verify, metrics };
+        const first = await dispatchExpertsDetailed(hidden, routing, options);
         expect(s.calls).toEqual({ liar: 1, good: 0 });
         expect(sameBits(first.output, want)).toBe(true);
         closeToOracle(first.output);
@@ -115,14 +109,7 @@ describe("SpotCheck with a local reference", () => {
 
         // the rotation would now alternate between the two: the liar gets nothing
         for (let i = 0; i < 4; i++) {
-          const next = await dispatchExperts(hidden, routing, {
-            layer: 0,
-            placement: s.placement,
-            transport: s.transport,
-            mode,
-            verify,
-            metrics,
-          });
+          const next = await dispatchExperts(hidden, routing, options);
           expect(sameBits(next, want)).toBe(true);
         }
         expect(s.calls).toEqual({ liar: 1, good: 4 });
