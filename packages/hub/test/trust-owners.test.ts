@@ -114,6 +114,32 @@ describe("a second copy held by the same owner is not a replica", () => {
     expect((await claim(base, "bob", worker("bob"), "4:8")).status).toBe(201);
   });
 
+  it("GET /api/demand as a worker leaves out what it and its owner's other workers hold", async () => {
+    const { base } = await start();
+    expect((await claim(base, "m1", worker("m1", "mallory"))).status).toBe(201);
+    // layer 0's cells as each reader sees them in demand (tiny: two MoE layers of 8 experts)
+    const layer0 = async (tok?: string) => {
+      const a = await call(
+        `${base}/api/demand?model=${ID}`,
+        tok ? { headers: { authorization: `Bearer ${tok}` } } : {},
+      );
+      expect(a.status).toBe(200);
+      return (json(a) as Body).ranges.filter((r: Body) => r.layer === 0).map((r: Body) => r.experts);
+    };
+    // anyone, and another owner: m1's lease is one replica of the two wanted
+    expect(await layer0()).toEqual(["0:8"]);
+    expect(await layer0(worker("bob"))).toEqual(["0:8"]);
+    // m1 itself holds them; m2 of the same owner would only be refused them (reason owner)
+    expect(await layer0(worker("m1", "mallory"))).toEqual([]);
+    expect(await layer0(worker("m2", "mallory"))).toEqual([]);
+    // layer 1 is still in m2's demand, and a token that does not verify reads as anyone
+    const m2 = await call(`${base}/api/demand?model=${ID}`, {
+      headers: { authorization: `Bearer ${worker("m2", "mallory")}` },
+    });
+    expect((json(m2) as Body).ranges.map((r: Body) => `${r.layer}/${r.experts}`)).toEqual(["1/0:8"]);
+    expect(await layer0("not-a-token")).toEqual(["0:8"]);
+  });
+
   it("leaves the owner's cells out of an auto-claim's choice", async () => {
     const { base } = await start();
     // tiny has two MoE layers (0, 1) of 8 experts. m1 holds layer 0: m2 of the same owner takes
