@@ -190,17 +190,7 @@ describe.each(stores)("HubStore contract: %s", (_name, make) => {
 
   it("writes a lease with the leases it ends, credits and demand (putLeases' second argument)", async () => {
     await using s = make();
-    const lease = (id: string): StoredLease => ({
-      id,
-      worker: "w1",
-      model: "m",
-      layers: { start: 0, end: 1 },
-      experts: { start: 0, end: 2 },
-      bytes: 10,
-      grantedAt: 1,
-      expiresAt: 100,
-      capacity: {},
-    });
+    const lease = (id: string) => aLease(id, { worker: "w1", experts: { start: 0, end: 2 }, expiresAt: 100 });
     await s.putLeases([lease("old"), lease("other")]);
     await s.putLeases([lease("new")], {
       deleteLeases: ["old", "absent"],
