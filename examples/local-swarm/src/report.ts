@@ -103,7 +103,7 @@ export function printReport(out: (line?: string) => void, r: DemoReport): void {
   const d = r.bridge.dispatch;
   out(
     `  backbone  ${r.bridge.requests} bridge requests, ${formatBytes(d.bytesOut)} out / ${formatBytes(d.bytesIn)} in over the relay, ` +
-      `${r.bridge.failovers} failovers, ${r.bridge.fallbacks} local fallbacks`,
+      `${r.bridge.failovers} failovers, ${r.bridge.fallbacks} local fallbacks, ${r.bridge.audits} local audits`,
   );
   printVerification(out, r.bridge, r.trust ?? "verify");
   if (r.swarm.plugin) {

@@ -25,6 +25,7 @@ const bridge = {
   requests: 4,
   failovers: 0,
   fallbacks: 0,
+  audits: 0,
   layers: [],
   dispatch: { owners: {}, bytesOut: 0, bytesIn: 0 },
   verification: zeros,
@@ -58,5 +59,8 @@ describe("printReport: verification lines", () => {
     const out = lines(undefined);
     expect(out.some((l) => /^ {2}verify +0 parts answered by two workers/.test(l))).toBe(true);
     expect(out.some((l) => /^ {2}audit +0 agreed parts re-computed/.test(l))).toBe(true);
+    // the backbone line counts audits apart from fallbacks
+    const audited = lines(undefined, { ...bridge, audits: 3 } as BridgeMetrics);
+    expect(audited.some((l) => / 0 failovers, 0 local fallbacks, 3 local audits$/.test(l))).toBe(true);
   });
 });

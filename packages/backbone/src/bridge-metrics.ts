@@ -40,9 +40,11 @@ export interface BridgeMetrics {
   /** Bytes of frames (with length prefixes) from and to the plugin. */
   bytesIn: number;
   bytesOut: number;
-  /** Worker requests retried on a replica, and answered by the fallback. */
+  /** Worker requests retried on a replica, and answered by the fallback in a worker's place. */
   failovers: number;
   fallbacks: number;
+  /** Trust "verify": agreed answers re-computed locally by the fallback before use (never a fallback). */
+  audits: number;
   /** Per remote layer: the bridge's time per request, from the frame in to the result out. */
   layers: BridgeLayerLatency[];
   /** Failed requests by error code. */
@@ -146,6 +148,7 @@ export class BridgeCounters {
       ...this.totals,
       failovers: d.failovers,
       fallbacks: d.fallbacks,
+      audits: d.audits,
       layers: [...this.layers.entries()].sort((a, b) => a[0] - b[0]).map(([layer, l]) => l.summary(layer)),
       errors: { ...this.errors },
       dispatch: d,

@@ -443,9 +443,16 @@ describe.skipIf(Boolean(missing))("adversarial swarm: real worker processes, def
   it("5d. two colluders of ONE owner, defaults: the hub leases the copy to one of them only; one principal is one opinion (served locally, never asked)", async () => {
     const m1 = spawnWorker("adv-mallory-1", "scale", "mallory");
     const m2 = spawnWorker("adv-mallory-2", "scale", "mallory");
-    // whichever claims first holds the model; the other's claims are refused (reason "owner"):
-    // a second copy of one owner is no replica, so the hub does not lease it
-    const refused = (p: Proc) => p.stdout.some((l) => l.includes('"claim-refused"') && l.includes('"owner"'));
+    // whichever claims first holds the model; a second copy of one owner is no replica, so the
+    // hub does not lease it to the other: the demand the other reads (with its token) leaves out
+    // what its owner holds, so it idles ("covered"); had both read the demand before either
+    // claimed, its claim would be refused (reason "owner")
+    const refused = (p: Proc) =>
+      p.stdout.some(
+        (l) =>
+          (l.includes('"claim-refused"') && l.includes('"owner"')) ||
+          (l.includes('"idle"') && l.includes('"covered"')),
+      );
     let holder: Proc | undefined;
     const deadline = Date.now() + 60_000;
     while (Date.now() < deadline && !(holder && refused(holder === m1 ? m2 : m1))) {

@@ -15,7 +15,6 @@
 //
 // MOESWARM_SHAPE_TRUE=1 also runs the shape-true qwen35moe preset (Qwen3.5-122B-A10B's layers,
 // ~6 GB, synthesised once into the model cache) and prints the decode figures.
-import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import {
   ensureSyntheticModel,
@@ -29,9 +28,10 @@ import {
 } from "@moeswarm/shard";
 import { ggmlQuantize } from "@moeswarm/worker-native";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { type BackboneBridge, runLogitsHarness, serveBackboneBridge } from "../src/index.js";
+import type { BackboneBridge, LogitsHarnessOptions } from "../src/index.js";
 import {
-  firstByteDiff,
+  decodeLogits,
+  expectEquivalent,
   MODEL_CACHE,
   type ModelInfo,
   modelInfo,
@@ -39,6 +39,7 @@ import {
   type Swarm,
   split,
   startSplitSwarm,
+  swarmBridge,
   syntheticModel,
   tempDir,
 } from "./helpers.js";
@@ -108,6 +109,8 @@ describe.skipIf(Boolean(missing))("model families: plain llama.cpp vs llama.cpp 
       let plainDecodeMs: number;
       let sliceBytesPerExpert: number;
       const tag = `${c.arch}-${c.preset}-${c.workers}${c.overrides ? "-custom" : ""}`;
+      const decode = (name: string, extra?: Partial<LogitsHarnessOptions>) =>
+        decodeLogits({ model, prompt: PROMPT, nPredict: c.nPredict, dir: tmp.dir }, `${tag}-${name}`, extra);
 
       beforeAll(async () => {
         const t0 = performance.now();
@@ -133,21 +136,11 @@ describe.skipIf(Boolean(missing))("model families: plain llama.cpp vs llama.cpp 
         const w0 = await readGguf(join(tmp.dir, "w0.gguf"));
         const w0Experts = split(info.nExpert, c.workers)[0]!.length;
         sliceBytesPerExpert = Number(w0.tensors.reduce((s, t) => s + t.nbytes, 0n)) / w0Experts;
-        bridge = await serveBackboneBridge({
-          socket: join(tmp.dir, `${tag}.sock`),
-          placement: swarm.placement,
-          transport: swarm.transport,
-        });
-        const plain = await runLogitsHarness({
-          modelPath: model,
-          prompt: PROMPT,
-          nPredict: c.nPredict,
-          threads: 1,
-          logitsPath: join(tmp.dir, `${tag}-plain.bin`),
-        });
+        bridge = await swarmBridge(swarm, join(tmp.dir, `${tag}.sock`));
+        const { run: plain, logits } = await decode("plain");
         expect(plain.ok, plain.stderr).toBe(true);
         expect(plain.plugin).toBeNull();
-        plainLogits = readFileSync(join(tmp.dir, `${tag}-plain.bin`));
+        plainLogits = logits;
         plainTokens = plain.tokens;
         plainDecodeMs = plain.decodeMs;
       }, 3_600_000);
@@ -158,31 +151,24 @@ describe.skipIf(Boolean(missing))("model families: plain llama.cpp vs llama.cpp 
 
       it("identical tokens, bit-identical logits, one split per MoE layer and ubatch", async () => {
         const before = bridge.metrics().requests;
-        const run = await runLogitsHarness({
-          modelPath: model,
-          prompt: PROMPT,
-          nPredict: c.nPredict,
-          threads: 1,
-          logitsPath: join(tmp.dir, `${tag}-swarm.bin`),
+        const { run, logits } = await decode("swarm", {
           plugin: { bridge: bridge.address, layers: "all", model: MODEL_ID },
         });
-        expect(run.ok, run.stderr).toBe(true);
-        expect(run.tokens).toHaveLength(c.nPredict);
-        expect(run.tokens).toEqual(plainTokens);
-        const logits = readFileSync(join(tmp.dir, `${tag}-swarm.bin`));
-        expect(logits.byteLength).toBe((c.nPredict + 1) * run.nVocab * 4);
-        expect(firstByteDiff(logits, plainLogits)).toBe(-1);
-
-        const ubatches = c.nPredict + 1;
-        const plugin = run.plugin!;
-        expect(plugin.failures).toBe(0);
         // every layer of the family is MoE, the Gated DeltaNet ones as well as the attention ones
         expect(info.layers).toEqual(c.moeLayers);
-        expect(plugin.splits).toBe(ubatches * info.layers.length);
-        for (const layer of info.layers) expect(plugin.layers[String(layer)]!.count).toBe(ubatches);
-        expect(plugin.weightsDroppedTensors).toBe(info.layers.length * c.expertTensors);
-        expect(bridge.metrics().requests - before).toBe(plugin.splits);
-        expect(bridge.metrics().fallbacks).toBe(0);
+        expectEquivalent({
+          run,
+          logits,
+          plainTokens,
+          plainLogits,
+          nPredict: c.nPredict,
+          layers: info.layers,
+          expertTensors: c.expertTensors,
+          bridge,
+          requestsBefore: before,
+        });
+        const ubatches = c.nPredict + 1;
+        const plugin = run.plugin!;
         const tokS = (ms: number) => ((c.nPredict - 1) / (ms / 1000)).toFixed(2);
         console.log(
           `${tag}: ${info.layers.length} MoE layers, ${plugin.splits / ubatches} split(s) per ubatch, ` +

@@ -1,19 +1,21 @@
 // Plain llama.cpp (node-llama-cpp's libllama, through the llama-logits harness in a child process)
 // against the same llama.cpp with libggml-moeswarm.so sending every MoE layer to llama-cpu worker
 // processes through the bridge: the same greedy tokens and the same logits, byte for byte.
-import { readFileSync, writeFileSync } from "node:fs";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { SyntheticArch, SyntheticPreset } from "@moeswarm/shard";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   type BackboneBridge,
   createLocalFallback,
+  type LogitsHarnessOptions,
   moeswarmOverride,
   pluginPath,
   runLogitsHarness,
-  serveBackboneBridge,
 } from "../src/index.js";
 import {
+  decodeLogits,
+  expectEquivalent,
   firstByteDiff,
   type ModelInfo,
   nativeMissing,
@@ -21,6 +23,7 @@ import {
   split,
   startSplitSwarm,
   startSwarm,
+  swarmBridge,
   syntheticModelInfo,
   tempDir,
 } from "./helpers.js";
@@ -56,26 +59,18 @@ describe.skipIf(Boolean(missing))("plain llama.cpp vs llama.cpp + plugin + swarm
       let plainLogits: Buffer;
       let plainTokens: number[];
       const tag = `${c.arch}-${c.preset}-${c.workers}`;
+      const decode = (name: string, extra?: Partial<LogitsHarnessOptions>) =>
+        decodeLogits({ model, prompt: PROMPT, nPredict: N_PREDICT, dir: tmp.dir }, `${tag}-${name}`, extra);
 
       beforeAll(async () => {
         ({ path: model, info } = await syntheticModelInfo(c.preset, c.arch));
         swarm = await startSplitSwarm(model, info, c.workers, tmp.dir, MODEL_ID);
-        bridge = await serveBackboneBridge({
-          socket: join(tmp.dir, `${tag}.sock`),
-          placement: swarm.placement,
-          transport: swarm.transport,
-        });
-        const plain = await runLogitsHarness({
-          modelPath: model,
-          prompt: PROMPT,
-          nPredict: N_PREDICT,
-          threads: 1,
-          logitsPath: join(tmp.dir, `${tag}-plain.bin`),
-        });
-        expect(plain.ok).toBe(true);
-        expect(plain.plugin).toBeNull();
-        plainLogits = readFileSync(join(tmp.dir, `${tag}-plain.bin`));
-        plainTokens = plain.tokens;
+        bridge = await swarmBridge(swarm, join(tmp.dir, `${tag}.sock`));
+        const plain = await decode("plain");
+        expect(plain.run.ok).toBe(true);
+        expect(plain.run.plugin).toBeNull();
+        plainLogits = plain.logits;
+        plainTokens = plain.run.tokens;
       });
       afterAll(async () => {
         await bridge?.close();
@@ -84,46 +79,32 @@ describe.skipIf(Boolean(missing))("plain llama.cpp vs llama.cpp + plugin + swarm
 
       it("MOESWARM_LAYERS=all (the node-llama-cpp path): identical tokens, bit-identical logits, one split per layer and ubatch", async () => {
         const before = bridge.metrics().requests;
-        const run = await runLogitsHarness({
-          modelPath: model,
-          prompt: PROMPT,
-          nPredict: N_PREDICT,
-          threads: 1,
-          logitsPath: join(tmp.dir, `${tag}-swarm.bin`),
+        const { run, logits } = await decode("swarm", {
           plugin: { bridge: bridge.address, layers: "all", model: MODEL_ID },
         });
-        expect(run.ok, run.stderr).toBe(true);
-        expect(run.tokens).toHaveLength(N_PREDICT);
-        expect(run.tokens).toEqual(plainTokens);
-        const logits = readFileSync(join(tmp.dir, `${tag}-swarm.bin`));
-        expect(logits.byteLength).toBe((N_PREDICT + 1) * run.nVocab * 4);
-        expect(firstByteDiff(logits, plainLogits)).toBe(-1);
-
-        // the prompt is one ubatch, then one per token: one graph_compute per remote layer each
-        const ubatches = N_PREDICT + 1;
-        const plugin = run.plugin!;
-        expect(plugin.failures).toBe(0);
-        expect(plugin.splits).toBe(ubatches * info.layers.length);
-        for (const layer of info.layers) expect(plugin.layers[String(layer)]!.count).toBe(ubatches);
-        // llama.cpp handed over every expert tensor and the plugin kept none of them
-        expect(plugin.weightsDroppedTensors).toBe(info.layers.length * 3);
-        expect(bridge.metrics().requests - before).toBe(plugin.splits);
-        expect(bridge.metrics().fallbacks).toBe(0);
+        // gate, up and down of every MoE layer handed over (and dropped)
+        const layers = info.layers;
+        expectEquivalent({
+          run,
+          logits,
+          plainTokens,
+          plainLogits,
+          nPredict: N_PREDICT,
+          layers,
+          expertTensors: 3,
+          bridge,
+          requestsBefore: before,
+        });
       });
 
       it("-ot (the llama-server path): the same bytes", async () => {
-        const run = await runLogitsHarness({
-          modelPath: model,
-          prompt: PROMPT,
-          nPredict: N_PREDICT,
-          threads: 1,
-          logitsPath: join(tmp.dir, `${tag}-ot.bin`),
+        const { run, logits } = await decode("ot", {
           overrides: [moeswarmOverride("all")],
           plugin: { bridge: bridge.address, model: MODEL_ID },
         });
         expect(run.ok, run.stderr).toBe(true);
         expect(run.tokens).toEqual(plainTokens);
-        expect(firstByteDiff(readFileSync(join(tmp.dir, `${tag}-ot.bin`)), plainLogits)).toBe(-1);
+        expect(firstByteDiff(logits, plainLogits)).toBe(-1);
         expect(run.plugin!.splits).toBe((N_PREDICT + 1) * info.layers.length);
       });
     });
@@ -138,33 +119,24 @@ describe.skipIf(Boolean(missing))(
     let info: ModelInfo;
     let plainTokens: number[];
     let plainLogits: Buffer;
+    const decode = (name: string, extra?: Partial<LogitsHarnessOptions>) =>
+      decodeLogits({ model, prompt: PROMPT, nPredict: N_PREDICT, dir: tmp.dir }, name, extra);
 
     beforeAll(async () => {
       ({ path: model, info } = await syntheticModelInfo("small"));
-      const plain = await runLogitsHarness({
-        modelPath: model,
-        prompt: PROMPT,
-        nPredict: N_PREDICT,
-        threads: 1,
-        logitsPath: join(tmp.dir, "plain.bin"),
-      });
-      plainTokens = plain.tokens;
-      plainLogits = readFileSync(join(tmp.dir, "plain.bin"));
+      const plain = await decode("plain");
+      plainTokens = plain.run.tokens;
+      plainLogits = plain.logits;
     });
     afterAll(() => tmp.remove());
 
     it("loaded without a configuration, the plugin claims nothing; a config file picks some layers", async () => {
-      const idle = await runLogitsHarness({
-        modelPath: model,
-        prompt: PROMPT,
-        nPredict: N_PREDICT,
-        threads: 1,
-        logitsPath: join(tmp.dir, "idle.bin"),
+      const { run: idle, logits: idleLogits } = await decode("idle", {
         env: { GGML_BACKEND_PATH: pluginPath() },
       });
       expect(idle.ok, idle.stderr).toBe(true);
       expect(idle.plugin).toMatchObject({ splits: 0, weightsDroppedTensors: 0 });
-      expect(firstByteDiff(readFileSync(join(tmp.dir, "idle.bin")), plainLogits)).toBe(-1);
+      expect(firstByteDiff(idleLogits, plainLogits)).toBe(-1);
 
       await using swarm = await startSwarm(
         model,
@@ -172,49 +144,31 @@ describe.skipIf(Boolean(missing))(
         tmp.dir,
         "cfg",
       );
-      await using bridge = await serveBackboneBridge({
-        socket: join(tmp.dir, "cfg.sock"),
-        placement: swarm.placement,
-        transport: swarm.transport,
-      });
+      await using bridge = await swarmBridge(swarm, join(tmp.dir, "cfg.sock"));
       const config = join(tmp.dir, "moeswarm.json");
       writeFileSync(
         config,
         JSON.stringify({ layers: [1, 3], bridge: bridge.address, model: "cfg", timeoutMs: 30_000 }),
       );
-      const some = await runLogitsHarness({
-        modelPath: model,
-        prompt: PROMPT,
-        nPredict: N_PREDICT,
-        threads: 1,
-        logitsPath: join(tmp.dir, "some.bin"),
+      const { run: some, logits } = await decode("some", {
         env: { GGML_BACKEND_PATH: pluginPath(), MOESWARM_CONFIG: config },
       });
       expect(some.ok, some.stderr).toBe(true);
       expect(Object.keys(some.plugin!.layers)).toEqual(["1", "3"]);
       expect(some.plugin!.splits).toBe(2 * (N_PREDICT + 1));
       expect(some.plugin!.weightsDroppedTensors).toBe(2 * 3);
-      expect(firstByteDiff(readFileSync(join(tmp.dir, "some.bin")), plainLogits)).toBe(-1);
+      expect(firstByteDiff(logits, plainLogits)).toBe(-1);
     });
 
     it("over TCP (MOESWARM_BRIDGE=tcp:host:port): the same bytes", async () => {
       await using swarm = await startSplitSwarm(model, info, 2, tmp.dir, MODEL_ID, "t");
-      await using bridge = await serveBackboneBridge({
-        socket: { host: "127.0.0.1", port: 0 },
-        placement: swarm.placement,
-        transport: swarm.transport,
-      });
+      await using bridge = await swarmBridge(swarm, { host: "127.0.0.1", port: 0 });
       expect(bridge.address).toMatch(/^tcp:127\.0\.0\.1:\d+$/);
-      const run = await runLogitsHarness({
-        modelPath: model,
-        prompt: PROMPT,
-        nPredict: N_PREDICT,
-        threads: 1,
-        logitsPath: join(tmp.dir, "tcp.bin"),
+      const { run, logits } = await decode("tcp", {
         plugin: { bridge: bridge.address, layers: "all", model: MODEL_ID },
       });
       expect(run.ok, run.stderr).toBe(true);
-      expect(firstByteDiff(readFileSync(join(tmp.dir, "tcp.bin")), plainLogits)).toBe(-1);
+      expect(firstByteDiff(logits, plainLogits)).toBe(-1);
       expect(bridge.metrics().requests).toBe(run.plugin!.splits);
     });
 
@@ -232,10 +186,7 @@ describe.skipIf(Boolean(missing))(
       );
       await using fallback = await createLocalFallback(model);
       let seen = 0;
-      await using bridge = await serveBackboneBridge({
-        socket: join(tmp.dir, "replica.sock"),
-        placement: swarm.placement,
-        transport: swarm.transport,
+      await using bridge = await swarmBridge(swarm, join(tmp.dir, "replica.sock"), {
         onStats: () => {
           // a third of the way into the decode
           if (++seen === Math.floor(((N_PREDICT + 1) * info.layers.length) / 3)) {
@@ -246,17 +197,12 @@ describe.skipIf(Boolean(missing))(
         // b has no replica: the local fallback computes its experts from the model file
         fallback: fallback.compute,
       });
-      const run = await runLogitsHarness({
-        modelPath: model,
-        prompt: PROMPT,
-        nPredict: N_PREDICT,
-        threads: 1,
-        logitsPath: join(tmp.dir, "replica.bin"),
+      const { run, logits } = await decode("replica", {
         plugin: { bridge: bridge.address, layers: "all", model: MODEL_ID },
       });
       expect(run.ok, run.stderr).toBe(true);
       expect(run.tokens).toEqual(plainTokens);
-      expect(firstByteDiff(readFileSync(join(tmp.dir, "replica.bin")), plainLogits)).toBe(-1);
+      expect(firstByteDiff(logits, plainLogits)).toBe(-1);
       const m = bridge.metrics();
       expect(m.failed).toBe(0);
       expect(m.failovers).toBeGreaterThan(0);
@@ -284,10 +230,7 @@ describe.skipIf(Boolean(missing))(
       const [a] = split(info.nExpert, 1);
       await using swarm = await startSwarm(model, [{ id: "only", experts: a! }], tmp.dir, MODEL_ID);
       let seen = 0;
-      const bridge = await serveBackboneBridge({
-        socket: join(tmp.dir, "dies.sock"),
-        placement: swarm.placement,
-        transport: swarm.transport,
+      const bridge = await swarmBridge(swarm, join(tmp.dir, "dies.sock"), {
         onStats: () => {
           if (++seen === 10) void bridge.close();
         },
@@ -307,11 +250,7 @@ describe.skipIf(Boolean(missing))(
 
       // a worker that is gone with no replica and no fallback: an error frame, the decode fails
       process.kill(swarm.workers.get("only")!.pid!, "SIGKILL");
-      await using bridge2 = await serveBackboneBridge({
-        socket: join(tmp.dir, "fails.sock"),
-        placement: swarm.placement,
-        transport: swarm.transport,
-      });
+      await using bridge2 = await swarmBridge(swarm, join(tmp.dir, "fails.sock"));
       const failed = await runLogitsHarness({
         modelPath: model,
         prompt: PROMPT,

@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { connect } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -35,7 +35,16 @@ import {
   spawnLlamaExpertWorker,
   type WorkerProcessCompute,
 } from "@moeswarm/worker-native";
-import { expertComputeHandler } from "../src/index.js";
+import { expect } from "vitest";
+import {
+  type BackboneBridge,
+  type BackboneBridgeOptions,
+  expertComputeHandler,
+  type LogitsHarnessOptions,
+  type LogitsHarnessResult,
+  runLogitsHarness,
+  serveBackboneBridge,
+} from "../src/index.js";
 import { logitsHarnessPath, pluginPath } from "../src/native-paths.js";
 
 /** Synthetic models are cached across runs (generation is deterministic; `small` takes a second). */
@@ -319,4 +328,75 @@ export function toyFrame(id: number) {
     w: TOY_W,
     mode: "sum",
   });
+}
+
+/** What an equivalence test decodes: a model, its prompt, how many tokens, where logits go. */
+export interface DecodeSpec {
+  readonly model: string;
+  readonly prompt: string;
+  readonly nPredict: number;
+  readonly dir: string;
+}
+
+/**
+ * llama.cpp's greedy run (one thread) of `d`, its logits written to `<dir>/<name>.bin` and read
+ * back (empty when the run wrote none); `extra` adds the case's harness options (plugin, env...).
+ */
+export async function decodeLogits(
+  d: DecodeSpec,
+  name: string,
+  extra: Partial<LogitsHarnessOptions> = {},
+): Promise<{ run: LogitsHarnessResult; logits: Buffer }> {
+  const logitsPath = join(d.dir, `${name}.bin`);
+  const run = await runLogitsHarness({
+    modelPath: d.model,
+    prompt: d.prompt,
+    nPredict: d.nPredict,
+    threads: 1,
+    logitsPath,
+    ...extra,
+  });
+  return { run, logits: existsSync(logitsPath) ? readFileSync(logitsPath) : Buffer.alloc(0) };
+}
+
+/** A bridge on `socket` that dispatches to `swarm` (its placement and transport), with `extra` options. */
+export function swarmBridge(
+  swarm: Pick<Swarm, "placement" | "transport">,
+  socket: BackboneBridgeOptions["socket"],
+  extra: Partial<BackboneBridgeOptions> = {},
+): Promise<BackboneBridge> {
+  return serveBackboneBridge({ socket, placement: swarm.placement, transport: swarm.transport, ...extra });
+}
+
+/**
+ * A swarm run against plain llama.cpp's: identical greedy tokens, bit-identical logits, one plugin
+ * split per remote layer and ubatch (the prompt is one ubatch, then one per token), every expert
+ * tensor handed over and dropped, and every split answered by the bridge without a fallback.
+ */
+export function expectEquivalent(o: {
+  run: LogitsHarnessResult;
+  logits: Buffer;
+  plainTokens: readonly number[];
+  plainLogits: Buffer;
+  nPredict: number;
+  layers: readonly number[];
+  expertTensors: number;
+  bridge: BackboneBridge;
+  /** The bridge's request count before the run. */
+  requestsBefore: number;
+}): void {
+  const { run, nPredict, layers } = o;
+  expect(run.ok, run.stderr).toBe(true);
+  expect(run.tokens).toHaveLength(nPredict);
+  expect(run.tokens).toEqual(o.plainTokens);
+  expect(o.logits.byteLength).toBe((nPredict + 1) * run.nVocab * 4);
+  expect(firstByteDiff(o.logits, o.plainLogits)).toBe(-1);
+  const ubatches = nPredict + 1;
+  const plugin = run.plugin!;
+  expect(plugin.failures).toBe(0);
+  expect(plugin.splits).toBe(ubatches * layers.length);
+  for (const layer of layers) expect(plugin.layers[String(layer)]!.count).toBe(ubatches);
+  expect(plugin.weightsDroppedTensors).toBe(layers.length * o.expertTensors);
+  expect(o.bridge.metrics().requests - o.requestsBefore).toBe(plugin.splits);
+  expect(o.bridge.metrics().fallbacks).toBe(0);
 }

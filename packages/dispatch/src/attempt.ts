@@ -10,8 +10,16 @@ import { type Answer, type Ask, describeExperts, type Part } from "./part.js";
 // check's reference), made of smaller steps: the exchange itself, its deadline, the acceptance of
 // the result, and the metering of all three.
 
-/** Who answers: a worker through the transport, or one of the call's local handlers. */
-export type Via = "transport" | "fallback" | "reference" | "third";
+/**
+ * Who answers: a worker through the transport, or one of the call's local handlers. The local
+ * third opinion of trust "verify" answers for three reasons, metered apart: "third" decides a
+ * disagreement (counted in `thirdOpinions` by its caller), "audit" re-computes an agreed answer
+ * (`audits`), "local" serves a part no second owner can check (`fallbacks`, as the fallback).
+ */
+export type Via = "transport" | "fallback" | "reference" | "third" | "audit" | "local";
+
+/** Whether `via` is the local third opinion of trust "verify". */
+const isThird = (via: Via) => via === "third" || via === "audit" || via === "local";
 
 type Outcome = { readonly result: ExpertResult } | { readonly error: unknown; readonly cancelled: boolean };
 
@@ -28,7 +36,7 @@ function attemptOnce(call: CallState, via: Via, ask: Ask): Promise<Part> {
   const { request, tokens, slots } = buildRequest(call, new Set(experts));
   // a transport may transfer (detach) the request's buffers: keep the slot ids for the combine
   const ids = request.ids.slice();
-  const third = via === "third" ? call.thirdOpinion : undefined;
+  const third = isThird(via) ? call.thirdOpinion : undefined;
   const key =
     via === "fallback" ? FALLBACK_OWNER : via === "reference" ? REFERENCE_OWNER : (third?.key ?? worker);
   const who =
@@ -115,7 +123,7 @@ function send(
         ? call.fallback
         : via === "reference"
           ? call.verify?.reference
-          : via === "third"
+          : isThird(via)
             ? call.thirdOpinion?.handler
             : undefined;
     const pending = local
@@ -180,7 +188,8 @@ function startMeter(call: CallState, key: string, via: Via, request: ExpertReque
   m.bytesOut += out;
   m.requests++;
   if (request.mode === "sum") m.sumRequests++;
-  if (via === "fallback" || (via === "third" && call.thirdOpinion?.key === FALLBACK_OWNER)) m.fallbacks++;
+  if (via === "fallback" || via === "local") m.fallbacks++;
+  else if (via === "audit") m.audits++;
   const t0 = performance.now();
   return {
     bytesOut: out,

@@ -168,6 +168,7 @@ export function emptyCallMetrics(
     bytesIn: 0,
     failovers: 0,
     fallbacks: 0,
+    audits: 0,
     spotChecks: 0,
     spotDisagreements: 0,
     spotUnverifiable: 0,

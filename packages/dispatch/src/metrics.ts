@@ -33,8 +33,13 @@ export interface DispatchCallMetrics {
   bytesIn: number;
   /** Failed requests whose experts were retried on a replica. */
   failovers: number;
-  /** Requests answered by the local fallback. */
+  /**
+   * Requests answered locally in place of a worker: the fallback after failover, experts nobody
+   * holds, and (trust "verify") parts only one untrusted owner holds. Never an audit.
+   */
   fallbacks: number;
+  /** Trust "verify": local computes of audits (agreed answers re-computed before use). */
+  audits: number;
   /** Worker answers compared with a re-computation (`verify`), and those that disagreed (replaced). */
   spotChecks: number;
   spotDisagreements: number;
@@ -78,7 +83,10 @@ export interface DispatchMetricsSnapshot {
   bytesOut: number;
   bytesIn: number;
   failovers: number;
+  /** Local answers in place of a worker (see {@link DispatchCallMetrics.fallbacks}). */
   fallbacks: number;
+  /** Local computes of trust "verify"'s audits (see {@link DispatchCallMetrics.audits}). */
+  audits: number;
   spotChecks: number;
   spotDisagreements: number;
   spotUnverifiable: number;
@@ -120,6 +128,7 @@ export class DispatchMetrics {
       bytesIn: 0,
       failovers: 0,
       fallbacks: 0,
+      audits: 0,
       spotChecks: 0,
       spotDisagreements: 0,
       spotUnverifiable: 0,
@@ -150,6 +159,7 @@ export class DispatchMetrics {
     s.failovers += call.failovers;
     s.fallbacks += call.fallbacks;
     // `?? 0`: calls recorded by code built before these counters existed
+    s.audits += call.audits ?? 0;
     s.spotChecks += call.spotChecks ?? 0;
     s.spotDisagreements += call.spotDisagreements ?? 0;
     s.spotUnverifiable += call.spotUnverifiable ?? 0;

@@ -178,7 +178,7 @@ async function audit(
   const t0 = performance.now();
   let ref: Part;
   try {
-    ref = await attempt(call, "third")({ worker: ask.worker, experts: ask.experts });
+    ref = await attempt(call, "audit")({ worker: ask.worker, experts: ask.experts });
   } catch (error) {
     if (call.signal.aborted) throw error;
     return undefined;
@@ -255,7 +255,7 @@ async function thirdOpinion(
 async function unverifiable(call: CallState, v: Verification, ask: Ask): Promise<Part> {
   if (call.thirdOpinion) {
     v.count("unverifiableLocal");
-    return { ...(await attempt(call, "third")(ask)), verified: true };
+    return { ...(await attempt(call, "local")(ask)), verified: true };
   }
   v.count("failed");
   throw new DispatchError(

@@ -2,6 +2,8 @@ import { rng } from "@moeswarm/testkit";
 import {
   type ExpertHandler,
   type ExpertMatrices,
+  type ExpertRequest,
+  type ExpertTransport,
   type ExpertWeights,
   InProcessTransport,
   Placement,
@@ -128,4 +130,57 @@ export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
   let m = 0;
   for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]! - b[i]!));
   return m;
+}
+
+/**
+ * Workers of model "tiny" (layer 0) as in-process computes that count their calls. With
+ * `trusted: false` the transport does not say it is trusted (as the relay's): trust "verify".
+ */
+export function countedWorkers(
+  workers: ReadonlyArray<[string, number[], ExpertHandler, owner?: string]>,
+  options: { trusted?: boolean } = {},
+): { placement: Placement; transport: ExpertTransport; calls: Record<string, number> } {
+  const calls: Record<string, number> = {};
+  const placement = Placement.fromRegistrations(
+    workers.map(([id, experts, , owner]) => ({
+      id,
+      model: "tiny",
+      layers: [0],
+      experts,
+      ...(owner ? { owner } : {}),
+    })),
+  );
+  const inner = new InProcessTransport(
+    workers.map(([id, , compute]) => {
+      calls[id] = 0;
+      const counted: ExpertHandler = (req, o) => {
+        calls[id]!++;
+        return compute(req, o);
+      };
+      return [id, counted] as const;
+    }),
+  );
+  const transport: ExpertTransport =
+    options.trusted === false ? { request: (to, req, o) => inner.request(to, req, o) } : inner;
+  return { placement, transport, calls };
+}
+
+/** `honest`'s answer with `y` changed by `lie` (a liar for spot checks and trust "verify"). */
+export function lyingWith(
+  honest: ExpertHandler,
+  lie: (req: ExpertRequest, y: Float32Array) => void,
+): ExpertHandler {
+  return async (req, o) => {
+    const r = await honest(req, o);
+    const y = Float32Array.from(r.y);
+    lie(req, y);
+    return { ...r, y };
+  };
+}
+
+/** `honest`'s outputs x1.05, rounded to f32: right direction, wrong norm. */
+export function scaledLiar(honest: ExpertHandler): ExpertHandler {
+  return lyingWith(honest, (_, y) => {
+    for (let i = 0; i < y.length; i++) y[i] = Math.fround(y[i]! * 1.05);
+  });
 }

@@ -7,10 +7,7 @@ import {
   dispatchExperts,
   dispatchExpertsDetailed,
   type ExpertHandler,
-  type ExpertRequest,
   type ExpertResult,
-  InProcessTransport,
-  Placement,
   type QuarantineEvent,
   REFERENCE_OWNER,
   referenceMoe,
@@ -18,12 +15,15 @@ import {
   type SpotCheckOptions,
 } from "../src/index.js";
 import {
+  countedWorkers,
+  lyingWith,
   maxAbsDiff,
   randomHidden,
   randomRegistrations,
   randomRouting,
   rng,
   sameBits,
+  scaledLiar,
   swarm,
   tinyModel,
 } from "./helpers.js";
@@ -40,20 +40,8 @@ const hidden = randomHidden(22, 5, EMBD);
 const routing = randomRouting(23, 5, 3, N_EXPERT);
 const ALL = [0, 1, 2, 3, 4, 5];
 
-/** The same model's answer with `y` changed by `lie` (only slots the request asks for). */
-function lying(lie: (req: ExpertRequest, y: Float32Array) => void): ExpertHandler {
-  return async (req, o) => {
-    const r = await honest(req, o);
-    const y = Float32Array.from(r.y);
-    lie(req, y);
-    return { ...r, y };
-  };
-}
-
-const scaled = lying((_, y) => {
-  for (let i = 0; i < y.length; i++) y[i] = Math.fround(y[i]! * 1.05);
-});
-const zeros = lying((_, y) => y.fill(0));
+const scaled = scaledLiar(honest);
+const zeros = lyingWith(honest, (_, y) => y.fill(0));
 /** The first asked slot (or row) gets another expert's output: plausible values, wrong expert. */
 const otherExpert: ExpertHandler = async (req, o) => {
   const s = req.ids.findIndex((id) => id >= 0);
@@ -71,23 +59,7 @@ const LIES: [string, ExpertHandler][] = [
 ];
 
 /** Workers as computes, each request counted. */
-function counted(workers: [string, number[], ExpertHandler][]) {
-  const calls: Record<string, number> = {};
-  const placement = Placement.fromRegistrations(
-    workers.map(([id, experts]) => ({ id, model: "tiny", layers: [0], experts })),
-  );
-  const transport = new InProcessTransport(
-    workers.map(([id, , compute]) => {
-      calls[id] = 0;
-      const c: ExpertHandler = (req, o) => {
-        calls[id]!++;
-        return compute(req, o);
-      };
-      return [id, c] as const;
-    }),
-  );
-  return { placement, transport, calls };
-}
+const counted = (workers: [string, number[], ExpertHandler][]) => countedWorkers(workers);
 
 async function allHonest(mode: "each" | "sum"): Promise<Float32Array> {
   const { placement, transport } = counted([["solo", ALL, honest]]);
@@ -118,14 +90,8 @@ describe("SpotCheck with a local reference", () => {
           ["good", ALL, honest],
         ]);
         const metrics = new DispatchMetrics();
-        const first = await dispatchExpertsDetailed(hidden, routing, {
-          layer: 0,
-          placement: s.placement,
-          transport: s.transport,
-          mode,
-          verify,
-          metrics,
-        });
+        const options = { layer: 0, placement: s.placement, transport: s.transport, mode, verify, metrics };
+        const first = await dispatchExpertsDetailed(hidden, routing, options);
         expect(s.calls).toEqual({ liar: 1, good: 0 });
         expect(sameBits(first.output, want)).toBe(true);
         closeToOracle(first.output);
@@ -143,14 +109,7 @@ describe("SpotCheck with a local reference", () => {
 
         // the rotation would now alternate between the two: the liar gets nothing
         for (let i = 0; i < 4; i++) {
-          const next = await dispatchExperts(hidden, routing, {
-            layer: 0,
-            placement: s.placement,
-            transport: s.transport,
-            mode,
-            verify,
-            metrics,
-          });
+          const next = await dispatchExperts(hidden, routing, options);
           expect(sameBits(next, want)).toBe(true);
         }
         expect(s.calls).toEqual({ liar: 1, good: 4 });

@@ -9,7 +9,6 @@ import {
   type ExpertHandler,
   type ExpertRequest,
   type ExpertResult,
-  type ExpertTransport,
   InProcessTransport,
   Placement,
   SpotCheck,
@@ -17,7 +16,17 @@ import {
   type VerificationEvent,
   type WorkerRegistration,
 } from "../src/index.js";
-import { randomHidden, randomRegistrations, randomRouting, rng, sameBits, tinyModel } from "./helpers.js";
+import {
+  countedWorkers,
+  lyingWith,
+  randomHidden,
+  randomRegistrations,
+  randomRouting,
+  rng,
+  sameBits,
+  scaledLiar,
+  tinyModel,
+} from "./helpers.js";
 
 // Trust "verify" (issue 14): with the defaults on an untrusted transport no wrong output is ever
 // combined when at least one of a part's two owners is honest and a third opinion exists; a liar is
@@ -34,42 +43,10 @@ const honest = createReferenceWorker(model);
 const ALL = [0, 1, 2, 3, 4, 5];
 
 /** Workers as in-process computes behind a transport that does NOT say it is trusted (as the relay). */
-function strangers(workers: [string, number[], ExpertHandler, owner?: string][]) {
-  const calls: Record<string, number> = {};
-  const placement = Placement.fromRegistrations(
-    workers.map(([id, experts, , owner]) => ({
-      id,
-      model: "tiny",
-      layers: [0],
-      experts,
-      ...(owner ? { owner } : {}),
-    })),
-  );
-  const inner = new InProcessTransport(
-    workers.map(([id, , compute]) => {
-      calls[id] = 0;
-      const counted: ExpertHandler = (req, o) => {
-        calls[id]!++;
-        return compute(req, o);
-      };
-      return [id, counted] as const;
-    }),
-  );
-  const transport: ExpertTransport = { request: (to, req, o) => inner.request(to, req, o) };
-  return { placement, transport, calls };
-}
-
-function lying(lie: (req: ExpertRequest, y: Float32Array) => void): ExpertHandler {
-  return async (req, o) => {
-    const r = await honest(req, o);
-    const y = Float32Array.from(r.y);
-    lie(req, y);
-    return { ...r, y };
-  };
-}
-const scaled = lying((_, y) => {
-  for (let i = 0; i < y.length; i++) y[i] = Math.fround(y[i]! * 1.05);
-});
+const strangers = (workers: [string, number[], ExpertHandler, owner?: string][]) =>
+  countedWorkers(workers, { trusted: false });
+const lying = (lie: (req: ExpertRequest, y: Float32Array) => void) => lyingWith(honest, lie);
+const scaled = scaledLiar(honest);
 /** Every asked slot answered by the next expert's weights: plausible values, wrong expert. */
 const swapped: ExpertHandler = (req, o) => {
   const ids = req.ids.map((id) => (id < 0 ? id : (id + 1) % N_EXPERT));
@@ -143,6 +120,8 @@ describe("trust defaults", () => {
     expect(sameBits(r.output, await truth(hidden, routing, "each"))).toBe(true);
     expect(s.calls.w).toBe(0);
     expect(verification.stats()).toMatchObject({ unverifiableLocal: 1, partsVerified: 0 });
+    // computed locally in the worker's place: a fallback, not an audit
+    expect(r.metrics).toMatchObject({ fallbacks: 1, audits: 0 });
   });
 
   it("trusted transports (in-process, threads) keep trust own; the relay's says false", async () => {
@@ -409,7 +388,8 @@ describe("liars under the defaults", () => {
     const st = verification.stats();
     expect(st).toMatchObject({ audits: 1, auditDisagreements: 1 });
     // afterwards: both quarantined, the experts have no owner and the local fallback serves them
-    // (the liars were asked once each, above)
+    // (the liars were asked once each, above): the metrics count the audit apart from those
+    expect(r.metrics).toMatchObject({ audits: 1, fallbacks: 19, failovers: 0 });
   });
 
   it("honest pairs: probation audits each worker's first answers, then the sampled rate", async () => {
@@ -426,6 +406,8 @@ describe("liars under the defaults", () => {
     // 3 of probation (each audit covers both owners), then about 10% of the other 37
     expect(st.audits).toBeGreaterThanOrEqual(3);
     expect(st.audits).toBeLessThan(3 + 15);
+    // each audit is one local compute, counted as an audit: nothing fell back
+    expect(r.metrics).toMatchObject({ audits: st.audits, fallbacks: 0, failovers: 0 });
     const none = new Verification({ probation: 0, auditRate: 0 });
     await decode(s, 10, { verification: none, fallback: honest });
     expect(none.stats().audits).toBe(0);

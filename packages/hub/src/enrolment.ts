@@ -5,8 +5,9 @@
 // identity comes back under a new id only with a new code the operator chose to issue.
 import { createHash, randomBytes } from "node:crypto";
 import { HubError, InvalidArgumentError } from "@moeswarm/core";
-import { loadSqliteDriver, type SqliteDatabase, sqliteDriverNamed } from "./sqlite-driver.js";
+import type { SqliteDatabase } from "./sqlite-driver.js";
 import type { HubStore } from "./store.js";
+import { openSideStore, type SideRun } from "./store-side.js";
 import { mintToken, type TokenSecret } from "./token.js";
 import { TokenBucket } from "./token-bucket.js";
 
@@ -40,18 +41,9 @@ export function hashCode(code: string): string {
   return createHash("sha256").update(code).digest("hex");
 }
 
-const memoryTables = new WeakMap<
-  HubStore,
-  { codes: Map<string, StoredEnrolCode>; ids: Map<string, string> }
->();
-
-function memoryEnrol(store: HubStore): EnrolStore {
-  let t = memoryTables.get(store);
-  if (!t) {
-    t = { codes: new Map(), ids: new Map() };
-    memoryTables.set(store, t);
-  }
-  const { codes, ids } = t;
+function memoryEnrol(): EnrolStore {
+  const codes = new Map<string, StoredEnrolCode>();
+  const ids = new Map<string, string>();
   return {
     put: async (c) => void codes.set(c.hash, { ...c }),
     get: async (hash) => {
@@ -87,26 +79,7 @@ interface CodeRow {
   revoked: number;
 }
 
-function sqliteEnrol(path: string, driver: string | undefined): EnrolStore {
-  let db: SqliteDatabase;
-  try {
-    // the store's driver choice (better-sqlite3 is optional: a static import would break the
-    // bundled hub, and a hub without it)
-    const same = driver === undefined ? undefined : sqliteDriverNamed(driver);
-    db = loadSqliteDriver(same ? [same] : undefined).open(path);
-    db.pragma("busy_timeout = 5000");
-    db.exec(
-      `CREATE TABLE IF NOT EXISTS enrol_codes (
-         hash TEXT PRIMARY KEY, owner TEXT NOT NULL, uses_left INTEGER NOT NULL,
-         expires_at INTEGER NOT NULL, created_at INTEGER NOT NULL, revoked INTEGER NOT NULL DEFAULT 0
-       );
-       CREATE TABLE IF NOT EXISTS enrolled (id TEXT PRIMARY KEY, owner TEXT NOT NULL, at INTEGER NOT NULL);`,
-    );
-  } catch (error) {
-    throw new HubError("MOESWARM_HUB_STORE", `cannot open the enrolment tables: ${String(error)}`, {
-      cause: error,
-    });
-  }
+function sqliteEnrol(db: SqliteDatabase, run: SideRun): EnrolStore {
   const q = {
     put: db.prepare<[string, string, number, number, number, number]>(
       "INSERT OR REPLACE INTO enrol_codes (hash, owner, uses_left, expires_at, created_at, revoked) VALUES (?, ?, ?, ?, ?, ?)",
@@ -125,15 +98,6 @@ function sqliteEnrol(path: string, driver: string | undefined): EnrolStore {
     q.take.run(hash);
     q.enrolled.run(id, owner, at);
   });
-  const run = <T>(what: string, fn: () => T): Promise<T> => {
-    try {
-      return Promise.resolve(fn());
-    } catch (error) {
-      return Promise.reject(
-        new HubError("MOESWARM_HUB_STORE", `${what}: ${String(error)}`, { cause: error }),
-      );
-    }
-  };
   return {
     put: (c) =>
       run("storing an enrolment code", () => {
@@ -164,9 +128,16 @@ function sqliteEnrol(path: string, driver: string | undefined): EnrolStore {
 
 /** The enrolment tables for the hub's `store` option (a SQLite path, or the store object in memory). */
 export function openEnrolStore(option: HubStore | string | undefined, store: HubStore): EnrolStore {
-  if (typeof option === "string" && option !== ":memory:" && store.kind === "sqlite")
-    return sqliteEnrol(option, store.driver);
-  return memoryEnrol(store);
+  return openSideStore(option, store, {
+    name: "the enrolment tables",
+    schema: `CREATE TABLE IF NOT EXISTS enrol_codes (
+       hash TEXT PRIMARY KEY, owner TEXT NOT NULL, uses_left INTEGER NOT NULL,
+       expires_at INTEGER NOT NULL, created_at INTEGER NOT NULL, revoked INTEGER NOT NULL DEFAULT 0
+     );
+     CREATE TABLE IF NOT EXISTS enrolled (id TEXT PRIMARY KEY, owner TEXT NOT NULL, at INTEGER NOT NULL);`,
+    sqlite: sqliteEnrol,
+    memory: memoryEnrol,
+  });
 }
 
 export interface IssueOptions {
@@ -209,22 +180,54 @@ export async function issueEnrolCode(store: EnrolStore, o: IssueOptions, now: nu
   return { code, owner, uses, expiresAt };
 }
 
-/** Trades codes for worker tokens; revokes an owner's codes when one of its workers is banned. */
-/** Redemptions an address may try: a burst of this many, refilled at this many a minute. */
+/** Default redemptions an address may try at once (`enrolment.burst`). */
 export const ENROL_BURST = 10;
+/** Default refill of an address's tries, per minute (`enrolment.perMinute`). */
 export const ENROL_PER_MINUTE = 10;
 /** Addresses remembered at most; idle ones (bucket full again) are forgotten first. */
 const MAX_ENROL_ADDRESSES = 10_000;
 
+/**
+ * How often one client address may try a code (hub option `enrolment`; `serve --enrol-burst`,
+ * `--enrol-per-minute`): codes are guessed only by trying, so trying is rate-limited.
+ */
+export interface EnrolmentLimits {
+  /** Tries at once (default {@link ENROL_BURST}). */
+  readonly burst?: number;
+  /** Tries regained per minute after the burst (default {@link ENROL_PER_MINUTE}). */
+  readonly perMinute?: number;
+}
+
+/** Checks the limits (InvalidArgumentError), defaults filled in. */
+export function checkEnrolmentLimits(limits: EnrolmentLimits | undefined): Required<EnrolmentLimits> {
+  if (limits !== undefined && (typeof limits !== "object" || limits === null))
+    throw new InvalidArgumentError("hub option enrolment must be an object");
+  const int = (name: keyof EnrolmentLimits, fallback: number) => {
+    const v = limits?.[name] ?? fallback;
+    if (!Number.isSafeInteger(v) || v < 1 || v > 1_000_000)
+      throw new InvalidArgumentError(`hub option enrolment.${name} must be an integer in 1..1000000`);
+    return v;
+  };
+  return { burst: int("burst", ENROL_BURST), perMinute: int("perMinute", ENROL_PER_MINUTE) };
+}
+
+/** Trades codes for worker tokens; revokes an owner's codes when one of its workers is banned. */
 export class Enrolment {
   readonly #o: { store: EnrolStore; secret: TokenSecret; clock: () => number };
+  readonly #limits: Required<EnrolmentLimits>;
   /** Redemptions run one at a time: two racing for a code's last use cannot both get it. */
   #queue: Promise<unknown> = Promise.resolve();
   /** Per client address: codes are guessable only by trying, so trying is rate-limited. */
   readonly #buckets = new Map<string, TokenBucket>();
 
-  constructor(o: { store: EnrolStore; secret: TokenSecret; clock: () => number }) {
-    this.#o = o;
+  constructor(o: {
+    store: EnrolStore;
+    secret: TokenSecret;
+    clock: () => number;
+    limits?: EnrolmentLimits | undefined;
+  }) {
+    this.#limits = checkEnrolmentLimits(o.limits);
+    this.#o = { store: o.store, secret: o.secret, clock: o.clock };
   }
 
   issue(o: IssueOptions): Promise<IssuedCode> {
@@ -233,21 +236,16 @@ export class Enrolment {
 
   /**
    * Trades a code for a token. `address` (the client's) is rate-limited: HubError
-   * MOESWARM_HUB_ENROL_RATE (429) past ENROL_BURST tries, refilled at ENROL_PER_MINUTE.
+   * MOESWARM_HUB_ENROL_RATE (429) past the limits' burst, refilled at their rate.
    */
   redeem(code: unknown, address?: string): Promise<Enrolled> {
     if (address !== undefined && !this.#take(address)) {
+      const { burst, perMinute } = this.#limits;
       return Promise.reject(
         new HubError(
           "MOESWARM_HUB_ENROL_RATE",
-          `too many enrolment attempts from ${address}: at most ${ENROL_BURST} at once, then ${ENROL_PER_MINUTE} a minute; wait a minute and try again`,
-          {
-            details: {
-              burst: ENROL_BURST,
-              perMinute: ENROL_PER_MINUTE,
-              retryAfterMs: 60_000 / ENROL_PER_MINUTE,
-            },
-          },
+          `too many enrolment attempts from ${address}: at most ${burst} at once, then ${perMinute} a minute; wait a minute and try again`,
+          { details: { burst, perMinute, retryAfterMs: Math.ceil(60_000 / perMinute) } },
         ),
       );
     }
@@ -260,7 +258,7 @@ export class Enrolment {
     let bucket = this.#buckets.get(address);
     if (!bucket) {
       if (this.#buckets.size >= MAX_ENROL_ADDRESSES) this.#forgetIdle();
-      bucket = new TokenBucket(ENROL_PER_MINUTE / 60, ENROL_BURST, this.#o.clock);
+      bucket = new TokenBucket(this.#limits.perMinute / 60, this.#limits.burst, this.#o.clock);
       this.#buckets.set(address, bucket);
     }
     return bucket.take();
@@ -269,7 +267,7 @@ export class Enrolment {
   /** Forgets addresses whose bucket has refilled (idle a full refill); else the oldest half. */
   #forgetIdle(): void {
     const now = this.#o.clock();
-    const full = (ENROL_BURST / ENROL_PER_MINUTE) * 60_000;
+    const full = (this.#limits.burst / this.#limits.perMinute) * 60_000;
     for (const [a, b] of this.#buckets) if (now - b.lastUsed >= full) this.#buckets.delete(a);
     if (this.#buckets.size < MAX_ENROL_ADDRESSES) return;
     let drop = this.#buckets.size / 2;

@@ -4,6 +4,7 @@ import { resolve } from "node:path";
 import { InvalidArgumentError, isMoeswarmError } from "@moeswarm/core";
 import { checkTrustProxy, type TrustedProxies } from "./client-address.js";
 import { type CheckedLimits, checkLimits } from "./connection-guard.js";
+import { checkEnrolmentLimits, type EnrolmentLimits } from "./enrolment.js";
 import type { HubModelSource, HubOptions } from "./hub-types.js";
 import type { MarketOptions } from "./market.js";
 import { defaultModelId } from "./model.js";
@@ -30,6 +31,8 @@ export interface Settings {
   requireLeases: boolean;
   trustReports: boolean;
   limits: CheckedLimits;
+  /** Tries of enrolment codes per client address. */
+  enrolment: Required<EnrolmentLimits>;
   /** Reverse proxies whose X-Forwarded-For names the client (client-address.ts). */
   trustProxy: TrustedProxies | undefined;
 }
@@ -85,6 +88,7 @@ export function readHubOptions(options: HubOptions): HubConfig {
     requireLeases: options.requireLeases !== false,
     trustReports: options.trustReports === true,
     limits: checkLimits(options.limits),
+    enrolment: checkEnrolmentLimits(options.enrolment),
     trustProxy: checkTrustProxy(options.trustProxy),
   };
   const clock = options.clock ?? Date.now;

@@ -3,6 +3,7 @@
 import type { Server as HttpServer, IncomingMessage, ServerResponse } from "node:http";
 import type { Server as HttpsServer } from "node:https";
 import type { ConnectionLimits } from "./connection-guard.js";
+import type { EnrolmentLimits } from "./enrolment.js";
 import type { CoverageGrid, CoverageMarket, MarketOptions } from "./market.js";
 import type { BackboneRate } from "./market-book.js";
 import type { HubMetrics } from "./metrics.js";
@@ -64,6 +65,11 @@ export interface HubOptions {
   idleTimeoutMs?: number;
   /** Connection caps and timeouts against idle and abusive clients (README "Limits"). */
   limits?: ConnectionLimits;
+  /**
+   * How often one client address may try an enrolment code at `POST /api/enrol` (README
+   * "Limits"): `burst` tries at once (default 10), then `perMinute` a minute (default 10).
+   */
+  enrolment?: EnrolmentLimits;
   /** Largest request body (default 64 KiB). */
   maxBodyBytes?: number;
   /** How often workers' last-seen times are written (default 10000 ms). */

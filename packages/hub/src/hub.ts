@@ -91,6 +91,7 @@ class HubImpl implements Hub {
         store: openEnrolStore(options.store, this.store),
         secret: this.#s.secret,
         clock: config.clock,
+        limits: this.#s.enrolment,
       });
     } catch (error) {
       void this.relay.close();

@@ -10,6 +10,7 @@ export {
   hotness,
   targetReplicas,
 } from "./demand.js";
+export { ENROL_BURST, ENROL_PER_MINUTE, type EnrolmentLimits } from "./enrolment.js";
 export {
   type HubErrorBody,
   httpStatusOf,

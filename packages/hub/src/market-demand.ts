@@ -166,15 +166,22 @@ export function viewOf(st: MarketState, grid: Grid, now: number, claimant?: Clai
 /**
  * The under-covered ranges, most valuable per byte first (then by value, model, layer and first
  * expert): runs of consecutive experts of one layer with `coverage + pending < target` and the
- * same target, coverage and pending.
+ * same target, coverage and pending. With `claimant`, as that worker sees them: cells it holds, and
+ * cells another worker of its owner holds (no replica to add), are not in its demand.
  */
-export function demandRanges(st: MarketState, now: number, options: { model?: string } = {}): DemandRange[] {
+export function demandRanges(
+  st: MarketState,
+  now: number,
+  options: { model?: string; claimant?: Claimant } = {},
+): DemandRange[] {
   expireLeases(st, now);
   const grids =
     options.model === undefined ? modelIds(st).map((id) => gridOf(st, id)) : [gridOf(st, options.model)];
   const out: DemandRange[] = [];
   for (const grid of grids) {
-    const v = viewOf(st, grid, now);
+    const v = viewOf(st, grid, now, options.claimant);
+    // not this claimant's to add: what it holds, and what its owner holds through another worker
+    const theirs = (i: number) => v.mine?.[i] === 1 || v.owned?.[i] === 1;
     for (const [r, l] of grid.model.layers.entries()) {
       const off = grid.offsets[r] as number;
       let e = 0;
@@ -183,7 +190,7 @@ export function demandRanges(st: MarketState, now: number, options: { model?: st
         const t = v.target[i] as number;
         const c = v.coverage[i] as number;
         const p = v.pending[i] as number;
-        if (c + p >= t) {
+        if (c + p >= t || theirs(i)) {
           e++;
           continue;
         }
@@ -191,6 +198,7 @@ export function demandRanges(st: MarketState, now: number, options: { model?: st
         let value = v.value[i] as number;
         while (
           end < l.nExpert &&
+          !theirs(off + end) &&
           v.target[off + end] === t &&
           v.coverage[off + end] === c &&
           v.pending[off + end] === p

@@ -20,6 +20,7 @@ import { readJsonBody } from "./http-body.js";
 import { badRequest, methodNotAllowed, sendJson } from "./http-errors.js";
 import { capacityBytes, isWorkerId, type Lease, type MarketModel, type WorkerCapacity } from "./market.js";
 import type { MarketBook } from "./market-book.js";
+import type { Claimant } from "./market-demand.js";
 import type { HubMetrics } from "./metrics.js";
 import { parseStatsReport } from "./stats.js";
 import { isModelId } from "./store.js";
@@ -251,6 +252,23 @@ export async function leaseRoute(
   return undefined;
 }
 
+/**
+ * The worker a demand read is for: a valid worker token bound to an id (its owner the token's,
+ * else the id). Its demand leaves out what it and its owner's other workers hold, so a worker
+ * never polls for cells a claim would refuse it (reason "held" or "owner"). Anyone else, a
+ * missing or unusable token included (reads may be public), sees the demand as it is.
+ */
+function claimantOf(ctx: MarketHttpContext, req: IncomingMessage): Claimant | undefined {
+  if (req.headers.authorization === undefined) return undefined;
+  let claims: TokenClaims;
+  try {
+    claims = ctx.authorize(req, "worker");
+  } catch {
+    return undefined;
+  }
+  return claims.id === undefined ? undefined : { worker: claims.id, owner: principalOf(claims, claims.id) };
+}
+
 /** GET /api/demand?model=&limit= */
 export function getDemand(
   ctx: MarketHttpContext,
@@ -270,7 +288,11 @@ export function getDemand(
   const { book } = ctx;
   const now = book.now();
   const market = book.market;
-  const ranges = market.demand(now, model === undefined ? {} : { model });
+  const claimant = claimantOf(ctx, req);
+  const ranges = market.demand(now, {
+    ...(model === undefined ? {} : { model }),
+    ...(claimant === undefined ? {} : { claimant }),
+  });
   const p = market.policy;
   const body: DemandJson = {
     time: now,

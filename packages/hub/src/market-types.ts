@@ -38,7 +38,7 @@ export interface Lease {
   /**
    * The claimant's principal (its token's `own`), when the claim said: a cell this owner already
    * holds through another worker is not granted to it again (a second copy of one owner is not a
-   * replica). Not persisted: after a restart the owner is the registered worker's, else its id.
+   * replica). Persisted with the lease (SQLite schema 5): it holds across a restart.
    */
   readonly owner?: string;
 }

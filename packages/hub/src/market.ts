@@ -10,7 +10,7 @@ import {
   takeChanges,
 } from "./market-accounting.js";
 import { autoClaim, bestSlice, claim } from "./market-claims.js";
-import { addCounts, checkCounts, demandRanges, loadDemand } from "./market-demand.js";
+import { addCounts, type Claimant, checkCounts, demandRanges, loadDemand } from "./market-demand.js";
 import { dropLease, expireLeases, leaseList, ownedLease, renewLease } from "./market-leases.js";
 import { coveringLease, endService, putInService, servingList } from "./market-service.js";
 import {
@@ -363,9 +363,10 @@ export class CoverageMarket {
   /**
    * The under-covered ranges, most valuable per byte first (then by value, model, layer and first
    * expert): runs of consecutive experts of one layer with `coverage + pending < target` and the
-   * same target, coverage and pending.
+   * same target, coverage and pending. With `claimant`, the demand that worker sees: without the
+   * cells it holds, nor those another worker of its owner holds.
    */
-  demand(now: number, options: { model?: string } = {}): DemandRange[] {
+  demand(now: number, options: { model?: string; claimant?: Claimant } = {}): DemandRange[] {
     return demandRanges(this.#st, now, options);
   }
 

@@ -1,11 +1,9 @@
-// Where quarantines persist. The hub's own store (store.ts, store-sqlite.ts) is kept by its own
-// schema; quarantines live beside it: a `quarantine` table of their own in the same SQLite file
-// (a second connection; WAL lets both write), or, for a store object in memory, a table kept per
-// store object, so a hub built again on the same store (a restart in tests) finds them.
+// Where quarantines persist: a `quarantine` table beside the hub's store (store-side.ts says where
+// side tables live and why they are not part of the store's schema).
 
-import { HubError } from "@moeswarm/core";
-import { loadSqliteDriver, type SqliteDatabase, sqliteDriverNamed } from "./sqlite-driver.js";
+import type { SqliteDatabase } from "./sqlite-driver.js";
 import type { HubStore } from "./store.js";
+import { openSideStore, type SideRun } from "./store-side.js";
 
 /** What a backbone saw: the evidence of a quarantine (validated in reputation.ts). */
 export interface QuarantineEvidence {
@@ -39,15 +37,8 @@ export interface ReportStore {
   close(): Promise<void>;
 }
 
-const memoryTables = new WeakMap<HubStore, Map<string, QuarantineRecord>>();
-
-function memoryReports(store: HubStore): ReportStore {
-  let table = memoryTables.get(store);
-  if (!table) {
-    table = new Map();
-    memoryTables.set(store, table);
-  }
-  const t = table;
+function memoryReports(): ReportStore {
+  const t = new Map<string, QuarantineRecord>();
   const copy = (r: QuarantineRecord): QuarantineRecord => structuredClone(r);
   return {
     list: async () => [...t.values()].map(copy),
@@ -59,23 +50,7 @@ function memoryReports(store: HubStore): ReportStore {
   };
 }
 
-function sqliteReports(path: string, driver: string | undefined): ReportStore {
-  let db: SqliteDatabase;
-  try {
-    // the store's own driver: the same file, the same locking
-    const named = driver === undefined ? undefined : sqliteDriverNamed(driver);
-    db = loadSqliteDriver(named ? [named] : undefined).open(path);
-    db.pragma("busy_timeout = 5000");
-    db.exec(
-      `CREATE TABLE IF NOT EXISTS quarantine (
-         worker TEXT PRIMARY KEY, at INTEGER NOT NULL, by TEXT NOT NULL, model TEXT NOT NULL, evidence TEXT NOT NULL
-       )`,
-    );
-  } catch (error) {
-    throw new HubError("MOESWARM_HUB_STORE", `cannot open the quarantine table: ${String(error)}`, {
-      cause: error,
-    });
-  }
+function sqliteReports(db: SqliteDatabase, run: SideRun): ReportStore {
   const all = db.prepare<[], { worker: string; at: number; by: string; model: string; evidence: string }>(
     "SELECT worker, at, by, model, evidence FROM quarantine ORDER BY worker",
   );
@@ -84,15 +59,6 @@ function sqliteReports(path: string, driver: string | undefined): ReportStore {
      ON CONFLICT (worker) DO UPDATE SET at = excluded.at, by = excluded.by, model = excluded.model, evidence = excluded.evidence`,
   );
   const del = db.prepare<[string]>("DELETE FROM quarantine WHERE worker = ?");
-  const run = <T>(what: string, fn: () => T): Promise<T> => {
-    try {
-      return Promise.resolve(fn());
-    } catch (error) {
-      return Promise.reject(
-        new HubError("MOESWARM_HUB_STORE", `${what}: ${String(error)}`, { cause: error }),
-      );
-    }
-  };
   return {
     list: () =>
       run("listing quarantines", () =>
@@ -117,7 +83,12 @@ function sqliteReports(path: string, driver: string | undefined): ReportStore {
 
 /** The quarantine table for the hub's `store` option (a SQLite path, or the store object in memory). */
 export function openReportStore(option: HubStore | string | undefined, store: HubStore): ReportStore {
-  if (typeof option === "string" && option !== ":memory:" && store.kind === "sqlite")
-    return sqliteReports(option, store.driver);
-  return memoryReports(store);
+  return openSideStore(option, store, {
+    name: "the quarantine table",
+    schema: `CREATE TABLE IF NOT EXISTS quarantine (
+       worker TEXT PRIMARY KEY, at INTEGER NOT NULL, by TEXT NOT NULL, model TEXT NOT NULL, evidence TEXT NOT NULL
+     )`,
+    sqlite: sqliteReports,
+    memory: memoryReports,
+  });
 }

@@ -42,6 +42,9 @@ import type {
  * slices' key becomes (worker, model, layers, experts), with their registration order.
  *
  * Version 4 keeps the last stats report seq per backbone and model, written with the credits.
+ *
+ * Version 5 keeps a lease's owner (the claimant's principal), so that after a restart a cell leased
+ * to one worker of an owner is still refused to its other workers (NULL: the claim named none).
  */
 const MIGRATIONS: readonly string[] = [
   // 1: models registered at run time, workers and the slices they registered
@@ -118,6 +121,8 @@ const MIGRATIONS: readonly string[] = [
      seq      INTEGER NOT NULL,
      PRIMARY KEY (backbone, model)
    ) STRICT;`,
+  // 5: a lease's owner (its claimant's principal, when the claim named one)
+  "ALTER TABLE leases ADD COLUMN owner TEXT;",
 ];
 
 /** The schema version this hub writes. */
@@ -202,6 +207,7 @@ interface LeaseRow {
   granted_at: number;
   expires_at: number;
   capacity: string;
+  owner: string | null;
 }
 interface DemandRow {
   model: string;
@@ -419,14 +425,16 @@ function prepareStatements(db: SqliteDatabase) {
     ),
     forget: db.prepare<[number]>("DELETE FROM workers WHERE last_seen < ?"),
     leases: db.prepare<[], LeaseRow>(
-      "SELECT id, worker, model, layers, experts, bytes, granted_at, expires_at, capacity FROM leases ORDER BY id",
+      "SELECT id, worker, model, layers, experts, bytes, granted_at, expires_at, capacity, owner FROM leases ORDER BY id",
     ),
-    putLease: db.prepare<[string, string, string, string, string, number, number, number, string]>(
-      `INSERT INTO leases (id, worker, model, layers, experts, bytes, granted_at, expires_at, capacity)
-       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+    putLease: db.prepare<
+      [string, string, string, string, string, number, number, number, string, string | null]
+    >(
+      `INSERT INTO leases (id, worker, model, layers, experts, bytes, granted_at, expires_at, capacity, owner)
+       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
        ON CONFLICT (id) DO UPDATE SET worker = excluded.worker, model = excluded.model, layers = excluded.layers,
          experts = excluded.experts, bytes = excluded.bytes, granted_at = excluded.granted_at,
-         expires_at = excluded.expires_at, capacity = excluded.capacity`,
+         expires_at = excluded.expires_at, capacity = excluded.capacity, owner = excluded.owner`,
     ),
     deleteLease: db.prepare<[string]>("DELETE FROM leases WHERE id = ?"),
     demand: db.prepare<[], DemandRow>("SELECT model, layer, at, counts FROM demand ORDER BY model, layer"),
@@ -468,6 +476,7 @@ function writeTransactions(db: SqliteDatabase, q: Statements) {
         l.grantedAt,
         l.expiresAt,
         JSON.stringify(l.capacity ?? {}),
+        l.owner ?? null,
       );
     }
     for (const id of also.deleteLeases ?? []) q.deleteLease.run(id);
@@ -546,6 +555,7 @@ function leaseOfRow(r: LeaseRow): StoredLease {
     grantedAt: r.granted_at,
     expiresAt: r.expires_at,
     capacity: capacityOf(r.capacity),
+    ...(r.owner === null ? {} : { owner: r.owner }),
   };
 }
 

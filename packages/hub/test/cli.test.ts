@@ -351,10 +351,14 @@ describe("runCli", () => {
     const bad = await cli(["serve", "--model", tiny, "--db", ":memory:", "--max-connections", "0"]);
     expect(bad.code).toBe(2);
     expect(bad.stderr).toMatch(/--max-connections must be an integer/);
+    const badRate = await cli(["serve", "--model", tiny, "--db", ":memory:", "--enrol-per-minute", "0"]);
+    expect(badRate.code).toBe(2);
+    expect(badRate.stderr).toMatch(/--enrol-per-minute must be an integer/);
     const run = startBin([
       "serve",
       ...["--model", tiny, "--port", "0", "--db", ":memory:", "--json"],
       ...["--max-connections-per-address", "3", "--idle-timeout", "1"],
+      ...["--enrol-burst", "2", "--enrol-per-minute", "1"],
     ]);
     const sockets: Socket[] = [];
     try {
@@ -375,6 +379,24 @@ describe("runCli", () => {
       expect(closed).toHaveLength(2);
       await until(() => (closed.length === 5 ? true : undefined), "the idle closes", 5000);
       expect(Math.max(...closed)).toBeGreaterThanOrEqual(900);
+      // the enrolment tries per address: two wrong codes answered, the third refused
+      const tries: number[] = [];
+      for (let i = 0; i < 3; i++) {
+        const a = await call(`http://127.0.0.1:${listening.port as number}/api/enrol`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({ code: "not-a-code" }),
+        });
+        tries.push(a.status);
+        if (a.status === 429) {
+          expect((json(a) as { error: { details: unknown } }).error.details).toEqual({
+            burst: 2,
+            perMinute: 1,
+            retryAfterMs: 60_000,
+          });
+        }
+      }
+      expect(tries).toEqual([403, 403, 429]);
     } finally {
       for (const s of sockets) s.destroy();
       run.child.kill("SIGTERM");
@@ -387,7 +409,7 @@ describe("runCli", () => {
     const help = await cli(["serve", "--help"]);
     expect(help.code).toBe(0);
     const flags =
-      "--model --port --host --tls-cert --tls-key --tls-self-signed --tls-ca-out --secret-file --db --data-dir --max-connections --max-connections-per-address --max-unauthenticated-per-address --idle-timeout --headers-timeout";
+      "--model --port --host --tls-cert --tls-key --tls-self-signed --tls-ca-out --secret-file --db --data-dir --max-connections --max-connections-per-address --max-unauthenticated-per-address --idle-timeout --headers-timeout --enrol-burst --enrol-per-minute";
     for (const flag of flags.split(" ")) expect(help.stdout).toContain(flag);
     const unknown = await cli(["serve", "--nope"]);
     expect(unknown.code).toBe(2);

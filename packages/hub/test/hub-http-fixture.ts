@@ -1,5 +1,6 @@
 // The hub both hub-http test files start (hub-http-serving: models, manifests, expert-shard;
 // hub-http-operations: errors, writes, private reads, failures, close, embedding, metrics).
+import { afterAll, beforeAll } from "vitest";
 import { createHub, type Hub, type HubEvent } from "../src/index.js";
 import { copyModel, syntheticModel, type TempDir, tempDir } from "./hub-helpers.js";
 
@@ -28,4 +29,22 @@ export async function startHub(): Promise<HubFixture> {
   });
   const base = (await hub.listen(0)).url;
   return { tmp, tinyPath, hub, base, events };
+}
+
+/**
+ * The fixture hub of a test file: started before its tests, closed (its temp dir removed) after
+ * them. Its fields are set once `beforeAll` has run; `shardUrl` builds an expert-shard URL on it.
+ */
+export function useHub(): HubFixture & { shardUrl(query: string, id?: string): string } {
+  const fx = {} as HubFixture;
+  beforeAll(async () => {
+    Object.assign(fx, await startHub());
+  });
+  afterAll(async () => {
+    await fx.hub?.close();
+    fx.tmp?.remove();
+  });
+  return Object.assign(fx, {
+    shardUrl: (query: string, id = ID) => `${fx.base}/api/models/${id}/expert-shard?${query}`,
+  });
 }

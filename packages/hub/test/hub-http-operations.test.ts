@@ -3,12 +3,11 @@ import { Agent, createServer, request } from "node:http";
 import type { AddressInfo, Socket } from "node:net";
 import { connectRelay } from "@moeswarm/relay-client";
 import { readGguf } from "@moeswarm/shard";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import {
   createHub,
   createHubHandler,
   createMemoryStore,
-  type Hub,
   type HubEvent,
   type HubStore,
   mintToken,
@@ -21,27 +20,14 @@ import {
   partialDownload,
   referenceSlice,
   sampleValue,
-  type TempDir,
   tempDir,
   waitFor,
 } from "./hub-helpers.js";
-import { ID, SECRET, startHub } from "./hub-http-fixture.js";
+import { ID, SECRET, useHub } from "./hub-http-fixture.js";
 
-let tmp: TempDir;
-let tinyPath: string;
-let hub: Hub;
-let base: string;
-
-const shardUrl = (query: string, id = ID) => `${base}/api/models/${id}/expert-shard?${query}`;
-
-beforeAll(async () => {
-  ({ tmp, tinyPath, hub, base } = await startHub());
-});
-
-afterAll(async () => {
-  await hub?.close();
-  tmp?.remove();
-});
+// the hub of this file (hub-http-fixture.ts), started before its tests and closed after them
+const fx = useHub();
+const { shardUrl } = fx;
 
 describe("errors", () => {
   const codeOf = (a: { body: Buffer }) => (json(a as never) as { error: { code: string } }).error.code;
@@ -82,7 +68,7 @@ describe("errors", () => {
       "/api",
       "/nothing-here",
     ]) {
-      const a = await call(`${base}${path}`);
+      const a = await call(`${fx.base}${path}`);
       expect(a.status, path).toBe(404);
       expect(codeOf(a)).toBe("MOESWARM_HUB_NOT_FOUND");
     }
@@ -90,13 +76,13 @@ describe("errors", () => {
     expect(put.status).toBe(405);
     expect(put.headers.allow).toBe("GET, HEAD");
     expect(codeOf(put)).toBe("MOESWARM_HUB_METHOD_NOT_ALLOWED");
-    const del = await call(`${base}/api/models`, { method: "DELETE" });
+    const del = await call(`${fx.base}/api/models`, { method: "DELETE" });
     expect(del.status).toBe(405);
     expect(del.headers.allow).toBe("GET, HEAD, POST");
   });
 
   it("answers a plain GET of the relay's path with 426", async () => {
-    const a = await call(`${base}/relay`);
+    const a = await call(`${fx.base}/relay`);
     expect(a.status).toBe(426);
     expect(a.headers.upgrade).toBe("websocket");
     expect(codeOf(a)).toBe("MOESWARM_HUB_BAD_REQUEST");
@@ -117,11 +103,11 @@ describe("errors", () => {
       "/api/models//manifest",
     ];
     for (const path of escapes) {
-      const a = await call(base, { path });
+      const a = await call(fx.base, { path });
       expect(a.status, path).toBe(404);
       expect(codeOf(a)).toBe("MOESWARM_HUB_NOT_FOUND");
     }
-    const bad = await call(base, { path: "/api/models/%E0%A4%A/manifest" });
+    const bad = await call(fx.base, { path: "/api/models/%E0%A4%A/manifest" });
     expect(bad.status).toBe(400);
     expect(codeOf(bad)).toBe("MOESWARM_HUB_BAD_REQUEST");
   });
@@ -130,7 +116,7 @@ describe("errors", () => {
 describe("writes", () => {
   const admin = mintToken({ role: "admin", ttlS: 600 }, SECRET);
   const post = (body: unknown, token: string | null = admin) =>
-    call(`${base}/api/models`, {
+    call(`${fx.base}/api/models`, {
       method: "POST",
       headers: {
         "content-type": "application/json",
@@ -162,7 +148,7 @@ describe("writes", () => {
   });
 
   it("registers a file of the model directory, refuses paths outside it", async () => {
-    copyModel(tinyPath, tmp.dir, "second.gguf");
+    copyModel(fx.tinyPath, fx.tmp.dir, "second.gguf");
     const created = await post({ path: "second.gguf", id: "second" });
     expect(created.status).toBe(201);
     expect(created.headers.location).toBe("/api/models/second");
@@ -172,13 +158,13 @@ describe("writes", () => {
     const taken = await post({ path: "tiny.gguf", id: "second" });
     expect(taken.status).toBe(409);
     expect(json(taken)).toMatchObject({ error: { code: "MOESWARM_HUB_CONFLICT" } });
-    const listed = json(await call(`${base}/api/models`)) as { models: Array<{ id: string }> };
+    const listed = json(await call(`${fx.base}/api/models`)) as { models: Array<{ id: string }> };
     expect(listed.models.map((m) => m.id)).toEqual([ID, "second"]);
     const a = await call(shardUrl("layers=0:1&experts=0:2", "second"));
     const b = await call(shardUrl("layers=0:1&experts=0:2"));
     expect(a.body.equals(b.body)).toBe(true);
 
-    for (const path of ["../tiny.gguf", "/etc/passwd", `${tmp.dir}/../x.gguf`, "sub/../../x.gguf", "."]) {
+    for (const path of ["../tiny.gguf", "/etc/passwd", `${fx.tmp.dir}/../x.gguf`, "sub/../../x.gguf", "."]) {
       const r = await post({ path });
       expect(r.status, path).toBe(400);
       expect(json(r)).toMatchObject({ error: { code: "MOESWARM_HUB_BAD_REQUEST" } });
@@ -187,20 +173,20 @@ describe("writes", () => {
     expect((await post({ path: "second.gguf", id: "../x" })).status).toBe(400);
     expect((await post("{not json")).status).toBe(400);
     expect((await post({ path: "x".repeat(70_000) })).status).toBe(413);
-    const removed = await call(`${base}/api/models/second`, {
+    const removed = await call(`${fx.base}/api/models/second`, {
       method: "DELETE",
       headers: { authorization: `Bearer ${admin}` },
     });
     expect(removed.status).toBe(200);
-    expect((await call(`${base}/api/models/second/manifest`)).status).toBe(404);
+    expect((await call(`${fx.base}/api/models/second/manifest`)).status).toBe(404);
   });
 
   it("refuses to register a symbolic link that leads outside the model directory", async () => {
     const { symlinkSync } = await import("node:fs");
     const outside = tempDir();
     try {
-      copyModel(tinyPath, outside.dir, "elsewhere.gguf");
-      symlinkSync(`${outside.dir}/elsewhere.gguf`, `${tmp.dir}/link.gguf`);
+      copyModel(fx.tinyPath, outside.dir, "elsewhere.gguf");
+      symlinkSync(`${outside.dir}/elsewhere.gguf`, `${fx.tmp.dir}/link.gguf`);
       const r = await post({ path: "link.gguf" });
       expect(r.status).toBe(400);
     } finally {
@@ -210,7 +196,7 @@ describe("writes", () => {
 
   it("registers a file that is not a MoE GGUF only to answer 400", async () => {
     const { writeFileSync } = await import("node:fs");
-    writeFileSync(`${tmp.dir}/junk.gguf`, "definitely not gguf");
+    writeFileSync(`${fx.tmp.dir}/junk.gguf`, "definitely not gguf");
     const r = await post({ path: "junk.gguf" });
     expect(r.status).toBe(400);
     expect(json(r)).toMatchObject({
@@ -221,7 +207,7 @@ describe("writes", () => {
 
 describe("private reads", () => {
   it("asks every read for a token of any role when publicReads is false", async () => {
-    const h = createHub({ secret: SECRET, models: [{ id: ID, path: tinyPath }], publicReads: false });
+    const h = createHub({ secret: SECRET, models: [{ id: ID, path: fx.tinyPath }], publicReads: false });
     try {
       const url = (await h.listen(0)).url;
       const worker = { authorization: `Bearer ${mintToken({ role: "worker", ttlS: 60 }, SECRET)}` };
@@ -271,7 +257,7 @@ describe("failures inside the hub", () => {
         ...createMemoryStore(),
         putModel: () => Promise.reject(new TypeError("disk on fire")),
       };
-      const h2 = createHub({ secret: SECRET, store: s2, modelDir: tmp.dir });
+      const h2 = createHub({ secret: SECRET, store: s2, modelDir: fx.tmp.dir });
       try {
         const l2 = await h2.listen(0);
         const r = await call(`${l2.url}/api/models`, {
@@ -292,7 +278,7 @@ describe("failures inside the hub", () => {
   });
 
   it("a file that shrinks under a download cuts that download and nothing else", async () => {
-    const path = copyModel(tinyPath, tmp.dir, "shrinking.gguf");
+    const path = copyModel(fx.tinyPath, fx.tmp.dir, "shrinking.gguf");
     const seen: HubEvent[] = [];
     const h = createHub({
       secret: SECRET,
@@ -321,7 +307,7 @@ describe("failures inside the hub", () => {
 
 describe("close", () => {
   it("ends idle keep-alive sockets, downloads in flight and relay connections; the port is released", async () => {
-    const h = createHub({ secret: SECRET, models: [{ id: ID, path: tinyPath }], chunkSize: 1024 });
+    const h = createHub({ secret: SECRET, models: [{ id: ID, path: fx.tinyPath }], chunkSize: 1024 });
     const l = await h.listen(0);
     const agent = new Agent({ keepAlive: true });
     const sockets: Socket[] = [];
@@ -369,7 +355,7 @@ describe("close", () => {
 
 describe("embedding", () => {
   it("mounts on an embedder's server beside its own routes", async () => {
-    const h = createHub({ secret: SECRET, models: [{ id: "emb", path: tinyPath }] });
+    const h = createHub({ secret: SECRET, models: [{ id: "emb", path: fx.tinyPath }] });
     const handle = createHubHandler(h);
     const server = createServer((req, res) => {
       if (handle(req, res)) return;
@@ -386,7 +372,7 @@ describe("embedding", () => {
       expect((await call(`${url}/relayz`)).status).toBe(200);
       const a = await call(`${url}/api/models/emb/expert-shard?layers=0:1&experts=0:1`);
       expect(a.status).toBe(200);
-      const ref = await referenceSlice(tinyPath, { layers: [0], experts: [0] });
+      const ref = await referenceSlice(fx.tinyPath, { layers: [0], experts: [0] });
       expect(a.body.equals(ref)).toBe(true);
     } finally {
       await h.close();
@@ -396,13 +382,15 @@ describe("embedding", () => {
 
   it("rejects bad options eagerly", () => {
     expect(() => createHub({ secret: "short" })).toThrow(/16 bytes/);
-    expect(() => createHub({ secret: SECRET, models: [{ id: "../x", path: tinyPath }] })).toThrow(/model id/);
+    expect(() => createHub({ secret: SECRET, models: [{ id: "../x", path: fx.tinyPath }] })).toThrow(
+      /model id/,
+    );
     expect(() =>
       createHub({
         secret: SECRET,
         models: [
-          { id: "a", path: tinyPath },
-          { id: "a", path: tinyPath },
+          { id: "a", path: fx.tinyPath },
+          { id: "a", path: fx.tinyPath },
         ],
       }),
     ).toThrow(/twice/);
@@ -410,7 +398,10 @@ describe("embedding", () => {
   });
 
   it("a configured model that does not load fails listen() with its code", async () => {
-    const h = createHub({ secret: SECRET, models: [{ id: "gone", path: `${tmp.dir}/does-not-exist.gguf` }] });
+    const h = createHub({
+      secret: SECRET,
+      models: [{ id: "gone", path: `${fx.tmp.dir}/does-not-exist.gguf` }],
+    });
     await expect(h.listen(0)).rejects.toMatchObject({ code: "MOESWARM_GGUF_IO" });
     await h.close();
   });
@@ -418,11 +409,11 @@ describe("embedding", () => {
 
 describe("metrics", () => {
   it("exposes Prometheus text that counts requests, bytes and relay state", async () => {
-    const before = parsePrometheus((await call(`${base}/metrics`)).body.toString()).samples;
+    const before = parsePrometheus((await call(`${fx.base}/metrics`)).body.toString()).samples;
     const ok = await call(shardUrl("layers=0:1&experts=0:3"));
     await call(shardUrl("layers=0:9&experts=0:3"));
     await call(shardUrl("layers=0:1&experts=0:3"), { headers: { range: "bytes=0-99" } });
-    const a = await call(`${base}/metrics`);
+    const a = await call(`${fx.base}/metrics`);
     expect(a.status).toBe(200);
     expect(a.headers["content-type"]).toMatch(/^text\/plain; version=0\.0\.4/);
     const { samples, types } = parsePrometheus(a.body.toString());
@@ -454,7 +445,7 @@ describe("metrics", () => {
   it("keeps each hub's metrics in its own registry", async () => {
     const h = createHub({ secret: SECRET });
     try {
-      expect(h.metrics.registry).not.toBe(hub.metrics.registry);
+      expect(h.metrics.registry).not.toBe(fx.hub.metrics.registry);
       const text = await h.metrics.text();
       const { samples } = parsePrometheus(text);
       expect(sampleValue(samples, "moeswarm_http_requests_total", { route: "/api/models" })).toBe(0);

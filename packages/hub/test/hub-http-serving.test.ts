@@ -6,8 +6,8 @@ import {
   type SliceManifest,
   verifySlice,
 } from "@moeswarm/shard";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createHub, type Hub } from "../src/index.js";
+import { beforeAll, describe, expect, it } from "vitest";
+import { createHub } from "../src/index.js";
 import { startProxy } from "./helpers.js";
 import {
   call,
@@ -17,36 +17,23 @@ import {
   referenceSlice,
   sampleValue,
   sha256,
-  type TempDir,
   waitFor,
 } from "./hub-helpers.js";
-import { ID, SECRET, startHub } from "./hub-http-fixture.js";
+import { ID, SECRET, useHub } from "./hub-http-fixture.js";
 
-let tmp: TempDir;
-let tinyPath: string;
-let hub: Hub;
-let base: string;
-
-const shardUrl = (query: string, id = ID) => `${base}/api/models/${id}/expert-shard?${query}`;
-
-beforeAll(async () => {
-  ({ tmp, tinyPath, hub, base } = await startHub());
-});
-
-afterAll(async () => {
-  await hub?.close();
-  tmp?.remove();
-});
+// the hub of this file (hub-http-fixture.ts), started before its tests and closed after them
+const fx = useHub();
+const { shardUrl } = fx;
 
 describe("models and manifests", () => {
   it("lists the model with its shape, sizes and header sha256", async () => {
-    const a = await call(`${base}/api/models`);
+    const a = await call(`${fx.base}/api/models`);
     expect(a.status).toBe(200);
     expect(a.headers["content-type"]).toMatch(/^application\/json/);
     const { models } = json(a) as { models: Array<Record<string, unknown>> };
     expect(models).toHaveLength(1);
-    const header = await readGguf(tinyPath);
-    const fresh = await buildManifest(tinyPath);
+    const header = await readGguf(fx.tinyPath);
+    const fresh = await buildManifest(fx.tinyPath);
     const m = models[0]!;
     expect(m).toMatchObject({
       id: ID,
@@ -60,19 +47,19 @@ describe("models and manifests", () => {
       expertBytes: fresh.layers[0]!.bytesPerExpert,
       expertBytesTotal: fresh.layers.reduce((n, l) => n + l.bytesPerExpert * l.nExpert, 0),
     });
-    const one = await call(`${base}/api/models/${ID}`);
+    const one = await call(`${fx.base}/api/models/${ID}`);
     expect(json(one)).toEqual(m);
   });
 
   it("serves the manifest, equal to one built afresh from the file, with an ETag", async () => {
-    const a = await call(`${base}/api/models/${ID}/manifest`);
+    const a = await call(`${fx.base}/api/models/${ID}/manifest`);
     expect(a.status).toBe(200);
     const served = parseManifest(json(a));
-    const fresh = await buildManifest(tinyPath);
+    const fresh = await buildManifest(fx.tinyPath);
     expect({ ...served, source: { ...served.source, mtimeMs: null } }).toEqual(fresh);
     const etag = a.headers.etag as string;
     expect(etag).toMatch(/^"[A-Za-z0-9_-]+"$/);
-    const again = await call(`${base}/api/models/${ID}/manifest`, { headers: { "if-none-match": etag } });
+    const again = await call(`${fx.base}/api/models/${ID}/manifest`, { headers: { "if-none-match": etag } });
     expect(again.status).toBe(304);
     expect(again.body.byteLength).toBe(0);
   });
@@ -81,7 +68,7 @@ describe("models and manifests", () => {
 describe("expert-shard", () => {
   let manifest: SliceManifest;
   beforeAll(async () => {
-    manifest = parseManifest(json(await call(`${base}/api/models/${ID}/manifest`)));
+    manifest = parseManifest(json(await call(`${fx.base}/api/models/${ID}/manifest`)));
   });
 
   it.each([
@@ -94,7 +81,7 @@ describe("expert-shard", () => {
       const a = await call(shardUrl(query));
       expect(a.status).toBe(200);
       // the reference: sliced in this process without the manifest (it hashes the slabs itself)
-      const reference = await referenceSlice(tinyPath, { layers, experts });
+      const reference = await referenceSlice(fx.tinyPath, { layers, experts });
       expect(Number(a.headers["content-length"])).toBe(reference.byteLength);
       expect(a.body.byteLength).toBe(reference.byteLength);
       expect(sha256(a.body)).toBe(sha256(reference));
@@ -120,7 +107,7 @@ describe("expert-shard", () => {
     expect(b.headers.etag).toBe(a.headers.etag);
     expect(c.headers.etag).not.toBe(a.headers.etag);
     // a second hub on the same file (a restart) gives the same tag
-    const other = createHub({ secret: SECRET, models: [{ id: "again", path: tinyPath }] });
+    const other = createHub({ secret: SECRET, models: [{ id: "again", path: fx.tinyPath }] });
     try {
       const url = (await other.listen(0)).url;
       const d = await call(`${url}/api/models/again/expert-shard?layers=0:1&experts=0:4`, { method: "HEAD" });
@@ -217,11 +204,11 @@ describe("expert-shard", () => {
   });
 
   it("resumes a download whose connection a proxy kills halfway", async () => {
-    const port = Number(new URL(base).port);
+    const port = Number(new URL(fx.base).port);
     const proxy = await startProxy(port);
     try {
       const path = "/api/models/tiny/expert-shard?layers=0:2&experts=1:7";
-      const full = await call(`${base}${path}`);
+      const full = await call(`${fx.base}${path}`);
       const part = await partialDownload(`http://127.0.0.1:${proxy.port}${path}`, 20_000, () => proxy.kill());
       expect(part.received.byteLength).toBeLessThan(full.body.byteLength);
       const rest = await call(`http://127.0.0.1:${proxy.port}${path}`, {
@@ -233,7 +220,7 @@ describe("expert-shard", () => {
       await verifySlice(bufferSource(joined), manifest);
       // the cut download let go of the file: nothing is streaming any more
       await waitFor(async () => {
-        const { samples } = parsePrometheus((await call(`${base}/metrics`)).body.toString());
+        const { samples } = parsePrometheus((await call(`${fx.base}/metrics`)).body.toString());
         return sampleValue(samples, "moeswarm_http_downloads_in_flight") === 0;
       }, "the cut download to end");
     } finally {

@@ -32,6 +32,20 @@ const w = (id: string, lastSeen: number, extra: Partial<StoredWorker> = {}): Sto
   ...extra,
 });
 
+/** A lease of model m, layer 0, experts 0:8, with `extra` fields. */
+const aLease = (id: string, extra: Partial<StoredLease> = {}): StoredLease => ({
+  id,
+  worker: "w",
+  model: "m",
+  layers: { start: 0, end: 1 },
+  experts: { start: 0, end: 8 },
+  bytes: 10,
+  grantedAt: 1,
+  expiresAt: 2,
+  capacity: {},
+  ...extra,
+});
+
 /** The drivers this Node has; the others are named with the reason, once. */
 const drivers: SqliteDriverName[] = [];
 for (const d of SQLITE_DRIVERS) {
@@ -143,6 +157,9 @@ describe.each(stores)("HubStore contract: %s", (_name, make) => {
     expect(await s.listLeases()).toEqual([lease("a", 20), lease("b", 30)]);
     expect(await s.deleteLeases(["a", "zzz"])).toBe(1);
     expect(await s.listLeases()).toEqual([lease("b", 30)]);
+    // the claimant's principal is kept with its lease (schema 5); a lease without one stays without
+    await s.putLeases([{ ...lease("c", 40), owner: "alice" }]);
+    expect(await s.listLeases()).toEqual([lease("b", 30), { ...lease("c", 40), owner: "alice" }]);
 
     // f64 counts round-trip bit for bit (subnormals, fractions, large values)
     const counts = new Float64Array([0, 1.5, 5e-324, 1e300, 1 / 3]);
@@ -173,17 +190,7 @@ describe.each(stores)("HubStore contract: %s", (_name, make) => {
 
   it("writes a lease with the leases it ends, credits and demand (putLeases' second argument)", async () => {
     await using s = make();
-    const lease = (id: string): StoredLease => ({
-      id,
-      worker: "w1",
-      model: "m",
-      layers: { start: 0, end: 1 },
-      experts: { start: 0, end: 2 },
-      bytes: 10,
-      grantedAt: 1,
-      expiresAt: 100,
-      capacity: {},
-    });
+    const lease = (id: string) => aLease(id, { worker: "w1", experts: { start: 0, end: 2 }, expiresAt: 100 });
     await s.putLeases([lease("old"), lease("other")]);
     await s.putLeases([lease("new")], {
       deleteLeases: ["old", "absent"],
@@ -277,7 +284,27 @@ describe.each(drivers)("SQLite store on %s", (driver) => {
       }),
     ]);
     expect((await s.listWorkers())[0]?.slices.map((x) => x.layers)).toEqual([[0, 1], [2]]);
-    expect(SQLITE_SCHEMA_VERSION).toBe(4);
+    expect(SQLITE_SCHEMA_VERSION).toBe(5);
+  });
+
+  it("upgrades a version 4 database: its leases are kept, without an owner, and take one", async () => {
+    const path = fresh("v4");
+    const v4 = openSqliteStore(path);
+    await v4.close();
+    const db = new Database(path);
+    db.exec("DROP TABLE leases");
+    db.exec(`CREATE TABLE leases (id TEXT PRIMARY KEY, worker TEXT NOT NULL, model TEXT NOT NULL, layers TEXT NOT NULL,
+        experts TEXT NOT NULL, bytes INTEGER NOT NULL, granted_at REAL NOT NULL, expires_at REAL NOT NULL,
+        capacity TEXT NOT NULL) STRICT;
+      CREATE INDEX leases_worker ON leases (worker, model);
+      INSERT INTO leases VALUES ('l', 'w', 'm', '0:1', '0:8', 10, 1, 2, '{}');`);
+    db.pragma("user_version = 4");
+    db.close();
+    await using s = openSqliteStore(path);
+    const old = aLease("l");
+    expect(await s.listLeases()).toEqual([old]);
+    await s.putLeases([{ ...old, owner: "bob" }]);
+    expect(await s.listLeases()).toEqual([{ ...old, owner: "bob" }]);
   });
 
   it("refuses a database written by a newer hub", () => {
@@ -298,17 +325,7 @@ describe.each(drivers)("SQLite store on %s", (driver) => {
 
   it("writes a lease and what ended with it in one transaction: all or nothing", async () => {
     await using s = openSqliteStore(":memory:");
-    const lease: StoredLease = {
-      id: "kept",
-      worker: "w1",
-      model: "m",
-      layers: { start: 0, end: 1 },
-      experts: { start: 0, end: 2 },
-      bytes: 10,
-      grantedAt: 1,
-      expiresAt: 100,
-      capacity: {},
-    };
+    const lease = aLease("kept", { worker: "w1", experts: { start: 0, end: 2 }, expiresAt: 100 });
     await s.putLeases([lease]);
     // a credit that is not an integer fails the STRICT table half way: the delete and the put roll back
     await expect(

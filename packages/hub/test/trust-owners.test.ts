@@ -3,9 +3,10 @@
 // through another worker (that worker would download a copy that adds nothing). A real hub on
 // loopback, workers speaking HTTP and the relay with tokens that name their owner. Also the
 // per-address limit on enrolment tries (codes are guessed only by trying).
+import { join } from "node:path";
 import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { createHub, type Hub, mintToken } from "../src/index.js";
+import { createHub, type Hub, type HubOptions, mintToken } from "../src/index.js";
 import { call, copyModel, json, syntheticModel, type TempDir, tempDir, waitFor } from "./hub-helpers.js";
 
 const SECRET = "hub-trust-owners-secret-0123456789";
@@ -24,16 +25,17 @@ const worker = (id: string, owner?: string) =>
   mintToken({ role: "worker", id, ...(owner ? { owner } : {}), ttlS: 600 }, SECRET);
 const capacity = { ramBytes: 1 << 30 };
 
-async function start(): Promise<{ base: string; relayUrl: string }> {
+async function start(store?: string): Promise<{ base: string; relayUrl: string; hub: Hub }> {
   const hub = createHub({
     secret: SECRET,
     models: [{ id: ID, path: tinyPath }],
     clock: () => T0,
     market: { leaseTtlMs: 60_000 },
+    ...(store ? { store } : {}),
   });
   hubs.push(hub);
   const l = await hub.listen(0);
-  return { base: l.url, relayUrl: l.relayUrl };
+  return { base: l.url, relayUrl: l.relayUrl, hub };
 }
 
 async function post(base: string, path: string, body: unknown, auth: string) {
@@ -95,6 +97,49 @@ describe("a second copy held by the same owner is not a replica", () => {
     expect((await claim(base, "carol", worker("carol", "carol"))).body.error?.details?.reason).toBe("leased");
   });
 
+  it("keeps a lease's owner across a hub restart (SQLite): the owner's other worker is still refused", async () => {
+    const db = join(tmp.dir, "owners.db");
+    const first = await start(db);
+    expect((await claim(first.base, "m1", worker("m1", "mallory"))).status).toBe(201);
+    await first.hub.close();
+    // m1 never registered: only its lease (now read back from the file) says whose the cells are
+    const { base } = await start(db);
+    const again = await claim(base, "m2", worker("m2", "mallory"), "4:8");
+    expect(again.status).toBe(409);
+    expect(again.body.error).toMatchObject({
+      code: "MOESWARM_HUB_CONFLICT",
+      details: { reason: "owner", cells: [{ layer: 0, experts: "4:8" }] },
+    });
+    // a stranger still gets the cells' second copy
+    expect((await claim(base, "bob", worker("bob"), "4:8")).status).toBe(201);
+  });
+
+  it("GET /api/demand as a worker leaves out what it and its owner's other workers hold", async () => {
+    const { base } = await start();
+    expect((await claim(base, "m1", worker("m1", "mallory"))).status).toBe(201);
+    // layer 0's cells as each reader sees them in demand (tiny: two MoE layers of 8 experts)
+    const layer0 = async (tok?: string) => {
+      const a = await call(
+        `${base}/api/demand?model=${ID}`,
+        tok ? { headers: { authorization: `Bearer ${tok}` } } : {},
+      );
+      expect(a.status).toBe(200);
+      return (json(a) as Body).ranges.filter((r: Body) => r.layer === 0).map((r: Body) => r.experts);
+    };
+    // anyone, and another owner: m1's lease is one replica of the two wanted
+    expect(await layer0()).toEqual(["0:8"]);
+    expect(await layer0(worker("bob"))).toEqual(["0:8"]);
+    // m1 itself holds them; m2 of the same owner would only be refused them (reason owner)
+    expect(await layer0(worker("m1", "mallory"))).toEqual([]);
+    expect(await layer0(worker("m2", "mallory"))).toEqual([]);
+    // layer 1 is still in m2's demand, and a token that does not verify reads as anyone
+    const m2 = await call(`${base}/api/demand?model=${ID}`, {
+      headers: { authorization: `Bearer ${worker("m2", "mallory")}` },
+    });
+    expect((json(m2) as Body).ranges.map((r: Body) => `${r.layer}/${r.experts}`)).toEqual(["1/0:8"]);
+    expect(await layer0("not-a-token")).toEqual(["0:8"]);
+  });
+
   it("leaves the owner's cells out of an auto-claim's choice", async () => {
     const { base } = await start();
     // tiny has two MoE layers (0, 1) of 8 experts. m1 holds layer 0: m2 of the same owner takes
@@ -114,25 +159,35 @@ describe("a second copy held by the same owner is not a replica", () => {
   });
 });
 
+/** A hub on loopback that trusts loopback as its proxy (X-Forwarded-For names the client), and one enrolment try. */
+async function enrolHub(clock: () => number, enrolment?: HubOptions["enrolment"]) {
+  const hub = createHub({
+    secret: SECRET,
+    models: [{ id: ID, path: tinyPath }],
+    clock,
+    trustProxy: ["127.0.0.1"],
+    ...(enrolment ? { enrolment } : {}),
+  });
+  hubs.push(hub);
+  const { url: base } = await hub.listen(0);
+  return async (from: string) => {
+    const a = await call(`${base}/api/enrol`, {
+      method: "POST",
+      headers: { "content-type": "application/json", "x-forwarded-for": from },
+      body: JSON.stringify({ code: "not-a-code" }),
+    });
+    const error = (json(a) as Body).error;
+    return { status: a.status, code: error?.code as string, details: error?.details as Body | undefined };
+  };
+}
+
 describe("POST /api/enrol: tries are rate-limited per address", () => {
   it("answers 429 MOESWARM_HUB_ENROL_RATE past the burst, per client address, and refills with time", async () => {
     let now = T0;
-    const hub = createHub({
-      secret: SECRET,
-      models: [{ id: ID, path: tinyPath }],
-      clock: () => now,
-      // loopback is a trusted proxy here, so X-Forwarded-For names the client
-      trustProxy: ["127.0.0.1"],
-    });
-    hubs.push(hub);
-    const { url: base } = await hub.listen(0);
+    const attempt = await enrolHub(() => now);
     const tryCode = async (from: string) => {
-      const a = await call(`${base}/api/enrol`, {
-        method: "POST",
-        headers: { "content-type": "application/json", "x-forwarded-for": from },
-        body: JSON.stringify({ code: "not-a-code" }),
-      });
-      return { status: a.status, code: (json(a) as Body).error?.code as string };
+      const { status, code } = await attempt(from);
+      return { status, code };
     };
     const statuses: number[] = [];
     for (let i = 0; i < 11; i++) statuses.push((await tryCode("203.0.113.7")).status);
@@ -145,5 +200,28 @@ describe("POST /api/enrol: tries are rate-limited per address", () => {
     now += 6_000;
     expect((await tryCode("203.0.113.7")).status).toBe(403);
     expect((await tryCode("203.0.113.7")).status).toBe(429);
+  });
+
+  it("takes its limits as options (enrolment.burst, enrolment.perMinute) and refuses bad ones", async () => {
+    let now = T0;
+    const tryCode = await enrolHub(() => now, { burst: 3, perMinute: 2 });
+    const statuses: number[] = [];
+    for (let i = 0; i < 4; i++) statuses.push((await tryCode("203.0.113.7")).status);
+    expect(statuses).toEqual([403, 403, 403, 429]);
+    expect((await tryCode("203.0.113.7")).details).toEqual({ burst: 3, perMinute: 2, retryAfterMs: 30_000 });
+    // 2 a minute: one more try after 30 s, not after 29
+    now += 29_000;
+    expect((await tryCode("203.0.113.7")).status).toBe(429);
+    now += 1_000;
+    expect((await tryCode("203.0.113.7")).status).toBe(403);
+    expect((await tryCode("203.0.113.7")).status).toBe(429);
+    for (const enrolment of [{ burst: 0 }, { perMinute: 1.5 }, { perMinute: -1 }]) {
+      expect(() => createHub({ secret: SECRET, enrolment })).toThrow(
+        expect.objectContaining({
+          code: "MOESWARM_INVALID_ARGUMENT",
+          message: expect.stringMatching(/enrolment\./),
+        }),
+      );
+    }
   });
 });

@@ -238,7 +238,7 @@ function printMetrics(out: (line: string) => void, json: boolean, bridge: Backbo
     return;
   }
   out(
-    `requests ${m.requests} (failed ${m.failed}), tokens ${m.tokens}, failovers ${m.failovers}, fallbacks ${m.fallbacks}`,
+    `requests ${m.requests} (failed ${m.failed}), tokens ${m.tokens}, failovers ${m.failovers}, fallbacks ${m.fallbacks}, audits ${m.audits}`,
   );
   for (const l of m.layers) {
     out(

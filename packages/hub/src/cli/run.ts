@@ -5,6 +5,7 @@ import { join, resolve as resolvePath } from "node:path";
 import { parseArgs } from "node:util";
 import { describeError, InvalidArgumentError, isMoeswarmError, onAbort } from "@moeswarm/core";
 import type { ConnectionLimits } from "../connection-guard.js";
+import { ENROL_BURST, ENROL_PER_MINUTE } from "../enrolment.js";
 import { createHub } from "../hub.js";
 import type { HubEvent, HubListener } from "../hub-types.js";
 import { keptLoopbackCertificates } from "../kept-tls.js";
@@ -400,6 +401,14 @@ const serve: Command = {
       description: "seconds a connection with no request in progress may send nothing (default 30)",
     },
     "headers-timeout": { type: "string", description: "seconds to receive a request's headers (default 10)" },
+    "enrol-burst": {
+      type: "string",
+      description: "enrolment codes one address may try at once at POST /api/enrol (default 10)",
+    },
+    "enrol-per-minute": {
+      type: "string",
+      description: "enrolment tries an address regains per minute after the burst (default 10)",
+    },
     "model-dir": { type: "string", description: "directory POST /api/models may register files from" },
     "manifest-dir": { type: "string", description: "where manifests are cached (default beside each model)" },
     private: { type: "boolean", description: "reads need a token too (default: reads are public)" },
@@ -458,6 +467,10 @@ const serve: Command = {
       sqliteDriver: sqliteDriverOf(values),
       trustProxy: (values["trust-proxy"] as string[] | undefined) ?? [],
       limits: limitsOf(values),
+      enrolment: {
+        burst: int(values, "enrol-burst", ENROL_BURST, 1, 1_000_000),
+        perMinute: int(values, "enrol-per-minute", ENROL_PER_MINUTE, 1, 1_000_000),
+      },
       tls,
       publicReads: values.private !== true,
       defaultMetrics: true,
