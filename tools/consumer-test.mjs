@@ -1,11 +1,14 @@
 #!/usr/bin/env node
-// The consumer test: moeswarm as a third party gets it. Publishes every package as the release
-// would (pnpm's pack, a prerelease version) to a verdaccio on 127.0.0.1 with throwaway storage,
-// then, in empty folders and with a PATH that has no cc/c++/make/cmake/python, `npm install`s
-// them and uses them: an ESM and a CJS consumer of dispatchExperts with the native addon and the
-// prebuilt executable, a TypeScript consumer type-checked under node16, nodenext and bundler, every
-// bin with --help and --version, every README snippet marked ```js test, and the executables' run
-// bits. Prints the tarballs, and the time and size of a worker-only and of a full install.
+// The consumer test: moeswarm as a third party gets it. Publishes every package as `pnpm release`
+// does minus the build (`changeset version --snapshot ci` and `changeset publish --tag ci`, in a
+// copy of the repository) to a verdaccio on 127.0.0.1 with throwaway storage, then, in empty
+// folders and with a PATH that has no cc/c++/make/cmake/python, `npm install`s them and uses them:
+// an ESM and a CJS consumer of dispatchExperts with the native addon and the prebuilt executable, a
+// TypeScript consumer type-checked under node16, nodenext and bundler, every bin with --help and
+// --version, every README snippet marked ```js test, the executables' run bits, the loaders' errors
+// for a missing platform package, peer or GPU build, the hub under Node 22 on node:sqlite, and the
+// examples copied out and run (the local-swarm demo to its identical-tokens verdict, with
+// node-llama-cpp's CPU build only). Prints the tarballs, and the time and size of each install.
 //
 //   node tools/consumer-test.mjs [--no-build] [--keep] [--exclude=@moeswarm/<name>]
 //
@@ -235,10 +238,12 @@ async function changesetPublish(work, registry, token) {
   const npmrc = join(work, "publish.npmrc");
   writeFileSync(npmrc, `//${host}/:_authToken=${token}\nregistry=${registry}\n`);
   writeFileSync(join(sandbox, ".npmrc"), `//${host}/:_authToken=${token}\n`);
-  // changesets runs `pnpm publish`: the pinned pnpm, by npx, under that name
+  // changesets runs `pnpm publish`: the pinned pnpm (from npx's cache, found before the registry
+  // is pointed at verdaccio, which has no pnpm) under that name
   const bin = join(work, "pnpm-bin");
   mkdirSync(bin);
-  writeFileSync(join(bin, "pnpm"), `#!/bin/sh\nexec npx -y pnpm@12.4.2 "$@"\n`, { mode: 0o755 });
+  const pnpm = sh("npm", ["exec", "-y", `--package=${PNPM[1]}`, "-c", "command -v pnpm"]).trim();
+  symlinkSync(pnpm, join(bin, "pnpm"));
   const env = {
     ...process.env,
     PATH: `${bin}:${process.env.PATH}`,
@@ -262,8 +267,9 @@ async function changesetPublish(work, registry, token) {
   log(`changeset version --snapshot + publish: ${((performance.now() - t) / 1000).toFixed(0)} s`);
   const tarDir = join(work, "tarballs");
   mkdirSync(tarDir);
+  const specs = pkgs.map(({ pkg }) => `${pkg.name}@${version}`);
+  sh("npm", ["pack", ...specs, "--pack-destination", tarDir], { env, cwd: work });
   const tarballs = pkgs.map(({ pkg }) => {
-    sh("npm", ["pack", `${pkg.name}@${version}`, "--pack-destination", tarDir], { env, cwd: work });
     const file = join(tarDir, `${pkg.name.slice(1).replace("/", "-")}-${version}.tgz`);
     if (!existsSync(file)) fail(`npm pack ${pkg.name}@${version} wrote no ${file}`);
     const executables = pkg.publishConfig?.executableFiles ?? [];
