@@ -172,7 +172,7 @@ function aarch64Node() {
 }
 
 /** Step 3. */
-function verifyTargets() {
+export function verifyTargets() {
   const problems = [];
   for (const p of platformPackages()) {
     const missing = stage(p);
