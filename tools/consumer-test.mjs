@@ -202,6 +202,13 @@ function releaseSandbox(work) {
       filter: (src) => dirname(src) !== from || !skip.has(basename(src)),
     });
   }
+  // every package in the snapshot, whatever changesets the repository holds now (none, right
+  // after a release): an unversioned package would publish its plain version instead
+  const names = publishedPackages().map(({ pkg }) => `"${pkg.name}": patch`);
+  writeFileSync(
+    join(dir, ".changeset", "consumer-test-snapshot.md"),
+    `---\n${names.join("\n")}\n---\n\nThe consumer test's snapshot of every package.\n`,
+  );
   for (const group of ["examples", "bench"]) {
     const manifests =
       group === "bench" ? ["bench"] : readdirSync(join(root, group)).map((n) => join(group, n));
