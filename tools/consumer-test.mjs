@@ -54,15 +54,20 @@ const PNPM = ["-y", "pnpm@12.4.2"];
 function exampleRun(name) {
   return {
     name,
-    run: (ctx) =>
-      sh(
+    run: (ctx) => {
+      const out = sh(
         process.execPath,
         [
           join(root, "tools", "run-example-copy.mjs"),
           ...[name, join(ctx.dir, "app"), "--registry", ctx.registry, "--version", ctx.version],
         ],
         { env: ctx.env, cwd: ctx.dir },
-      ),
+      );
+      // its own lines (install time and size, the builds, the verdict) and the example's verdict
+      for (const line of out.split("\n")) {
+        if (/^run-example-copy: |^ {2}\| (OK|MISMATCH)\b/.test(line)) log(`  ${line.trim()}`);
+      }
+    },
   };
 }
 
