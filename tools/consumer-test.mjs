@@ -1,11 +1,14 @@
 #!/usr/bin/env node
-// The consumer test: moeswarm as a third party gets it. Publishes every package as the release
-// would (pnpm's pack, a prerelease version) to a verdaccio on 127.0.0.1 with throwaway storage,
-// then, in empty folders and with a PATH that has no cc/c++/make/cmake/python, `npm install`s
-// them and uses them: an ESM and a CJS consumer of dispatchExperts with the native addon and the
-// prebuilt executable, a TypeScript consumer type-checked under node16, nodenext and bundler, every
-// bin with --help and --version, every README snippet marked ```js test, and the executables' run
-// bits. Prints the tarballs, and the time and size of a worker-only and of a full install.
+// The consumer test: moeswarm as a third party gets it. Publishes every package as `pnpm release`
+// does minus the build (`changeset version --snapshot ci` and `changeset publish --tag ci`, in a
+// copy of the repository) to a verdaccio on 127.0.0.1 with throwaway storage, then, in empty
+// folders and with a PATH that has no cc/c++/make/cmake/python, `npm install`s them and uses them:
+// an ESM and a CJS consumer of dispatchExperts with the native addon and the prebuilt executable, a
+// TypeScript consumer type-checked under node16, nodenext and bundler, every bin with --help and
+// --version, every README snippet marked ```js test, the executables' run bits, the loaders' errors
+// for a missing platform package, peer or GPU build, the hub under Node 22 on node:sqlite, and the
+// examples copied out and run (the local-swarm demo to its identical-tokens verdict, with
+// node-llama-cpp's CPU build only). Prints the tarballs, and the time and size of each install.
 //
 //   node tools/consumer-test.mjs [--no-build] [--keep] [--exclude=@moeswarm/<name>]
 //
@@ -29,18 +32,28 @@ import {
 } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
-import { basename, dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { basename, dirname, join } from "node:path";
+import {
+  elapsed,
+  fail,
+  here,
+  log,
+  mb,
+  npmInstall,
+  PNPM,
+  project,
+  publishedPackages,
+  root,
+  sh,
+} from "./consumer-test/common.mjs";
+import { hubUnderNode22 } from "./consumer-test/node22-hub.mjs";
+import { changesetPublish } from "./consumer-test/publish.mjs";
 
-const root = resolve(dirname(fileURLToPath(import.meta.url)), "..");
-const here = join(root, "tools", "consumer-test");
 const args = new Set(process.argv.slice(2));
 const excluded = process.argv
   .slice(2)
   .filter((a) => a.startsWith("--exclude="))
   .map((a) => a.slice("--exclude=".length));
-const t0 = performance.now();
-const PNPM = ["-y", "pnpm@12.4.2"];
 
 /**
  * One example, copied out of the repository and run against the published packages: `run(ctx)`
@@ -51,41 +64,28 @@ const PNPM = ["-y", "pnpm@12.4.2"];
 function exampleRun(name) {
   return {
     name,
-    run: (ctx) =>
-      sh(
+    run: (ctx) => {
+      const out = sh(
         process.execPath,
         [
           join(root, "tools", "run-example-copy.mjs"),
           ...[name, join(ctx.dir, "app"), "--registry", ctx.registry, "--version", ctx.version],
         ],
         { env: ctx.env, cwd: ctx.dir },
-      ),
+      );
+      // its own lines (install time and size, the builds, the verdict) and the example's verdict
+      for (const line of out.split("\n")) {
+        if (/^run-example-copy: |^ {2}\| (OK|MISMATCH)\b/.test(line)) log(`  ${line.trim()}`);
+      }
+    },
   };
 }
 
-// local-swarm too with MOESWARM_CONSUMER_DEMO=1: it installs node-llama-cpp and decodes (minutes),
-// so not on every CI run
+// local-swarm needs llama.cpp's linux-x64 CPU build (node-llama-cpp without its GPU variants, as its
+// package.json and .npmrc say) and must reach its identical-tokens verdict
 export const exampleRuns = ["embed-dispatch", "offload-plan"]
-  .concat(process.env.MOESWARM_CONSUMER_DEMO === "1" ? ["local-swarm"] : [])
+  .concat(process.platform === "linux" && process.arch === "x64" ? ["local-swarm"] : [])
   .map(exampleRun);
-
-function log(line) {
-  process.stdout.write(`[consumer] ${((performance.now() - t0) / 1000).toFixed(0).padStart(4)} s  ${line}\n`);
-}
-
-function fail(message) {
-  throw new Error(message);
-}
-
-function sh(cmd, argv, options = {}) {
-  const r = spawnSync(cmd, argv, { encoding: "utf8", maxBuffer: 64 << 20, ...options });
-  if (r.status !== 0) {
-    fail(
-      `${cmd} ${argv.join(" ")} failed (${r.status ?? r.signal}) in ${options.cwd ?? root}\n${(r.stdout ?? "").slice(-4000)}\n${(r.stderr ?? "").slice(-4000)}`,
-    );
-  }
-  return r.stdout;
-}
 
 function freePort() {
   return new Promise((ok, ko) => {
@@ -96,15 +96,6 @@ function freePort() {
       s.close(() => ok(port));
     });
   });
-}
-
-/** The published packages: every non-private package.json under packages/. */
-function publishedPackages() {
-  return readdirSync(join(root, "packages"))
-    .map((d) => join(root, "packages", d))
-    .filter((d) => existsSync(join(d, "package.json")))
-    .map((dir) => ({ dir, pkg: JSON.parse(readFileSync(join(dir, "package.json"), "utf8")) }))
-    .filter(({ pkg }) => !pkg.private);
 }
 
 /** verdaccio 6.8.0 (the last for Node 20), pinned by tools/consumer-test/registry's lockfile. */
@@ -172,63 +163,6 @@ async function startRegistry(work) {
   return { url, token, stop: () => child.kill("SIGTERM") };
 }
 
-/**
- * Packs every package as `changeset publish` does (pnpm's pack, which runs prepack and turns
- * workspace:* into versions) at a prerelease version, and publishes the tarballs. The versions
- * are rewritten in the package.json files for the packing and put back afterwards.
- */
-async function packAndPublish(registry, version, tarDir, npmrc) {
-  const pkgs = publishedPackages();
-  const originals = pkgs.map(({ dir }) => [
-    join(dir, "package.json"),
-    readFileSync(join(dir, "package.json"), "utf8"),
-  ]);
-  try {
-    for (const { dir, pkg } of pkgs) {
-      writeFileSync(join(dir, "package.json"), `${JSON.stringify({ ...pkg, version }, null, 2)}\n`);
-    }
-    // one recursive pnpm pack (each package's prepack checks it is built)
-    const filters = pkgs.flatMap(({ pkg }) => ["--filter", pkg.name]);
-    sh("npx", [...PNPM, "-r", ...filters, "pack", "--pack-destination", tarDir], {
-      env: { ...process.env, MOESWARM_PREPACK_BUILT: "1" },
-    });
-  } finally {
-    for (const [file, text] of originals) writeFileSync(file, text);
-  }
-  const tarballs = pkgs.map(({ pkg }) => {
-    const file = join(tarDir, `${pkg.name.slice(1).replace("/", "-")}-${version}.tgz`);
-    if (!existsSync(file)) fail(`pnpm pack of ${pkg.name} wrote no ${file}`);
-    const executables = pkg.publishConfig?.executableFiles ?? [];
-    return { name: pkg.name, file, size: statSync(file).size, executables };
-  });
-  for (const t of tarballs) checkModes(t);
-  await Promise.all(
-    tarballs.map(
-      (t) =>
-        new Promise((ok, ko) => {
-          const args = ["publish", t.file, "--registry", registry, "--tag", "ci", "--userconfig", npmrc];
-          const child = spawn("npm", args, { stdio: ["ignore", "ignore", "pipe"] });
-          let err = "";
-          child.stderr.on("data", (b) => (err += b));
-          child.on("exit", (code) =>
-            code === 0 ? ok() : ko(new Error(`npm publish ${t.file}: ${err.slice(-2000)}`)),
-          );
-        }),
-    ),
-  );
-  return tarballs;
-}
-
-/** The executables keep their run bit inside the tarball (pnpm drops it unless told). */
-function checkModes(t) {
-  const listing = sh("tar", ["tvzf", t.file]);
-  for (const exe of t.executables) {
-    const line = listing.split("\n").find((l) => l.endsWith(`package/${exe}`));
-    if (!line) fail(`${t.name}: ${exe} is not in ${basename(t.file)}`);
-    if (!line.startsWith("-rwxr-xr-x")) fail(`${t.name}: ${exe} is packed without its run bit: ${line}`);
-  }
-}
-
 /** A bin folder with everything on PATH but compilers, build tools and python. */
 function compilerFreePath(work) {
   const bin = join(work, "bin");
@@ -249,30 +183,6 @@ function compilerFreePath(work) {
       fail(`${tool} is still on the PATH`);
   }
   return env;
-}
-
-function duBytes(dir) {
-  return Number(sh("du", ["-sb", dir]).split("\t")[0]);
-}
-
-const mb = (b) => `${(b / 1e6).toFixed(1)} MB`;
-
-/** An empty project whose @moeswarm scope resolves from the local registry. */
-function project(work, name, registry, type) {
-  const dir = join(work, name);
-  mkdirSync(dir, { recursive: true });
-  writeFileSync(
-    join(dir, "package.json"),
-    `${JSON.stringify({ name, private: true, ...(type ? { type } : {}) }, null, 2)}\n`,
-  );
-  writeFileSync(join(dir, ".npmrc"), `@moeswarm:registry=${registry}\nfund=false\naudit=false\n`);
-  return dir;
-}
-
-function npmInstall(dir, specs, env, extra = []) {
-  const t = performance.now();
-  sh("npm", ["install", ...extra, ...specs], { cwd: dir, env });
-  return { seconds: (performance.now() - t) / 1000, bytes: duBytes(join(dir, "node_modules")) };
 }
 
 function runConsumers(dir, env) {
@@ -392,6 +302,17 @@ function checkPeerMissing(dir, env) {
   log("without node-llama-cpp: MOESWARM_NATIVE_PEER_MISSING names npm install node-llama-cpp@3.21.1");
 }
 
+/**
+ * The GPU builds are node-llama-cpp's (no @moeswarm GPU package): not installed, the installed
+ * loader's error names the exact line that installs each (vulkanBinsDir, and cudaBinsDir where
+ * this release exports it).
+ */
+function checkGpuMissing(dir, env) {
+  cpSync(join(here, "gpu-missing.mjs"), join(dir, "gpu-missing.mjs"));
+  const out = sh("node", ["gpu-missing.mjs"], { cwd: dir, env }).trim().split("\n");
+  log(`without a GPU build the loader names the install line: ${out.join("; ")}`);
+}
+
 /** Without its platform package (--omit=optional), the loader names the package to install. */
 function checkPlatformMissing(work, registry, version, env) {
   const dir = project(work, "omit-optional", registry);
@@ -451,12 +372,7 @@ async function main() {
   const work = mkdtempSync(join(tmpdir(), "moeswarm-consumer-"));
   const registry = await startRegistry(work);
   try {
-    const version = `0.0.0-ci.${Date.now()}`;
-    const npmrc = join(work, "publish.npmrc");
-    writeFileSync(npmrc, `//${new URL(registry.url).host}/:_authToken=${registry.token}\n`);
-    const tarDir = join(work, "tarballs");
-    mkdirSync(tarDir);
-    const tarballs = await packAndPublish(registry.url, version, tarDir, npmrc);
+    const { version, tarballs } = await changesetPublish(work, registry.url, registry.token);
     log(`published ${tarballs.length} packages at ${version} to ${registry.url}`);
     for (const t of tarballs)
       log(`  ${basename(t.file).padEnd(52)} ${(t.size / 1024).toFixed(0).padStart(6)} kB`);
@@ -487,8 +403,11 @@ async function main() {
     runReadmeSnippets(full, env);
     checkPeerMissing(full, env);
     checkPlatformMissing(work, registry.url, version, env);
+    if (process.platform === "linux" && process.arch === "x64") checkGpuMissing(full, env);
     if (process.platform === "linux" && process.arch === "x64")
       backboneCpuOnly(work, registry.url, version, env);
+    if (process.platform === "linux" && process.arch === "x64")
+      await hubUnderNode22(work, registry.url, full, env);
     npmInstall(full, ["typescript@5.9.3", "@types/node@20.19.43"], env, ["--save-dev"]);
     typecheck(full, env);
 
@@ -502,7 +421,7 @@ async function main() {
       });
     }
     if (exampleRuns.length === 0) log("examples: none wired in exampleRuns");
-    log(`passed in ${((performance.now() - t0) / 1000).toFixed(0)} s`);
+    log(`passed in ${elapsed().toFixed(0)} s`);
   } finally {
     registry.stop();
     if (args.has("--keep")) log(`kept ${work}`);

