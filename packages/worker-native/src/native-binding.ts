@@ -122,7 +122,8 @@ function candidatePaths(root: string): Array<Pick<NativeCandidate, "kind" | "pat
   if (override) out.push({ kind: "MOESWARM_NATIVE_ADDON", path: resolve(override) });
   out.push({
     kind: "local build",
-    path: join(root, "build", `${process.platform}-${process.arch}`, ADDON_NAME),
+    // where build-native.mjs's CMake build writes it (build/<variant>/bin/), before staging
+    path: join(root, "build", `${process.platform}-${process.arch}`, "bin", ADDON_NAME),
   });
   // the platform package installed beside this one (android-arm64 has none: Termux's Node is
   // bionic and cannot load a glibc addon; the static executable serves it)
