@@ -43,6 +43,7 @@ const KEY_ORDER: readonly (keyof SyntheticMoeOptions)[] = [
   "mla",
   "types",
   "mix",
+  "weights",
 ];
 
 /** Every tiny preset: 64 wide, 4 query and 2 KV heads, 8 experts of 128 with 2 used, 512 tokens. */
@@ -191,6 +192,8 @@ const PRESETS: Record<SyntheticPreset, PresetTable> = {
       ropeFreqBase: 10_000_000,
       linear: { keyHeads: 16, valueHeads: 64, headDim: 128, convKernel: 4, fullAttentionInterval: 4 },
       mix: "Q4_K_M",
+      // 9.7 G expert values: random valid blocks, not ggml's quantiser (minutes, not an hour)
+      weights: "direct",
     },
   },
   medium: {

@@ -6,6 +6,7 @@ import { writeAll } from "../atomic-file.js";
 import type { GgmlType } from "../ggml-type.js";
 import { type GgufPlan, planGguf, writeGguf } from "../gguf-writer.js";
 import { quantize } from "../quant/quantize.js";
+import { directBlocks, hasDirectBlocks } from "./direct-blocks.js";
 import { syntheticLanguageModel } from "./language-model.js";
 import { streamFor } from "./prng.js";
 import {
@@ -91,20 +92,29 @@ export async function writeSyntheticHeader(
 
 const referenceQuantizer: SynthQuantizer = (type, values, ne0) => quantize(type, values, ne0);
 
-/** The bytes of one tensor, in bounded chunks, each expert slab from its own stream. */
+/**
+ * The bytes of one tensor, in bounded chunks, each expert slab from its own stream: drawn and
+ * encoded, or (`direct`) written as random valid blocks.
+ */
 async function* tensorChunks(
   seed: number,
   t: SynthTensorSpec,
   encode: SynthQuantizer,
+  direct: boolean,
 ): AsyncGenerator<Uint8Array> {
   const ne0 = t.shape[0] ?? 1;
+  const blocks = direct && t.mean === 0 && hasDirectBlocks(t.type, t.std);
   if (t.perExpert) {
     const slab = ne0 * (t.shape[1] ?? 1);
-    const values = new Float32Array(slab);
+    const values = blocks ? undefined : new Float32Array(slab);
     const nExpert = t.shape[2] ?? 1;
     for (let e = 0; e < nExpert; e++) {
-      streamFor(seed, t.name, e).fillTriangular(values, t.std, t.mean);
-      yield await encode(t.type, values, ne0);
+      const rng = streamFor(seed, t.name, e);
+      if (!values) yield directBlocks(t.type, slab, t.std, rng);
+      else {
+        rng.fillTriangular(values, t.std, t.mean);
+        yield await encode(t.type, values, ne0);
+      }
     }
     return;
   }
@@ -113,7 +123,12 @@ async function* tensorChunks(
   const rowsPerChunk = Math.max(1, Math.floor(CHUNK_VALUES / ne0));
   const rng = streamFor(seed, t.name, 0);
   for (let r = 0; r < rows; r += rowsPerChunk) {
-    const values = new Float32Array(Math.min(rowsPerChunk, rows - r) * ne0);
+    const n = Math.min(rowsPerChunk, rows - r) * ne0;
+    if (blocks) {
+      yield directBlocks(t.type, n, t.std, rng);
+      continue;
+    }
+    const values = new Float32Array(n);
     rng.fillTriangular(values, t.std, t.mean);
     yield await encode(t.type, values, ne0);
   }
@@ -159,7 +174,7 @@ async function* fileChunks(
     const lmRows = LANGUAGE_MODEL_ROWS[t.name];
     const chunks = lmRows
       ? languageModelChunks(spec.options, t, lmRows, encode)
-      : tensorChunks(spec.options.seed, t, encode);
+      : tensorChunks(spec.options.seed, t, encode, spec.options.weights === "direct");
     for await (const chunk of chunks) {
       n += BigInt(chunk.byteLength);
       yield chunk;
