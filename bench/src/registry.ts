@@ -2,6 +2,7 @@ import { codec } from "./benchmarks/codec.js";
 import { decode } from "./benchmarks/decode.js";
 import { dispatchInproc } from "./benchmarks/dispatch-inproc.js";
 import { expertCompute } from "./benchmarks/expert-compute.js";
+import { expertComputeShape } from "./benchmarks/expert-compute-shape.js";
 import { expertShard } from "./benchmarks/expert-shard.js";
 import { parse } from "./benchmarks/parse.js";
 import { relay } from "./benchmarks/relay.js";
@@ -18,6 +19,7 @@ export const benchmarks: Benchmark[] = [
   roundtrip,
   dispatchInproc,
   expertCompute,
+  expertComputeShape,
   slice,
   expertShard,
   decode,

@@ -35,7 +35,8 @@ import { type Benchmark, median, type Row } from "../harness.js";
 const CACHE_DIR = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..", ".cache", "models");
 /**
  * MOESWARM_BENCH_DECODE_MODEL=shape decodes the shape-true qwen35moe instead (Qwen3.5-122B-A10B's
- * layers, 4 of them, Q4_K_M, ~6 GB, synthesised once with ggml's quantiser): per-layer overhead
+ * layers, 4 of them, Q4_K_M, ~6 GB, synthesised once: its weights as random valid blocks, the
+ * language-model tensors through ggml's quantiser): per-layer overhead
  * against a real layer's compute. Fewer tokens and one round: a token costs a real layer's time.
  */
 const SHAPE = process.env.MOESWARM_BENCH_DECODE_MODEL === "shape";

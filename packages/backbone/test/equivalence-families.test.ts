@@ -89,7 +89,8 @@ describe.skipIf(Boolean(missing))("model families: plain llama.cpp vs llama.cpp 
 
       beforeAll(async () => {
         const t0 = performance.now();
-        // ggml's own quantiser for the shape-true model: the same bytes, a hundred times faster
+        // the shape-true model's weights are direct blocks; ggml's own quantiser for the rest
+        // (token_embd, output): the same bytes as the shard quantisers, many times faster
         model =
           c.preset === "shape"
             ? (

@@ -13,6 +13,7 @@ import {
   readGguf,
   SYNTHETIC_ARCHS,
   type SyntheticArch,
+  type SyntheticMoeOptions,
   synthesizeMoeModel,
   syntheticPreset,
 } from "../src/index.js";
@@ -124,6 +125,8 @@ interface Case {
   arch: SyntheticArch;
   preset: "tiny" | "small";
   path: string;
+  /** Other options than the preset's (same vocabulary and width). */
+  options?: SyntheticMoeOptions;
 }
 
 describe("synthetic models generate text a person can read", () => {
@@ -134,6 +137,13 @@ describe("synthetic models generate text a person can read", () => {
       path: join(tmp.dir, `${arch}-tiny.gguf`),
     })),
     { arch: "qwen3moe", preset: "small", path: join(tmp.dir, "qwen3moe-small.gguf") },
+    // As the shape-true preset: Q4_K_M types, experts written as random valid blocks (direct)
+    {
+      arch: "qwen35moe",
+      preset: "small",
+      path: join(tmp.dir, "qwen35moe-small-direct.gguf"),
+      options: { ...syntheticPreset("small", "qwen35moe"), mix: "Q4_K_M", weights: "direct" },
+    },
   ];
   let results: TextResult[];
   let swapped: TextResult[];
@@ -141,17 +151,17 @@ describe("synthetic models generate text a person can read", () => {
   beforeAll(async () => {
     const requests: ModelRequest[] = [];
     for (const c of cases) {
-      const options = syntheticPreset(c.preset, c.arch);
+      const options = c.options ?? syntheticPreset(c.preset, c.arch);
       await synthesizeMoeModel(options, c.path);
       const lm = syntheticLanguageModel(options.vocab, options.nEmbd, options.seed);
       const never = [...lm.generated.keys()].filter((id) => lm.generated[id] === 0);
       requests.push({ path: c.path, vocab: options.vocab, pieces: true, never });
     }
     const swaps: ModelRequest[] = [];
-    for (const c of cases.filter((x) => x.preset === "tiny")) {
+    for (const c of cases.filter((x) => x.preset === "tiny" || x.options)) {
       const out = c.path.replace(".gguf", "-swapped.gguf");
       await swapExperts(c.path, out);
-      swaps.push({ path: out, vocab: 512, prompts: [PROMPTS[0]!] });
+      swaps.push({ path: out, vocab: syntheticPreset(c.preset, c.arch).vocab, prompts: [PROMPTS[0]!] });
     }
     const all = readBack([...requests, ...swaps]);
     results = all.slice(0, requests.length);
@@ -228,15 +238,16 @@ describe("synthetic models generate text a person can read", () => {
     }
   });
 
-  it("a wrong expert (experts 0 and 1 swapped in every MoE layer) changes the greedy tokens, in every family", () => {
-    for (const [i, s] of swapped.entries()) {
+  it("a wrong expert (experts 0 and 1 swapped in every MoE layer) changes the greedy tokens, in every family and with direct weights", () => {
+    const swappedCases = cases.filter((x) => x.preset === "tiny" || x.options);
+    for (const [k, s] of swapped.entries()) {
+      const i = cases.indexOf(swappedCases[k]!);
       const original = results[i]!.greedy[0]!;
       const changed = s.greedy[0]!;
       const first = original.tokens.findIndex((t, j) => t !== changed.tokens[j]);
-      console.log(
-        `[text] ${cases[i]!.arch} tiny, experts 0/1 of layer 0 swapped: first different token ${first}`,
-      );
-      expect(first, cases[i]!.arch).toBeGreaterThanOrEqual(0);
+      const what = `${cases[i]!.arch} ${cases[i]!.options ? "small direct" : "tiny"}`;
+      console.log(`[text] ${what}, experts 0/1 of layer 0 swapped: first different token ${first}`);
+      expect(first, what).toBeGreaterThanOrEqual(0);
       expect(changed.text).not.toContain("\uFFFD");
     }
   });
