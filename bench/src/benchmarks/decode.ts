@@ -70,7 +70,11 @@ export const decode: Benchmark = {
         const path = join(dir, `w${w}.gguf`);
         await using slice = await sliceExperts(model.path, { layers, experts });
         await slice.write(path);
-        const worker = await spawnLlamaExpertWorker(path, { threads: 1 });
+        // a shape-true slice (3 GB) loads in minutes on a loaded machine
+        const worker = await spawnLlamaExpertWorker(path, {
+          threads: 1,
+          startTimeoutMs: SHAPE ? 1_800_000 : 120_000,
+        });
         workers.push(worker);
         transport.set(`w${w}`, expertComputeHandler(worker));
         placement.register({ id: `w${w}`, model: "bench", layers, experts });
