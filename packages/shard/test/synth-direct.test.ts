@@ -1,7 +1,7 @@
 // `weights: "direct"`: random valid Q4_K / Q6_K / Q8_0 blocks written without a quantiser decode
 // (with the shard's transcription of ggml's dequantisers) to values of mean 0 and the requested
 // spread, deterministically from the seed, and a model written that way differs from the
-// quantised one only in those tensors. llama-text.test.ts runs such a model through llama.cpp and
+// quantised one only in its routed experts. llama-text.test.ts runs such a model through llama.cpp and
 // checks that a wrong expert still changes its tokens.
 import { createHash } from "node:crypto";
 import { Writable } from "node:stream";
@@ -76,7 +76,7 @@ describe("direct quantised blocks", () => {
 });
 
 describe("a model with direct weights", () => {
-  // tiny: its Q8_0 experts are written directly, the rest as before
+  // tiny: its Q8_0 routed experts are written directly, the rest as before
   const base: SyntheticMoeOptions = syntheticPreset("tiny", "qwen35moe");
 
   async function synth(options: SyntheticMoeOptions): Promise<Buffer> {
@@ -91,7 +91,7 @@ describe("a model with direct weights", () => {
     return Buffer.concat(parts);
   }
 
-  it("is deterministic, records the choice, and differs from the quantised model only in its Q4_K/Q6_K/Q8_0 tensors (token_embd and output keep the language model)", async () => {
+  it("is deterministic, records the choice, and differs from the quantised model only in its routed experts", async () => {
     const direct = { ...base, weights: "direct" as const };
     const [a, b, q] = [await synth(direct), await synth(direct), await synth(base)];
     expect(sha(a)).toBe(sha(b));
@@ -112,7 +112,7 @@ describe("a model with direct weights", () => {
       const same = at(a, t).equals(at(q, qt));
       const s = spec.tensors[i]!;
       const lm = s.name === "token_embd.weight" || s.name === "output.weight";
-      expect(same, s.name).toBe(!(hasDirectBlocks(s.type, s.std) && !lm && s.mean === 0));
+      expect(same, s.name).toBe(!(s.perExpert && hasDirectBlocks(s.type, s.std) && !lm && s.mean === 0));
       if (!same) directTensors++;
     }
     // each layer's three routed expert tensors

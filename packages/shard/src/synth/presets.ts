@@ -192,7 +192,7 @@ const PRESETS: Record<SyntheticPreset, PresetTable> = {
       ropeFreqBase: 10_000_000,
       linear: { keyHeads: 16, valueHeads: 64, headDim: 128, convKernel: 4, fullAttentionInterval: 4 },
       mix: "Q4_K_M",
-      // 9.7 G expert values: random valid blocks, not ggml's quantiser (minutes, not an hour)
+      // 9.7 G routed-expert values: random valid blocks, not a quantiser (minutes, not hours)
       weights: "direct",
     },
   },

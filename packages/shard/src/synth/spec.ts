@@ -115,9 +115,10 @@ export interface SyntheticMoeOptions {
   mix?: SyntheticMix;
   /**
    * How quantised weights are made. `quantised` (default): values drawn from the seeded generator
-   * and quantised, the bytes ggml's quantiser writes. `direct`: Q4_K, Q6_K and Q8_0 tensors
-   * written as random valid blocks of the same spread with no quantiser (direct-blocks.ts), ~50x
-   * faster, for shape-true models; token_embd and output still carry the language model.
+   * and quantised, the bytes ggml's quantiser writes. `direct`: the routed experts' Q4_K, Q6_K
+   * and Q8_0 tensors written as random valid blocks of the same spread with no quantiser
+   * (direct-blocks.ts, ~25x faster), for shape-true models whose experts are nearly all of the
+   * values; every other tensor as with `quantised`.
    */
   weights?: SyntheticWeights;
 }
