@@ -89,7 +89,9 @@ export const decode: Benchmark = {
           if (s.tokens === 1 && !s.error) decodeStats.push(s);
         },
       });
-      const common = { modelPath: model.path, prompt: PROMPT, nPredict: N_PREDICT, threads: 1 };
+      // a shape-true run loads 6 GB and decodes real layers: minutes on a loaded machine
+      const timeoutMs = SHAPE ? 1_800_000 : 120_000;
+      const common = { modelPath: model.path, prompt: PROMPT, nPredict: N_PREDICT, threads: 1, timeoutMs };
       const plainRuns: LogitsHarnessResult[] = [];
       const swarmRuns: LogitsHarnessResult[] = [];
       const bridgeMs: number[] = [];

@@ -119,6 +119,8 @@ describe.skipIf(Boolean(missing))("model families: plain llama.cpp vs llama.cpp 
           prompt: PROMPT,
           nPredict: c.nPredict,
           threads: 1,
+          // a shape-true token costs real layers' compute, loading 6 GB minutes on a loaded machine
+          timeoutMs: c.preset === "shape" ? 1_800_000 : undefined,
           logitsPath: join(tmp.dir, `${tag}-plain.bin`),
         });
         expect(plain.ok, plain.stderr).toBe(true);
@@ -139,6 +141,8 @@ describe.skipIf(Boolean(missing))("model families: plain llama.cpp vs llama.cpp 
           prompt: PROMPT,
           nPredict: c.nPredict,
           threads: 1,
+          // a shape-true token costs real layers' compute, loading 6 GB minutes on a loaded machine
+          timeoutMs: c.preset === "shape" ? 1_800_000 : undefined,
           logitsPath: join(tmp.dir, `${tag}-swarm.bin`),
           plugin: { bridge: bridge.address, layers: "all", model: MODEL_ID },
         });
