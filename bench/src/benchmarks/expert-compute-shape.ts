@@ -117,7 +117,7 @@ export const expertComputeShape: Benchmark = {
             });
             if (n === 1) batch1 = wall;
             // what batching buys per token: compute per token at batch n over batch 1
-            ratios[`layer${layer}_batch${n}_per_token_vs_batch1`] = wall / n / batch1;
+            if (n > 1) ratios[`layer${layer}_batch${n}_per_token_vs_batch1`] = wall / n / batch1;
           }
         } finally {
           await native.close();
