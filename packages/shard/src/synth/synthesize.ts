@@ -126,12 +126,7 @@ async function* tensorChunks(
   const rowsPerChunk = Math.max(1, Math.floor(CHUNK_VALUES / ne0));
   const rng = streamFor(seed, t.name, 0);
   for (let r = 0; r < rows; r += rowsPerChunk) {
-    const n = Math.min(rowsPerChunk, rows - r) * ne0;
-    if (blocks) {
-      yield directBlocks(t.type, n, t.std, rng);
-      continue;
-    }
-    const values = new Float32Array(n);
+    const values = new Float32Array(Math.min(rowsPerChunk, rows - r) * ne0);
     rng.fillTriangular(values, t.std, t.mean);
     yield await encode(t.type, values, ne0);
   }
