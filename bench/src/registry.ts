@@ -3,6 +3,7 @@ import { computeCall } from "./benchmarks/compute-call.js";
 import { decode } from "./benchmarks/decode.js";
 import { dispatchInproc } from "./benchmarks/dispatch-inproc.js";
 import { expertCompute } from "./benchmarks/expert-compute.js";
+import { expertComputeShape } from "./benchmarks/expert-compute-shape.js";
 import { expertShard } from "./benchmarks/expert-shard.js";
 import { parse } from "./benchmarks/parse.js";
 import { relay } from "./benchmarks/relay.js";
@@ -20,6 +21,7 @@ export const benchmarks: Benchmark[] = [
   dispatchInproc,
   expertCompute,
   computeCall,
+  expertComputeShape,
   slice,
   expertShard,
   decode,

@@ -35,7 +35,8 @@ import { type Benchmark, median, type Row } from "../harness.js";
 const CACHE_DIR = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..", ".cache", "models");
 /**
  * MOESWARM_BENCH_DECODE_MODEL=shape decodes the shape-true qwen35moe instead (Qwen3.5-122B-A10B's
- * layers, 4 of them, Q4_K_M, ~6 GB, synthesised once with ggml's quantiser): per-layer overhead
+ * layers, 4 of them, Q4_K_M, ~6 GB, synthesised once: its weights as random valid blocks, the
+ * language-model tensors through ggml's quantiser): per-layer overhead
  * against a real layer's compute. Fewer tokens and one round: a token costs a real layer's time.
  */
 const SHAPE = process.env.MOESWARM_BENCH_DECODE_MODEL === "shape";
@@ -69,7 +70,11 @@ export const decode: Benchmark = {
         const path = join(dir, `w${w}.gguf`);
         await using slice = await sliceExperts(model.path, { layers, experts });
         await slice.write(path);
-        const worker = await spawnLlamaExpertWorker(path, { threads: 1 });
+        // a shape-true slice (3 GB) loads in minutes on a loaded machine
+        const worker = await spawnLlamaExpertWorker(path, {
+          threads: 1,
+          startTimeoutMs: SHAPE ? 1_800_000 : 120_000,
+        });
         workers.push(worker);
         transport.set(`w${w}`, expertComputeHandler(worker));
         placement.register({ id: `w${w}`, model: "bench", layers, experts });
@@ -84,7 +89,9 @@ export const decode: Benchmark = {
           if (s.tokens === 1 && !s.error) decodeStats.push(s);
         },
       });
-      const common = { modelPath: model.path, prompt: PROMPT, nPredict: N_PREDICT, threads: 1 };
+      // a shape-true run loads 6 GB and decodes real layers: minutes on a loaded machine
+      const timeoutMs = SHAPE ? 1_800_000 : 120_000;
+      const common = { modelPath: model.path, prompt: PROMPT, nPredict: N_PREDICT, threads: 1, timeoutMs };
       const plainRuns: LogitsHarnessResult[] = [];
       const swarmRuns: LogitsHarnessResult[] = [];
       const bridgeMs: number[] = [];

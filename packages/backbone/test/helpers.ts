@@ -144,6 +144,7 @@ export async function startSwarm(
   specs: readonly WorkerSpec[],
   dir: string,
   model: string,
+  spawn: { startTimeoutMs?: number } = {},
 ): Promise<Swarm> {
   const info = await modelInfo(modelPath);
   const placement = new Placement({ model });
@@ -158,7 +159,7 @@ export async function startSwarm(
       const slice = await sliceExperts(modelPath, { layers: info.layers, experts: spec.experts });
       await slice.write(path);
       await slice.close();
-      const worker = await spawnLlamaExpertWorker(path, { threads: 1 });
+      const worker = await spawnLlamaExpertWorker(path, { threads: 1, ...spawn });
       workers.set(spec.id, worker);
       transport.set(spec.id, expertComputeHandler(worker));
       placement.register({ id: spec.id, model, layers: info.layers, experts: spec.experts });
@@ -178,9 +179,10 @@ export function startSplitSwarm(
   dir: string,
   model: string,
   prefix = "w",
+  spawn: { startTimeoutMs?: number } = {},
 ): Promise<Swarm> {
   const specs = split(info.nExpert, parts).map((experts, i) => ({ id: `${prefix}${i}`, experts }));
-  return startSwarm(modelPath, specs, dir, model);
+  return startSwarm(modelPath, specs, dir, model, spawn);
 }
 
 /**

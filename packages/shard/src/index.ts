@@ -178,10 +178,12 @@ export {
   SYNTH_GENERATOR_VERSION,
   SYNTHETIC_ARCHS,
   SYNTHETIC_TYPES,
+  SYNTHETIC_WEIGHTS,
   type SyntheticArch,
   type SyntheticMoeOptions,
   type SyntheticType,
   type SyntheticTypes,
+  type SyntheticWeights,
 } from "./synth/spec.js";
 export {
   planSyntheticModel,

@@ -13,6 +13,7 @@ import {
   readGguf,
   SYNTHETIC_ARCHS,
   type SyntheticArch,
+  type SyntheticMoeOptions,
   synthesizeMoeModel,
   syntheticPreset,
 } from "../src/index.js";
@@ -104,8 +105,9 @@ function readability(text: string) {
  * A copy of the model with experts 0 and 1 of every MoE layer's ffn_down_exps swapped: a wrong
  * expert wherever the router picks one of them (glm4moe and deepseek2 lead with dense layers, llama4
  * alternates, deepseek2's grouped routing seldom picks a given pair in its first MoE layer).
+ * `everyPair`: experts 2i and 2i+1 swapped for every i, so every routed expert is a wrong one.
  */
-async function swapExperts(path: string, out: string): Promise<void> {
+async function swapExperts(path: string, out: string, everyPair = false): Promise<void> {
   const header = await readGguf(path);
   const downs = header.tensors.filter((x) => /^blk\.\d+\.ffn_down_exps\.weight$/.test(x.name));
   if (downs.length === 0) throw new Error(`${path} has no routed experts`);
@@ -113,9 +115,11 @@ async function swapExperts(path: string, out: string): Promise<void> {
   const swapped = Buffer.from(bytes);
   for (const t of downs) {
     const slab = Number(t.nbytes) / t.shape[2]!;
-    const at = Number(t.absoluteOffset);
-    bytes.copy(swapped, at, at + slab, at + 2 * slab);
-    bytes.copy(swapped, at + slab, at, at + slab);
+    for (let e = 0; e < (everyPair ? t.shape[2]! : 2); e += 2) {
+      const at = Number(t.absoluteOffset) + e * slab;
+      bytes.copy(swapped, at, at + slab, at + 2 * slab);
+      bytes.copy(swapped, at + slab, at, at + slab);
+    }
   }
   writeFileSync(out, swapped);
 }
@@ -124,6 +128,8 @@ interface Case {
   arch: SyntheticArch;
   preset: "tiny" | "small";
   path: string;
+  /** Other options than the preset's (same vocabulary and width). */
+  options?: SyntheticMoeOptions;
 }
 
 describe("synthetic models generate text a person can read", () => {
@@ -134,6 +140,13 @@ describe("synthetic models generate text a person can read", () => {
       path: join(tmp.dir, `${arch}-tiny.gguf`),
     })),
     { arch: "qwen3moe", preset: "small", path: join(tmp.dir, "qwen3moe-small.gguf") },
+    // As the shape-true preset: Q4_K_M types, experts written as random valid blocks (direct)
+    {
+      arch: "qwen35moe",
+      preset: "small",
+      path: join(tmp.dir, "qwen35moe-small-direct.gguf"),
+      options: { ...syntheticPreset("small", "qwen35moe"), mix: "Q4_K_M", weights: "direct" },
+    },
   ];
   let results: TextResult[];
   let swapped: TextResult[];
@@ -141,17 +154,18 @@ describe("synthetic models generate text a person can read", () => {
   beforeAll(async () => {
     const requests: ModelRequest[] = [];
     for (const c of cases) {
-      const options = syntheticPreset(c.preset, c.arch);
+      const options = c.options ?? syntheticPreset(c.preset, c.arch);
       await synthesizeMoeModel(options, c.path);
       const lm = syntheticLanguageModel(options.vocab, options.nEmbd, options.seed);
       const never = [...lm.generated.keys()].filter((id) => lm.generated[id] === 0);
       requests.push({ path: c.path, vocab: options.vocab, pieces: true, never });
     }
     const swaps: ModelRequest[] = [];
-    for (const c of cases.filter((x) => x.preset === "tiny")) {
+    for (const c of cases.filter((x) => x.preset === "tiny" || x.options)) {
       const out = c.path.replace(".gguf", "-swapped.gguf");
-      await swapExperts(c.path, out);
-      swaps.push({ path: out, vocab: 512, prompts: [PROMPTS[0]!] });
+      // 64 experts of which 8 are used: a single swapped pair is seldom routed to
+      await swapExperts(c.path, out, c.options !== undefined);
+      swaps.push({ path: out, vocab: syntheticPreset(c.preset, c.arch).vocab, prompts: [PROMPTS[0]!] });
     }
     const all = readBack([...requests, ...swaps]);
     results = all.slice(0, requests.length);
@@ -228,15 +242,18 @@ describe("synthetic models generate text a person can read", () => {
     }
   });
 
-  it("a wrong expert (experts 0 and 1 swapped in every MoE layer) changes the greedy tokens, in every family", () => {
-    for (const [i, s] of swapped.entries()) {
+  it("a wrong expert (experts 0 and 1 swapped in every MoE layer; with direct weights every pair) changes the greedy tokens, in every family", () => {
+    const swappedCases = cases.filter((x) => x.preset === "tiny" || x.options);
+    for (const [k, s] of swapped.entries()) {
+      const i = cases.indexOf(swappedCases[k]!);
       const original = results[i]!.greedy[0]!;
       const changed = s.greedy[0]!;
       const first = original.tokens.findIndex((t, j) => t !== changed.tokens[j]);
-      console.log(
-        `[text] ${cases[i]!.arch} tiny, experts 0/1 of layer 0 swapped: first different token ${first}`,
-      );
-      expect(first, cases[i]!.arch).toBeGreaterThanOrEqual(0);
+      const what = cases[i]!.options
+        ? `${cases[i]!.arch} small direct, experts 2i/2i+1 swapped`
+        : `${cases[i]!.arch} tiny, experts 0/1 swapped`;
+      console.log(`[text] ${what}: first different token ${first}`);
+      expect(first, what).toBeGreaterThanOrEqual(0);
       expect(changed.text).not.toContain("\uFFFD");
     }
   });

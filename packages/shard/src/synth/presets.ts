@@ -43,6 +43,7 @@ const KEY_ORDER: readonly (keyof SyntheticMoeOptions)[] = [
   "mla",
   "types",
   "mix",
+  "weights",
 ];
 
 /** Every tiny preset: 64 wide, 4 query and 2 KV heads, 8 experts of 128 with 2 used, 512 tokens. */
@@ -196,6 +197,8 @@ const PRESETS: Record<Exclude<SyntheticPreset, `${string}-draft`>, PresetTable> 
       ropeFreqBase: 10_000_000,
       linear: { keyHeads: 16, valueHeads: 64, headDim: 128, convKernel: 4, fullAttentionInterval: 4 },
       mix: "Q4_K_M",
+      // 9.7 G routed-expert values: random valid blocks, not a quantiser (minutes, not hours)
+      weights: "direct",
     },
   },
   medium: {

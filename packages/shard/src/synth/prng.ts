@@ -55,6 +55,23 @@ export class Sfc32 {
     return this.nextU32() / 4294967296;
   }
 
+  /** Fills `out` with successive nextU32() words. */
+  fillU32(out: Uint32Array): void {
+    let { a, b, c, d } = this;
+    for (let i = 0; i < out.length; i++) {
+      const t = (((a + b) >>> 0) + d) >>> 0;
+      d = (d + 1) >>> 0;
+      a = b ^ (b >>> 9);
+      b = (c + (c << 3)) >>> 0;
+      c = (((c << 21) | (c >>> 11)) + t) >>> 0;
+      out[i] = t;
+    }
+    this.a = a;
+    this.b = b;
+    this.c = c;
+    this.d = d;
+  }
+
   /**
    * Fills `out` with values of mean `mean` and standard deviation `std`: the sum of two 16-bit
    * uniforms from one draw (a triangular distribution), bell-shaped enough for weights and exact

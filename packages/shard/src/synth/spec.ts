@@ -116,11 +116,22 @@ export interface SyntheticMoeOptions {
    * tensors get the types a real GGUF of that preset has.
    */
   mix?: SyntheticMix;
+  /**
+   * How quantised weights are made. `quantised` (default): values drawn from the seeded generator
+   * and quantised, the bytes ggml's quantiser writes. `direct`: the routed experts' Q4_K, Q6_K
+   * and Q8_0 tensors written as random valid blocks of the same spread with no quantiser
+   * (direct-blocks.ts, ~25x faster), for shape-true models whose experts are nearly all of the
+   * values; every other tensor as with `quantised`.
+   */
+  weights?: SyntheticWeights;
 }
+
+export const SYNTHETIC_WEIGHTS = ["quantised", "direct"] as const;
+export type SyntheticWeights = (typeof SYNTHETIC_WEIGHTS)[number];
 
 /** The options with every default applied: what identifies a synthetic model. */
 export type ResolvedSyntheticOptions = Required<
-  Omit<SyntheticMoeOptions, "types" | "linear" | "mla" | "mix">
+  Omit<SyntheticMoeOptions, "types" | "linear" | "mla" | "mix" | "weights">
 > & {
   types: SyntheticTypes;
   /** Present for qwen35moe only (so the other families' keys stay what they were). */
@@ -128,6 +139,8 @@ export type ResolvedSyntheticOptions = Required<
   /** Present for deepseek2 only. */
   mla?: MlaOptions;
   mix?: SyntheticMix;
+  /** Present only when `direct` (so the other models' keys stay what they were). */
+  weights?: "direct";
 };
 
 /** How the values of a tensor are drawn: mean and standard deviation before quantisation. */
@@ -252,10 +265,16 @@ export function resolveSyntheticOptions(options: SyntheticMoeOptions): ResolvedS
   }
   if (options.mla !== undefined && arch !== "deepseek2")
     throw new InvalidArgumentError(`mla applies to deepseek2 only, not ${arch}`);
-  const extra: Pick<ResolvedSyntheticOptions, "linear" | "mla" | "mix"> = {};
+  if (options.weights !== undefined && !SYNTHETIC_WEIGHTS.includes(options.weights)) {
+    throw new InvalidArgumentError(
+      `weights must be one of ${SYNTHETIC_WEIGHTS.join(", ")}, got ${String(options.weights)}`,
+    );
+  }
+  const extra: Pick<ResolvedSyntheticOptions, "linear" | "mla" | "mix" | "weights"> = {};
   if (arch === "qwen35moe") extra.linear = resolveLinearAttention(options.linear, headDim);
   if (arch === "deepseek2") extra.mla = resolveMla(options.mla, nEmbd, nExpert, nExpertUsed);
   if (options.mix !== undefined) extra.mix = options.mix;
+  if (options.weights === "direct") extra.weights = "direct";
   return {
     arch,
     seed,
@@ -332,6 +351,7 @@ function syntheticMetadata(o: ResolvedSyntheticOptions, arch: string): Map<strin
   md.set("tokenizer.ggml.add_bos_token", v.bool(false));
   md.set("moeswarm.synthetic.generator", v.str(SYNTH_GENERATOR_VERSION));
   md.set("moeswarm.synthetic.seed", v.u32(o.seed));
+  if (o.weights !== undefined) md.set("moeswarm.synthetic.weights", v.str(o.weights));
   return md;
 }
 
