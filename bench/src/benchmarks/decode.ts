@@ -4,12 +4,21 @@
 // processes (half the experts each) through the bridge, over loopback, in the same run (rounds
 // alternate so both see the same machine load). The swarm's tokens must equal the plain run's.
 //
-// Breakdown per decoded token, summed over the 8 remote layers:
-//   backbone       the decode time not spent waiting for the plugin (attention, router, norms...)
-//   plugin<->bridge the plugin's round trip minus the bridge's time (socket, frame codec, wake-ups)
-//   bridge+dispatch the bridge's time minus the slowest worker's round trip (grouping, combine)
-//   worker hop     the slowest worker's round trip minus the workers' mean compute (stdio pipes, codec)
-//   worker compute what the workers report for their ggml graph
+// Breakdown per decoded token, summed over the remote layers. Every column is decode-only: the
+// prompt's ubatch (a many-token request) and the slow first calls would skew a mean, so each figure
+// is a per-layer median over the single-token requests, summed over the layers, and the columns
+// telescope to the swarm's ms/token:
+//   backbone        swarm ms/token minus the plugin's round trips (the plugin's per-layer p50, summed):
+//                   attention, router, norms... (the plugin's p50 counts the prompt's one call among
+//                   N_PREDICT + 1, which cannot move a median)
+//   plugin<->bridge the plugin's round trips minus the bridge's time (per-layer median of its 1-token
+//                   requests): socket, frame codec, wake-ups
+//   bridge+dispatch the bridge's time minus the slowest worker's round trip (per-layer median over the
+//                   1-token requests of the slowest owner's latency): grouping, combine
+//   worker hop      the slowest worker's round trip minus that worker's reported compute for the same
+//                   request (per-layer median): stdio pipes, codec
+//   worker compute  what the slowest worker reported for its ggml graph in that request (per-layer
+//                   median over the 1-token requests; the prompt's run is left out)
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
@@ -65,6 +74,9 @@ export const decode: Benchmark = {
     try {
       const placement = new Placement({ model: "bench" });
       const transport = new InProcessTransport();
+      // the compute each worker reported for its latest request: decode sends one layer at a time, so
+      // the bridge's stats for a request arrive after its workers' answers and before the next request
+      const lastComputeMs = new Map<string, number>();
       for (let w = 0; w < WORKERS; w++) {
         const experts = [...Array(nExpert / WORKERS).keys()].map((i) => i + (w * nExpert) / WORKERS);
         const path = join(dir, `w${w}.gguf`);
@@ -76,17 +88,26 @@ export const decode: Benchmark = {
           startTimeoutMs: SHAPE ? 1_800_000 : 120_000,
         });
         workers.push(worker);
-        transport.set(`w${w}`, expertComputeHandler(worker));
+        const id = `w${w}`;
+        const handler = expertComputeHandler(worker);
+        transport.set(id, async (request, options) => {
+          const before = worker.computeStats.computeMs;
+          const result = await handler(request, options);
+          lastComputeMs.set(id, worker.computeStats.computeMs - before);
+          return result;
+        });
         placement.register({ id: `w${w}`, model: "bench", layers, experts });
       }
-      // the bridge's view of each single-token request: its time and the slowest worker's
-      let decodeStats: BridgeRequestStats[] = [];
+      // each single-token request (a decode step of one layer): the bridge's time, the slowest
+      // worker's round trip and that worker's reported compute
+      let decodeSamples: DecodeSample[] = [];
       await using bridge = await serveBackboneBridge({
         socket: join(dir, "bridge.sock"),
         placement,
         transport,
         onStats: (s) => {
-          if (s.tokens === 1 && !s.error) decodeStats.push(s);
+          if (s.tokens === 1 && !s.error) decodeSamples.push(decodeSample(s, lastComputeMs));
+          lastComputeMs.clear();
         },
       });
       // a shape-true run loads 6 GB and decodes real layers: minutes on a loaded machine
@@ -94,37 +115,29 @@ export const decode: Benchmark = {
       const common = { modelPath: model.path, prompt: PROMPT, nPredict: N_PREDICT, threads: 1, timeoutMs };
       const plainRuns: LogitsHarnessResult[] = [];
       const swarmRuns: LogitsHarnessResult[] = [];
+      const pluginMs: number[] = [];
       const bridgeMs: number[] = [];
       const slowestMs: number[] = [];
       const computeMs: number[] = [];
       for (let r = 0; r < ROUNDS; r++) {
         plainRuns.push(await runLogitsHarness(common));
-        decodeStats = [];
-        const before = workers.map((w) => w.computeStats);
+        decodeSamples = [];
         const run = await runLogitsHarness({
           ...common,
           plugin: { bridge: bridge.address, layers: "all", model: "bench" },
         });
         if (!run.ok) throw new Error(`the swarm decode failed:\n${run.stderr}`);
         swarmRuns.push(run);
-        const steps = decodeStats.length / layers.length;
-        bridgeMs.push(decodeStats.reduce((s, d) => s + d.ms, 0) / steps);
-        slowestMs.push(
-          decodeStats.reduce(
-            (s, d) => s + Math.max(0, ...Object.values(d.dispatch.owners).map((o) => o.latencyMs)),
-            0,
-          ) / steps,
-        );
-        const after = workers.map((w) => w.computeStats);
-        const runs = after.reduce((s, a, i) => s + a.runs - before[i]!.runs, 0);
-        const ms = after.reduce((s, a, i) => s + a.computeMs - before[i]!.computeMs, 0);
-        // mean compute of one worker run, times the layers a token passes
-        computeMs.push((ms / runs) * layers.length);
+        pluginMs.push(Object.values(run.plugin!.layers).reduce((sum, l) => sum + l.p50Us / 1000, 0));
+        bridgeMs.push(sumOfLayerMedians(decodeSamples, layers, (d) => d.bridgeMs));
+        slowestMs.push(sumOfLayerMedians(decodeSamples, layers, (d) => d.slowestMs));
+        computeMs.push(sumOfLayerMedians(decodeSamples, layers, (d) => d.computeMs));
       }
       const identical = swarmRuns.every((s, i) => s.tokens.join() === plainRuns[i]!.tokens.join());
       const plainMsTok = median(plainRuns.map((p) => p.decodeMs / N_PREDICT));
       const swarmMsTok = median(swarmRuns.map((s) => s.decodeMs / N_PREDICT));
-      const pluginMsTok = median(
+      const pluginMsTok = median(pluginMs);
+      const pluginMeanMsTok = median(
         swarmRuns.map((s) => Object.values(s.plugin!.layers).reduce((sum, l) => sum + l.meanUs / 1000, 0)),
       );
       const bridge1 = median(bridgeMs);
@@ -154,7 +167,8 @@ export const decode: Benchmark = {
           `${N_PREDICT} tokens x ${ROUNDS} rounds, 1 backbone thread, 1 thread per worker; ${layers.length} remote MoE layers per token`,
           `tokens identical to the plain run in every round: ${identical ? "yes" : "NO"}`,
           `per-layer plugin round trip: p99 up to ${p99.toFixed(2)} ms (last round)`,
-          "breakdown columns are ms per decoded token, summed over the remote layers",
+          "breakdown columns are ms per decoded token, summed over the remote layers: per-layer medians of the 1-token (decode) requests, the plugin's p50",
+          `plugin round trips per token: ${pluginMsTok.toFixed(2)} ms at the per-layer p50, ${pluginMeanMsTok.toFixed(2)} ms at the per-layer mean (which counts the prompt's call and the first slow calls)`,
         ],
       };
     } finally {
@@ -163,3 +177,36 @@ export const decode: Benchmark = {
     }
   },
 };
+
+interface DecodeSample {
+  layer: number;
+  bridgeMs: number;
+  /** The slowest worker's round trip, as dispatch measured it. */
+  slowestMs: number;
+  /** What that worker reported for its ggml graph. */
+  computeMs: number;
+}
+
+function decodeSample(s: BridgeRequestStats, lastComputeMs: ReadonlyMap<string, number>): DecodeSample {
+  let slowest = "";
+  let slowestMs = 0;
+  for (const [owner, o] of Object.entries(s.dispatch.owners)) {
+    if (o.latencyMs >= slowestMs) {
+      slowest = owner;
+      slowestMs = o.latencyMs;
+    }
+  }
+  return { layer: s.layer, bridgeMs: s.ms, slowestMs, computeMs: lastComputeMs.get(slowest) ?? 0 };
+}
+
+/** Per layer the median of `pick` over that layer's samples, summed over the layers: ms per token. */
+function sumOfLayerMedians(
+  samples: readonly DecodeSample[],
+  layers: readonly number[],
+  pick: (d: DecodeSample) => number,
+): number {
+  return layers.reduce((sum, layer) => {
+    const xs = samples.filter((d) => d.layer === layer).map(pick);
+    return sum + (xs.length > 0 ? median(xs) : 0);
+  }, 0);
+}
