@@ -2,7 +2,10 @@
 // transcribed operation by operation in f32. Arrays are read from `x[xo ...]`; `L` receives the
 // chosen levels at `L[lo ...]`.
 
-import { fround as f, nearestInt } from "./float32.js";
+import { nearestInt } from "./float32.js";
+
+// a module-local alias: an imported binding is a getter call per use when the source runs unbundled (tsx, vitest)
+const f = Math.fround;
 
 /** GROUP_MAX_EPS (1e-15f). */
 export const GROUP_MAX_EPS = f(1e-15);

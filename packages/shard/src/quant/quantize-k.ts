@@ -1,10 +1,13 @@
 // The k-quants over 256-value super-blocks: q2_K, q3_K, q4_K, q5_K, q6_K, q8_K
 // (`quantize_row_q*_K_ref` in ggml-quants.c).
 import { scaleMinK4 } from "./dequantize-blocks.js";
-import { fround as f, f32Bits, nearestInt } from "./float32.js";
+import { f32Bits, nearestInt } from "./float32.js";
 import { f16ToF32Table } from "./half-bits.js";
 import { GROUP_MAX_EPS, makeQ3Quants, makeQkx2Quants, makeQxQuants } from "./k-quant-search.js";
 import { type BlockQuantizer, putF16, putU32, QK_K } from "./quantize-common.js";
+
+// a module-local alias: an imported binding is a getter call per use when the source runs unbundled (tsx, vitest)
+const f = Math.fround;
 
 /** Packs 2-bit levels L[0..255] as q2_K/q3_K do: byte j/4+l holds L[j+l], L[j+l+32], ... */
 function pack2Bit(L: ArrayLike<number>, dst: Uint8Array, o: number): void {
