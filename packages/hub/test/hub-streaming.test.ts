@@ -81,14 +81,28 @@ describe("streaming the small model", () => {
         bytes += d.bytes;
       }
     }
-    gc();
-    const after = process.memoryUsage();
     expect(bytes).toBe(rounds * first.bytes);
     expect(bytes).toBeGreaterThan(250 * MiB);
-    // loose bounds: what is retained after streaming 6x the slice is nowhere near one slice
-    expect(after.heapUsed - before.heapUsed).toBeLessThan(16 * MiB);
-    expect(after.arrayBuffers - before.arrayBuffers).toBeLessThan(16 * MiB);
-    expect(after.rss - before.rss).toBeLessThan(96 * MiB);
+    // loose bounds: what is retained after streaming 6x the slice is nowhere near one slice. The
+    // server may still be closing its last responses when the client sees their end (later on a
+    // loaded machine: CI once measured 43 MB at that instant), so the bounds must hold once those
+    // have settled; memory that is retained never settles, and the wait then fails
+    let after = process.memoryUsage();
+    const growth = () => ({
+      heapUsed: after.heapUsed - before.heapUsed,
+      arrayBuffers: after.arrayBuffers - before.arrayBuffers,
+      rss: after.rss - before.rss,
+    });
+    await waitFor(
+      () => {
+        gc();
+        after = process.memoryUsage();
+        const g = growth();
+        return g.heapUsed < 16 * MiB && g.arrayBuffers < 16 * MiB && g.rss < 96 * MiB;
+      },
+      () => `the memory after streaming to settle (growth ${JSON.stringify(growth())})`,
+      10_000,
+    );
   });
 
   it("reads no further ahead than the socket takes while the client is not reading", async () => {
