@@ -5,8 +5,9 @@ import {
   gpuBinsDir,
   gpuPackage,
   probeGpuBuild,
+  spawnGpuExpertWorker,
 } from "./gpu-build.js";
-import { type SpawnLlamaExpertWorkerOptions, spawnLlamaExpertWorker } from "./llama-cpu.js";
+import type { SpawnLlamaExpertWorkerOptions } from "./llama-cpu.js";
 import type { WorkerProcessCompute } from "./worker-process.js";
 
 /**
@@ -99,11 +100,5 @@ export async function spawnCudaExpertWorker(
     ...(dirOption !== undefined ? { binsDir: dirOption } : {}),
     ...(rest.signal ? { signal: rest.signal } : {}),
   });
-  const compute = await spawnLlamaExpertWorker(slicePath, {
-    ...rest,
-    device: rest.device ?? "CUDA0",
-    binsDir: status.binsDir,
-  });
-  Object.assign(compute.info, { vramBytes: status.vramBytes, types: CUDA_TYPES });
-  return compute;
+  return spawnGpuExpertWorker(CUDA_BUILD, status, CUDA_TYPES, slicePath, rest);
 }

@@ -3,7 +3,9 @@ import { existsSync, realpathSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join, resolve } from "node:path";
 import { abortReason, NativeError, throwIfAborted } from "@moeswarm/core";
+import { type SpawnLlamaExpertWorkerOptions, spawnLlamaExpertWorker } from "./llama-cpu.js";
 import { packageRoot } from "./native-binding.js";
+import type { WorkerProcessCompute } from "./worker-process.js";
 
 // What the GPU backends ("vulkan", "cuda") share: node-llama-cpp publishes each GPU build of the
 // pinned llama.cpp commit as a package (`@node-llama-cpp/linux-x64-<gpu>`, bins/linux-x64-<gpu>:
@@ -209,4 +211,26 @@ export async function probeGpuBuild(
       },
     );
   });
+}
+
+/**
+ * Starts `moeswarm-expert-worker-llama` on a slice with a probed GPU build: the experts compute on
+ * `options.device` (default `${build.devicePrefix}0`); `info.vramBytes` is the memory the probe
+ * found, `info.types` the ggml types the build serves. What differs per GPU (the probe's options,
+ * the environment) is the caller's.
+ */
+export async function spawnGpuExpertWorker(
+  build: GpuBuild,
+  status: GpuStatus,
+  types: readonly string[],
+  slicePath: string,
+  options: Omit<SpawnLlamaExpertWorkerOptions, "binsDir" | "reference">,
+): Promise<WorkerProcessCompute> {
+  const compute = await spawnLlamaExpertWorker(slicePath, {
+    ...options,
+    device: options.device ?? `${build.devicePrefix}0`,
+    binsDir: status.binsDir,
+  });
+  Object.assign(compute.info, { vramBytes: status.vramBytes, types });
+  return compute;
 }

@@ -6,8 +6,9 @@ import {
   gpuBinsDir,
   gpuPackage,
   probeGpuBuild,
+  spawnGpuExpertWorker,
 } from "./gpu-build.js";
-import { type SpawnLlamaExpertWorkerOptions, spawnLlamaExpertWorker } from "./llama-cpu.js";
+import type { SpawnLlamaExpertWorkerOptions } from "./llama-cpu.js";
 import type { WorkerProcessCompute } from "./worker-process.js";
 
 /**
@@ -109,12 +110,8 @@ export async function spawnVulkanExpertWorker(
     ...(allowCpuDevice !== undefined ? { allowCpuDevice } : {}),
     ...(rest.signal ? { signal: rest.signal } : {}),
   });
-  const compute = await spawnLlamaExpertWorker(slicePath, {
+  return spawnGpuExpertWorker(VULKAN_BUILD, status, VULKAN_TYPES, slicePath, {
     ...rest,
-    device: rest.device ?? "Vulkan0",
-    binsDir: status.binsDir,
     env: { ...visibleEnv({ allowCpuDevice: allowCpuDevice ?? false }), ...rest.env },
   });
-  Object.assign(compute.info, { vramBytes: status.vramBytes, types: VULKAN_TYPES });
-  return compute;
 }
