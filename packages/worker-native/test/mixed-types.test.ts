@@ -110,22 +110,33 @@ async function runAll(compute: ExpertCompute, model: Fixture, bound: number): Pr
 
 // one request per layer of 8 tokens x 4 slots (~25 rows: sizes runAll's shaders are compiled for)
 // through two workers: one with a graph per request, one with at most a few rows per graph (chunks,
-// the GPU rule); the largest |difference| of their outputs
-async function chunkDiff(a: ExpertCompute, b: ExpertCompute): Promise<number> {
-  let worst = 0;
+// the GPU rule); per type, the largest |difference| of their outputs and the lowest cosine between
+// them, each chunked run also checked against the f64 oracle
+async function chunkDiff(
+  a: ExpertCompute,
+  b: ExpertCompute,
+  model: Fixture,
+): Promise<Map<string, { diff: number; cos: number }>> {
+  const out = new Map<string, { diff: number; cos: number }>();
   for (const layer of TYPES.keys()) {
     const n = 8;
     const x = normals(n * N_EMBD, 61 + layer);
     const ids = randomIds(n, K, [...Array(N_EXPERT).keys()], 62 + layer, 0.2);
     const w = randomWeights(n, K, 63 + layer);
+    let diff = 0;
+    let cos = 1;
     for (const mode of ["each", "sum"] as const) {
       const ya = await a.run({ layer, x, ids, k: K, w, mode });
       const yb = await b.run({ layer, x, ids, k: K, w, mode });
       expect(yb.length).toBe(ya.length);
-      for (let i = 0; i < ya.length; i++) worst = Math.max(worst, Math.abs(ya[i]! - yb[i]!));
+      for (let i = 0; i < ya.length; i++) diff = Math.max(diff, Math.abs(ya[i]! - yb[i]!));
+      cos = Math.min(cos, cosine(ya, yb));
+      if (mode === "each")
+        expect(cosine(yb, await oracleEach(model, layer, x, ids, K))).toBeGreaterThanOrEqual(0.9995);
     }
+    out.set(ggmlTypeName(TYPES[layer]!), { diff, cos });
   }
-  return worst;
+  return out;
 }
 
 describe.skipIf(Boolean(missing))("a slice with another ggml type per layer", () => {
@@ -145,7 +156,7 @@ describe.skipIf(Boolean(missing))("a slice with another ggml type per layer", ()
     await using whole = await spawnLlamaExpertWorker(model.path, { threads: 1 });
     await using chunked = await spawnLlamaExpertWorker(model.path, { threads: 1, maxBatchRows: 5 });
     // each row of mul_mat_id is computed on its own on the CPU: chunks change no bit
-    expect(await chunkDiff(whole, chunked)).toBe(0);
+    for (const [type, d] of await chunkDiff(whole, chunked, model)) expect(d.diff, type).toBe(0);
   }, 120_000);
 
   it("native addon (static ggml, CPU): every layer matches the f64 oracle, pass after pass", async (ctx) => {
@@ -188,9 +199,12 @@ describe.skipIf(Boolean(missing))("a slice with another ggml type per layer", ()
         threads: 1,
         maxBatchRows: 5,
       });
-      const diff = await chunkDiff(whole, chunked);
-      console.log(`vulkan: chunks of 5 rows vs one graph, largest |difference| ${diff}`);
-      expect(diff).toBe(0);
+      // ggml-vulkan picks its matmul shader by the number of rows (a matrix-vector shader for one,
+      // tile sizes by count), and they sum in other orders: chunks change low bits here, as a
+      // request's other tokens already do, so the check is closeness, not identity
+      const d = await chunkDiff(whole, chunked, model);
+      console.log(`vulkan: chunks of 5 rows vs one graph per type: ${JSON.stringify(Object.fromEntries(d))}`);
+      for (const [type, { cos }] of d) expect(cos, type).toBeGreaterThan(0.9999);
     },
     300_000,
   );

@@ -186,7 +186,7 @@ async function tokenOf(str: (name: string) => string | undefined, env: NodeJS.Pr
 }
 
 /** runWorker's options from the command line (usage errors say which option is wrong). */
-async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Promise<RunWorkerOptions> {
+export async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Promise<RunWorkerOptions> {
   const str = (name: string) => (typeof values[name] === "string" ? (values[name] as string) : undefined);
   const hub = str("hub") ?? env.MOESWARM_HUB;
   if (!hub) throw usageError("--hub <url> is required");
