@@ -120,7 +120,7 @@ bool moeswarm_graph_build(moeswarm_slice * slice, const moeswarm_layer & L, int3
 // the compute buffer's reservation (moeswarm-slice-reserve.cpp): at load, and the check of each new graph
 bool moeswarm_reserve_compute(moeswarm_slice * slice, uint32_t max_rows, moeswarm_error * err);
 bool moeswarm_graph_check_fits(moeswarm_slice * slice, moeswarm_graph & g, moeswarm_error * err);
-bool moeswarm_check_not_grown(const moeswarm_slice * slice, moeswarm_error * err);
+bool moeswarm_check_not_grown(moeswarm_slice * slice, const moeswarm_graph & g, moeswarm_error * err);
 
 // reading one layer's tensors (moeswarm-slice-layer.cpp)
 bool moeswarm_load_layer(moeswarm_slice * slice, const gguf_context * gctx, uint32_t il, size_t file_size,

@@ -224,7 +224,7 @@ static bool moeswarm_graph_alloc(moeswarm_slice * slice, moeswarm_graph * g, moe
     if (!ggml_gallocr_alloc_graph(slice->galloc, g->gf)) {
         return moeswarm_error_set(err, "MOESWARM_NATIVE_COMPUTE", "cannot allocate the compute buffer (out of memory?)");
     }
-    return moeswarm_check_not_grown(slice, err);
+    return moeswarm_check_not_grown(slice, *g, err);
 }
 
 static bool moeswarm_abort_callback(void * data) {
