@@ -157,6 +157,12 @@ describe.skipIf(Boolean(missing))("a slice with another ggml type per layer", ()
     await using chunked = await spawnLlamaExpertWorker(model.path, { threads: 1, maxBatchRows: 5 });
     // each row of mul_mat_id is computed on its own on the CPU: chunks change no bit
     for (const [type, d] of await chunkDiff(whole, chunked, model)) expect(d.diff, type).toBe(0);
+    for (const maxBatchRows of [0, 65537, 1.5]) {
+      await expect(spawnLlamaExpertWorker(model.path, { maxBatchRows })).rejects.toMatchObject({
+        code: "MOESWARM_INVALID_ARGUMENT",
+        message: expect.stringMatching(/maxBatchRows/),
+      });
+    }
   }, 120_000);
 
   it("native addon (static ggml, CPU): every layer matches the f64 oracle, pass after pass", async (ctx) => {
