@@ -70,14 +70,18 @@ export function cudaBinsDir(options: CudaOptions = {}): string {
 export type CudaStatus = GpuStatus;
 
 /**
- * The CUDA devices this machine offers ggml, and their memory. NativeError
+ * The CUDA devices this machine offers ggml, their memory and what a worker offers of it for weights
+ * (`vramOfferBytes`: less the compute buffer reserved for `maxBatchRows` rows and a margin). NativeError
  * MOESWARM_NATIVE_GPU_PACKAGE_MISSING (no build), MOESWARM_NATIVE_GPU_DRIVER (the driver or CUDA's
  * runtime libraries are missing: each named with what provides it), MOESWARM_NATIVE_LOAD (it
  * loads but sees no device).
  */
-export function probeCuda(options: CudaOptions & { signal?: AbortSignal } = {}): Promise<CudaStatus> {
+export function probeCuda(
+  options: CudaOptions & { maxBatchRows?: number; signal?: AbortSignal } = {},
+): Promise<CudaStatus> {
   return probeGpuBuild(CUDA_BUILD, {
     ...(options.binsDir !== undefined ? { binsDir: options.binsDir } : {}),
+    ...(options.maxBatchRows !== undefined ? { maxBatchRows: options.maxBatchRows } : {}),
     ...(options.signal ? { signal: options.signal } : {}),
   });
 }
@@ -98,6 +102,7 @@ export async function spawnCudaExpertWorker(
   const { binsDir: dirOption, ...rest } = options;
   const status = await probeCuda({
     ...(dirOption !== undefined ? { binsDir: dirOption } : {}),
+    ...(rest.maxBatchRows !== undefined ? { maxBatchRows: rest.maxBatchRows } : {}),
     ...(rest.signal ? { signal: rest.signal } : {}),
   });
   return spawnGpuExpertWorker(CUDA_BUILD, status, CUDA_TYPES, slicePath, rest);

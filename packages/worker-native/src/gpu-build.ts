@@ -98,6 +98,65 @@ export interface GpuStatus {
   devices: GpuDevice[];
   /** Device-local memory over the visible devices, bytes (ggml's own count). */
   vramBytes: number;
+  /**
+   * What a worker offers for expert weights (its registration's `vramBytes`): `vramBytes` less
+   * `computeReserveBytes` and `marginBytes`, at least 0.
+   */
+  vramOfferBytes: number;
+  /** The compute buffer a worker reserves at load, bounded for any supported expert shape ({@link gpuComputeReserveBytes}). */
+  computeReserveBytes: number;
+  /** What the driver, ggml's own device buffers and fragmentation take besides ({@link gpuVramMargin}). */
+  marginBytes: number;
+}
+
+/**
+ * Most (token, expert) rows per compute graph on a GPU (the worker's `--max-batch-rows`; more are
+ * computed in chunks): the compute buffer is reserved for this many at load and never grows.
+ * 512 is llama.cpp's default micro-batch: a prefill chunk of a dense model's size in one graph.
+ */
+export const GPU_MAX_BATCH_ROWS = 512;
+
+/** The largest expert shape the VRAM headroom is sized for (Mixtral 8x22B's n_ff is 16384). */
+export const GPU_RESERVE_SHAPE = Object.freeze({ nEmbd: 8192, nFf: 16384 });
+
+const MiB = 1024 * 1024;
+
+/**
+ * An upper bound of the compute buffer a worker reserves for `maxBatchRows` rows of an expert FFN of
+ * this shape (pure, for the offer and its tests): per row, the f32 tensors alive at once in the
+ * graph (the input and output rows, gate, up and their product, a bias or scale result: at most
+ * 3 n_embd + 5 n_ff floats), plus 1 MiB for alignment and the ids. The Vulkan test checks it against
+ * the buffer the worker really reserves.
+ */
+export function gpuComputeReserveBytes(
+  maxBatchRows: number = GPU_MAX_BATCH_ROWS,
+  shape: { nEmbd: number; nFf: number } = GPU_RESERVE_SHAPE,
+): number {
+  return maxBatchRows * 4 * (3 * shape.nEmbd + 5 * shape.nFf) + MiB;
+}
+
+/**
+ * The margin kept free besides the compute buffer: 512 MiB or 1/32 of the device, whichever is
+ * more. It covers the driver's context (a CUDA context takes ~300-500 MiB of the device), ggml's
+ * own per-device buffers that grow with the batch (ggml-vulkan's converted activations and
+ * dequantised weights for types without a direct matmul shader) and allocation granularity.
+ */
+export function gpuVramMargin(totalBytes: number): number {
+  return Math.max(512 * MiB, Math.floor(totalBytes / 32));
+}
+
+/** What a device of `totalBytes` offers for weights: total less compute reserve and margin, at least 0. */
+export function gpuVramOffer(
+  totalBytes: number,
+  maxBatchRows: number = GPU_MAX_BATCH_ROWS,
+): Pick<GpuStatus, "vramOfferBytes" | "computeReserveBytes" | "marginBytes"> {
+  const computeReserveBytes = gpuComputeReserveBytes(maxBatchRows);
+  const marginBytes = gpuVramMargin(totalBytes);
+  return {
+    vramOfferBytes: Math.max(0, totalBytes - computeReserveBytes - marginBytes),
+    computeReserveBytes,
+    marginBytes,
+  };
 }
 
 // First each runtime library on its own (process.dlopen of a library that is not an addon loads
@@ -161,7 +220,12 @@ export function gpuDriverError(
  */
 export async function probeGpuBuild(
   build: GpuBuild,
-  options: { binsDir?: string; env?: Record<string, string>; signal?: AbortSignal } = {},
+  options: {
+    binsDir?: string;
+    env?: Record<string, string>;
+    maxBatchRows?: number;
+    signal?: AbortSignal;
+  } = {},
 ): Promise<GpuStatus> {
   throwIfAborted(options.signal);
   const binsDir = gpuBinsDir(build, options.binsDir);
@@ -203,10 +267,12 @@ export async function probeGpuBuild(
           );
           return;
         }
+        const vramBytes = typeof parsed.total === "number" ? parsed.total : 0;
         resolvePromise({
           binsDir,
           devices: names.map((description, i) => ({ name: `${build.devicePrefix}${i}`, description })),
-          vramBytes: typeof parsed.total === "number" ? parsed.total : 0,
+          vramBytes,
+          ...gpuVramOffer(vramBytes, options.maxBatchRows),
         });
       },
     );
@@ -215,9 +281,10 @@ export async function probeGpuBuild(
 
 /**
  * Starts `moeswarm-expert-worker-llama` on a slice with a probed GPU build: the experts compute on
- * `options.device` (default `${build.devicePrefix}0`); `info.vramBytes` is the memory the probe
- * found, `info.types` the ggml types the build serves. What differs per GPU (the probe's options,
- * the environment) is the caller's.
+ * `options.device` (default `${build.devicePrefix}0`), with the compute buffer reserved at load for
+ * `options.maxBatchRows` (default {@link GPU_MAX_BATCH_ROWS}) rows; `info.vramBytes` is the memory
+ * the probe found, `info.types` the ggml types the build serves. What differs per GPU (the probe's
+ * options, the environment) is the caller's.
  */
 export async function spawnGpuExpertWorker(
   build: GpuBuild,
@@ -229,6 +296,7 @@ export async function spawnGpuExpertWorker(
   const compute = await spawnLlamaExpertWorker(slicePath, {
     ...options,
     device: options.device ?? `${build.devicePrefix}0`,
+    maxBatchRows: options.maxBatchRows ?? GPU_MAX_BATCH_ROWS,
     binsDir: status.binsDir,
   });
   Object.assign(compute.info, { vramBytes: status.vramBytes, types });

@@ -26,7 +26,16 @@ export {
   type RunOptions,
   type RunRequest,
 } from "./expert-compute.js";
-export { type GpuDevice, type GpuStatus, gpuDriverError } from "./gpu-build.js";
+export {
+  GPU_MAX_BATCH_ROWS,
+  GPU_RESERVE_SHAPE,
+  type GpuDevice,
+  type GpuStatus,
+  gpuComputeReserveBytes,
+  gpuDriverError,
+  gpuVramMargin,
+  gpuVramOffer,
+} from "./gpu-build.js";
 export {
   type LlamaCppBinsOptions,
   type LoadLlamaCpuOptions,

@@ -44,6 +44,12 @@ export interface LoadExpertComputeOptions {
   repack?: boolean;
   /** Native path: ggml device, "cpu" (default), "gpu" or a device name (GPU builds only). */
   device?: string;
+  /**
+   * Child-process paths ("vulkan", "cuda", "worker", "llama-cpu" in a process): most (token, expert)
+   * rows per compute graph, more computed in chunks (default: 512 on a GPU, where the compute buffer
+   * is reserved for them at load and never grows; no limit on the CPU).
+   */
+  maxBatchRows?: number;
   /** TypeScript path: bytes of dequantised weights kept between runs (default 256 MiB). */
   cacheBytes?: number;
   signal?: AbortSignal;
@@ -64,7 +70,8 @@ export async function loadExpertCompute(
     throw new InvalidArgumentError("slicePath must be a non-empty string");
   }
   throwIfAborted(options.signal);
-  const { signal, threads, act, repack, cacheBytes, device, binsDir } = options;
+  const { signal, threads, act, repack, cacheBytes, device, binsDir, maxBatchRows } = options;
+  const rows = maxBatchRows !== undefined ? { maxBatchRows } : {};
   if (backend === "llama-cpu") {
     if (!options.llamaProcess && llamaCpuAddonPath() !== undefined) {
       return loadLlamaCpuCompute(slicePath, {
@@ -76,6 +83,7 @@ export async function loadExpertCompute(
       });
     }
     return spawnLlamaExpertWorker(slicePath, {
+      ...rows,
       ...(threads !== undefined ? { threads } : {}),
       ...(act !== undefined ? { act } : {}),
       ...(repack !== undefined ? { repack } : {}),
@@ -85,6 +93,7 @@ export async function loadExpertCompute(
   }
   if (backend === "vulkan") {
     return spawnVulkanExpertWorker(slicePath, {
+      ...rows,
       ...(threads !== undefined ? { threads } : {}),
       ...(act !== undefined ? { act } : {}),
       ...(device !== undefined ? { device } : {}),
@@ -93,6 +102,7 @@ export async function loadExpertCompute(
   }
   if (backend === "cuda") {
     return spawnCudaExpertWorker(slicePath, {
+      ...rows,
       ...(threads !== undefined ? { threads } : {}),
       ...(act !== undefined ? { act } : {}),
       ...(device !== undefined ? { device } : {}),
@@ -101,6 +111,7 @@ export async function loadExpertCompute(
   }
   if (backend === "worker" || (backend === "auto" && (await staticWorkerFallback(signal)))) {
     return spawnExpertWorker(expertWorkerPath(), slicePath, {
+      ...rows,
       ...(threads !== undefined ? { threads } : {}),
       ...(act !== undefined ? { act } : {}),
       ...(repack !== undefined ? { repack } : {}),

@@ -78,14 +78,18 @@ function visibleEnv(options: VulkanOptions): Record<string, string> {
 }
 
 /**
- * The Vulkan devices this machine offers ggml, and their memory: NativeError MOESWARM_NATIVE_LOAD
+ * The Vulkan devices this machine offers ggml, their memory and what a worker offers of it for
+ * weights (`vramOfferBytes`: less the compute buffer reserved for `maxBatchRows` rows and a margin): NativeError MOESWARM_NATIVE_LOAD
  * when no device is visible (a GPU-less machine, or lavapipe without `allowCpuDevice`),
  * MOESWARM_NATIVE_GPU_PACKAGE_MISSING without the build, MOESWARM_NATIVE_GPU_DRIVER without the
  * Vulkan loader.
  */
-export function probeVulkan(options: VulkanOptions & { signal?: AbortSignal } = {}): Promise<VulkanStatus> {
+export function probeVulkan(
+  options: VulkanOptions & { maxBatchRows?: number; signal?: AbortSignal } = {},
+): Promise<VulkanStatus> {
   return probeGpuBuild(VULKAN_BUILD, {
     ...(options.binsDir !== undefined ? { binsDir: options.binsDir } : {}),
+    ...(options.maxBatchRows !== undefined ? { maxBatchRows: options.maxBatchRows } : {}),
     env: visibleEnv(options),
     ...(options.signal ? { signal: options.signal } : {}),
   });
@@ -107,6 +111,7 @@ export async function spawnVulkanExpertWorker(
   const { binsDir: dirOption, allowCpuDevice, ...rest } = options;
   const status = await probeVulkan({
     ...(dirOption !== undefined ? { binsDir: dirOption } : {}),
+    ...(rest.maxBatchRows !== undefined ? { maxBatchRows: rest.maxBatchRows } : {}),
     ...(allowCpuDevice !== undefined ? { allowCpuDevice } : {}),
     ...(rest.signal ? { signal: rest.signal } : {}),
   });

@@ -43,6 +43,12 @@ export interface SpawnExpertWorkerOptions {
   device?: string;
   /** Largest frame either side accepts (default 64 MiB). */
   maxFrameBytes?: number;
+  /**
+   * Most (token, expert) rows per compute graph; a request with more is computed in chunks of at most
+   * this many. On a GPU device the compute buffer is reserved at load for this many and never grows
+   * (default 512 there, `GPU_MAX_BATCH_ROWS`); on the CPU the default is no limit.
+   */
+  maxBatchRows?: number;
   /** Time allowed for loading the slice, until the worker registers (default 120 s). */
   startTimeoutMs?: number;
   /** Time allowed after `drain` before the process is killed (default 10 s). */
@@ -79,6 +85,7 @@ function checkOptions(o: SpawnExpertWorkerOptions): void {
   };
   int("threads", o.threads, 0, 512);
   int("maxFrameBytes", o.maxFrameBytes, 64, 0xffff_ffff);
+  int("maxBatchRows", o.maxBatchRows, 1, 65536);
   int("startTimeoutMs", o.startTimeoutMs, 1, 2 ** 31 - 1);
   int("closeTimeoutMs", o.closeTimeoutMs, 1, 2 ** 31 - 1);
   if (o.act !== undefined && o.act !== "auto" && !ACTIVATIONS.includes(o.act)) {
@@ -152,6 +159,7 @@ export class WorkerProcessCompute implements ExpertCompute {
     if (options.model !== undefined) args.push("--model", options.model);
     if (options.device !== undefined) args.push("--device", options.device);
     if (options.maxFrameBytes !== undefined) args.push("--max-frame", String(options.maxFrameBytes));
+    if (options.maxBatchRows !== undefined) args.push("--max-batch-rows", String(options.maxBatchRows));
     if (options.extraArgs) args.push(...options.extraArgs);
     const launcher = options.launcher ?? (process.env.MOESWARM_WORKER_LAUNCHER || undefined);
     const [cmd, cmdArgs] = launcher ? [launcher, [binaryPath, ...args]] : [binaryPath, args];

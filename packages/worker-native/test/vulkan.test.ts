@@ -3,16 +3,23 @@
 // (ggml-vulkan's shaders, buffers and MUL_MAT_ID) runs on every push; the outputs are checked
 // against the f64 oracle per ggml type, as the native addon's are (native.test.ts).
 
+import { spawn } from "node:child_process";
 import { cosine, sumSlots } from "@moeswarm/core";
 import { GgmlType, ggmlTypeName } from "@moeswarm/shard";
 import { tempDir } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   type ExpertCompute,
+  GPU_MAX_BATCH_ROWS,
+  gpuComputeReserveBytes,
+  gpuVramMargin,
+  gpuVramOffer,
+  llamaExpertWorkerPath,
   loadExpertCompute,
   probeVulkan,
   spawnVulkanExpertWorker,
   VULKAN_TYPES,
+  vulkanBinsDir,
 } from "../src/index.js";
 import {
   type Fixture,
@@ -26,9 +33,11 @@ import {
 
 let missing: string | undefined;
 let vram = 0;
+let offer = 0;
 try {
   const status = await probeVulkan({ allowCpuDevice: true });
   vram = status.vramBytes;
+  offer = status.vramOfferBytes;
   console.log(
     `Vulkan devices: ${status.devices.map((d) => `${d.name} ${d.description}`).join(", ")}; ${vram} bytes`,
   );
@@ -47,6 +56,56 @@ const N_EMBD = 256;
 const N_FF = 256;
 const N_EXPERT = 8;
 const K = 4;
+
+const MiB = 1024 ** 2;
+
+describe("the VRAM a GPU worker offers for weights", () => {
+  it("is the device's memory less the compute reserve and the margin, never below 0", () => {
+    const GiB = 1024 * MiB;
+    // 512 rows of the largest shape sized for (n_embd 8192, n_ff 16384): 4 bytes x (3 x 8192 + 5 x 16384)
+    expect(gpuComputeReserveBytes()).toBe(GPU_MAX_BATCH_ROWS * 4 * (3 * 8192 + 5 * 16384) + MiB);
+    expect(gpuComputeReserveBytes(64, { nEmbd: 256, nFf: 256 })).toBe(64 * 4 * 2048 + MiB);
+    expect(gpuVramMargin(8 * GiB)).toBe(512 * MiB);
+    expect(gpuVramMargin(80 * GiB)).toBe(2.5 * GiB);
+    const o = gpuVramOffer(24 * GiB);
+    expect(o.computeReserveBytes).toBe(gpuComputeReserveBytes());
+    expect(o.marginBytes).toBe(768 * MiB);
+    expect(o.vramOfferBytes).toBe(24 * GiB - o.computeReserveBytes - o.marginBytes);
+    expect(gpuVramOffer(24 * GiB, 4096).vramOfferBytes).toBeLessThan(o.vramOfferBytes);
+    expect(gpuVramOffer(256 * MiB).vramOfferBytes).toBe(0);
+  });
+});
+
+/** The compute buffer the worker reserves at load on lavapipe, from the line it prints on stderr. */
+function reservedBytes(slicePath: string, maxBatchRows: number): Promise<{ bytes: number; rows: number }> {
+  const dir = vulkanBinsDir();
+  return new Promise((resolve, reject) => {
+    const child = spawn(
+      llamaExpertWorkerPath(),
+      ["--slice", slicePath, "--device", "Vulkan0", "--max-batch-rows", String(maxBatchRows)],
+      {
+        env: {
+          ...process.env,
+          LD_LIBRARY_PATH: dir,
+          MOESWARM_GGML_BACKEND_DIR: dir,
+          GGML_VK_VISIBLE_DEVICES: "0",
+        },
+      },
+    );
+    let err = "";
+    child.stderr.on("data", (c: Buffer) => {
+      err += c.toString();
+    });
+    child.stdout.resume();
+    child.stdin.end(); // the worker registers, reads the end of its input and exits
+    child.on("error", reject);
+    child.on("close", () => {
+      const m = /compute buffer: (\d+) bytes reserved for (\d+) rows/.exec(err);
+      if (m) resolve({ bytes: Number(m[1]), rows: Number(m[2]) });
+      else reject(new Error(`no reservation line: ${err}`));
+    });
+  });
+}
 
 async function loadOnLavapipe(path: string): Promise<ExpertCompute> {
   // how a participant on lavapipe is run: GGML_VK_VISIBLE_DEVICES in its environment
@@ -91,6 +150,21 @@ describe.skipIf(Boolean(missing))("vulkan expert compute (node-llama-cpp's ggml-
     expect(vram).toBeGreaterThan(0);
     expect(compute.info.types).toEqual(VULKAN_TYPES);
   });
+
+  it("offers its memory less the compute buffer it reserves at load and a margin", async () => {
+    expect(offer).toBe(Math.max(0, vram - gpuComputeReserveBytes() - gpuVramMargin(vram)));
+    expect(offer).toBeLessThanOrEqual(vram - 512 * MiB);
+    // the reserve counted is an upper bound of what the worker really reserves, here for this shape
+    for (const rows of [64, GPU_MAX_BATCH_ROWS]) {
+      const r = await reservedBytes(models.get(GgmlType.Q4_K)!.path, rows);
+      console.log(
+        `lavapipe compute buffer for ${rows} rows (n_embd ${N_EMBD}, n_ff ${N_FF}): ${r.bytes} bytes`,
+      );
+      expect(r.rows).toBe(rows);
+      expect(r.bytes).toBeGreaterThan(rows * 4 * N_EMBD);
+      expect(r.bytes).toBeLessThanOrEqual(gpuComputeReserveBytes(rows, { nEmbd: N_EMBD, nFf: N_FF }));
+    }
+  }, 120_000);
 
   it("refuses to start without a visible device (lavapipe hidden), saying what to install", async () => {
     const env = process.env.GGML_VK_VISIBLE_DEVICES;

@@ -33,8 +33,9 @@ downloads and verifies it, serves it through the hub's relay until SIGINT/SIGTER
                        it buys is kept in the cache dir and used on later starts)
   --capacity SIZE      memory offered for expert weights, e.g. 2GiB (default: half the free memory;
                        on a phone also at most a quarter of its memory)
-  --vram SIZE          device memory offered (default 0; --backend vulkan/cuda: the device's, and
-                       a GPU worker's claims are sized by it, not by --capacity)
+  --vram SIZE          device memory offered (default 0; --backend vulkan/cuda: the device's less
+                       the compute buffer (~209 MiB) and a margin (512 MiB or 1/32 of it, whichever
+                       is more); a GPU worker's claims are sized by it, not by --capacity)
   --cache-dir DIR      where slices are kept across restarts (default ~/.cache/moeswarm/worker)
   --cache-max SIZE     most disk the cache may use, e.g. 20GiB; least recently used slices not
                        being served are deleted to make room (default: no limit; on a phone
@@ -185,7 +186,7 @@ async function tokenOf(str: (name: string) => string | undefined, env: NodeJS.Pr
 }
 
 /** runWorker's options from the command line (usage errors say which option is wrong). */
-async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Promise<RunWorkerOptions> {
+export async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Promise<RunWorkerOptions> {
   const str = (name: string) => (typeof values[name] === "string" ? (values[name] as string) : undefined);
   const hub = str("hub") ?? env.MOESWARM_HUB;
   if (!hub) throw usageError("--hub <url> is required");
@@ -208,9 +209,10 @@ async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Promise<Ru
   const ramBytes = size(str("capacity"), "capacity") ?? defaults.ramBytes;
   let vramBytes = size(str("vram"), "vram");
   if (vramBytes === undefined && (backend === "vulkan" || backend === "cuda")) {
-    // the device's memory, as ggml counts it (a missing package, driver or device fails here,
-    // before any claim, with what to install)
-    vramBytes = (await (backend === "cuda" ? probeCuda() : probeVulkan())).vramBytes;
+    // the device's memory as ggml counts it, less the compute buffer the worker reserves at load
+    // and a margin (worker-native's gpuVramOffer): what the weights may take (a missing package,
+    // driver or device fails here, before any claim, with what to install)
+    vramBytes = (await (backend === "cuda" ? probeCuda() : probeVulkan())).vramOfferBytes;
   }
   const cacheMaxBytes = size(str("cache-max"), "cache-max") ?? defaults.cacheMaxBytes;
   const threads = threadsText !== undefined ? Number(threadsText) : defaults.threads;

@@ -58,6 +58,7 @@ struct moeswarm_graph {
     ggml_tensor * ids;
     ggml_tensor * w;
     ggml_tensor * out;
+    size_t need_bytes; // compute buffer it needs (measured when the slice has a reservation)
 };
 
 struct moeswarm_expert_map {
@@ -89,6 +90,9 @@ struct moeswarm_slice {
     ggml_backend_t backend           = nullptr;
     ggml_threadpool * threadpool     = nullptr;
     ggml_gallocr_t galloc            = nullptr;
+    ggml_gallocr_t measure           = nullptr;  // plans graphs without allocating (moeswarm-slice-reserve.cpp)
+    uint32_t max_rows                = 0;        // rows per graph, 0: no limit
+    size_t compute_bytes             = 0;        // compute buffer reserved at load, 0: none (grows as needed)
 
     std::vector<moeswarm_graph> graphs;
     uint64_t clock = 0;
@@ -108,6 +112,15 @@ struct moeswarm_tensor_src {
 };
 
 void moeswarm_graph_free(moeswarm_graph & g);
+
+// builds one graph (not cached) for layer L (moeswarm-slice-run.cpp)
+bool moeswarm_graph_build(moeswarm_slice * slice, const moeswarm_layer & L, int32_t kind, uint32_t n_rows, uint32_t k,
+        moeswarm_graph & g, moeswarm_error * err);
+
+// the compute buffer's reservation (moeswarm-slice-reserve.cpp): at load, and the check of each new graph
+bool moeswarm_reserve_compute(moeswarm_slice * slice, uint32_t max_rows, moeswarm_error * err);
+bool moeswarm_graph_check_fits(moeswarm_slice * slice, moeswarm_graph & g, moeswarm_error * err);
+bool moeswarm_check_not_grown(moeswarm_slice * slice, const moeswarm_graph & g, moeswarm_error * err);
 
 // reading one layer's tensors (moeswarm-slice-layer.cpp)
 bool moeswarm_load_layer(moeswarm_slice * slice, const gguf_context * gctx, uint32_t il, size_t file_size,

@@ -497,7 +497,8 @@ struct moeswarm_slice * moeswarm_slice_init_from_file(
     ggml_backend_dev_t dev = moeswarm_init_backend(slice, params.device, err);
     if (dev == nullptr || !moeswarm_alloc_weights(slice, dev, params.repack, srcs, err) ||
             !moeswarm_copy_weights(slice, path, map, file_size, srcs, err) ||
-            !moeswarm_start_compute(slice, params.n_threads, err)) {
+            !moeswarm_start_compute(slice, params.n_threads, err) ||
+            !moeswarm_reserve_compute(slice, params.max_rows, err)) {
         return nullptr;
     }
 

@@ -113,29 +113,8 @@ static int32_t moeswarm_local_id(const moeswarm_slice * slice, int32_t global) {
 }
 
 // kind 0: run over n_rows (token, slot) pairs; 1/2: reference over n_rows tokens x k slots
-static moeswarm_graph * moeswarm_graph_get(
-        moeswarm_slice * slice, const moeswarm_layer & L, int32_t kind, uint32_t n_rows, uint32_t k, moeswarm_error * err) {
-    slice->clock++;
-    for (moeswarm_graph & g : slice->graphs) {
-        if (g.kind == kind && g.layer == L.layer && g.n_rows == n_rows && g.k == k) {
-            g.last_use = slice->clock;
-            return &g;
-        }
-    }
-    // evict the least recently used graph when the cache is full
-    moeswarm_graph * lru = nullptr;
-    for (moeswarm_graph & g : slice->graphs) {
-        if (lru == nullptr || g.last_use < lru->last_use) {
-            lru = &g;
-        }
-    }
-    if (slice->graphs.size() >= slice->n_graphs && lru != nullptr) {
-        moeswarm_graph_free(*lru);
-        *lru = slice->graphs.back();
-        slice->graphs.pop_back();
-    }
-
-    moeswarm_graph g;
+bool moeswarm_graph_build(moeswarm_slice * slice, const moeswarm_layer & L, int32_t kind, uint32_t n_rows, uint32_t k,
+        moeswarm_graph & g, moeswarm_error * err) {
     memset(&g, 0, sizeof(g));
     g.kind               = kind;
     g.layer              = L.layer;
@@ -146,8 +125,7 @@ static moeswarm_graph * moeswarm_graph_get(
     ggml_init_params ip  = { ggml_tensor_overhead() * n_nodes + ggml_graph_overhead_custom(n_nodes, false), nullptr, true };
     g.ctx                = ggml_init(ip);
     if (g.ctx == nullptr) {
-        moeswarm_error_set(err, "MOESWARM_NATIVE_COMPUTE", "cannot create a ggml context for the graph");
-        return nullptr;
+        return moeswarm_error_set(err, "MOESWARM_NATIVE_COMPUTE", "cannot create a ggml context for the graph");
     }
     ggml_context * ctx   = g.ctx;
     const int64_t n_embd = slice->n_embd;
@@ -194,9 +172,41 @@ static moeswarm_graph * moeswarm_graph_get(
         if (!ggml_backend_supports_op(slice->backend, node)) {
             moeswarm_error_set(err, "MOESWARM_NATIVE_COMPUTE", "the %s backend cannot run %s (%s) of this graph",
                     slice->device.c_str(), ggml_op_desc(node), node->src[0] ? ggml_type_name(node->src[0]->type) : "-");
-            ggml_free(g.ctx);
-            return nullptr;
+            moeswarm_graph_free(g);
+            return false;
         }
+    }
+    return true;
+}
+
+static moeswarm_graph * moeswarm_graph_get(
+        moeswarm_slice * slice, const moeswarm_layer & L, int32_t kind, uint32_t n_rows, uint32_t k, moeswarm_error * err) {
+    slice->clock++;
+    for (moeswarm_graph & g : slice->graphs) {
+        if (g.kind == kind && g.layer == L.layer && g.n_rows == n_rows && g.k == k) {
+            g.last_use = slice->clock;
+            return &g;
+        }
+    }
+    moeswarm_graph g;
+    if (!moeswarm_graph_build(slice, L, kind, n_rows, k, g, err)) {
+        return nullptr;
+    }
+    if (!moeswarm_graph_check_fits(slice, g, err)) {
+        moeswarm_graph_free(g);
+        return nullptr;
+    }
+    // evict the least recently used graph when the cache is full
+    moeswarm_graph * lru = nullptr;
+    for (moeswarm_graph & c : slice->graphs) {
+        if (lru == nullptr || c.last_use < lru->last_use) {
+            lru = &c;
+        }
+    }
+    if (slice->graphs.size() >= slice->n_graphs && lru != nullptr) {
+        moeswarm_graph_free(*lru);
+        *lru = slice->graphs.back();
+        slice->graphs.pop_back();
     }
     slice->graphs.push_back(g);
     return &slice->graphs.back();
@@ -214,7 +224,7 @@ static bool moeswarm_graph_alloc(moeswarm_slice * slice, moeswarm_graph * g, moe
     if (!ggml_gallocr_alloc_graph(slice->galloc, g->gf)) {
         return moeswarm_error_set(err, "MOESWARM_NATIVE_COMPUTE", "cannot allocate the compute buffer (out of memory?)");
     }
-    return true;
+    return moeswarm_check_not_grown(slice, *g, err);
 }
 
 static bool moeswarm_abort_callback(void * data) {
@@ -331,20 +341,24 @@ bool moeswarm_slice_run(struct moeswarm_slice * slice, const struct moeswarm_run
     }
 
     slice->y_rows.resize(n_pairs * n_embd);
-    if (n_pairs > 0) {
-        moeswarm_graph * g = moeswarm_graph_get(slice, *L, 0, (uint32_t) n_pairs, 1, err);
+    // at most max_rows rows per graph (the compute buffer was reserved for them at load): more are
+    // computed in chunks, in turn; each row is computed on its own, so a chunk's rows need no others
+    const size_t chunk = slice->max_rows > 0 ? slice->max_rows : std::max<size_t>(n_pairs, 1);
+    for (size_t r0 = 0; r0 < n_pairs; r0 += chunk) {
+        const size_t nr    = std::min(chunk, n_pairs - r0);
+        moeswarm_graph * g = moeswarm_graph_get(slice, *L, 0, (uint32_t) nr, 1, err);
         if (g == nullptr) {
             return false;
         }
         if (!moeswarm_graph_alloc(slice, g, err)) {
             return false;
         }
-        ggml_backend_tensor_set(g->x, slice->x_rows.data(), 0, ggml_nbytes(g->x));
-        ggml_backend_tensor_set(g->ids, slice->pair_ids.data(), 0, ggml_nbytes(g->ids));
+        ggml_backend_tensor_set(g->x, slice->x_rows.data() + r0 * n_embd, 0, ggml_nbytes(g->x));
+        ggml_backend_tensor_set(g->ids, slice->pair_ids.data() + r0, 0, ggml_nbytes(g->ids));
         if (!moeswarm_graph_compute(slice, g, p->abort_flag, err)) {
             return false;
         }
-        ggml_backend_tensor_get(g->out, slice->y_rows.data(), 0, ggml_nbytes(g->out));
+        ggml_backend_tensor_get(g->out, slice->y_rows.data() + r0 * n_embd, 0, ggml_nbytes(g->out));
     }
 
     if (p->mode == MOESWARM_MODE_EACH) {

@@ -99,6 +99,7 @@ struct moeswarm_slice_params moeswarm_slice_default_params(void) {
     params.act       = MOESWARM_ACT_AUTO;
     params.n_graphs  = 16;
     params.device    = nullptr;
+    params.max_rows  = 0;
     return params;
 }
 
@@ -123,6 +124,9 @@ void moeswarm_slice_free(struct moeswarm_slice * slice) {
     }
     if (slice->galloc) {
         ggml_gallocr_free(slice->galloc);
+    }
+    if (slice->measure) {
+        ggml_gallocr_free(slice->measure);
     }
     if (slice->backend) {
         ggml_backend_free(slice->backend);
@@ -198,6 +202,12 @@ const char * moeswarm_slice_device(const struct moeswarm_slice * slice) {
 }
 size_t moeswarm_slice_weight_bytes(const struct moeswarm_slice * slice) {
     return slice->weight_bytes;
+}
+uint32_t moeswarm_slice_max_rows(const struct moeswarm_slice * slice) {
+    return slice->max_rows;
+}
+size_t moeswarm_slice_compute_bytes(const struct moeswarm_slice * slice) {
+    return slice->compute_bytes;
 }
 
 bool moeswarm_slice_layer_desc(const struct moeswarm_slice * slice, uint32_t i, struct moeswarm_layer_desc * desc) {

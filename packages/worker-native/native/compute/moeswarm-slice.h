@@ -35,7 +35,14 @@ struct moeswarm_slice_params {
     uint32_t     n_graphs;   // graphs kept for reuse (by layer and number of (token, slot) pairs)
     const char * device;     // NULL or "cpu": ggml's CPU backend; "gpu": the first GPU; else a ggml
                              // device name ("CUDA0", "ROCm0"...) of a build with that backend
+    uint32_t     max_rows;   // most (token, expert) rows in one compute graph; a run with more is
+                             // computed in chunks of at most this many. The compute buffer is reserved
+                             // at load for it and never grows afterwards. 0: MOESWARM_GPU_MAX_ROWS on
+                             // a GPU device, no limit (and a buffer that grows as needed) on the CPU
 };
+
+// the default max_rows on a device other than the CPU
+#define MOESWARM_GPU_MAX_ROWS 512
 
 struct moeswarm_slice_params moeswarm_slice_default_params(void);
 
@@ -56,6 +63,8 @@ const char *     moeswarm_slice_arch    (const struct moeswarm_slice * slice);  
 int32_t          moeswarm_slice_n_threads(const struct moeswarm_slice * slice);
 const char *     moeswarm_slice_device  (const struct moeswarm_slice * slice);   // ggml device name
 size_t           moeswarm_slice_weight_bytes(const struct moeswarm_slice * slice);
+uint32_t         moeswarm_slice_max_rows(const struct moeswarm_slice * slice);       // 0: no limit
+size_t           moeswarm_slice_compute_bytes(const struct moeswarm_slice * slice);  // reserved at load, 0: none
 
 struct moeswarm_layer_desc {
     uint32_t       layer;

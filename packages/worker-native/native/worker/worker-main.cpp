@@ -49,6 +49,9 @@ static const char * k_usage =
     "  --act <name>          activation: auto|silu|gelu|relu|swiglu_oai|relu_sqr (default auto)\n"
     "  --no-repack           keep weights in plain CPU buffers (no CPU_REPACK)\n"
     "  --device <name>       cpu (default), gpu, or a ggml device of a GPU build (CUDA0, ROCm0...)\n"
+    "  --max-batch-rows <n>  most (token, expert) rows per compute graph; more are computed in chunks\n"
+    "                        (default: 512 on a GPU device, where the compute buffer is reserved at\n"
+    "                        load for them and never grows; no limit on the CPU)\n"
     "  --reference           answer with one monolithic graph over the whole tensors, as llama.cpp's\n"
     "                        build_moe_ffn builds it (tests; ids are slab indices, every slot filled)\n"
     "  --version             print the version and the CPU features compiled in\n";
@@ -64,6 +67,7 @@ struct worker_options {
     bool         repack     = true;
     const char * device     = nullptr;
     bool         reference  = false;
+    uint32_t     max_rows   = 0;
 };
 
 struct worker_state {
@@ -439,6 +443,8 @@ static int parse_args(int argc, char ** argv, worker_options & opt) {
             opt.act = moeswarm_act_from_name(v); ++i;
         } else if (strcmp(a, "--device") == 0 && v) {
             opt.device = v; ++i;
+        } else if (strcmp(a, "--max-batch-rows") == 0 && parse_u64(v, 1, 65536, &u)) {
+            opt.max_rows = (uint32_t) u; ++i;
         } else if (strcmp(a, "--no-repack") == 0) {
             opt.repack = false;
         } else if (strcmp(a, "--reference") == 0) {
@@ -488,6 +494,7 @@ int main(int argc, char ** argv) {
     params.act = st.opt.act;
     params.repack = st.opt.repack;
     params.device = st.opt.device;
+    params.max_rows = st.opt.max_rows;
     moeswarm_error err;
     st.slice = moeswarm_slice_init_from_file(st.opt.slice_path, params, &err);
     if (st.slice == nullptr) {
@@ -499,6 +506,11 @@ int main(int argc, char ** argv) {
         return 3;
     }
 
+    if (moeswarm_slice_compute_bytes(st.slice) > 0) {
+        // for the operator and the supervisor (the VRAM headroom it offers must cover this)
+        fprintf(stderr, "moeswarm-expert-worker: %s compute buffer: %zu bytes reserved for %u rows\n",
+                moeswarm_slice_device(st.slice), moeswarm_slice_compute_bytes(st.slice), moeswarm_slice_max_rows(st.slice));
+    }
     st.model = model_of(st.opt.slice_path, st.opt.model);
     st.backend = moeswarm_slice_device(st.slice);
     for (char & c : st.backend) {
