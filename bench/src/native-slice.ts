@@ -60,7 +60,8 @@ export interface SliceSpec {
 
 /**
  * Writes `spec`'s slice to `path`: gate, up and down of every expert, random weights (a fixed seed
- * per tensor and expert) scaled as a trained layer's, quantised to `spec.type` by ggml.
+ * per tensor and expert) of variance 1/row length, so that activations keep their scale through the
+ * layer, quantised to `spec.type` by ggml.
  */
 export async function writeExpertSlice(path: string, spec: SliceSpec): Promise<void> {
   const { type, nExpert, layer } = spec;
