@@ -15,17 +15,10 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { mulberry32 } from "@moeswarm/core";
-import {
-  GgmlType,
-  type GgufMetadataValue,
-  GgufValueType,
-  ggmlTypeName,
-  ggufValue,
-  writeGguf,
-} from "@moeswarm/shard";
-import { ggmlQuantize, NativeExpertCompute, probeNative } from "@moeswarm/worker-native";
+import { GgmlType, ggmlTypeName } from "@moeswarm/shard";
+import { NativeExpertCompute } from "@moeswarm/worker-native";
 import { type Benchmark, median, type Row } from "../harness.js";
+import { nativeOrSkip, type SliceSpec, sliceRequest, THREADS, writeExpertSlice } from "../native-slice.js";
 
 const N_EMBD = 3072;
 const N_FF = 32;
@@ -35,8 +28,8 @@ const TYPE = GgmlType.Q8_0;
 const TOKENS = [1, 8, 64] as const;
 /** Turns per token count: enough for a stable median on a shared machine. */
 const TURNS: Record<number, number> = { 1: 400, 8: 200, 64: 40 };
-/** Compute threads (MOESWARM_BENCH_THREADS, default 1), as in expert-compute. */
-const THREADS = Number(process.env.MOESWARM_BENCH_THREADS) || 1;
+/** The benchmark's slice: layer 0's first N_EXPERT experts. */
+const SLICE: SliceSpec = { type: TYPE, nEmbd: N_EMBD, nFf: N_FF, nExpert: N_EXPERT, layer: 0 };
 
 /** The part of the addon's slice handle this benchmark calls (see worker-native's native-binding.ts). */
 interface BareHandle {
@@ -50,53 +43,6 @@ interface BareHandle {
     reference: boolean,
   ): Float32Array;
   close(): Promise<void>;
-}
-
-function uniform(n: number, seed: number, scale: number): Float32Array {
-  const r = mulberry32(seed);
-  const out = new Float32Array(n);
-  for (let i = 0; i < n; i++) out[i] = (r() * 2 - 1) * scale;
-  return out;
-}
-
-async function writeCallSlice(path: string): Promise<void> {
-  const tensor = async (name: string, ne0: number, ne1: number, seed: number) => {
-    const parts: Uint8Array[] = [];
-    for (let e = 0; e < N_EXPERT; e++) {
-      parts.push(
-        await ggmlQuantize(ggmlTypeName(TYPE), uniform(ne0 * ne1, seed * 100 + e, Math.sqrt(3 / ne0)), ne0),
-      );
-    }
-    const data = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
-    let at = 0;
-    for (const p of parts) {
-      data.set(p, at);
-      at += p.length;
-    }
-    return { name, type: TYPE, shape: [ne0, ne1, N_EXPERT], data };
-  };
-  const metadata = new Map<string, GgufMetadataValue>([
-    ["general.architecture", ggufValue.str("qwen35moe")],
-    ["moeswarm.slice.layers", ggufValue.array(GgufValueType.UINT32, [0])],
-    ["moeswarm.slice.experts", ggufValue.array(GgufValueType.UINT32, [...Array(N_EXPERT).keys()])],
-  ]);
-  const tensors = [
-    await tensor("blk.0.ffn_gate_exps.weight", N_EMBD, N_FF, 1),
-    await tensor("blk.0.ffn_up_exps.weight", N_EMBD, N_FF, 2),
-    await tensor("blk.0.ffn_down_exps.weight", N_FF, N_EMBD, 3),
-  ];
-  await writeGguf({ metadata, tensors }, path);
-}
-
-function callRequest(n: number, seed: number) {
-  const r = mulberry32(seed);
-  const ids = new Int32Array(n * K);
-  const w = new Float32Array(n * K).fill(1 / K);
-  for (let i = 0; i < n; i++) {
-    const pool = [...Array(N_EXPERT).keys()];
-    for (let j = 0; j < K; j++) ids[i * K + j] = pool.splice(Math.floor(r() * pool.length), 1)[0]!;
-  }
-  return { layer: 0, x: uniform(n * N_EMBD, seed, 1), ids, k: K, w, mode: "sum" as const };
 }
 
 const us = (ns: number) => Math.round(ns / 100) / 10;
@@ -116,14 +62,9 @@ export const computeCall: Benchmark = {
   name: "compute-call",
   description: `a worker's compute call above its arithmetic: floor (addon runSync) vs the thread-pool path vs the inline path, n_embd ${N_EMBD} n_ff ${N_FF}, top-${K}, ${ggmlTypeName(TYPE)}`,
   async run() {
-    const status = await probeNative();
-    if (!status.available || status.path === undefined) {
-      return {
-        rows: [],
-        ratios: {},
-        notes: [`native addon unavailable, nothing measured:\n${status.message}`],
-      };
-    }
+    const probe = await nativeOrSkip();
+    if (probe.skipped) return probe.skipped;
+    const { status } = probe;
     const addon = createRequire(import.meta.url)(status.path) as {
       loadSlice(path: string, o: { threads: number }): Promise<{ handle: Partial<BareHandle> }>;
     };
@@ -135,7 +76,7 @@ export const computeCall: Benchmark = {
     ];
     try {
       const path = join(dir, "slice.gguf");
-      await writeCallSlice(path);
+      await writeExpertSlice(path, SLICE);
       const { handle } = await addon.loadSlice(path, { threads: THREADS });
       if (typeof handle.runSync !== "function") {
         await handle.close?.();
@@ -146,7 +87,7 @@ export const computeCall: Benchmark = {
       const inline = await NativeExpertCompute.load(path, { threads: THREADS, syncMaxTokens: 64 });
       try {
         for (const n of TOKENS) {
-          const req = callRequest(n, 7000 + n);
+          const req = sliceRequest(SLICE, n, K, 7000 + n);
           const floor = () => bare.runSync(0, req.x, req.ids, K, req.w, 1, false);
           const paths = { pool: () => pool.run(req), inline: () => inline.run(req) };
           // same bits on every path, and a warm graph cache

@@ -21,14 +21,14 @@ import {
   syntheticModelKey,
   syntheticPreset,
 } from "@moeswarm/shard";
-import { NativeExpertCompute, probeNative } from "@moeswarm/worker-native";
+import { NativeExpertCompute } from "@moeswarm/worker-native";
 import type { Benchmark, Row } from "../harness.js";
+import { nativeOrSkip, THREADS } from "../native-slice.js";
 
 const CACHE_DIR = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..", ".cache", "models");
 const K = 8;
 const TOKENS = [1, 8, 64] as const;
 const SAMPLES = 5;
-const THREADS = Number(process.env.MOESWARM_BENCH_THREADS) || 1;
 
 function request(layer: number, n: number, nExpert: number, nEmbd: number, seed: number) {
   const r = mulberry32(seed);
@@ -49,14 +49,8 @@ export const expertComputeShape: Benchmark = {
   description:
     "one shape-true qwen35moe layer's routed experts (256 x 3072x1024, top-8, Q4_K_M), batch 1/8/64, worker-native",
   async run() {
-    const status = await probeNative();
-    if (!status.available) {
-      return {
-        rows: [],
-        ratios: {},
-        notes: [`native addon unavailable, nothing measured:\n${status.message}`],
-      };
-    }
+    const probe = await nativeOrSkip();
+    if (probe.skipped) return probe.skipped;
     // 6 GB: made only when asked (MOESWARM_BENCH_SHAPE=1) or already there
     const { spec } = planSyntheticModel(syntheticPreset("shape", "qwen35moe"));
     const cached = join(CACHE_DIR, `qwen35moe-shape-${syntheticModelKey(spec.options).slice(0, 16)}.gguf`);

@@ -7,17 +7,10 @@
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { mulberry32 } from "@moeswarm/core";
-import {
-  GgmlType,
-  type GgufMetadataValue,
-  GgufValueType,
-  ggmlTypeName,
-  ggufValue,
-  writeGguf,
-} from "@moeswarm/shard";
-import { ggmlQuantize, NativeExpertCompute, probeNative, TsExpertCompute } from "@moeswarm/worker-native";
+import { GgmlType, ggmlTypeName } from "@moeswarm/shard";
+import { NativeExpertCompute, TsExpertCompute } from "@moeswarm/worker-native";
 import { type Benchmark, measure, type Row } from "../harness.js";
+import { nativeOrSkip, type SliceSpec, sliceRequest, THREADS, writeExpertSlice } from "../native-slice.js";
 
 const N_EMBD = 3072;
 const N_FF = 1024;
@@ -27,11 +20,15 @@ const LAYER = 0;
 const TOKENS = [1, 8, 64] as const;
 /** The TypeScript path is measured where it finishes in seconds. */
 const TS_TOKENS = new Set([1, 8]);
-/**
- * Compute threads (MOESWARM_BENCH_THREADS, default 1): one thread keeps the figures meaningful on
- * a shared machine, where ggml's thread barriers stall whenever another process takes a core.
- */
-const THREADS = Number(process.env.MOESWARM_BENCH_THREADS) || 1;
+/** The slice's experts are the model's 0, 16, 32, ... (ids as a real slice of 256 has them). */
+const SLICE: Omit<SliceSpec, "type"> = {
+  nEmbd: N_EMBD,
+  nFf: N_FF,
+  nExpert: N_EXPERT,
+  layer: LAYER,
+  idStride: 16,
+  name: "expert-compute-bench",
+};
 /** Alternating samples of native and monolithic runs, so both see the same machine load. */
 const ROUNDS = 9;
 
@@ -70,76 +67,13 @@ async function alternate(
   ];
 }
 
-function uniform(n: number, seed: number, scale: number): Float32Array {
-  const r = mulberry32(seed);
-  const out = new Float32Array(n);
-  for (let i = 0; i < n; i++) out[i] = (r() * 2 - 1) * scale;
-  return out;
-}
-
-async function writeSlice(type: GgmlType, path: string): Promise<void> {
-  const tensor = async (name: string, ne0: number, ne1: number, seed: number) => {
-    // one expert at a time keeps the f32 staging at 12 MB
-    const slab = ggmlTypeName(type);
-    const parts: Uint8Array[] = [];
-    for (let e = 0; e < N_EXPERT; e++) {
-      parts.push(await ggmlQuantize(slab, uniform(ne0 * ne1, seed * 100 + e, Math.sqrt(3 / ne0)), ne0));
-    }
-    const data = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
-    let at = 0;
-    for (const p of parts) {
-      data.set(p, at);
-      at += p.length;
-    }
-    return { name, type, shape: [ne0, ne1, N_EXPERT], data };
-  };
-  const metadata = new Map<string, GgufMetadataValue>([
-    ["general.architecture", ggufValue.str("qwen35moe")],
-    ["general.name", ggufValue.str("expert-compute-bench")],
-    ["moeswarm.slice.layers", ggufValue.array(GgufValueType.UINT32, [LAYER])],
-    [
-      "moeswarm.slice.experts",
-      ggufValue.array(
-        GgufValueType.UINT32,
-        [...Array(N_EXPERT).keys()].map((e) => e * 16),
-      ),
-    ],
-  ]);
-  const tensors = [
-    await tensor(`blk.${LAYER}.ffn_gate_exps.weight`, N_EMBD, N_FF, 1),
-    await tensor(`blk.${LAYER}.ffn_up_exps.weight`, N_EMBD, N_FF, 2),
-    await tensor(`blk.${LAYER}.ffn_down_exps.weight`, N_FF, N_EMBD, 3),
-  ];
-  await writeGguf({ metadata, tensors }, path);
-}
-
-/** n tokens, each with K distinct experts of the slice (global ids e*16). */
-function request(n: number, seed: number) {
-  const r = mulberry32(seed);
-  const ids = new Int32Array(n * K);
-  const w = new Float32Array(n * K);
-  for (let i = 0; i < n; i++) {
-    const pool = [...Array(N_EXPERT).keys()];
-    for (let j = 0; j < K; j++) {
-      ids[i * K + j] = pool.splice(Math.floor(r() * pool.length), 1)[0]! * 16;
-      w[i * K + j] = 1 / K;
-    }
-  }
-  return { layer: LAYER, x: uniform(n * N_EMBD, seed, 1), ids, k: K, w, mode: "sum" as const };
-}
-
 export const expertCompute: Benchmark = {
   name: "expert-compute",
   description: `routed-expert FFN, n_embd ${N_EMBD} n_ff ${N_FF}, top-${K} of a ${N_EXPERT}-expert slice: native vs monolithic ggml graph vs TypeScript`,
   async run() {
-    const status = await probeNative();
-    if (!status.available) {
-      return {
-        rows: [],
-        ratios: {},
-        notes: [`native addon unavailable, nothing measured:\n${status.message}`],
-      };
-    }
+    const probe = await nativeOrSkip();
+    if (probe.skipped) return probe.skipped;
+    const { status } = probe;
     const dir = await mkdtemp(join(tmpdir(), "moeswarm-bench-experts-"));
     const rows: Row[] = [];
     const ratios: Record<string, number> = {};
@@ -150,14 +84,14 @@ export const expertCompute: Benchmark = {
       for (const type of [GgmlType.Q4_K, GgmlType.Q8_0]) {
         const name = ggmlTypeName(type);
         const path = join(dir, `slice-${name}.gguf`);
-        await writeSlice(type, path);
+        await writeExpertSlice(path, { ...SLICE, type });
         const native = await NativeExpertCompute.load(path, { threads: THREADS });
         // every expert dequantised once and kept: the TypeScript path at its best
         const ts = await TsExpertCompute.load(path, { cacheBytes: 4 * 3 * N_EMBD * N_FF * N_EXPERT });
         try {
           notes.push(`${name}: repacked by ggml: ${native.native.tensors[0]!.repacked}`);
           for (const n of TOKENS) {
-            const req = request(n, 1000 + n);
+            const req = sliceRequest(SLICE, n, K, 1000 + n);
             const [nat, mono] = await alternate(
               () => native.run(req),
               () => native.runReference(req),

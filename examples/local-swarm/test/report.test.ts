@@ -1,26 +1,11 @@
 // The report's verification lines: under --trust own nothing is verified or audited, and the
 // report says so in one line instead of printing zero counters that read like checks that passed.
 import type { BridgeMetrics, LogitsHarnessResult } from "@moeswarm/backbone";
+import { emptyVerificationStats } from "@moeswarm/dispatch";
 import { describe, expect, it } from "vitest";
 import { type DemoReport, printReport } from "../src/report.js";
 
 const run = { tokens: [1, 2], text: " a b", nVocab: 8, rssLoadKiB: 1024 } as unknown as LogitsHarnessResult;
-// the bridge keeps verification counters under trust "own" too: all zero
-const zeros = {
-  partsVerified: 0,
-  disagreements: 0,
-  thirdOpinions: 0,
-  quarantines: 0,
-  quarantined: [],
-  unverifiableLocal: 0,
-  failed: 0,
-  extraBytes: 0,
-  extraComputeMs: 0,
-  audits: 0,
-  auditDisagreements: 0,
-  auditMs: 0,
-  samePrincipal: 0,
-};
 const bridge = {
   requests: 4,
   failovers: 0,
@@ -28,7 +13,8 @@ const bridge = {
   audits: 0,
   layers: [],
   dispatch: { owners: {}, bytesOut: 0, bytesIn: 0 },
-  verification: zeros,
+  // the bridge keeps verification counters under trust "own" too: all zero
+  verification: emptyVerificationStats(),
 } as unknown as BridgeMetrics;
 
 function lines(trust: DemoReport["trust"], metrics = bridge): string[] {

@@ -94,6 +94,7 @@ export {
 export { InProcessTransport } from "./transport-inproc.js";
 export { serveExpertThread, type ThreadWorkerSpec, WorkerThreadTransport } from "./transport-threads.js";
 export {
+  emptyVerificationStats,
   Verification,
   type VerificationEvent,
   type VerificationOptions,

@@ -115,6 +115,28 @@ export interface VerificationStats {
 }
 
 /**
+ * Every counter at zero and no worker quarantined: the stats of a new Verification (a bridge under
+ * trust "own" reports them throughout), a fresh object each call, for callers and tests alike.
+ */
+export function emptyVerificationStats(): VerificationStats {
+  return {
+    partsVerified: 0,
+    disagreements: 0,
+    thirdOpinions: 0,
+    quarantines: 0,
+    quarantined: [],
+    unverifiableLocal: 0,
+    failed: 0,
+    extraBytes: 0,
+    extraComputeMs: 0,
+    audits: 0,
+    auditDisagreements: 0,
+    auditMs: 0,
+    samePrincipal: 0,
+  };
+}
+
+/**
  * The state of trust "verify", shared by every call of a dispatcher (pass it as `verification`;
  * without one, an untrusted transport gets its own): the quarantine and the counters.
  */
@@ -127,20 +149,8 @@ export class Verification {
   readonly #tolerance: SpotCheck;
   readonly #quarantine = new Map<string, number>();
   readonly #events: VerificationEvent[] = [];
-  readonly #s = {
-    partsVerified: 0,
-    disagreements: 0,
-    thirdOpinions: 0,
-    quarantines: 0,
-    unverifiableLocal: 0,
-    failed: 0,
-    extraBytes: 0,
-    extraComputeMs: 0,
-    audits: 0,
-    auditDisagreements: 0,
-    auditMs: 0,
-    samePrincipal: 0,
-  };
+  /** The counters; `quarantined` here stays empty: {@link stats} reads the quarantine itself. */
+  readonly #s = emptyVerificationStats();
   readonly probation: number;
   readonly auditRate: number;
   /** Audits each worker passed (probation ends at `probation`). */

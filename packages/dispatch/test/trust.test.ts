@@ -9,6 +9,7 @@ import {
   type ExpertHandler,
   type ExpertRequest,
   type ExpertResult,
+  emptyVerificationStats,
   InProcessTransport,
   Placement,
   SpotCheck,
@@ -122,6 +123,27 @@ describe("trust defaults", () => {
     expect(verification.stats()).toMatchObject({ unverifiableLocal: 1, partsVerified: 0 });
     // computed locally in the worker's place: a fallback, not an audit
     expect(r.metrics).toMatchObject({ fallbacks: 1, audits: 0 });
+  });
+
+  it("a new Verification's stats are emptyVerificationStats(), its counters its own", async () => {
+    const verification = new Verification();
+    expect(verification.stats()).toEqual(emptyVerificationStats());
+    // a fresh object each call: one a caller fills in leaves the next at zero
+    const filled = emptyVerificationStats();
+    filled.partsVerified = 3;
+    filled.quarantined.push("w");
+    expect(emptyVerificationStats()).toMatchObject({ partsVerified: 0, quarantined: [] });
+    const s = strangers([["w", ALL, scaled]]);
+    await dispatchExpertsDetailed(hidden, routing, {
+      layer: 0,
+      placement: s.placement,
+      transport: s.transport,
+      fallback: honest,
+      verification,
+    });
+    expect(verification.stats()).toEqual({ ...emptyVerificationStats(), unverifiableLocal: 1 });
+    // another Verification does not share the counters
+    expect(new Verification().stats()).toEqual(emptyVerificationStats());
   });
 
   it("trusted transports (in-process, threads) keep trust own; the relay's says false", async () => {

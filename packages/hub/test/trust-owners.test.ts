@@ -4,63 +4,22 @@
 // loopback, workers speaking HTTP and the relay with tokens that name their owner. Also the
 // per-address limit on enrolment tries (codes are guessed only by trying).
 import { join } from "node:path";
-import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { createHub, type Hub, type HubOptions, mintToken } from "../src/index.js";
-import { call, copyModel, json, syntheticModel, type TempDir, tempDir, waitFor } from "./hub-helpers.js";
+import { describe, expect, it } from "vitest";
+import { createHub, type HubOptions } from "../src/index.js";
+import { call, json, waitFor } from "./hub-helpers.js";
+import { type Body, http, ID, useHubs } from "./hub-http-fixture.js";
 
 const SECRET = "hub-trust-owners-secret-0123456789";
-const ID = "tiny";
 const T0 = 1_700_000_000_000;
 
-let tmp: TempDir;
-let tinyPath: string;
-const open: RelayConnection[] = [];
-const hubs: Hub[] = [];
-
-// biome-ignore lint/suspicious/noExplicitAny: JSON answers, probed field by field by the assertions
-type Body = Record<string, any>;
-
-const worker = (id: string, owner?: string) =>
-  mintToken({ role: "worker", id, ...(owner ? { owner } : {}), ttlS: 600 }, SECRET);
+const fx = useHubs(SECRET, { clock: () => T0, market: { leaseTtlMs: 60_000 } });
+const worker = (id: string, owner?: string) => fx.token("worker", id, owner);
 const capacity = { ramBytes: 1 << 30 };
 
-async function start(store?: string): Promise<{ base: string; relayUrl: string; hub: Hub }> {
-  const hub = createHub({
-    secret: SECRET,
-    models: [{ id: ID, path: tinyPath }],
-    clock: () => T0,
-    market: { leaseTtlMs: 60_000 },
-    ...(store ? { store } : {}),
-  });
-  hubs.push(hub);
-  const l = await hub.listen(0);
-  return { base: l.url, relayUrl: l.relayUrl, hub };
-}
-
-async function post(base: string, path: string, body: unknown, auth: string) {
-  const a = await call(`${base}${path}`, {
-    method: "POST",
-    headers: { "content-type": "application/json", authorization: `Bearer ${auth}` },
-    body: JSON.stringify(body),
-  });
-  return { status: a.status, body: (a.body.byteLength > 0 ? json(a) : {}) as Body };
-}
+const start = (store?: string) => fx.start(store ? { store } : {});
 
 const claim = (base: string, id: string, tok: string, experts = "0:8") =>
-  post(base, "/api/claims", { worker: id, model: ID, layers: "0:1", experts, capacity }, tok);
-
-beforeAll(async () => {
-  tmp = tempDir();
-  tinyPath = copyModel(await syntheticModel("tiny"), tmp.dir, "tiny.gguf");
-});
-
-afterEach(async () => {
-  await Promise.all(open.splice(0).map((c) => c.close()));
-  await Promise.all(hubs.splice(0).map((h) => h.close()));
-});
-
-afterAll(() => tmp?.remove());
+  http(base, "/api/claims", { worker: id, model: ID, layers: "0:1", experts, capacity }, tok);
 
 describe("a second copy held by the same owner is not a replica", () => {
   it("refuses a claim on cells another worker of the owner has leased or registered (reason owner)", async () => {
@@ -76,14 +35,7 @@ describe("a second copy held by the same owner is not a replica", () => {
     });
     expect(leased.body.error.message).toMatch(/owner "mallory".*not a replica/);
     // m1 registers what it leased: still refused (now held, no longer pending)
-    const c = await connectRelay(relayUrl, {
-      role: "worker",
-      id: "m1",
-      token: worker("m1", "mallory"),
-      reconnect: false,
-      onDispatch: () => ({ y: new Float32Array(0) }),
-    });
-    open.push(c);
+    const c = await fx.peer(relayUrl, "worker", "m1", worker("m1", "mallory"));
     c.register({ model: ID, layers: [0], experts: [0, 1, 2, 3, 4, 5, 6, 7] });
     await waitFor(async () => {
       const p = await call(`${base}/api/models/${ID}/placement`);
@@ -98,7 +50,7 @@ describe("a second copy held by the same owner is not a replica", () => {
   });
 
   it("keeps a lease's owner across a hub restart (SQLite): the owner's other worker is still refused", async () => {
-    const db = join(tmp.dir, "owners.db");
+    const db = join(fx.tmp.dir, "owners.db");
     const first = await start(db);
     expect((await claim(first.base, "m1", worker("m1", "mallory"))).status).toBe(201);
     await first.hub.close();
@@ -145,7 +97,7 @@ describe("a second copy held by the same owner is not a replica", () => {
     // tiny has two MoE layers (0, 1) of 8 experts. m1 holds layer 0: m2 of the same owner takes
     // layer 1 only, though its capacity fits both (a stranger would take 0:2 whole)
     const auto = (id: string, owner?: string) =>
-      post(base, "/api/claims/auto", { worker: id, capacity }, worker(id, owner));
+      http(base, "/api/claims/auto", { worker: id, capacity }, worker(id, owner));
     expect((await claim(base, "m1", worker("m1", "mallory"))).status).toBe(201);
     const m2 = await auto("m2", "mallory");
     expect(m2.status, JSON.stringify(m2.body)).toBe(201);
@@ -161,15 +113,7 @@ describe("a second copy held by the same owner is not a replica", () => {
 
 /** A hub on loopback that trusts loopback as its proxy (X-Forwarded-For names the client), and one enrolment try. */
 async function enrolHub(clock: () => number, enrolment?: HubOptions["enrolment"]) {
-  const hub = createHub({
-    secret: SECRET,
-    models: [{ id: ID, path: tinyPath }],
-    clock,
-    trustProxy: ["127.0.0.1"],
-    ...(enrolment ? { enrolment } : {}),
-  });
-  hubs.push(hub);
-  const { url: base } = await hub.listen(0);
+  const { base } = await fx.start({ clock, trustProxy: ["127.0.0.1"], ...(enrolment ? { enrolment } : {}) });
   return async (from: string) => {
     const a = await call(`${base}/api/enrol`, {
       method: "POST",

@@ -3,88 +3,20 @@
 // @moeswarm/relay-client, the market's clock injected where time matters.
 import { createHash } from "node:crypto";
 import { mkdirSync, readFileSync } from "node:fs";
-import { connectRelay, type RelayConnection, type RelayEvent } from "@moeswarm/relay-client";
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import {
-  createHub,
-  createMemoryStore,
-  type Hub,
-  type HubEvent,
-  type HubOptions,
-  mintToken,
-} from "../src/index.js";
-import {
-  call,
-  copyModel,
-  json,
-  relayDispatch,
-  syntheticModel,
-  type TempDir,
-  tempDir,
-  waitFor,
-} from "./hub-helpers.js";
+import type { RelayConnection, RelayEvent } from "@moeswarm/relay-client";
+import { describe, expect, it } from "vitest";
+import { createMemoryStore, type HubEvent } from "../src/index.js";
+import { relayDispatch, waitFor } from "./hub-helpers.js";
+import { type Body, http, ID, useHubs } from "./hub-http-fixture.js";
 
 const SECRET = "hub-trust-secret-0123456789abcdef";
-const ID = "tiny";
 const T0 = 1_700_000_000_000;
 const U32_MAX = 0xffff_ffff;
 
-let tmp: TempDir;
-let tinyPath: string;
 let now = T0;
-const open: RelayConnection[] = [];
-const hubs: Hub[] = [];
-
-// biome-ignore lint/suspicious/noExplicitAny: JSON answers, probed field by field by the assertions
-type Body = Record<string, any>;
-
-const token = (role: "worker" | "backbone" | "admin", id?: string) =>
-  mintToken({ role, ...(id === undefined ? {} : { id }), ttlS: 600 }, SECRET);
+const fx = useHubs(SECRET, { clock: () => now, market: { leaseTtlMs: 60_000 } });
+const { start, token, peer, closeAll } = fx;
 const capacity = { ramBytes: 1 << 30 };
-
-async function start(
-  options: Partial<HubOptions> = {},
-): Promise<{ hub: Hub; base: string; relayUrl: string }> {
-  const hub = createHub({
-    secret: SECRET,
-    models: [{ id: ID, path: tinyPath }],
-    clock: () => now,
-    market: { leaseTtlMs: 60_000 },
-    ...options,
-  });
-  hubs.push(hub);
-  const l = await hub.listen(0);
-  return { hub, base: l.url, relayUrl: l.relayUrl };
-}
-
-async function http(base: string, path: string, body?: unknown, auth?: string, method = "POST") {
-  const a = await call(`${base}${path}`, {
-    method: body === undefined && method === "POST" ? "GET" : method,
-    headers: {
-      "content-type": "application/json",
-      ...(auth === undefined ? {} : { authorization: `Bearer ${auth}` }),
-    },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  return { status: a.status, body: (a.body.byteLength > 0 ? json(a) : {}) as Body };
-}
-
-async function peer(
-  relayUrl: string,
-  role: "worker" | "backbone",
-  id: string,
-  tok = token(role, id),
-): Promise<RelayConnection> {
-  const c = await connectRelay(relayUrl, {
-    role,
-    id,
-    token: tok,
-    reconnect: false,
-    ...(role === "worker" ? { onDispatch: () => ({ y: new Float32Array(0) }) } : {}),
-  });
-  open.push(c);
-  return c;
-}
 
 /** The codes of the connection-level error frames a peer receives. */
 function notices(c: RelayConnection): string[] {
@@ -99,18 +31,6 @@ const placementIds = async (base: string) =>
   ((await http(base, `/api/models/${ID}/placement`)).body.registrations as Array<{ id: string }>).map(
     (r) => r.id,
   );
-
-beforeAll(async () => {
-  tmp = tempDir();
-  tinyPath = copyModel(await syntheticModel("tiny"), tmp.dir, "tiny.gguf");
-});
-
-afterEach(async () => {
-  await Promise.all(open.splice(0).map((c) => c.close()));
-  await Promise.all(hubs.splice(0).map((h) => h.close()));
-});
-
-afterAll(() => tmp?.remove());
 
 describe("the impersonator: identities bound to tokens", () => {
   it("refuses unbound worker and backbone tokens on hello and on writes, saying how to mint a bound one", async () => {
@@ -476,7 +396,7 @@ describe("reputation at the hub: quarantine with evidence", () => {
   });
 
   it("keeps quarantines in the SQLite file across a restart", async () => {
-    const db = `${tmp.dir}/trust.db`;
+    const db = `${fx.tmp.dir}/trust.db`;
     const { base, relayUrl } = await start({ store: db, requireLeases: false });
     const w = await peer(relayUrl, "worker", "w-sql");
     w.register({ model: ID, layers: [0], experts: [0] });
@@ -490,8 +410,7 @@ describe("reputation at the hub: quarantine with evidence", () => {
       token("backbone", "bb"),
     );
     expect(filed.status).toBe(201);
-    await Promise.all(open.splice(0).map((c) => c.close()));
-    await Promise.all(hubs.splice(0).map((h) => h.close()));
+    await closeAll();
     const second = await start({ store: db });
     expect(second.hub.workers().find((x) => x.id === "w-sql")?.quarantined?.by).toBe("bb");
     await expect(peer(second.relayUrl, "worker", "w-sql")).rejects.toMatchObject({
@@ -548,8 +467,7 @@ describe("replicas: an expert counts as covered with two independent owners", ()
         );
         expect(owners).toEqual([{ layer: 0, experts: "0:8", workers: ["a", "b"] }]);
       }
-      await Promise.all(open.splice(0).map((c) => c.close()));
-      await Promise.all(hubs.splice(0).map((h) => h.close()));
+      await closeAll();
     }
   });
 });
@@ -557,7 +475,7 @@ describe("replicas: an expert counts as covered with two independent owners", ()
 describe("independence by principal: two ids of one owner are one replica", () => {
   it("counts replicas by distinct owners (token `own`) and puts the owner in the placement", async () => {
     const { base, relayUrl } = await start({ requireLeases: false });
-    const mallory = (id: string) => mintToken({ role: "worker", id, owner: "mallory", ttlS: 600 }, SECRET);
+    const mallory = (id: string) => token("worker", id, "mallory");
     const experts = [0, 1, 2, 3, 4, 5, 6, 7];
     const m1 = await peer(relayUrl, "worker", "m1", mallory("m1"));
     const m2 = await peer(relayUrl, "worker", "m2", mallory("m2"));
@@ -667,7 +585,7 @@ describe("self-enrolment the operator allows", () => {
   });
 
   it("keeps codes (hashed) in the SQLite file: `moeswarm-hub enrol-code` issues, a restarted hub redeems", async () => {
-    const dir = `${tmp.dir}/enrol-data`;
+    const dir = `${fx.tmp.dir}/enrol-data`;
     const out: string[] = [];
     const io = {
       stdout: { write: (t: string) => out.push(t) } as unknown as NodeJS.WritableStream,
