@@ -4,7 +4,7 @@
 // and the routing statistics and receipts reach the hub (credits, tokens/s).
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { type Hub, mintToken } from "@moeswarm/hub";
+import { mintToken } from "@moeswarm/hub";
 import { captureStream } from "@moeswarm/testkit";
 import { Agent, request } from "undici";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -39,7 +39,6 @@ describe.skipIf(Boolean(missing))("serveBackboneBridge({hub}): follows the hub's
   let certs: LoopbackCerts;
   let model: string;
   let info: ModelInfo;
-  let hub: Hub;
   let url: string;
   let agent: Agent;
   let fallback: LocalFallback;
@@ -65,7 +64,7 @@ describe.skipIf(Boolean(missing))("serveBackboneBridge({hub}): follows the hub's
       dir: tmp.dir,
       tls: true,
     });
-    ({ hub, url, modelPath: model, info } = swarm);
+    ({ url, modelPath: model, info } = swarm);
     certs = swarm.certs!;
     agent = new Agent({ connect: { ca: certs.ca } });
     // there, but never needed while the swarm covers every expert (the test checks it stays unused)
