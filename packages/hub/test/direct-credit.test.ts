@@ -99,11 +99,28 @@ describe("credits for direct traffic: the minimum of both sides' reports", () =>
     expect(hub.market.creditsOf("wd").expertTokens).toBe(before + 30);
   });
 
+  it("a backbone under-reporting an honest worker's work: credited what the backbone said, the rest waits", async () => {
+    expect((await post("/api/direct/tickets", { worker: "wd" }, token("backbone", "bb4"))).status).toBe(200);
+    const before = credits();
+    // the worker answered 100 slots; the backbone admits 60, then (a later report) 40 more
+    const w = await post("/api/workers/wd/direct/served", served(4, [["bb4", 100]]), token("worker", "wd"));
+    expect(w.body.credited).toEqual([{ backbone: "bb4", model: MODEL, expertTokens: 0 }]);
+    const b1 = await post(`/api/models/${MODEL}/stats`, report(1, 60), token("backbone", "bb4"));
+    expect(b1.body.creditedExpertTokens).toBe(60);
+    expect(credits() - before).toBe(60);
+    const b2 = await post(`/api/models/${MODEL}/stats`, report(2, 40), token("backbone", "bb4"));
+    expect(b2.body.creditedExpertTokens).toBe(40);
+    // and never past what the worker claimed
+    const b3 = await post(`/api/models/${MODEL}/stats`, report(3, 500), token("backbone", "bb4"));
+    expect([b3.body.creditedExpertTokens, b3.body.cut.expertTokens]).toEqual([0, 500]);
+    expect(credits() - before).toBe(100);
+  });
+
   it("refuses entries naming a backbone with no ticket to this worker, on both sides", async () => {
     const before = credits();
     const w = await post(
       "/api/workers/wd/direct/served",
-      served(4, [
+      served(5, [
         ["bb2", 500],
         ["bb", 0],
       ]),
@@ -116,7 +133,7 @@ describe("credits for direct traffic: the minimum of both sides' reports", () =>
     // an unknown model is refused too
     const m = await post(
       "/api/workers/wd/direct/served",
-      served(5, [["bb", 9]], "nope"),
+      served(6, [["bb", 9]], "nope"),
       token("worker", "wd"),
     );
     expect(m.body.refused).toEqual([{ backbone: "bb", model: "nope" }]);
@@ -133,11 +150,11 @@ describe("credits for direct traffic: the minimum of both sides' reports", () =>
     ).toBe(0);
     const first = await post(
       "/api/workers/wd/direct/served",
-      served(6, [["bb3", 100]]),
+      served(7, [["bb3", 100]]),
       token("worker", "wd"),
     );
     expect(first.body.credited[0].expertTokens).toBe(100);
-    for (const seq of [6, 5, 1]) {
+    for (const seq of [7, 6, 1]) {
       const again = await post(
         "/api/workers/wd/direct/served",
         served(seq, [["bb3", 100]]),
