@@ -6,29 +6,25 @@
 // relay), still bit-identical.
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { createHub, type Hub, mintToken } from "@moeswarm/hub";
+import { mintToken } from "@moeswarm/hub";
 import {
   type DirectServer,
   DirectTransport,
   type IncomingDispatch,
-  type RelayConnection,
   selfSignedCertificate,
   serveDirect,
 } from "@moeswarm/relay-client";
-import { sliceExperts } from "@moeswarm/shard";
-import { spawnLlamaExpertWorker, type WorkerProcessCompute } from "@moeswarm/worker-native";
 import { Agent, request } from "undici";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type BackboneBridge, runLogitsHarness, serveBackboneBridge } from "../src/index.js";
 import {
   connectComputeToRelay,
   firstByteDiff,
-  type LoopbackCerts,
-  loopbackCerts,
   type ModelInfo,
-  modelInfo,
   nativeMissing,
+  type RelaySwarm,
   split,
+  startRelaySwarm,
   syntheticModel,
   tempDir,
 } from "./helpers.js";
@@ -42,15 +38,11 @@ describe.skipIf(Boolean(missing))(
   "direct links: one relay-only worker and one reachable one, in one decode",
   () => {
     const tmp = tempDir("mswb-direct-");
-    let certs: LoopbackCerts;
+    let swarm: RelaySwarm;
     let model: string;
     let info: ModelInfo;
-    let hub: Hub;
     let url: string;
-    let relayUrl: string;
     let agent: Agent;
-    const processes: WorkerProcessCompute[] = [];
-    const connections: RelayConnection[] = [];
     let direct: DirectServer | undefined;
     /** What the direct endpoint does with each dispatch it gets (the kill test replaces it). */
     let onDirect: (
@@ -58,44 +50,24 @@ describe.skipIf(Boolean(missing))(
       run: () => Promise<{ y: Float32Array }>,
     ) => Promise<{ y: Float32Array }> = (_d, run) => run();
 
-    const spawn = async (id: string, experts: number[]) => {
-      const path = join(tmp.dir, `${id}.gguf`);
-      await using slice = await sliceExperts(model, { layers: info.layers, experts });
-      await slice.write(path);
-      const compute = await spawnLlamaExpertWorker(path, { threads: 1 });
-      processes.push(compute);
-      return compute;
-    };
-
     beforeAll(async () => {
-      certs = await loopbackCerts();
-      model = await syntheticModel("small", "qwen3moe");
-      info = await modelInfo(model);
-      hub = createHub({
+      swarm = await startRelaySwarm({
         secret: SECRET,
-        models: [{ id: MODEL_ID, path: model }],
-        tls: certs,
-        requireLeases: false,
-        replicas: 1,
-        trustReports: true,
+        model: MODEL_ID,
+        modelPath: await syntheticModel("small", "qwen3moe"),
+        dir: tmp.dir,
+        tls: true,
       });
-      ({ url, relayUrl } = await hub.listen(0));
+      ({ url, modelPath: model, info } = swarm);
+      const certs = swarm.certs!;
       agent = new Agent({ connect: { ca: certs.ca } });
       const [lo, hi] = split(info.nExpert, 2) as [number[], number[]];
 
       // "rw": dials out to the relay only
-      const rw = await spawn("rw", lo);
-      const r = await connectComputeToRelay(relayUrl, {
-        id: "rw",
-        secret: SECRET,
-        compute: rw,
-        ca: certs.ca,
-      });
-      connections.push(r);
-      r.register({ model: MODEL_ID, layers: info.layers, experts: lo, backend: "llama-cpu" });
+      await swarm.join("rw", lo);
 
       // "dw": the relay too, and its own endpoint, published to the hub before it registers
-      const dw = await spawn("dw", hi);
+      const dw = await swarm.spawn("dw", hi);
       const tls = await selfSignedCertificate();
       const workerToken = mintToken({ role: "worker", id: "dw", ttlS: 600 }, SECRET);
       direct = await serveDirect({
@@ -132,21 +104,16 @@ describe.skipIf(Boolean(missing))(
         }),
       });
       expect(put.statusCode, await put.body.text()).toBe(200);
-      const d = await connectComputeToRelay(relayUrl, {
-        id: "dw",
-        secret: SECRET,
-        compute: dw,
-        ca: certs.ca,
-      });
-      connections.push(d);
+      const d = swarm.track(
+        "dw",
+        await connectComputeToRelay(swarm.relayUrl, { id: "dw", secret: SECRET, compute: dw, ca: certs.ca }),
+      );
       d.register({ model: MODEL_ID, layers: info.layers, experts: hi, backend: "llama-cpu" });
     });
     afterAll(async () => {
       await direct?.close();
-      await Promise.all(connections.map((c) => c.close().catch(() => {})));
-      await Promise.all(processes.map((w) => w.close().catch(() => {})));
+      await swarm?.close();
       await agent?.close();
-      await hub?.close();
       tmp.remove();
     });
 
@@ -157,7 +124,7 @@ describe.skipIf(Boolean(missing))(
           url,
           token: mintToken({ role: "backbone", id: "bb-direct", ttlS: 3600 }, SECRET),
           model: MODEL_ID,
-          ca: certs.ca,
+          ca: swarm.certs!.ca,
           statsIntervalMs: 0,
           pollWaitS: 10,
           // after the kill, the relay carries the rest of the decode (no redial within the test)

@@ -189,10 +189,11 @@ export function startSplitSwarm(
  * A hub serving one model to test workers: fake workers register without claiming, one copy per
  * expert, stats not routed through the relay (the hub's trust defaults are tested in @moeswarm/hub).
  */
-export function testHub(secret: string, modelId: string, modelPath: string): Hub {
+export function testHub(secret: string, modelId: string, modelPath: string, tls?: LoopbackCerts): Hub {
   return createHub({
     secret,
     models: [{ id: modelId, path: modelPath }],
+    ...(tls ? { tls } : {}),
     requireLeases: false,
     replicas: 1,
     trustReports: true,
@@ -225,6 +226,103 @@ export async function relaySwarmWorkers(
     throw error;
   }
   return connections;
+}
+
+/** A loopback hub (testHub's settings) with llama-cpu workers on its relay: startRelaySwarm. */
+export interface RelaySwarm extends AsyncDisposable {
+  readonly hub: Hub;
+  readonly url: string;
+  readonly relayUrl: string;
+  /** The throwaway CA and leaf the hub serves (`tls: true`); undefined: plain http and ws. */
+  readonly certs: LoopbackCerts | undefined;
+  readonly model: string;
+  readonly modelPath: string;
+  readonly info: ModelInfo;
+  /** llama-cpu processes by slice name, and relay connections by peer id (closed with the swarm). */
+  readonly processes: Map<string, WorkerProcessCompute>;
+  readonly connections: Map<string, RelayConnection>;
+  /** A llama-cpu process on `experts` of every MoE layer (the slice written under `dir`). */
+  spawn(name: string, experts: readonly number[]): Promise<WorkerProcessCompute>;
+  /** A worker: spawn, then a relay connection as `id` whose dispatches run there, registering the slice. */
+  join(id: string, experts: readonly number[]): Promise<RelayConnection>;
+  /** A connection the test made itself (its backbone, a worker of its own), closed with the swarm. */
+  track(id: string, connection: RelayConnection): RelayConnection;
+  close(): Promise<void>;
+}
+
+/**
+ * The relay set-up of the relay tests: a hub serving `modelPath` as `model` (fake workers register
+ * without claiming, one copy per expert, reports trusted: testHub), optionally over TLS with a
+ * loopback CA, and llama-cpu worker processes joining its relay.
+ */
+export async function startRelaySwarm(options: {
+  secret: string;
+  model: string;
+  modelPath: string;
+  dir: string;
+  tls?: boolean;
+}): Promise<RelaySwarm> {
+  const { secret, model, modelPath, dir } = options;
+  const [info, certs] = await Promise.all([
+    modelInfo(modelPath),
+    options.tls ? loopbackCerts() : Promise.resolve(undefined),
+  ]);
+  const hub = testHub(secret, model, modelPath, certs);
+  const processes = new Map<string, WorkerProcessCompute>();
+  const connections = new Map<string, RelayConnection>();
+  const close = async () => {
+    await Promise.all([...connections.values()].map((c) => c.close().catch(() => {})));
+    await Promise.all([...processes.values()].map((w) => w.close().catch(() => {})));
+    await hub.close();
+  };
+  let listener: { url: string; relayUrl: string };
+  try {
+    listener = await hub.listen(0);
+  } catch (error) {
+    await hub.close();
+    throw error;
+  }
+  const spawn = async (name: string, experts: readonly number[]) => {
+    const path = join(dir, `${name}.gguf`);
+    await using slice = await sliceExperts(modelPath, { layers: info.layers, experts: [...experts] });
+    await slice.write(path);
+    const compute = await spawnLlamaExpertWorker(path, { threads: 1 });
+    processes.set(name, compute);
+    return compute;
+  };
+  const track = (id: string, connection: RelayConnection) => {
+    connections.set(id, connection);
+    return connection;
+  };
+  return {
+    hub,
+    url: listener.url,
+    relayUrl: listener.relayUrl,
+    certs,
+    model,
+    modelPath,
+    info,
+    processes,
+    connections,
+    spawn,
+    track,
+    async join(id, experts) {
+      const compute = await spawn(id, experts);
+      const c = track(
+        id,
+        await connectComputeToRelay(listener.relayUrl, {
+          id,
+          secret,
+          compute,
+          ...(certs ? { ca: certs.ca } : {}),
+        }),
+      );
+      c.register({ model, layers: info.layers, experts: [...experts], backend: "llama-cpu" });
+      return c;
+    },
+    close,
+    [Symbol.asyncDispose]: close,
+  };
 }
 
 /** Byte-for-byte equality of two buffers, with the first differing offset. */

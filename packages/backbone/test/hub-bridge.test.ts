@@ -4,11 +4,8 @@
 // and the routing statistics and receipts reach the hub (credits, tokens/s).
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { createHub, type Hub, mintToken } from "@moeswarm/hub";
-import type { RelayConnection } from "@moeswarm/relay-client";
-import { sliceExperts } from "@moeswarm/shard";
+import { mintToken } from "@moeswarm/hub";
 import { captureStream } from "@moeswarm/testkit";
-import { spawnLlamaExpertWorker, type WorkerProcessCompute } from "@moeswarm/worker-native";
 import { Agent, request } from "undici";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runDispatcherCli } from "../src/cli/run.js";
@@ -20,14 +17,13 @@ import {
   serveBackboneBridge,
 } from "../src/index.js";
 import {
-  connectComputeToRelay,
   firstByteDiff,
   type LoopbackCerts,
-  loopbackCerts,
   type ModelInfo,
-  modelInfo,
   nativeMissing,
+  type RelaySwarm,
   split,
+  startRelaySwarm,
   syntheticModel,
   tempDir,
 } from "./helpers.js";
@@ -39,27 +35,17 @@ const N_PREDICT = 48;
 
 describe.skipIf(Boolean(missing))("serveBackboneBridge({hub}): follows the hub's placement", () => {
   const tmp = tempDir("mswb-hubb-");
+  let swarm: RelaySwarm;
   let certs: LoopbackCerts;
   let model: string;
   let info: ModelInfo;
-  let hub: Hub;
   let url: string;
-  let relayUrl: string;
   let agent: Agent;
   let fallback: LocalFallback;
-  const processes = new Map<string, WorkerProcessCompute>();
-  const connections = new Map<string, RelayConnection>();
 
   /** A llama-cpu process on a slice, and its relay connection registering that slice. */
   const join_ = async (id: string, experts: number[]) => {
-    const path = join(tmp.dir, `${id}.gguf`);
-    await using slice = await sliceExperts(model, { layers: info.layers, experts });
-    await slice.write(path);
-    const worker = await spawnLlamaExpertWorker(path, { threads: 1 });
-    processes.set(id, worker);
-    const c = await connectComputeToRelay(relayUrl, { id, secret: SECRET, compute: worker, ca: certs.ca });
-    connections.set(id, c);
-    c.register({ model: MODEL_ID, layers: info.layers, experts, backend: "llama-cpu" });
+    await swarm.join(id, experts);
   };
 
   const getJson = async <T>(path: string): Promise<T> => {
@@ -69,30 +55,25 @@ describe.skipIf(Boolean(missing))("serveBackboneBridge({hub}): follows the hub's
   };
 
   beforeAll(async () => {
-    certs = await loopbackCerts();
-    model = await syntheticModel("small", "qwen3moe");
-    info = await modelInfo(model);
-    hub = createHub({
+    // fake workers register without claiming, one copy per expert, stats not routed through the
+    // relay: the hub's trust defaults are tested in @moeswarm/hub
+    swarm = await startRelaySwarm({
       secret: SECRET,
-      models: [{ id: MODEL_ID, path: model }],
-      tls: certs,
-      // fake workers register without claiming, one copy per expert, stats not routed through the
-      // relay: the hub's trust defaults are tested in @moeswarm/hub
-      requireLeases: false,
-      replicas: 1,
-      trustReports: true,
+      model: MODEL_ID,
+      modelPath: await syntheticModel("small", "qwen3moe"),
+      dir: tmp.dir,
+      tls: true,
     });
-    ({ url, relayUrl } = await hub.listen(0));
+    ({ url, modelPath: model, info } = swarm);
+    certs = swarm.certs!;
     agent = new Agent({ connect: { ca: certs.ca } });
     // there, but never needed while the swarm covers every expert (the test checks it stays unused)
     fallback = await createLocalFallback(model);
   });
   afterAll(async () => {
-    await Promise.all([...connections.values()].map((c) => c.close().catch(() => {})));
-    await Promise.all([...processes.values()].map((w) => w.close().catch(() => {})));
+    await swarm?.close();
     await fallback?.close();
     await agent?.close();
-    await hub?.close();
     tmp.remove();
   });
 
@@ -172,8 +153,8 @@ describe.skipIf(Boolean(missing))("serveBackboneBridge({hub}): follows the hub's
     expect(requestsOf(m2, "hw2")).toBeGreaterThan(0); // the newcomer is used
 
     // 3. hw0 dies (its process and its relay connection): hw2 alone covers the model
-    await connections.get("hw0")!.close();
-    await processes.get("hw0")!.close();
+    await swarm.connections.get("hw0")!.close();
+    await swarm.processes.get("hw0")!.close();
     const alone = await link.waitForPlacement((p) => !p.workers.includes("hw0"));
     expect([...alone.workers]).toEqual(["hw2"]);
     const m3 = await decode("alone");

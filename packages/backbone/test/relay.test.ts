@@ -3,21 +3,20 @@
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { Placement } from "@moeswarm/dispatch";
-import { type Hub, mintToken } from "@moeswarm/hub";
-import { connectRelay, type RelayConnection, RelayTransport } from "@moeswarm/relay-client";
-import { sliceExperts } from "@moeswarm/shard";
-import { spawnLlamaExpertWorker, type WorkerProcessCompute } from "@moeswarm/worker-native";
+import { mintToken } from "@moeswarm/hub";
+import { connectRelay, RelayTransport } from "@moeswarm/relay-client";
+import type { WorkerProcessCompute } from "@moeswarm/worker-native";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runLogitsHarness, serveBackboneBridge } from "../src/index.js";
 import {
-  connectComputeToRelay,
   firstByteDiff,
   type ModelInfo,
   nativeMissing,
+  type RelaySwarm,
   split,
-  syntheticModelInfo,
+  startRelaySwarm,
+  syntheticModel,
   tempDir,
-  testHub,
 } from "./helpers.js";
 
 const missing = nativeMissing();
@@ -26,22 +25,22 @@ const MODEL_ID = "relayed";
 
 describe.skipIf(Boolean(missing))("llama.cpp + plugin + workers behind the hub's relay", () => {
   const tmp = tempDir("mswb-relay-");
+  let swarm: RelaySwarm;
   let model: string;
   let info: ModelInfo;
-  let hub: Hub;
   let relayUrl: string;
-  const workers: WorkerProcessCompute[] = [];
-  const connections: RelayConnection[] = [];
 
   beforeAll(async () => {
-    ({ path: model, info } = await syntheticModelInfo("small"));
-    hub = testHub(SECRET, MODEL_ID, model);
-    relayUrl = `${(await hub.listen(0)).url.replace(/^http/, "ws")}/relay`;
+    swarm = await startRelaySwarm({
+      secret: SECRET,
+      model: MODEL_ID,
+      modelPath: await syntheticModel("small"),
+      dir: tmp.dir,
+    });
+    ({ modelPath: model, info, relayUrl } = swarm);
   });
   afterAll(async () => {
-    await Promise.all(connections.map((c) => c.close().catch(() => {})));
-    await Promise.all(workers.map((w) => w.close().catch(() => {})));
-    await hub?.close();
+    await swarm?.close();
     tmp.remove();
   });
 
@@ -49,22 +48,18 @@ describe.skipIf(Boolean(missing))("llama.cpp + plugin + workers behind the hub's
     const placement = new Placement({ model: MODEL_ID });
     for (const [i, experts] of split(info.nExpert, 2).entries()) {
       const id = `relay-w${i}`;
-      const path = join(tmp.dir, `${id}.gguf`);
-      await using slice = await sliceExperts(model, { layers: info.layers, experts });
-      await slice.write(path);
-      const worker = await spawnLlamaExpertWorker(path, { threads: 1 });
-      workers.push(worker);
-      connections.push(await connectComputeToRelay(relayUrl, { id, secret: SECRET, compute: worker }));
-      connections.at(-1)!.register({ model: MODEL_ID, layers: info.layers, experts, backend: "llama-cpu" });
+      await swarm.join(id, experts);
       placement.register({ id, model: MODEL_ID, layers: info.layers, experts });
     }
-    const backbone = await connectRelay(relayUrl, {
-      role: "backbone",
-      id: "bb",
-      token: mintToken({ role: "backbone", id: "bb", ttlS: 3600 }, SECRET),
-      reconnect: false,
-    });
-    connections.push(backbone);
+    const backbone = swarm.track(
+      "bb",
+      await connectRelay(relayUrl, {
+        role: "backbone",
+        id: "bb",
+        token: mintToken({ role: "backbone", id: "bb", ttlS: 3600 }, SECRET),
+        reconnect: false,
+      }),
+    );
     await using bridge = await serveBackboneBridge({
       socket: join(tmp.dir, "relay.sock"),
       placement,
@@ -93,14 +88,7 @@ describe.skipIf(Boolean(missing))("llama.cpp + plugin + workers behind the hub's
     const [lo, hi] = split(info.nExpert, 2) as [number[], number[]];
     const placement = new Placement({ model: MODEL_ID });
     const computes: WorkerProcessCompute[] = [];
-    for (const [i, experts] of [lo, hi].entries()) {
-      const path = join(tmp.dir, `rv-${i}.gguf`);
-      await using slice = await sliceExperts(model, { layers: info.layers, experts });
-      await slice.write(path);
-      const worker = await spawnLlamaExpertWorker(path, { threads: 1 });
-      workers.push(worker);
-      computes.push(worker);
-    }
+    for (const [i, experts] of [lo, hi].entries()) computes.push(await swarm.spawn(`rv-${i}`, experts));
     // lo: two honest owners; hi: two honest owners and a liar (x1.05), three relay identities each
     const join_ = async (id: string, experts: number[], compute: WorkerProcessCompute, scale = 1) => {
       const c = await connectRelay(relayUrl, {
@@ -124,7 +112,7 @@ describe.skipIf(Boolean(missing))("llama.cpp + plugin + workers behind the hub's
           return { y };
         },
       });
-      connections.push(c);
+      swarm.track(id, c);
       c.register({ model: MODEL_ID, layers: info.layers, experts, backend: "llama-cpu" });
       placement.register({ id, model: MODEL_ID, layers: info.layers, experts });
     };
@@ -133,13 +121,15 @@ describe.skipIf(Boolean(missing))("llama.cpp + plugin + workers behind the hub's
     await join_("rv-liar", hi, computes[1]!, 1.05);
     await join_("rv-hi-a", hi, computes[1]!);
     await join_("rv-hi-b", hi, computes[1]!);
-    const backbone = await connectRelay(relayUrl, {
-      role: "backbone",
-      id: "bb-verify",
-      token: mintToken({ role: "backbone", id: "bb-verify", ttlS: 3600 }, SECRET),
-      reconnect: false,
-    });
-    connections.push(backbone);
+    const backbone = swarm.track(
+      "bb-verify",
+      await connectRelay(relayUrl, {
+        role: "backbone",
+        id: "bb-verify",
+        token: mintToken({ role: "backbone", id: "bb-verify", ttlS: 3600 }, SECRET),
+        reconnect: false,
+      }),
+    );
     const quarantined: string[] = [];
     await using bridge = await serveBackboneBridge({
       socket: join(tmp.dir, "verify.sock"),

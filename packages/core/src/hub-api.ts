@@ -242,6 +242,32 @@ export interface DirectTicketJson {
   exp: number;
 }
 
+/**
+ * `POST /api/workers/:id/direct/served` (that worker's token): what it answered over direct links
+ * since its last report, per backbone and model. The hub credits each pair the minimum of this and
+ * what the backbone's own stats receipts accepted beyond the relay's forwards (docs/trust.md).
+ */
+export interface DirectServedJson {
+  /** Increases with every report of this worker; a report not above the last one is a retry. */
+  seq: number;
+  served: Array<{
+    backbone: string;
+    model: string;
+    /** Filled expert slots answered (ids != -1), as in the backbone's receipts. */
+    expertTokens: number;
+    requests?: number;
+  }>;
+}
+
+/** The hub's answer to a DirectServedJson. */
+export interface DirectServedOutcomeJson {
+  worker: string;
+  accepted: boolean;
+  credited: Array<{ backbone: string; model: string; expertTokens: number }>;
+  /** Entries naming a backbone that was never given a ticket to this worker: not counted. */
+  refused: Array<{ backbone: string; model: string }>;
+}
+
 /** `GET /api/models/:model/placement?since=&wait=` (a long-poll; 304 when `since` is current). */
 export interface PlacementJson {
   model: string;

@@ -121,6 +121,8 @@ export {
   type DemandRangeJson,
   type DirectEndpointJson,
   type DirectKeyJson,
+  type DirectServedJson,
+  type DirectServedOutcomeJson,
   type DirectTicketJson,
   GPU_CAPACITY_BACKENDS,
   isHubId,

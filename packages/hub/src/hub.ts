@@ -60,6 +60,8 @@ class HubImpl implements Hub {
   readonly #ownsStore: boolean;
   readonly #models: ModelRegistry;
   readonly #book: WorkerBook;
+  /** The direct-link ticket key, and the pairs it admitted (routes and credits both ask). */
+  readonly #directKeys = new DirectKeys();
   readonly #marketBook: MarketBook;
   readonly #routes: RouteContext;
   readonly #reputation: Reputation;
@@ -247,6 +249,7 @@ class HubImpl implements Hub {
       knownWorker: (id) => this.#book.has(id),
       statsStaleMs: config.statsStaleMs,
       trustReports: config.settings.trustReports,
+      ticketed: (backbone, worker) => this.#directKeys.ticketed(backbone, worker),
       onStoreError: (error) => this.#storeError(error),
       onLeaseEnd: (lease, why) => {
         this.metrics.leaseEnded(why);
@@ -257,7 +260,7 @@ class HubImpl implements Hub {
 
   #routeContext(): RouteContext {
     const settings = this.#s;
-    const directKeys = new DirectKeys();
+    const directKeys = this.#directKeys;
     const marketHttp: MarketHttpContext = {
       book: this.#marketBook,
       metrics: this.metrics,

@@ -1,4 +1,11 @@
-import { type DirectEndpointJson, HubError, isMoeswarmError, onAbort } from "@moeswarm/core";
+import {
+  type DirectEndpointJson,
+  type DirectServedJson,
+  HubError,
+  isMoeswarmError,
+  onAbort,
+} from "@moeswarm/core";
+import { DirectCredit, type DirectServedOutcome } from "./direct-credit.js";
 import { asReported, ForwardLedger } from "./forward-ledger.js";
 import { CoverageMarket, type Lease, type MarketModel, type MarketOptions } from "./market.js";
 import type { RelayServerEvent } from "./relay.js";
@@ -40,6 +47,8 @@ export interface MarketBookOptions {
   statsStaleMs: number;
   /** Take reports as they come, not bounded by what the relay forwarded (a trusted swarm). */
   trustReports?: boolean;
+  /** Whether the hub minted `backbone` a direct-link ticket to `worker` (credits for direct traffic). */
+  ticketed?: (backbone: string, worker: string) => boolean;
   onStoreError: (error: unknown) => void;
   onLeaseEnd?: (lease: Lease, why: "expired" | "fulfilled" | "revoked") => void;
 }
@@ -62,6 +71,8 @@ export class MarketBook {
   readonly market: CoverageMarket;
   /** What the relay forwarded per backbone: the bound on its reports (forward-ledger.ts). */
   readonly ledger: ForwardLedger;
+  /** Both sides' counts of direct traffic, credited at their minimum (direct-credit.ts). */
+  readonly direct: DirectCredit;
   readonly #o: MarketBookOptions;
   readonly #latency = new Map<string, { ms: number; results: number; errors: number }>();
   readonly #reported = new Map<string, number>();
@@ -77,6 +88,7 @@ export class MarketBook {
   constructor(options: MarketBookOptions) {
     this.#o = options;
     this.ledger = new ForwardLedger(options.clock);
+    this.direct = new DirectCredit({ clock: options.clock, ticketed: options.ticketed ?? (() => false) });
     this.market = new CoverageMarket({
       ...options.market,
       onLeaseEnd: (lease, why) => {
@@ -228,7 +240,13 @@ export class MarketBook {
         ignored.push(worker);
         continue;
       }
-      const credit = bounded.credits.get(worker) ?? 0;
+      let credit = bounded.credits.get(worker) ?? 0;
+      if (!this.#o.trustReports && receipt.expertTokens > credit) {
+        // beyond the relay's forwards: the backbone's half of direct traffic, matched against the worker's
+        const matched = this.direct.fromBackbone(backbone, worker, model, receipt.expertTokens - credit);
+        credit += matched;
+        bounded.cutCredits -= matched;
+      }
       creditedExpertTokens += credit;
       this.market.credit(model, worker, credit, now);
       this.#served.set(model, (this.#served.get(model) ?? 0) + credit);
@@ -246,6 +264,32 @@ export class MarketBook {
       cut: { expertTokens: bounded.cutCredits, counts: bounded.cutCounts, tokens: bounded.cutTokens },
       creditedExpertTokens,
     };
+  }
+
+  /**
+   * A worker's report of what it answered over direct links: each pair is credited the part the
+   * backbone's receipts also accepted (direct-credit.ts). Models the hub does not serve are
+   * refused like pairs without a ticket; a trusting hub already credited the receipts as reported.
+   */
+  ingestDirect(
+    worker: string,
+    report: DirectServedJson,
+    hasModel: (id: string) => boolean,
+  ): DirectServedOutcome {
+    const known = { ...report, served: report.served.filter((e) => hasModel(e.model)) };
+    const outcome = this.direct.fromWorker(worker, known);
+    if (!outcome.accepted) return outcome;
+    for (const e of report.served) {
+      if (!hasModel(e.model)) outcome.refused.push({ backbone: e.backbone, model: e.model });
+    }
+    if (this.#o.trustReports) return { ...outcome, credited: [] };
+    const now = this.now();
+    for (const c of outcome.credited) {
+      if (c.expertTokens === 0) continue;
+      this.market.credit(c.model, worker, c.expertTokens, now);
+      this.#served.set(c.model, (this.#served.get(c.model) ?? 0) + c.expertTokens);
+    }
+    return outcome;
   }
 
   /** Expert-tokens credited per model since this hub started (the metric's source). */

@@ -14,6 +14,7 @@ export type RouteLabel =
   | "/api/workers/:id/drain"
   | "/api/workers/:id/reinstate"
   | "/api/workers/:id/direct"
+  | "/api/workers/:id/direct/served"
   | "/api/direct/key"
   | "/api/direct/tickets"
   | "/api/quarantines"

@@ -23,6 +23,8 @@ export interface DirectOptions {
   /** PEM certificate and key to serve (default: a self-signed pair made with openssl at start). */
   tlsCert?: string;
   tlsKey?: string;
+  /** How often to tell the hub what was answered directly, for credits (ms, default 10000). */
+  reportMs?: number;
 }
 
 export interface DirectSettings {
@@ -31,6 +33,7 @@ export interface DirectSettings {
   advertise: string[] | undefined;
   cert: string | undefined;
   key: string | undefined;
+  reportMs: number;
 }
 
 /** Checks runWorker's `direct` option. */
@@ -61,7 +64,18 @@ export function directSettings(o: DirectOptions | undefined): DirectSettings | u
       "give both a TLS certificate and its key (--tls-cert and --tls-key), or neither",
     );
   }
-  return { host: (m[1] as string).replace(/^\[|\]$/g, ""), port, advertise, cert: o.tlsCert, key: o.tlsKey };
+  const reportMs = o.reportMs ?? DIRECT_REPORT_MS;
+  if (!Number.isFinite(reportMs) || reportMs <= 0) {
+    throw new InvalidArgumentError(`direct.reportMs must be > 0 ms, got ${o.reportMs}`);
+  }
+  return {
+    host: (m[1] as string).replace(/^\[|\]$/g, ""),
+    port,
+    advertise,
+    cert: o.tlsCert,
+    key: o.tlsKey,
+    reportMs,
+  };
 }
 
 /** Starts the listener (a self-signed certificate unless one was given). */
@@ -126,5 +140,71 @@ export async function publishDirect(
   } catch (error) {
     if ((error as { details?: { status?: unknown } })?.details?.status === 404) return false;
     throw error;
+  }
+}
+
+/** How often the worker tells the hub what it answered directly (ms). */
+export const DIRECT_REPORT_MS = 10_000;
+
+/**
+ * What this worker answered over direct links, per backbone and model, reported to the hub
+ * (`POST /api/workers/:id/direct/served`). The hub credits each pair the minimum of this and the
+ * backbone's own receipts: requests that never crossed the relay still earn credits, and neither
+ * side alone decides how many.
+ */
+export class DirectServedReport {
+  readonly #hub: HubClient;
+  readonly #id: string;
+  #pending = new Map<string, { backbone: string; model: string; expertTokens: number; requests: number }>();
+  #seq = 0;
+  /** false once the hub said it has no such route (an older hub): nothing more is sent. */
+  #supported = true;
+
+  constructor(hub: HubClient, id: string) {
+    this.#hub = hub;
+    this.#id = id;
+  }
+
+  /** One answered dispatch: its filled slots (ids != -1), as the backbone's receipts count them. */
+  add(backbone: string, model: string, ids: Int32Array): void {
+    let filled = 0;
+    for (let i = 0; i < ids.length; i++) if (ids[i] !== -1) filled++;
+    const key = `${backbone}\0${model}`;
+    const e = this.#pending.get(key) ?? { backbone, model, expertTokens: 0, requests: 0 };
+    e.expertTokens += filled;
+    e.requests++;
+    this.#pending.set(key, e);
+  }
+
+  /**
+   * Sends what was counted since the last report. The seq follows the clock, so it still rises
+   * after a restart; what a failed send carried is counted again into the next one.
+   */
+  async flush(signal: AbortSignal): Promise<void> {
+    if (this.#pending.size === 0 || !this.#supported) return;
+    const entries = [...this.#pending.values()];
+    this.#pending = new Map();
+    this.#seq = Math.max(this.#seq + 1, Date.now());
+    try {
+      await this.#hub.request(`/api/workers/${encodeURIComponent(this.#id)}/direct/served`, {
+        method: "POST",
+        body: { seq: this.#seq, served: entries },
+        signal,
+      });
+    } catch (error) {
+      if ((error as { details?: { status?: unknown } })?.details?.status === 404) {
+        this.#supported = false;
+        return;
+      }
+      for (const e of entries) {
+        const key = `${e.backbone}\0${e.model}`;
+        const had = this.#pending.get(key);
+        if (had) {
+          had.expertTokens += e.expertTokens;
+          had.requests += e.requests;
+        } else this.#pending.set(key, e);
+      }
+      throw error;
+    }
   }
 }

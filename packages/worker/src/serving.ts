@@ -17,7 +17,7 @@ import {
   isTransient,
   type RelayConnection,
 } from "@moeswarm/relay-client";
-import { publishDirect, startDirect } from "./direct.js";
+import { DirectServedReport, publishDirect, startDirect } from "./direct.js";
 import type { WorkerEventBody } from "./events.js";
 import type { Settings } from "./options.js";
 import { codeOf, jitter, message } from "./run-helpers.js";
@@ -51,6 +51,8 @@ export class Serving {
   #idleWaiters: Array<() => void> = [];
   #dispatchErrors = 0;
   #direct: { server: DirectServer; endpoint: DirectEndpointJson } | undefined;
+  /** What was answered directly, reported to the hub for credits, and its timer. */
+  #served: { report: DirectServedReport; timer: NodeJS.Timeout } | undefined;
 
   constructor(ctx: ServingContext) {
     this.#ctx = ctx;
@@ -80,10 +82,21 @@ export class Serving {
       this.#direct = await startDirect(s.direct, {
         id: s.id,
         hub: s.hub,
-        onDispatch: (req) => this.#onDispatch(req),
+        onDispatch: async (req) => {
+          const answer = await this.#onDispatch(req);
+          this.#served?.report.add(req.from, req.model, req.ids);
+          return answer;
+        },
         emit: (body) => this.#ctx.emit(body),
         signal: stop,
       });
+      const report = new DirectServedReport(s.hub, s.id);
+      const timer = setInterval(() => {
+        // a failed send keeps its counts for the next one
+        report.flush(stop).catch(() => {});
+      }, s.direct.reportMs);
+      timer.unref();
+      this.#served = { report, timer };
     }
     let published = false;
     for (let attempt = 1; ; attempt++) {
@@ -224,6 +237,13 @@ export class Serving {
     const direct = this.#direct;
     this.#direct = undefined;
     await direct?.server.close();
+    const served = this.#served;
+    this.#served = undefined;
+    if (served) {
+      clearInterval(served.timer);
+      // the last counts, with a short bound: a hub that is gone must not hold the drain
+      await served.report.flush(AbortSignal.timeout(5000)).catch(() => {});
+    }
   }
 
   async drain(conn: RelayConnection, reason: string, slices: number): Promise<void> {

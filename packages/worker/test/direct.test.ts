@@ -1,7 +1,8 @@
 // runWorker with a direct endpoint (`direct.listen`) against a real hub and relay (tiny model):
 // the endpoint is published to the hub before the slice is registered, so the placement that
 // lists the slice carries its endpoint and certificate fingerprint; a backbone dials it with a
-// ticket from the hub and gets the bits of a local compute; the drain closes the endpoint.
+// ticket from the hub and gets the bits of a local compute; the drain closes the endpoint and
+// reports what was answered directly, which the hub credits where the backbone's receipts agree.
 import { connect } from "node:tls";
 import type { PlacementRegistrationJson } from "@moeswarm/core";
 import { type Hub, mintToken } from "@moeswarm/hub";
@@ -118,6 +119,15 @@ describe("runWorker({direct})", () => {
         stop.abort("test done");
         const summary = await run;
         expect(summary).toMatchObject({ served: true, requests: 1 });
+        // credits: the drained worker told the hub it answered bb's 6 filled slots directly; bb's
+        // receipts say 6 too, beyond what the relay forwarded (nothing): credited the minimum
+        const stats = await fetch(`${url}/api/models/${MODEL}/stats`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${bbToken}`, "content-type": "application/json" },
+          body: JSON.stringify({ seq: 1, counts: {}, receipts: { wd: { expertTokens: 6 } } }),
+        });
+        expect(await stats.json()).toMatchObject({ creditedExpertTokens: 6, cut: { expertTokens: 0 } });
+        expect(hub.market.creditsOf("wd").expertTokens).toBe(6);
         // the endpoint went with the worker: the backbone's link to it is lost
         await waitFor(() => t.counters().linked.length === 0, "the direct link to close");
       } finally {

@@ -1,6 +1,7 @@
 // Direct links: the ticket key (public), tickets for backbones, and workers' endpoints.
-import { AuthError, isHubId } from "@moeswarm/core";
+import { AuthError, type DirectServedOutcomeJson, isHubId } from "@moeswarm/core";
 import { parseDirectEndpoint } from "../direct.js";
+import { parseDirectServed } from "../direct-credit.js";
 import { readJsonBody } from "../http-body.js";
 import { badRequest, sendJson } from "../http-errors.js";
 import type { Handler } from "./context.js";
@@ -39,4 +40,25 @@ export const putWorkerDirect: Handler = async (ctx, { req, res, params }) => {
   const direct = parseDirectEndpoint(await readJsonBody(req, res, ctx.settings.maxBodyBytes));
   ctx.marketHttp.book.setDirect(id, direct);
   sendJson(res, 200, { worker: id, ...(direct ?? { endpoints: [] }) });
+};
+
+/**
+ * POST /api/workers/:id/direct/served with that worker's token: what it answered over direct
+ * links per backbone and model. Credited where the backbones' own receipts agree (the minimum).
+ */
+export const postDirectServed: Handler = async (ctx, { req, res, params }) => {
+  const id = params.id as string;
+  const claims = ctx.marketHttp.authorize(req, "worker");
+  // only the worker itself: an admin token does not speak for a worker's work either
+  if (claims.role !== "worker" || (claims.id !== undefined && claims.id !== id)) {
+    throw new AuthError(
+      "MOESWARM_AUTH_ROLE",
+      `only worker ${JSON.stringify(id)}'s own token reports its work`,
+    );
+  }
+  const report = parseDirectServed(await readJsonBody(req, res, ctx.settings.maxBodyBytes));
+  const book = ctx.marketHttp.book;
+  const outcome = book.ingestDirect(id, report, (model) => ctx.models.find(model) !== undefined);
+  await book.commit(); // on disk before it is acknowledged, as a backbone's stats
+  sendJson(res, 200, { worker: id, ...outcome } satisfies DirectServedOutcomeJson);
 };

@@ -5,7 +5,7 @@ import { badRequest, methodNotAllowed, notFound } from "../http-errors.js";
 import type { RouteLabel } from "../metrics.js";
 import { authorize, type Handler, type RouteContext } from "./context.js";
 import { getDashboard, getMetrics, getStatus } from "./dashboard.js";
-import { getDirectKey, postDirectTicket, putWorkerDirect } from "./direct.js";
+import { getDirectKey, postDirectServed, postDirectTicket, putWorkerDirect } from "./direct.js";
 import { getHealth } from "./health.js";
 import * as market from "./market.js";
 import { getManifest, getModel, listModels, registerModel, removeModel } from "./models.js";
@@ -51,6 +51,7 @@ const ROUTES: readonly Route[] = [
   route("/api/workers/:id/drain", { POST: { access: "admin", handle: drainWorker } }),
   route("/api/workers/:id/reinstate", { POST: { access: "admin", handle: reinstateWorker } }),
   route("/api/workers/:id/direct", { PUT: { access: "self", handle: putWorkerDirect } }),
+  route("/api/workers/:id/direct/served", { POST: { access: "self", handle: postDirectServed } }),
   route("/api/direct/key", {
     GET: { access: "public", handle: getDirectKey },
     HEAD: { access: "public", handle: getDirectKey },
