@@ -149,6 +149,13 @@ export {
   shardUrl,
 } from "./hub-api.js";
 export {
+  parseWorkerPauseJson,
+  type WorkerPauseBy,
+  type WorkerPauseJson,
+  type WorkerPauseRecordJson,
+  workerPauseUrl,
+} from "./hub-api.js";
+export {
   checkRange,
   type ExpertRef,
   expertKey,

@@ -21,6 +21,7 @@ import type { ModelInfo } from "./model.js";
 import { createRelay, type Relay, type RelayOptions, type SliceInfo } from "./relay.js";
 import { bannedError, Reputation } from "./reputation.js";
 import { authorize, type RouteContext } from "./routes/context.js";
+import { WorkerPauses } from "./worker-pause.js";
 import { matchRoute, serveRoute } from "./routes/table.js";
 import type { HubStore } from "./store.js";
 import { openReportStore, type QuarantineEvidence, type QuarantineRecord } from "./store-reports.js";
@@ -64,6 +65,7 @@ class HubImpl implements Hub {
   readonly #routes: RouteContext;
   readonly #reputation: Reputation;
   readonly #enrolment: Enrolment;
+  readonly #pauses: WorkerPauses;
   readonly #inflight = new Set<Promise<void>>();
   readonly #downloads = new Set<AbortController>();
   readonly #persistTimer: ReturnType<typeof setInterval>;
@@ -113,6 +115,12 @@ class HubImpl implements Hub {
       throw error;
     }
     this.market = this.#marketBook.market;
+    this.#pauses = new WorkerPauses({
+      setPaused: (id, paused) => this.#marketBook.setPaused(id, paused),
+      notice: (id, code, msg) => this.relay.notice(id, code, msg),
+      clock: config.clock,
+      emit: (e) => this.#emit({ type: "pause", ...e }),
+    });
     this.#models = new ModelRegistry({
       settings: this.#s,
       store: this.store,
@@ -148,6 +156,7 @@ class HubImpl implements Hub {
           () => event.type === "connect" && this.#guard?.authenticated(event.remote),
           () => this.#book.onRelayEvent(event),
           () => this.#marketBook.onRelayEvent(event),
+          () => this.#pauses.onRelayEvent(event),
           () => this.#emit({ type: "relay", event }),
           () => userRelayEvent?.(event),
         ]) {
@@ -306,6 +315,8 @@ class HubImpl implements Hub {
       enrol: (code, address) => this.#enrolment.redeem(code, address),
       issueEnrolCode: (o) => this.#enrolment.issue(o),
       emitLease: (action, lease) => this.#emitLease(action, lease),
+      pauses: this.#pauses,
+      workerOwner: async (id) => this.market.ownerOf(id) ?? (await this.#enrolment.ownerOf(id)),
     };
   }
 
@@ -364,6 +375,8 @@ class HubImpl implements Hub {
       const info: HubWorkerInfo = { ...w, credits: this.market.creditsOf(w.id) };
       const q = this.#reputation.get(w.id);
       if (q) info.quarantined = { at: q.at, by: q.by, model: q.model, reason: q.evidence.reason };
+      const { hub, self } = this.#pauses.state(w.id);
+      if (hub || self) info.paused = { ...(hub ? { hub } : {}), ...(self ? { self } : {}) };
       if (latency && latency.results > 0) info.latencyMs = latency.ms;
       if (reported !== undefined) info.reportedLatencyMs = reported;
       return info;
