@@ -134,6 +134,7 @@ export {
   parseLeaseJson,
   parseQuarantinesJson,
   parseStatsReport,
+  parseWorkerPauseJson,
   placementUrl,
   QUARANTINES_PATH,
   type QuarantineJson,
@@ -147,9 +148,6 @@ export {
   type StatsReport,
   type StatsReportJson,
   shardUrl,
-} from "./hub-api.js";
-export {
-  parseWorkerPauseJson,
   type WorkerPauseBy,
   type WorkerPauseJson,
   type WorkerPauseRecordJson,

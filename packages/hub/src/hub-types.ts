@@ -1,8 +1,8 @@
 // The hub's public shapes: its options, the events it reports, what `status()` answers and the
 // `Hub` handle itself (the implementation lives in hub.ts).
-import type { WorkerPauseBy } from "@moeswarm/core";
 import type { Server as HttpServer, IncomingMessage, ServerResponse } from "node:http";
 import type { Server as HttpsServer } from "node:https";
+import type { WorkerPauseBy } from "@moeswarm/core";
 import type { ConnectionLimits } from "./connection-guard.js";
 import type { EnrolmentLimits } from "./enrolment.js";
 import type { CoverageGrid, CoverageMarket, MarketOptions } from "./market.js";

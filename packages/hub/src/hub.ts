@@ -21,11 +21,11 @@ import type { ModelInfo } from "./model.js";
 import { createRelay, type Relay, type RelayOptions, type SliceInfo } from "./relay.js";
 import { bannedError, Reputation } from "./reputation.js";
 import { authorize, type RouteContext } from "./routes/context.js";
-import { WorkerPauses } from "./worker-pause.js";
 import { matchRoute, serveRoute } from "./routes/table.js";
 import type { HubStore } from "./store.js";
 import { openReportStore, type QuarantineEvidence, type QuarantineRecord } from "./store-reports.js";
 import { type HubWorkerInfo, WorkerBook } from "./worker-book.js";
+import { WorkerPauses } from "./worker-pause.js";
 
 /** `(req, res) => boolean`: the hub's HTTP API as a handler for an embedder's own server. */
 export function createHubHandler(hub: Hub): (req: IncomingMessage, res: ServerResponse) => boolean {

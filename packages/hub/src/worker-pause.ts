@@ -2,7 +2,12 @@
 // pauses itself (a phone on low battery or too hot). While paused, placements leave it out
 // (backbones route it nothing new; what is in flight finishes) but it keeps its slices, leases
 // and coverage: a pause is not a departure, and after a resume it serves again at once.
-import { HubError, type WorkerPauseBy, type WorkerPauseJson, type WorkerPauseRecordJson } from "@moeswarm/core";
+import {
+  HubError,
+  type WorkerPauseBy,
+  type WorkerPauseJson,
+  type WorkerPauseRecordJson,
+} from "@moeswarm/core";
 import type { RelayServerEvent } from "./relay.js";
 import { principalOf, type TokenClaims } from "./token.js";
 
@@ -34,6 +39,8 @@ export function pauseNoticeText(paused: boolean, by: "owner" | "operator", reaso
 export class WorkerPauses {
   readonly #slots = new Map<string, PauseSlots>();
   readonly #o: WorkerPausesOptions;
+  /** Workers connected and not yet registered on that connection. */
+  readonly #untold = new Set<string>();
 
   constructor(options: WorkerPausesOptions) {
     this.#o = options;
@@ -59,7 +66,8 @@ export class WorkerPauses {
     if (by === "self") slots.self = record;
     else slots.hub = { ...record, by };
     this.#set(id, slots);
-    if (by !== "self" && !hadHub) this.#o.notice(id, "MOESWARM_HUB_PAUSED", pauseNoticeText(true, by, reason));
+    if (by !== "self" && !hadHub)
+      this.#o.notice(id, "MOESWARM_HUB_PAUSED", pauseNoticeText(true, by, reason));
     this.#o.emit?.({ worker: id, paused: true, by, ...(reason !== undefined ? { reason } : {}) });
     return this.state(id);
   }
@@ -83,9 +91,17 @@ export class WorkerPauses {
     this.#o.setPaused(id, paused);
   }
 
-  /** A worker that connects while the hub pauses it is told at once (it may have missed the notice). */
+  /**
+   * A worker that connects while the hub pauses it is told at its first register on that
+   * connection (right after the hello its client may not be listening yet).
+   */
   onRelayEvent(event: RelayServerEvent): void {
-    if (event.type !== "connect" || event.role !== "worker") return;
+    if (event.type === "connect" && event.role === "worker") {
+      this.#untold.add(event.id);
+      return;
+    }
+    if (event.type === "disconnect" && event.id !== undefined) this.#untold.delete(event.id);
+    if (event.type !== "register" || !this.#untold.delete(event.id)) return;
     const hub = this.#slots.get(event.id)?.hub;
     if (hub) this.#o.notice(event.id, "MOESWARM_HUB_PAUSED", pauseNoticeText(true, hub.by, hub.reason));
   }

@@ -267,7 +267,13 @@ function hubEventPrinter(say: Say, io: CliIo): (e: HubEvent) => void {
       case "pause":
         say(
           `${CLI_NAME}: worker ${e.worker} ${e.paused ? "paused" : "resumed"} by ${e.by === "self" ? "itself" : `its ${e.by}`}${e.reason ? `: ${e.reason}` : ""}`,
-          { event: "pause", worker: e.worker, paused: e.paused, by: e.by, ...(e.reason ? { reason: e.reason } : {}) },
+          {
+            event: "pause",
+            worker: e.worker,
+            paused: e.paused,
+            by: e.by,
+            ...(e.reason ? { reason: e.reason } : {}),
+          },
         );
         return;
       case "relay":
