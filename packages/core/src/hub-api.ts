@@ -291,6 +291,25 @@ export function workerPauseUrl(worker: string, action: "pause" | "resume" = "pau
   return `/api/workers/${encodeURIComponent(worker)}/${action}`;
 }
 
+/**
+ * The message of the relay notice (a connection-level `error` frame, code MOESWARM_HUB_PAUSED or
+ * MOESWARM_HUB_RESUMED) that tells a worker of the hub's pause, and the line it prints:
+ * "paused by the hub (owner): <reason>".
+ */
+export function workerPauseNotice(paused: boolean, by: "owner" | "operator", reason?: string): string {
+  return `${paused ? "paused" : "resumed"} by the hub (${by})${reason ? `: ${reason}` : ""}`;
+}
+
+/** Reads a workerPauseNotice message back; undefined when it is not one. */
+export function parseWorkerPauseNotice(
+  msg: string,
+): { paused: boolean; by: "owner" | "operator"; reason?: string } | undefined {
+  const m = /^(paused|resumed) by the hub \((owner|operator)\)(?:: ([\s\S]*))?$/.exec(msg);
+  if (!m) return undefined;
+  const by = m[2] as "owner" | "operator";
+  return { paused: m[1] === "paused", by, ...(m[3] !== undefined ? { reason: m[3] } : {}) };
+}
+
 /** Checks a worker pause body; HubError MOESWARM_HUB_BAD_REQUEST otherwise. */
 export function parseWorkerPauseJson(v: unknown): WorkerPauseJson {
   if (!isObject(v) || !isHubId(v.worker) || typeof v.paused !== "boolean") throw unusable("a worker pause");

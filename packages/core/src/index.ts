@@ -135,6 +135,7 @@ export {
   parseQuarantinesJson,
   parseStatsReport,
   parseWorkerPauseJson,
+  parseWorkerPauseNotice,
   placementUrl,
   QUARANTINES_PATH,
   type QuarantineJson,
@@ -151,6 +152,7 @@ export {
   type WorkerPauseBy,
   type WorkerPauseJson,
   type WorkerPauseRecordJson,
+  workerPauseNotice,
   workerPauseUrl,
 } from "./hub-api.js";
 export {

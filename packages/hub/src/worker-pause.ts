@@ -7,6 +7,7 @@ import {
   type WorkerPauseBy,
   type WorkerPauseJson,
   type WorkerPauseRecordJson,
+  workerPauseNotice,
 } from "@moeswarm/core";
 import type { RelayServerEvent } from "./relay.js";
 import { principalOf, type TokenClaims } from "./token.js";
@@ -25,11 +26,6 @@ export interface WorkerPausesOptions {
   clock: () => number;
   /** Reports a change (the hub's onEvent). */
   emit?: (event: { worker: string; paused: boolean; by: WorkerPauseBy; reason?: string }) => void;
-}
-
-/** What a worker prints and a relay notice carries: "paused by the hub (owner): reason". */
-export function pauseNoticeText(paused: boolean, by: "owner" | "operator", reason?: string): string {
-  return `${paused ? "paused" : "resumed"} by the hub (${by})${reason ? `: ${reason}` : ""}`;
 }
 
 /**
@@ -61,13 +57,16 @@ export class WorkerPauses {
   /** Pauses `id` as `by` (again: the reason and time are updated). */
   pause(id: string, by: WorkerPauseBy, reason?: string): WorkerPauseJson {
     const slots = this.#slots.get(id) ?? {};
+    const had = by === "self" ? slots.self : slots.hub;
+    // the same pause again (a worker repeats its own while it lasts): nothing changes
+    if (had && had.reason === reason && (by === "self" || slots.hub?.by === by)) return this.state(id);
     const record = { at: this.#o.clock(), ...(reason !== undefined ? { reason } : {}) };
     const hadHub = slots.hub !== undefined;
     if (by === "self") slots.self = record;
     else slots.hub = { ...record, by };
     this.#set(id, slots);
     if (by !== "self" && !hadHub)
-      this.#o.notice(id, "MOESWARM_HUB_PAUSED", pauseNoticeText(true, by, reason));
+      this.#o.notice(id, "MOESWARM_HUB_PAUSED", workerPauseNotice(true, by, reason));
     this.#o.emit?.({ worker: id, paused: true, by, ...(reason !== undefined ? { reason } : {}) });
     return this.state(id);
   }
@@ -75,11 +74,12 @@ export class WorkerPauses {
   /** Lifts the pause of `by`'s side: "self" the worker's own, "owner"/"operator" the hub's. */
   resume(id: string, by: WorkerPauseBy): WorkerPauseJson {
     const slots = this.#slots.get(id) ?? {};
+    if ((by === "self" ? slots.self : slots.hub) === undefined) return this.state(id);
     const hadHub = slots.hub !== undefined;
     if (by === "self") delete slots.self;
     else delete slots.hub;
     this.#set(id, slots);
-    if (by !== "self" && hadHub) this.#o.notice(id, "MOESWARM_HUB_RESUMED", pauseNoticeText(false, by));
+    if (by !== "self" && hadHub) this.#o.notice(id, "MOESWARM_HUB_RESUMED", workerPauseNotice(false, by));
     this.#o.emit?.({ worker: id, paused: this.isPaused(id), by });
     return this.state(id);
   }
@@ -103,7 +103,7 @@ export class WorkerPauses {
     if (event.type === "disconnect" && event.id !== undefined) this.#untold.delete(event.id);
     if (event.type !== "register" || !this.#untold.delete(event.id)) return;
     const hub = this.#slots.get(event.id)?.hub;
-    if (hub) this.#o.notice(event.id, "MOESWARM_HUB_PAUSED", pauseNoticeText(true, hub.by, hub.reason));
+    if (hub) this.#o.notice(event.id, "MOESWARM_HUB_PAUSED", workerPauseNotice(true, hub.by, hub.reason));
   }
 }
 
