@@ -36,6 +36,8 @@ export interface ServingContext {
   requestStop(reason: "signal" | "drain", text: string): void;
   /** The relay connection closed for good: the run rejects with this. */
   fatal(error: MoeswarmError): void;
+  /** A relay notice (a connection-level error frame): true when it was handled (the hub's pause). */
+  onNotice?(code: string, msg: string): boolean;
 }
 
 /** The run's relay side: one router per model, the counters of what was served, the in-flight count. */
@@ -119,6 +121,7 @@ export class Serving {
         conn.on((e) => {
           if (e.type === "drain") return; // onDrain has it
           if (e.type === "notice") {
+            if (this.#ctx.onNotice?.(e.error.code, e.error.message)) return;
             this.#ctx.emit({ event: "relay", state: "notice", error: `${e.error.code}: ${e.error.message}` });
             return;
           }
