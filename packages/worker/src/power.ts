@@ -159,10 +159,10 @@ export class PowerWatch {
     return this.#low || this.#hot;
   }
 
-  /** Reads sysfs once and applies the thresholds; calls onChange when the pause or its cause changed. */
+  /** Reads sysfs once and applies the thresholds; calls onChange when the pause or its reason changed. */
   check(): PowerState {
     const r = readPower(this.#root);
-    const was = { low: this.#low, hot: this.#hot };
+    const was = this.#hot ? "thermal" : this.#low ? "battery" : "";
     const b = r.battery;
     if (this.#battery === false || !b) this.#low = false;
     else if (this.#low) this.#low = b.discharging && b.capacity < this.#battery + RESUME_BATTERY_MARGIN;
@@ -179,7 +179,7 @@ export class PowerWatch {
       ...(b ? { battery: b.capacity, discharging: b.discharging } : {}),
       ...(tempC !== undefined ? { tempC } : {}),
     };
-    if (was.low !== this.#low || was.hot !== this.#hot) {
+    if (was !== (state.reason ?? "")) {
       try {
         this.#onChange(state);
       } catch {
