@@ -93,20 +93,14 @@ export class WorkerPauses {
 
   /**
    * A worker that connects while the hub pauses it is told at its first register on that
-   * connection (right after the hello its client may not be listening yet). A disconnect ends the
-   * worker's own pause.
+   * connection (right after the hello its client may not be listening yet).
    */
   onRelayEvent(event: RelayServerEvent): void {
     if (event.type === "connect" && event.role === "worker") {
       this.#untold.add(event.id);
       return;
     }
-    if (event.type === "disconnect" && event.role === "worker" && event.id !== undefined) {
-      this.#untold.delete(event.id);
-      // its own pause it repeats while it lasts: gone with it, so a worker that died paused
-      // does not stay paused (the hub's pause stays: a pause is not a departure)
-      if (this.#slots.get(event.id)?.self) this.resume(event.id, "self");
-    }
+    if (event.type === "disconnect" && event.id !== undefined) this.#untold.delete(event.id);
     if (event.type !== "register" || !this.#untold.delete(event.id)) return;
     const hub = this.#slots.get(event.id)?.hub;
     if (hub) this.#o.notice(event.id, "MOESWARM_HUB_PAUSED", workerPauseNotice(true, hub.by, hub.reason));

@@ -9,7 +9,8 @@ import { codeOf, message } from "./run-helpers.js";
 // says so) and its own (battery or heat, from PowerWatch). While either holds, the worker claims
 // nothing new; the hub leaves it out of placements, so backbones route it nothing new, and what
 // is in flight finishes. Its own pause it tells the hub, again at every poll while it lasts (a
-// hub that restarted, or a relay reconnect, forgets it), and the resume once.
+// hub that restarted forgets it), and the resume once; a run that starts unpaused tells the hub
+// it is not paused (an earlier run may have stopped while paused).
 
 export interface RunPauseContext {
   readonly s: Settings;
@@ -26,6 +27,8 @@ export class RunPause {
   #unsupported = false;
   /** A resume the hub has not taken yet. */
   #resumePending = false;
+  /** A request to the hub is under way (a slow hub does not get them stacked). */
+  #telling = false;
   #waiters: Array<() => void> = [];
   #timer: ReturnType<typeof setTimeout> | undefined;
 
@@ -42,6 +45,9 @@ export class RunPause {
     const { s, stop } = this.#ctx;
     if (s.power === false || stop.aborted) return;
     const watch = new PowerWatch(s.power, (state) => this.#onPower(state));
+    // a run that starts unpaused lifts a pause of its own that an earlier run left on the hub
+    // (it stopped or died while paused)
+    this.#resumePending = !watch.check().paused;
     const tick = () => {
       watch.check();
       void this.#tellHub();
@@ -114,8 +120,17 @@ export class RunPause {
 
   /** Tells the hub its own pause (every poll while it lasts) or its resume (until taken). */
   async #tellHub(): Promise<void> {
+    if (this.#telling || this.#unsupported || (!this.#self && !this.#resumePending)) return;
+    this.#telling = true;
+    try {
+      await this.#tell();
+    } finally {
+      this.#telling = false;
+    }
+  }
+
+  async #tell(): Promise<void> {
     const { s, stop } = this.#ctx;
-    if (this.#unsupported || (!this.#self && !this.#resumePending)) return;
     const action = this.#self ? "pause" : "resume";
     const reason = this.#self?.reason;
     try {

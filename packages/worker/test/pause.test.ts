@@ -7,7 +7,8 @@ import { join } from "node:path";
 import { type Hub, mintToken } from "@moeswarm/hub";
 import { type TempDir, waitFor } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { WorkerEvent } from "../src/events.js";
+import { runWorkerCli } from "../src/cli.js";
+import { formatWorkerEvent, type WorkerEvent } from "../src/events.js";
 import { runWorker } from "../src/run-worker.js";
 import { placement, startTestHub } from "./fixtures.js";
 
@@ -126,5 +127,95 @@ describe("runWorker paused", () => {
     }
     const summary = await run;
     expect(summary.served).toBe(true);
+  });
+});
+
+describe("moeswarm-worker paused", () => {
+  const sink = () => ({
+    text: "",
+    write(t: string) {
+      this.text += t;
+      return true;
+    },
+  });
+
+  it("starts paused on a low battery (--pause-battery): prints why, tells the hub, claims nothing", async () => {
+    const sysfs = join(work.dir, "sys-cli");
+    battery(sysfs, 25, "Discharging");
+    const out = sink();
+    const err = sink();
+    const io = { stdout: out as never, stderr: err as never, env: { MOESWARM_SYSFS_ROOT: sysfs } };
+    const stop = new AbortController();
+    const token = mintToken({ role: "worker", id: "cli-phone", ttlS: 600 }, SECRET);
+    const args = [
+      "--hub",
+      url,
+      "--token",
+      token,
+      "--cache-dir",
+      join(work.dir, "cli-cache"),
+      "--backend",
+      "ts",
+    ];
+    const run = runWorkerCli([...args, "--pause-battery", "30", "--capacity", "100MB"], io, stop.signal);
+    try {
+      await waitFor(
+        () => out.text.includes("paused:"),
+        () => `the pause line in ${out.text}${err.text}`,
+        20_000,
+      );
+      expect(out.text).toContain(
+        "paused: battery low (25%, discharging); the hub routes this worker nothing new",
+      );
+      await waitFor(
+        async () => (await hubSays("/api/workers/cli-phone/pause")).paused === true,
+        "the hub hears of it",
+      );
+      expect(out.text).not.toContain("claimed");
+    } finally {
+      stop.abort();
+    }
+    expect(await run).toBe(0);
+    // started again on a charged battery: its own pause, left on the hub by the run before, is lifted
+    battery(sysfs, 80, "Charging");
+    const again = new AbortController();
+    const second = runWorkerCli([...args, "--capacity", "1B"], io, again.signal);
+    try {
+      await waitFor(
+        async () => (await hubSays("/api/workers/cli-phone/pause")).paused === false,
+        "the hub hears it is not paused",
+      );
+    } finally {
+      again.abort();
+    }
+    expect(await second).toBe(0);
+    // usage errors name the option
+    for (const bad of [
+      ["--pause-battery", "120"],
+      ["--pause-temp", "hot"],
+    ]) {
+      err.text = "";
+      expect(await runWorkerCli([...args, ...bad], io, AbortSignal.abort())).toBe(2);
+      expect(err.text).toContain(`${bad[0]} must be a number`);
+    }
+    out.text = "";
+    expect(await runWorkerCli(["--help"], io, AbortSignal.abort())).toBe(0);
+    expect(out.text).toContain("--pause-battery PCT");
+  });
+
+  it("prints the hub's pause as the phone owner reads it", () => {
+    expect(formatWorkerEvent({ event: "paused", by: "owner" })).toBe(
+      "paused by the hub (owner); it routes this worker nothing new until resumed",
+    );
+    expect(formatWorkerEvent({ event: "paused", by: "operator", reason: "maintenance" })).toMatch(
+      /^paused by the hub \(operator\): maintenance;/,
+    );
+    expect(formatWorkerEvent({ event: "resumed", by: "owner" })).toBe("resumed by the hub (owner)");
+    expect(formatWorkerEvent({ event: "paused", by: "self", reason: "thermal", tempC: 46.25 })).toMatch(
+      /^paused: too hot \(46\.3 °C\)/,
+    );
+    expect(formatWorkerEvent({ event: "resumed", by: "self", battery: 26, tempC: 30 })).toBe(
+      "resumed (battery 26%, 30.0 °C)",
+    );
   });
 });
