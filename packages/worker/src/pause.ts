@@ -46,8 +46,9 @@ export class RunPause {
     if (s.power === false || stop.aborted) return;
     const watch = new PowerWatch(s.power, (state) => this.#onPower(state));
     // a run that starts unpaused lifts a pause of its own that an earlier run left on the hub
-    // (it stopped or died while paused)
-    this.#resumePending = !watch.check().paused;
+    // (it stopped or died while paused); where sysfs tells nothing, no run can have paused
+    const first = watch.check();
+    this.#resumePending = !first.paused && (first.battery !== undefined || first.tempC !== undefined);
     const tick = () => {
       watch.check();
       void this.#tellHub();
