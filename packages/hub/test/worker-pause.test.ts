@@ -6,6 +6,7 @@ import { connectRelay, type RelayConnection, type RelayEvent } from "@moeswarm/r
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { createHub, type Hub, type HubEvent, mintToken } from "../src/index.js";
 import { call, copyModel, json, syntheticModel, type TempDir, tempDir, waitFor } from "./hub-helpers.js";
+import { cap, EXAMPLE, MiB, market, T0 } from "./market-fixtures.js";
 
 const SECRET = "hub-worker-pause-secret-0123456789";
 const ID = "tiny";
@@ -247,5 +248,42 @@ describe("pausing a worker through the hub", () => {
       "MOESWARM_HUB_PAUSED",
       "MOESWARM_HUB_RESUMED",
     ]);
+  });
+});
+
+describe("CoverageMarket.setPaused", () => {
+  it("leaves a paused worker out of the placement only: coverage, leases and demand stay; a new version each way", () => {
+    const m = market();
+    m.addModel(EXAMPLE, T0);
+    for (const [w, experts] of [
+      ["a", { start: 0, end: 2 }],
+      ["b", { start: 2, end: 4 }],
+    ] as const) {
+      m.claim({ worker: w, model: "ex", layers: { start: 0, end: 1 }, experts, capacity: cap(4 * MiB) }, T0);
+      m.register(w, "ex", [0], [experts.start, experts.start + 1], T0);
+    }
+    const v0 = m.version("ex");
+    const coverage = m.coverage("ex", T0);
+    const demand = m.demand(T0);
+    expect(m.setPaused("a", true, T0 + 1)).toBe(true);
+    expect(m.setPaused("a", true, T0 + 2)).toBe(false); // already paused: nothing changes
+    expect(m.isPaused("a")).toBe(true);
+    const p = m.placement("ex");
+    expect(p.version).toBeGreaterThan(v0);
+    expect(p.registrations.map((r) => r.id)).toEqual(["b"]);
+    expect(p.missing).toEqual([{ layer: 0, experts: "0:2", count: 2 }]);
+    expect(m.coverage("ex", T0)).toEqual(coverage);
+    expect(m.demand(T0)).toEqual(demand);
+    expect(m.servingLeases({ worker: "a" })).toHaveLength(1);
+    expect(m.serves("a", "ex")).toBe(true);
+    const v1 = p.version;
+    expect(m.setPaused("a", false, T0 + 3)).toBe(true);
+    expect(m.placement("ex").version).toBeGreaterThan(v1);
+    expect(m.placement("ex").registrations.map((r) => r.id)).toEqual(["a", "b"]);
+    // a pause set before the worker registers holds when it does
+    m.setPaused("c", true, T0 + 4);
+    // (the market takes any register; on a hub the relay admits only a leased slice)
+    m.register("c", "ex", [0], [0, 1, 2, 3], T0 + 4);
+    expect(m.placement("ex").registrations.map((r) => r.id)).toEqual(["a", "b"]);
   });
 });
