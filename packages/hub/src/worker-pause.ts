@@ -30,7 +30,7 @@ export interface WorkerPausesOptions {
 
 /**
  * The pauses in force, by worker id (kept apart from connections, in memory: a hub restart
- * forgets them, and a self-paused worker says so again when it reconnects).
+ * forgets them, and a self-paused worker says so again at its next poll).
  */
 export class WorkerPauses {
   readonly #slots = new Map<string, PauseSlots>();
@@ -54,19 +54,18 @@ export class WorkerPauses {
     return this.#slots.has(id);
   }
 
-  /** Pauses `id` as `by` (again: the reason and time are updated). */
+  /** Pauses `id` as `by` (again with another reason or pauser: updated; the same again: nothing). */
   pause(id: string, by: WorkerPauseBy, reason?: string): WorkerPauseJson {
     const slots = this.#slots.get(id) ?? {};
     const had = by === "self" ? slots.self : slots.hub;
     // the same pause again (a worker repeats its own while it lasts): nothing changes
     if (had && had.reason === reason && (by === "self" || slots.hub?.by === by)) return this.state(id);
     const record = { at: this.#o.clock(), ...(reason !== undefined ? { reason } : {}) };
-    const hadHub = slots.hub !== undefined;
     if (by === "self") slots.self = record;
     else slots.hub = { ...record, by };
     this.#set(id, slots);
-    if (by !== "self" && !hadHub)
-      this.#o.notice(id, "MOESWARM_HUB_PAUSED", workerPauseNotice(true, by, reason));
+    // the worker knows its own pause; the hub's (new, or a new pauser or reason) it is told
+    if (by !== "self") this.#o.notice(id, "MOESWARM_HUB_PAUSED", workerPauseNotice(true, by, reason));
     this.#o.emit?.({ worker: id, paused: true, by, ...(reason !== undefined ? { reason } : {}) });
     return this.state(id);
   }

@@ -139,14 +139,23 @@ describe("pausing a worker through the hub", () => {
     const state = await request(base, "/api/workers/phone/pause", admin, undefined, "GET");
     expect(state.body).toMatchObject({ worker: "phone", paused: true, hub: { by: "owner" } });
 
+    // the operator pauses it too: one hub pause, now the operator's, and the worker is told;
+    // the same pause again changes nothing
+    await pause(base, "phone", admin, { reason: "maintenance" });
+    await pause(base, "phone", admin, { reason: "maintenance" });
+    await waitFor(() => notices.length > 1, "the operator's notice");
     // the phone's own token resumes it (it is the owner's too)
     const r = await resume(base, "phone", workerToken("phone", "alice"));
     expect(r.body).toEqual({ worker: "phone", paused: false });
     expect(await placed(base)).toEqual(["other", "phone"]);
-    await waitFor(() => notices.length > 1, "the resume notice");
-    expect(notices[1]).toBe("MOESWARM_HUB_RESUMED: resumed by the hub (owner)");
+    await waitFor(() => notices.length > 2, "the resume notice");
+    expect(notices.slice(1)).toEqual([
+      "MOESWARM_HUB_PAUSED: paused by the hub (operator): maintenance",
+      "MOESWARM_HUB_RESUMED: resumed by the hub (owner)",
+    ]);
     expect(events.filter((e) => e.type === "pause")).toMatchObject([
       { worker: "phone", paused: true, by: "owner", reason: "I need the phone" },
+      { worker: "phone", paused: true, by: "operator", reason: "maintenance" },
       { worker: "phone", paused: false, by: "owner" },
     ]);
   });
