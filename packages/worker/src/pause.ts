@@ -1,4 +1,10 @@
-import { isMoeswarmError, onAbort, parseWorkerPauseNotice, workerPauseUrl } from "@moeswarm/core";
+import {
+  isMoeswarmError,
+  onAbort,
+  parseWorkerPauseJson,
+  parseWorkerPauseNotice,
+  workerPauseUrl,
+} from "@moeswarm/core";
 import { isTransient } from "@moeswarm/relay-client";
 import type { WorkerEventBody } from "./events.js";
 import type { Settings } from "./options.js";
@@ -95,6 +101,30 @@ export class RunPause {
       this.#wake();
     }
     return true;
+  }
+
+  /**
+   * The relay connection came back: the hub may have restarted and forgotten its pauses. Its own
+   * pause is told again now; the hub's is read back (a pause still in force is also told by a
+   * notice after the registrations are replayed), and ends here when the hub has none.
+   */
+  onReconnect(): void {
+    if (this.#self) void this.#tellHub();
+    if (this.#hub) void this.#resync();
+  }
+
+  async #resync(): Promise<void> {
+    const { s, stop } = this.#ctx;
+    try {
+      const state = parseWorkerPauseJson((await s.hub.request(workerPauseUrl(s.id), { signal: stop })).json);
+      if (state.hub || !this.#hub) return;
+      const { by } = this.#hub;
+      this.#hub = undefined;
+      this.#ctx.emit({ event: "resumed", by });
+      this.#wake();
+    } catch {
+      // an older hub, or unreachable: the next reconnect or notice settles it
+    }
   }
 
   #onPower(state: PowerState): void {

@@ -131,6 +131,7 @@ class WorkerRun {
         this.#fatal = error;
       },
       onNotice: (code, msg) => this.#pause.onNotice(code, msg),
+      onReconnect: () => this.#pause.onReconnect(),
     });
   }
 

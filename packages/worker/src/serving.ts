@@ -38,6 +38,8 @@ export interface ServingContext {
   fatal(error: MoeswarmError): void;
   /** A relay notice (a connection-level error frame): true when it was handled (the hub's pause). */
   onNotice?(code: string, msg: string): boolean;
+  /** The relay connection came back (the hub may have restarted meanwhile). */
+  onReconnect?(): void;
 }
 
 /** The run's relay side: one router per model, the counters of what was served, the in-flight count. */
@@ -144,6 +146,7 @@ export class Serving {
           if (e.state === "connected" && this.#direct) {
             publishDirect(s.hub, s.id, this.#direct.endpoint, stop).catch(() => {});
           }
+          if (e.state === "connected") this.#ctx.onReconnect?.();
           this.#ctx.emit({
             event: "relay",
             state: e.state,
