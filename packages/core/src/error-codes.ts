@@ -296,6 +296,18 @@ export const ERROR_CODES = {
     area: "HubError",
     text: "Too many enrolment attempts from this address (codes are guessed only by trying): wait a minute and try again.",
   },
+  MOESWARM_HUB_NOT_OWNER: {
+    area: "HubError",
+    text: "Only the worker's owner (a worker token of the same owner) or the hub's operator may pause or resume it.",
+  },
+  MOESWARM_HUB_PAUSED: {
+    area: "HubError",
+    text: "A notice, not a failure: the hub paused this worker (its owner or the operator); placements leave it out until it is resumed.",
+  },
+  MOESWARM_HUB_RESUMED: {
+    area: "HubError",
+    text: "A notice, not a failure: the hub lifted its pause of this worker; placements list it again.",
+  },
 } as const satisfies Record<string, { area: string; text: string }>;
 
 export type ErrorCode = keyof typeof ERROR_CODES;

@@ -288,6 +288,64 @@ export interface PlacementJson {
   missing: Array<{ layer: number; experts: string; count: number }>;
 }
 
+// --- pausing a worker ---------------------------------------------------------------------------
+
+/** Who paused a worker: its owner or the hub's operator (the hub's pause), or the worker itself. */
+export type WorkerPauseBy = "owner" | "operator" | "self";
+
+/** One pause in force: when (unix ms), and why when the pauser said. */
+export interface WorkerPauseRecordJson {
+  at: number;
+  reason?: string;
+}
+
+/**
+ * `GET /api/workers/:id/pause` (and the answer of `POST .../pause` and `.../resume`): whether the
+ * hub leaves the worker out of placements. Two pauses are kept apart: the hub's (set by the
+ * worker's owner or the operator, lifted by either) and the worker's own (battery, heat), so a
+ * phone that cools down never lifts its owner's pause.
+ */
+export interface WorkerPauseJson {
+  worker: string;
+  paused: boolean;
+  hub?: WorkerPauseRecordJson & { by: "owner" | "operator" };
+  self?: WorkerPauseRecordJson;
+}
+
+/** The path of a worker's pause: state (GET), pause and resume (POST). */
+export function workerPauseUrl(worker: string, action: "pause" | "resume" = "pause"): string {
+  return `/api/workers/${encodeURIComponent(worker)}/${action}`;
+}
+
+/**
+ * The message of the relay notice (a connection-level `error` frame, code MOESWARM_HUB_PAUSED or
+ * MOESWARM_HUB_RESUMED) that tells a worker of the hub's pause, and the line it prints:
+ * "paused by the hub (owner): <reason>".
+ */
+export function workerPauseNotice(paused: boolean, by: "owner" | "operator", reason?: string): string {
+  return `${paused ? "paused" : "resumed"} by the hub (${by})${reason ? `: ${reason}` : ""}`;
+}
+
+/** Reads a workerPauseNotice message back; undefined when it is not one. */
+export function parseWorkerPauseNotice(
+  msg: string,
+): { paused: boolean; by: "owner" | "operator"; reason?: string } | undefined {
+  const m = /^(paused|resumed) by the hub \((owner|operator)\)(?:: ([\s\S]*))?$/.exec(msg);
+  if (!m) return undefined;
+  const by = m[2] as "owner" | "operator";
+  return { paused: m[1] === "paused", by, ...(m[3] !== undefined ? { reason: m[3] } : {}) };
+}
+
+/** Checks a worker pause body; HubError MOESWARM_HUB_BAD_REQUEST otherwise. */
+export function parseWorkerPauseJson(v: unknown): WorkerPauseJson {
+  if (!isObject(v) || !isHubId(v.worker) || typeof v.paused !== "boolean") throw unusable("a worker pause");
+  for (const r of [v.hub, v.self]) {
+    if (r !== undefined && (!isObject(r) || typeof r.at !== "number")) throw unusable("a worker pause");
+  }
+  if (isObject(v.hub) && v.hub.by !== "owner" && v.hub.by !== "operator") throw unusable("a worker pause");
+  return v as unknown as WorkerPauseJson;
+}
+
 // --- reputation -------------------------------------------------------------------------------
 
 /** One quarantined worker, as `GET /api/quarantines` lists it. */

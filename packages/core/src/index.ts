@@ -136,6 +136,8 @@ export {
   parseLeaseJson,
   parseQuarantinesJson,
   parseStatsReport,
+  parseWorkerPauseJson,
+  parseWorkerPauseNotice,
   placementUrl,
   QUARANTINES_PATH,
   type QuarantineJson,
@@ -149,6 +151,11 @@ export {
   type StatsReport,
   type StatsReportJson,
   shardUrl,
+  type WorkerPauseBy,
+  type WorkerPauseJson,
+  type WorkerPauseRecordJson,
+  workerPauseNotice,
+  workerPauseUrl,
 } from "./hub-api.js";
 export {
   checkRange,

@@ -309,6 +309,11 @@ export class Enrolment {
   }
 
   /** A worker was banned: its owner's unused codes are revoked. Returns how many. */
+  /** The owner an enrolled worker id was issued for (undefined: not enrolled here). */
+  ownerOf(worker: string): Promise<string | undefined> {
+    return this.#o.store.ownerOf(worker);
+  }
+
   async revokeFor(worker: string, liveOwner: string | undefined): Promise<number> {
     const owner = (await this.#o.store.ownerOf(worker)) ?? liveOwner;
     return owner === undefined ? 0 : this.#o.store.revokeOwner(owner);

@@ -2,6 +2,7 @@
 // `Hub` handle itself (the implementation lives in hub.ts).
 import type { Server as HttpServer, IncomingMessage, ServerResponse } from "node:http";
 import type { Server as HttpsServer } from "node:https";
+import type { WorkerPauseBy } from "@moeswarm/core";
 import type { ConnectionLimits } from "./connection-guard.js";
 import type { EnrolmentLimits } from "./enrolment.js";
 import type { CoverageGrid, CoverageMarket, MarketOptions } from "./market.js";
@@ -188,6 +189,8 @@ export type HubEvent =
   /** A backbone's report quarantined a worker (`by`: the backbone), or an admin reinstated it. */
   | { type: "quarantine"; worker: string; by: string; model: string; reason: string }
   | { type: "reinstate"; worker: string }
+  /** A worker was paused or resumed (`paused`: whether any pause is still in force). */
+  | { type: "pause"; worker: string; paused: boolean; by: WorkerPauseBy; reason?: string }
   | { type: "relay"; event: RelayServerEvent };
 
 export interface HubListener {

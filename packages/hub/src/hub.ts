@@ -25,6 +25,7 @@ import { matchRoute, serveRoute } from "./routes/table.js";
 import type { HubStore } from "./store.js";
 import { openReportStore, type QuarantineEvidence, type QuarantineRecord } from "./store-reports.js";
 import { type HubWorkerInfo, WorkerBook } from "./worker-book.js";
+import { WorkerPauses } from "./worker-pause.js";
 
 /** `(req, res) => boolean`: the hub's HTTP API as a handler for an embedder's own server. */
 export function createHubHandler(hub: Hub): (req: IncomingMessage, res: ServerResponse) => boolean {
@@ -66,6 +67,7 @@ class HubImpl implements Hub {
   readonly #routes: RouteContext;
   readonly #reputation: Reputation;
   readonly #enrolment: Enrolment;
+  readonly #pauses: WorkerPauses;
   readonly #inflight = new Set<Promise<void>>();
   readonly #downloads = new Set<AbortController>();
   readonly #persistTimer: ReturnType<typeof setInterval>;
@@ -115,6 +117,12 @@ class HubImpl implements Hub {
       throw error;
     }
     this.market = this.#marketBook.market;
+    this.#pauses = new WorkerPauses({
+      setPaused: (id, paused) => this.#marketBook.setPaused(id, paused),
+      notice: (id, code, msg) => this.relay.notice(id, code, msg),
+      clock: config.clock,
+      emit: (e) => this.#emit({ type: "pause", ...e }),
+    });
     this.#models = new ModelRegistry({
       settings: this.#s,
       store: this.store,
@@ -150,6 +158,7 @@ class HubImpl implements Hub {
           () => event.type === "connect" && this.#guard?.authenticated(event.remote),
           () => this.#book.onRelayEvent(event),
           () => this.#marketBook.onRelayEvent(event),
+          () => this.#pauses.onRelayEvent(event),
           () => this.#emit({ type: "relay", event }),
           () => userRelayEvent?.(event),
         ]) {
@@ -309,6 +318,8 @@ class HubImpl implements Hub {
       enrol: (code, address) => this.#enrolment.redeem(code, address),
       issueEnrolCode: (o) => this.#enrolment.issue(o),
       emitLease: (action, lease) => this.#emitLease(action, lease),
+      pauses: this.#pauses,
+      workerOwner: async (id) => this.market.ownerOf(id) ?? (await this.#enrolment.ownerOf(id)),
     };
   }
 
@@ -367,6 +378,8 @@ class HubImpl implements Hub {
       const info: HubWorkerInfo = { ...w, credits: this.market.creditsOf(w.id) };
       const q = this.#reputation.get(w.id);
       if (q) info.quarantined = { at: q.at, by: q.by, model: q.model, reason: q.evidence.reason };
+      const { hub, self } = this.#pauses.state(w.id);
+      if (hub || self) info.paused = { ...(hub ? { hub } : {}), ...(self ? { self } : {}) };
       if (latency && latency.results > 0) info.latencyMs = latency.ms;
       if (reported !== undefined) info.reportedLatencyMs = reported;
       return info;

@@ -138,6 +138,11 @@ export class MarketBook {
     this.#wake();
   }
 
+  /** A worker was paused or resumed: placements leave it out or list it again (backbones wake). */
+  setPaused(id: string, paused: boolean): void {
+    if (this.market.setPaused(id, paused, this.now())) this.#wake();
+  }
+
   onRelayEvent(event: RelayServerEvent): void {
     const now = this.now();
     switch (event.type) {

@@ -11,9 +11,10 @@ export function placementOf(
   st: MarketState,
   model: string,
   directs: ReadonlyMap<string, DirectEndpointJson> = new Map(),
+  paused: ReadonlySet<string> = new Set(),
 ): PlacementJson {
   const grid = gridOf(st, model);
-  const registrations = registrationsOf(st, grid, model).map((r) => {
+  const registrations = registrationsOf(st, grid, model, paused).map((r) => {
     const direct = directs.get(r.id);
     return direct
       ? { ...r, direct: { endpoints: [...direct.endpoints], fingerprint: direct.fingerprint } }
@@ -31,12 +32,21 @@ export function placementOf(
   };
 }
 
-/** Live, non-draining workers' slices of the model, by worker id, cut to what the model has. */
-function registrationsOf(st: MarketState, grid: Grid, model: string): PlacementRegistration[] {
+/**
+ * Live, non-draining, unpaused workers' slices of the model, by worker id, cut to what the model
+ * has. A paused worker keeps its slices and leases (and counts as coverage: a pause is not a
+ * departure), it is only left out of what backbones route by.
+ */
+function registrationsOf(
+  st: MarketState,
+  grid: Grid,
+  model: string,
+  paused: ReadonlySet<string>,
+): PlacementRegistration[] {
   const registrations: PlacementRegistration[] = [];
   for (const id of [...st.workers.keys()].sort(compareIds)) {
     const w = st.workers.get(id) as WorkerState;
-    if (w.draining) continue;
+    if (w.draining || paused.has(id)) continue;
     for (const s of w.slices.get(model) ?? []) {
       // only what the model has: a register frame may list more, and backbones poll this
       const layers = s.layers.filter((l) => grid.row.has(l));

@@ -97,6 +97,8 @@ export class CoverageMarket {
   readonly #st: MarketState;
   /** Workers' direct endpoints, by worker id (setDirect). */
   readonly #directs = new Map<string, DirectEndpointJson>();
+  /** Paused workers, by id (setPaused): left out of placements, apart from their connection. */
+  readonly #paused = new Set<string>();
 
   constructor(options: MarketOptions = {}) {
     const { leaseTtlMs, maxLeaseTtlMs, newId, onLeaseEnd, ...policy } = options;
@@ -462,7 +464,25 @@ export class CoverageMarket {
 
   /** The live placement of a model (see PlacementJson). */
   placement(model: string): PlacementJson {
-    return placementOf(this.#st, model, this.#directs);
+    return placementOf(this.#st, model, this.#directs, this.#paused);
+  }
+
+  /**
+   * Pauses or resumes a worker: while paused, placements leave its slices out (backbones route it
+   * nothing new) but it keeps them, its leases and its coverage. Kept by worker id, apart from its
+   * connection. The placements it is in get a new version; false when nothing changed.
+   */
+  setPaused(id: string, paused: boolean, now: number): boolean {
+    if (paused === this.#paused.has(id)) return false;
+    if (paused) this.#paused.add(id);
+    else this.#paused.delete(id);
+    for (const model of this.#st.workers.get(id)?.slices.keys() ?? []) this.#st.grids.get(model)?.touch(now);
+    return true;
+  }
+
+  /** Whether placements leave this worker out (setPaused). */
+  isPaused(id: string): boolean {
+    return this.#paused.has(id);
   }
 
   /**

@@ -13,6 +13,8 @@ export type RouteLabel =
   | "/api/workers"
   | "/api/workers/:id/drain"
   | "/api/workers/:id/reinstate"
+  | "/api/workers/:id/pause"
+  | "/api/workers/:id/resume"
   | "/api/workers/:id/direct"
   | "/api/workers/:id/direct/served"
   | "/api/direct/key"

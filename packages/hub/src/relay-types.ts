@@ -181,6 +181,12 @@ export interface Relay extends AsyncDisposable {
    * `unregister` event; the worker is told with an error frame of `code`. Returns how many went.
    */
   withdrawSlices(id: string, keep: (slice: SliceInfo) => boolean, code: string, reason: string): number;
+  /**
+   * Sends a live worker a notice: a connection-level `error` frame (no `id`) with `code` and
+   * `msg`, which a relay client reports as a notice and an older worker only logs (a pause).
+   * False when no worker with that id is connected.
+   */
+  notice(id: string, code: string, msg: string): boolean;
   /** Closes a live worker's or backbone's connection (a quarantine); false when none is connected. */
   disconnect(id: string, code: string, reason: string): boolean;
   stats(): RelayStats;

@@ -455,6 +455,13 @@ class RelayServer implements Relay {
     return gone;
   }
 
+  notice(id: string, code: string, msg: string): boolean {
+    const peer = this.#workers.get(id);
+    if (!peer || peer.closed) return false;
+    this.#error(peer, code, msg.slice(0, 4096));
+    return true;
+  }
+
   disconnect(id: string, code: string, reason: string): boolean {
     let found = false;
     for (const table of [this.#workers, this.#backbones]) {

@@ -1,3 +1,4 @@
+import type { WorkerPauseJson } from "@moeswarm/core";
 import type { Relay, RelayServerEvent } from "./relay.js";
 import type { HubStore, StoredSlice, StoredWorker } from "./store.js";
 
@@ -36,6 +37,8 @@ export interface HubWorkerInfo {
   credits?: { expertTokens: number; byModel: Record<string, number> };
   /** Set while the worker is quarantined (POST /api/models/:model/reports/quarantine). */
   quarantined?: { at: number; by: string; model: string; reason: string };
+  /** Set while the worker is paused: by its owner or the operator (`hub`), or by itself (`self`). */
+  paused?: Pick<WorkerPauseJson, "hub" | "self">;
   slices: StoredSlice[];
 }
 

@@ -10,6 +10,7 @@ import { hostFacts, workerDefaults } from "./device-defaults.js";
 import { directSettings } from "./direct.js";
 import { enrolledToken } from "./enrol.js";
 import { formatBytes, formatWorkerEvent, type WorkerEvent } from "./events.js";
+import type { PowerOptions } from "./power.js";
 import { type RunWorkerOptions, runWorker } from "./run-worker.js";
 
 export const WORKER_CLI_NAME = "moeswarm-worker";
@@ -46,6 +47,11 @@ downloads and verifies it, serves it through the hub's relay until SIGINT/SIGTER
                        vulkan needs npm package @node-llama-cpp/linux-x64-vulkan@3.21.1, cuda
                        @node-llama-cpp/linux-x64-cuda@3.21.1 and the NVIDIA driver
   --threads N          most compute threads (default: all CPUs; on a phone 4, its big cores)
+  --pause-battery PCT  pause at or below this charge while discharging, resume 5 points above or
+                       once charging (default 20; off: never); read from /sys every 30 s
+  --pause-temp C       pause at or above this temperature, resume 5 degrees below (default 45 on
+                       a device with a battery, read from the battery, else the hottest thermal
+                       zone; off: never). While paused the hub routes this worker nothing new
   --model ID           serve only this model
   --ca FILE            PEM CA to trust for a self-hosted hub
   --relay URL          the relay, when not the hub's /relay
@@ -149,6 +155,8 @@ const OPTIONS = {
   id: { type: "string" },
   backend: { type: "string" },
   threads: { type: "string" },
+  "pause-battery": { type: "string" },
+  "pause-temp": { type: "string" },
   model: { type: "string" },
   ca: { type: "string" },
   relay: { type: "string" },
@@ -218,6 +226,7 @@ export async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Pro
   const threads = threadsText !== undefined ? Number(threadsText) : defaults.threads;
   const token = enrol !== undefined ? await enrolledToken(hub, enrol, cacheDir, ca) : await tokenOf(str, env);
   const direct = await directOptions(str, values.advertise as string[] | undefined);
+  const power = powerOptions(str, env);
   const pollMs = seconds(str("poll"), "poll", 0.01);
   const leaseTtlMs = seconds(str("lease-ttl"), "lease-ttl", 1);
   return {
@@ -235,6 +244,27 @@ export async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Pro
     ...(pollMs !== undefined ? { pollMs } : {}),
     ...(leaseTtlMs !== undefined ? { leaseTtlMs } : {}),
     ...(direct !== undefined ? { direct } : {}),
+    power,
+  };
+}
+
+/** --pause-battery and --pause-temp (MOESWARM_SYSFS_ROOT moves /sys, for tests) as runWorker's `power`. */
+function powerOptions(str: (name: string) => string | undefined, env: NodeJS.ProcessEnv): PowerOptions {
+  const limit = (name: string, max: number): number | false | undefined => {
+    const text = str(name);
+    if (text === undefined) return undefined;
+    if (text === "off") return false;
+    if (!/^\d+(\.\d+)?$/.test(text) || Number(text) > max) {
+      throw usageError(`--${name} must be a number in 0..${max} or off, got ${JSON.stringify(text)}`);
+    }
+    return Number(text);
+  };
+  const pauseBattery = limit("pause-battery", 100);
+  const pauseTemp = limit("pause-temp", 150);
+  return {
+    ...(pauseBattery !== undefined ? { pauseBattery } : {}),
+    ...(pauseTemp !== undefined ? { pauseTemp } : {}),
+    ...(env.MOESWARM_SYSFS_ROOT ? { sysfsRoot: env.MOESWARM_SYSFS_ROOT } : {}),
   };
 }
 

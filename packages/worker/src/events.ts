@@ -132,6 +132,26 @@ export type WorkerEventBody =
       slices?: number | undefined;
       ms: number;
     }
+  /**
+   * Paused: by the hub (its owner or the operator; the hub routes it nothing new) or by itself
+   * (battery low while discharging, or too hot; it tells the hub). It claims nothing new meanwhile.
+   */
+  | {
+      event: "paused";
+      by: "owner" | "operator" | "self";
+      reason?: string | undefined;
+      /** Battery charge, percent, and temperature, °C (a pause of its own). */
+      battery?: number | undefined;
+      tempC?: number | undefined;
+    }
+  | {
+      event: "resumed";
+      by: "owner" | "operator" | "self";
+      battery?: number | undefined;
+      tempC?: number | undefined;
+    }
+  /** The hub refused to record its own pause (it still claims nothing new while paused). */
+  | { event: "pause-unreported"; error: string; code: string }
   /** A further slice could not be had (it keeps serving the ones it has). */
   | { event: "grow-failed"; error: string; code: string }
   | { event: "stopped"; reason: string }
@@ -267,6 +287,25 @@ const FORMATTERS: { [N in WorkerEventName]: (e: WorkerEventOf<N>) => string } = 
   drain: (e) => `drain requested (${e.reason}): finishing ${plural(e.inFlight, "in-flight request")}`,
   drained: (e) =>
     `drained: served ${plural(e.requests, "request")} (${plural(e.tokens, "token")})${e.failed ? `, ${e.failed} failed` : ""}${e.inFlightAbandoned ? `, ${e.inFlightAbandoned} abandoned at the drain timeout` : ""}; deregistered${e.slices !== undefined && e.slices > 1 ? ` ${e.slices} slices` : ""}`,
+  paused: (e) => {
+    if (e.by !== "self") {
+      return `paused by the hub (${e.by})${e.reason ? `: ${e.reason}` : ""}; it routes this worker nothing new until resumed`;
+    }
+    const why =
+      e.reason === "thermal"
+        ? `too hot (${e.tempC?.toFixed(1)} °C)`
+        : `battery low (${e.battery}%, discharging)`;
+    return `paused: ${why}; the hub routes this worker nothing new until it recovers`;
+  },
+  resumed: (e) => {
+    if (e.by !== "self") return `resumed by the hub (${e.by})`;
+    const figures = [
+      e.battery !== undefined ? `battery ${e.battery}%` : undefined,
+      e.tempC !== undefined ? `${e.tempC.toFixed(1)} °C` : undefined,
+    ].filter(Boolean);
+    return `resumed${figures.length > 0 ? ` (${figures.join(", ")})` : ""}`;
+  },
+  "pause-unreported": (e) => `could not tell the hub of this pause (${e.code}: ${e.error})`,
   "grow-failed": (e) => `cannot take another slice (${e.code}: ${e.error}); serving the ones it has`,
   stopped: (e) => `stopped before serving (${e.reason})`,
   exit: (e) => `exit ${e.code}`,

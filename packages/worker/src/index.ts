@@ -27,6 +27,13 @@ export {
   type WorkerEventName,
 } from "./events.js";
 export {
+  type PowerOptions,
+  type PowerReading,
+  type PowerState,
+  PowerWatch,
+  readPower,
+} from "./power.js";
+export {
   type RunWorkerOptions,
   runWorker,
   type WorkerSliceSummary,

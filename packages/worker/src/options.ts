@@ -16,6 +16,7 @@ import {
 } from "@moeswarm/worker-native";
 import { type DirectOptions, type DirectSettings, directSettings } from "./direct.js";
 import type { WorkerEvent } from "./events.js";
+import { checkPowerOptions, type PowerOptions } from "./power.js";
 
 // runWorker's options, checked once into Settings, and the summary it resolves with.
 
@@ -84,6 +85,12 @@ export interface RunWorkerOptions {
   progressIntervalMs?: number;
   /** Also serve backbones directly on a TLS WebSocket endpoint (the relay stays for the others). */
   direct?: DirectOptions;
+  /**
+   * Pause on low battery or heat, read from sysfs every 30 s (see PowerOptions); the worker tells
+   * the hub, which routes it nothing new until it recovers. Default: off (`moeswarm-worker` turns
+   * it on with --pause-battery 20 and --pause-temp 45).
+   */
+  power?: PowerOptions | false;
 }
 
 /** A slice a worker served. */
@@ -141,6 +148,7 @@ export interface Settings {
   download: NonNullable<RunWorkerOptions["download"]>;
   progressIntervalMs: number;
   direct: DirectSettings | undefined;
+  power: PowerOptions | false;
 }
 
 function bytesOption(name: string, v: unknown, required: boolean): number {
@@ -247,6 +255,7 @@ export function settings(o: RunWorkerOptions): Settings {
     download: o.download ?? {},
     progressIntervalMs: msOption("progressIntervalMs", o.progressIntervalMs, 250, 0),
     direct: directSettings(o.direct),
+    power: powerSettings(o.power),
   };
 }
 
@@ -254,4 +263,10 @@ function checkWrapCompute(v: unknown): Settings["wrapCompute"] {
   if (v !== undefined && typeof v !== "function")
     throw new InvalidArgumentError("wrapCompute must be a function");
   return v as Settings["wrapCompute"];
+}
+
+function powerSettings(v: PowerOptions | false | undefined): PowerOptions | false {
+  if (v === undefined || v === false) return false;
+  checkPowerOptions(v);
+  return { ...v };
 }

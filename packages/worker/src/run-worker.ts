@@ -25,6 +25,7 @@ import {
   type WorkerSliceSummary,
   type WorkerSummary,
 } from "./options.js";
+import { RunPause } from "./pause.js";
 import { codeOf, jitter, message, rangeValues } from "./run-helpers.js";
 import { Serving } from "./serving.js";
 import { listCachedSlices, type SlicePaths, slicePaths } from "./slice-cache.js";
@@ -107,6 +108,7 @@ class WorkerRun {
   #conn: RelayConnection | undefined;
   readonly #claims: Claims;
   readonly #serving: Serving;
+  readonly #pause: RunPause;
 
   constructor(s: Settings, signal: AbortSignal | undefined, log: ((event: WorkerEvent) => void) | undefined) {
     this.#s = s;
@@ -119,6 +121,7 @@ class WorkerRun {
       heldRects: () => this.#heldRects(),
       bandwidthBps: () => this.#bandwidthBps,
     });
+    this.#pause = new RunPause({ s, emit: (body) => this.#emit(body), stop: this.#stop.signal });
     this.#serving = new Serving({
       s,
       emit: (body) => this.#emit(body),
@@ -127,6 +130,8 @@ class WorkerRun {
       fatal: (error) => {
         this.#fatal = error;
       },
+      onNotice: (code, msg) => this.#pause.onNotice(code, msg),
+      onReconnect: () => this.#pause.onReconnect(),
     });
   }
 
@@ -207,6 +212,7 @@ class WorkerRun {
         backend: s.backend,
       });
       await mkdir(s.cacheDir, { recursive: true });
+      this.#pause.start();
       await this.#grow();
       if (this.#fatal) throw this.#fatal;
       if (!this.#conn || this.#held.length === 0) {
@@ -220,6 +226,7 @@ class WorkerRun {
       throw error;
     } finally {
       userStop[Symbol.dispose]();
+      this.#pause.stop();
       await this.#conn?.close();
       await this.#serving.closeDirect();
       for (const h of this.#held) await h.compute.close().catch(() => {});
@@ -283,6 +290,11 @@ class WorkerRun {
         });
         // nothing to do until stopped: the sleep rejects with the stop's reason
         for (;;) await sleep(2 ** 31 - 1, stop);
+      }
+      if (this.#pause.paused) {
+        // paused (by the hub, or its battery or heat): nothing new is claimed or downloaded
+        await this.#pause.whenResumed();
+        continue;
       }
       const claimed = await this.#claimNext(poll);
       if (!claimed) continue;

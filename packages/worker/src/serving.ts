@@ -36,6 +36,10 @@ export interface ServingContext {
   requestStop(reason: "signal" | "drain", text: string): void;
   /** The relay connection closed for good: the run rejects with this. */
   fatal(error: MoeswarmError): void;
+  /** A relay notice (a connection-level error frame): true when it was handled (the hub's pause). */
+  onNotice?(code: string, msg: string): boolean;
+  /** The relay connection came back (the hub may have restarted meanwhile). */
+  onReconnect?(): void;
 }
 
 /** The run's relay side: one router per model, the counters of what was served, the in-flight count. */
@@ -132,6 +136,7 @@ export class Serving {
         conn.on((e) => {
           if (e.type === "drain") return; // onDrain has it
           if (e.type === "notice") {
+            if (this.#ctx.onNotice?.(e.error.code, e.error.message)) return;
             this.#ctx.emit({ event: "relay", state: "notice", error: `${e.error.code}: ${e.error.message}` });
             return;
           }
@@ -154,6 +159,7 @@ export class Serving {
           if (e.state === "connected" && this.#direct) {
             publishDirect(s.hub, s.id, this.#direct.endpoint, stop).catch(() => {});
           }
+          if (e.state === "connected") this.#ctx.onReconnect?.();
           this.#ctx.emit({
             event: "relay",
             state: e.state,

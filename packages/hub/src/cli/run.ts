@@ -264,6 +264,18 @@ function hubEventPrinter(say: Say, io: CliIo): (e: HubEvent) => void {
       case "reinstate":
         say(`${CLI_NAME}: worker ${e.worker} reinstated`, { event: "reinstate", worker: e.worker });
         return;
+      case "pause":
+        say(
+          `${CLI_NAME}: worker ${e.worker} ${e.paused ? "paused" : "resumed"} by ${e.by === "self" ? "itself" : `its ${e.by}`}${e.reason ? `: ${e.reason}` : ""}`,
+          {
+            event: "pause",
+            worker: e.worker,
+            paused: e.paused,
+            by: e.by,
+            ...(e.reason ? { reason: e.reason } : {}),
+          },
+        );
+        return;
       case "relay":
         // an operator's drain is worth a line; the rest of the relay's traffic is in /metrics
         if (e.event.type === "drain" && e.event.by === "hub") {

@@ -16,6 +16,7 @@ import type { HubStore } from "../store.js";
 import type { QuarantineEvidence, QuarantineRecord } from "../store-reports.js";
 import { type TokenClaims, type TokenRole, unboundMessage, verifyToken } from "../token.js";
 import type { HubWorkerInfo } from "../worker-book.js";
+import type { WorkerPauses } from "../worker-pause.js";
 
 export interface RouteContext {
   readonly settings: Settings;
@@ -45,6 +46,10 @@ export interface RouteContext {
   enrol(code: unknown, address?: string): Promise<Enrolled>;
   /** Issues an enrolment code (admin). */
   issueEnrolCode(options: IssueOptions): Promise<IssuedCode>;
+  /** Workers' pauses (worker-pause.ts). */
+  readonly pauses: WorkerPauses;
+  /** The principal a worker belongs to: its live connection's token, else its enrolment; undefined when unknown. */
+  workerOwner(id: string): Promise<string | undefined>;
   /** Reports a lease change to the hub's onEvent hook. */
   emitLease(action: "granted" | "renewed" | "released", lease: Lease): void;
 }

@@ -11,7 +11,7 @@ import * as market from "./market.js";
 import { getManifest, getModel, listModels, registerModel, removeModel } from "./models.js";
 import { enrol, issueEnrolCode, listQuarantines, reinstateWorker, reportQuarantine } from "./reputation.js";
 import { getExpertShard } from "./shard.js";
-import { drainWorker, listWorkers } from "./workers.js";
+import { drainWorker, getWorkerPause, listWorkers, pauseWorker, resumeWorker } from "./workers.js";
 
 /**
  * Who may call an endpoint: anyone (`public`); any valid token unless the hub serves public reads
@@ -50,6 +50,8 @@ const ROUTES: readonly Route[] = [
   route("/api/workers", read(listWorkers)),
   route("/api/workers/:id/drain", { POST: { access: "admin", handle: drainWorker } }),
   route("/api/workers/:id/reinstate", { POST: { access: "admin", handle: reinstateWorker } }),
+  route("/api/workers/:id/pause", { ...read(getWorkerPause), POST: { access: "self", handle: pauseWorker } }),
+  route("/api/workers/:id/resume", { POST: { access: "self", handle: resumeWorker } }),
   route("/api/workers/:id/direct", { PUT: { access: "self", handle: putWorkerDirect } }),
   route("/api/workers/:id/direct/served", { POST: { access: "self", handle: postDirectServed } }),
   route("/api/direct/key", {

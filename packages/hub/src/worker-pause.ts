@@ -1,0 +1,133 @@
+// Pausing a worker (issue 19): its owner or the operator pauses it through the hub, or the worker
+// pauses itself (a phone on low battery or too hot). While paused, placements leave it out
+// (backbones route it nothing new; what is in flight finishes) but it keeps its slices, leases
+// and coverage: a pause is not a departure, and after a resume it serves again at once.
+import {
+  HubError,
+  type WorkerPauseBy,
+  type WorkerPauseJson,
+  type WorkerPauseRecordJson,
+  workerPauseNotice,
+} from "@moeswarm/core";
+import type { RelayServerEvent } from "./relay.js";
+import { principalOf, type TokenClaims } from "./token.js";
+
+/** The two pauses a worker may be under: the hub's (owner or operator) and its own. */
+interface PauseSlots {
+  hub?: WorkerPauseRecordJson & { by: "owner" | "operator" };
+  self?: WorkerPauseRecordJson;
+}
+
+export interface WorkerPausesOptions {
+  /** Placements leave the worker out (true) or list it again (false). */
+  setPaused(id: string, paused: boolean): void;
+  /** Tells a live worker (a relay notice); false when it is not connected. */
+  notice(id: string, code: "MOESWARM_HUB_PAUSED" | "MOESWARM_HUB_RESUMED", msg: string): boolean;
+  clock: () => number;
+  /** Reports a change (the hub's onEvent). */
+  emit?: (event: { worker: string; paused: boolean; by: WorkerPauseBy; reason?: string }) => void;
+}
+
+/**
+ * The pauses in force, by worker id (kept apart from connections, in memory: a hub restart
+ * forgets them, and a self-paused worker says so again at its next poll).
+ */
+export class WorkerPauses {
+  readonly #slots = new Map<string, PauseSlots>();
+  readonly #o: WorkerPausesOptions;
+  /** Workers connected and not yet registered on that connection. */
+  readonly #untold = new Set<string>();
+
+  constructor(options: WorkerPausesOptions) {
+    this.#o = options;
+  }
+
+  state(id: string): WorkerPauseJson {
+    const s = this.#slots.get(id);
+    const out: WorkerPauseJson = { worker: id, paused: s !== undefined };
+    if (s?.hub) out.hub = { ...s.hub };
+    if (s?.self) out.self = { ...s.self };
+    return out;
+  }
+
+  isPaused(id: string): boolean {
+    return this.#slots.has(id);
+  }
+
+  /** Pauses `id` as `by` (again with another reason or pauser: updated; the same again: nothing). */
+  pause(id: string, by: WorkerPauseBy, reason?: string): WorkerPauseJson {
+    const slots = this.#slots.get(id) ?? {};
+    const had = by === "self" ? slots.self : slots.hub;
+    // the same pause again (a worker repeats its own while it lasts): nothing changes
+    if (had && had.reason === reason && (by === "self" || slots.hub?.by === by)) return this.state(id);
+    const record = { at: this.#o.clock(), ...(reason !== undefined ? { reason } : {}) };
+    if (by === "self") slots.self = record;
+    else slots.hub = { ...record, by };
+    this.#set(id, slots);
+    // the worker knows its own pause; the hub's (new, or a new pauser or reason) it is told
+    if (by !== "self") this.#o.notice(id, "MOESWARM_HUB_PAUSED", workerPauseNotice(true, by, reason));
+    this.#o.emit?.({ worker: id, paused: true, by, ...(reason !== undefined ? { reason } : {}) });
+    return this.state(id);
+  }
+
+  /** Lifts the pause of `by`'s side: "self" the worker's own, "owner"/"operator" the hub's. */
+  resume(id: string, by: WorkerPauseBy): WorkerPauseJson {
+    const slots = this.#slots.get(id) ?? {};
+    if ((by === "self" ? slots.self : slots.hub) === undefined) return this.state(id);
+    const hadHub = slots.hub !== undefined;
+    if (by === "self") delete slots.self;
+    else delete slots.hub;
+    this.#set(id, slots);
+    if (by !== "self" && hadHub) this.#o.notice(id, "MOESWARM_HUB_RESUMED", workerPauseNotice(false, by));
+    this.#o.emit?.({ worker: id, paused: this.isPaused(id), by });
+    return this.state(id);
+  }
+
+  #set(id: string, slots: PauseSlots): void {
+    const paused = slots.hub !== undefined || slots.self !== undefined;
+    if (paused) this.#slots.set(id, slots);
+    else this.#slots.delete(id);
+    this.#o.setPaused(id, paused);
+  }
+
+  /**
+   * A worker that connects while the hub pauses it is told at its first register on that
+   * connection (right after the hello its client may not be listening yet).
+   */
+  onRelayEvent(event: RelayServerEvent): void {
+    if (event.type === "connect" && event.role === "worker") {
+      this.#untold.add(event.id);
+      return;
+    }
+    if (event.type === "disconnect" && event.id !== undefined) this.#untold.delete(event.id);
+    if (event.type !== "register" || !this.#untold.delete(event.id)) return;
+    const hub = this.#slots.get(event.id)?.hub;
+    if (hub) this.#o.notice(event.id, "MOESWARM_HUB_PAUSED", workerPauseNotice(true, hub.by, hub.reason));
+  }
+}
+
+/**
+ * Who is asking to pause or resume worker `id`, or why not: the operator (an admin token); the
+ * worker itself (a token bound to `id`, or an unbound one where the hub allows them: it could say
+ * hello as any id), as "self" when the body says `"self": true` and as its owner otherwise; or
+ * another worker token of the same principal ("owner"). Anyone else: MOESWARM_HUB_NOT_OWNER.
+ */
+export function pauserOf(
+  claims: TokenClaims,
+  id: string,
+  owner: string | undefined,
+  self: boolean,
+): WorkerPauseBy {
+  if (claims.role === "admin") return "operator";
+  const itself = claims.id === undefined || claims.id === id;
+  if (itself) return self ? "self" : "owner";
+  const mine = principalOf(claims, claims.id as string);
+  if (owner !== undefined && mine === owner && !self) return "owner";
+  throw new HubError(
+    "MOESWARM_HUB_NOT_OWNER",
+    self
+      ? `only worker ${JSON.stringify(id)} itself may pause itself ("self": true)`
+      : `worker ${JSON.stringify(id)} is not ${JSON.stringify(mine)}'s: only its owner or the hub's operator may pause or resume it`,
+    { details: { worker: id, principal: mine } },
+  );
+}
