@@ -1,6 +1,7 @@
 import { Packr, RESERVE_START_SPACE } from "msgpackr/index-no-eval";
 import { checkMaxFrameBytes } from "./codec-checks.js";
 import { validateFrame } from "./codec-validate.js";
+import { TENSOR_FRAME_TYPES, writeTensorFrame } from "./codec-write.js";
 import { ProtocolError } from "./errors.js";
 import {
   CAPS_FIELDS,
@@ -58,26 +59,10 @@ const PACKR_HEADROOM = 0x800 + 16;
 // than 2 KiB of room, its next pack starts a new buffer instead.
 const DETACHED = Buffer.alloc(16);
 const TWO_32 = 0x1_0000_0000;
-
-// Frames with tensors are assembled instead: msgpackr packs the entries between the tensors (as
-// an array of keys and values whose header is then dropped: a map's entries are its keys and
-// values one after the other), a tensor's bin header is one of three fixed forms, and each tensor
-// is copied once into memory of exactly the payload's size. Packed whole, the tensors would be
-// copied into a buffer sized by an upper bound, for large frames a zero-filled slab four frames
-// wide: every byte written twice. Above this size a frame gets memory of its own, not
-// zero-filled since every byte of it is written.
+// Frames with tensors are written by codec-write.ts, each tensor copied once into memory of
+// exactly the payload's size. Above this size a frame gets memory of its own, not zero-filled
+// since every byte of it is written.
 const OWN_MEMORY_BYTES = 64 * 1024;
-// msgpackr's working buffer for the runs between tensors (a few numbers and short names).
-const runScratch = Buffer.alloc(0x8000);
-const HAS_TENSORS: ReadonlySet<FrameType> = new Set(
-  (Object.keys(FRAME_FIELDS) as FrameType[]).filter((t) =>
-    FRAME_FIELDS[t].some((s) => s.rule.type === "bin"),
-  ),
-);
-// The first tensor of at least this size is the main one, placed 8-byte aligned in memory so that
-// decoding it in this process, or after a transport that keeps the alignment, is a view.
-const LARGE_BIN = 64;
-const binHeader = (n: number) => (n < 256 ? 2 : n < 65536 ? 3 : 5);
 
 interface Wire {
   /** Upper bound on the packed size (including msgpackr's worst-case string estimate). */
@@ -166,107 +151,19 @@ function pack(frame: Frame, reserve: number, max: number, memory: Memory): Uint8
   if (packed.byteLength - reserve > max) throw tooLarge(packed.byteLength - reserve, max);
   // msgpackr skips the reserved bytes without writing them: reused memory holds an older frame there
   packed.fill(0, 0, reserve);
-  if (w.bigint) uint64Headers(packed, reserve, "map");
+  if (w.bigint) uint64Headers(packed, reserve);
   // a plain Uint8Array, as callers expect (a Buffer's `slice` would not copy)
   return new Uint8Array(packed.buffer, packed.byteOffset, packed.byteLength);
 }
 
-/** `pack` for a validated frame with tensors: the same bytes, each tensor copied once. */
-function packTensors(frame: Frame, reserve: number, max: number, memory: Memory): Uint8Array {
-  const o = frame as unknown as Record<string, unknown>;
-  // runs of packed entries, each but the last followed by a tensor
-  const runs: Uint8Array[] = [];
-  const tensors: Uint8Array[] = [];
-  const w: Wire = { bound: 0, bigint: false };
-  let entries: unknown[] = ["t", frame.t, "v", PROTOCOL_VERSION];
-  let keys = 2;
-  packr.useBuffer(runScratch);
-  try {
-    for (const spec of FRAME_FIELDS[frame.t]) {
-      const value = o[spec.key];
-      if (value === undefined) continue;
-      keys++;
-      entries.push(spec.key);
-      if (spec.rule.type === "bin") {
-        runs.push(packEntries(entries, w));
-        tensors.push(bytesOf(value as Float32Array | Uint16Array | Int32Array));
-        entries = [];
-      } else {
-        entries.push(wireValue(value, spec.rule, w));
-      }
-    }
-    runs.push(entries.length > 0 ? packEntries(entries, w) : new Uint8Array(0));
-  } finally {
-    packr.useBuffer(DETACHED);
-  }
-  let size = keys < 16 ? 1 : 3;
-  let tensorAt = -1;
-  for (let i = 0; i < tensors.length; i++) {
-    const n = tensors[i]!.byteLength;
-    size += runs[i]!.byteLength + binHeader(n);
-    if (tensorAt < 0 && n >= LARGE_BIN) tensorAt = size;
-    size += n;
-  }
-  size += runs[tensors.length]!.byteLength;
-  if (size > max) throw tooLarge(size, max);
-  // shift the payload so that the main tensor's data lands 8-byte aligned (buffers start so)
-  const shift = tensorAt < 0 ? 0 : (8 - ((reserve + tensorAt) % 8)) % 8;
-  const total = shift + reserve + size;
-  // every byte after shift + reserve is written below; the ones before are not, and memory that
-  // is not zero-filled (fresh or reused) would show old bytes there
-  const out = memory.alloc(total);
-  out.fill(0, 0, shift + reserve);
-  let at = shift + reserve;
-  if (keys < 16) out[at++] = 0x80 | keys;
-  else {
-    out[at++] = 0xde;
-    out.writeUInt16BE(keys, at);
-    at += 2;
-  }
-  for (let i = 0; i < tensors.length; i++) {
-    out.set(runs[i]!, at);
-    at += runs[i]!.byteLength;
-    const tensor = tensors[i]!;
-    const n = tensor.byteLength;
-    if (n < 0x100) {
-      out[at++] = 0xc4;
-      out[at++] = n;
-    } else if (n < 0x1_0000) {
-      out[at++] = 0xc5;
-      out.writeUInt16BE(n, at);
-      at += 2;
-    } else {
-      out[at++] = 0xc6;
-      out.writeUInt32BE(n, at);
-      at += 4;
-    }
-    out.set(tensor, at);
-    at += n;
-  }
-  out.set(runs[tensors.length]!, at);
-  return new Uint8Array(out.buffer, out.byteOffset + shift, reserve + size);
-}
-
-/** Packs map entries (keys and values in order) without the array header around them. */
-function packEntries(entries: unknown[], w: Wire): Uint8Array {
-  const packed: Uint8Array = packr.pack(entries);
-  if (w.bigint) uint64Headers(packed, 0, "array");
-  w.bigint = false;
-  // fixarray below 16 elements, array 16 from there (a frame has fewer than 2^16 entries)
-  return packed.subarray(entries.length < 16 ? 1 : 3);
-}
-
-/**
- * Rewrites the int64 header (0xd3) of non-negative top-level values to uint64 (0xcf): the values
- * of a map, or every element of an array of keys and values (a key is a string, never 0xd3).
- */
-function uint64Headers(bytes: Uint8Array, start: number, container: "map" | "array"): void {
+/** Rewrites the int64 header (0xd3) of a map's non-negative values to uint64 (0xcf). */
+function uint64Headers(bytes: Uint8Array, start: number): void {
   const r = new MsgpackReader(bytes);
   r.pos = start;
   r.head();
   const count = r.num;
   for (let i = 0; i < count; i++) {
-    if (container === "map") r.skip();
+    r.skip();
     const at = r.pos;
     if (bytes[at] === 0xd3 && bytes[at + 1]! < 0x80) bytes[at] = 0xcf;
     r.skip();
@@ -295,8 +192,8 @@ export function encodeFrameWithPrefixSpace(frame: Frame, options: EncodeOptions 
 
 function encodeInto(frame: Frame, reserve: number, max: number, memory: Memory): Uint8Array {
   validateFrame(frame);
-  return HAS_TENSORS.has(frame.t)
-    ? packTensors(frame, reserve, max, memory)
+  return TENSOR_FRAME_TYPES.has(frame.t)
+    ? writeTensorFrame(frame, reserve, max, memory, tooLarge).bytes
     : pack(frame, reserve, max, memory);
 }
 
