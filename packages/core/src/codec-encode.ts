@@ -1,8 +1,8 @@
 import { Packr, RESERVE_START_SPACE } from "msgpackr/index-no-eval";
 import { checkMaxFrameBytes } from "./codec-checks.js";
 import { validateFrame } from "./codec-validate.js";
-import { TENSOR_FRAME_TYPES, writeTensorFrame } from "./codec-write.js";
-import { ProtocolError } from "./errors.js";
+import { holeOf, TENSOR_FRAME_TYPES, writeTensorFrame } from "./codec-write.js";
+import { InvalidArgumentError, ProtocolError } from "./errors.js";
 import {
   CAPS_FIELDS,
   type FieldRule,
@@ -11,6 +11,7 @@ import {
   type Frame,
   type FrameType,
   PROTOCOL_VERSION,
+  type ResultFrame,
 } from "./frames.js";
 import { MsgpackReader } from "./msgpack-read.js";
 import { Slab } from "./slab.js";
@@ -170,6 +171,23 @@ function uint64Headers(bytes: Uint8Array, start: number): void {
   }
 }
 
+/**
+ * A result's `y` that is not an array of its own: `fill` writes its `values` floats straight into
+ * the frame's memory while the frame is encoded, which saves the copy of `y` into the frame. The
+ * view `fill` gets is lent: it must write every value (the memory may hold an older frame) and
+ * keep no reference to it once it returns. An exception from `fill` fails the encoding.
+ */
+export interface InPlaceTensor {
+  readonly values: number;
+  fill(y: Float32Array): void;
+}
+
+/** A result frame whose `y` is written in place (see InPlaceTensor). */
+export type ResultInPlace = Omit<ResultFrame, "y"> & { y: InPlaceTensor };
+
+/** What the encoders take: a frame, or a result whose `y` is written in place. */
+export type EncodableFrame = Frame | ResultInPlace;
+
 export interface EncodeOptions {
   /** Largest payload to produce, in bytes (default 64 MiB); larger frames throw FRAME_TOO_LARGE. */
   maxFrameBytes?: number;
@@ -181,7 +199,7 @@ export interface EncodeOptions {
  * result is a view into a larger buffer shared with other frames (as Node's Buffer pool does):
  * write the view itself, never its `.buffer`.
  */
-export function encodeFrame(frame: Frame, options: EncodeOptions = {}): Uint8Array {
+export function encodeFrame(frame: EncodableFrame, options: EncodeOptions = {}): Uint8Array {
   return encodeInto(frame, 0, checkMaxFrameBytes(options.maxFrameBytes), FRESH);
 }
 
@@ -190,11 +208,34 @@ export function encodeFrameWithPrefixSpace(frame: Frame, options: EncodeOptions 
   return encodeInto(frame, 4, checkMaxFrameBytes(options.maxFrameBytes), FRESH);
 }
 
-function encodeInto(frame: Frame, reserve: number, max: number, memory: Memory): Uint8Array {
-  validateFrame(frame);
+function encodeInto(frame: EncodableFrame, reserve: number, max: number, memory: Memory): Uint8Array {
+  if (frame.t === "result" && isInPlace(frame.y))
+    return encodeInPlace(frame as ResultInPlace, reserve, max, memory);
+  validateFrame(frame as Frame);
   return TENSOR_FRAME_TYPES.has(frame.t)
-    ? writeTensorFrame(frame, reserve, max, memory, tooLarge).bytes
-    : pack(frame, reserve, max, memory);
+    ? writeTensorFrame(frame as Frame, reserve, max, memory, tooLarge).bytes
+    : pack(frame as Frame, reserve, max, memory);
+}
+
+/** An object with a `fill` method that is not a typed array (they have `fill` too). */
+const isInPlace = (y: unknown): boolean =>
+  typeof y === "object" &&
+  y !== null &&
+  !ArrayBuffer.isView(y) &&
+  typeof (y as InPlaceTensor).fill === "function";
+
+function encodeInPlace(frame: ResultInPlace, reserve: number, max: number, memory: Memory): Uint8Array {
+  const tensor = frame.y;
+  if (!Number.isSafeInteger(tensor.values) || tensor.values < 0) {
+    throw new InvalidArgumentError(`result.y.values must be an integer >= 0, got ${String(tensor.values)}`);
+  }
+  // checked and written as the frame with a y of that length; the writer leaves y's bytes open
+  const stand: ResultFrame = { ...frame, y: holeOf(tensor.values) };
+  validateFrame(stand);
+  const written = writeTensorFrame(stand, reserve, max, memory, tooLarge);
+  const { bytes, holeAt } = written;
+  tensor.fill(new Float32Array(bytes.buffer, bytes.byteOffset + holeAt, tensor.values));
+  return bytes;
 }
 
 /** One buffer, kept and grown, written from its start by each encoding. */
@@ -243,13 +284,16 @@ export class FrameEncoder {
     this.#max = checkMaxFrameBytes(options.maxFrameBytes);
   }
 
-  /** Encodes `frame` (validating it) and calls `use` with its bytes; returns what `use` returns. */
-  encode<T>(frame: Frame, use: (bytes: Uint8Array) => T): T {
+  /**
+   * Encodes `frame` (validating it) and calls `use` with its bytes; returns what `use` returns. A
+   * result's in-place `y` is filled in this memory too (an encode from inside `fill` gets memory
+   * of its own, as one from inside `use` does).
+   */
+  encode<T>(frame: EncodableFrame, use: (bytes: Uint8Array) => T): T {
     if (this.#lent) return use(encodeInto(frame, 0, this.#max, FRESH));
-    const bytes = encodeInto(frame, 0, this.#max, this.#memory);
     this.#lent = true;
     try {
-      return use(bytes);
+      return use(encodeInto(frame, 0, this.#max, this.#memory));
     } finally {
       this.#lent = false;
     }

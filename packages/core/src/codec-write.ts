@@ -48,6 +48,18 @@ for (const t of TENSOR_FRAME_TYPES) {
   });
 }
 
+// A tensor not yet computed (a result's y written in place, see codec-encode's InPlaceTensor) is
+// encoded as a view of this buffer: validation sees a Float32Array of the right length, and the
+// writer leaves its bytes for the caller to fill. Never read or written (untouched pages of a
+// zero-filled allocation are not even resident); grown as needed.
+let holeBuffer = new ArrayBuffer(0);
+
+/** A stand-in Float32Array of `values` values for a tensor the caller writes in place. */
+export function holeOf(values: number): Float32Array {
+  if (holeBuffer.byteLength < values * 4) holeBuffer = new ArrayBuffer(values * 4);
+  return new Float32Array(holeBuffer, 0, values);
+}
+
 // Per-field scratch of one encoding (encoding is synchronous: never two at once).
 const MAX_FIELDS = Math.max(...[...TENSOR_FRAME_TYPES].map((t) => FRAME_FIELDS[t].length));
 const lengths = new Int32Array(MAX_FIELDS);
@@ -158,7 +170,12 @@ function writeStr(out: Buffer, at: number, s: string, n: number): number {
 }
 
 function writeBin(out: Buffer, at: number, tensor: Uint8Array): number {
-  const n = tensor.byteLength;
+  at = writeBinHeader(out, at, tensor.byteLength);
+  out.set(tensor, at);
+  return at + tensor.byteLength;
+}
+
+function writeBinHeader(out: Buffer, at: number, n: number): number {
   if (n < 0x100) {
     out[at++] = 0xc4;
     out[at++] = n;
@@ -171,8 +188,7 @@ function writeBin(out: Buffer, at: number, tensor: Uint8Array): number {
     out.writeUInt32BE(n, at + 1);
     at += 5;
   }
-  out.set(tensor, at);
-  return at + n;
+  return at;
 }
 
 /** Where `writeTensorFrame` places a frame. */
@@ -184,8 +200,13 @@ export interface FrameMemory {
 export interface Written {
   /** The payload (after `reserve` zero bytes), a view of the memory `alloc` returned. */
   bytes: Uint8Array;
-  /** Offset in `bytes` of the main tensor's data (the first bin of >= 64 bytes; 8-byte aligned), or -1. */
+  /**
+   * Offset in `bytes` of the main tensor's data (the first bin of >= 64 bytes, or a hole;
+   * 8-byte aligned), or -1.
+   */
   mainAt: number;
+  /** Offset in `bytes` of the hole's data (bytes left unwritten), or -1. */
+  holeAt: number;
 }
 
 // The first tensor of at least this size is the main one, placed 8-byte aligned in memory so that
@@ -236,8 +257,9 @@ export function writeTensorFrame(
         tensors[i] = tensor;
         const n = tensor.byteLength;
         size += binHeaderSize(n);
-        // (offsets counted from after the map header, corrected below)
-        if (tensorAt < 0 && n >= LARGE_BIN) tensorAt = size;
+        // (offsets counted from after the map header, corrected below); a hole is a view of its
+        // own for the caller to write into: aligned too, whatever its size
+        if (tensorAt < 0 && (n >= LARGE_BIN || tensor.buffer === holeBuffer)) tensorAt = size;
         size += n;
       }
     }
@@ -257,6 +279,7 @@ export function writeTensorFrame(
   // is not zero-filled (fresh or reused) would show old bytes there
   out.fill(0, 0, shift + reserve);
   let at = shift + reserve;
+  let holeAt = -1;
   if (mapHeader === 1) out[at++] = 0x80 | entries;
   else {
     out[at] = 0xde;
@@ -286,7 +309,11 @@ export function writeTensorFrame(
         at = writeStr(out, at, value as string, lengths[i]!);
         break;
       default:
-        at = writeBin(out, at, tensors[i]!);
+        if (tensors[i]!.buffer === holeBuffer) {
+          at = writeBinHeader(out, at, tensors[i]!.byteLength);
+          holeAt = at - shift;
+          at += tensors[i]!.byteLength;
+        } else at = writeBin(out, at, tensors[i]!);
         // no reference to the caller's tensor outlives the call
         tensors[i] = undefined;
     }
@@ -294,5 +321,6 @@ export function writeTensorFrame(
   return {
     bytes: new Uint8Array(out.buffer, out.byteOffset + shift, reserve + size),
     mainAt: tensorAt < 0 ? -1 : reserve + tensorAt,
+    holeAt,
   };
 }

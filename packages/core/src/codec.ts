@@ -16,10 +16,13 @@
 export { type DecodeOptions, decodeFrame } from "./codec-decode.js";
 export {
   canonicalKeys,
+  type EncodableFrame,
   type EncodeOptions,
   encodeFrame,
   encodeFrameWithPrefixSpace,
   FrameEncoder,
+  type InPlaceTensor,
+  type ResultInPlace,
 } from "./codec-encode.js";
 export { FrameRerouter, type RoutePatch, rerouteFrame } from "./codec-route.js";
 export { validateFrame } from "./codec-validate.js";

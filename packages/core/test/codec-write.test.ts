@@ -202,3 +202,88 @@ describe("the last-string caches", () => {
     expect((decodeFrame(encodeFrame(small)) as ResultFrame).y).toEqual(Float32Array.of(3));
   });
 });
+
+describe("a result's y written in place", () => {
+  const header = (embd: number, n = 2) =>
+    ({ t: "result", v: 1, id: 9, to: "bb", mode: "sum", n, k: 2, embd, ms: 1.5 }) as const;
+  const yOf = (values: number, seed: number) =>
+    Float32Array.from({ length: values }, (_, i) => seed + i * 0.5);
+
+  it("gives encodeFrame's bytes for the computed y, fresh and in reused memory that held other frames", () => {
+    const encoder = new FrameEncoder();
+    for (const [embd, seed] of [
+      [64, 1],
+      [3, 2],
+      [1000, 3],
+      [5, 4],
+      [64, 5],
+    ] as const) {
+      const y = yOf(2 * embd, seed);
+      const expected = hex(encodeFrame(resultFrame({ ...header(embd), y })));
+      let seen: Float32Array | undefined;
+      const fill = (view: Float32Array) => {
+        seen = view;
+        view.set(y);
+      };
+      expect(hex(encodeFrame({ ...header(embd), y: { values: y.length, fill } }))).toBe(expected);
+      expect(seen!.length).toBe(y.length);
+      expect(seen!.byteOffset % 8).toBe(0);
+      expect(encoder.encode({ ...header(embd), y: { values: y.length, fill } }, hex)).toBe(expected);
+      // a larger frame between: the memory holds its bytes where the next y goes
+      encoder.encode(resultFrame({ ...header(2048), y: yOf(4096, 99) }), hex);
+    }
+  });
+
+  it("is refused like the frame it stands for, and a fill that throws fails the encoding", () => {
+    const encoder = new FrameEncoder();
+    const never = () => {
+      throw new Error("fill must not be called for a refused frame");
+    };
+    // sum mode: y is n*embd values
+    expect(() => encodeFrame({ ...header(4), y: { values: 7, fill: never } })).toThrow(InvalidArgumentError);
+    expect(() => encodeFrame({ ...header(4), y: { values: -1, fill: never } })).toThrow(InvalidArgumentError);
+    expect(() =>
+      encodeFrame({ ...header(64), y: { values: 128, fill: never } }, { maxFrameBytes: 100 }),
+    ).toThrow(/maximum/);
+    const boom = new Error("compute failed");
+    expect(() =>
+      encoder.encode(
+        {
+          ...header(4),
+          y: {
+            values: 8,
+            fill: () => {
+              throw boom;
+            },
+          },
+        },
+        hex,
+      ),
+    ).toThrow(boom);
+    const y = yOf(8, 7);
+    expect(encoder.encode(resultFrame({ ...header(4), y }), hex)).toBe(
+      hex(encodeFrame(resultFrame({ ...header(4), y }))),
+    );
+  });
+
+  it("never lends the memory being filled to an encode from inside fill", () => {
+    const encoder = new FrameEncoder();
+    const y = yOf(128, 3);
+    const inner = yOf(128, 50);
+    const bytes = encoder.encode(
+      {
+        ...header(64),
+        y: {
+          values: 128,
+          fill: (view) => {
+            view.set(y);
+            // a nested send while the outer frame is being filled
+            encoder.encode(resultFrame({ ...header(64), y: inner }), (b) => b[0]);
+          },
+        },
+      },
+      hex,
+    );
+    expect(bytes).toBe(hex(encodeFrame(resultFrame({ ...header(64), y }))));
+  });
+});
