@@ -275,7 +275,7 @@ describe("a result's y written in place", () => {
         ...header(64),
         y: {
           values: 128,
-          fill: (view) => {
+          fill: (view: Float32Array) => {
             view.set(y);
             // a nested send while the outer frame is being filled
             encoder.encode(resultFrame({ ...header(64), y: inner }), (b) => b[0]);
