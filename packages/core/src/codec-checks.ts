@@ -69,23 +69,29 @@ export function checkCrossFields(
   }
   const ids = o.ids as Int32Array;
   const limit = maxExpert ?? 0x8000_0000;
+  // one unsigned compare per slot: e in -1..limit-1 is e+1 in 0..limit (e+1 of an int32 >= -2^31+1)
+  const bound = limit + 1;
   for (let i = 0; i < ids.length; i++) {
-    const e = ids[i]!;
-    if (e < -1 || e >= limit) {
-      ctx.fail(
-        "MOESWARM_PROTOCOL_BAD_FIELD",
-        "ids",
-        `slot ${i} holds expert id ${e}, outside -1..${limit - 1}${maxExpert !== undefined ? " (maxExpert)" : ""}`,
-      );
-    }
+    if ((ids[i]! + 1) >>> 0 >= bound) badId(ids, limit, maxExpert, ctx);
   }
   const w = o.w as Float32Array | undefined;
   if (w) {
+    // v - v is 0 for a finite v and NaN for an infinite or NaN one: a subtraction and a compare
+    // per slot, no call
     for (let i = 0; i < w.length; i++) {
-      if (!Number.isFinite(w[i]!))
-        ctx.fail("MOESWARM_PROTOCOL_BAD_FIELD", "w", `slot ${i} weight ${w[i]} is not finite`);
+      const v = w[i]!;
+      if (v - v !== 0) ctx.fail("MOESWARM_PROTOCOL_BAD_FIELD", "w", `slot ${i} weight ${v} is not finite`);
     }
   }
+}
+
+function badId(ids: Int32Array, limit: number, maxExpert: number | undefined, ctx: Checker): never {
+  const i = ids.findIndex((e) => e < -1 || e >= limit);
+  return ctx.fail(
+    "MOESWARM_PROTOCOL_BAD_FIELD",
+    "ids",
+    `slot ${i} holds expert id ${ids[i]}, outside -1..${limit - 1}${maxExpert !== undefined ? " (maxExpert)" : ""}`,
+  );
 }
 
 export const byteLength = (s: string): number => Buffer.byteLength(s, "utf8");

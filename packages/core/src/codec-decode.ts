@@ -36,29 +36,48 @@ export interface DecodeOptions {
   raw?: boolean;
 }
 
-const KNOWN_KEYS: ReadonlySet<string> = new Set([
-  "t",
-  "v",
-  ...Object.values(FRAME_FIELDS).flatMap((specs) => specs.map((s) => s.key)),
-]);
-const CAPS_KEYS: ReadonlySet<string> = new Set(CAPS_FIELDS.map((s) => s.key));
-
-// Keys are matched by their bytes (all known keys are ASCII), without building strings.
-const KEYS_BY_LENGTH: Array<Array<[string, Uint8Array]>> = [];
-for (const key of new Set([...KNOWN_KEYS, ...CAPS_KEYS])) {
+// Keys are matched by their bytes (all known keys are ASCII), without building strings, and
+// numbered: a map's known keys are indexed into a reused array of value offsets, not a Map.
+const KEY_NAMES: readonly string[] = [
+  ...new Set([
+    "t",
+    "v",
+    ...Object.values(FRAME_FIELDS).flatMap((specs) => specs.map((s) => s.key)),
+    ...CAPS_FIELDS.map((s) => s.key),
+  ]),
+];
+const keyId = (key: string): number => KEY_NAMES.indexOf(key);
+const KEYS_BY_LENGTH: Array<Array<[number, Uint8Array]>> = [];
+KEY_NAMES.forEach((key, id) => {
   const bucket = KEYS_BY_LENGTH[key.length] ?? [];
-  bucket.push([key, Uint8Array.from(key, (c) => c.charCodeAt(0))]);
+  bucket.push([id, Uint8Array.from(key, (c) => c.charCodeAt(0))]);
   KEYS_BY_LENGTH[key.length] = bucket;
-}
+});
+/** Which key ids a frame's map and a `caps` map know (others are skipped). */
+const FRAME_KNOWN = new Uint8Array(KEY_NAMES.length);
+for (const key of ["t", "v", ...Object.values(FRAME_FIELDS).flatMap((specs) => specs.map((s) => s.key))])
+  FRAME_KNOWN[keyId(key)] = 1;
+const CAPS_KNOWN = new Uint8Array(KEY_NAMES.length);
+for (const spec of CAPS_FIELDS) CAPS_KNOWN[keyId(spec.key)] = 1;
+const T_ID = keyId("t");
+const V_ID = keyId("v");
+const SPEC_IDS = Object.fromEntries(
+  (Object.keys(FRAME_FIELDS) as FrameType[]).map((t) => [t, FRAME_FIELDS[t].map((s) => keyId(s.key))]),
+) as unknown as Record<FrameType, readonly number[]>;
+const CAPS_SPEC_IDS: readonly number[] = CAPS_FIELDS.map((s) => keyId(s.key));
+// Value offsets by key id (-1: absent) of the frame's map and of its `caps` map; decoding is
+// synchronous, so one of each serves every call.
+const framePositions = new Int32Array(KEY_NAMES.length);
+const capsPositions = new Int32Array(KEY_NAMES.length);
 
-function lookupKey(bytes: Uint8Array, pos: number, length: number): string | undefined {
+function lookupKey(bytes: Uint8Array, pos: number, length: number): number {
   const candidates = KEYS_BY_LENGTH[length];
-  if (candidates === undefined) return undefined;
-  next: for (const [key, kb] of candidates) {
+  if (candidates === undefined) return -1;
+  next: for (const [id, kb] of candidates) {
     for (let i = 0; i < length; i++) if (bytes[pos + i] !== kb[i]) continue next;
-    return key;
+    return id;
   }
-  return undefined;
+  return -1;
 }
 
 function describeKind(kind: Kind, r: MsgpackReader): string {
@@ -94,7 +113,7 @@ export function decodeFrame(bytes: Uint8Array, options: DecodeOptions = {}): Fra
       details: { offset: 0 },
     });
   }
-  const fields = indexMap(r, r.num, KNOWN_KEYS);
+  const fields = indexMap(r, r.num, FRAME_KNOWN, framePositions);
   if (r.pos !== r.end) {
     throw new ProtocolError(`${r.end - r.pos} bytes after the end of the frame's map`, {
       details: { offset: r.pos },
@@ -102,17 +121,16 @@ export function decodeFrame(bytes: Uint8Array, options: DecodeOptions = {}): Fra
   }
 
   const ctx: Checker = new Checker("frame", false);
-  const tPos = fields.get("t");
-  if (tPos === undefined) ctx.fail("MOESWARM_PROTOCOL_MISSING_FIELD", "t", "the frame type `t` is missing");
+  const tPos = fields[T_ID]!;
+  if (tPos < 0) ctx.fail("MOESWARM_PROTOCOL_MISSING_FIELD", "t", "the frame type `t` is missing");
   r.pos = tPos;
   const tKind = r.head();
   if (tKind !== Kind.str)
     ctx.fail("MOESWARM_PROTOCOL_BAD_FIELD", "t", `must be a string, found ${describeKind(tKind, r)}`);
   // a type name longer than any known one is unknown; it is not decoded
   const t = r.num <= 16 ? readUtf8(r.bytes, r.pos, r.num) : undefined;
-  const vPos = fields.get("v");
-  if (vPos === undefined)
-    ctx.fail("MOESWARM_PROTOCOL_MISSING_FIELD", "v", "the protocol version `v` is missing");
+  const vPos = fields[V_ID]!;
+  if (vPos < 0) ctx.fail("MOESWARM_PROTOCOL_MISSING_FIELD", "v", "the protocol version `v` is missing");
   r.pos = vPos;
   const vKind = r.head();
   if (vKind !== Kind.int) {
@@ -139,13 +157,21 @@ export function decodeFrame(bytes: Uint8Array, options: DecodeOptions = {}): Fra
   ctx.type = t;
 
   const out: Record<string, unknown> = { t, v: PROTOCOL_VERSION };
-  for (const spec of FRAME_FIELDS[t]) {
-    const pos = fields.get(spec.key);
-    if (pos === undefined) {
+  const specs = FRAME_FIELDS[t];
+  const ids = SPEC_IDS[t];
+  for (let i = 0; i < specs.length; i++) {
+    const spec = specs[i]!;
+    const pos = fields[ids[i]!]!;
+    if (pos < 0) {
       if (spec.required) ctx.fail("MOESWARM_PROTOCOL_MISSING_FIELD", spec.key, "required field is missing");
       continue;
     }
-    const value = readField(r, pos, spec.rule, spec.key, ctx, maxExpert);
+    const strings = STRINGS[t];
+    let value: unknown = spec.rule.type === "str" ? lastString(r, pos, strings[i]) : undefined;
+    if (value === undefined) {
+      value = readField(r, pos, spec.rule, spec.key, ctx, maxExpert);
+      if (spec.rule.type === "str") strings[i] = rememberString(r.bytes, pos, value as string);
+    }
     out[spec.key] = value;
     if (spec.key === "id") ctx.id = value as number;
   }
@@ -154,17 +180,49 @@ export function decodeFrame(bytes: Uint8Array, options: DecodeOptions = {}): Fra
   return out as unknown as Frame;
 }
 
+// The last string accepted per frame type and field, with its encoding: peer ids, model names,
+// modes and dtypes repeat frame after frame, and one compare of their bytes then replaces the
+// decoding and the checks (the rules depend on nothing but the string).
+interface LastString {
+  readonly encoded: Uint8Array;
+  readonly value: string;
+}
+const STRINGS = Object.fromEntries(
+  (Object.keys(FRAME_FIELDS) as FrameType[]).map((t) => [t, FRAME_FIELDS[t].map(() => undefined)]),
+) as unknown as Record<FrameType, Array<LastString | undefined>>;
+const REMEMBERED_BYTES = 64;
+
+/** The string at `pos` if its encoding (header included) is the last one accepted. */
+function lastString(r: MsgpackReader, pos: number, last: LastString | undefined): string | undefined {
+  if (last === undefined) return undefined;
+  const bytes = r.bytes;
+  const encoded = last.encoded;
+  const n = encoded.byteLength;
+  if (n > r.end - pos) return undefined;
+  for (let i = 0; i < n; i++) if (bytes[pos + i] !== encoded[i]) return undefined;
+  return last.value;
+}
+
+function rememberString(bytes: Uint8Array, pos: number, value: string): LastString | undefined {
+  const r = new MsgpackReader(bytes);
+  r.pos = pos;
+  r.head();
+  const end = r.pos + r.num;
+  return end - pos <= REMEMBERED_BYTES ? { encoded: bytes.slice(pos, end), value } : undefined;
+}
+
 /**
- * Walks `count` map entries at the reader's position and returns the offsets of the values of
- * known keys. Every value (known or not) is checked for well-formedness while skipping.
+ * Walks `count` map entries at the reader's position and fills `positions` (by key id) with the
+ * offsets of the values of `known` keys, -1 for those absent. Every value (known or not) is
+ * checked for well-formedness while skipping.
  */
-function indexMap(r: MsgpackReader, count: number, known: ReadonlySet<string>): Map<string, number> {
+function indexMap(r: MsgpackReader, count: number, known: Uint8Array, positions: Int32Array): Int32Array {
   if (count * 2 > r.end - r.pos) {
     throw new ProtocolError(`msgpack map declares ${count} entries but only ${r.end - r.pos} bytes remain`, {
       details: { offset: r.pos },
     });
   }
-  const fields = new Map<string, number>();
+  positions.fill(-1);
   for (let i = 0; i < count; i++) {
     const keyOffset = r.pos;
     const kind = r.head();
@@ -177,19 +235,19 @@ function indexMap(r: MsgpackReader, count: number, known: ReadonlySet<string>): 
     const length = r.num;
     const keyStart = r.pos;
     r.pos += length;
-    const key = lookupKey(r.bytes, keyStart, length);
+    const id = lookupKey(r.bytes, keyStart, length);
     const valueOffset = r.pos;
     r.skip(2);
-    if (key !== undefined && known.has(key)) {
-      if (fields.has(key)) {
-        throw new ProtocolError(`duplicate key ${JSON.stringify(key)}`, {
+    if (id >= 0 && known[id] === 1) {
+      if (positions[id]! >= 0) {
+        throw new ProtocolError(`duplicate key ${JSON.stringify(KEY_NAMES[id])}`, {
           details: { offset: keyOffset },
         });
       }
-      fields.set(key, valueOffset);
+      positions[id] = valueOffset;
     }
   }
-  return fields;
+  return positions;
 }
 
 function readField(
@@ -268,9 +326,9 @@ function readField(
     }
     case "caps": {
       if (kind !== Kind.map) return ctx.bad(field, `must be a map, found ${describeKind(kind, r)}`);
-      let fields: Map<string, number>;
+      let fields: Int32Array;
       try {
-        fields = indexMap(r, r.num, CAPS_KEYS);
+        fields = indexMap(r, r.num, CAPS_KNOWN, capsPositions);
       } catch (error) {
         // the whole frame was already checked to be well-formed: only a non-string or repeated key lands here
         if (error instanceof ProtocolError && error.code === "MOESWARM_PROTOCOL_MALFORMED") {
@@ -279,9 +337,10 @@ function readField(
         throw error;
       }
       const caps: Record<string, unknown> = {};
-      for (const spec of CAPS_FIELDS) {
-        const p = fields.get(spec.key);
-        if (p !== undefined) caps[spec.key] = readField(r, p, spec.rule, `${field}.${spec.key}`, ctx);
+      for (let i = 0; i < CAPS_FIELDS.length; i++) {
+        const spec = CAPS_FIELDS[i]!;
+        const p = fields[CAPS_SPEC_IDS[i]!]!;
+        if (p >= 0) caps[spec.key] = readField(r, p, spec.rule, `${field}.${spec.key}`, ctx);
       }
       return caps;
     }
@@ -311,6 +370,43 @@ function readStr(
 
 const ELEMENT_SIZE = { f32: 4, f16: 2, bf16: 2 } as const;
 
+type TensorCtor = typeof Float32Array | typeof Uint16Array | typeof Int32Array;
+const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+// Copies of small tensors that are not aligned in the frame (ids and w mostly) are cut from one
+// pool, as Slab does, without its Buffer views: two objects per copy instead of four.
+const POOL_BYTES = 64 * 1024;
+let pool = new ArrayBuffer(0);
+let poolPos = 0;
+
+/** A tensor's bytes as its typed array: a view when aligned (unless `copy`), else a copy. */
+function tensorOf(
+  ctor: TensorCtor,
+  bytes: Uint8Array,
+  copy: boolean,
+): Float32Array | Uint16Array | Int32Array {
+  const size = ctor.BYTES_PER_ELEMENT;
+  // (a big-endian host swaps bytes: typedArrayFromBytes knows how)
+  if (!LITTLE_ENDIAN)
+    return typedArrayFromBytes(size === 2 ? "f16" : ctor === Int32Array ? "i32" : "f32", bytes, { copy });
+  const n = bytes.byteLength / size;
+  if (!copy && bytes.byteOffset % size === 0)
+    return new ctor(bytes.buffer as ArrayBuffer, bytes.byteOffset, n);
+  const length = bytes.byteLength;
+  if (length > POOL_BYTES >> 2) {
+    const out = new ctor(n);
+    new Uint8Array(out.buffer).set(bytes);
+    return out;
+  }
+  if (pool.byteLength - poolPos < length) {
+    pool = new ArrayBuffer(POOL_BYTES);
+    poolPos = 0;
+  }
+  const at = poolPos;
+  new Uint8Array(pool, at, length).set(bytes);
+  poolPos += (length + 7) & ~7;
+  return new ctor(pool, at, n);
+}
+
 /** Checks bin lengths against the declared shape, then turns them into typed arrays. */
 function lengthIs(
   o: Record<string, unknown>,
@@ -339,11 +435,11 @@ function decodeTensors(
     const dtype = o.dtype as keyof typeof ELEMENT_SIZE;
     lengthIs(o, "x", n * embd * ELEMENT_SIZE[dtype], `n*embd*${ELEMENT_SIZE[dtype]} for ${dtype}`, ctx);
     lengthIs(o, "ids", n * k * 4, "n*k*4", ctx);
-    if (!raw) o.x = typedArrayFromBytes(dtype === "f32" ? "f32" : "f16", o.x as Uint8Array, { copy });
-    o.ids = typedArrayFromBytes("i32", o.ids as Uint8Array, { copy });
+    if (!raw) o.x = tensorOf(dtype === "f32" ? Float32Array : Uint16Array, o.x as Uint8Array, copy);
+    o.ids = tensorOf(Int32Array, o.ids as Uint8Array, copy);
     if (o.w !== undefined) {
       lengthIs(o, "w", n * k * 4, "n*k*4", ctx);
-      o.w = typedArrayFromBytes("f32", o.w as Uint8Array, { copy });
+      o.w = tensorOf(Float32Array, o.w as Uint8Array, copy);
     }
   } else if (t === "result") {
     const n = o.n as number;
@@ -363,6 +459,6 @@ function decodeTensors(
       }
     } else if (o.mode === "each") lengthIs(o, "y", n * k * embd * 4, 'n*k*embd*4 for mode "each"', ctx);
     else lengthIs(o, "y", n * embd * 4, 'n*embd*4 for mode "sum"', ctx);
-    if (!raw) o.y = typedArrayFromBytes("f32", o.y as Uint8Array, { copy });
+    if (!raw) o.y = tensorOf(Float32Array, o.y as Uint8Array, copy);
   }
 }

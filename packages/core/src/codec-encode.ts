@@ -1,7 +1,8 @@
 import { Packr, RESERVE_START_SPACE } from "msgpackr/index-no-eval";
 import { checkMaxFrameBytes } from "./codec-checks.js";
 import { validateFrame } from "./codec-validate.js";
-import { ProtocolError } from "./errors.js";
+import { holeOf, TENSOR_FRAME_TYPES, writeTensorFrame } from "./codec-write.js";
+import { InvalidArgumentError, ProtocolError } from "./errors.js";
 import {
   CAPS_FIELDS,
   type FieldRule,
@@ -10,6 +11,7 @@ import {
   type Frame,
   type FrameType,
   PROTOCOL_VERSION,
+  type ResultFrame,
 } from "./frames.js";
 import { MsgpackReader } from "./msgpack-read.js";
 import { Slab } from "./slab.js";
@@ -58,26 +60,10 @@ const PACKR_HEADROOM = 0x800 + 16;
 // than 2 KiB of room, its next pack starts a new buffer instead.
 const DETACHED = Buffer.alloc(16);
 const TWO_32 = 0x1_0000_0000;
-
-// Frames with tensors are assembled instead: msgpackr packs the entries between the tensors (as
-// an array of keys and values whose header is then dropped: a map's entries are its keys and
-// values one after the other), a tensor's bin header is one of three fixed forms, and each tensor
-// is copied once into memory of exactly the payload's size. Packed whole, the tensors would be
-// copied into a buffer sized by an upper bound, for large frames a zero-filled slab four frames
-// wide: every byte written twice. Above this size a frame gets memory of its own, not
-// zero-filled since every byte of it is written.
+// Frames with tensors are written by codec-write.ts, each tensor copied once into memory of
+// exactly the payload's size. Above this size a frame gets memory of its own, not zero-filled
+// since every byte of it is written.
 const OWN_MEMORY_BYTES = 64 * 1024;
-// msgpackr's working buffer for the runs between tensors (a few numbers and short names).
-const runScratch = Buffer.alloc(0x8000);
-const HAS_TENSORS: ReadonlySet<FrameType> = new Set(
-  (Object.keys(FRAME_FIELDS) as FrameType[]).filter((t) =>
-    FRAME_FIELDS[t].some((s) => s.rule.type === "bin"),
-  ),
-);
-// The first tensor of at least this size is the main one, placed 8-byte aligned in memory so that
-// decoding it in this process, or after a transport that keeps the alignment, is a view.
-const LARGE_BIN = 64;
-const binHeader = (n: number) => (n < 256 ? 2 : n < 65536 ? 3 : 5);
 
 interface Wire {
   /** Upper bound on the packed size (including msgpackr's worst-case string estimate). */
@@ -166,112 +152,41 @@ function pack(frame: Frame, reserve: number, max: number, memory: Memory): Uint8
   if (packed.byteLength - reserve > max) throw tooLarge(packed.byteLength - reserve, max);
   // msgpackr skips the reserved bytes without writing them: reused memory holds an older frame there
   packed.fill(0, 0, reserve);
-  if (w.bigint) uint64Headers(packed, reserve, "map");
+  if (w.bigint) uint64Headers(packed, reserve);
   // a plain Uint8Array, as callers expect (a Buffer's `slice` would not copy)
   return new Uint8Array(packed.buffer, packed.byteOffset, packed.byteLength);
 }
 
-/** `pack` for a validated frame with tensors: the same bytes, each tensor copied once. */
-function packTensors(frame: Frame, reserve: number, max: number, memory: Memory): Uint8Array {
-  const o = frame as unknown as Record<string, unknown>;
-  // runs of packed entries, each but the last followed by a tensor
-  const runs: Uint8Array[] = [];
-  const tensors: Uint8Array[] = [];
-  const w: Wire = { bound: 0, bigint: false };
-  let entries: unknown[] = ["t", frame.t, "v", PROTOCOL_VERSION];
-  let keys = 2;
-  packr.useBuffer(runScratch);
-  try {
-    for (const spec of FRAME_FIELDS[frame.t]) {
-      const value = o[spec.key];
-      if (value === undefined) continue;
-      keys++;
-      entries.push(spec.key);
-      if (spec.rule.type === "bin") {
-        runs.push(packEntries(entries, w));
-        tensors.push(bytesOf(value as Float32Array | Uint16Array | Int32Array));
-        entries = [];
-      } else {
-        entries.push(wireValue(value, spec.rule, w));
-      }
-    }
-    runs.push(entries.length > 0 ? packEntries(entries, w) : new Uint8Array(0));
-  } finally {
-    packr.useBuffer(DETACHED);
-  }
-  let size = keys < 16 ? 1 : 3;
-  let tensorAt = -1;
-  for (let i = 0; i < tensors.length; i++) {
-    const n = tensors[i]!.byteLength;
-    size += runs[i]!.byteLength + binHeader(n);
-    if (tensorAt < 0 && n >= LARGE_BIN) tensorAt = size;
-    size += n;
-  }
-  size += runs[tensors.length]!.byteLength;
-  if (size > max) throw tooLarge(size, max);
-  // shift the payload so that the main tensor's data lands 8-byte aligned (buffers start so)
-  const shift = tensorAt < 0 ? 0 : (8 - ((reserve + tensorAt) % 8)) % 8;
-  const total = shift + reserve + size;
-  // every byte after shift + reserve is written below; the ones before are not, and memory that
-  // is not zero-filled (fresh or reused) would show old bytes there
-  const out = memory.alloc(total);
-  out.fill(0, 0, shift + reserve);
-  let at = shift + reserve;
-  if (keys < 16) out[at++] = 0x80 | keys;
-  else {
-    out[at++] = 0xde;
-    out.writeUInt16BE(keys, at);
-    at += 2;
-  }
-  for (let i = 0; i < tensors.length; i++) {
-    out.set(runs[i]!, at);
-    at += runs[i]!.byteLength;
-    const tensor = tensors[i]!;
-    const n = tensor.byteLength;
-    if (n < 0x100) {
-      out[at++] = 0xc4;
-      out[at++] = n;
-    } else if (n < 0x1_0000) {
-      out[at++] = 0xc5;
-      out.writeUInt16BE(n, at);
-      at += 2;
-    } else {
-      out[at++] = 0xc6;
-      out.writeUInt32BE(n, at);
-      at += 4;
-    }
-    out.set(tensor, at);
-    at += n;
-  }
-  out.set(runs[tensors.length]!, at);
-  return new Uint8Array(out.buffer, out.byteOffset + shift, reserve + size);
-}
-
-/** Packs map entries (keys and values in order) without the array header around them. */
-function packEntries(entries: unknown[], w: Wire): Uint8Array {
-  const packed: Uint8Array = packr.pack(entries);
-  if (w.bigint) uint64Headers(packed, 0, "array");
-  w.bigint = false;
-  // fixarray below 16 elements, array 16 from there (a frame has fewer than 2^16 entries)
-  return packed.subarray(entries.length < 16 ? 1 : 3);
-}
-
-/**
- * Rewrites the int64 header (0xd3) of non-negative top-level values to uint64 (0xcf): the values
- * of a map, or every element of an array of keys and values (a key is a string, never 0xd3).
- */
-function uint64Headers(bytes: Uint8Array, start: number, container: "map" | "array"): void {
+/** Rewrites the int64 header (0xd3) of a map's non-negative values to uint64 (0xcf). */
+function uint64Headers(bytes: Uint8Array, start: number): void {
   const r = new MsgpackReader(bytes);
   r.pos = start;
   r.head();
   const count = r.num;
   for (let i = 0; i < count; i++) {
-    if (container === "map") r.skip();
+    r.skip();
     const at = r.pos;
     if (bytes[at] === 0xd3 && bytes[at + 1]! < 0x80) bytes[at] = 0xcf;
     r.skip();
   }
 }
+
+/**
+ * A result's `y` that is not an array of its own: `fill` writes its `values` floats straight into
+ * the frame's memory while the frame is encoded, which saves the copy of `y` into the frame. The
+ * view `fill` gets is lent: it must write every value (the memory may hold an older frame) and
+ * keep no reference to it once it returns. An exception from `fill` fails the encoding.
+ */
+export interface InPlaceTensor {
+  readonly values: number;
+  fill(y: Float32Array): void;
+}
+
+/** A result frame whose `y` is written in place (see InPlaceTensor). */
+export type ResultInPlace = Omit<ResultFrame, "y"> & { y: InPlaceTensor };
+
+/** What the encoders take: a frame, or a result whose `y` is written in place. */
+export type EncodableFrame = Frame | ResultInPlace;
 
 export interface EncodeOptions {
   /** Largest payload to produce, in bytes (default 64 MiB); larger frames throw FRAME_TOO_LARGE. */
@@ -284,7 +199,7 @@ export interface EncodeOptions {
  * result is a view into a larger buffer shared with other frames (as Node's Buffer pool does):
  * write the view itself, never its `.buffer`.
  */
-export function encodeFrame(frame: Frame, options: EncodeOptions = {}): Uint8Array {
+export function encodeFrame(frame: EncodableFrame, options: EncodeOptions = {}): Uint8Array {
   return encodeInto(frame, 0, checkMaxFrameBytes(options.maxFrameBytes), FRESH);
 }
 
@@ -293,11 +208,34 @@ export function encodeFrameWithPrefixSpace(frame: Frame, options: EncodeOptions 
   return encodeInto(frame, 4, checkMaxFrameBytes(options.maxFrameBytes), FRESH);
 }
 
-function encodeInto(frame: Frame, reserve: number, max: number, memory: Memory): Uint8Array {
-  validateFrame(frame);
-  return HAS_TENSORS.has(frame.t)
-    ? packTensors(frame, reserve, max, memory)
-    : pack(frame, reserve, max, memory);
+function encodeInto(frame: EncodableFrame, reserve: number, max: number, memory: Memory): Uint8Array {
+  if (frame.t === "result" && isInPlace(frame.y))
+    return encodeInPlace(frame as ResultInPlace, reserve, max, memory);
+  validateFrame(frame as Frame);
+  return TENSOR_FRAME_TYPES.has(frame.t)
+    ? writeTensorFrame(frame as Frame, reserve, max, memory, tooLarge).bytes
+    : pack(frame as Frame, reserve, max, memory);
+}
+
+/** An object with a `fill` method that is not a typed array (they have `fill` too). */
+const isInPlace = (y: unknown): boolean =>
+  typeof y === "object" &&
+  y !== null &&
+  !ArrayBuffer.isView(y) &&
+  typeof (y as InPlaceTensor).fill === "function";
+
+function encodeInPlace(frame: ResultInPlace, reserve: number, max: number, memory: Memory): Uint8Array {
+  const tensor = frame.y;
+  if (!Number.isSafeInteger(tensor.values) || tensor.values < 0) {
+    throw new InvalidArgumentError(`result.y.values must be an integer >= 0, got ${String(tensor.values)}`);
+  }
+  // checked and written as the frame with a y of that length; the writer leaves y's bytes open
+  const stand: ResultFrame = { ...frame, y: holeOf(tensor.values) };
+  validateFrame(stand);
+  const written = writeTensorFrame(stand, reserve, max, memory, tooLarge);
+  const { bytes, holeAt } = written;
+  tensor.fill(new Float32Array(bytes.buffer, bytes.byteOffset + holeAt, tensor.values));
+  return bytes;
 }
 
 /** One buffer, kept and grown, written from its start by each encoding. */
@@ -346,13 +284,16 @@ export class FrameEncoder {
     this.#max = checkMaxFrameBytes(options.maxFrameBytes);
   }
 
-  /** Encodes `frame` (validating it) and calls `use` with its bytes; returns what `use` returns. */
-  encode<T>(frame: Frame, use: (bytes: Uint8Array) => T): T {
+  /**
+   * Encodes `frame` (validating it) and calls `use` with its bytes; returns what `use` returns. A
+   * result's in-place `y` is filled in this memory too (an encode from inside `fill` gets memory
+   * of its own, as one from inside `use` does).
+   */
+  encode<T>(frame: EncodableFrame, use: (bytes: Uint8Array) => T): T {
     if (this.#lent) return use(encodeInto(frame, 0, this.#max, FRESH));
-    const bytes = encodeInto(frame, 0, this.#max, this.#memory);
     this.#lent = true;
     try {
-      return use(bytes);
+      return use(encodeInto(frame, 0, this.#max, this.#memory));
     } finally {
       this.#lent = false;
     }

@@ -141,6 +141,12 @@ function checkTensorTypes(t: FrameType, o: Record<string, unknown>, ctx: Checker
   }
 }
 
+// The last string accepted per frame type and field: peer ids, model names and modes repeat frame
+// after frame, and a string's checks depend on nothing but the string (compared by value).
+const ACCEPTED = Object.fromEntries(
+  (Object.keys(FRAME_FIELDS) as FrameType[]).map((t) => [t, FRAME_FIELDS[t].map(() => undefined)]),
+) as unknown as Record<FrameType, Array<string | undefined>>;
+
 /**
  * Checks a frame built in memory against every rule `decodeFrame` enforces (the same limits, tensor
  * lengths and id ranges), throwing InvalidArgumentError (`details.protocolCode` says which
@@ -159,13 +165,18 @@ export function validateFrame(frame: Frame, options: { maxExpert?: number } = {}
     ctx.fail("MOESWARM_PROTOCOL_VERSION", "v", `version must be ${PROTOCOL_VERSION}, got ${describeJs(o.v)}`);
   }
   const t = o.t as FrameType;
-  for (const spec of FRAME_FIELDS[t]) {
+  const specs = FRAME_FIELDS[t];
+  const accepted = ACCEPTED[t];
+  for (let i = 0; i < specs.length; i++) {
+    const spec = specs[i]!;
     const value = o[spec.key];
     if (value === undefined) {
       if (spec.required) ctx.fail("MOESWARM_PROTOCOL_MISSING_FIELD", spec.key, "required field is missing");
       continue;
     }
+    if (value === accepted[i]) continue;
     checkValue(value, spec.rule, spec.key, ctx);
+    if (typeof value === "string") accepted[i] = value;
   }
   if (t === "register" && maxExpert !== undefined) {
     const experts = o.experts as number[];

@@ -5,6 +5,9 @@
 // (`variableMapSize`), no bundled strings or structured clone. msgpackr writes the smallest int
 // for values in [-2^31, 2^32) and float64 for any other number, so the other safe integers are
 // handed to it as BigInt (int64) and the header of a non-negative one is then turned into uint64.
+// Frames with tensors (dispatch, result) do not go through msgpackr: codec-write.ts writes their
+// numbers, strings and booleans in that same canonical form straight into the frame's memory, each
+// tensor copied once (the tests hold both writers to @msgpack/msgpack's bytes).
 //
 // Decoding does not use msgpackr: its unpacker also accepts msgpackr's own extensions (a record
 // definition changes what later bytes 0x40-0x7f mean; other ext types build Sets, Errors,
@@ -16,10 +19,13 @@
 export { type DecodeOptions, decodeFrame } from "./codec-decode.js";
 export {
   canonicalKeys,
+  type EncodableFrame,
   type EncodeOptions,
   encodeFrame,
   encodeFrameWithPrefixSpace,
   FrameEncoder,
+  type InPlaceTensor,
+  type ResultInPlace,
 } from "./codec-encode.js";
 export { FrameRerouter, type RoutePatch, rerouteFrame } from "./codec-route.js";
 export { validateFrame } from "./codec-validate.js";

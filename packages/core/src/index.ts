@@ -7,7 +7,7 @@ export {
   readPackageVersion,
   runCliProcess,
 } from "./cli-process.js";
-
+export type { EncodableFrame, InPlaceTensor, ResultInPlace } from "./codec.js";
 export {
   canonicalKeys,
   type DecodeOptions,

@@ -70,6 +70,18 @@ export interface DispatchAnswer {
   ms?: number;
 }
 
+/**
+ * An answer whose `y` is written straight into the outgoing result frame: `fill` gets a view of
+ * the frame's memory for the full answer (n*k*embd values for mode "each", n*embd for "sum") and
+ * must write every value before it returns. The view is lent for the call: keep no reference to
+ * it (the memory is reused by the next frame sent). An exception from `fill` is answered as an
+ * `error` frame with its code.
+ */
+export interface DispatchAnswerInto {
+  fill(y: Float32Array): void;
+  ms?: number;
+}
+
 /** A dispatch that reached this worker; answer it once with respond() or fail(). */
 export interface IncomingDispatch extends WireExpertRequest {
   readonly id: number;
@@ -89,11 +101,20 @@ export interface IncomingDispatch extends WireExpertRequest {
   activations(): Float32Array;
   /** Sends the result; false when it can no longer be delivered (connection dropped, answered). */
   respond(answer: DispatchAnswer): boolean;
+  /**
+   * respond() without an array of its own for `y`: `fill` writes it into the result frame (see
+   * DispatchAnswerInto), which saves a copy of the answer. For a compact answer the full answer
+   * is filled into an array first (the frame holds the filled slots' rows only).
+   */
+  respondInto(answer: DispatchAnswerInto): boolean;
   /** Sends an `error` frame with the error's code. */
   fail(error: unknown): boolean;
 }
 
-export type DispatchHandler = (request: IncomingDispatch) => DispatchAnswer | Promise<DispatchAnswer>;
+/** Answers a dispatch: with `y`, or with `fill` to write y into the result frame (respondInto). */
+export type DispatchHandler = (
+  request: IncomingDispatch,
+) => DispatchAnswer | DispatchAnswerInto | Promise<DispatchAnswer | DispatchAnswerInto>;
 
 export interface ConnectRelayOptions {
   role: Role;

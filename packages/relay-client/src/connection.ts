@@ -39,7 +39,7 @@ import {
 } from "./options.js";
 import { RequestTable } from "./requests.js";
 import { WorkerServing } from "./serving.js";
-import { decodeFrame, type Frame, PROTOCOL_VERSION, type Role } from "./wire.js";
+import { decodeFrame, type EncodableFrame, type Frame, PROTOCOL_VERSION, type Role } from "./wire.js";
 
 // One relay connection: its state and events, (re)connecting, the frames in and out, and the API.
 // The parts live beside it: options.ts (checks), handshake.ts (dial and hello), heartbeat.ts,
@@ -319,7 +319,7 @@ class Connection implements RelayConnection {
   // --- frames -------------------------------------------------------------------------------
 
   /** Encodes and queues a frame; throws when the frame is invalid or over maxFrameBytes. */
-  #send(link: FrameLink | undefined, frame: Frame): boolean {
+  #send(link: FrameLink | undefined, frame: EncodableFrame): boolean {
     if (!link) return false;
     this.#writer.send(link, frame);
     return true;

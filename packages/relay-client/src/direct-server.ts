@@ -17,7 +17,7 @@ import { type DirectTicketClaims, ticketKeyId, verifyDirectTicket } from "./dire
 import { FrameWriter } from "./frame-writer.js";
 import type { FrameLink } from "./link.js";
 import { WorkerServing } from "./serving.js";
-import { decodeFrame, type Frame, PROTOCOL_VERSION } from "./wire.js";
+import { decodeFrame, type EncodableFrame, type Frame, PROTOCOL_VERSION } from "./wire.js";
 
 /*
  * A worker's direct endpoint: a TLS WebSocket server that speaks the relay's frames to backbones
@@ -182,7 +182,7 @@ class DirectState {
     return this.#keys;
   }
 
-  #send(link: FrameLink, frame: Frame): void {
+  #send(link: FrameLink, frame: EncodableFrame): void {
     this.#writer.send(link, frame);
   }
 

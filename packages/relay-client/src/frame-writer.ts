@@ -1,5 +1,5 @@
 import type { FrameLink } from "./link.js";
-import { encodeFrame, type Frame, FrameEncoder } from "./wire.js";
+import { type EncodableFrame, encodeFrame, FrameEncoder } from "./wire.js";
 
 /**
  * Encodes the frames a connection sends. A link that is done with a frame's bytes when `send`
@@ -21,13 +21,16 @@ export class FrameWriter {
    * `link.send` before it returns and keep no reference to. Throws (before calling `use`) when
    * the frame is invalid or over maxFrameBytes.
    */
-  encode<T>(link: FrameLink, frame: Frame, use: (bytes: Uint8Array) => T): T {
+  encode<T>(link: FrameLink, frame: EncodableFrame, use: (bytes: Uint8Array) => T): T {
     if (link.copiesOnSend === true) return this.#reused.encode(frame, use);
     return use(encodeFrame(frame, { maxFrameBytes: this.#maxFrameBytes }));
   }
 
-  /** Encodes `frame` and queues it on `link`. */
-  send(link: FrameLink, frame: Frame): void {
+  /**
+   * Encodes `frame` and queues it on `link`. A result's in-place `y` is filled in the memory that
+   * is sent: reused memory for a link that copies on send, else memory of the frame's own.
+   */
+  send(link: FrameLink, frame: EncodableFrame): void {
     this.encode(link, frame, (bytes) => link.send(bytes));
   }
 }

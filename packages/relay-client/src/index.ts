@@ -12,6 +12,7 @@ export { connectRelay } from "./connection.js";
 export type {
   ConnectRelayOptions,
   DispatchAnswer,
+  DispatchAnswerInto,
   DispatchHandler,
   DispatchReply,
   DispatchRequest,

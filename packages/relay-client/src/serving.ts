@@ -1,15 +1,29 @@
-import { compactSlots, errorToWire, ProtocolError, TransportError, traceHop } from "@moeswarm/core";
+import {
+  errorToWire,
+  filledSlots,
+  type InPlaceTensor,
+  InvalidArgumentError,
+  ProtocolError,
+  TransportError,
+  traceHop,
+} from "@moeswarm/core";
 import { Channel } from "./channel.js";
-import type { DispatchAnswer, DispatchHandler, IncomingDispatch } from "./connection-types.js";
+import type {
+  DispatchAnswer,
+  DispatchAnswerInto,
+  DispatchHandler,
+  IncomingDispatch,
+} from "./connection-types.js";
 import type { FrameLink } from "./link.js";
 import { activationsToF32 } from "./tensors.js";
 import {
   type DispatchFrame,
   type DispatchMode,
+  type EncodableFrame,
   type ErrorFrame,
-  type Frame,
   PROTOCOL_VERSION,
   type ResultFrame,
+  type ResultInPlace,
   type WireDtype,
 } from "./wire.js";
 
@@ -17,6 +31,16 @@ import {
 // by whoever reads dispatches()), with its sender's deadline and the link's life as its signal.
 
 const now = () => performance.now();
+
+/** compactSlots written into `out` (the frame's memory): the filled slots' rows, in slot order. */
+function compactSlotsInto(y: Float32Array, ids: Int32Array, embd: number, out: Float32Array): void {
+  let row = 0;
+  for (let s = 0; s < ids.length; s++) {
+    if (ids[s]! < 0) continue;
+    out.set(y.subarray(s * embd, (s + 1) * embd), row * embd);
+    row++;
+  }
+}
 
 export class Incoming implements IncomingDispatch {
   readonly controller = new AbortController();
@@ -39,7 +63,10 @@ export class Incoming implements IncomingDispatch {
 
   constructor(
     frame: DispatchFrame,
-    private readonly reply: (self: Incoming, frame: ResultFrame | ErrorFrame | undefined) => boolean,
+    private readonly reply: (
+      self: Incoming,
+      frame: ResultFrame | ResultInPlace | ErrorFrame | undefined,
+    ) => boolean,
   ) {
     this.id = frame.id;
     this.from = frame.from ?? "";
@@ -65,9 +92,14 @@ export class Incoming implements IncomingDispatch {
     return activationsToF32(this.x, this.dtype);
   }
 
+  /** Values of a full answer: n*k*embd for mode "each", n*embd for "sum". */
+  get values(): number {
+    return (this.mode === "each" ? this.n * this.k : this.n) * this.embd;
+  }
+
   respond(answer: DispatchAnswer): boolean {
     const y = answer?.y;
-    const expected = (this.mode === "each" ? this.n * this.k : this.n) * this.embd;
+    const expected = this.values;
     if (!(y instanceof Float32Array) || y.length !== expected) {
       return this.fail(
         new ProtocolError(
@@ -76,6 +108,41 @@ export class Incoming implements IncomingDispatch {
         ),
       );
     }
+    if (!this.compact) return this.#result(y, answer.ms);
+    // the filled slots' rows, copied straight into the frame (no compact array of their own)
+    const filled = filledSlots(this.ids);
+    if (filled === this.ids.length) return this.#result(y, answer.ms, true);
+    return this.#result(
+      {
+        values: filled * this.embd,
+        fill: (out: Float32Array) => compactSlotsInto(y, this.ids, this.embd, out),
+      },
+      answer.ms,
+      true,
+    );
+  }
+
+  respondInto(answer: DispatchAnswerInto): boolean {
+    const fill = answer?.fill;
+    if (typeof fill !== "function") {
+      return this.fail(new InvalidArgumentError("respondInto needs { fill(y), ms? }"));
+    }
+    if (this.compact) {
+      // the full answer first: a compact result is its filled slots' rows
+      const y = new Float32Array(this.values);
+      try {
+        fill(y);
+      } catch (error) {
+        return this.fail(error);
+      }
+      return this.respond({ y, ms: answer.ms });
+    }
+    // an exception from fill fails the encoding: the answer goes out as an error frame with its
+    // code (as for any result that cannot be encoded)
+    return this.#result({ values: this.values, fill }, answer.ms);
+  }
+
+  #result(y: Float32Array | InPlaceTensor, ms: number | undefined, compact = false): boolean {
     return this.reply(this, {
       t: "result",
       v: PROTOCOL_VERSION,
@@ -85,10 +152,10 @@ export class Incoming implements IncomingDispatch {
       n: this.n,
       k: this.k,
       embd: this.embd,
-      y: this.compact ? compactSlots(y, this.ids, this.embd) : y,
-      ms: answer.ms,
-      ...(this.compact ? { compact: true } : {}),
-    });
+      y,
+      ms,
+      ...(compact ? { compact: true } : {}),
+    } as ResultFrame | ResultInPlace);
   }
 
   fail(error: unknown): boolean {
@@ -109,7 +176,7 @@ export interface ServingOptions {
   readonly maxIncoming: number;
   readonly onDispatch: DispatchHandler | undefined;
   /** Encodes and queues a frame; throws when it cannot be encoded (e.g. over maxFrameBytes). */
-  send(link: FrameLink, frame: Frame): void;
+  send(link: FrameLink, frame: EncodableFrame): void;
   /** The connection's current link: an answer goes out only on the link its dispatch came in on. */
   link(): FrameLink | undefined;
 }
@@ -159,14 +226,24 @@ export class WorkerServing {
     Promise.resolve()
       .then(() => handler(inc))
       .then(
-        (answer) => inc.respond({ y: answer?.y, ms: answer?.ms ?? now() - t0 }),
+        (answer) =>
+          typeof (answer as Partial<DispatchAnswerInto> | undefined)?.fill === "function"
+            ? inc.respondInto({ fill: (answer as DispatchAnswerInto).fill, ms: answer.ms ?? now() - t0 })
+            : inc.respond({
+                y: (answer as DispatchAnswer | undefined)?.y as Float32Array,
+                ms: answer?.ms ?? now() - t0,
+              }),
         (error: unknown) => inc.fail(error),
       )
       .catch(() => {});
   }
 
   /** Sends a dispatch's answer once, on the link it came in on, while that link lives. */
-  #reply(link: FrameLink, self: Incoming, reply: ResultFrame | ErrorFrame | undefined): boolean {
+  #reply(
+    link: FrameLink,
+    self: Incoming,
+    reply: ResultFrame | ResultInPlace | ErrorFrame | undefined,
+  ): boolean {
     if (self.done || this.#incoming.get(self.id) !== self || link !== this.#o.link()) return false;
     self.done = true;
     clearTimeout(self.timer);

@@ -6,6 +6,7 @@ export {
   type DispatchFrame,
   type DispatchMode,
   decodeFrame,
+  type EncodableFrame,
   type ErrorFrame,
   encodeFrame,
   type Frame,
@@ -15,4 +16,5 @@ export {
   PROTOCOL_VERSION,
   type RegisterFrame,
   type ResultFrame,
+  type ResultInPlace,
 } from "@moeswarm/core";

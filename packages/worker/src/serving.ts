@@ -199,7 +199,7 @@ export class Serving {
       const t0 = performance.now();
       traceHop("worker.run", req.layer);
       // layer and expert ids are checked against the slices (InvalidArgumentError)
-      const y = await router.run(
+      const output = await router.runOutput(
         {
           layer: req.layer,
           x: req.activations(),
@@ -213,7 +213,19 @@ export class Serving {
       traceHop("worker.ran", req.layer);
       this.#requests++;
       this.#tokens += req.n;
-      return { y, ms: performance.now() - t0 };
+      const ms = performance.now() - t0;
+      if (output.y) return { y: output.y, ms };
+      // a dispatch split over slices: its rows, or their weighted sum, written straight into the
+      // result frame (relay-client's respondInto), without an array of their own
+      return {
+        ms,
+        fill: (y: Float32Array) => {
+          if (y.length !== output.values) {
+            throw new InvalidArgumentError(`the answer has ${output.values} values, the result ${y.length}`);
+          }
+          output.write(y);
+        },
+      };
     } catch (error) {
       this.#failed++;
       this.#dispatchErrors++;

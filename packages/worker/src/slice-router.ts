@@ -13,6 +13,14 @@ export interface RoutedSlice {
   readonly compute: ExpertCompute;
 }
 
+/** A run's answer: `values` floats, written into memory given to `write` (which writes every one). */
+export interface RunOutput {
+  /** The answer as an array, when it is one already. */
+  readonly y?: Float32Array;
+  readonly values: number;
+  write(out: Float32Array): void;
+}
+
 /**
  * The slices a worker serves of one model, behind one `run`: a dispatch's slots may fall in
  * several of them (a backbone groups a layer's slots by worker, not by slice).
@@ -62,6 +70,20 @@ export class SliceRouter {
   }
 
   async run(request: RunRequest, options: RunOptions = {}): Promise<Float32Array> {
+    const output = await this.runOutput(request, options);
+    if (output.y) return output.y;
+    const y = new Float32Array(output.values);
+    output.write(y);
+    return y;
+  }
+
+  /**
+   * `run`, with the last step of a dispatch split over slices (the rows put back in slot order,
+   * or their router-weighted sum) left to `write`, which writes the answer into memory it is
+   * given: the outgoing result frame's (relay-client's respondInto), without an array of its
+   * own. `y` is set when the answer is an array already (one slice computed it all).
+   */
+  async runOutput(request: RunRequest, options: RunOptions = {}): Promise<RunOutput> {
     const { layer, k, mode } = request;
     const here = this.#slices.filter((s) => layer >= s.layers.start && layer < s.layers.end);
     const experts = new Set<number>();
@@ -81,23 +103,39 @@ export class SliceRouter {
       owner[i] = s;
       if (!used.includes(s)) used.push(s);
     }
-    if (used.length <= 1) return (here[used[0] ?? 0] as RoutedSlice).compute.run(request, options);
-    const each = await this.#split(request, n, here, owner, used, options);
-    if (mode === "each") return each;
-    return sumSlots(each, request.w as Float32Array, ids, { n, k, embd: this.nEmbd as number });
+    if (used.length <= 1) {
+      const y = await (here[used[0] ?? 0] as RoutedSlice).compute.run(request, options);
+      return { y, values: y.length, write: (out) => out.set(y) };
+    }
+    const embd = this.nEmbd as number;
+    const parts = await this.#split(request, here, owner, used, options);
+    const rows = (out: Float32Array) => {
+      // every slot's row: its slice's, or zeros for an empty slot (the memory may hold old bytes)
+      for (let i = 0; i < ids.length; i++) {
+        const s = owner[i] as number;
+        if (s < 0) out.fill(0, i * embd, (i + 1) * embd);
+        else out.set((parts[used.indexOf(s)] as Float32Array).subarray(i * embd, (i + 1) * embd), i * embd);
+      }
+    };
+    if (mode === "each") return { values: n * k * embd, write: rows };
+    const each = new Float32Array(n * k * embd);
+    rows(each);
+    return {
+      values: n * embd,
+      write: (out) => sumSlots(each, request.w as Float32Array, ids, { n, k, embd }, out),
+    };
   }
 
-  async #split(
+  /** Each used slice's answer (mode "each") to its own slots, the others masked as empty. */
+  #split(
     request: RunRequest,
-    n: number,
     here: readonly RoutedSlice[],
     owner: Int32Array,
     used: readonly number[],
     options: RunOptions,
-  ): Promise<Float32Array> {
+  ): Promise<Float32Array[]> {
     const { ids, k } = request;
-    const embd = this.nEmbd as number;
-    const parts = await Promise.all(
+    return Promise.all(
       used.map((s) => {
         const mine = Int32Array.from(ids, (id, i) => (owner[i] === s ? id : -1));
         return (here[s] as RoutedSlice).compute.run(
@@ -106,13 +144,5 @@ export class SliceRouter {
         );
       }),
     );
-    const each = new Float32Array(n * k * embd);
-    for (let i = 0; i < ids.length; i++) {
-      const s = owner[i] as number;
-      if (s < 0) continue;
-      const y = parts[used.indexOf(s)] as Float32Array;
-      each.set(y.subarray(i * embd, (i + 1) * embd), i * embd);
-    }
-    return each;
   }
 }

@@ -108,6 +108,12 @@ describe.each(BACKENDS)("SliceRouter ($backend)", ({ backend, skip }) => {
             const got = await router.run({ layer, x, ids, k: K, w: w, mode });
             expect(firstBitDiff(got, want), `layer ${layer} trial ${trial} ${mode}`).toBe(-1);
             expect(bitsEqual(got, want)).toBe(true);
+            // the answer written into memory given to it (a result frame's, which may hold an older
+            // frame's bytes: NaNs here), as the worker answers a split dispatch
+            const output = await router.runOutput({ layer, x, ids, k: K, w: w, mode });
+            const into = new Float32Array(output.values).fill(Number.NaN);
+            output.write(into);
+            expect(firstBitDiff(into, want), `runOutput layer ${layer} trial ${trial} ${mode}`).toBe(-1);
           }
         }
       }
