@@ -63,6 +63,10 @@ export {
 export {
   type ActivationDtype,
   CAPS_FIELDS,
+  isQuantizedActivationDtype,
+  QUANTIZED_ACTIVATION_BLOCKS,
+  type QuantizedActivationDtype,
+  quantizedActivationBytes,
   DEFAULT_MAX_FRAME_BYTES,
   type DispatchFrame,
   type DispatchMode,

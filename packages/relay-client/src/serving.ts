@@ -1,4 +1,11 @@
-import { compactSlots, errorToWire, ProtocolError, TransportError, traceHop } from "@moeswarm/core";
+import {
+  compactSlots,
+  errorToWire,
+  ProtocolError,
+  type QuantizedActivationDtype,
+  TransportError,
+  traceHop,
+} from "@moeswarm/core";
 import { Channel } from "./channel.js";
 import type { DispatchAnswer, DispatchHandler, IncomingDispatch } from "./connection-types.js";
 import type { FrameLink } from "./link.js";
@@ -27,9 +34,9 @@ export class Incoming implements IncomingDispatch {
   readonly n: number;
   readonly embd: number;
   readonly k: number;
-  readonly dtype: WireDtype;
+  readonly dtype: WireDtype | QuantizedActivationDtype;
   readonly mode: DispatchMode;
-  readonly x: Float32Array | Uint16Array;
+  readonly x: Float32Array | Uint16Array | Uint8Array;
   readonly ids: Int32Array;
   readonly w: Float32Array | undefined;
   readonly deadline: number | undefined;
