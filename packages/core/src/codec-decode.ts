@@ -342,7 +342,11 @@ function decodeTensors(
       // ggml block rows: x stays bytes
       const bytes = quantizedActivationBytes(o.dtype, n, embd);
       if (bytes === 0)
-        ctx.fail("MOESWARM_PROTOCOL_BAD_LENGTH", "x", `embd ${embd} is not a whole number of ${o.dtype} blocks`);
+        ctx.fail(
+          "MOESWARM_PROTOCOL_BAD_LENGTH",
+          "x",
+          `embd ${embd} is not a whole number of ${o.dtype} blocks`,
+        );
       lengthIs(o, "x", bytes, `n rows of embd values as ${o.dtype} blocks`, ctx);
       if (!raw && copy) o.x = (o.x as Uint8Array).slice();
     } else {

@@ -120,7 +120,11 @@ function checkTensorTypes(t: FrameType, o: Record<string, unknown>, ctx: Checker
     if (isQuantizedActivationDtype(o.dtype)) {
       const bytes = quantizedActivationBytes(o.dtype, n, embd);
       if (bytes === 0)
-        ctx.fail("MOESWARM_PROTOCOL_BAD_LENGTH", "x", `embd ${embd} is not a whole number of ${o.dtype} blocks`);
+        ctx.fail(
+          "MOESWARM_PROTOCOL_BAD_LENGTH",
+          "x",
+          `embd ${embd} is not a whole number of ${o.dtype} blocks`,
+        );
       elementsAre(o, "x", Uint8Array, bytes, `n rows of embd values as ${o.dtype} blocks`, ctx);
     } else {
       elementsAre(o, "x", o.dtype === "f32" ? Float32Array : Uint16Array, n * embd, "n*embd", ctx);

@@ -87,3 +87,16 @@ export type ExpertHandler = (
   request: ExpertRequest,
   options: { readonly signal: AbortSignal },
 ) => ExpertResult | Promise<ExpertResult>;
+
+/**
+ * Converts f32 activations to a CPU worker's vec_dot_type the way the backbone machine's ggml-cpu
+ * does (worker-native's `loadActivationQuantizer`), for dispatch's `quantizingTransport`.
+ */
+export interface ActivationQuantizer {
+  /** The dtype a layer's activations may travel in, undefined: f32 only. */
+  wireDtype(layer: number): QuantizedActivationDtype | undefined;
+  /** `n` rows of `embd` f32 values as `dtype` blocks (ggml-cpu's from_float). */
+  quantize(dtype: QuantizedActivationDtype, x: Float32Array, embd: number): Uint8Array;
+  /** Whether every row comes back byte for byte from f32 (what a worker with repacked weights checks). */
+  roundTrips(dtype: QuantizedActivationDtype, rows: Uint8Array, embd: number): boolean;
+}

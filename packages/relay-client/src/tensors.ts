@@ -19,7 +19,8 @@ export function activationsToWire(
   dtype: WireDtype | QuantizedActivationDtype,
 ): Float32Array | Uint16Array | Uint8Array {
   if (isQuantizedActivationDtype(dtype)) {
-    if (!(x instanceof Uint8Array)) throw new InvalidArgumentError(`dtype ${dtype} needs x as its blocks (a Uint8Array)`);
+    if (!(x instanceof Uint8Array))
+      throw new InvalidArgumentError(`dtype ${dtype} needs x as its blocks (a Uint8Array)`);
     return x;
   }
   if (x instanceof Uint8Array) throw new InvalidArgumentError(`dtype ${dtype} cannot take x as bytes`);

@@ -181,7 +181,9 @@ export function checkRunRequest(
   if (xType !== undefined) {
     const bytes = quantizedActivationBytes(xType, n, info.nEmbd);
     if (bytes === 0 || x.length !== bytes)
-      throw new InvalidArgumentError(`x holds ${x.length} bytes, expected ${n} rows of ${info.nEmbd} values as ${xType}`);
+      throw new InvalidArgumentError(
+        `x holds ${x.length} bytes, expected ${n} rows of ${info.nEmbd} values as ${xType}`,
+      );
   } else if (x.length !== n * info.nEmbd) {
     throw new InvalidArgumentError(`x holds ${x.length} values, expected n*n_embd = ${n}*${info.nEmbd}`, {
       details: {

@@ -27,6 +27,8 @@ export interface NativeAddon {
   quantizeActivations?(type: string, x: Float32Array, nPerRow: number): Uint8Array;
   /** The activation type ("q8_0" / "q8_K") a weight type's rows may travel in, else null. */
   wireActivationType?(weightType: string): string | null;
+  /** Whether every row of q8_0 / q8_K `rows` comes back byte for byte from to_float then from_float. */
+  activationsRoundTrip?(type: string, rows: Uint8Array, nPerRow: number): boolean;
   readonly cpuFeatures: string;
   /** ggml devices of the build, comma-separated ("CPU", "CPU,CUDA0"). */
   readonly devices: string;

@@ -197,7 +197,16 @@ export class NativeExpertCompute implements ExpertCompute {
       if (options.signal?.aborted) return Promise.reject(abortReason(options.signal));
       try {
         // (#syncMaxTokens is 0 without runSync)
-        const y = this.#handle.runSync?.(layer, x, ids, k, w ?? null, mode === "sum" ? 1 : 0, reference, xType);
+        const y = this.#handle.runSync?.(
+          layer,
+          x,
+          ids,
+          k,
+          w ?? null,
+          mode === "sum" ? 1 : 0,
+          reference,
+          xType,
+        );
         return Promise.resolve(y as Float32Array);
       } catch (cause) {
         return Promise.reject(nativeError(cause));
@@ -206,7 +215,16 @@ export class NativeExpertCompute implements ExpertCompute {
     return this.#queue.enqueue(
       async () => {
         try {
-          return await this.#handle.run(layer, x, ids, k, w ?? null, mode === "sum" ? 1 : 0, reference, xType);
+          return await this.#handle.run(
+            layer,
+            x,
+            ids,
+            k,
+            w ?? null,
+            mode === "sum" ? 1 : 0,
+            reference,
+            xType,
+          );
         } catch (cause) {
           throw nativeError(cause);
         }

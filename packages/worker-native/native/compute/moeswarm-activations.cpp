@@ -75,6 +75,31 @@ static ggml_from_float_t moeswarm_from_float(enum ggml_type type) {
     return tc == nullptr ? nullptr : tc->from_float;
 }
 
+// ggml's dequantize_row_q8_0 / dequantize_row_q8_K (q8_K has no to_float in ggml's type traits):
+// each value is its int8 times the block's f32 scale, one f32 product
+static void moeswarm_q8_to_float(enum ggml_type type, const uint8_t * src, float * dst, int64_t n) {
+    if (type == GGML_TYPE_Q8_0) {
+        for (int64_t b = 0; b < n / 32; ++b) {
+            const uint8_t * blk = src + b * 34;
+            ggml_fp16_t h;
+            memcpy(&h, blk, sizeof(h));
+            const float d = ggml_fp16_to_fp32(h);
+            for (int j = 0; j < 32; ++j) {
+                dst[b * 32 + j] = (float) (int8_t) blk[2 + j] * d;
+            }
+        }
+    } else {
+        for (int64_t b = 0; b < n / 256; ++b) {
+            const uint8_t * blk = src + b * 292;
+            float d;
+            memcpy(&d, blk, sizeof(d));
+            for (int j = 0; j < 256; ++j) {
+                dst[b * 256 + j] = d * (float) (int8_t) blk[4 + j];
+            }
+        }
+    }
+}
+
 // Weight types whose CPU mul_mat_id computes from the converted rows with vec_dot whatever src1's
 // type. The grid IQ types (and IQ4_XS) take ggml's IQ panel path on f32 activations, which a q8
 // src1 would bypass: they stay f32.
@@ -199,9 +224,8 @@ bool moeswarm_wire_prepare(moeswarm_slice * slice, const moeswarm_layer & L, con
     // repacked weights take f32 only and convert it with from_float: exact only when that gives
     // back the bytes that came
     const size_t n_embd = slice->n_embd;
-    const ggml_type_traits * tt = ggml_get_type_traits(want);
     const ggml_from_float_t from_float = moeswarm_from_float(want);
-    if (tt->to_float == nullptr || from_float == nullptr) {
+    if (from_float == nullptr) {
         return moeswarm_error_set(err, "MOESWARM_NATIVE_WIRE_DTYPE", "the CPU backend cannot convert %s", ggml_type_name(want));
     }
     std::vector<uint8_t> again(row);
@@ -209,7 +233,7 @@ bool moeswarm_wire_prepare(moeswarm_slice * slice, const moeswarm_layer & L, con
     for (uint32_t r = 0; r < p->n_tokens; ++r) {
         const uint8_t * q = (const uint8_t *) p->x_q + (size_t) r * row;
         float * y = f32.data() + (size_t) r * n_embd;
-        tt->to_float(q, y, (int64_t) n_embd);
+        moeswarm_q8_to_float(want, q, y, (int64_t) n_embd);
         from_float(y, again.data(), (int64_t) n_embd);
         if (memcmp(again.data(), q, row) != 0) {
             size_t b = 0;
@@ -238,15 +262,14 @@ bool moeswarm_activations_round_trip(enum ggml_type type, const void * rows, siz
                 (long long) n_per_row, ggml_type_name(type));
     }
     const ggml_from_float_t from_float = moeswarm_from_float(type);
-    const ggml_type_traits * tt = ggml_get_type_traits(type);
-    if (from_float == nullptr || tt->to_float == nullptr) {
+    if (from_float == nullptr) {
         return moeswarm_error_set(err, "MOESWARM_NATIVE_WIRE_DTYPE", "the CPU backend cannot convert %s", ggml_type_name(type));
     }
     std::vector<float> f32((size_t) n_per_row);
     std::vector<uint8_t> again(row);
     for (size_t off = 0; off < size; off += row) {
         const uint8_t * q = (const uint8_t *) rows + off;
-        tt->to_float(q, f32.data(), n_per_row);
+        moeswarm_q8_to_float(type, q, f32.data(), n_per_row);
         from_float(f32.data(), again.data(), n_per_row);
         if (memcmp(again.data(), q, row) != 0) {
             return true;
