@@ -7,9 +7,9 @@
 // ~3.7x fewer bytes and the worker computes the same bits.
 //
 // CPU_REPACK's mul_mat_id takes f32 only and converts each row with that same from_float: for a
-// layer in repacked buffers the worker dequantises the rows and runs on f32, which is exact only
-// when from_float(dequant(q)) == q byte for byte. That is checked here before computing; a request
-// that fails it is refused (MOESWARM_NATIVE_WIRE_INEXACT) and the sender sends it again in f32.
+// layer in repacked buffers the worker turns the rows into f32 values that from_float gives back
+// byte for byte (moeswarm_q8_row_to_f32_exact), checked here before computing; a request with a row
+// that has none is refused (MOESWARM_NATIVE_WIRE_INEXACT) and the sender sends it again in f32.
 
 #include "moeswarm-slice-impl.h"
 
@@ -98,6 +98,59 @@ static void moeswarm_q8_to_float(enum ggml_type type, const uint8_t * src, float
             }
         }
     }
+}
+
+// f32 values that from_float turns back into exactly these q8 blocks. The plain dequantisation
+// (d * q) usually is one; for q8_K, whose scale is stored as d = 1/iscale, requantising gives a d
+// one ulp off for about one block in ten (the q are the same): nudging the block's largest value,
+// the one from_float derives the scale from, by a few ulps finds values that give d back. Every
+// block is checked byte for byte after from_float, so what is returned true is exact by
+// construction. false when some block has no such values (within the nudges tried).
+static bool moeswarm_q8_row_to_f32_exact(enum ggml_type type, ggml_from_float_t from_float, const uint8_t * q, float * y,
+        int64_t n, std::vector<uint8_t> & scratch) {
+    const int64_t bk = type == GGML_TYPE_Q8_0 ? 32 : 256;
+    const size_t bytes = type == GGML_TYPE_Q8_0 ? 34 : 292;
+    scratch.resize(bytes);
+    moeswarm_q8_to_float(type, q, y, n);
+    for (int64_t b = 0; b < n / bk; ++b) {
+        const uint8_t * qb = q + b * bytes;
+        float * yb = y + b * bk;
+        from_float(yb, scratch.data(), bk);
+        if (memcmp(scratch.data(), qb, bytes) == 0) {
+            continue;
+        }
+        // the values of largest magnitude: from_float takes its scale from the first of them (two of
+        // opposite signs tie when the row's q holds both -127 and 127: then the sign must be kept)
+        float amax = 0.0f;
+        for (int64_t j = 0; j < bk; ++j) {
+            amax = fmaxf(amax, fabsf(yb[j]));
+        }
+        bool found = false;
+        for (int64_t m = 0; m < bk && !found; ++m) {
+            if (fabsf(yb[m]) != amax) {
+                continue;
+            }
+            const float orig = yb[m];
+            for (int step = 1; step <= 8 && !found; ++step) {
+                for (int dir = 0; dir < 2 && !found; ++dir) {
+                    float v = orig;
+                    for (int i = 0; i < step; ++i) {
+                        v = nextafterf(v, dir == 0 ? INFINITY : -INFINITY);
+                    }
+                    yb[m] = v;
+                    from_float(yb, scratch.data(), bk);
+                    found = memcmp(scratch.data(), qb, bytes) == 0;
+                }
+            }
+            if (!found) {
+                yb[m] = orig;
+            }
+        }
+        if (!found) {
+            return false;
+        }
+    }
+    return true;
 }
 
 // Weight types whose CPU mul_mat_id computes from the converted rows with vec_dot whatever src1's
@@ -228,22 +281,15 @@ bool moeswarm_wire_prepare(moeswarm_slice * slice, const moeswarm_layer & L, con
     if (from_float == nullptr) {
         return moeswarm_error_set(err, "MOESWARM_NATIVE_WIRE_DTYPE", "the CPU backend cannot convert %s", ggml_type_name(want));
     }
-    std::vector<uint8_t> again(row);
+    std::vector<uint8_t> scratch;
     f32.resize(n_embd * p->n_tokens);
     for (uint32_t r = 0; r < p->n_tokens; ++r) {
         const uint8_t * q = (const uint8_t *) p->x_q + (size_t) r * row;
         float * y = f32.data() + (size_t) r * n_embd;
-        moeswarm_q8_to_float(want, q, y, (int64_t) n_embd);
-        from_float(y, again.data(), (int64_t) n_embd);
-        if (memcmp(again.data(), q, row) != 0) {
-            size_t b = 0;
-            const size_t bytes = ggml_type_size(want);
-            while (b + 1 < row / bytes && memcmp(again.data() + b * bytes, q + b * bytes, bytes) == 0) {
-                ++b;
-            }
+        if (!moeswarm_q8_row_to_f32_exact(want, from_float, q, y, (int64_t) n_embd, scratch)) {
             return moeswarm_error_set(err, "MOESWARM_NATIVE_WIRE_INEXACT",
-                    "layer %u is repacked and block %zu of row %u does not survive %s -> f32 -> %s: send f32", L.layer, b, r,
-                    ggml_type_name(want), ggml_type_name(want));
+                    "layer %u is repacked and row %u has no f32 values that %s's from_float turns back into its blocks: "
+                    "send f32", L.layer, r, ggml_type_name(want));
         }
     }
     *use_f32 = true;
@@ -266,12 +312,9 @@ bool moeswarm_activations_round_trip(enum ggml_type type, const void * rows, siz
         return moeswarm_error_set(err, "MOESWARM_NATIVE_WIRE_DTYPE", "the CPU backend cannot convert %s", ggml_type_name(type));
     }
     std::vector<float> f32((size_t) n_per_row);
-    std::vector<uint8_t> again(row);
+    std::vector<uint8_t> scratch;
     for (size_t off = 0; off < size; off += row) {
-        const uint8_t * q = (const uint8_t *) rows + off;
-        moeswarm_q8_to_float(type, q, f32.data(), n_per_row);
-        from_float(f32.data(), again.data(), n_per_row);
-        if (memcmp(again.data(), q, row) != 0) {
+        if (!moeswarm_q8_row_to_f32_exact(type, from_float, (const uint8_t *) rows + off, f32.data(), n_per_row, scratch)) {
             return true;
         }
     }

@@ -135,8 +135,9 @@ enum ggml_type moeswarm_slice_wire_type(const struct moeswarm_slice * slice, uin
 bool moeswarm_quantize_activations(enum ggml_type type, const float * x, int64_t n_rows, int64_t n_per_row, void * dst,
         size_t dst_size, struct moeswarm_error * err);
 
-// *same = 1 when every row of rows (n_per_row values as type, q8_0 or q8_K) comes back byte for byte
-// from to_float then from_float; false with err on a bad type or size
+// *same = 1 when every row of rows (n_per_row values as type, q8_0 or q8_K) has f32 values that
+// from_float turns back into it byte for byte (what a layer in repacked buffers needs, see
+// moeswarm-activations.cpp); false with err on a bad type or size
 bool moeswarm_activations_round_trip(enum ggml_type type, const void * rows, size_t size, int64_t n_per_row, int32_t * same,
         struct moeswarm_error * err);
 
