@@ -156,8 +156,9 @@ describe.skipIf(Boolean(missing))(
           );
           const outcomes = [];
           for (let s = 0; s < 6; s++) outcomes.push(await expectSameBits(compute, a, c.wire, 100 + 7 * s));
-          // q8_0 always round-trips; a non-repacked layer never refuses
+          // q8_0 always round-trips; a non-repacked layer never refuses; a repacked q8_K one rarely
           if (!info.repacked || c.wire === "q8_0") expect(outcomes.every((o) => o === "same")).toBe(true);
+          else expect(outcomes.filter((o) => o === "same").length).toBeGreaterThanOrEqual(4);
           if (
             repack &&
             (c.type === GgmlType.Q4_0 || c.type === GgmlType.Q4_K) &&
@@ -239,6 +240,9 @@ describe.skipIf(Boolean(missing))(
       }
       console.log(`rows that do not round-trip: q8_0 ${rate.q8_0}, q8_K ${rate.q8_K}`);
       expect(rate.q8_0).toBe(0);
+      // plain dequantisation misses about one q8_K block in ten (its scale one ulp off: 64% of these
+      // rows); nudging each block's largest value leaves ~2% of the rows
+      expect(rate.q8_K).toBeLessThan(0.1);
     });
   },
 );
