@@ -243,6 +243,14 @@ describe.skipIf(Boolean(missing))(
       // plain dequantisation misses about one q8_K block in ten (its scale one ulp off: 64% of these
       // rows); nudging each block's largest value leaves ~2% of the rows
       expect(rate.q8_K).toBeLessThan(0.1);
+      // ggml_quantize_chunk has no q8_K: the reference quantiser refuses it rather than abort the process
+      let code: string | undefined;
+      try {
+        a.quantize("q8_K", x.subarray(0, embd), embd);
+      } catch (error) {
+        code = (error as { code?: string }).code;
+      }
+      expect(code).toBe("MOESWARM_INVALID_ARGUMENT");
     });
   },
 );
