@@ -8,7 +8,9 @@
 // computes while the other waits). Per cell: plain and swarm tok/s (median of the repeats, with
 // their range), their ratio, the gain over "none" at the same C and RTT, round trips per remote
 // layer per generated token, frames per remote layer per llama_decode, draft acceptance, bytes on
-// the wire per token, and whether the swarm's texts equal plain's (temperature 0).
+// the wire per token (activations as q8_0/q8_K where exact, as the dispatcher sends them;
+// MOESWARM_BENCH_WIRE_DTYPE=f32 sends f32 for comparison), and whether the swarm's texts equal
+// plain's (temperature 0).
 // MOESWARM_BENCH_SHORT=1: the small model, fewer cells and tokens; MOESWARM_BENCH_TP_VARIANTS
 // (default none,draft,overlap), MOESWARM_BENCH_REPEAT (default 3) and MOESWARM_BENCH_DRAFT_MAX
 // (default 8, the dispatcher's) choose the rest. Flags as the dispatcher prints them (-kvu,
@@ -19,10 +21,15 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { createLocalFallback, type LocalFallback, pluginPath, serveBackboneBridge } from "@moeswarm/backbone";
+import { isQuantizedActivationDtype } from "@moeswarm/core";
 import { createHub, mintToken } from "@moeswarm/hub";
 import { connectRelay } from "@moeswarm/relay-client";
 import { ensureSyntheticModel, findExpertTensors, readGguf, sliceExperts } from "@moeswarm/shard";
-import { spawnLlamaExpertWorker, type WorkerProcessCompute } from "@moeswarm/worker-native";
+import {
+  loadActivationQuantizer,
+  spawnLlamaExpertWorker,
+  type WorkerProcessCompute,
+} from "@moeswarm/worker-native";
 import { type Benchmark, median, type Row } from "../harness.js";
 import {
   drive,
@@ -44,6 +51,7 @@ const REPEAT = Math.max(1, Number(process.env.MOESWARM_BENCH_REPEAT ?? 3));
 const DRAFT_MAX = Number(process.env.MOESWARM_BENCH_DRAFT_MAX ?? 8);
 const SECRET = "bench-throughput-secret-0123456789ab";
 const MODEL_ID = "bench-tp";
+const WIRE_F32 = process.env.MOESWARM_BENCH_WIRE_DTYPE === "f32";
 const OVERRIDE = "blk\\.\\d+\\.ffn_(gate|up|down|gate_up)_exps\\..*=MOESWARM";
 
 type DelayProxy = (o: { target: string; rttMs: number }) => Promise<{ url: string; close(): Promise<void> }>;
@@ -65,7 +73,17 @@ function relayWorker(relayUrl: string, id: string, compute: WorkerProcessCompute
     reconnect: false,
     onDispatch: async (d) => ({
       y: await compute.run(
-        { layer: d.layer, x: d.activations(), ids: d.ids, k: d.k, ...(d.w ? { w: d.w } : {}), mode: d.mode },
+        {
+          layer: d.layer,
+          // q8_0/q8_K rows as they came (the worker's core takes them), else f32
+          ...(isQuantizedActivationDtype(d.dtype)
+            ? { x: d.x as Uint8Array, xType: d.dtype }
+            : { x: d.activations() }),
+          ids: d.ids,
+          k: d.k,
+          ...(d.w ? { w: d.w } : {}),
+          mode: d.mode,
+        },
         { signal: d.signal },
       ),
     }),
@@ -199,6 +217,8 @@ async function measureSwarm(s: Setup, c: number, rtt: number): Promise<Map<Varia
     },
     trust: "own",
     fallback: s.fallback.compute,
+    // activations as q8 where exact (the dispatcher's default); MOESWARM_BENCH_WIRE_DTYPE=f32 compares
+    ...(WIRE_F32 ? {} : { wire: await loadActivationQuantizer(s.model) }),
   }).catch(async (error) => {
     await proxy.close();
     throw error;
@@ -215,7 +235,9 @@ async function measureSwarm(s: Setup, c: number, rtt: number): Promise<Map<Varia
       groups.map(([v]) => [v, { runs: [], requests: 0, wireBytes: 0, fallbacks: 0 }]),
     );
     try {
-      const bytes = (m: ReturnType<typeof bridge.metrics>) => m.dispatch.bytesOut + m.dispatch.bytesIn;
+      // dispatch counts activations as f32: the wire carried what q8 saved fewer
+      const bytes = (m: ReturnType<typeof bridge.metrics>) =>
+        m.dispatch.bytesOut + m.dispatch.bytesIn - ((m.wire?.bytesF32 ?? 0) - (m.wire?.bytesQuantized ?? 0));
       await interleave(
         groups,
         c,

@@ -4,6 +4,7 @@ import type {
   LivenessSnapshot,
   SpotCheckSnapshot,
   VerificationStats,
+  WireQuantizeMetrics,
 } from "@moeswarm/dispatch";
 import type { HubLinkMetrics } from "./hub-link.js";
 
@@ -59,6 +60,11 @@ export interface BridgeMetrics {
   liveness?: LivenessSnapshot;
   /** With `hub`: the placement version followed, the poller's and the reporter's counters. */
   hub?: HubLinkMetrics;
+  /**
+   * With `wire`: requests sent as q8_0/q8_K, their activation bytes against f32's, refusals.
+   * `dispatch.bytesOut` counts activations as f32; the wire carried `bytesF32 - bytesQuantized` fewer.
+   */
+  wire?: WireQuantizeMetrics;
 }
 
 const SAMPLES = 4096;
@@ -104,6 +110,7 @@ export interface BridgeMetricsParts {
   verification?: VerificationStats | undefined;
   liveness?: LivenessSnapshot | undefined;
   hub?: HubLinkMetrics | undefined;
+  wire?: WireQuantizeMetrics | undefined;
 }
 
 /** The bridge's own side of its metrics: the plugin's traffic, failures and per-layer latency. */
@@ -156,6 +163,7 @@ export class BridgeCounters {
       ...(parts.verification ? { verification: parts.verification } : {}),
       ...(parts.liveness ? { liveness: parts.liveness } : {}),
       ...(parts.hub ? { hub: parts.hub } : {}),
+      ...(parts.wire ? { wire: parts.wire } : {}),
     };
   }
 }

@@ -3,6 +3,8 @@ import {
   type ExpertRequest,
   type ExpertResult,
   InvalidArgumentError,
+  isQuantizedActivationDtype,
+  type QuantizedActivationDtype,
   throwIfAborted,
 } from "@moeswarm/core";
 import {
@@ -18,7 +20,9 @@ import {
  */
 export function expertComputeHandler(compute: WorkerCompute): ExpertHandler {
   return async (request: ExpertRequest, { signal }): Promise<ExpertResult> => {
-    if (request.dtype !== "f32" || !(request.x instanceof Float32Array)) {
+    // q8_0/q8_K rows go to the compute as they are (it takes or refuses them)
+    const quantized = isQuantizedActivationDtype(request.dtype) && request.x instanceof Uint8Array;
+    if (!quantized && (request.dtype !== "f32" || !(request.x instanceof Float32Array))) {
       throw new InvalidArgumentError(
         "expert computes take f32 activations (the f64 oracle path is not for them)",
       );
@@ -27,7 +31,9 @@ export function expertComputeHandler(compute: WorkerCompute): ExpertHandler {
     const y = await compute.run(
       {
         layer: request.layer,
-        x: request.x,
+        ...(quantized
+          ? { x: request.x as Uint8Array, xType: request.dtype as QuantizedActivationDtype }
+          : { x: request.x as Float32Array }),
         ids: request.ids,
         k: request.k,
         ...(request.w ? { w: request.w } : {}),

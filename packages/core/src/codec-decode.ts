@@ -13,7 +13,9 @@ import {
   type Frame,
   type FrameType,
   isFrameType,
+  isQuantizedActivationDtype,
   PROTOCOL_VERSION,
+  quantizedActivationBytes,
 } from "./frames.js";
 import { KIND_NAMES, Kind, MsgpackReader, readUtf8 } from "./msgpack-read.js";
 import { typedArrayFromBytes } from "./tensor.js";
@@ -432,10 +434,23 @@ function decodeTensors(
     const n = o.n as number;
     const k = o.k as number;
     const embd = o.embd as number;
-    const dtype = o.dtype as keyof typeof ELEMENT_SIZE;
-    lengthIs(o, "x", n * embd * ELEMENT_SIZE[dtype], `n*embd*${ELEMENT_SIZE[dtype]} for ${dtype}`, ctx);
+    if (isQuantizedActivationDtype(o.dtype)) {
+      // ggml block rows: x stays bytes
+      const bytes = quantizedActivationBytes(o.dtype, n, embd);
+      if (bytes === 0)
+        ctx.fail(
+          "MOESWARM_PROTOCOL_BAD_LENGTH",
+          "x",
+          `embd ${embd} is not a whole number of ${o.dtype} blocks`,
+        );
+      lengthIs(o, "x", bytes, `n rows of embd values as ${o.dtype} blocks`, ctx);
+      if (!raw && copy) o.x = (o.x as Uint8Array).slice();
+    } else {
+      const dtype = o.dtype as keyof typeof ELEMENT_SIZE;
+      lengthIs(o, "x", n * embd * ELEMENT_SIZE[dtype], `n*embd*${ELEMENT_SIZE[dtype]} for ${dtype}`, ctx);
+      if (!raw) o.x = tensorOf(dtype === "f32" ? Float32Array : Uint16Array, o.x as Uint8Array, copy);
+    }
     lengthIs(o, "ids", n * k * 4, "n*k*4", ctx);
-    if (!raw) o.x = tensorOf(dtype === "f32" ? Float32Array : Uint16Array, o.x as Uint8Array, copy);
     o.ids = tensorOf(Int32Array, o.ids as Uint8Array, copy);
     if (o.w !== undefined) {
       lengthIs(o, "w", n * k * 4, "n*k*4", ctx);

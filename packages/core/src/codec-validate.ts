@@ -14,7 +14,9 @@ import {
   type Frame,
   type FrameType,
   isFrameType,
+  isQuantizedActivationDtype,
   PROTOCOL_VERSION,
+  quantizedActivationBytes,
 } from "./frames.js";
 
 // ---- validation of frames built in memory ------------------------------------------------------
@@ -115,7 +117,18 @@ function checkTensorTypes(t: FrameType, o: Record<string, unknown>, ctx: Checker
     const n = o.n as number;
     const k = o.k as number;
     const embd = o.embd as number;
-    elementsAre(o, "x", o.dtype === "f32" ? Float32Array : Uint16Array, n * embd, "n*embd", ctx);
+    if (isQuantizedActivationDtype(o.dtype)) {
+      const bytes = quantizedActivationBytes(o.dtype, n, embd);
+      if (bytes === 0)
+        ctx.fail(
+          "MOESWARM_PROTOCOL_BAD_LENGTH",
+          "x",
+          `embd ${embd} is not a whole number of ${o.dtype} blocks`,
+        );
+      elementsAre(o, "x", Uint8Array, bytes, `n rows of embd values as ${o.dtype} blocks`, ctx);
+    } else {
+      elementsAre(o, "x", o.dtype === "f32" ? Float32Array : Uint16Array, n * embd, "n*embd", ctx);
+    }
     elementsAre(o, "ids", Int32Array, n * k, "n*k", ctx);
     if (o.w !== undefined) elementsAre(o, "w", Float32Array, n * k, "n*k", ctx);
   } else if (t === "result") {

@@ -238,6 +238,14 @@ export const ERROR_CODES = {
     area: "NativeError",
     text: "The GPU build is installed but a library it needs from the machine is missing (the NVIDIA driver's libcuda.so.1, CUDA's runtime or cuBLAS, the Vulkan loader): install what the message names.",
   },
+  MOESWARM_NATIVE_WIRE_DTYPE: {
+    area: "NativeError",
+    text: "The compute cannot take this dispatch's activations as q8_0/q8_K blocks (a GPU or TypeScript compute, or a layer whose gate and up weights convert activations to another type): the sender sends them again in f32.",
+  },
+  MOESWARM_NATIVE_WIRE_INEXACT: {
+    area: "NativeError",
+    text: "The layer's weights are repacked (they take f32 activations) and a q8_0/q8_K row of the dispatch does not come back byte for byte from f32, so computing from it would not give the sender's bits: the sender sends that dispatch again in f32.",
+  },
 
   // --- hub ---------------------------------------------------------------------------------------
   MOESWARM_HUB_NOT_FOUND: { area: "HubError", text: "The model, worker or resource does not exist." },

@@ -1,4 +1,4 @@
-import type { DispatchMode } from "./frames.js";
+import type { DispatchMode, QuantizedActivationDtype } from "./frames.js";
 
 // The one definition of "a worker's share of a layer's expert work" and its answer. The dispatcher
 // builds ExpertRequests, transports carry them (in process, over worker threads, over the relay,
@@ -14,11 +14,14 @@ export interface ExpertRequest {
   readonly embd: number;
   /**
    * "f32" on the wire. "f64" exists only between in-process peers (the f64 oracle path); the wire
-   * codec has no f64 activations.
+   * codec has no f64 activations. "q8_0" / "q8_K": the rows already converted to a CPU worker's
+   * `vec_dot_type` by the sender (`x` the raw ggml blocks, see `QuantizedActivationDtype`); only
+   * computes that say they take them accept these, the others refuse with
+   * MOESWARM_NATIVE_WIRE_DTYPE.
    */
-  readonly dtype: "f32" | "f64";
-  /** `[n x embd]`, token-major. */
-  readonly x: Float32Array | Float64Array;
+  readonly dtype: "f32" | "f64" | QuantizedActivationDtype;
+  /** `[n x embd]`, token-major (q8_0 / q8_K: n rows of ggml blocks, as bytes). */
+  readonly x: Float32Array | Float64Array | Uint8Array;
   /** Expert slots per token. */
   readonly k: number;
   /** `[n x k]` global expert ids, -1 = slot not for this worker. */
@@ -84,3 +87,16 @@ export type ExpertHandler = (
   request: ExpertRequest,
   options: { readonly signal: AbortSignal },
 ) => ExpertResult | Promise<ExpertResult>;
+
+/**
+ * Converts f32 activations to a CPU worker's vec_dot_type the way the backbone machine's ggml-cpu
+ * does (worker-native's `loadActivationQuantizer`), for dispatch's `quantizingTransport`.
+ */
+export interface ActivationQuantizer {
+  /** The dtype a layer's activations may travel in, undefined: f32 only. */
+  wireDtype(layer: number): QuantizedActivationDtype | undefined;
+  /** `n` rows of `embd` f32 values as `dtype` blocks (ggml-cpu's from_float). */
+  quantize(dtype: QuantizedActivationDtype, x: Float32Array, embd: number): Uint8Array;
+  /** Whether every row comes back byte for byte from f32 (what a worker with repacked weights checks). */
+  roundTrips(dtype: QuantizedActivationDtype, rows: Uint8Array, embd: number): boolean;
+}

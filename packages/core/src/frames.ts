@@ -46,6 +46,28 @@ export const FRAME_TYPES: readonly FrameType[] = Object.freeze([
 export type PeerRole = "worker" | "backbone";
 /** Activation dtypes a dispatch may carry (f16 and bf16 travel as their raw 16-bit patterns). */
 export type ActivationDtype = "f32" | "f16" | "bf16";
+/**
+ * Activations already in a CPU worker's `vec_dot_type`: ggml's `block_q8_0` / `block_q8_K` rows,
+ * `x` their raw bytes. ggml converts f32 activations to that type before the expert matmul anyway,
+ * so a sender that converts them with the same ggml-cpu `from_float` gets the same result bits.
+ */
+export type QuantizedActivationDtype = "q8_0" | "q8_K";
+/** Values and bytes per block of each quantized activation dtype (ggml's QK8_0 and QK_K blocks). */
+export const QUANTIZED_ACTIVATION_BLOCKS: Readonly<
+  Record<QuantizedActivationDtype, { readonly values: number; readonly bytes: number }>
+> = Object.freeze({ q8_0: { values: 32, bytes: 34 }, q8_K: { values: 256, bytes: 292 } });
+
+/** Whether `dtype` is one of the quantized activation dtypes. */
+export function isQuantizedActivationDtype(dtype: unknown): dtype is QuantizedActivationDtype {
+  return dtype === "q8_0" || dtype === "q8_K";
+}
+
+/** Bytes of `n` rows of `embd` activations in a quantized dtype; 0 when embd is not whole blocks. */
+export function quantizedActivationBytes(dtype: QuantizedActivationDtype, n: number, embd: number): number {
+  const b = QUANTIZED_ACTIVATION_BLOCKS[dtype];
+  return embd % b.values === 0 ? n * (embd / b.values) * b.bytes : 0;
+}
+
 /** `each`: one output row per slot; `sum`: the router-weighted sum per token. */
 export type DispatchMode = "each" | "sum";
 
@@ -109,9 +131,16 @@ interface DispatchCommon extends Routed {
   compact?: boolean;
 }
 
-/** Activations are `n*embd` values, token-major: f32 as `Float32Array`, f16/bf16 as raw bits. */
+/**
+ * Activations are `n*embd` values, token-major: f32 as `Float32Array`, f16/bf16 as raw bits, q8_0 /
+ * q8_K as `n` rows of ggml blocks (`quantizedActivationBytes`).
+ */
 export type DispatchFrame = DispatchCommon &
-  ({ dtype: "f32"; x: Float32Array } | { dtype: "f16" | "bf16"; x: Uint16Array });
+  (
+    | { dtype: "f32"; x: Float32Array }
+    | { dtype: "f16" | "bf16"; x: Uint16Array }
+    | { dtype: QuantizedActivationDtype; x: Uint8Array }
+  );
 
 export interface ResultFrame extends Routed {
   t: "result";
@@ -227,7 +256,7 @@ export const FRAME_FIELDS: Readonly<Record<FrameType, readonly FieldSpec[]>> = O
     f("layer", { type: "uint", max: L.maxLayer }),
     f("n", { type: "uint", min: 1, max: L.maxTokens }),
     f("embd", { type: "uint", min: 1, max: L.maxEmbd }),
-    f("dtype", { type: "str", min: 1, max: 8, oneOf: ["f32", "f16", "bf16"] }),
+    f("dtype", { type: "str", min: 1, max: 8, oneOf: ["f32", "f16", "bf16", "q8_0", "q8_K"] }),
     f("x", { type: "bin" }),
     f("k", { type: "uint", min: 1, max: L.maxSlots }),
     f("ids", { type: "bin" }),

@@ -43,6 +43,7 @@ export {
   throwIfAborted,
 } from "./errors.js";
 export type {
+  ActivationQuantizer,
   ExpertCallOptions,
   ExpertHandler,
   ExpertRequest,
@@ -78,11 +79,15 @@ export {
   type HelloCaps,
   type HelloFrame,
   isFrameType,
+  isQuantizedActivationDtype,
   type PeerRole,
   type PingFrame,
   type PongFrame,
   PROTOCOL_LIMITS,
   PROTOCOL_VERSION,
+  QUANTIZED_ACTIVATION_BLOCKS,
+  type QuantizedActivationDtype,
+  quantizedActivationBytes,
   type RegisterFrame,
   type ResultFrame,
   type Routed,

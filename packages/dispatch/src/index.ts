@@ -100,3 +100,9 @@ export {
   type VerificationOptions,
   type VerificationStats,
 } from "./verification.js";
+export {
+  QuantizingTransport,
+  type QuantizingTransportOptions,
+  quantizingTransport,
+  type WireQuantizeMetrics,
+} from "./wire-quantize.js";

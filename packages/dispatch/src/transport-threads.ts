@@ -29,7 +29,7 @@ export interface ThreadWorkerSpec {
 }
 
 /** Transferable whole-buffer copy of a view (a view of part of a buffer is copied first). */
-function own<T extends Float32Array | Float64Array | Int32Array>(a: T): T {
+function own<T extends Float32Array | Float64Array | Int32Array | Uint8Array>(a: T): T {
   if (a.byteOffset === 0 && a.byteLength === a.buffer.byteLength && a.buffer instanceof ArrayBuffer) return a;
   return a.slice() as T;
 }

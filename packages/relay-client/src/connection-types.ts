@@ -1,4 +1,4 @@
-import type { ExpertRequest, MoeswarmError } from "@moeswarm/core";
+import type { ExpertRequest, MoeswarmError, QuantizedActivationDtype } from "@moeswarm/core";
 import type { ReconnectOptions } from "./backoff.js";
 import type { FrameDialer } from "./link.js";
 import type { Caps, Role, WireDtype } from "./wire.js";
@@ -33,9 +33,12 @@ export interface RelayRegistration {
  * of f16/bf16 (the wire has no f64).
  */
 interface WireExpertRequest extends Omit<ExpertRequest, "dtype" | "x"> {
-  readonly dtype: WireDtype;
-  /** n*embd activations, token-major: f32 values, or the raw bits of f16/bf16. */
-  readonly x: Float32Array | Uint16Array;
+  readonly dtype: WireDtype | QuantizedActivationDtype;
+  /**
+   * n*embd activations, token-major: f32 values, the raw bits of f16/bf16, or n rows of q8_0/q8_K
+   * blocks (bytes).
+   */
+  readonly x: Float32Array | Uint16Array | Uint8Array;
 }
 
 /**
@@ -43,8 +46,11 @@ interface WireExpertRequest extends Omit<ExpertRequest, "dtype" | "x"> {
  * `RequestOptions.deadlineMs`.
  */
 export interface DispatchRequest extends Omit<WireExpertRequest, "dtype" | "deadline"> {
-  /** How `x` travels (default f32): f32 values are converted, a Uint16Array is taken as raw bits. */
-  readonly dtype?: WireDtype;
+  /**
+   * How `x` travels (default f32): f32 values are converted, a Uint16Array is taken as raw bits,
+   * q8_0/q8_K need `x` already as their blocks (a Uint8Array).
+   */
+  readonly dtype?: WireDtype | QuantizedActivationDtype;
 }
 
 export interface DispatchReply {
@@ -97,7 +103,10 @@ export interface IncomingDispatch extends WireExpertRequest {
   readonly compact: boolean;
   /** Aborted when the connection drops or the sender's deadline passes: stop computing. */
   readonly signal: AbortSignal;
-  /** Activations as f32, whatever their wire dtype. */
+  /**
+   * Activations as f32, whatever their wire dtype; q8_0/q8_K rows throw NativeError
+   * MOESWARM_NATIVE_WIRE_DTYPE (only a compute that takes them may: read `x` and `dtype`).
+   */
   activations(): Float32Array;
   /** Sends the result; false when it can no longer be delivered (connection dropped, answered). */
   respond(answer: DispatchAnswer): boolean;

@@ -1,4 +1,11 @@
-import { errorFromCode, onAbort, ProtocolError, TransportError, traceHop } from "@moeswarm/core";
+import {
+  errorFromCode,
+  isQuantizedActivationDtype,
+  onAbort,
+  ProtocolError,
+  TransportError,
+  traceHop,
+} from "@moeswarm/core";
 import type { DispatchReply, DispatchRequest } from "./connection-types.js";
 import type { FrameWriter } from "./frame-writer.js";
 import type { FrameLink } from "./link.js";
@@ -168,7 +175,11 @@ function dispatchFrameOf(id: number, out: Outgoing): DispatchFrame {
     layer: req.layer,
     n: req.n,
     embd: req.embd,
-    ...(dtype === "f32" ? { dtype, x: x as Float32Array } : { dtype, x: x as Uint16Array }),
+    ...(dtype === "f32"
+      ? { dtype, x: x as Float32Array }
+      : isQuantizedActivationDtype(dtype)
+        ? { dtype, x: x as Uint8Array }
+        : { dtype, x: x as Uint16Array }),
     k: req.k,
     ids: req.ids,
     w: req.w,

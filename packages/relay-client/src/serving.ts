@@ -4,6 +4,7 @@ import {
   type InPlaceTensor,
   InvalidArgumentError,
   ProtocolError,
+  type QuantizedActivationDtype,
   TransportError,
   traceHop,
 } from "@moeswarm/core";
@@ -51,9 +52,9 @@ export class Incoming implements IncomingDispatch {
   readonly n: number;
   readonly embd: number;
   readonly k: number;
-  readonly dtype: WireDtype;
+  readonly dtype: WireDtype | QuantizedActivationDtype;
   readonly mode: DispatchMode;
-  readonly x: Float32Array | Uint16Array;
+  readonly x: Float32Array | Uint16Array | Uint8Array;
   readonly ids: Int32Array;
   readonly w: Float32Array | undefined;
   readonly deadline: number | undefined;

@@ -4,6 +4,7 @@ import {
   type ExpertResult,
   type ExpertTransport,
   InvalidArgumentError,
+  isQuantizedActivationDtype,
 } from "@moeswarm/core";
 import type { RelayConnection } from "./connection-types.js";
 import type { WireDtype } from "./wire.js";
@@ -45,9 +46,11 @@ export class RelayTransport implements ExpertTransport {
     req: ExpertRequest,
     options?: Partial<ExpertCallOptions>,
   ): Promise<ExpertResult & { readonly y: Float32Array }> {
-    if (req?.dtype !== "f32" || !(req.x instanceof Float32Array)) {
+    // q8_0/q8_K rows (dispatch's quantizingTransport converted them) travel as they are
+    const quantized = isQuantizedActivationDtype(req?.dtype) && req.x instanceof Uint8Array;
+    if (!quantized && (req?.dtype !== "f32" || !(req.x instanceof Float32Array))) {
       throw new InvalidArgumentError(
-        "the relay carries f32 activations only (f64 requests are for in-process workers)",
+        "the relay carries f32 (or q8_0/q8_K block) activations only (f64 requests are for in-process workers)",
       );
     }
     const reply = await this.connection.request(
@@ -57,8 +60,9 @@ export class RelayTransport implements ExpertTransport {
         layer: req.layer,
         n: req.n,
         embd: req.embd,
-        dtype: this.#wireDtype,
-        x: req.x,
+        ...(quantized
+          ? { dtype: req.dtype, x: req.x }
+          : { dtype: this.#wireDtype, x: req.x as Float32Array }),
         k: req.k,
         ids: req.ids,
         w: req.w,

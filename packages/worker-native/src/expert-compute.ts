@@ -1,4 +1,11 @@
-import { type ExpertRequest, InvalidArgumentError } from "@moeswarm/core";
+import {
+  type ExpertRequest,
+  InvalidArgumentError,
+  isQuantizedActivationDtype,
+  NativeError,
+  type QuantizedActivationDtype,
+  quantizedActivationBytes,
+} from "@moeswarm/core";
 
 /**
  * Which implementation computes: "native" the N-API addon, "llama-cpu" the compute core built
@@ -57,8 +64,14 @@ export type RunMode = "each" | "sum";
  * `w` is required for mode "sum" and ignored for "each".
  */
 export interface RunRequest extends Pick<ExpertRequest, "layer" | "ids" | "k" | "w" | "mode"> {
-  /** Activations, n tokens x n_embd, token-major. */
-  readonly x: Float32Array;
+  /** Activations, n tokens x n_embd, token-major (with `xType`: n rows of its ggml blocks). */
+  readonly x: Float32Array | Uint8Array;
+  /**
+   * The rows come already converted to the layer's vec_dot_type (core's `QuantizedActivationDtype`):
+   * only CPU computes of the native core take them, for layers whose gate and up weights convert
+   * to exactly that type; every other compute refuses with MOESWARM_NATIVE_WIRE_DTYPE (send f32).
+   */
+  readonly xType?: QuantizedActivationDtype;
 }
 
 export interface RunOptions {
@@ -131,6 +144,7 @@ export function checkRunRequest(
   request: RunRequest,
   info: Pick<ExpertComputeInfo, "layers" | "nEmbd"> & { arch?: string },
   expertSet: ReadonlySet<number>,
+  options: { quantized?: boolean } = {},
 ): number {
   if (typeof request !== "object" || request === null)
     throw new InvalidArgumentError("run needs a request object");
@@ -150,14 +164,27 @@ export function checkRunRequest(
   if (!Number.isInteger(k) || k < 1 || k > 256)
     throw new InvalidArgumentError(`k must be an integer in 1..256, got ${String(k)}`);
   if (!(ids instanceof Int32Array)) throw new InvalidArgumentError("ids must be an Int32Array");
-  if (!(x instanceof Float32Array)) throw new InvalidArgumentError("x must be a Float32Array");
+  const xType = request.xType;
+  if (xType !== undefined) {
+    if (!isQuantizedActivationDtype(xType))
+      throw new InvalidArgumentError(`xType must be "q8_0" or "q8_K", got ${String(xType)}`);
+    if (options.quantized !== true)
+      throw new NativeError("MOESWARM_NATIVE_WIRE_DTYPE", `this compute takes f32 activations, not ${xType}`);
+    if (!(x instanceof Uint8Array)) throw new InvalidArgumentError(`${xType} rows must be a Uint8Array`);
+  } else if (!(x instanceof Float32Array)) throw new InvalidArgumentError("x must be a Float32Array");
   const n = ids.length / k;
   if (!Number.isInteger(n) || n < 1 || n > 65536) {
     throw new InvalidArgumentError(
       `ids holds ${ids.length} values: expected n*k with k=${k} and 1 <= n <= 65536`,
     );
   }
-  if (x.length !== n * info.nEmbd) {
+  if (xType !== undefined) {
+    const bytes = quantizedActivationBytes(xType, n, info.nEmbd);
+    if (bytes === 0 || x.length !== bytes)
+      throw new InvalidArgumentError(
+        `x holds ${x.length} bytes, expected ${n} rows of ${info.nEmbd} values as ${xType}`,
+      );
+  } else if (x.length !== n * info.nEmbd) {
     throw new InvalidArgumentError(`x holds ${x.length} values, expected n*n_embd = ${n}*${info.nEmbd}`, {
       details: {
         n,

@@ -1,5 +1,6 @@
 // Public API of @moeswarm/worker-native.
 
+export { loadActivationQuantizer } from "./activation-quantizer.js";
 export {
   CUDA_PACKAGE,
   CUDA_TYPES,

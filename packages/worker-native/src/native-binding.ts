@@ -20,6 +20,15 @@ export interface NativeAddon {
   ): Promise<{ handle: NativeSliceHandle }>;
   quantize(type: string, values: Float32Array, nPerRow: number): Uint8Array;
   dequantize(type: string, bytes: Uint8Array, n: number): Float32Array;
+  /**
+   * Rows of `nPerRow` f32 values to "q8_0" / "q8_K" with ggml-cpu's from_float (what the CPU
+   * mul_mat_id applies to f32 activations). Absent from addons built before it.
+   */
+  quantizeActivations?(type: string, x: Float32Array, nPerRow: number): Uint8Array;
+  /** The activation type ("q8_0" / "q8_K") a weight type's rows may travel in, else null. */
+  wireActivationType?(weightType: string): string | null;
+  /** Whether every row of q8_0 / q8_K `rows` comes back byte for byte from to_float then from_float. */
+  activationsRoundTrip?(type: string, rows: Uint8Array, nPerRow: number): boolean;
   readonly cpuFeatures: string;
   /** ggml devices of the build, comma-separated ("CPU", "CPU,CUDA0"). */
   readonly devices: string;
@@ -36,6 +45,8 @@ export interface NativeLayerInfo {
   repacked: boolean;
   extras: number;
   swigluLimit: number;
+  /** The type this layer's activations may come in (q8_0 / q8_K), null: f32 only. */
+  wire?: string | null;
 }
 
 export interface NativeSliceInfo {
@@ -54,12 +65,13 @@ export interface NativeSliceInfo {
 export interface NativeSliceHandle {
   run(
     layer: number,
-    x: Float32Array,
+    x: Float32Array | Uint8Array,
     ids: Int32Array,
     k: number,
     weights: Float32Array | null,
     mode: 0 | 1,
     reference: boolean,
+    xType?: string,
   ): Promise<Float32Array>;
   /**
    * `run` on the calling thread, reading the arrays in place and returning the output it wrote.
@@ -67,12 +79,13 @@ export interface NativeSliceHandle {
    */
   runSync?(
     layer: number,
-    x: Float32Array,
+    x: Float32Array | Uint8Array,
     ids: Int32Array,
     k: number,
     weights: Float32Array | null,
     mode: 0 | 1,
     reference: boolean,
+    xType?: string,
   ): Float32Array;
   info(): NativeSliceInfo;
   setThreads(threads: number): void;

@@ -185,18 +185,28 @@ export class NativeExpertCompute implements ExpertCompute {
       return Promise.reject(new NativeError("MOESWARM_NATIVE_CLOSED", "the expert compute was closed"));
     let n: number;
     try {
-      n = checkRunRequest(request, this.info, this.#experts);
+      // q8 rows: the core checks them against the layer (CPU only; repacked layers round-trip)
+      n = checkRunRequest(request, this.info, this.#experts, { quantized: true });
     } catch (error) {
       return Promise.reject(error);
     }
-    const { layer, x, ids, k, w, mode } = request;
+    const { layer, x, ids, k, w, mode, xType } = request;
     // with nothing queued, a small request computes right here: still in call order, since every
     // earlier call has either finished or is in the queue (which then takes this one too)
     if (n <= this.#syncMaxTokens && this.#queue.pending === 0) {
       if (options.signal?.aborted) return Promise.reject(abortReason(options.signal));
       try {
         // (#syncMaxTokens is 0 without runSync)
-        const y = this.#handle.runSync?.(layer, x, ids, k, w ?? null, mode === "sum" ? 1 : 0, reference);
+        const y = this.#handle.runSync?.(
+          layer,
+          x,
+          ids,
+          k,
+          w ?? null,
+          mode === "sum" ? 1 : 0,
+          reference,
+          xType,
+        );
         return Promise.resolve(y as Float32Array);
       } catch (cause) {
         return Promise.reject(nativeError(cause));
@@ -205,7 +215,16 @@ export class NativeExpertCompute implements ExpertCompute {
     return this.#queue.enqueue(
       async () => {
         try {
-          return await this.#handle.run(layer, x, ids, k, w ?? null, mode === "sum" ? 1 : 0, reference);
+          return await this.#handle.run(
+            layer,
+            x,
+            ids,
+            k,
+            w ?? null,
+            mode === "sum" ? 1 : 0,
+            reference,
+            xType,
+          );
         } catch (cause) {
           throw nativeError(cause);
         }

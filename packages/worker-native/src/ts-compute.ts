@@ -285,7 +285,9 @@ export class TsExpertCompute implements ExpertCompute {
   }
 
   async #compute(request: RunRequest, n: number, signal: AbortSignal | undefined): Promise<Float32Array> {
-    const { layer, x, ids, k, w: weights, mode } = request;
+    const { layer, ids, k, w: weights, mode } = request;
+    // checkRunRequest refused q8 rows: this compute takes f32 only
+    const x = request.x as Float32Array;
     const L = this.#layout.layers.find((l) => l.layer === layer)!;
     const nEmbd = this.#layout.nEmbd;
     const each = new Float32Array(n * k * nEmbd);

@@ -330,7 +330,8 @@ export class WorkerProcessCompute implements ExpertCompute {
     if (this.#failure) return Promise.reject(this.#failure);
     let n: number;
     try {
-      n = checkRunRequest(request, this.info, this.#experts);
+      // q8 rows go to the executable, whose core takes them (CPU) or refuses them (a GPU)
+      n = checkRunRequest(request, this.info, this.#experts, { quantized: true });
     } catch (error) {
       return Promise.reject(error);
     }
@@ -344,8 +345,9 @@ export class WorkerProcessCompute implements ExpertCompute {
       layer: request.layer,
       n,
       embd: this.info.nEmbd,
-      dtype: "f32",
-      x: request.x,
+      ...(request.xType !== undefined
+        ? { dtype: request.xType, x: request.x as Uint8Array }
+        : { dtype: "f32" as const, x: request.x as Float32Array }),
       k: request.k,
       ids: request.ids,
       ...(request.w ? { w: request.w } : {}),

@@ -4,6 +4,7 @@ import {
   type DirectEndpointJson,
   InvalidArgumentError,
   isMoeswarmError,
+  isQuantizedActivationDtype,
   type MoeswarmError,
   onAbort,
   sleep,
@@ -202,7 +203,11 @@ export class Serving {
       const output = await router.runOutput(
         {
           layer: req.layer,
-          x: req.activations(),
+          // q8_0/q8_K rows go to the compute as they came: a CPU compute of the native core takes
+          // them, any other refuses them (MOESWARM_NATIVE_WIRE_DTYPE) and the sender sends f32
+          ...(isQuantizedActivationDtype(req.dtype)
+            ? { x: req.x as Uint8Array, xType: req.dtype }
+            : { x: req.activations() }),
           ids: req.ids,
           k: req.k,
           ...(req.w ? { w: req.w } : {}),

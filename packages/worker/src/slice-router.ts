@@ -89,7 +89,10 @@ export class SliceRouter {
     const experts = new Set<number>();
     for (const s of here) for (let e = s.experts.start; e < s.experts.end; e++) experts.add(e);
     // the whole request against the union of the slices: the same typed errors as one compute gives
-    const n = checkRunRequest(request, { layers: this.layers(), nEmbd: this.nEmbd ?? 0 }, experts);
+    // (q8 rows pass: each slice's compute takes or refuses them)
+    const n = checkRunRequest(request, { layers: this.layers(), nEmbd: this.nEmbd ?? 0 }, experts, {
+      quantized: true,
+    });
     const ids = request.ids;
     const owner = new Int32Array(ids.length).fill(-1);
     const used: number[] = [];
@@ -139,7 +142,14 @@ export class SliceRouter {
       used.map((s) => {
         const mine = Int32Array.from(ids, (id, i) => (owner[i] === s ? id : -1));
         return (here[s] as RoutedSlice).compute.run(
-          { layer: request.layer, x: request.x, ids: mine, k, mode: "each" },
+          {
+            layer: request.layer,
+            x: request.x,
+            ...(request.xType !== undefined ? { xType: request.xType } : {}),
+            ids: mine,
+            k,
+            mode: "each",
+          },
           options,
         );
       }),

@@ -9,6 +9,7 @@ import { tempDir } from "@moeswarm/testkit";
 import {
   type ExpertCompute,
   llamaExpertWorkerPath,
+  loadActivationQuantizer,
   loadExpertCompute,
   nativeStatus,
   probeNative,
@@ -91,6 +92,8 @@ describe.each(BACKENDS)("SliceRouter ($backend)", ({ backend, skip }) => {
         router.add({ ...s, compute });
       }
       expect(router.layers()).toEqual([0, 1]);
+      const quantizer =
+        nativeStatus()?.available === true ? await loadActivationQuantizer(model.path) : undefined;
       for (const [layer, held] of [
         [0, range(0, 12)],
         [1, range(0, 9)],
@@ -114,6 +117,17 @@ describe.each(BACKENDS)("SliceRouter ($backend)", ({ backend, skip }) => {
             const into = new Float32Array(output.values).fill(Number.NaN);
             output.write(into);
             expect(firstBitDiff(into, want), `runOutput layer ${layer} trial ${trial} ${mode}`).toBe(-1);
+            // the rows as q8_0 (what a dispatcher sends): the same bits, split or not; TypeScript refuses them
+            const q = quantizer?.quantize("q8_0", x, N_EMBD);
+            if (q && backend !== "ts") {
+              const gotQ = await router.run({ layer, x: q, xType: "q8_0", ids, k: K, w: w, mode });
+              expect(firstBitDiff(gotQ, want), `q8_0 layer ${layer} trial ${trial} ${mode}`).toBe(-1);
+            } else if (q) {
+              const e = await router
+                .run({ layer, x: q, xType: "q8_0", ids, k: K, w: w, mode })
+                .catch((err) => err);
+              expect(isMoeswarmError(e, "MOESWARM_NATIVE_WIRE_DTYPE"), String(e)).toBe(true);
+            }
           }
         }
       }

@@ -44,6 +44,9 @@ and through the hub's relay otherwise, and reports routing statistics and receip
   --threads <n>           compute threads per worker and for the fallback (default 1)
   --no-fallback           experts no worker serves fail the decode instead of running here
   --deadline-ms <ms>      per worker request, before failover (default 30000)
+  --wire-dtype q8|f32     how activations travel to the workers: q8 (default with --model) sends
+                          them in each layer's CPU vec_dot_type (q8_0/q8_K, ~3.7x fewer bytes,
+                          the same result bits; workers that cannot take them get f32); f32 always
   --spot-check <share>    recompute this share (0..1) of the workers' answers with the local
                           fallback (else a replica) and quarantine a worker that disagrees
   --hedge-ms <ms>         ask a replica too when a worker has not answered after this long
@@ -140,6 +143,8 @@ export interface CliConfig {
   reportS: number;
   modelId: string;
   noFallback: boolean;
+  /** --wire-dtype: q8 where a layer allows it (needs --model and the native addon), or f32. */
+  wireDtype: "q8" | "f32";
   /** --draft-model and --draft-max: llama-server's speculative decoding, in the printed command. */
   draft: { path: string; max: number } | undefined;
   extra: Pick<BackboneBridgeOptions, "spotCheck" | "hedgeMs" | "trust" | "onQuarantine">;
@@ -174,6 +179,14 @@ function draftOf(values: Values): CliConfig["draft"] {
   return { path, max: int(values["draft-max"], "draft-max", DEFAULT_DRAFT_MAX, 1, 64) };
 }
 
+function wireDtypeOf(values: Values): CliConfig["wireDtype"] {
+  const v = values["wire-dtype"];
+  if (v === undefined) return values.model === undefined ? "f32" : "q8";
+  if (v !== "q8" && v !== "f32") throw usageError(`--wire-dtype must be q8 or f32, got ${v}`);
+  if (v === "q8" && values.model === undefined) throw usageError("--wire-dtype q8 needs --model <gguf>");
+  return v;
+}
+
 /** Tokens drafted per step by default (`pnpm bench throughput`; the backbone README has the figures). */
 export const DEFAULT_DRAFT_MAX = 8;
 
@@ -203,6 +216,7 @@ export function readConfig(values: Values, io: CliIo): CliConfig {
     reportS: int(values["report-interval"], "report-interval", 10, 1, 86_400),
     modelId: values["model-id"] ?? "moeswarm",
     noFallback: values["no-fallback"] === true || values.model === undefined,
+    wireDtype: wireDtypeOf(values),
     draft: draftOf(values),
     extra: resilience(values, json, io),
   };
@@ -274,6 +288,7 @@ export function parse(args: readonly string[]) {
         worker: { type: "string", multiple: true },
         threads: { type: "string" },
         "no-fallback": { type: "boolean" },
+        "wire-dtype": { type: "string" },
         "deadline-ms": { type: "string" },
         "spot-check": { type: "string" },
         "hedge-ms": { type: "string" },

@@ -1,8 +1,17 @@
 import { formatRange, onAbort, toRanges } from "@moeswarm/core";
 import { InProcessTransport, Placement } from "@moeswarm/dispatch";
 import { findExpertTensors, readGguf } from "@moeswarm/shard";
-import { spawnLlamaExpertWorker, type WorkerProcessCompute } from "@moeswarm/worker-native";
-import { type BackboneBridge, type BackboneHubOptions, serveBackboneBridge } from "../bridge.js";
+import {
+  loadActivationQuantizer,
+  spawnLlamaExpertWorker,
+  type WorkerProcessCompute,
+} from "@moeswarm/worker-native";
+import {
+  type BackboneBridge,
+  type BackboneBridgeOptions,
+  type BackboneHubOptions,
+  serveBackboneBridge,
+} from "../bridge.js";
 import type { HubLinkEvent } from "../hub-events.js";
 import { formatLayerSelection, moeswarmOverride } from "../layers.js";
 import { pluginPath } from "../native-paths.js";
@@ -143,6 +152,7 @@ async function serveWorkers(
       transport,
       deadlineMs: c.deadlineMs,
       ...c.extra,
+      ...(await wireOption(c)),
       ...(fallback ? { fallback: fallback.compute } : {}),
     });
     // the remote layers: those some worker serves, or all (every expert then runs in the fallback)
@@ -335,6 +345,19 @@ interface HubServe extends CliConfig {
   hub: BackboneHubOptions;
 }
 
+/**
+ * --wire-dtype q8: the activation quantizer of --model. Without the native addon the activations
+ * travel as f32 (the same bits, more bytes), so it is never a reason to stop.
+ */
+async function wireOption(c: CliConfig): Promise<Pick<BackboneBridgeOptions, "wire">> {
+  if (c.wireDtype !== "q8" || c.modelPath === undefined) return {};
+  try {
+    return { wire: await loadActivationQuantizer(c.modelPath) };
+  } catch {
+    return {};
+  }
+}
+
 /** --hub: the bridge follows the hub's placement and reaches its workers through the relay. */
 async function serveHub(o: HubServe): Promise<number> {
   const { io, json, signal } = o;
@@ -344,12 +367,14 @@ async function serveHub(o: HubServe): Promise<number> {
   try {
     const moe = o.modelPath !== undefined ? await moeLayout(o.modelPath, signal) : undefined;
     if (!o.noFallback) fallback = await createLocalFallback(o.modelPath as string, { threads: o.threads });
+    const wire = await wireOption(o);
     const start = () =>
       serveBackboneBridge({
         socket: o.socket,
         hub: { ...o.hub, onEvent: hubEventPrinter(out, io, json) },
         deadlineMs: o.deadlineMs,
         ...o.extra,
+        ...wire,
         signal,
         ...(fallback ? { fallback: fallback.compute } : {}),
       });

@@ -78,6 +78,8 @@ Napi::Object slice_info(Napi::Env env, const moeswarm_slice * s) {
         t.Set("repacked", Napi::Boolean::New(env, d.repacked));
         t.Set("extras", Napi::Number::New(env, d.n_extra));
         t.Set("swigluLimit", Napi::Number::New(env, d.swiglu_limit));
+        const enum ggml_type wire = moeswarm_slice_wire_type(s, d.layer);
+        t.Set("wire", wire == GGML_TYPE_COUNT ? env.Null() : Napi::String::New(env, ggml_type_name(wire)));
         tensors.Set(i, t);
     }
     Napi::Array experts = Napi::Array::New(env, n_expert);
@@ -129,10 +131,11 @@ private:
 class RunWorker : public Napi::AsyncWorker {
 public:
     RunWorker(Napi::Env env, std::shared_ptr<slice_state> state, moeswarm_run_params params, bool reference,
-            std::vector<float> x, std::vector<int32_t> ids, std::vector<float> w, Napi::Float32Array y)
+            std::vector<float> x, std::vector<uint8_t> xq, std::vector<int32_t> ids, std::vector<float> w,
+            Napi::Float32Array y)
         : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), state_(std::move(state)),
-          params_(params), reference_(reference), x_(std::move(x)), ids_(std::move(ids)), w_(std::move(w)),
-          y_ref_(Napi::Persistent(y)), y_(y.Data()), n_out_(y.ElementLength()) {
+          params_(params), reference_(reference), x_(std::move(x)), xq_(std::move(xq)), ids_(std::move(ids)),
+          w_(std::move(w)), y_ref_(Napi::Persistent(y)), y_(y.Data()), n_out_(y.ElementLength()) {
         moeswarm_error_clear(&err_);
     }
 
@@ -150,6 +153,8 @@ public:
             moeswarm_slice_set_n_threads(state_->slice, threads);
         }
         params_.x = x_.data();
+        params_.x_q = xq_.data();
+        params_.x_q_size = xq_.size();
         params_.ids = ids_.data();
         params_.weights = w_.empty() ? nullptr : w_.data();
         params_.abort_flag = &state_->abort;
@@ -174,6 +179,7 @@ private:
     moeswarm_run_params params_;
     bool reference_;
     std::vector<float> x_;
+    std::vector<uint8_t> xq_;
     std::vector<int32_t> ids_;
     std::vector<float> w_;
     Napi::Reference<Napi::Float32Array> y_ref_;
@@ -235,7 +241,8 @@ private:
     struct run_args {
         moeswarm_run_params p;
         bool reference;
-        Napi::Float32Array x;
+        Napi::Float32Array x;   // f32 activations, or
+        Napi::Uint8Array xq;    // the rows in the layer's wire type (p.x_type)
         Napi::Int32Array ids;
         Napi::Float32Array w; // empty when absent
         size_t n_out;
@@ -254,13 +261,13 @@ private:
         p.k = get_u32(env, info[3], "k", 1, 256);
         p.mode = (int32_t) get_u32(env, info[5], "mode", 0, 1);
         a.reference = info[6].ToBoolean().Value();
-        if (!info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array) {
-            throw_error(env, "MOESWARM_INVALID_ARGUMENT", "x must be a Float32Array");
+        const bool wire = info[1].IsTypedArray() && info[1].As<Napi::TypedArray>().TypedArrayType() == napi_uint8_array;
+        if (!wire && (!info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array)) {
+            throw_error(env, "MOESWARM_INVALID_ARGUMENT", "x must be a Float32Array (or a Uint8Array of q8_0/q8_K rows)");
         }
         if (!info[2].IsTypedArray() || info[2].As<Napi::TypedArray>().TypedArrayType() != napi_int32_array) {
             throw_error(env, "MOESWARM_INVALID_ARGUMENT", "ids must be an Int32Array");
         }
-        a.x = info[1].As<Napi::Float32Array>();
         a.ids = info[2].As<Napi::Int32Array>();
         const uint32_t n_embd = moeswarm_slice_n_embd(state_->slice);
         const size_t n_ids = a.ids.ElementLength();
@@ -269,7 +276,24 @@ private:
                 " values: expected n_tokens * k with 1 <= n_tokens <= 65536 and k = " + std::to_string(p.k));
         }
         p.n_tokens = (uint32_t) (n_ids / p.k);
-        if (a.x.ElementLength() != (size_t) p.n_tokens * n_embd) {
+        if (wire) {
+            // runs in the wire type: the 8th argument names it; moeswarm_slice_run checks it against the layer
+            p.x_type = info.Length() > 7 && info[7].IsString()
+                ? moeswarm_type_from_name(info[7].As<Napi::String>().Utf8Value().c_str()) : GGML_TYPE_COUNT;
+            if (p.x_type != GGML_TYPE_Q8_0 && p.x_type != GGML_TYPE_Q8_K) {
+                throw_error(env, "MOESWARM_INVALID_ARGUMENT", "a Uint8Array x needs xType \"q8_0\" or \"q8_K\"");
+            }
+            a.xq = info[1].As<Napi::Uint8Array>();
+            const size_t want = moeswarm_row_bytes(p.x_type, p.n_tokens, n_embd);
+            if (want == 0 || a.xq.ByteLength() != want) {
+                throw_error(env, "MOESWARM_NATIVE_COMPUTE", "x holds " + std::to_string(a.xq.ByteLength()) +
+                    " bytes, expected n_tokens rows of " + std::to_string(n_embd) + " values as " +
+                    ggml_type_name(p.x_type) + " = " + std::to_string(want));
+            }
+        } else {
+            a.x = info[1].As<Napi::Float32Array>();
+        }
+        if (!wire && a.x.ElementLength() != (size_t) p.n_tokens * n_embd) {
             throw_error(env, "MOESWARM_NATIVE_COMPUTE", "x holds " + std::to_string(a.x.ElementLength()) +
                 " values, expected n_tokens * n_embd = " + std::to_string((size_t) p.n_tokens * n_embd));
         }
@@ -299,11 +323,17 @@ private:
         if (!a.w.IsEmpty()) {
             w.assign(a.w.Data(), a.w.Data() + n_ids);
         }
-        std::vector<float> xv(a.x.Data(), a.x.Data() + a.x.ElementLength());
+        std::vector<float> xv;
+        std::vector<uint8_t> xq;
+        if (a.xq.IsEmpty()) {
+            xv.assign(a.x.Data(), a.x.Data() + a.x.ElementLength());
+        } else {
+            xq.assign(a.xq.Data(), a.xq.Data() + a.xq.ByteLength());
+        }
         std::vector<int32_t> iv(a.ids.Data(), a.ids.Data() + n_ids);
         Napi::Float32Array y = Napi::Float32Array::New(env, a.n_out);
         RunWorker * worker =
-            new RunWorker(env, state_, a.p, a.reference, std::move(xv), std::move(iv), std::move(w), y);
+            new RunWorker(env, state_, a.p, a.reference, std::move(xv), std::move(xq), std::move(iv), std::move(w), y);
         Napi::Promise promise = worker->promise();
         worker->Queue();
         return promise;
@@ -317,7 +347,9 @@ private:
         Napi::Env env = info.Env();
         run_args a = parse_run(info, "runSync(layer, x, ids, k, weights, mode, reference)");
         Napi::Float32Array y = Napi::Float32Array::New(env, a.n_out);
-        a.p.x = a.x.Data();
+        a.p.x = a.x.IsEmpty() ? nullptr : a.x.Data();
+        a.p.x_q = a.xq.IsEmpty() ? nullptr : a.xq.Data();
+        a.p.x_q_size = a.xq.IsEmpty() ? 0 : a.xq.ByteLength();
         a.p.ids = a.ids.Data();
         a.p.weights = a.w.IsEmpty() ? nullptr : a.w.Data();
         moeswarm_error err;
@@ -470,6 +502,61 @@ Napi::Value quantize(const Napi::CallbackInfo & info) {
     return dst;
 }
 
+// quantizeActivations(type: "q8_0" | "q8_K", x: Float32Array, nPerRow) -> Uint8Array: ggml-cpu's
+// from_float, the conversion the CPU mul_mat_id applies (not quantize's reference rounding)
+Napi::Value quantize_activations(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    const enum ggml_type type = get_type(env, info[0]);
+    if (!info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array) {
+        throw_error(env, "MOESWARM_INVALID_ARGUMENT", "x must be a Float32Array");
+    }
+    Napi::Float32Array src = info[1].As<Napi::Float32Array>();
+    const uint32_t n_per_row = get_u32(env, info[2], "nPerRow", 1, 1u << 24);
+    if (src.ElementLength() % n_per_row != 0) {
+        throw_error(env, "MOESWARM_INVALID_ARGUMENT", "x does not hold whole rows");
+    }
+    const int64_t n_rows = (int64_t) (src.ElementLength() / n_per_row);
+    const size_t size = moeswarm_row_bytes(type, n_rows, n_per_row);
+    if (size == 0 && n_rows > 0) {
+        throw_error(env, "MOESWARM_INVALID_ARGUMENT", "rows of " + std::to_string(n_per_row) + " values cannot be " + ggml_type_name(type));
+    }
+    Napi::Uint8Array dst = Napi::Uint8Array::New(env, size);
+    moeswarm_error err;
+    moeswarm_error_clear(&err);
+    // read in place: nothing else runs on this thread meanwhile
+    if (!moeswarm_quantize_activations(type, src.Data(), n_rows, n_per_row, dst.Data(), size, &err)) {
+        throw make_error(env, err);
+    }
+    return dst;
+}
+
+// wireActivationType(weightType) -> "q8_0" | "q8_K" | null: the type activations for weights of
+// this type may travel in (moeswarm_wire_type_of_weight)
+Napi::Value wire_activation_type(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    const enum ggml_type t = moeswarm_wire_type_of_weight(get_type(env, info[0]));
+    return t == GGML_TYPE_COUNT ? env.Null() : Napi::String::New(env, ggml_type_name(t));
+}
+
+// activationsRoundTrip(type, rows: Uint8Array, nPerRow) -> bool: every row comes back byte for byte
+// from to_float then from_float (what a worker with repacked weights checks before computing)
+Napi::Value activations_round_trip(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    const enum ggml_type type = get_type(env, info[0]);
+    if (!info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array) {
+        throw_error(env, "MOESWARM_INVALID_ARGUMENT", "rows must be a Uint8Array");
+    }
+    Napi::Uint8Array rows = info[1].As<Napi::Uint8Array>();
+    const uint32_t n_per_row = get_u32(env, info[2], "nPerRow", 1, 1u << 24);
+    moeswarm_error err;
+    moeswarm_error_clear(&err);
+    int32_t same = 0;
+    if (!moeswarm_activations_round_trip(type, rows.Data(), rows.ByteLength(), n_per_row, &same, &err)) {
+        throw make_error(env, err);
+    }
+    return Napi::Boolean::New(env, same != 0);
+}
+
 // dequantize(type, bytes: Uint8Array, n) -> Float32Array (the type's to_float)
 Napi::Value dequantize(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
@@ -496,6 +583,9 @@ Napi::Object init(Napi::Env env, Napi::Object exports) {
     exports.Set("loadSlice", Napi::Function::New(env, load_slice));
     exports.Set("quantize", Napi::Function::New(env, quantize));
     exports.Set("dequantize", Napi::Function::New(env, dequantize));
+    exports.Set("quantizeActivations", Napi::Function::New(env, quantize_activations));
+    exports.Set("wireActivationType", Napi::Function::New(env, wire_activation_type));
+    exports.Set("activationsRoundTrip", Napi::Function::New(env, activations_round_trip));
     exports.Set("cpuFeatures", Napi::String::New(env, moeswarm_cpu_features()));
     exports.Set("devices", Napi::String::New(env, moeswarm_devices()));
     exports.Set("abiVersion", Napi::Number::New(env, 1));

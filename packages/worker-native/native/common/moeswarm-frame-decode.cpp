@@ -13,6 +13,17 @@ size_t moeswarm_dtype_size(enum moeswarm_dtype dtype) {
     return dtype == MOESWARM_DTYPE_F32 ? 4 : 2;
 }
 
+// bytes of n rows of embd activations in dtype; 0 when embd is not a whole number of q8 blocks
+static uint64_t dispatch_x_bytes(enum moeswarm_dtype dtype, uint64_t n, uint64_t embd) {
+    if (dtype == MOESWARM_DTYPE_Q8_0) {
+        return embd % 32 == 0 ? n * (embd / 32) * 34 : 0;
+    }
+    if (dtype == MOESWARM_DTYPE_Q8_K) {
+        return embd % 256 == 0 ? n * (embd / 256) * 292 : 0;
+    }
+    return n * embd * moeswarm_dtype_size(dtype);
+}
+
 static bool read_str(const uint8_t * data, size_t size, const known_value & kv, moeswarm_str * out) {
     out->present = false;
     if (!kv.seen) {
@@ -179,6 +190,8 @@ static bool read_dispatch(const uint8_t * data, size_t size, const known_value *
     read_str(data, size, kv("dtype"), &dtype);
     f->dtype = bytes_eq(dtype.ptr, dtype.len, "f32") ? MOESWARM_DTYPE_F32 :
             bytes_eq(dtype.ptr, dtype.len, "f16")    ? MOESWARM_DTYPE_F16 :
+            bytes_eq(dtype.ptr, dtype.len, "q8_0")   ? MOESWARM_DTYPE_Q8_0 :
+            bytes_eq(dtype.ptr, dtype.len, "q8_K")   ? MOESWARM_DTYPE_Q8_K :
                                                        MOESWARM_DTYPE_BF16;
     read_str(data, size, kv("x"), &f->x);
     read_str(data, size, kv("ids"), &f->ids);
@@ -189,7 +202,11 @@ static bool read_dispatch(const uint8_t * data, size_t size, const known_value *
     }
     // check 8: tensor lengths
     const uint64_t nk     = (uint64_t) f->n * f->k;
-    const uint64_t want_x = (uint64_t) f->n * f->embd * moeswarm_dtype_size(f->dtype);
+    const uint64_t want_x = dispatch_x_bytes(f->dtype, f->n, f->embd);
+    if (want_x == 0) {
+        return moeswarm_error_set(err, "MOESWARM_PROTOCOL_BAD_LENGTH", "dispatch.embd %u is not a whole number of %s blocks",
+                f->embd, f->dtype == MOESWARM_DTYPE_Q8_0 ? "q8_0" : "q8_K");
+    }
     if (f->x.len != want_x) {
         return moeswarm_error_set(err, "MOESWARM_PROTOCOL_BAD_LENGTH", "dispatch.x has %u bytes, its shape needs %llu", f->x.len,
                 (unsigned long long) want_x);

@@ -39,7 +39,7 @@ static const field_spec k_dispatch[] = {
     { "layer",    FK_UINT, true,  0, 65535,       0, { nullptr },                false },
     { "n",        FK_UINT, true,  1, 65536,       0, { nullptr },                false },
     { "embd",     FK_UINT, true,  1, 65536,       0, { nullptr },                false },
-    { "dtype",    FK_ENUM, true,  0, 0,           0, { "f32", "f16", "bf16" },   false },
+    { "dtype",    FK_ENUM, true,  0, 0,           0, { "f32", "f16", "bf16", "q8_0", "q8_K" }, false },
     { "x",        FK_BIN,  true,  0, 0,           0, { nullptr },                false },
     { "k",        FK_UINT, true,  1, 256,         0, { nullptr },                false },
     { "ids",      FK_BIN,  true,  0, 0,           0, { nullptr },                false },

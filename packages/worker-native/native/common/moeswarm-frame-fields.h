@@ -30,7 +30,7 @@ struct field_spec {
     uint64_t lo;
     uint64_t hi;
     uint64_t hi2;
-    const char * values[3];
+    const char * values[5];
     bool ascending;
 };
 

@@ -32,6 +32,8 @@ enum moeswarm_dtype {
     MOESWARM_DTYPE_F32 = 0,
     MOESWARM_DTYPE_F16,
     MOESWARM_DTYPE_BF16,
+    MOESWARM_DTYPE_Q8_0, // ggml block_q8_0 rows (32 values in 34 bytes): x is the raw blocks
+    MOESWARM_DTYPE_Q8_K, // ggml block_q8_K rows (256 values in 292 bytes)
 };
 
 struct moeswarm_str {

@@ -22,6 +22,12 @@ bool moeswarm_quantize(enum ggml_type type, const float * src, int64_t n_rows, i
     if (dst_size != need) {
         return moeswarm_error_set(err, "MOESWARM_INVALID_ARGUMENT", "destination holds %zu bytes, expected %zu", dst_size, need);
     }
+    // ggml_quantize_chunk asserts on a type it has no quantiser for (q8_K, q8_1: activation types)
+    if (type == GGML_TYPE_Q8_1 || type == GGML_TYPE_Q8_K ||
+            (type != GGML_TYPE_F32 && type != GGML_TYPE_F16 && type != GGML_TYPE_BF16 &&
+                    ggml_get_type_traits(type)->from_float_ref == nullptr)) {
+        return moeswarm_error_set(err, "MOESWARM_INVALID_ARGUMENT", "ggml has no quantiser for %s", ggml_type_name(type));
+    }
     if (ggml_quantize_requires_imatrix(type)) {
         return moeswarm_error_set(err, "MOESWARM_INVALID_ARGUMENT", "%s needs an importance matrix", ggml_type_name(type));
     }

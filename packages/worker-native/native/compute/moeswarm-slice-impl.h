@@ -51,6 +51,7 @@ struct moeswarm_graph {
     uint32_t n_rows; // pairs (run) or tokens (reference)
     uint32_t k;      // 1 (run) or slots (reference)
     int32_t kind;    // 0 run, 1 reference each, 2 reference sum
+    enum ggml_type x_type; // the activations' type: f32, or the layer's wire type (run only)
     uint64_t last_use;
     ggml_context * ctx;
     ggml_cgraph * gf;
@@ -99,6 +100,8 @@ struct moeswarm_slice {
 
     // staging of one run, kept to avoid reallocations
     std::vector<float> x_rows;
+    std::vector<uint8_t> xq_rows; // the rows of a run whose activations came in the wire type
+    std::vector<float> x_wire_f32; // those dequantised, for a repacked layer
     std::vector<int32_t> pair_ids;
     std::vector<int32_t> pair_of_slot;
     std::vector<float> y_rows;
@@ -115,7 +118,7 @@ void moeswarm_graph_free(moeswarm_graph & g);
 
 // builds one graph (not cached) for layer L (moeswarm-slice-run.cpp)
 bool moeswarm_graph_build(moeswarm_slice * slice, const moeswarm_layer & L, int32_t kind, uint32_t n_rows, uint32_t k,
-        moeswarm_graph & g, moeswarm_error * err);
+        enum ggml_type x_type, moeswarm_graph & g, moeswarm_error * err);
 
 // the compute buffer's reservation (moeswarm-slice-reserve.cpp): at load, and the check of each new graph
 bool moeswarm_reserve_compute(moeswarm_slice * slice, uint32_t max_rows, moeswarm_error * err);
@@ -125,4 +128,9 @@ bool moeswarm_check_not_grown(moeswarm_slice * slice, const moeswarm_graph & g, 
 // reading one layer's tensors (moeswarm-slice-layer.cpp)
 bool moeswarm_load_layer(moeswarm_slice * slice, const gguf_context * gctx, uint32_t il, size_t file_size,
         std::vector<moeswarm_tensor_src> & srcs, moeswarm_error * err);
+// activations that came in the layer's wire type (moeswarm-activations.cpp): checks their type and
+// size; for a layer in CPU_REPACK buffers turns them into f32 rows (in f32, *use_f32 set), refusing
+// rows that from_float would not give back byte for byte
+bool moeswarm_wire_prepare(moeswarm_slice * slice, const moeswarm_layer & L, const moeswarm_run_params * p,
+        std::vector<float> & f32, bool * use_f32, moeswarm_error * err);
 bool moeswarm_resolve_act(moeswarm_slice * slice, const gguf_context * gctx, int32_t act_param, moeswarm_error * err);

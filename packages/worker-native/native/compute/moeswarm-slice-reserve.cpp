@@ -54,7 +54,7 @@ bool moeswarm_reserve_compute(moeswarm_slice * slice, uint32_t max_rows, moeswar
     memset(&best, 0, sizeof(best));
     for (const moeswarm_layer & L : slice->layer_data) {
         moeswarm_graph g;
-        if (!moeswarm_graph_build(slice, L, 0, max_rows, 1, g, err)) {
+        if (!moeswarm_graph_build(slice, L, 0, max_rows, 1, GGML_TYPE_F32, g, err)) {
             moeswarm_graph_free(best);
             return false;
         }

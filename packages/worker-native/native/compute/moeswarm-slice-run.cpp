@@ -114,12 +114,13 @@ static int32_t moeswarm_local_id(const moeswarm_slice * slice, int32_t global) {
 
 // kind 0: run over n_rows (token, slot) pairs; 1/2: reference over n_rows tokens x k slots
 bool moeswarm_graph_build(moeswarm_slice * slice, const moeswarm_layer & L, int32_t kind, uint32_t n_rows, uint32_t k,
-        moeswarm_graph & g, moeswarm_error * err) {
+        enum ggml_type x_type, moeswarm_graph & g, moeswarm_error * err) {
     memset(&g, 0, sizeof(g));
     g.kind               = kind;
     g.layer              = L.layer;
     g.n_rows             = n_rows;
     g.k                  = k;
+    g.x_type             = x_type;
     g.last_use           = slice->clock;
     const size_t n_nodes = MOESWARM_GRAPH_NODES + 2 * (size_t) k;
     ggml_init_params ip  = { ggml_tensor_overhead() * n_nodes + ggml_graph_overhead_custom(n_nodes, false), nullptr, true };
@@ -130,7 +131,7 @@ bool moeswarm_graph_build(moeswarm_slice * slice, const moeswarm_layer & L, int3
     ggml_context * ctx   = g.ctx;
     const int64_t n_embd = slice->n_embd;
 
-    g.x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_embd, n_rows);
+    g.x = ggml_new_tensor_2d(ctx, x_type, n_embd, n_rows);
     ggml_set_name(g.x, "moeswarm_x");
     ggml_set_input(g.x);
     g.ids = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, k, n_rows);
@@ -179,17 +180,17 @@ bool moeswarm_graph_build(moeswarm_slice * slice, const moeswarm_layer & L, int3
     return true;
 }
 
-static moeswarm_graph * moeswarm_graph_get(
-        moeswarm_slice * slice, const moeswarm_layer & L, int32_t kind, uint32_t n_rows, uint32_t k, moeswarm_error * err) {
+static moeswarm_graph * moeswarm_graph_get(moeswarm_slice * slice, const moeswarm_layer & L, int32_t kind, uint32_t n_rows,
+        uint32_t k, enum ggml_type x_type, moeswarm_error * err) {
     slice->clock++;
     for (moeswarm_graph & g : slice->graphs) {
-        if (g.kind == kind && g.layer == L.layer && g.n_rows == n_rows && g.k == k) {
+        if (g.kind == kind && g.layer == L.layer && g.n_rows == n_rows && g.k == k && g.x_type == x_type) {
             g.last_use = slice->clock;
             return &g;
         }
     }
     moeswarm_graph g;
-    if (!moeswarm_graph_build(slice, L, kind, n_rows, k, g, err)) {
+    if (!moeswarm_graph_build(slice, L, kind, n_rows, k, x_type, g, err)) {
         return nullptr;
     }
     if (!moeswarm_graph_check_fits(slice, g, err)) {
@@ -271,7 +272,7 @@ static bool moeswarm_check_run(const moeswarm_slice * slice, const moeswarm_run_
     if (p->mode != MOESWARM_MODE_EACH && p->mode != MOESWARM_MODE_SUM) {
         return moeswarm_error_set(err, "MOESWARM_NATIVE_COMPUTE", "unknown mode %d", p->mode);
     }
-    if (p->x == nullptr || p->ids == nullptr) {
+    if ((p->x_type == GGML_TYPE_F32 ? p->x == nullptr : p->x_q == nullptr) || p->ids == nullptr) {
         return moeswarm_error_set(err, "MOESWARM_NATIVE_COMPUTE", "x and ids are required");
     }
     if (p->mode == MOESWARM_MODE_SUM && p->weights == nullptr) {
@@ -298,13 +299,31 @@ static bool moeswarm_check_run(const moeswarm_slice * slice, const moeswarm_run_
     return true;
 }
 
-bool moeswarm_slice_run(struct moeswarm_slice * slice, const struct moeswarm_run_params * p, float * out, size_t out_len,
+bool moeswarm_slice_run(struct moeswarm_slice * slice, const struct moeswarm_run_params * p_in, float * out, size_t out_len,
         struct moeswarm_error * err) {
     moeswarm_error_clear(err);
     const moeswarm_layer * L = nullptr;
-    if (!moeswarm_check_run(slice, p, out_len, &L, err)) {
+    if (!moeswarm_check_run(slice, p_in, out_len, &L, err)) {
         return false;
     }
+    // activations in the layer's wire type: ggml takes the rows as they are, or (repacked layer)
+    // the run goes on over their f32 values
+    moeswarm_run_params p_f32;
+    const moeswarm_run_params * p = p_in;
+    if (p_in->x_type != GGML_TYPE_F32) {
+        bool use_f32 = false;
+        if (!moeswarm_wire_prepare(slice, *L, p_in, slice->x_wire_f32, &use_f32, err)) {
+            return false;
+        }
+        if (use_f32) {
+            p_f32        = *p_in;
+            p_f32.x      = slice->x_wire_f32.data();
+            p_f32.x_type = GGML_TYPE_F32;
+            p            = &p_f32;
+        }
+    }
+    const bool x_f32 = p->x_type == GGML_TYPE_F32;
+    const size_t x_row = ggml_row_size(p->x_type, slice->n_embd);
     const uint32_t n_tokens = p->n_tokens;
     const uint32_t k        = p->k;
     const size_t n_embd     = slice->n_embd;
@@ -329,13 +348,21 @@ bool moeswarm_slice_run(struct moeswarm_slice * slice, const struct moeswarm_run
         }
     }
     slice->pair_ids.resize(n_pairs);
-    slice->x_rows.resize(n_pairs * n_embd);
+    uint8_t * x_rows = nullptr;
+    if (x_f32) {
+        slice->x_rows.resize(n_pairs * n_embd);
+        x_rows = (uint8_t *) slice->x_rows.data();
+    } else {
+        slice->xq_rows.resize(n_pairs * x_row);
+        x_rows = slice->xq_rows.data();
+    }
+    const uint8_t * x_in = x_f32 ? (const uint8_t *) p->x : (const uint8_t *) p->x_q;
     for (uint32_t i = 0; i < n_tokens; ++i) {
         for (uint32_t j = 0; j < k; ++j) {
             const int32_t pi = slice->pair_of_slot[(size_t) i * k + j];
             if (pi >= 0) {
                 slice->pair_ids[pi] = moeswarm_local_id(slice, p->ids[(size_t) i * k + j]);
-                memcpy(&slice->x_rows[(size_t) pi * n_embd], p->x + (size_t) i * n_embd, n_embd * sizeof(float));
+                memcpy(x_rows + (size_t) pi * x_row, x_in + (size_t) i * x_row, x_row);
             }
         }
     }
@@ -346,14 +373,14 @@ bool moeswarm_slice_run(struct moeswarm_slice * slice, const struct moeswarm_run
     const size_t chunk = slice->max_rows > 0 ? slice->max_rows : std::max<size_t>(n_pairs, 1);
     for (size_t r0 = 0; r0 < n_pairs; r0 += chunk) {
         const size_t nr    = std::min(chunk, n_pairs - r0);
-        moeswarm_graph * g = moeswarm_graph_get(slice, *L, 0, (uint32_t) nr, 1, err);
+        moeswarm_graph * g = moeswarm_graph_get(slice, *L, 0, (uint32_t) nr, 1, p->x_type, err);
         if (g == nullptr) {
             return false;
         }
         if (!moeswarm_graph_alloc(slice, g, err)) {
             return false;
         }
-        ggml_backend_tensor_set(g->x, slice->x_rows.data() + r0 * n_embd, 0, ggml_nbytes(g->x));
+        ggml_backend_tensor_set(g->x, x_rows + r0 * x_row, 0, ggml_nbytes(g->x));
         ggml_backend_tensor_set(g->ids, slice->pair_ids.data() + r0, 0, ggml_nbytes(g->ids));
         if (!moeswarm_graph_compute(slice, g, p->abort_flag, err)) {
             return false;
@@ -387,7 +414,10 @@ bool moeswarm_slice_run_reference(struct moeswarm_slice * slice, const struct mo
         local[i] = lid;
     }
     const int32_t kind = p->mode == MOESWARM_MODE_SUM ? 2 : 1;
-    moeswarm_graph * g = moeswarm_graph_get(slice, *L, kind, p->n_tokens, p->k, err);
+    if (p->x_type != GGML_TYPE_F32) {
+        return moeswarm_error_set(err, "MOESWARM_NATIVE_WIRE_DTYPE", "the reference graph takes f32 activations only");
+    }
+    moeswarm_graph * g = moeswarm_graph_get(slice, *L, kind, p->n_tokens, p->k, GGML_TYPE_F32, err);
     if (g == nullptr) {
         return false;
     }

@@ -93,6 +93,12 @@ struct moeswarm_run_params {
     const float   * weights;   // [n_tokens][k] f32, required for MOESWARM_MODE_SUM, else may be NULL
     int32_t         mode;      // enum moeswarm_mode
     volatile bool * abort_flag;// optional: set to true to stop the compute early (result: MOESWARM_ABORTED)
+    // Activations already in the layer's wire type (moeswarm_slice_wire_type): x_type GGML_TYPE_Q8_0
+    // or GGML_TYPE_Q8_K, x_q holding n_tokens rows of ggml_row_size(x_type, n_embd) bytes (x unused).
+    // GGML_TYPE_F32 (0, a zeroed struct): x is f32.
+    enum ggml_type  x_type;
+    const void    * x_q;
+    size_t          x_q_size;
 };
 
 // number of floats the output of a run holds
@@ -121,6 +127,28 @@ bool moeswarm_dequantize(enum ggml_type type, const void * src, size_t src_size,
 size_t moeswarm_row_bytes(enum ggml_type type, int64_t n_rows, int64_t n_per_row);
 // a ggml type by its name ("q4_K", "f32"...; case-insensitive); GGML_TYPE_COUNT when unknown
 enum ggml_type moeswarm_type_from_name(const char * name);
+
+// Activations on the wire (moeswarm-activations.cpp). ggml converts f32 activations to the weights'
+// vec_dot_type before the expert matmul; a sender that converts them first, with the same ggml-cpu
+// from_float, sends fewer bytes and the worker computes the same bits.
+// the CPU backend's vec_dot_type of a weight type; GGML_TYPE_COUNT when unknown (or a llama-shared build)
+enum ggml_type moeswarm_vec_dot_type(enum ggml_type weight_type);
+// the type a weight type's activations may travel in (its vec_dot_type when that is q8_0 or q8_K and
+// the CPU mul_mat_id reads the converted rows with vec_dot whatever their origin); GGML_TYPE_COUNT: f32
+enum ggml_type moeswarm_wire_type_of_weight(enum ggml_type weight_type);
+// the type a layer's activations may travel in (q8_0 or q8_K); GGML_TYPE_COUNT: f32 only (a GPU
+// device, gate and up of different vec_dot types, llama4's weighted input, a type without this path)
+enum ggml_type moeswarm_slice_wire_type(const struct moeswarm_slice * slice, uint32_t layer);
+// n_rows rows of n_per_row f32 values to type (q8_0 or q8_K) with ggml-cpu's from_float, the
+// conversion ggml's CPU mul_mat_id applies (not ggml_quantize_chunk's reference rounding)
+bool moeswarm_quantize_activations(enum ggml_type type, const float * x, int64_t n_rows, int64_t n_per_row, void * dst,
+        size_t dst_size, struct moeswarm_error * err);
+
+// *same = 1 when every row of rows (n_per_row values as type, q8_0 or q8_K) has f32 values that
+// from_float turns back into it byte for byte (what a layer in repacked buffers needs, see
+// moeswarm-activations.cpp); false with err on a bad type or size
+bool moeswarm_activations_round_trip(enum ggml_type type, const void * rows, size_t size, int64_t n_per_row, int32_t * same,
+        struct moeswarm_error * err);
 
 // short description of the compiled CPU features (for info and logs)
 const char * moeswarm_cpu_features(void);

@@ -151,8 +151,11 @@ static bool handle_dispatch(worker_state * st, int fd, const moeswarm_frame * f)
     }
     const size_t n_x = (size_t) f->n * f->embd;
     const size_t n_slots = (size_t) f->n * f->k;
-    st->x.resize(n_x);
-    if (f->dtype == MOESWARM_DTYPE_F32) {
+    // q8_0/q8_K rows go to the compute as they came (they stay in the frame's buffer during the run)
+    const bool wire_q8 = f->dtype == MOESWARM_DTYPE_Q8_0 || f->dtype == MOESWARM_DTYPE_Q8_K;
+    st->x.resize(wire_q8 ? 0 : n_x);
+    if (wire_q8) {
+    } else if (f->dtype == MOESWARM_DTYPE_F32) {
         memcpy(st->x.data(), f->x.ptr, n_x * sizeof(float));
     } else {
         st->half.resize(n_x);
@@ -174,7 +177,12 @@ static bool handle_dispatch(worker_state * st, int fd, const moeswarm_frame * f)
     rp.layer = f->layer;
     rp.n_tokens = f->n;
     rp.k = f->k;
-    rp.x = st->x.data();
+    rp.x = wire_q8 ? nullptr : st->x.data();
+    if (wire_q8) {
+        rp.x_type = f->dtype == MOESWARM_DTYPE_Q8_0 ? GGML_TYPE_Q8_0 : GGML_TYPE_Q8_K;
+        rp.x_q = f->x.ptr;
+        rp.x_q_size = f->x.len;
+    }
     rp.ids = st->ids.data();
     rp.weights = f->w.present ? st->w.data() : nullptr;
     rp.mode = f->mode;
