@@ -20,7 +20,8 @@ export interface ServerGroupOptions {
   variant: Variant;
   clients: number;
   nPredict: number;
-  draft: { path: string; max: number };
+  /** The draft model (needed by variant "draft" only). */
+  draft: { path: string | undefined; max: number };
   /** The plugin's environment and flags, or undefined for plain llama-server. */
   plugin?: { env: NodeJS.ProcessEnv; override: string };
 }
@@ -45,6 +46,7 @@ export async function startServerGroup(o: ServerGroupOptions): Promise<ServerGro
   ];
   args.push("--metrics", "-fit", "off", "-kvu");
   if (o.variant === "draft") {
+    if (o.draft.path === undefined) throw new Error("variant draft: this model has no draft model");
     args.push("-md", o.draft.path, "--spec-type", "draft-simple", "--spec-draft-n-max", String(o.draft.max));
   }
   if (o.plugin) args.push("-ot", o.plugin.override, "--load-mode", "none");
