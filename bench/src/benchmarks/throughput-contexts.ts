@@ -12,7 +12,8 @@
 // one: on a quiet machine that is part of what overlap buys, and the table says so).
 // MOESWARM_BENCH_TP_MODEL (small, medium, shape; default medium), MOESWARM_BENCH_TPC_CLIENTS
 // (default 4,16), MOESWARM_BENCH_TPC_RTTS (default 0,10,30), MOESWARM_BENCH_TPC_TOKENS (default 32)
-// and MOESWARM_BENCH_REPEAT (default 3) choose the cells.
+// and MOESWARM_BENCH_REPEAT (default 3) choose the cells; MOESWARM_BENCH_TPC_ONE_THREADS=2 gives
+// mode one as many threads as two has.
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -36,6 +37,12 @@ const CLIENTS = numbers("MOESWARM_BENCH_TPC_CLIENTS", [4, 16]);
 const RTT_MS = numbers("MOESWARM_BENCH_TPC_RTTS", [0, 10, 30]);
 const N_PREDICT = Number(process.env.MOESWARM_BENCH_TPC_TOKENS ?? 32);
 const REPEAT = Math.max(1, Number(process.env.MOESWARM_BENCH_REPEAT ?? 3));
+/**
+ * Threads of mode one's single context (default 1, as each of mode two's): "two" then runs two
+ * decodes at once on two threads, so on a busy machine it also gets twice the CPU share;
+ * MOESWARM_BENCH_TPC_ONE_THREADS=2 gives "one" the same thread count.
+ */
+const ONE_THREADS = Math.max(1, Number(process.env.MOESWARM_BENCH_TPC_ONE_THREADS ?? 1));
 type Mode = "one" | "two";
 type Context = Awaited<ReturnType<SwarmLlama["model"]["createContext"]>>;
 type Sequence = ReturnType<Context["getSequence"]>;
@@ -56,7 +63,7 @@ async function createGroup(s: SwarmLlama, n: number, count: number): Promise<Gro
           sequences: n / count,
           contextSize: 64 + N_PREDICT,
           batchSize: 512,
-          threads: 1,
+          threads: count === 1 ? ONE_THREADS : 1,
         }),
       );
     }
@@ -250,7 +257,7 @@ export const throughputContexts: Benchmark = {
         rows: out,
         ratios,
         notes: [
-          `${preset} (${model.path.split("/").pop()}), ${layers.length} remote MoE layers, ${N_PREDICT} tokens per sequence, ${REPEAT} measured rounds per cell (median; range: min-max), one thread per context, each context's sequences in lockstep (one decode per step)`,
+          `${preset} (${model.path.split("/").pop()}), ${layers.length} remote MoE layers, ${N_PREDICT} tokens per sequence, ${REPEAT} measured rounds per cell (median; range: min-max), threads: ${ONE_THREADS} for one, 1 per context for two; each context's sequences in lockstep (one decode per step)`,
           "RTT: a userspace delay proxy between the bridge and the hub (placement, relay); workers on loopback to the hub",
           "vsOne: median over rounds of this mode's tok/s over mode one's in the same round; roundTripsPerToken: bridge requests / (remote layers x generated tokens), 1/N is one frame per step for N sequences",
           "identical: every sequence's tokens equal mode one's first run",
