@@ -22,6 +22,8 @@ export interface ServerGroupOptions {
   nPredict: number;
   /** The draft model (needed by variant "draft" only). */
   draft: { path: string | undefined; max: number };
+  /** How long a llama-server may take to load (default 120 s). */
+  readyTimeoutMs?: number;
   /** The plugin's environment and flags, or undefined for plain llama-server. */
   plugin?: { env: NodeJS.ProcessEnv; override: string };
 }
@@ -56,7 +58,10 @@ export async function startServerGroup(o: ServerGroupOptions): Promise<ServerGro
   };
   try {
     for (let i = 0; i < count; i++) {
-      servers.push(await startLlamaServer(o.bin, args, o.plugin ? { env: o.plugin.env } : {}));
+      const ready = o.readyTimeoutMs !== undefined ? { timeoutMs: o.readyTimeoutMs } : {};
+      servers.push(
+        await startLlamaServer(o.bin, args, { ...ready, ...(o.plugin ? { env: o.plugin.env } : {}) }),
+      );
     }
   } catch (error) {
     await close();

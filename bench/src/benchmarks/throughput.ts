@@ -129,7 +129,18 @@ async function startGroups(
   const groups: Array<[Variant, ServerGroup]> = [];
   try {
     for (const variant of variantsAt(c)) {
-      const options = { ...s, variant, clients: c, nPredict: N_PREDICT, ...(plugin ? { plugin } : {}) };
+      // without mmap llama-server still reads the shape preset's 6.1 GB through the plugin's buffer
+      // (it keeps none of the experts): over 120 s on this loaded machine once the slices have
+      // pushed the file out of the page cache
+      const ready = SHAPE ? { readyTimeoutMs: 1_200_000 } : {};
+      const options = {
+        ...s,
+        variant,
+        clients: c,
+        nPredict: N_PREDICT,
+        ...ready,
+        ...(plugin ? { plugin } : {}),
+      };
       groups.push([variant, await startServerGroup(options)]);
     }
     return groups;
