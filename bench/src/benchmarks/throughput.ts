@@ -288,8 +288,11 @@ async function cells(
 ): Promise<number> {
   const plain = new Map<number, Map<Variant, Run[]>>();
   for (const c of CONCURRENCY) {
-    plain.set(c, await measurePlain(s, c));
-    process.stderr.write(`throughput: plain C=${c} done\n`);
+    const cell = await measurePlain(s, c);
+    plain.set(c, cell);
+    // the figures now: a failure in the swarm's cells later must not lose them
+    const tokS = [...cell].map(([v, runs]) => `${v} ${median(runs.map((r) => r.tokS)).toFixed(1)}`);
+    process.stderr.write(`throughput: plain C=${c} tok/s ${tokS.join(", ")}\n`);
   }
   const { layers, hubPort } = await startSwarm(s.model, MODEL_ID, s.dir, workers, closers);
   // the bridge's liveness deadline adapts down to 250 ms: on a loaded machine a worker can miss
