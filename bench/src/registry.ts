@@ -10,6 +10,7 @@ import { relay } from "./benchmarks/relay.js";
 import { roundtrip } from "./benchmarks/roundtrip.js";
 import { slice } from "./benchmarks/slice.js";
 import { throughput } from "./benchmarks/throughput.js";
+import { throughputContexts } from "./benchmarks/throughput-contexts.js";
 import type { Benchmark } from "./harness.js";
 
 // Every named benchmark, in the order `pnpm bench` runs them. Add new ones here.
@@ -26,4 +27,6 @@ export const benchmarks: Benchmark[] = [
   expertShard,
   decode,
   throughput,
+  // last: createSwarmLlama must be the process's first getLlama (the plugin loads with the backends)
+  throughputContexts,
 ];

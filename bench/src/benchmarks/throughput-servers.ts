@@ -20,7 +20,10 @@ export interface ServerGroupOptions {
   variant: Variant;
   clients: number;
   nPredict: number;
-  draft: { path: string; max: number };
+  /** The draft model (needed by variant "draft" only). */
+  draft: { path: string | undefined; max: number };
+  /** How long a llama-server may take to load (default 120 s). */
+  readyTimeoutMs?: number;
   /** The plugin's environment and flags, or undefined for plain llama-server. */
   plugin?: { env: NodeJS.ProcessEnv; override: string };
 }
@@ -45,6 +48,7 @@ export async function startServerGroup(o: ServerGroupOptions): Promise<ServerGro
   ];
   args.push("--metrics", "-fit", "off", "-kvu");
   if (o.variant === "draft") {
+    if (o.draft.path === undefined) throw new Error("variant draft: this model has no draft model");
     args.push("-md", o.draft.path, "--spec-type", "draft-simple", "--spec-draft-n-max", String(o.draft.max));
   }
   if (o.plugin) args.push("-ot", o.plugin.override, "--load-mode", "none");
@@ -54,7 +58,10 @@ export async function startServerGroup(o: ServerGroupOptions): Promise<ServerGro
   };
   try {
     for (let i = 0; i < count; i++) {
-      servers.push(await startLlamaServer(o.bin, args, o.plugin ? { env: o.plugin.env } : {}));
+      const ready = o.readyTimeoutMs !== undefined ? { timeoutMs: o.readyTimeoutMs } : {};
+      servers.push(
+        await startLlamaServer(o.bin, args, { ...ready, ...(o.plugin ? { env: o.plugin.env } : {}) }),
+      );
     }
   } catch (error) {
     await close();

@@ -11,25 +11,20 @@
 // the wire per token (activations as q8_0/q8_K where exact, as the dispatcher sends them;
 // MOESWARM_BENCH_WIRE_DTYPE=f32 sends f32 for comparison), and whether the swarm's texts equal
 // plain's (temperature 0).
-// MOESWARM_BENCH_SHORT=1: the small model, fewer cells and tokens; MOESWARM_BENCH_TP_VARIANTS
+// MOESWARM_BENCH_SHORT=1: the small model, fewer cells and tokens; MOESWARM_BENCH_TP_MODEL=shape: the
+// shape-true qwen35moe (variant none, C=1/4/16, RTT 0/10, 32 tokens, 2 repeats unless asked);
+// MOESWARM_BENCH_TP_CLIENTS and MOESWARM_BENCH_TP_RTTS (comma lists), MOESWARM_BENCH_TP_TOKENS,
+// MOESWARM_BENCH_TP_VARIANTS
 // (default none,draft,overlap), MOESWARM_BENCH_REPEAT (default 3) and MOESWARM_BENCH_DRAFT_MAX
 // (default 8, the dispatcher's) choose the rest. Flags as the dispatcher prints them (-kvu,
 // --load-mode none, the draft's), one thread per llama-server.
 import { execFileSync } from "node:child_process";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
-import { dirname, join } from "node:path";
-import { fileURLToPath } from "node:url";
+import { join } from "node:path";
 import { createLocalFallback, type LocalFallback, pluginPath, serveBackboneBridge } from "@moeswarm/backbone";
-import { isQuantizedActivationDtype } from "@moeswarm/core";
-import { createHub, mintToken } from "@moeswarm/hub";
-import { connectRelay } from "@moeswarm/relay-client";
-import { ensureSyntheticModel, findExpertTensors, readGguf, sliceExperts } from "@moeswarm/shard";
-import {
-  loadActivationQuantizer,
-  spawnLlamaExpertWorker,
-  type WorkerProcessCompute,
-} from "@moeswarm/worker-native";
+import { mintToken } from "@moeswarm/hub";
+import { loadActivationQuantizer, type WorkerProcessCompute } from "@moeswarm/worker-native";
 import { type Benchmark, median, type Row } from "../harness.js";
 import {
   drive,
@@ -40,98 +35,65 @@ import {
   VARIANTS,
   type Variant,
 } from "./throughput-servers.js";
+import {
+  type DelayProxy,
+  loadDelayProxy,
+  ROOT,
+  SECRET,
+  startSwarm,
+  type TpModel,
+  tpModel,
+  tpPreset,
+} from "./throughput-swarm.js";
 
-const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..");
-const CACHE_DIR = join(ROOT, ".cache", "models");
 const SHORT = process.env.MOESWARM_BENCH_SHORT === "1";
-const N_PREDICT = SHORT ? 16 : 48;
-const CONCURRENCY = [1, 4, 16];
-const RTT_MS = SHORT ? [0, 10, 30] : [0, 0.5, 10, 30];
-const REPEAT = Math.max(1, Number(process.env.MOESWARM_BENCH_REPEAT ?? 3));
+const PRESET = tpPreset();
+const SHAPE = PRESET === "shape";
+const N_PREDICT = Number(process.env.MOESWARM_BENCH_TP_TOKENS ?? (SHORT ? 16 : SHAPE ? 32 : 48));
+const CONCURRENCY = numberList("MOESWARM_BENCH_TP_CLIENTS", [1, 4, 16]);
+const RTT_MS = numberList("MOESWARM_BENCH_TP_RTTS", SHORT ? [0, 10, 30] : SHAPE ? [0, 10] : [0, 0.5, 10, 30]);
+const REPEAT = Math.max(1, Number(process.env.MOESWARM_BENCH_REPEAT ?? (SHAPE ? 2 : 3)));
 const DRAFT_MAX = Number(process.env.MOESWARM_BENCH_DRAFT_MAX ?? 8);
-const SECRET = "bench-throughput-secret-0123456789ab";
 const MODEL_ID = "bench-tp";
 const WIRE_F32 = process.env.MOESWARM_BENCH_WIRE_DTYPE === "f32";
 const OVERRIDE = "blk\\.\\d+\\.ffn_(gate|up|down|gate_up)_exps\\..*=MOESWARM";
 
-type DelayProxy = (o: { target: string; rttMs: number }) => Promise<{ url: string; close(): Promise<void> }>;
+/** A comma-separated list of numbers from the environment, or the default. */
+function numberList(name: string, fallback: number[]): number[] {
+  const v = process.env[name];
+  if (v === undefined || v === "") return fallback;
+  const xs = v.split(",").map(Number);
+  if (xs.some((x) => !Number.isFinite(x) || x < 0))
+    throw new Error(`${name}: expected numbers like 1,4,16, got ${v}`);
+  return xs;
+}
 
 function variants(): Variant[] {
-  const asked = (process.env.MOESWARM_BENCH_TP_VARIANTS ?? VARIANTS.join(",")).split(",");
+  // the shape preset has no draft model, and its cells take minutes: "none" unless asked
+  const fallback = SHAPE ? ["none"] : VARIANTS;
+  const asked = (process.env.MOESWARM_BENCH_TP_VARIANTS ?? fallback.join(",")).split(",");
   for (const v of asked) {
     if (!VARIANTS.includes(v as Variant)) throw new Error(`MOESWARM_BENCH_TP_VARIANTS: unknown ${v}`);
+    if (v === "draft" && SHAPE)
+      throw new Error("MOESWARM_BENCH_TP_VARIANTS: the shape preset has no draft model");
   }
   return asked as Variant[];
 }
 
-/** A worker process behind the hub's relay, answering the dispatches it is sent. */
-function relayWorker(relayUrl: string, id: string, compute: WorkerProcessCompute) {
-  return connectRelay(relayUrl, {
-    role: "worker",
-    id,
-    token: mintToken({ role: "worker", id, ttlS: 3600 }, SECRET),
-    reconnect: false,
-    onDispatch: async (d) => ({
-      y: await compute.run(
-        {
-          layer: d.layer,
-          // q8_0/q8_K rows as they came (the worker's core takes them), else f32
-          ...(isQuantizedActivationDtype(d.dtype)
-            ? { x: d.x as Uint8Array, xType: d.dtype }
-            : { x: d.activations() }),
-          ids: d.ids,
-          k: d.k,
-          ...(d.w ? { w: d.w } : {}),
-          mode: d.mode,
-        },
-        { signal: d.signal },
-      ),
-    }),
-  });
-}
-
-/** Everything the cells share: llama-server, the models, the hub with its two workers, the fallback. */
+/** Everything the cells share: llama-server, the models, the scratch directory. */
 interface Setup {
   bin: string;
   model: string;
-  draft: { path: string; max: number };
-  layers: number[];
-  hubPort: string;
-  fallback: LocalFallback;
+  draft: { path: string | undefined; max: number };
   dir: string;
   startDelayProxy: DelayProxy;
 }
 
-async function startSwarm(
-  model: string,
-  dir: string,
-  workers: WorkerProcessCompute[],
-  closers: Array<() => Promise<unknown>>,
-): Promise<{ layers: number[]; hubPort: string }> {
-  const layout = findExpertTensors(await readGguf(model));
-  const layers = layout.layers.map((l) => l.layer);
-  const nExpert = layout.layers[0]!.nExpert;
-  const hub = createHub({
-    secret: SECRET,
-    models: [{ id: MODEL_ID, path: model }],
-    requireLeases: false,
-    replicas: 1,
-    trustReports: true,
-  });
-  closers.push(() => hub.close());
-  const listener = await hub.listen(0);
-  for (let w = 0; w < 2; w++) {
-    const experts = [...Array(nExpert / 2).keys()].map((i) => i + (w * nExpert) / 2);
-    const path = join(dir, `w${w}.gguf`);
-    await using slice = await sliceExperts(model, { layers, experts });
-    await slice.write(path);
-    const worker = await spawnLlamaExpertWorker(path, { threads: 1 });
-    workers.push(worker);
-    const c = await relayWorker(listener.relayUrl, `w${w}`, worker);
-    closers.push(() => c.close());
-    c.register({ model: MODEL_ID, layers, experts });
-  }
-  return { layers, hubPort: new URL(listener.url).port };
+/** The swarm side, started once the plain cells are done: the hub with its two workers, the fallback. */
+interface SwarmSetup {
+  layers: number[];
+  hubPort: string;
+  fallback: LocalFallback;
 }
 
 /** The variants that apply at concurrency C ("none" first: the others are compared with it). */
@@ -170,7 +132,18 @@ async function startGroups(
   const groups: Array<[Variant, ServerGroup]> = [];
   try {
     for (const variant of variantsAt(c)) {
-      const options = { ...s, variant, clients: c, nPredict: N_PREDICT, ...(plugin ? { plugin } : {}) };
+      // without mmap llama-server still reads the shape preset's 6.1 GB through the plugin's buffer
+      // (it keeps none of the experts): over 120 s on this loaded machine once the slices have
+      // pushed the file out of the page cache
+      const ready = SHAPE ? { readyTimeoutMs: 1_200_000 } : {};
+      const options = {
+        ...s,
+        variant,
+        clients: c,
+        nPredict: N_PREDICT,
+        ...ready,
+        ...(plugin ? { plugin } : {}),
+      };
       groups.push([variant, await startServerGroup(options)]);
     }
     return groups;
@@ -205,8 +178,13 @@ interface SwarmCell {
 }
 
 /** The same with the plugin, one bridge for all, behind a delay proxy of `rtt` ms to the hub. */
-async function measureSwarm(s: Setup, c: number, rtt: number): Promise<Map<Variant, SwarmCell>> {
-  const proxy = await s.startDelayProxy({ target: `127.0.0.1:${s.hubPort}`, rttMs: rtt });
+async function measureSwarm(
+  s: Setup,
+  w: SwarmSetup,
+  c: number,
+  rtt: number,
+): Promise<Map<Variant, SwarmCell>> {
+  const proxy = await s.startDelayProxy({ target: `127.0.0.1:${w.hubPort}`, rttMs: rtt });
   const bridge = await serveBackboneBridge({
     socket: join(s.dir, `b-${c}-${rtt}.sock`),
     hub: {
@@ -216,7 +194,7 @@ async function measureSwarm(s: Setup, c: number, rtt: number): Promise<Map<Varia
       statsIntervalMs: 0,
     },
     trust: "own",
-    fallback: s.fallback.compute,
+    fallback: w.fallback.compute,
     // activations as q8 where exact (the dispatcher's default); MOESWARM_BENCH_WIRE_DTYPE=f32 compares
     ...(WIRE_F32 ? {} : { wire: await loadActivationQuantizer(s.model) }),
   }).catch(async (error) => {
@@ -303,13 +281,37 @@ function row(
   };
 }
 
-async function cells(s: Setup, rows: Row[], ratios: Record<string, number>): Promise<void> {
+/**
+ * Plain llama-server at every C first, then the swarm (hub, workers, fallback) and its cells: the
+ * plain servers and the workers never hold their models at the same time (the shape preset's
+ * 6.1 GB file, and its two 3 GB slices).
+ */
+async function cells(
+  s: Setup,
+  rows: Row[],
+  ratios: Record<string, number>,
+  closers: Array<() => Promise<unknown>>,
+  workers: WorkerProcessCompute[],
+): Promise<number> {
+  const plain = new Map<number, Map<Variant, Run[]>>();
   for (const c of CONCURRENCY) {
-    const plain = await measurePlain(s, c);
+    const cell = await measurePlain(s, c);
+    plain.set(c, cell);
+    // the figures now: a failure in the swarm's cells later must not lose them
+    const tokS = [...cell].map(([v, runs]) => `${v} ${median(runs.map((r) => r.tokS)).toFixed(1)}`);
+    process.stderr.write(`throughput: plain C=${c} tok/s ${tokS.join(", ")}\n`);
+  }
+  const { layers, hubPort } = await startSwarm(s.model, MODEL_ID, s.dir, workers, closers);
+  // the bridge's liveness deadline adapts down to 250 ms: on a loaded machine a worker can miss
+  // it, and the fallback answers instead (counted in the table) rather than failing the request
+  const fallback = await createLocalFallback(s.model, { threads: 1 });
+  closers.push(() => fallback.close());
+  const w: SwarmSetup = { layers, hubPort, fallback };
+  for (const c of CONCURRENCY) {
     for (const rtt of RTT_MS) {
-      const swarm = await measureSwarm(s, c, rtt);
+      const swarm = await measureSwarm(s, w, c, rtt);
       for (const [variant, cell] of swarm) {
-        const r = row(variant, c, rtt, plain.get(variant)!, cell, s.layers.length, swarm.get("none"));
+        const r = row(variant, c, rtt, plain.get(c)!.get(variant)!, cell, layers.length, swarm.get("none"));
         rows.push(r);
         process.stderr.write(`throughput: ${JSON.stringify(r)}\n`);
         ratios[`${variant} swarm/plain C=${c} RTT=${rtt}ms`] = r.ratio as number;
@@ -318,12 +320,30 @@ async function cells(s: Setup, rows: Row[], ratios: Record<string, number>): Pro
       }
     }
   }
+  batchGain(rows, ratios);
+  return layers.length;
 }
+
+/** The goal's figure: aggregate swarm tok/s at the largest C over C = 1, per RTT (variant none). */
+function batchGain(rows: Row[], ratios: Record<string, number>): void {
+  const most = Math.max(...CONCURRENCY);
+  if (most <= 1 || !CONCURRENCY.includes(1)) return;
+  for (const rtt of RTT_MS) {
+    const at = (c: number) => rows.find((r) => r.variant === "none" && r.clients === c && r.rttMs === rtt);
+    const one = at(1);
+    const many = at(most);
+    if (one && many) {
+      ratios[`none swarm C=${most}/C=1 RTT=${rtt}ms`] =
+        (many.swarmTokS as number) / (one.swarmTokS as number);
+    }
+  }
+}
+
+const DESCRIPTION_MODEL = SHAPE ? "shape-true qwen35moe" : "synthetic qwen3moe";
 
 export const throughput: Benchmark = {
   name: "throughput",
-  description:
-    "llama-server, C concurrent clients x RTT to the hub: plain vs plugin + bridge + hub + 2 llama-cpu workers (qwen3moe, all MoE layers remote), without and with speculation (draft model) and overlap (2 servers)",
+  description: `llama-server, C concurrent clients x RTT to the hub: plain vs plugin + bridge + hub + 2 llama-cpu workers (${DESCRIPTION_MODEL}, all MoE layers remote), without and with speculation (draft model) and overlap (2 servers); MOESWARM_BENCH_TP_MODEL=shape for the shape-true layers`,
   async run() {
     const out = execFileSync(
       process.execPath,
@@ -331,40 +351,30 @@ export const throughput: Benchmark = {
       { stdio: ["ignore", "pipe", "inherit"], encoding: "utf8" },
     );
     const bin = (JSON.parse(out.trim().split("\n").pop()!) as { bin: string }).bin;
-    const { startDelayProxy } = (await import(join(ROOT, "tools/delay-proxy.mjs"))) as {
-      startDelayProxy: DelayProxy;
-    };
-    const preset = SHORT ? "small" : "medium";
-    const model = await ensureSyntheticModel(preset, { cacheDir: CACHE_DIR });
-    const draft = await ensureSyntheticModel(`${preset}-draft`, { cacheDir: CACHE_DIR });
+    const startDelayProxy = await loadDelayProxy();
+    const model: TpModel = await tpModel(PRESET, variants().includes("draft"));
     const dir = await mkdtemp(join(tmpdir(), "mswb-tp-"));
     const workers: WorkerProcessCompute[] = [];
     const closers: Array<() => Promise<unknown>> = [];
     const rows: Row[] = [];
     const ratios: Record<string, number> = {};
     try {
-      const { layers, hubPort } = await startSwarm(model.path, dir, workers, closers);
-      // the bridge's liveness deadline adapts down to 250 ms: on a loaded machine a worker can miss
-      // it, and the fallback answers instead (counted in the table) rather than failing the request
-      const fallback = await createLocalFallback(model.path, { threads: 1 });
-      closers.push(() => fallback.close());
       const setup: Setup = {
         bin,
         model: model.path,
-        draft: { path: draft.path, max: DRAFT_MAX },
-        layers,
-        hubPort,
-        fallback,
+        draft: { path: model.draftPath, max: DRAFT_MAX },
         dir,
         startDelayProxy,
       };
-      await cells(setup, rows, ratios);
+      const nLayers = await cells(setup, rows, ratios, closers, workers);
+      const draftNote = model.draftPath ? ` (draft: ${PRESET}-draft, --spec-draft-n-max ${DRAFT_MAX})` : "";
       return {
         rows,
         ratios,
         notes: [
-          `${preset} synthetic qwen3moe (draft: ${preset}-draft, --spec-draft-n-max ${DRAFT_MAX}), ${layers.length} remote MoE layers, ${N_PREDICT} tokens per client, ${REPEAT} measured runs per cell (median; swarmRange: min-max), llama-server -t 1 -kvu`,
+          `${PRESET} ${DESCRIPTION_MODEL}${draftNote}, ${nLayers} remote MoE layers, ${N_PREDICT} tokens per client, ${REPEAT} measured runs per cell (median; swarmRange: min-max), llama-server -t 1 -kvu`,
           "RTT: a userspace delay proxy between the bridge and the hub (placement, relay); workers on loopback to the hub",
+          "plain cells are measured first, then the swarm's (so plain and swarm are not paired round by round; the variants are)",
           "variants run interleaved, round by round, under the same load; ratio: swarm/plain of the same variant; vsNone: median over rounds of swarm tok/s over variant none's swarm tok/s in the same round (same C and RTT)",
           "roundTripsPerToken: bridge requests / (remote layers x generated tokens); framesPerLayerStep: per llama_decode; acceptance: accepted / drafted tokens",
           "identical: swarm texts = plain's of the same variant; plainRepeatable: plain's repeats agree (llama-server batches by arrival time, so at C > 1 neither is guaranteed; the llama-server test checks identity at fixed batches)",
