@@ -1,4 +1,10 @@
-import { InvalidArgumentError, type RegisterFrame, registerFrame } from "@moeswarm/core";
+import {
+  InvalidArgumentError,
+  isQuantizedActivationDtype,
+  quantizedActivationBytes,
+  type RegisterFrame,
+  registerFrame,
+} from "@moeswarm/core";
 import { type Backoff, normalizeBackoff } from "./backoff.js";
 import type {
   ConnectRelayOptions,
@@ -123,11 +129,22 @@ export function checkRequest(req: DispatchRequest): void {
   int("embd", req.embd, 1, 65536);
   int("k", req.k, 1, 256);
   const dtype = req.dtype ?? "f32";
-  if (dtype !== "f32" && dtype !== "f16" && dtype !== "bf16")
-    throw new InvalidArgumentError("dispatch.dtype must be f32, f16 or bf16");
   if (req.mode !== "each" && req.mode !== "sum")
     throw new InvalidArgumentError('dispatch.mode must be "each" or "sum"');
-  if (!(req.x instanceof Float32Array || req.x instanceof Uint16Array) || req.x.length !== req.n * req.embd) {
+  if (isQuantizedActivationDtype(dtype)) {
+    // ggml block rows (dispatch's quantizingTransport): x is their bytes
+    const bytes = quantizedActivationBytes(dtype, req.n, req.embd);
+    if (!(req.x instanceof Uint8Array) || bytes === 0 || req.x.byteLength !== bytes) {
+      throw new InvalidArgumentError(
+        `dispatch.x must be a Uint8Array of n rows of embd values as ${dtype} blocks (embd a multiple of the block)`,
+      );
+    }
+  } else if (dtype !== "f32" && dtype !== "f16" && dtype !== "bf16") {
+    throw new InvalidArgumentError("dispatch.dtype must be f32, f16, bf16, q8_0 or q8_K");
+  } else if (
+    !(req.x instanceof Float32Array || req.x instanceof Uint16Array) ||
+    req.x.length !== req.n * req.embd
+  ) {
     throw new InvalidArgumentError(
       "dispatch.x must be a Float32Array (or Uint16Array of half bits) of n*embd values",
     );

@@ -156,6 +156,28 @@ describe("connectRelay", () => {
     expect(() => conn.register({ model: "m", layers: [0], experts: [3, 1] })).toThrow(InvalidArgumentError);
   });
 
+  it("sends q8_0 rows (dispatch's quantizingTransport) as their bytes, and refuses rows of the wrong size", async () => {
+    relay = await FakeRelay.start();
+    const conn = await connect();
+    relay.hold = true;
+    // 2 rows of 32 values: one q8_0 block (34 bytes) each
+    const x = Uint8Array.from({ length: 68 }, (_, i) => (i * 7) & 0xff);
+    const q8 = { ...request(2, 32), dtype: "q8_0" as const, x };
+    const controller = new AbortController();
+    const pending = conn.request("w", q8, { signal: controller.signal }).catch(() => "aborted");
+    await waitFor(() => relay.held.length === 1, "the dispatch");
+    const sent = relay.framesOf("dispatch")[0] as unknown as { dtype: string; x: Uint8Array };
+    expect(sent.dtype).toBe("q8_0");
+    expect([...sent.x]).toEqual([...x]);
+    controller.abort();
+    expect(await pending).toBe("aborted");
+    await expect(conn.request("w", { ...q8, x: x.subarray(1) })).rejects.toThrow(InvalidArgumentError);
+    await expect(conn.request("w", { ...q8, embd: 33 })).rejects.toThrow(InvalidArgumentError);
+    await expect(conn.request("w", { ...q8, x: new Float32Array(64) as never })).rejects.toThrow(
+      InvalidArgumentError,
+    );
+  });
+
   it("times out, aborts and cleans up; late answers are dropped", async () => {
     relay = await FakeRelay.start();
     const conn = await connect();
