@@ -1,6 +1,11 @@
 import type { CodeOf } from "./errors.js";
 import { InvalidArgumentError, ProtocolError } from "./errors.js";
-import { DEFAULT_MAX_FRAME_BYTES, type FrameType } from "./frames.js";
+import {
+  DEFAULT_MAX_FRAME_BYTES,
+  type FrameType,
+  type QuantizedActivationDtype,
+  quantizedActivationBytes,
+} from "./frames.js";
 
 // What decoding and validation share: how a check fails, the option checks, cross-field rules.
 
@@ -117,4 +122,17 @@ export function checkStrValue(
       `${JSON.stringify(s.slice(0, 80))} does not match ${rule.pattern}`,
     );
   }
+}
+
+/** Bytes of a dispatch's q8_0 / q8_K rows (`x`), failing when embd is not a whole number of blocks. */
+export function quantizedXBytes(
+  dtype: QuantizedActivationDtype,
+  n: number,
+  embd: number,
+  ctx: Checker,
+): number {
+  const bytes = quantizedActivationBytes(dtype, n, embd);
+  if (bytes === 0)
+    ctx.fail("MOESWARM_PROTOCOL_BAD_LENGTH", "x", `embd ${embd} is not a whole number of ${dtype} blocks`);
+  return bytes;
 }

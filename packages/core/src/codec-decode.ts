@@ -4,6 +4,7 @@ import {
   checkMaxExpert,
   checkMaxFrameBytes,
   checkStrValue,
+  quantizedXBytes,
 } from "./codec-checks.js";
 import { InvalidArgumentError, ProtocolError } from "./errors.js";
 import {
@@ -15,7 +16,6 @@ import {
   isFrameType,
   isQuantizedActivationDtype,
   PROTOCOL_VERSION,
-  quantizedActivationBytes,
 } from "./frames.js";
 import { KIND_NAMES, Kind, MsgpackReader, readUtf8 } from "./msgpack-read.js";
 import { typedArrayFromBytes } from "./tensor.js";
@@ -436,13 +436,7 @@ function decodeTensors(
     const embd = o.embd as number;
     if (isQuantizedActivationDtype(o.dtype)) {
       // ggml block rows: x stays bytes
-      const bytes = quantizedActivationBytes(o.dtype, n, embd);
-      if (bytes === 0)
-        ctx.fail(
-          "MOESWARM_PROTOCOL_BAD_LENGTH",
-          "x",
-          `embd ${embd} is not a whole number of ${o.dtype} blocks`,
-        );
+      const bytes = quantizedXBytes(o.dtype, n, embd, ctx);
       lengthIs(o, "x", bytes, `n rows of embd values as ${o.dtype} blocks`, ctx);
       if (!raw && copy) o.x = (o.x as Uint8Array).slice();
     } else {

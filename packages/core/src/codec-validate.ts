@@ -5,6 +5,7 @@ import {
   checkMaxExpert,
   checkStrValue,
   LONE_SURROGATE,
+  quantizedXBytes,
 } from "./codec-checks.js";
 import { InvalidArgumentError } from "./errors.js";
 import {
@@ -16,7 +17,6 @@ import {
   isFrameType,
   isQuantizedActivationDtype,
   PROTOCOL_VERSION,
-  quantizedActivationBytes,
 } from "./frames.js";
 
 // ---- validation of frames built in memory ------------------------------------------------------
@@ -118,13 +118,7 @@ function checkTensorTypes(t: FrameType, o: Record<string, unknown>, ctx: Checker
     const k = o.k as number;
     const embd = o.embd as number;
     if (isQuantizedActivationDtype(o.dtype)) {
-      const bytes = quantizedActivationBytes(o.dtype, n, embd);
-      if (bytes === 0)
-        ctx.fail(
-          "MOESWARM_PROTOCOL_BAD_LENGTH",
-          "x",
-          `embd ${embd} is not a whole number of ${o.dtype} blocks`,
-        );
+      const bytes = quantizedXBytes(o.dtype, n, embd, ctx);
       elementsAre(o, "x", Uint8Array, bytes, `n rows of embd values as ${o.dtype} blocks`, ctx);
     } else {
       elementsAre(o, "x", o.dtype === "f32" ? Float32Array : Uint16Array, n * embd, "n*embd", ctx);
