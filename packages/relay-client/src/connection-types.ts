@@ -162,6 +162,11 @@ export interface ConnectRelayOptions {
   onDrain?: (reason: string | undefined) => void;
   /** The frame transport (default: WebSocket). */
   dial?: FrameDialer;
+  /**
+   * What the peer is called in this connection's errors (default "the relay"): a backbone's
+   * direct link names the worker it dialed, so a silent worker is not reported as a dead relay.
+   */
+  peerName?: string;
 }
 
 export interface RelayConnection extends AsyncDisposable {

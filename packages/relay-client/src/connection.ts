@@ -79,11 +79,16 @@ class Connection implements RelayConnection {
       send: (link, frame) => this.#send(link, frame),
       link: () => this.#link,
     });
-    this.#heartbeat = new Heartbeat(s.heartbeatMs, s.deadPeerMs, {
-      live: () => this.#link !== undefined && this.#state === "connected",
-      ping: (seq, ts) => this.#send(this.#link, { t: "ping", v: PROTOCOL_VERSION, seq, ts }),
-      dead: (error) => this.#dropLink(this.#link as FrameLink, error),
-    });
+    this.#heartbeat = new Heartbeat(
+      s.heartbeatMs,
+      s.deadPeerMs,
+      {
+        live: () => this.#link !== undefined && this.#state === "connected",
+        ping: (seq, ts) => this.#send(this.#link, { t: "ping", v: PROTOCOL_VERSION, seq, ts }),
+        dead: (error) => this.#dropLink(this.#link as FrameLink, error),
+      },
+      s.peerName,
+    );
   }
 
   get role(): Role {

@@ -201,6 +201,8 @@ export class DirectTransport implements ExpertTransport {
           id: o.id,
           token: () => o.ticket(worker, this.#life.signal),
           dial: (u, d) => dial(u, { ...d, pin }),
+          // its errors name the worker and the link, not the relay (which may be fine)
+          peerName: `worker ${worker} on its direct link ${url}`,
           reconnect: false,
           signal: this.#life.signal,
           connectTimeoutMs: o.connectTimeoutMs ?? 5000,

@@ -7,29 +7,36 @@ export interface HeartbeatHooks {
   live(): boolean;
   /** Sends a protocol `ping`. */
   ping(seq: number, ts: number): void;
-  /** The relay has been silent too long: drop the link. */
+  /** The peer has been silent too long: drop the link. */
   dead(error: TransportError): void;
 }
 
+/** What a relay connection's peer is called in its errors, unless the caller names it. */
+export const RELAY_PEER = "the relay";
+
 /**
  * Liveness of a connected link: a protocol `ping` every `heartbeatMs`, the round-trip time from
- * the matching `pong`, and a relay silent for `deadPeerMs` (no frame, not even part of one)
- * reported dead.
+ * the matching `pong`, and a peer silent for `deadPeerMs` (no frame, not even part of one)
+ * reported dead. The peer is the relay, or a worker a backbone dialed directly: `peer` names it in
+ * the error, so a dead direct link is not reported as a dead relay (the relay may be fine).
  */
 export class Heartbeat {
   readonly #heartbeatMs: number;
   readonly #deadPeerMs: number;
   readonly #hooks: HeartbeatHooks;
+  readonly #peer: string;
   #lastSeen = 0;
   #lastPing = 0;
   #seq = 0;
   #rttMs: number | undefined;
   #timer: ReturnType<typeof setInterval> | undefined;
 
-  constructor(heartbeatMs: number, deadPeerMs: number, hooks: HeartbeatHooks) {
+  /** `peer`: what the other end is called in the dead-peer error ("the relay", "worker w1 (direct link wss://…)"). */
+  constructor(heartbeatMs: number, deadPeerMs: number, hooks: HeartbeatHooks, peer: string = RELAY_PEER) {
     this.#heartbeatMs = heartbeatMs;
     this.#deadPeerMs = deadPeerMs;
     this.#hooks = hooks;
+    this.#peer = peer;
   }
 
   /** Round-trip time of the last answered ping, ms. */
@@ -37,7 +44,7 @@ export class Heartbeat {
     return this.#rttMs;
   }
 
-  /** Starts watching a link the relay just accepted. */
+  /** Starts watching a link the peer just accepted. */
   start(): void {
     const t = now();
     this.#lastSeen = t;
@@ -53,7 +60,7 @@ export class Heartbeat {
     this.#timer = undefined;
   }
 
-  /** The relay showed it is alive (a frame, or bytes of one). */
+  /** The peer showed it is alive (a frame, or bytes of one). */
   seen(): void {
     this.#lastSeen = now();
   }
@@ -70,7 +77,14 @@ export class Heartbeat {
       this.#hooks.dead(
         new TransportError(
           "MOESWARM_TRANSPORT_TIMEOUT",
-          `no frame from the relay for ${Math.round(t - this.#lastSeen)} ms (deadPeerMs ${this.#deadPeerMs})`,
+          `no frame from ${this.#peer} for ${Math.round(t - this.#lastSeen)} ms (deadPeerMs ${this.#deadPeerMs})`,
+          {
+            details: {
+              peer: this.#peer,
+              silentMs: Math.round(t - this.#lastSeen),
+              deadPeerMs: this.#deadPeerMs,
+            },
+          },
         ),
       );
       return;

@@ -12,6 +12,7 @@ import type {
   DispatchRequest,
   RelayRegistration,
 } from "./connection-types.js";
+import { RELAY_PEER } from "./heartbeat.js";
 import { type DialOptions, dialWebSocket, type FrameDialer } from "./link.js";
 import { type Caps, DEFAULT_MAX_FRAME_BYTES, type Role } from "./wire.js";
 
@@ -35,6 +36,8 @@ export interface Settings {
   onDispatch: DispatchHandler | undefined;
   onDrain: ((reason: string | undefined) => void) | undefined;
   dial: FrameDialer;
+  /** What the peer is called in errors ("the relay" unless the caller named it). */
+  peerName: string;
 }
 
 /** `value` (or `fallback`) when it is a finite number >= `min`. */
@@ -69,6 +72,9 @@ export function settings(options: ConnectRelayOptions): Settings {
   if (deadPeerMs <= heartbeatMs)
     throw new InvalidArgumentError("deadPeerMs must be greater than heartbeatMs");
   const maxFrameBytes = atLeast("maxFrameBytes", options.maxFrameBytes, DEFAULT_MAX_FRAME_BYTES, 1024);
+  const peerName = options.peerName ?? RELAY_PEER;
+  if (typeof peerName !== "string" || peerName.length === 0 || peerName.length > 512)
+    throw new InvalidArgumentError("peerName must be a string of 1..512 characters");
   return {
     role: options.role,
     id: checkId("id", options.id),
@@ -94,6 +100,7 @@ export function settings(options: ConnectRelayOptions): Settings {
     onDispatch: options.onDispatch,
     onDrain: options.onDrain,
     dial: options.dial ?? dialWebSocket,
+    peerName,
   };
 }
 
