@@ -7,7 +7,7 @@ import { parseByteSize } from "@moeswarm/shard";
 import { BACKEND_CHOICES, isBackendChoice, probeCuda, probeVulkan } from "@moeswarm/worker-native";
 import cliProgress from "cli-progress";
 import { hostFacts, workerDefaults } from "./device-defaults.js";
-import { directSettings } from "./direct.js";
+import { DIRECT_MATCH_MINUTES, DIRECT_REPORT_MAX_MS, directSettings } from "./direct.js";
 import { enrolledToken } from "./enrol.js";
 import { formatBytes, formatWorkerEvent, type WorkerEvent } from "./events.js";
 import type { PowerOptions } from "./power.js";
@@ -63,6 +63,10 @@ downloads and verifies it, serves it through the hub's relay until SIGINT/SIGTER
   --tls-cert FILE      PEM certificate for --listen, with --tls-key (default: a self-signed one,
                        made with openssl; backbones pin its fingerprint, no CA needed)
   --tls-key FILE       its PEM private key
+  --direct-report SECONDS
+                       how often to tell the hub what was answered directly, for credits
+                       (with --listen; default 10, at most 600: the hub waits 15 minutes
+                       for the backbone's half)
   --json               one JSON object per line instead of text
   -h, --help           this text`;
 
@@ -166,6 +170,7 @@ const OPTIONS = {
   advertise: { type: "string", multiple: true },
   "tls-cert": { type: "string" },
   "tls-key": { type: "string" },
+  "direct-report": { type: "string" },
   json: { type: "boolean" },
   help: { type: "boolean", short: "h" },
 } as const;
@@ -277,17 +282,29 @@ async function directOptions(
   const certFile = str("tls-cert");
   const keyFile = str("tls-key");
   if (listen === undefined) {
-    if (advertise !== undefined || certFile !== undefined || keyFile !== undefined) {
-      throw usageError("--advertise, --tls-cert and --tls-key go with --listen HOST:PORT");
+    if (
+      advertise !== undefined ||
+      certFile !== undefined ||
+      keyFile !== undefined ||
+      str("direct-report") !== undefined
+    ) {
+      throw usageError("--advertise, --tls-cert, --tls-key and --direct-report go with --listen HOST:PORT");
     }
     return undefined;
   }
   if ((certFile === undefined) !== (keyFile === undefined)) {
     throw usageError("give both --tls-cert and --tls-key, or neither (a self-signed certificate is made)");
   }
+  const reportMs = seconds(str("direct-report"), "direct-report", 0.1);
+  if (reportMs !== undefined && reportMs > DIRECT_REPORT_MAX_MS) {
+    throw usageError(
+      `--direct-report must be at most ${DIRECT_REPORT_MAX_MS / 1000} seconds (the hub waits ${DIRECT_MATCH_MINUTES} minutes for the other half), got ${JSON.stringify(str("direct-report"))}`,
+    );
+  }
   const direct = {
     listen,
     ...(advertise !== undefined ? { advertise } : {}),
+    ...(reportMs !== undefined ? { reportMs } : {}),
     ...(certFile !== undefined ? { tlsCert: await readOption(certFile, "tls-cert") } : {}),
     ...(keyFile !== undefined ? { tlsKey: await readOption(keyFile, "tls-key") } : {}),
   };

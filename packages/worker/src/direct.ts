@@ -23,7 +23,7 @@ export interface DirectOptions {
   /** PEM certificate and key to serve (default: a self-signed pair made with openssl at start). */
   tlsCert?: string;
   tlsKey?: string;
-  /** How often to tell the hub what was answered directly, for credits (ms, default 10000). */
+  /** How often to tell the hub what was answered directly, for credits (ms, default 10000; 100..600000). */
   reportMs?: number;
 }
 
@@ -65,8 +65,10 @@ export function directSettings(o: DirectOptions | undefined): DirectSettings | u
     );
   }
   const reportMs = o.reportMs ?? DIRECT_REPORT_MS;
-  if (!Number.isFinite(reportMs) || reportMs <= 0) {
-    throw new InvalidArgumentError(`direct.reportMs must be > 0 ms, got ${o.reportMs}`);
+  if (typeof reportMs !== "number" || !(reportMs >= 100 && reportMs <= DIRECT_REPORT_MAX_MS)) {
+    throw new InvalidArgumentError(
+      `direct.reportMs must be 100..${DIRECT_REPORT_MAX_MS} ms (the hub waits ${DIRECT_MATCH_MINUTES} minutes for the backbone's half), got ${o.reportMs}`,
+    );
   }
   return {
     host: (m[1] as string).replace(/^\[|\]$/g, ""),
@@ -145,6 +147,13 @@ export async function publishDirect(
 
 /** How often the worker tells the hub what it answered directly (ms). */
 export const DIRECT_REPORT_MS = 10_000;
+/**
+ * How long the hub keeps one side's unmatched half (hub DIRECT_MATCH_WINDOW_MS; minutes): a report
+ * later than that finds the backbone's half gone, so the interval stays well inside it.
+ */
+export const DIRECT_MATCH_MINUTES = 15;
+/** The longest report interval: a report and a retry or two still fit in the hub's window (ms). */
+export const DIRECT_REPORT_MAX_MS = 600_000;
 
 /**
  * What this worker answered over direct links, per backbone and model, reported to the hub

@@ -3,10 +3,12 @@
 // sent with the next one, and nothing more sent to a hub without the route (404).
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
+import { tmpdir } from "node:os";
 import type { DirectServedJson } from "@moeswarm/core";
 import { HubClient } from "@moeswarm/relay-client";
 import { afterEach, describe, expect, it } from "vitest";
-import { DirectServedReport } from "../src/direct.js";
+import { runWorkerCli, workerOptions } from "../src/cli.js";
+import { DIRECT_REPORT_MS, DirectServedReport, directSettings } from "../src/direct.js";
 
 const servers: Server[] = [];
 afterEach(async () => {
@@ -75,5 +77,54 @@ describe("DirectServedReport", () => {
     r.add("bb", "m", Int32Array.from([0]));
     await r.flush(signal());
     expect(bodies).toHaveLength(1);
+  });
+});
+
+describe("moeswarm-worker --direct-report SECONDS", () => {
+  const base = { hub: "http://127.0.0.1:9", token: "t", "cache-dir": tmpdir(), listen: "127.0.0.1:0" };
+  const options = (values: Record<string, string>) => workerOptions({ ...base, ...values }, {});
+
+  it("sets the report interval, checked: seconds in 0.1..600, only with --listen", async () => {
+    expect((await options({ "direct-report": "2.5" })).direct?.reportMs).toBe(2500);
+    expect((await options({ "direct-report": "600" })).direct?.reportMs).toBe(600_000);
+    // not given: the default
+    expect((await options({})).direct?.reportMs).toBeUndefined();
+    expect(directSettings((await options({})).direct)?.reportMs).toBe(DIRECT_REPORT_MS);
+    for (const [bad, says] of [
+      ["0", "--direct-report must be a number of seconds >= 0.1"],
+      ["0.05", "--direct-report must be a number of seconds >= 0.1"],
+      ["-1", "--direct-report must be a number of seconds >= 0.1"],
+      ["ten", "--direct-report must be a number of seconds >= 0.1"],
+      ["601", "--direct-report must be at most 600 seconds"],
+    ] as const) {
+      await expect(options({ "direct-report": bad }), bad).rejects.toMatchObject({
+        code: "MOESWARM_INVALID_ARGUMENT",
+        message: expect.stringContaining(says),
+        details: { usage: true },
+      });
+    }
+    const { listen: _, ...noListen } = base;
+    await expect(workerOptions({ ...noListen, "direct-report": "5" }, {})).rejects.toMatchObject({
+      message: expect.stringContaining("--direct-report go with --listen"),
+    });
+    // the API option is checked the same way
+    for (const reportMs of [0, 99, 600_001, Number.NaN]) {
+      expect(() => directSettings({ listen: "127.0.0.1:0", reportMs }), String(reportMs)).toThrow(
+        expect.objectContaining({ code: "MOESWARM_INVALID_ARGUMENT" }),
+      );
+    }
+  });
+
+  it("is in --help", async () => {
+    let text = "";
+    const out = {
+      write(s: string) {
+        text += s;
+        return true;
+      },
+    };
+    const io = { stdout: out as never, stderr: out as never, env: {} };
+    expect(await runWorkerCli(["--help"], io, AbortSignal.abort())).toBe(0);
+    expect(text).toMatch(/--direct-report SECONDS\s+how often to tell the hub what was answered directly/);
   });
 });
