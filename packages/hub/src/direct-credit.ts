@@ -8,22 +8,28 @@
 // either side reported and the other did not (yet) waits, then lapses.
 import type { DirectServedJson } from "@moeswarm/core";
 import { badRequest } from "./http-errors.js";
+import type { DirectPendingRow, DirectSeqRow, DirectWrite } from "./store-direct.js";
 
 /** How long one side's unmatched count waits for the other side's (ms). */
 export const DIRECT_MATCH_WINDOW_MS = 15 * 60_000;
 /** Entries in one worker report. */
 export const MAX_SERVED_ENTRIES = 1024;
-/** Pairs with something pending; past this the stalest are dropped. */
-const MAX_PENDING = 100_000;
+/** Pairs with something pending; past this the stalest are dropped (counted as evicted). */
+export const MAX_PENDING = 100_000;
 
 interface Pending {
+  readonly backbone: string;
+  readonly worker: string;
+  readonly model: string;
   /** Expert-tokens the worker said it answered, not matched yet. */
-  worker: number;
+  workerCount: number;
   /** Expert-tokens the backbone said it accepted beyond the relay's forwards, not matched yet. */
-  backbone: number;
+  backboneCount: number;
   /** The last time either side reported (hub clock); untouched past the window, dropped. */
   at: number;
 }
+
+type Side = "worker" | "backbone";
 
 /** One pair's result of a worker report. */
 export interface DirectServedOutcome {
@@ -35,27 +41,71 @@ export interface DirectServedOutcome {
   refused: Array<{ backbone: string; model: string }>;
 }
 
+/** The unmatched halves now, per side (for /metrics). */
+export interface DirectPendingFigures {
+  /** Pairs (backbone, worker, model) with an unmatched count on this side. */
+  halves: Record<Side, number>;
+  /** Their expert-tokens. */
+  expertTokens: Record<Side, number>;
+  /** Age of the oldest (since the last report that touched its pair), ms; 0 when there is none. */
+  oldestMs: Record<Side, number>;
+  /** Expert-tokens dropped unmatched since this hub started: past the window, or past the bound. */
+  lapsed: Record<"expired" | "evicted", Record<Side, number>>;
+}
+
 export interface DirectCreditOptions {
   clock: () => number;
   /** Whether the hub minted `backbone` a ticket to `worker` (DirectKeys.ticketed). */
   ticketed(backbone: string, worker: string): boolean;
   windowMs?: number;
+  /** Pairs kept pending at most (default MAX_PENDING). */
+  maxPending?: number;
 }
 
 const key = (backbone: string, worker: string, model: string) => `${backbone}\0${worker}\0${model}`;
 
-/** Both sides' unmatched counts per backbone, worker and model; credits their minimum. */
+/**
+ * Both sides' unmatched counts per backbone, worker and model; credits their minimum. What changed
+ * is handed to the store by `takeChanges` (market-book.ts writes it before the credits).
+ */
 export class DirectCredit {
   readonly #o: DirectCreditOptions;
   readonly #windowMs: number;
+  readonly #max: number;
   /** Insertion order is last-touched order (re-inserted on every report). */
   readonly #pending = new Map<string, Pending>();
   /** The last seq taken per worker. */
   readonly #seq = new Map<string, number>();
+  /** Pairs changed (or dropped) since the last takeChanges, with their identity. */
+  #dirty = new Map<string, { backbone: string; worker: string; model: string }>();
+  #dirtySeq = new Map<string, number>();
+  readonly #lapsed = {
+    expired: { worker: 0, backbone: 0 },
+    evicted: { worker: 0, backbone: 0 },
+  };
 
   constructor(options: DirectCreditOptions) {
     this.#o = options;
     this.#windowMs = options.windowMs ?? DIRECT_MATCH_WINDOW_MS;
+    this.#max = options.maxPending ?? MAX_PENDING;
+  }
+
+  /** What the store kept (a restart): pending halves, oldest first, and the last seqs. */
+  load(state: { pending: readonly DirectPendingRow[]; seqs: readonly DirectSeqRow[] }): void {
+    for (const r of [...state.pending].sort((a, b) => a.at - b.at)) {
+      const k = key(r.backbone, r.worker, r.model);
+      this.#pending.delete(k);
+      this.#pending.set(k, {
+        backbone: r.backbone,
+        worker: r.worker,
+        model: r.model,
+        workerCount: r.workerExpertTokens,
+        backboneCount: r.backboneExpertTokens,
+        at: r.at,
+      });
+    }
+    for (const q of state.seqs) this.#seq.set(q.worker, Math.max(this.#seq.get(q.worker) ?? q.seq, q.seq));
+    this.#expire();
   }
 
   /**
@@ -64,7 +114,7 @@ export class DirectCredit {
    */
   fromBackbone(backbone: string, worker: string, model: string, expertTokens: number): number {
     if (!(expertTokens > 0) || !this.#o.ticketed(backbone, worker)) return 0;
-    return this.#add(key(backbone, worker, model), "backbone", expertTokens);
+    return this.#add(backbone, worker, model, "backbone", expertTokens);
   }
 
   /** The worker's half (its report, already parsed): what is credited now, per entry. */
@@ -72,6 +122,7 @@ export class DirectCredit {
     const last = this.#seq.get(worker);
     if (last !== undefined && report.seq <= last) return { accepted: false, credited: [], refused: [] };
     this.#seq.set(worker, report.seq);
+    this.#dirtySeq.set(worker, report.seq);
     const credited: DirectServedOutcome["credited"] = [];
     const refused: DirectServedOutcome["refused"] = [];
     for (const e of report.served) {
@@ -79,7 +130,7 @@ export class DirectCredit {
         refused.push({ backbone: e.backbone, model: e.model });
         continue;
       }
-      const n = this.#add(key(e.backbone, worker, e.model), "worker", e.expertTokens);
+      const n = this.#add(e.backbone, worker, e.model, "worker", e.expertTokens);
       credited.push({ backbone: e.backbone, model: e.model, expertTokens: n });
     }
     return { accepted: true, credited, refused };
@@ -89,29 +140,97 @@ export class DirectCredit {
   pending(backbone: string, worker: string, model: string): { worker: number; backbone: number } {
     this.#expire();
     const p = this.#pending.get(key(backbone, worker, model));
-    return { worker: p?.worker ?? 0, backbone: p?.backbone ?? 0 };
+    return { worker: p?.workerCount ?? 0, backbone: p?.backboneCount ?? 0 };
   }
 
-  #add(k: string, side: "worker" | "backbone", n: number): number {
+  /** The unmatched halves now, and what lapsed since start. */
+  figures(): DirectPendingFigures {
     this.#expire();
     const now = this.#o.clock();
-    const p = this.#pending.get(k) ?? { worker: 0, backbone: 0, at: now };
+    const f: DirectPendingFigures = {
+      halves: { worker: 0, backbone: 0 },
+      expertTokens: { worker: 0, backbone: 0 },
+      oldestMs: { worker: 0, backbone: 0 },
+      lapsed: { expired: { ...this.#lapsed.expired }, evicted: { ...this.#lapsed.evicted } },
+    };
+    // last-touched order: the first pair with a count on a side is that side's oldest
+    for (const p of this.#pending.values()) {
+      for (const [side, n] of [
+        ["worker", p.workerCount],
+        ["backbone", p.backboneCount],
+      ] as const) {
+        if (n === 0) continue;
+        if (f.halves[side] === 0) f.oldestMs[side] = Math.max(0, now - p.at);
+        f.halves[side]++;
+        f.expertTokens[side] += n;
+      }
+    }
+    return f;
+  }
+
+  /** What changed since the last call, for the store (undefined: nothing). */
+  takeChanges(): Pick<DirectWrite, "pending" | "seqs"> | undefined {
+    this.#expire();
+    if (this.#dirty.size === 0 && this.#dirtySeq.size === 0) return undefined;
+    const pending: DirectPendingRow[] = [];
+    for (const [k, id] of this.#dirty) {
+      const p = this.#pending.get(k);
+      pending.push({
+        ...id,
+        workerExpertTokens: p?.workerCount ?? 0,
+        backboneExpertTokens: p?.backboneCount ?? 0,
+        at: p?.at ?? 0,
+      });
+    }
+    const seqs = [...this.#dirtySeq].map(([worker, seq]) => ({ worker, seq }));
+    this.#dirty = new Map();
+    this.#dirtySeq = new Map();
+    return { pending, seqs };
+  }
+
+  /** A write of `takeChanges` failed: those pairs and seqs are written with the next one. */
+  restoreChanges(change: Pick<DirectWrite, "pending" | "seqs">): void {
+    for (const r of change.pending) {
+      const k = key(r.backbone, r.worker, r.model);
+      if (!this.#dirty.has(k)) this.#dirty.set(k, { backbone: r.backbone, worker: r.worker, model: r.model });
+    }
+    for (const q of change.seqs) {
+      if (!this.#dirtySeq.has(q.worker)) this.#dirtySeq.set(q.worker, q.seq);
+    }
+  }
+
+  #add(backbone: string, worker: string, model: string, side: Side, n: number): number {
+    this.#expire();
+    const k = key(backbone, worker, model);
+    const now = this.#o.clock();
+    const p = this.#pending.get(k) ?? { backbone, worker, model, workerCount: 0, backboneCount: 0, at: now };
     this.#pending.delete(k);
-    p[side] += n;
+    if (side === "worker") p.workerCount += n;
+    else p.backboneCount += n;
     p.at = now;
-    const matched = Math.min(p.worker, p.backbone);
-    p.worker -= matched;
-    p.backbone -= matched;
-    if (p.worker > 0 || p.backbone > 0) this.#pending.set(k, p);
-    if (this.#pending.size > MAX_PENDING) this.#pending.delete(this.#pending.keys().next().value as string);
+    const matched = Math.min(p.workerCount, p.backboneCount);
+    p.workerCount -= matched;
+    p.backboneCount -= matched;
+    if (p.workerCount > 0 || p.backboneCount > 0) this.#pending.set(k, p);
+    this.#dirty.set(k, { backbone, worker, model });
+    if (this.#pending.size > this.#max) this.#drop(this.#pending.keys().next().value as string, "evicted");
     return matched;
+  }
+
+  #drop(k: string, why: "expired" | "evicted"): void {
+    const p = this.#pending.get(k);
+    if (!p) return;
+    this.#pending.delete(k);
+    this.#lapsed[why].worker += p.workerCount;
+    this.#lapsed[why].backbone += p.backboneCount;
+    this.#dirty.set(k, { backbone: p.backbone, worker: p.worker, model: p.model });
   }
 
   #expire(): void {
     const cutoff = this.#o.clock() - this.#windowMs;
     for (const [k, p] of this.#pending) {
       if (p.at >= cutoff) break; // last-touched order: the rest are newer
-      this.#pending.delete(k);
+      this.#drop(k, "expired");
     }
   }
 }

@@ -4,6 +4,7 @@ import { generateKeyPairSync, type KeyObject } from "node:crypto";
 import type { DirectEndpointJson, DirectKeyJson, DirectTicketJson } from "@moeswarm/core";
 import { directKeyJson, signDirectTicket } from "@moeswarm/relay-client";
 import { badRequest } from "./http-errors.js";
+import type { DirectPairRow, DirectWrite } from "./store-direct.js";
 
 /** How long a ticket admits its backbone (it is asked again before every dial). */
 export const TICKET_TTL_MS = 5 * 60_000;
@@ -21,8 +22,14 @@ export class DirectKeys {
   readonly #privateKey: KeyObject;
   readonly #publicKey: KeyObject;
   readonly json: DirectKeyJson;
-  /** Backbone-worker pairs a ticket was minted for, oldest first (bounded). */
-  readonly #ticketed = new Set<string>();
+  /**
+   * Backbone-worker pairs a ticket was minted for, oldest first (bounded), with the time. Kept in
+   * the store (store-direct.ts): a direct link outlives the hub process that admitted it.
+   */
+  readonly #ticketed = new Map<string, DirectPairRow>();
+  /** Pairs minted, and forgotten, since the last takeChanges. */
+  #minted = new Map<string, DirectPairRow>();
+  #forgotten = new Map<string, { backbone: string; worker: string }>();
 
   constructor() {
     const { privateKey, publicKey } = generateKeyPairSync("ed25519");
@@ -42,11 +49,7 @@ export class DirectKeys {
 
   /** A ticket admitting backbone `backbone` (principal `owner`) to `worker`. */
   mint(backbone: string, owner: string | undefined, worker: string, now = Date.now()): DirectTicketJson {
-    const pair = `${backbone}\n${worker}`;
-    this.#ticketed.delete(pair);
-    this.#ticketed.add(pair);
-    if (this.#ticketed.size > MAX_PAIRS)
-      this.#ticketed.delete(this.#ticketed.values().next().value as string);
+    this.#remember({ backbone, worker, at: now }, true);
     const exp = now + TICKET_TTL_MS;
     const claims = {
       sub: backbone,
@@ -56,6 +59,48 @@ export class DirectKeys {
       exp,
     };
     return { ticket: signDirectTicket(claims, this.#privateKey, this.#publicKey), exp };
+  }
+
+  /** The pairs the store kept (a restart), oldest first. */
+  load(pairs: readonly DirectPairRow[]): void {
+    for (const p of [...pairs].sort((a, b) => a.at - b.at)) this.#remember(p, false);
+  }
+
+  /** Pairs minted and forgotten since the last call, for the store (undefined: none). */
+  takeChanges(): Pick<DirectWrite, "pairs" | "forgetPairs"> | undefined {
+    if (this.#minted.size === 0 && this.#forgotten.size === 0) return undefined;
+    const change = { pairs: [...this.#minted.values()], forgetPairs: [...this.#forgotten.values()] };
+    this.#minted = new Map();
+    this.#forgotten = new Map();
+    return change;
+  }
+
+  /** A write of `takeChanges` failed: written with the next one (unless changed since). */
+  restoreChanges(change: Pick<DirectWrite, "pairs" | "forgetPairs">): void {
+    for (const p of change.pairs) {
+      const k = `${p.backbone}\n${p.worker}`;
+      if (this.#ticketed.has(k) && !this.#minted.has(k)) this.#minted.set(k, p);
+    }
+    for (const p of change.forgetPairs) {
+      const k = `${p.backbone}\n${p.worker}`;
+      if (!this.#ticketed.has(k)) this.#forgotten.set(k, p);
+    }
+  }
+
+  #remember(p: DirectPairRow, changed: boolean): void {
+    const k = `${p.backbone}\n${p.worker}`;
+    this.#ticketed.delete(k);
+    this.#ticketed.set(k, { ...p });
+    if (changed) {
+      this.#minted.set(k, { ...p });
+      this.#forgotten.delete(k);
+    }
+    if (this.#ticketed.size > MAX_PAIRS) {
+      const [oldest, o] = this.#ticketed.entries().next().value as [string, DirectPairRow];
+      this.#ticketed.delete(oldest);
+      this.#minted.delete(oldest);
+      this.#forgotten.set(oldest, { backbone: o.backbone, worker: o.worker });
+    }
   }
 }
 

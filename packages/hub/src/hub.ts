@@ -23,6 +23,7 @@ import { bannedError, Reputation } from "./reputation.js";
 import { authorize, type RouteContext } from "./routes/context.js";
 import { matchRoute, serveRoute } from "./routes/table.js";
 import type { HubStore } from "./store.js";
+import { type DirectStore, openDirectStore } from "./store-direct.js";
 import { openReportStore, type QuarantineEvidence, type QuarantineRecord } from "./store-reports.js";
 import { type HubWorkerInfo, WorkerBook } from "./worker-book.js";
 import { WorkerPauses } from "./worker-pause.js";
@@ -67,6 +68,8 @@ class HubImpl implements Hub {
   readonly #routes: RouteContext;
   readonly #reputation: Reputation;
   readonly #enrolment: Enrolment;
+  /** Direct credits' unmatched halves and the ticketed pairs, across restarts. */
+  readonly #directStore: DirectStore;
   readonly #pauses: WorkerPauses;
   readonly #inflight = new Set<Promise<void>>();
   readonly #downloads = new Set<AbortController>();
@@ -97,6 +100,7 @@ class HubImpl implements Hub {
         clock: config.clock,
         limits: this.#s.enrolment,
       });
+      this.#directStore = openDirectStore(options.store, this.store);
     } catch (error) {
       void this.relay.close();
       if (this.#ownsStore) void this.store.close();
@@ -236,6 +240,7 @@ class HubImpl implements Hub {
         workersKnown: () => this.#book.size,
         downloads: () => this.#downloads.size,
         connectionsRefused: () => this.#guard?.refused(),
+        direct: () => this.#marketBook.direct.figures(),
         market: () => {
           const now = this.#marketBook.now();
           const served = this.#marketBook.servedSinceStart();
@@ -259,6 +264,7 @@ class HubImpl implements Hub {
       statsStaleMs: config.statsStaleMs,
       trustReports: config.settings.trustReports,
       ticketed: (backbone, worker) => this.#directKeys.ticketed(backbone, worker),
+      direct: { store: this.#directStore, pairs: this.#directKeys },
       onStoreError: (error) => this.#storeError(error),
       onLeaseEnd: (lease, why) => {
         this.metrics.leaseEnded(why);
@@ -528,6 +534,7 @@ class HubImpl implements Hub {
       await this.ready.catch(noop);
       await this.#book.flush({ final: true });
       await this.#marketBook.close();
+      await this.#directStore.close().catch(noop);
       await this.#models.closeAll();
       await this.#reputation.close().catch(noop);
       await this.#enrolment.close().catch(noop);

@@ -11,6 +11,7 @@ import { CoverageMarket, type Lease, type MarketModel, type MarketOptions } from
 import type { RelayServerEvent } from "./relay.js";
 import type { StatsReport } from "./stats.js";
 import type { HubStore } from "./store.js";
+import type { DirectPairRow, DirectStore, DirectWrite } from "./store-direct.js";
 
 /** Figures of one backbone's last report of a model. */
 export interface BackboneRate {
@@ -49,6 +50,19 @@ export interface MarketBookOptions {
   trustReports?: boolean;
   /** Whether the hub minted `backbone` a direct-link ticket to `worker` (credits for direct traffic). */
   ticketed?: (backbone: string, worker: string) => boolean;
+  /**
+   * Where direct credits' unmatched halves, the workers' report seqs and the ticketed pairs are
+   * kept across restarts (store-direct.ts; `pairs` is the hub's DirectKeys). Without it they live
+   * in memory only.
+   */
+  direct?: {
+    store: DirectStore;
+    pairs: {
+      load(pairs: readonly DirectPairRow[]): void;
+      takeChanges(): Pick<DirectWrite, "pairs" | "forgetPairs"> | undefined;
+      restoreChanges(change: Pick<DirectWrite, "pairs" | "forgetPairs">): void;
+    };
+  };
   onStoreError: (error: unknown) => void;
   onLeaseEnd?: (lease: Lease, why: "expired" | "fulfilled" | "revoked") => void;
 }
@@ -114,6 +128,11 @@ export class MarketBook {
     this.market.load({ leases, demand, credits });
     for (const q of (await this.#o.store.listStatsSeqs?.()) ?? []) {
       this.#seq.set(`${q.backbone}\0${q.model}`, q.seq);
+    }
+    if (this.#o.direct) {
+      const state = await this.#o.direct.store.load();
+      this.#o.direct.pairs.load(state.pairs);
+      this.direct.load(state);
     }
     this.#sweep();
   }
@@ -404,6 +423,14 @@ export class MarketBook {
       const seqs = [...this.#dirtySeq.values()];
       this.#dirtySeq.clear();
       const n = leases.length + deleted.length + changes.credits.length + changes.demand.length;
+      // the direct halves first: a crash between the two writes loses a credit, never doubles one
+      try {
+        await this.#writeDirect();
+      } catch (error) {
+        this.market.restoreChanges(changes);
+        this.#restoreSeqs(seqs);
+        throw error;
+      }
       if (n + seqs.length === 0) return;
       try {
         await this.#o.store.putLeases(leases, {
@@ -414,13 +441,38 @@ export class MarketBook {
         });
       } catch (error) {
         this.market.restoreChanges(changes);
-        for (const q of seqs) {
-          const key = `${q.backbone}\0${q.model}`;
-          if (!this.#dirtySeq.has(key)) this.#dirtySeq.set(key, q);
-        }
+        this.#restoreSeqs(seqs);
         throw error;
       }
     }, rethrow);
+  }
+
+  #restoreSeqs(seqs: ReadonlyArray<{ backbone: string; model: string; seq: number }>): void {
+    for (const q of seqs) {
+      const key = `${q.backbone}\0${q.model}`;
+      if (!this.#dirtySeq.has(key)) this.#dirtySeq.set(key, q);
+    }
+  }
+
+  /** Writes what changed in the direct credits and ticketed pairs (kept for the next write if it fails). */
+  async #writeDirect(): Promise<void> {
+    const d = this.#o.direct;
+    if (!d) return;
+    const halves = this.direct.takeChanges();
+    const pairs = d.pairs.takeChanges();
+    if (!halves && !pairs) return;
+    try {
+      await d.store.write({
+        pending: halves?.pending ?? [],
+        seqs: halves?.seqs ?? [],
+        pairs: pairs?.pairs ?? [],
+        forgetPairs: pairs?.forgetPairs ?? [],
+      });
+    } catch (error) {
+      if (halves) this.direct.restoreChanges(halves);
+      if (pairs) d.pairs.restoreChanges(pairs);
+      throw error;
+    }
   }
 
   // --- placement long-polls ---------------------------------------------------------------------

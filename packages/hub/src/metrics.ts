@@ -1,5 +1,6 @@
 import { isErrorCode } from "@moeswarm/core";
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client";
+import type { DirectPendingFigures } from "./direct-credit.js";
 import type { Relay, RelayServerEvent } from "./relay.js";
 
 /** Route labels are the route templates, so a crawler cannot grow the label set. */
@@ -55,6 +56,8 @@ export interface HubMetricsSources {
   /** Connections the connection guard refused or closed, by reason (undefined before listen). */
   connectionsRefused?: () => Record<string, number> | undefined;
   market?: () => MarketFigures[];
+  /** Direct credits' unmatched halves (direct-credit.ts), read at each scrape. */
+  direct?: () => DirectPendingFigures;
 }
 
 const METHODS = new Set(["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]);
@@ -92,6 +95,7 @@ export class HubMetrics {
     this.#claims = market.claims;
     this.#leasesEnded = market.leasesEnded;
     this.#reports = market.reports;
+    if (sources.direct) directFamilies(registers, sources.direct);
     if (options.defaultMetrics) {
       // process and event-loop metrics: they install observers that live as long as the
       // process, so only a hub that owns its process (the bin) turns them on
@@ -367,4 +371,57 @@ function marketFamilies(registers: Registers, market: () => MarketFigures[]) {
     registers,
   });
   return { claims, leasesEnded, reports };
+}
+
+/**
+ * Direct credits waiting for their other half (read at each scrape): a worker's half the backbone's
+ * receipts have not confirmed yet, or the reverse. A growing count or age says one side stopped
+ * reporting (or lies); the lapsed counter says how much never matched.
+ */
+function directFamilies(registers: Registers, direct: () => DirectPendingFigures): void {
+  const sides = ["worker", "backbone"] as const;
+  new Gauge({
+    name: "moeswarm_hub_direct_pending_halves",
+    help: "Direct-traffic halves waiting for the other side's report: (backbone, worker, model) pairs, by the side that reported",
+    labelNames: ["side"],
+    registers,
+    collect() {
+      const f = direct();
+      for (const side of sides) this.set({ side }, f.halves[side]);
+    },
+  });
+  new Gauge({
+    name: "moeswarm_hub_direct_pending_expert_tokens",
+    help: "Expert-tokens in direct-traffic halves waiting for the other side's report, by the side that reported",
+    labelNames: ["side"],
+    registers,
+    collect() {
+      const f = direct();
+      for (const side of sides) this.set({ side }, f.expertTokens[side]);
+    },
+  });
+  new Gauge({
+    name: "moeswarm_hub_direct_pending_oldest_seconds",
+    help: "Age of the oldest unmatched direct-traffic half (since the last report on its pair; it lapses at 900 s), by side",
+    labelNames: ["side"],
+    registers,
+    collect() {
+      const f = direct();
+      for (const side of sides) this.set({ side }, f.oldestMs[side] / 1000);
+    },
+  });
+  new Counter({
+    name: "moeswarm_hub_direct_lapsed_expert_tokens_total",
+    help: "Expert-tokens of direct-traffic halves dropped unmatched, by side and reason (expired: past the window; evicted: past the bound)",
+    labelNames: ["side", "reason"],
+    registers,
+    collect() {
+      const f = direct();
+      this.reset();
+      for (const side of sides) {
+        this.inc({ side, reason: "expired" }, f.lapsed.expired[side]);
+        this.inc({ side, reason: "evicted" }, f.lapsed.evicted[side]);
+      }
+    },
+  });
 }
