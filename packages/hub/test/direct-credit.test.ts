@@ -2,31 +2,22 @@
 // backbone, the backbone its receipts), the hub credits the minimum, only for pairs it ticketed.
 // The forgers: a worker over-reporting, a backbone under-reporting, a report naming a pair
 // without a ticket, a replayed report, and another peer's token.
+
+import { join } from "node:path";
 import { connectRelay, type RelayConnection } from "@moeswarm/relay-client";
 import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { DirectCredit } from "../src/direct-credit.js";
-import { createHub, type Hub, mintToken } from "../src/index.js";
-import { call, json, syntheticModel, waitFor } from "./hub-helpers.js";
+import { type DirectHub, DIRECT_MODEL as MODEL, type Role, startDirectHub } from "./direct-fixture.js";
+import { parsePrometheus, sampleValue, tempDir, waitFor } from "./hub-helpers.js";
 
 const SECRET = "hub-direct-credit-test-secret-012345";
-const MODEL = "m";
 
-let hub: Hub;
-let url: string;
+let h: DirectHub;
 let worker: RelayConnection;
 
-const token = (role: "worker" | "backbone" | "admin", id?: string) =>
-  mintToken({ role, ...(id ? { id } : {}), ttlS: 600 }, SECRET);
-async function post(path: string, body: unknown, auth: string) {
-  const r = await call(`${url}${path}`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${auth}`, "content-type": "application/json" },
-    body: JSON.stringify(body),
-  });
-  // biome-ignore lint/suspicious/noExplicitAny: the answers' shapes are what these tests check
-  return { status: r.status, body: json(r) as any };
-}
+const token = (role: Role, id?: string) => h.token(role, id);
+const post = (path: string, body: unknown, auth: string) => h.send("POST", path, body, auth);
 const served = (seq: number, entries: Array<[backbone: string, expertTokens: number]>, model = MODEL) => ({
   seq,
   served: entries.map(([backbone, expertTokens]) => ({ backbone, model, expertTokens, requests: 1 })),
@@ -36,32 +27,30 @@ const report = (seq: number, expertTokens: number, w = "wd") => ({
   counts: {},
   receipts: { [w]: { expertTokens } },
 });
-const credits = () => hub.market.creditsOf("wd").expertTokens;
+const credits = () => h.hub.market.creditsOf("wd").expertTokens;
 
-beforeAll(async () => {
-  const path = await syntheticModel("tiny");
-  hub = createHub({
-    secret: SECRET,
-    models: [{ id: MODEL, path }],
-    requireLeases: false,
-    replicas: 1,
-    dashboard: false,
-  });
-  ({ url } = await hub.listen(0));
-  worker = await connectRelay(`${url.replace(/^http/, "ws")}/relay`, {
+/** Worker `id` connected to `d`'s relay with a slice of MODEL, known to the hub. */
+async function liveWorker(d: DirectHub, id: string): Promise<RelayConnection> {
+  const w = await connectRelay(d.relayUrl, {
     role: "worker",
-    id: "wd",
-    token: token("worker", "wd"),
+    id,
+    token: d.token("worker", id),
     reconnect: false,
   });
-  worker.register({ model: MODEL, layers: [0, 1], experts: [0, 1, 2, 3, 4, 5, 6, 7] });
-  await waitFor(() => hub.workers().some((w) => w.id === "wd"), "wd known");
+  w.register({ model: MODEL, layers: [0, 1], experts: [0, 1, 2, 3, 4, 5, 6, 7] });
+  await waitFor(() => d.hub.workers().some((x) => x.id === id), `${id} known`);
+  return w;
+}
+
+beforeAll(async () => {
+  h = await startDirectHub(SECRET);
+  worker = await liveWorker(h, "wd");
   // bb was given a ticket to wd (it dialed it directly); bb2 never was
   expect((await post("/api/direct/tickets", { worker: "wd" }, token("backbone", "bb"))).status).toBe(200);
 });
 afterAll(async () => {
   await worker?.close();
-  await hub?.close();
+  await h?.close();
 });
 
 describe("credits for direct traffic: the minimum of both sides' reports", () => {
@@ -96,7 +85,7 @@ describe("credits for direct traffic: the minimum of both sides' reports", () =>
     expect(credits() - before).toBe(30);
     // the worker's excess waits for a backbone that never confirms it: a later honest round adds
     // exactly what the backbone says
-    expect(hub.market.creditsOf("wd").expertTokens).toBe(before + 30);
+    expect(h.hub.market.creditsOf("wd").expertTokens).toBe(before + 30);
   });
 
   it("a backbone under-reporting an honest worker's work: credited what the backbone said, the rest waits", async () => {
@@ -190,6 +179,100 @@ describe("credits for direct traffic: the minimum of both sides' reports", () =>
       expect([r.status, r.body.error.code], JSON.stringify(bad)).toEqual([400, "MOESWARM_HUB_BAD_REQUEST"]);
     }
   });
+
+  it("/metrics shows the unmatched halves by side, gone once matched", async () => {
+    const scrape = async () => parsePrometheus(await h.hub.metrics.registry.metrics());
+    const before = (await scrape()).samples;
+    expect((await post("/api/direct/tickets", { worker: "wd" }, token("backbone", "bb6"))).status).toBe(200);
+    await post("/api/workers/wd/direct/served", served(50, [["bb6", 70]]), token("worker", "wd"));
+    const { samples: after, types } = await scrape();
+    const delta = (name: string, side: string) =>
+      sampleValue(after, name, { side }) - sampleValue(before, name, { side });
+    expect(delta("moeswarm_hub_direct_pending_halves", "worker")).toBe(1);
+    expect(delta("moeswarm_hub_direct_pending_expert_tokens", "worker")).toBe(70);
+    expect(delta("moeswarm_hub_direct_pending_halves", "backbone")).toBe(0);
+    expect(
+      sampleValue(after, "moeswarm_hub_direct_pending_oldest_seconds", { side: "worker" }),
+    ).toBeGreaterThan(0);
+    expect(types.get("moeswarm_hub_direct_pending_oldest_seconds")).toBe("gauge");
+    expect(types.get("moeswarm_hub_direct_lapsed_expert_tokens_total")).toBe("counter");
+    // the backbone's half matches it: the worker's half is gone again
+    expect(
+      (await post(`/api/models/${MODEL}/stats`, report(1, 70), token("backbone", "bb6"))).body
+        .creditedExpertTokens,
+    ).toBe(70);
+    const matched = (await scrape()).samples;
+    for (const name of ["moeswarm_hub_direct_pending_halves", "moeswarm_hub_direct_pending_expert_tokens"]) {
+      expect(sampleValue(matched, name, { side: "worker" }), name).toBe(
+        sampleValue(before, name, { side: "worker" }),
+      );
+    }
+  });
+});
+
+describe("direct credits across a hub restart on the same store (SQLite)", () => {
+  it("a half reported before the restart is matched after it; the ticketed pairs and the worker's seq are kept", async () => {
+    const dir = tempDir();
+    const store = join(dir.dir, "hub.db");
+    const stats = `/api/models/${MODEL}/stats`;
+    const servedPath = "/api/workers/wr/direct/served";
+    try {
+      const first = await startDirectHub(SECRET, { store });
+      const w = await liveWorker(first, "wr");
+      for (const bb of ["rb1", "rb2"]) {
+        const t = await first.send(
+          "POST",
+          "/api/direct/tickets",
+          { worker: "wr" },
+          first.token("backbone", bb),
+        );
+        expect(t.status).toBe(200);
+      }
+      // rb1: the worker's half comes before the restart; rb2: the backbone's
+      const ws = await first.send("POST", servedPath, served(1, [["rb1", 40]]), first.token("worker", "wr"));
+      expect(ws.body.credited).toEqual([{ backbone: "rb1", model: MODEL, expertTokens: 0 }]);
+      const bs = await first.send("POST", stats, report(1, 25, "wr"), first.token("backbone", "rb2"));
+      expect(bs.body.creditedExpertTokens).toBe(0);
+      await w.close();
+      await first.close();
+
+      const second = await startDirectHub(SECRET, { store });
+      try {
+        const before = second.hub.market.creditsOf("wr").expertTokens;
+        // this hub minted no ticket: the pairs the first one ticketed still count, and the halves wait
+        const b = await second.send("POST", stats, report(1, 40, "wr"), second.token("backbone", "rb1"));
+        expect([b.body.creditedExpertTokens, b.body.cut.expertTokens]).toEqual([40, 0]);
+        // the worker's retry of its report from before the restart is still a duplicate
+        const again = await second.send(
+          "POST",
+          servedPath,
+          served(1, [["rb1", 40]]),
+          second.token("worker", "wr"),
+        );
+        expect([again.status, again.body.accepted]).toEqual([200, false]);
+        const w2 = await second.send(
+          "POST",
+          servedPath,
+          served(2, [["rb2", 25]]),
+          second.token("worker", "wr"),
+        );
+        expect(w2.body.credited).toEqual([{ backbone: "rb2", model: MODEL, expertTokens: 25 }]);
+        expect(second.hub.market.creditsOf("wr").expertTokens - before).toBe(65);
+        // a pair neither hub ticketed is still refused
+        const stranger = await second.send(
+          "POST",
+          servedPath,
+          served(3, [["rb9", 5]]),
+          second.token("worker", "wr"),
+        );
+        expect(stranger.body.refused).toEqual([{ backbone: "rb9", model: MODEL }]);
+      } finally {
+        await second.close();
+      }
+    } finally {
+      dir.remove();
+    }
+  });
 });
 
 describe("DirectCredit", () => {
@@ -230,5 +313,67 @@ describe("DirectCredit", () => {
     expect(
       d.fromWorker("w", { seq: 1, served: [{ backbone: "b", model: "m", expertTokens: 50 }] }).credited,
     ).toEqual([{ backbone: "b", model: "m", expertTokens: 0 }]);
+  });
+
+  it("figures: unmatched halves, their tokens and oldest age per side; what lapsed, expired or evicted (fake clock)", () => {
+    let now = 0;
+    const d = new DirectCredit({ clock: () => now, ticketed: () => true, windowMs: 1000, maxPending: 2 });
+    const zero = { worker: 0, backbone: 0 };
+    d.fromBackbone("b1", "w", "m", 10);
+    now = 100;
+    d.fromWorker("w", { seq: 1, served: [{ backbone: "b2", model: "m", expertTokens: 7 }] });
+    now = 300;
+    expect(d.figures()).toEqual({
+      halves: { worker: 1, backbone: 1 },
+      expertTokens: { worker: 7, backbone: 10 },
+      oldestMs: { worker: 200, backbone: 300 },
+      lapsed: { expired: zero, evicted: zero },
+    });
+    // a third pair past the bound evicts the stalest (b1's backbone half)
+    d.fromBackbone("b3", "w", "m", 5);
+    expect(d.figures()).toMatchObject({
+      halves: { worker: 1, backbone: 1 },
+      expertTokens: { worker: 7, backbone: 5 },
+      lapsed: { expired: zero, evicted: { worker: 0, backbone: 10 } },
+    });
+    // past the window b2 (last touched at 100) lapses; b3 (at 300) waits on
+    now = 1201;
+    expect(d.figures()).toMatchObject({
+      halves: { worker: 0, backbone: 1 },
+      oldestMs: { worker: 0, backbone: 901 },
+      lapsed: { expired: { worker: 7, backbone: 0 }, evicted: { worker: 0, backbone: 10 } },
+    });
+  });
+
+  it("hands the store what changed (dropped pairs as zeros) and loads it back: a restart keeps halves and seqs", () => {
+    let now = 0;
+    const d = new DirectCredit({ clock: () => now, ticketed: () => true, windowMs: 1000 });
+    d.fromBackbone("b1", "w", "m", 10);
+    d.fromWorker("w", { seq: 5, served: [{ backbone: "b2", model: "m", expertTokens: 7 }] });
+    d.fromWorker("w", { seq: 6, served: [{ backbone: "b1", model: "m", expertTokens: 10 }] }); // b1 matched
+    const c = d.takeChanges();
+    const byPair = (a: { backbone: string }, b: { backbone: string }) => (a.backbone < b.backbone ? -1 : 1);
+    expect([...(c?.pending ?? [])].sort(byPair)).toEqual([
+      { backbone: "b1", worker: "w", model: "m", workerExpertTokens: 0, backboneExpertTokens: 0, at: 0 },
+      { backbone: "b2", worker: "w", model: "m", workerExpertTokens: 7, backboneExpertTokens: 0, at: 0 },
+    ]);
+    expect(c?.seqs).toEqual([{ worker: "w", seq: 6 }]);
+    expect(d.takeChanges()).toBeUndefined();
+    // a failed write: the same pairs go with the next one
+    d.restoreChanges(c!);
+    expect(d.takeChanges()?.pending).toHaveLength(2);
+
+    now = 500;
+    const kept = c!.pending.filter((r) => r.workerExpertTokens + r.backboneExpertTokens > 0);
+    const d2 = new DirectCredit({ clock: () => now, ticketed: () => true, windowMs: 1000 });
+    d2.load({ pending: kept, seqs: c!.seqs });
+    expect(d2.pending("b2", "w", "m")).toEqual({ worker: 7, backbone: 0 });
+    expect(d2.fromWorker("w", { seq: 6, served: [] }).accepted).toBe(false);
+    expect(d2.fromBackbone("b2", "w", "m", 9)).toBe(7);
+    // the window still runs from the last report before the restart
+    const d3 = new DirectCredit({ clock: () => 1001, ticketed: () => true, windowMs: 1000 });
+    d3.load({ pending: kept, seqs: [] });
+    expect(d3.pending("b2", "w", "m")).toEqual({ worker: 0, backbone: 0 });
+    expect(d3.figures().lapsed.expired).toEqual({ worker: 7, backbone: 0 });
   });
 });

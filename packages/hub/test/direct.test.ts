@@ -4,52 +4,32 @@
 import type { PlacementJson } from "@moeswarm/core";
 import { connectRelay, parseDirectKey, verifyDirectTicket } from "@moeswarm/relay-client";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createHub, type Hub, mintToken } from "../src/index.js";
-import { call, json, syntheticModel, waitFor } from "./hub-helpers.js";
+import { type DirectHub, DIRECT_MODEL as MODEL, startDirectHub } from "./direct-fixture.js";
+import { waitFor } from "./hub-helpers.js";
 
-const SECRET = "hub-direct-links-test-secret-0123456";
-const MODEL = "m";
 const FP = Array.from({ length: 32 }, (_, i) => (i * 7).toString(16).padStart(2, "0").toUpperCase()).join(
   ":",
 );
 
-let hub: Hub;
-let url: string;
-let relayUrl: string;
+let h: DirectHub;
 
 beforeAll(async () => {
-  const path = await syntheticModel("tiny");
-  hub = createHub({
-    secret: SECRET,
-    models: [{ id: MODEL, path }],
-    requireLeases: false,
-    replicas: 1,
-    dashboard: false,
-  });
-  ({ url, relayUrl } = await hub.listen(0));
+  h = await startDirectHub("hub-direct-links-test-secret-0123456");
 });
 afterAll(async () => {
-  await hub?.close();
+  await h?.close();
 });
 
-const auth = (role: "worker" | "backbone", id: string) => ({
-  authorization: `Bearer ${mintToken({ role, id, ttlS: 600 }, SECRET)}`,
-  "content-type": "application/json",
-});
 const put = (id: string, as: string, body: unknown) =>
-  call(`${url}/api/workers/${id}/direct`, {
-    method: "PUT",
-    headers: auth("worker", as),
-    body: JSON.stringify(body),
-  });
-const placement = async () => json(await call(`${url}/api/models/${MODEL}/placement`)) as PlacementJson;
+  h.send("PUT", `/api/workers/${id}/direct`, body, h.token("worker", as));
+const placement = async () => (await h.send("GET", `/api/models/${MODEL}/placement`)).body as PlacementJson;
 
 describe("direct links on the hub", () => {
   it("puts a worker's endpoints in the placement of its slices, with a new version, until withdrawn", async () => {
-    await using w = await connectRelay(relayUrl, {
+    await using w = await connectRelay(h.relayUrl, {
       role: "worker",
       id: "w1",
-      token: mintToken({ role: "worker", id: "w1", ttlS: 600 }, SECRET),
+      token: h.token("worker", "w1"),
       reconnect: false,
     });
     w.register({ model: MODEL, layers: [0, 1], experts: [0, 1, 2, 3, 4, 5, 6, 7] });
@@ -74,7 +54,7 @@ describe("direct links on the hub", () => {
     ]) {
       const r = await put("w1", "w1", bad);
       expect(r.status, JSON.stringify(bad)).toBe(400);
-      expect((json(r) as { error: { code: string } }).error.code).toBe("MOESWARM_HUB_BAD_REQUEST");
+      expect(r.body.error.code).toBe("MOESWARM_HUB_BAD_REQUEST");
     }
     expect((await placement()).registrations[0]!.direct).toEqual(direct);
 
@@ -85,14 +65,10 @@ describe("direct links on the hub", () => {
   });
 
   it("mints tickets that verify with its published key and name the asking backbone", async () => {
-    const key = parseDirectKey(json(await call(`${url}/api/direct/key`)));
-    const r = await call(`${url}/api/direct/tickets`, {
-      method: "POST",
-      headers: auth("backbone", "bb"),
-      body: JSON.stringify({ worker: "w1" }),
-    });
+    const key = parseDirectKey((await h.send("GET", "/api/direct/key")).body);
+    const r = await h.send("POST", "/api/direct/tickets", { worker: "w1" }, h.token("backbone", "bb"));
     expect(r.status).toBe(200);
-    const { ticket, exp } = json(r) as { ticket: string; exp: number };
+    const { ticket, exp } = r.body as { ticket: string; exp: number };
     const keys = new Map([[key.kid, key.key]]);
     expect(verifyDirectTicket(ticket, { keys, worker: "w1", backbone: "bb" })).toMatchObject({
       sub: "bb",
@@ -102,10 +78,7 @@ describe("direct links on the hub", () => {
     expect(() => verifyDirectTicket(ticket, { keys, worker: "w1", backbone: "bb", now: exp })).toThrow(
       expect.objectContaining({ code: "MOESWARM_AUTH_TICKET_EXPIRED" }),
     );
-    const anonymous = await call(`${url}/api/direct/tickets`, {
-      method: "POST",
-      body: JSON.stringify({ worker: "w1" }),
-    });
+    const anonymous = await h.send("POST", "/api/direct/tickets", { worker: "w1" });
     expect(anonymous.status).toBe(401);
   });
 });
