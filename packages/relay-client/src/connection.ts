@@ -71,7 +71,7 @@ class Connection implements RelayConnection {
     this.#s = s;
     this.#userSignal = signal;
     this.#writer = new FrameWriter(s.maxFrameBytes);
-    this.#requests = new RequestTable(this.#writer);
+    this.#requests = new RequestTable(this.#writer, s.peerName);
     this.#serving = new WorkerServing({
       id: s.id,
       maxIncoming: s.maxIncoming,

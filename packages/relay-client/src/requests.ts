@@ -46,10 +46,13 @@ export class RequestTable {
   readonly #pending = new Map<number, Pending>();
   #nextId = 0;
   readonly #writer: FrameWriter;
+  /** What the link's peer is called in errors ("the relay", or a worker on its direct link). */
+  readonly #peer: string;
 
   /** `writer` encodes the dispatches (and enforces maxFrameBytes). */
-  constructor(writer: FrameWriter) {
+  constructor(writer: FrameWriter, peer = "the relay") {
     this.#writer = writer;
+    this.#peer = peer;
   }
 
   /**
@@ -145,10 +148,11 @@ export class RequestTable {
     this.#pending.clear();
     for (const p of pending) {
       p.reject(
-        new TransportError("MOESWARM_TRANSPORT_CLOSED", `relay connection lost before ${p.to} answered`, {
-          cause,
-          details: { to: p.to },
-        }),
+        new TransportError(
+          "MOESWARM_TRANSPORT_CLOSED",
+          `connection to ${this.#peer} lost before ${p.to} answered: ${cause.message}`,
+          { cause, details: { to: p.to, peer: this.#peer } },
+        ),
       );
     }
   }

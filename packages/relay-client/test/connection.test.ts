@@ -324,6 +324,21 @@ describe("connectRelay", () => {
     ).rejects.toThrow(InvalidArgumentError);
   });
 
+  it("names its peer (peerName) in the error of the requests a dropped link held", async () => {
+    relay = await FakeRelay.start();
+    const conn = await connect({ reconnect: false, peerName: "worker w on its direct link wss://w:1" });
+    relay.hold = true;
+    const pending = conn.request("w", request(), { deadlineMs: 60_000 });
+    await waitFor(() => relay.held.length === 1, "held");
+    relay.dropAll();
+    const error = (await pending.catch((e: unknown) => e)) as TransportError;
+    expect(error.code).toBe("MOESWARM_TRANSPORT_CLOSED");
+    expect(error.message).toMatch(
+      /^connection to worker w on its direct link wss:\/\/w:1 lost before w answered: /,
+    );
+    expect(error.details).toMatchObject({ peer: "worker w on its direct link wss://w:1" });
+  });
+
   it("fails in-flight requests with TRANSPORT_CLOSED when the link drops, and fails fast while away", async () => {
     relay = await FakeRelay.start();
     const conn = await connect({ reconnect: { initialDelayMs: 800, maxDelayMs: 800, jitter: 0 } });
@@ -338,6 +353,7 @@ describe("connectRelay", () => {
     const error = await pending.catch((e: unknown) => e);
     expect(error).toBeInstanceOf(TransportError);
     expect((error as TransportError).code).toBe("MOESWARM_TRANSPORT_CLOSED");
+    expect((error as TransportError).message).toMatch(/^connection to the relay lost before w answered: /);
     expect(conn.state).toBe("reconnecting");
     expect(await codeOf(conn.request("w", request()))).toBe("MOESWARM_TRANSPORT_CLOSED");
     await vi.advanceTimersByTimeAsync(800);
