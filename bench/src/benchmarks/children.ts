@@ -20,3 +20,38 @@ export function stopChildren(children: readonly ChildProcess[]): Promise<void> {
     ),
   ).then(() => undefined);
 }
+
+/**
+ * In a benchmark child: "cpu" from the parent is answered with this process's CPU time so far
+ * (user + system, microseconds; `cpuTime` asks for it), any other message runs `stop`.
+ */
+export function onParentMessage(stop: () => unknown): void {
+  process.on("message", (message) => {
+    if (message === "cpu") {
+      const { user, system } = process.cpuUsage();
+      process.send?.({ cpuUs: user + system });
+      return;
+    }
+    void stop();
+  });
+}
+
+/** A child's CPU time so far in microseconds (the child listens with `onParentMessage`). */
+export function cpuTime(child: ChildProcess): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const onMessage = (message: unknown) => {
+      const cpuUs = (message as { cpuUs?: unknown } | null)?.cpuUs;
+      if (typeof cpuUs !== "number") return;
+      child.off("message", onMessage);
+      child.off("exit", onExit);
+      resolve(cpuUs);
+    };
+    const onExit = () => {
+      child.off("message", onMessage);
+      reject(new Error("a benchmark child exited while asked for its CPU time"));
+    };
+    child.on("message", onMessage);
+    child.once("exit", onExit);
+    child.send("cpu");
+  });
+}

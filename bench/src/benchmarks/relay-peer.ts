@@ -5,6 +5,7 @@ import { decodeFrame, encodeFrame, type Frame, PROTOCOL_VERSION } from "@moeswar
 import { listenRelay } from "@moeswarm/hub";
 import { connectRelay, parseDirectKey, serveDirect } from "@moeswarm/relay-client";
 import { WebSocketServer } from "ws";
+import { onParentMessage } from "./children.js";
 
 interface Args {
   mode: "relay" | "worker";
@@ -33,7 +34,7 @@ async function main(): Promise<void> {
       maxInFlight: 4096,
     });
     process.send?.({ url: listener.url });
-    process.on("message", async () => {
+    onParentMessage(async () => {
       await listener.close();
       process.exit(0);
     });
@@ -88,7 +89,7 @@ async function main(): Promise<void> {
     directUrl: `ws://127.0.0.1:${(wss.address() as { port: number }).port}/`,
     ...(product ? { tlsUrl: `wss://127.0.0.1:${product.port}`, fingerprint: product.fingerprint } : {}),
   });
-  process.on("message", async () => {
+  onParentMessage(async () => {
     await product?.close();
     await conn.close();
     wss.close();

@@ -7,6 +7,7 @@
 import { createServer as createHttpsServer } from "node:https";
 import { createServer, type Socket } from "node:net";
 import { WebSocket, WebSocketServer } from "ws";
+import { onParentMessage } from "./children.js";
 
 interface Args {
   mode: "node-echo" | "ws-echo" | "wss-echo" | "blind-relay" | "blind-worker";
@@ -70,7 +71,7 @@ async function main(): Promise<void> {
     });
     ws.on("message", (data: Buffer) => ws.send(data));
     process.send?.({ ready: "1" });
-    process.on("message", () => process.exit(0));
+    onParentMessage(() => process.exit(0));
     return;
   }
   if (args.mode === "wss-echo") {
@@ -100,7 +101,7 @@ async function main(): Promise<void> {
     });
   }
   process.send?.({ port: String(port) });
-  process.on("message", () => process.exit(0));
+  onParentMessage(() => process.exit(0));
 }
 
 main().catch((error: unknown) => {

@@ -25,13 +25,14 @@ import {
 } from "@moeswarm/relay-client";
 import { WebSocket } from "ws";
 import type { Benchmark, Row } from "../harness.js";
-import { stopChildren } from "./children.js";
+import { cpuTime, stopChildren } from "./children.js";
 
 const EMBD = 3072;
 const K = 8;
 const MODEL = "bench-moe";
 const MAX = 64 * 1024 * 1024;
-const TOKENS = [1, 8, 64];
+// MOESWARM_BENCH_ROUNDTRIP_TOKENS="8" measures one size only (investigating one frame size)
+const TOKENS = tokenCounts(process.env.MOESWARM_BENCH_ROUNDTRIP_TOKENS);
 const SAMPLE_MS = Number(process.env.MOESWARM_BENCH_ROUNDTRIP_MS ?? 1500);
 const MAX_SAMPLES = 2000;
 
@@ -44,19 +45,76 @@ interface Spread {
   p90: number;
 }
 
+function tokenCounts(value: string | undefined): number[] {
+  if (value === undefined || value.trim() === "") return [1, 8, 64];
+  const counts = value.split(",").map((s) => Number(s.trim()));
+  if (counts.some((n) => !Number.isInteger(n) || n < 1 || n > 4096)) {
+    throw new Error(`MOESWARM_BENCH_ROUNDTRIP_TOKENS must list token counts in 1..4096, got ${value}`);
+  }
+  return counts;
+}
+
+function spreadOf(us: number[]): Spread {
+  us.sort((a, b) => a - b);
+  const at = (p: number) => us[Math.min(us.length - 1, Math.floor((p / 100) * us.length))]!;
+  return { p10: at(10), p50: at(50), p90: at(90) };
+}
+
+async function timeOne(fn: () => Promise<unknown>, into: number[]): Promise<void> {
+  const t0 = process.hrtime.bigint();
+  await fn();
+  into.push(Number(process.hrtime.bigint() - t0) / 1000);
+}
+
+/**
+ * A product path and its floor timed in turn, one round trip each, for SAMPLE_MS: on a shared
+ * machine, load that comes and goes falls on both alike, which separate blocks of samples
+ * (`spread`) do not promise.
+ */
+async function interleaved(
+  product: () => Promise<unknown>,
+  floor: () => Promise<unknown>,
+): Promise<{ product: Spread; floor: Spread }> {
+  for (let i = 0; i < 30; i++) {
+    await product();
+    await floor();
+  }
+  const a: number[] = [];
+  const b: number[] = [];
+  const end = performance.now() + SAMPLE_MS;
+  while ((a.length < 50 || performance.now() < end) && a.length < MAX_SAMPLES) {
+    await timeOne(product, a);
+    await timeOne(floor, b);
+  }
+  return { product: spreadOf(a), floor: spreadOf(b) };
+}
+
+const CPU_TRIPS = 200;
+
+/**
+ * CPU microseconds one round trip of `fn` costs, summed over this process and `children` (the
+ * path's processes): the work a path does, which load on a shared machine inflates far less
+ * than it inflates the time a round trip waits.
+ */
+async function cpuPerTrip(children: readonly ChildProcess[], fn: () => Promise<unknown>): Promise<number> {
+  const total = async () => {
+    const own = process.cpuUsage();
+    let us = own.user + own.system;
+    for (const child of children) us += await cpuTime(child);
+    return us;
+  };
+  const before = await total();
+  for (let i = 0; i < CPU_TRIPS; i++) await fn();
+  return ((await total()) - before) / CPU_TRIPS;
+}
+
 /** Microsecond p10/p50/p90 of one-at-a-time round trips of `fn`, for SAMPLE_MS after a warm-up. */
 async function spread(fn: () => Promise<unknown>): Promise<Spread> {
   for (let i = 0; i < 30; i++) await fn();
   const us: number[] = [];
   const end = performance.now() + SAMPLE_MS;
-  while ((us.length < 50 || performance.now() < end) && us.length < MAX_SAMPLES) {
-    const t0 = process.hrtime.bigint();
-    await fn();
-    us.push(Number(process.hrtime.bigint() - t0) / 1000);
-  }
-  us.sort((a, b) => a - b);
-  const at = (p: number) => us[Math.min(us.length - 1, Math.floor((p / 100) * us.length))]!;
-  return { p10: at(10), p50: at(50), p90: at(90) };
+  while ((us.length < 50 || performance.now() < end) && us.length < MAX_SAMPLES) await timeOne(fn, us);
+  return spreadOf(us);
 }
 
 function spawnPeer(
@@ -282,6 +340,26 @@ export const roundtrip: Benchmark = {
         ratios[`direct link (TLS)/Node wss floor, ${n} tok`] = linkPath.p50 / wssFloor.p50;
         ratios[`direct link (TLS)/relay, ${n} tok`] = linkPath.p50 / relayPath.p50;
         if (c) ratios[`relay/C unix floor, ${n} tok`] = relayPath.p50 / paths[0]![1].p50;
+        const relayPair = await interleaved(
+          () => viaRelay.request("echo", req),
+          () => wsBlind.trip(bytes),
+        );
+        ratios[`relay/blind-relay floor, interleaved, ${n} tok`] =
+          relayPair.product.p50 / relayPair.floor.p50;
+        const directPair = await interleaved(
+          () => direct.request("echo", req),
+          () => wsDirect.trip(bytes),
+        );
+        ratios[`direct/Node ws floor, interleaved, ${n} tok`] = directPair.product.p50 / directPair.floor.p50;
+        const relayCpu = await cpuPerTrip([relayPeer.child, worker.child], () =>
+          viaRelay.request("echo", req),
+        );
+        const blindCpu = await cpuPerTrip([blind.child, blindWorker.child], () => wsBlind.trip(bytes));
+        ratios[`relay/blind-relay floor, CPU per round trip, ${n} tok`] = relayCpu / blindCpu;
+        rows.push(
+          { path: "CPU per round trip: relay (3 processes)", tokens: n, "CPU us": relayCpu },
+          { path: "CPU per round trip: blind relay (3 processes)", tokens: n, "CPU us": blindCpu },
+        );
       }
       return {
         rows,
@@ -290,6 +368,8 @@ export const roundtrip: Benchmark = {
           "worker compute is 0 (an echo worker), so overhead = round trip; p50 and p10-p90 of one-at-a-time round trips",
           `goals (issue 15): relay <= 1.2x the blind-relay floor, direct <= 1.2x the Node direct floor${c ? "" : "; no cc: the C floors were not measured"}`,
           "no native data plane is built into the product yet: no native path row",
+          "the 'interleaved' ratios time the product path and its floor in turn, one round trip each (load on a shared machine falls on both alike); the others time each path in a block of its own",
+          `'CPU per round trip': user + system CPU time of the path's three processes over ${CPU_TRIPS} round trips, divided by ${CPU_TRIPS}`,
         ],
       };
     } finally {
