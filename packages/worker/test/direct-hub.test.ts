@@ -17,8 +17,6 @@ import { MODEL_CACHE, waitPlacement } from "./fixtures.js";
 
 const MODEL = "qwen3moe-tiny";
 const SECRET = "worker-direct-hub-secret-0123456789";
-const N = 3;
-const EMBD = 64;
 
 let modelPath: string;
 let work: TempDir;
@@ -34,12 +32,18 @@ const newHub = (store: string) =>
   });
 
 const req = () => tinyRequest(MODEL, (i) => Math.sin(i * 0.07));
+/** What a worker answers it: 3 tokens x top-2 slots x n_embd 64. */
+const Y_LENGTH = 3 * 2 * 64;
 
 beforeAll(async () => {
   modelPath = (await ensureSyntheticModel("tiny", { cacheDir: MODEL_CACHE })).path;
   work = tempDir("moeswarm-direct-hub-");
 });
 afterAll(() => work?.remove());
+
+/** A worker with a direct endpoint, its cache in `cache` under the work folder. */
+const startWorker = (options: { hub: string; relay?: string; id: string }, cache: string) =>
+  startDirectWorker({ ...options, secret: SECRET, cacheDir: join(work.dir, cache) });
 
 const directOf = async (url: string) => {
   const p = await waitPlacement(url, MODEL, "wd's slice with its endpoint", (pl) =>
@@ -54,12 +58,7 @@ describe("a worker's direct endpoint across the hub's life", () => {
     let hub: Hub = newHub(store);
     const { url, relayUrl } = await hub.listen(0);
     const port = Number(new URL(url).port);
-    const worker = startDirectWorker({
-      hub: url,
-      id: "wd",
-      secret: SECRET,
-      cacheDir: join(work.dir, "cache-restart"),
-    });
+    const worker = startWorker({ hub: url, id: "wd" }, "cache-restart");
     const { events } = worker;
     try {
       const before = await directOf(url);
@@ -80,7 +79,7 @@ describe("a worker's direct endpoint across the hub's life", () => {
           signal: new AbortController().signal,
           deadlineMs: 10_000,
         });
-        expect(r.y.length).toBe(N * 2 * EMBD);
+        expect(r.y.length).toBe(Y_LENGTH);
         expect(bb.t.counters()).toMatchObject({ direct: 1, relay: 0, dialFailures: 0 });
       } finally {
         await bb.close();
@@ -112,13 +111,7 @@ describe("a worker's direct endpoint across the hub's life", () => {
     });
     await new Promise<void>((resolve) => old.listen(0, "127.0.0.1", resolve));
     const oldUrl = `http://127.0.0.1:${(old.address() as AddressInfo).port}`;
-    const worker = startDirectWorker({
-      hub: oldUrl,
-      relay: relayUrl,
-      id: "wo",
-      secret: SECRET,
-      cacheDir: join(work.dir, "cache-old"),
-    });
+    const worker = startWorker({ hub: oldUrl, relay: relayUrl, id: "wo" }, "cache-old");
     const { events } = worker;
     try {
       const p = await waitPlacement(url, MODEL, "wo's slice", (pl) =>
@@ -145,7 +138,7 @@ describe("a worker's direct endpoint across the hub's life", () => {
         signal: new AbortController().signal,
         deadlineMs: 10_000,
       });
-      expect(r.y.length).toBe(N * 2 * EMBD);
+      expect(r.y.length).toBe(Y_LENGTH);
       worker.stop.abort("test done");
       expect(await worker.run).toMatchObject({ served: true, requests: 1 });
       expect(refused).toBe(1); // asked once, never again (not at the relay's reconnects either)
