@@ -16,45 +16,15 @@
 // MOESWARM_SHAPE_TRUE=1 also runs the shape-true qwen35moe preset (Qwen3.5-122B-A10B's layers,
 // ~6 GB, synthesised once into the model cache) and prints the decode figures.
 import { join } from "node:path";
-import {
-  ensureSyntheticModel,
-  ggmlTypeName,
-  readGguf,
-  type SyntheticArch,
-  type SyntheticMoeOptions,
-  type SyntheticPreset,
-  synthesizeMoeModel,
-  syntheticPreset,
-} from "@moeswarm/shard";
-import { ggmlQuantize } from "@moeswarm/worker-native";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { BackboneBridge, LogitsHarnessOptions } from "../src/index.js";
-import {
-  decodeLogits,
-  expectEquivalent,
-  MODEL_CACHE,
-  type ModelInfo,
-  modelInfo,
-  nativeMissing,
-  type Swarm,
-  split,
-  startSplitSwarm,
-  swarmBridge,
-  syntheticModel,
-  tempDir,
-} from "./helpers.js";
+import { readGguf, type SyntheticMoeOptions, synthesizeMoeModel, syntheticPreset } from "@moeswarm/shard";
+import { afterAll, describe, expect, it } from "vitest";
+import { equivalenceRun, type ModelCase } from "./equivalence-run.js";
+import { nativeMissing, split, tempDir } from "./helpers.js";
 
 const missing = nativeMissing();
 const MODEL_ID = "families";
-const PROMPT = "The swarm computes every expert";
 
-interface Case {
-  preset: SyntheticPreset;
-  arch: SyntheticArch;
-  workers: number;
-  nPredict: number;
-  /** Expert tensors llama.cpp hands the plugin per layer: gate/up/down (gpt-oss: and their biases). */
-  expertTensors: number;
+interface Case extends ModelCase {
   /** The layers with routed experts (glm4moe's leading dense layer has none). */
   moeLayers: number[];
   /** Options over the preset's, the model written into the test's directory (not the cache). */
@@ -97,88 +67,46 @@ describe.skipIf(Boolean(missing))("model families: plain llama.cpp vs llama.cpp 
   const tmp = tempDir("mswb-fam-");
   afterAll(() => tmp.remove());
 
+  /** The case's preset with its overrides, written into the test's directory (not the cache). */
+  const customModel = async (c: Case) => {
+    const path = join(tmp.dir, `${c.arch}-custom.gguf`);
+    await synthesizeMoeModel({ ...syntheticPreset(c.preset, c.arch), ...c.overrides }, path);
+    return path;
+  };
+
   for (const c of CASES) {
     const custom = c.overrides ? ` ${JSON.stringify(c.overrides)}` : "";
     describe(`${c.preset} ${c.arch}${custom}, ${c.workers} workers, every MoE layer remote`, () => {
-      let model: string;
-      let info: ModelInfo;
-      let swarm: Swarm;
-      let bridge: BackboneBridge;
-      let plainLogits: Buffer;
-      let plainTokens: number[];
-      let plainDecodeMs: number;
-      let sliceBytesPerExpert: number;
       const tag = `${c.arch}-${c.preset}-${c.workers}${c.overrides ? "-custom" : ""}`;
-      // a shape-true token costs real layers' compute, and loading 6 GB takes minutes on a loaded machine
-      const shapeTimeout = c.preset === "shape" ? { timeoutMs: 1_800_000 } : {};
-      const decode = (name: string, extra?: Partial<LogitsHarnessOptions>) =>
-        decodeLogits({ model, prompt: PROMPT, nPredict: c.nPredict, dir: tmp.dir }, `${tag}-${name}`, extra);
-
-      beforeAll(async () => {
-        const t0 = performance.now();
-        const custom = join(tmp.dir, `${c.arch}-custom.gguf`);
-        if (c.overrides)
-          await synthesizeMoeModel({ ...syntheticPreset(c.preset, c.arch), ...c.overrides }, custom);
-        // the shape-true model's routed experts are direct blocks; ggml's own quantiser for the rest
-        // of it and for minimax-m2's K-quants: the same bytes as shard's quantisers, many times faster
-        model = c.overrides
-          ? custom
-          : c.preset === "shape" || c.arch === "minimax-m2"
-            ? (
-                await ensureSyntheticModel(c.preset, {
-                  cacheDir: MODEL_CACHE,
-                  arch: c.arch,
-                  quantize: (type, values, ne0) => ggmlQuantize(ggmlTypeName(type), values, ne0),
-                })
-              ).path
-            : await syntheticModel(c.preset, c.arch);
-        console.log(`${tag}: model ready in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
-        info = await modelInfo(model);
-        // a 3 GB slice per worker loads in minutes on a loaded machine
-        const spawn = c.preset === "shape" ? { startTimeoutMs: 1_800_000 } : {};
-        swarm = await startSplitSwarm(model, info, c.workers, tmp.dir, MODEL_ID, "w", spawn);
-        const w0 = await readGguf(join(tmp.dir, "w0.gguf"));
-        const w0Experts = split(info.nExpert, c.workers)[0]!.length;
-        sliceBytesPerExpert = Number(w0.tensors.reduce((s, t) => s + t.nbytes, 0n)) / w0Experts;
-        bridge = await swarmBridge(swarm, join(tmp.dir, `${tag}.sock`));
-        const { run: plain, logits } = await decode("plain", shapeTimeout);
-        expect(plain.ok, plain.stderr).toBe(true);
-        expect(plain.plugin).toBeNull();
-        plainLogits = logits;
-        plainTokens = plain.tokens;
-        plainDecodeMs = plain.decodeMs;
-      }, 3_600_000);
-      afterAll(async () => {
-        await bridge?.close();
-        await swarm?.close();
+      const eq = equivalenceRun({
+        case: c,
+        tag,
+        dir: tmp.dir,
+        modelId: MODEL_ID,
+        ...(c.overrides ? { model: () => customModel(c) } : {}),
+        // on a loaded machine a 3 GB slice per worker loads in minutes, the 6 GB model too, and a
+        // shape-true token costs real layers' compute
+        ...(c.preset === "shape"
+          ? { spawn: { startTimeoutMs: 1_800_000 }, harness: { timeoutMs: 1_800_000 } }
+          : {}),
+        setupTimeoutMs: 3_600_000,
       });
 
       it("identical tokens, bit-identical logits, one split per MoE layer and ubatch", async () => {
-        const before = bridge.metrics().requests;
-        const { run, logits } = await decode("swarm", {
-          ...shapeTimeout,
-          plugin: { bridge: bridge.address, layers: "all", model: MODEL_ID },
-        });
         // every layer of the family is MoE, the Gated DeltaNet ones as well as the attention ones
-        expect(info.layers).toEqual(c.moeLayers);
-        expectEquivalent({
-          run,
-          logits,
-          plainTokens,
-          plainLogits,
-          nPredict: c.nPredict,
-          layers: info.layers,
-          expertTensors: c.expertTensors,
-          bridge,
-          requestsBefore: before,
-        });
+        expect(eq.info.layers).toEqual(c.moeLayers);
+        const { run } = await eq.expectSwarmEquivalent();
+        const { info } = eq;
+        const w0 = await readGguf(join(tmp.dir, "w0.gguf"));
+        const w0Experts = split(info.nExpert, c.workers)[0]!.length;
+        const sliceBytesPerExpert = Number(w0.tensors.reduce((s, t) => s + t.nbytes, 0n)) / w0Experts;
         const ubatches = c.nPredict + 1;
         const plugin = run.plugin!;
         const tokS = (ms: number) => ((c.nPredict - 1) / (ms / 1000)).toFixed(2);
         console.log(
           `${tag}: ${info.layers.length} MoE layers, ${plugin.splits / ubatches} split(s) per ubatch, ` +
             `slice ${sliceBytesPerExpert} bytes per expert (all layers); ` +
-            `decode plain ${tokS(plainDecodeMs)} tok/s, swarm ${tokS(run.decodeMs)} tok/s; ` +
+            `decode plain ${tokS(eq.plain.decodeMs)} tok/s, swarm ${tokS(run.decodeMs)} tok/s; ` +
             `per layer ${JSON.stringify(plugin.layers[String(info.layers[0])])}`,
         );
       }, 3_600_000);

@@ -6,39 +6,15 @@
 // and refuse the requests whose rows would not survive it, which go again in f32), MXFP4 (q8_0,
 // repacked) and llama4 (weighted input: f32 only).
 
-import { join } from "node:path";
-import {
-  ensureSyntheticModel,
-  ggmlTypeName,
-  type SyntheticArch,
-  type SyntheticPreset,
-} from "@moeswarm/shard";
-import { ggmlQuantize, loadActivationQuantizer } from "@moeswarm/worker-native";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { BackboneBridge } from "../src/index.js";
-import {
-  decodeLogits,
-  expectEquivalent,
-  MODEL_CACHE,
-  type ModelInfo,
-  modelInfo,
-  nativeMissing,
-  type Swarm,
-  startSplitSwarm,
-  swarmBridge,
-  syntheticModel,
-  tempDir,
-} from "./helpers.js";
+import { loadActivationQuantizer } from "@moeswarm/worker-native";
+import { afterAll, describe, expect, it } from "vitest";
+import { equivalenceRun, type ModelCase } from "./equivalence-run.js";
+import { nativeMissing, tempDir } from "./helpers.js";
 
 const missing = nativeMissing();
 const MODEL_ID = "wire";
-const PROMPT = "The swarm computes every expert";
 
-interface Case {
-  preset: SyntheticPreset;
-  arch: SyntheticArch;
-  nPredict: number;
-  expertTensors: number;
+interface Case extends Omit<ModelCase, "workers"> {
   /** The dtype the requests must travel in, or null (f32 only). */
   wire: "q8_0" | "q8_K" | null;
 }
@@ -56,59 +32,19 @@ describe.skipIf(Boolean(missing))("q8 activations on the wire: plain llama.cpp v
 
   for (const c of CASES) {
     describe(`${c.preset} ${c.arch}, 2 workers, every MoE layer remote`, () => {
-      let model: string;
-      let info: ModelInfo;
-      let swarm: Swarm;
-      let bridge: BackboneBridge;
-      let plainLogits: Buffer;
-      let plainTokens: number[];
       const tag = `wire-${c.arch}-${c.preset}`;
-      const decode = (name: string, extra?: Parameters<typeof decodeLogits>[2]) =>
-        decodeLogits({ model, prompt: PROMPT, nPredict: c.nPredict, dir: tmp.dir }, `${tag}-${name}`, extra);
-
-      beforeAll(async () => {
-        model =
-          c.arch === "minimax-m2"
-            ? (
-                await ensureSyntheticModel(c.preset, {
-                  cacheDir: MODEL_CACHE,
-                  arch: c.arch,
-                  quantize: (type, values, ne0) => ggmlQuantize(ggmlTypeName(type), values, ne0),
-                })
-              ).path
-            : await syntheticModel(c.preset, c.arch);
-        info = await modelInfo(model);
-        swarm = await startSplitSwarm(model, info, 2, tmp.dir, MODEL_ID);
-        bridge = await swarmBridge(swarm, join(tmp.dir, `${tag}.sock`), {
-          wire: await loadActivationQuantizer(model),
-        });
-        const plain = await decode("plain");
-        expect(plain.run.ok, plain.run.stderr).toBe(true);
-        plainLogits = plain.logits;
-        plainTokens = plain.run.tokens;
-      }, 600_000);
-      afterAll(async () => {
-        await bridge?.close();
-        await swarm?.close();
+      const eq = equivalenceRun({
+        case: { ...c, workers: 2 },
+        tag,
+        dir: tmp.dir,
+        modelId: MODEL_ID,
+        bridge: async (model) => ({ wire: await loadActivationQuantizer(model) }),
+        setupTimeoutMs: 600_000,
       });
 
       it("identical tokens, bit-identical logits, and the requests carried q8 rows", async () => {
-        const before = bridge.metrics().requests;
-        const { run, logits } = await decode("swarm", {
-          plugin: { bridge: bridge.address, layers: "all", model: MODEL_ID },
-        });
-        expectEquivalent({
-          run,
-          logits,
-          plainTokens,
-          plainLogits,
-          nPredict: c.nPredict,
-          layers: info.layers,
-          expertTensors: c.expertTensors,
-          bridge,
-          requestsBefore: before,
-        });
-        const m = bridge.metrics();
+        await eq.expectSwarmEquivalent();
+        const m = eq.bridge.metrics();
         const wire = m.wire!;
         console.log(`${tag}: ${JSON.stringify(wire)} of ${m.dispatch.requests} requests`);
         expect(wire.refusedDtype).toBe(0);
@@ -120,8 +56,8 @@ describe.skipIf(Boolean(missing))("q8 activations on the wire: plain llama.cpp v
         expect(wire.quantized).toBeGreaterThan(m.dispatch.requests / 2);
         expect(wire.bytesF32 / wire.bytesQuantized).toBeGreaterThan(3.5);
         // what went as q8 is the dtype the layer converts to
-        for (const layer of info.layers)
-          expect((await loadActivationQuantizer(model)).wireDtype(layer)).toBe(c.wire);
+        for (const layer of eq.info.layers)
+          expect((await loadActivationQuantizer(eq.model)).wireDtype(layer)).toBe(c.wire);
       }, 600_000);
     });
   }

@@ -6,20 +6,18 @@ import { join } from "node:path";
 import type { SyntheticArch, SyntheticPreset } from "@moeswarm/shard";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
-  type BackboneBridge,
   createLocalFallback,
   type LogitsHarnessOptions,
   moeswarmOverride,
   pluginPath,
   runLogitsHarness,
 } from "../src/index.js";
+import { equivalenceRun, EQUIVALENCE_PROMPT as PROMPT } from "./equivalence-run.js";
 import {
   decodeLogits,
-  expectEquivalent,
   firstByteDiff,
   type ModelInfo,
   nativeMissing,
-  type Swarm,
   split,
   startSplitSwarm,
   startSwarm,
@@ -30,7 +28,6 @@ import {
 
 const missing = nativeMissing();
 const MODEL_ID = "equivalence";
-const PROMPT = "The swarm computes every expert";
 const N_PREDICT = 64;
 
 interface Case {
@@ -52,60 +49,27 @@ describe.skipIf(Boolean(missing))("plain llama.cpp vs llama.cpp + plugin + swarm
 
   for (const c of CASES) {
     describe(`${c.preset} ${c.arch}, ${c.workers} workers, every MoE layer remote`, () => {
-      let model: string;
-      let info: ModelInfo;
-      let swarm: Swarm;
-      let bridge: BackboneBridge;
-      let plainLogits: Buffer;
-      let plainTokens: number[];
-      const tag = `${c.arch}-${c.preset}-${c.workers}`;
-      const decode = (name: string, extra?: Partial<LogitsHarnessOptions>) =>
-        decodeLogits({ model, prompt: PROMPT, nPredict: N_PREDICT, dir: tmp.dir }, `${tag}-${name}`, extra);
-
-      beforeAll(async () => {
-        ({ path: model, info } = await syntheticModelInfo(c.preset, c.arch));
-        swarm = await startSplitSwarm(model, info, c.workers, tmp.dir, MODEL_ID);
-        bridge = await swarmBridge(swarm, join(tmp.dir, `${tag}.sock`));
-        const plain = await decode("plain");
-        expect(plain.run.ok).toBe(true);
-        expect(plain.run.plugin).toBeNull();
-        plainLogits = plain.logits;
-        plainTokens = plain.run.tokens;
-      });
-      afterAll(async () => {
-        await bridge?.close();
-        await swarm?.close();
+      // gate, up and down of every MoE layer handed over (and dropped)
+      const eq = equivalenceRun({
+        case: { ...c, nPredict: N_PREDICT, expertTensors: 3 },
+        tag: `${c.arch}-${c.preset}-${c.workers}`,
+        dir: tmp.dir,
+        modelId: MODEL_ID,
       });
 
       it("MOESWARM_LAYERS=all (the node-llama-cpp path): identical tokens, bit-identical logits, one split per layer and ubatch", async () => {
-        const before = bridge.metrics().requests;
-        const { run, logits } = await decode("swarm", {
-          plugin: { bridge: bridge.address, layers: "all", model: MODEL_ID },
-        });
-        // gate, up and down of every MoE layer handed over (and dropped)
-        const layers = info.layers;
-        expectEquivalent({
-          run,
-          logits,
-          plainTokens,
-          plainLogits,
-          nPredict: N_PREDICT,
-          layers,
-          expertTensors: 3,
-          bridge,
-          requestsBefore: before,
-        });
+        await eq.expectSwarmEquivalent();
       });
 
       it("-ot (the llama-server path): the same bytes", async () => {
-        const { run, logits } = await decode("ot", {
+        const { run, logits } = await eq.decode("ot", {
           overrides: [moeswarmOverride("all")],
-          plugin: { bridge: bridge.address, model: MODEL_ID },
+          plugin: { bridge: eq.bridge.address, model: MODEL_ID },
         });
         expect(run.ok, run.stderr).toBe(true);
-        expect(run.tokens).toEqual(plainTokens);
-        expect(firstByteDiff(logits, plainLogits)).toBe(-1);
-        expect(run.plugin!.splits).toBe((N_PREDICT + 1) * info.layers.length);
+        expect(run.tokens).toEqual(eq.plain.tokens);
+        expect(firstByteDiff(logits, eq.plainLogits)).toBe(-1);
+        expect(run.plugin!.splits).toBe((N_PREDICT + 1) * eq.info.layers.length);
       });
     });
   }

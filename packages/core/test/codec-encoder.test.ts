@@ -1,4 +1,3 @@
-import { encode as msgpackEncode } from "@msgpack/msgpack";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import {
@@ -11,8 +10,7 @@ import {
   pingFrame,
 } from "../src/index.js";
 import { validFrame } from "./arbitraries.js";
-
-const hexOf = (b: Uint8Array) => Buffer.from(b.buffer, b.byteOffset, b.byteLength).toString("hex");
+import { hex, msgpackHex } from "./codec-helpers.js";
 
 /** A dispatch whose activations are all `fill`, `n` tokens of `embd` values. */
 function dispatch(n: number, embd: number, fill: number, model = "m") {
@@ -32,19 +30,6 @@ function dispatch(n: number, embd: number, fill: number, model = "m") {
   });
 }
 
-/** The frame with byte bins, as @msgpack/msgpack encodes it independently. */
-function wire(frame: Frame): Record<string, unknown> {
-  const out: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(frame)) {
-    out[k] = ArrayBuffer.isView(v)
-      ? new Uint8Array(v.buffer, v.byteOffset, v.byteLength)
-      : Object.is(v, -0)
-        ? 0
-        : v;
-  }
-  return out;
-}
-
 const lent = (encoder: FrameEncoder, frame: Frame) => encoder.encode(frame, (bytes) => Buffer.from(bytes));
 
 describe("FrameEncoder", () => {
@@ -61,7 +46,7 @@ describe("FrameEncoder", () => {
       dispatch(2, 3, -1),
     ];
     for (const frame of [...frames, ...frames]) {
-      expect(hexOf(lent(encoder, frame))).toBe(hexOf(encodeFrame(frame)));
+      expect(hex(lent(encoder, frame))).toBe(hex(encodeFrame(frame)));
     }
   });
 
@@ -69,8 +54,8 @@ describe("FrameEncoder", () => {
     const encoder = new FrameEncoder();
     fc.assert(
       fc.property(validFrame, (frame) => {
-        const expected = Buffer.from(msgpackEncode(wire(frame))).toString("hex");
-        expect(hexOf(lent(encoder, frame))).toBe(expected);
+        const expected = msgpackHex(frame);
+        expect(hex(lent(encoder, frame))).toBe(expected);
       }),
       { numRuns: 400 },
     );
@@ -92,9 +77,9 @@ describe("FrameEncoder", () => {
       const before = Buffer.from(outerBytes);
       const innerHex = encoder.encode(inner, (innerBytes) => {
         expect(innerBytes.buffer).not.toBe(outerBytes.buffer);
-        return hexOf(innerBytes);
+        return hex(innerBytes);
       });
-      expect(innerHex).toBe(hexOf(encodeFrame(inner)));
+      expect(innerHex).toBe(hex(encodeFrame(inner)));
       // the outer frame's bytes are untouched by the nested encode
       expect(Buffer.from(outerBytes).equals(before)).toBe(true);
       return decodeFrame(outerBytes);
@@ -129,7 +114,7 @@ describe("FrameEncoder", () => {
     expect(called).toBe(false);
     // a frame within the limit after a refused one is still exact
     const frame = dispatch(1, 8, 4);
-    expect(hexOf(lent(encoder, frame))).toBe(hexOf(encodeFrame(frame)));
+    expect(hex(lent(encoder, frame))).toBe(hex(encodeFrame(frame)));
     expect(() => new FrameEncoder({ maxFrameBytes: -1 })).toThrow();
   });
 

@@ -1,4 +1,5 @@
-// Shared by codec-encoding.test.ts and codec-decoding.test.ts: byte helpers and hand-made frames.
+// Shared by the codec tests (encoding, decoding, the encoder and the writer): byte helpers, an
+// independent encoder's bytes and hand-made frames.
 import { encode as msgpackEncode } from "@msgpack/msgpack";
 import { expect } from "vitest";
 import { decodeFrame, encodeFrame, type Frame, ProtocolError } from "../src/index.js";
@@ -33,6 +34,16 @@ export function plainObject(frame: Frame): Record<string, unknown> {
   const o: Record<string, unknown> = {};
   for (const [k, v] of Object.entries(frame)) o[k] = ArrayBuffer.isView(v) ? bytes(v) : v;
   return o;
+}
+/**
+ * The frame's bytes as @msgpack/msgpack (an independent encoder) writes it, in hex: tensors as byte
+ * bins, and -0 as the integer 0 (which the canonical form writes for it).
+ */
+export function msgpackHex(frame: Frame): string {
+  const o: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(frame))
+    o[k] = ArrayBuffer.isView(v) ? bytes(v) : Object.is(v, -0) ? 0 : v;
+  return hex(msgpackEncode(o));
 }
 export function pack(o: unknown): Uint8Array {
   return msgpackEncode(o);

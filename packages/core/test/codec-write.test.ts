@@ -1,4 +1,3 @@
-import { encode as msgpackEncode } from "@msgpack/msgpack";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import {
@@ -6,33 +5,19 @@ import {
   decodeFrame,
   dispatchFrame,
   encodeFrame,
-  type Frame,
   FrameEncoder,
   InvalidArgumentError,
   ProtocolError,
   type ResultFrame,
   resultFrame,
 } from "../src/index.js";
+import { hex, msgpackHex } from "./codec-helpers.js";
 
 // The writer of frames with tensors (codec-write.ts) against @msgpack/msgpack, an independent
 // encoder, at the boundaries of every header it chooses: ints at each width's edges, non-integer
 // and large numbers, strings at the fixstr/str8/str16 edges in ASCII and multi-byte UTF-8. And
 // the caches of decoding and validation (the last accepted string per field): a different
 // string of the same length, or an invalid one, must never pass for the cached one.
-
-function wire(frame: Frame): Record<string, unknown> {
-  const out: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(frame)) {
-    out[k] = ArrayBuffer.isView(v)
-      ? new Uint8Array(v.buffer, v.byteOffset, v.byteLength)
-      : Object.is(v, -0)
-        ? 0
-        : v;
-  }
-  return out;
-}
-
-const hex = (b: Uint8Array) => Buffer.from(b.buffer, b.byteOffset, b.byteLength).toString("hex");
 
 const EDGES = [
   0,
@@ -119,7 +104,7 @@ describe("the writer of frames with tensors", () => {
     const encoder = new FrameEncoder();
     fc.assert(
       fc.property(fc.oneof(dispatches, results), (frame) => {
-        const expected = Buffer.from(msgpackEncode(wire(frame))).toString("hex");
+        const expected = msgpackHex(frame);
         expect(hex(encodeFrame(frame))).toBe(expected);
         expect(encoder.encode(frame, hex)).toBe(expected);
         const back = decodeFrame(encodeFrame(frame));

@@ -2,37 +2,13 @@
 // pong, no result) and the link's heartbeat cuts it after deadPeerMs; the request it held is sent
 // again over the fallback, later requests go over the fallback straight away, and the link is
 // dialed again after its back-off. Fake timers drive the heartbeat; the sockets are real.
-import type { ExpertRequest, ExpertResult, ExpertTransport } from "@moeswarm/core";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { type DirectLinkEvent, DirectTransport, dialWebSocket } from "../src/index.js";
 import { FakeRelay } from "./fake-relay.js";
+import { Fallback, smallRequest } from "./fixtures.js";
 
-/** A fallback that answers -1 everywhere (so the test can tell which path answered) and counts. */
-class Fallback implements ExpertTransport {
-  readonly calls: string[] = [];
-  async request(owner: string, req: ExpertRequest): Promise<ExpertResult> {
-    this.calls.push(owner);
-    return {
-      mode: req.mode,
-      n: req.n,
-      k: req.k,
-      embd: req.embd,
-      y: new Float32Array(req.n * req.k * req.embd).fill(-1),
-    };
-  }
-}
-
-const req = (): ExpertRequest => ({
-  model: "m",
-  layer: 1,
-  n: 2,
-  embd: 4,
-  k: 2,
-  dtype: "f32",
-  x: Float32Array.from({ length: 8 }, (_, i) => i + 1),
-  ids: Int32Array.from([0, 1, 2, 3]),
-  mode: "each",
-});
+// the fake echoes x in each slot: 1.. from the worker, -1 from the fallback
+const req = () => smallRequest((i) => i + 1);
 
 const open: Array<{ close(): Promise<void> }> = [];
 afterEach(async () => {
@@ -50,7 +26,7 @@ describe("a direct link whose worker goes silent", () => {
     });
     const relay = await FakeRelay.start(); // stands in for the worker's endpoint: accepts ticket "good"
     open.push(relay);
-    const fallback = new Fallback();
+    const fallback = new Fallback(-1);
     const events: DirectLinkEvent[] = [];
     const t = new DirectTransport({
       fallback,

@@ -5,8 +5,6 @@
 import { generateKeyPairSync, type KeyObject } from "node:crypto";
 import {
   decodeFrame,
-  type ExpertRequest,
-  type ExpertResult,
   type ExpertTransport,
   encodeFrame,
   isMoeswarmError,
@@ -26,6 +24,7 @@ import {
   serveDirect,
   signDirectTicket,
 } from "../src/index.js";
+import { Fallback, smallRequest } from "./fixtures.js";
 
 expectNoUnhandledRejections(0);
 
@@ -85,32 +84,8 @@ function ticket(claims: { sub?: string; wk: string; exp?: number }, keys = hub):
   );
 }
 
-/** A fallback that answers zeros (so a test can tell which path answered) and counts. */
-class Fallback implements ExpertTransport {
-  readonly calls: string[] = [];
-  async request(owner: string, req: ExpertRequest): Promise<ExpertResult> {
-    this.calls.push(owner);
-    return {
-      mode: req.mode,
-      n: req.n,
-      k: req.k,
-      embd: req.embd,
-      y: new Float32Array(req.n * req.k * req.embd),
-    };
-  }
-}
-
-const req = (): ExpertRequest => ({
-  model: "m",
-  layer: 1,
-  n: 2,
-  embd: 4,
-  k: 2,
-  dtype: "f32",
-  x: Float32Array.from({ length: 8 }, (_, i) => i - 3),
-  ids: Int32Array.from([0, 1, 2, 3]),
-  mode: "each",
-});
+// a Fallback answers zeros (so a test can tell which path answered); the worker doubles x
+const req = () => smallRequest((i) => i - 3);
 const call = () => ({ signal: new AbortController().signal, deadlineMs: 5000 });
 
 function transport(fallback: ExpertTransport, tickets: (worker: string) => string) {

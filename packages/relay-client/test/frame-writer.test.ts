@@ -5,6 +5,7 @@ import { afterEach, describe, expect, it } from "vitest";
 import { WebSocketServer } from "ws";
 import { connectRelay, dialWebSocket, type FrameDialer, type RelayConnection } from "../src/index.js";
 import { FakeRelay } from "./fake-relay.js";
+import { recordingDialer } from "./fixtures.js";
 
 // Frames go out through memory the connection reuses only when the link says it is done with the
 // bytes once send returns (copiesOnSend: the WebSocket link). These tests send frames of falling
@@ -24,25 +25,6 @@ afterEach(async () => {
 // typed arrays compared as bytes: toEqual walks 16k elements one by one, for seconds
 const same = (a: Float32Array, b: Float32Array) =>
   Buffer.from(a.buffer, a.byteOffset, a.byteLength).equals(Buffer.from(b.buffer, b.byteOffset, b.byteLength));
-
-/** Wraps the WebSocket dialer, recording the bytes each send is given. */
-function recordingDialer(sent: Uint8Array[], copiesOnSend: boolean): FrameDialer {
-  return async (url, options) => {
-    const link = await dialWebSocket(url, options);
-    return {
-      copiesOnSend,
-      get bufferedBytes() {
-        return link.bufferedBytes;
-      },
-      send(bytes) {
-        sent.push(bytes);
-        link.send(bytes);
-      },
-      close: (code, reason) => link.close(code, reason),
-      destroy: () => link.destroy(),
-    };
-  };
-}
 
 async function connect(dial?: FrameDialer): Promise<RelayConnection> {
   relay = await FakeRelay.start();

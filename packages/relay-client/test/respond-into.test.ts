@@ -1,14 +1,9 @@
 import { type DispatchFrame, decodeFrame, PROTOCOL_VERSION, type ResultFrame } from "@moeswarm/core";
 import { expectNoUnhandledRejections, waitFor } from "@moeswarm/testkit";
 import { afterEach, describe, expect, it } from "vitest";
-import {
-  connectRelay,
-  dialWebSocket,
-  type FrameDialer,
-  type IncomingDispatch,
-  type RelayConnection,
-} from "../src/index.js";
+import { connectRelay, type IncomingDispatch, type RelayConnection } from "../src/index.js";
 import { FakeRelay } from "./fake-relay.js";
+import { recordingDialer } from "./fixtures.js";
 
 // respondInto: the answer's y written by the worker's compute straight into the result frame's
 // memory. Each frame must carry exactly the computed y, bit for bit; the memory lent to `fill` is
@@ -24,25 +19,6 @@ afterEach(async () => {
   await Promise.all(open.splice(0).map((c) => c.close()));
   await relay?.close();
 });
-
-/** The WebSocket dialer with `copiesOnSend` as given, recording the bytes each send is given. */
-function recordingDialer(sent: Uint8Array[], copiesOnSend: boolean): FrameDialer {
-  return async (url, options) => {
-    const link = await dialWebSocket(url, options);
-    return {
-      copiesOnSend,
-      get bufferedBytes() {
-        return link.bufferedBytes;
-      },
-      send(bytes) {
-        sent.push(bytes);
-        link.send(bytes);
-      },
-      close: (code, reason) => link.close(code, reason),
-      destroy: () => link.destroy(),
-    };
-  };
-}
 
 const bitsOf = (a: Float32Array) => Buffer.from(a.buffer, a.byteOffset, a.byteLength).toString("hex");
 

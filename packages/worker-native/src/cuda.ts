@@ -1,12 +1,5 @@
-import {
-  GPU_PACKAGE_VERSION,
-  type GpuBuild,
-  type GpuStatus,
-  gpuBinsDir,
-  gpuPackage,
-  probeGpuBuild,
-  spawnGpuExpertWorker,
-} from "./gpu-build.js";
+import { gpuBackend } from "./gpu-backend.js";
+import { GPU_PACKAGE_VERSION, type GpuBuild, type GpuStatus, gpuPackage } from "./gpu-build.js";
 import type { SpawnLlamaExpertWorkerOptions } from "./llama-cpu.js";
 import type { WorkerProcessCompute } from "./worker-process.js";
 
@@ -53,6 +46,8 @@ export const CUDA_TYPES: readonly string[] = Object.freeze([
   "q6_K",
 ]);
 
+const cuda = gpuBackend<CudaOptions>({ build: CUDA_BUILD, types: CUDA_TYPES });
+
 export interface CudaOptions {
   /** The package's `bins/linux-x64-cuda` directory (default: found from the installed package). */
   binsDir?: string;
@@ -64,7 +59,7 @@ export interface CudaOptions {
  * saying which package to install.
  */
 export function cudaBinsDir(options: CudaOptions = {}): string {
-  return gpuBinsDir(CUDA_BUILD, options.binsDir);
+  return cuda.binsDir(options);
 }
 
 export type CudaStatus = GpuStatus;
@@ -79,11 +74,7 @@ export type CudaStatus = GpuStatus;
 export function probeCuda(
   options: CudaOptions & { maxBatchRows?: number; signal?: AbortSignal } = {},
 ): Promise<CudaStatus> {
-  return probeGpuBuild(CUDA_BUILD, {
-    ...(options.binsDir !== undefined ? { binsDir: options.binsDir } : {}),
-    ...(options.maxBatchRows !== undefined ? { maxBatchRows: options.maxBatchRows } : {}),
-    ...(options.signal ? { signal: options.signal } : {}),
-  });
+  return cuda.probe(options);
 }
 
 export interface SpawnCudaExpertWorkerOptions
@@ -95,15 +86,9 @@ export interface SpawnCudaExpertWorkerOptions
  * compute on `options.device` (default "CUDA0"). `info.device` is the device the worker
  * registered, `info.vramBytes` the memory the probe found, `info.types` {@link CUDA_TYPES}.
  */
-export async function spawnCudaExpertWorker(
+export function spawnCudaExpertWorker(
   slicePath: string,
   options: SpawnCudaExpertWorkerOptions = {},
 ): Promise<WorkerProcessCompute> {
-  const { binsDir: dirOption, ...rest } = options;
-  const status = await probeCuda({
-    ...(dirOption !== undefined ? { binsDir: dirOption } : {}),
-    ...(rest.maxBatchRows !== undefined ? { maxBatchRows: rest.maxBatchRows } : {}),
-    ...(rest.signal ? { signal: rest.signal } : {}),
-  });
-  return spawnGpuExpertWorker(CUDA_BUILD, status, CUDA_TYPES, slicePath, rest);
+  return cuda.spawn(slicePath, options);
 }

@@ -1,12 +1,10 @@
+import { gpuBackend } from "./gpu-backend.js";
 import {
   GPU_PACKAGE_VERSION,
   type GpuBuild,
   type GpuDevice,
   type GpuStatus,
-  gpuBinsDir,
   gpuPackage,
-  probeGpuBuild,
-  spawnGpuExpertWorker,
 } from "./gpu-build.js";
 import type { SpawnLlamaExpertWorkerOptions } from "./llama-cpu.js";
 import type { WorkerProcessCompute } from "./worker-process.js";
@@ -63,7 +61,7 @@ export interface VulkanOptions {
  * directory). Throws NativeError MOESWARM_NATIVE_GPU_PACKAGE_MISSING saying how to install it.
  */
 export function vulkanBinsDir(options: Pick<VulkanOptions, "binsDir"> = {}): string {
-  return gpuBinsDir(VULKAN_BUILD, options.binsDir);
+  return vulkan.binsDir(options);
 }
 
 /** A Vulkan device as ggml-vulkan sees it ("Vulkan0", "AMD Radeon RX 7900 XTX (RADV NAVI31)"). */
@@ -71,11 +69,16 @@ export type VulkanDevice = GpuDevice;
 
 export type VulkanStatus = GpuStatus;
 
-function visibleEnv(options: VulkanOptions): Record<string, string> {
-  return options.allowCpuDevice && process.env.GGML_VK_VISIBLE_DEVICES === undefined
-    ? { GGML_VK_VISIBLE_DEVICES: "0" }
-    : {};
-}
+const vulkan = gpuBackend<VulkanOptions>({
+  build: VULKAN_BUILD,
+  types: VULKAN_TYPES,
+  own: ["allowCpuDevice"],
+  // the probe and the worker see lavapipe only when asked to (and the user did not choose devices)
+  env: (options): Record<string, string> =>
+    options.allowCpuDevice && process.env.GGML_VK_VISIBLE_DEVICES === undefined
+      ? { GGML_VK_VISIBLE_DEVICES: "0" }
+      : {},
+});
 
 /**
  * The Vulkan devices this machine offers ggml, their memory and what a worker offers of it for
@@ -87,12 +90,7 @@ function visibleEnv(options: VulkanOptions): Record<string, string> {
 export function probeVulkan(
   options: VulkanOptions & { maxBatchRows?: number; signal?: AbortSignal } = {},
 ): Promise<VulkanStatus> {
-  return probeGpuBuild(VULKAN_BUILD, {
-    ...(options.binsDir !== undefined ? { binsDir: options.binsDir } : {}),
-    ...(options.maxBatchRows !== undefined ? { maxBatchRows: options.maxBatchRows } : {}),
-    env: visibleEnv(options),
-    ...(options.signal ? { signal: options.signal } : {}),
-  });
+  return vulkan.probe(options);
 }
 
 export interface SpawnVulkanExpertWorkerOptions
@@ -104,19 +102,9 @@ export interface SpawnVulkanExpertWorkerOptions
  * compute on `options.device` (default "Vulkan0"). `info.device` is the device the worker
  * registered, `info.vramBytes` the memory the probe found, `info.types` {@link VULKAN_TYPES}.
  */
-export async function spawnVulkanExpertWorker(
+export function spawnVulkanExpertWorker(
   slicePath: string,
   options: SpawnVulkanExpertWorkerOptions = {},
 ): Promise<WorkerProcessCompute> {
-  const { binsDir: dirOption, allowCpuDevice, ...rest } = options;
-  const status = await probeVulkan({
-    ...(dirOption !== undefined ? { binsDir: dirOption } : {}),
-    ...(rest.maxBatchRows !== undefined ? { maxBatchRows: rest.maxBatchRows } : {}),
-    ...(allowCpuDevice !== undefined ? { allowCpuDevice } : {}),
-    ...(rest.signal ? { signal: rest.signal } : {}),
-  });
-  return spawnGpuExpertWorker(VULKAN_BUILD, status, VULKAN_TYPES, slicePath, {
-    ...rest,
-    env: { ...visibleEnv({ allowCpuDevice: allowCpuDevice ?? false }), ...rest.env },
-  });
+  return vulkan.spawn(slicePath, options);
 }

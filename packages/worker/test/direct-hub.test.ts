@@ -8,18 +8,15 @@ import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import type { PlacementRegistrationJson } from "@moeswarm/core";
 import { createHub, type Hub, mintToken } from "@moeswarm/hub";
-import { connectRelay, DirectTransport, RelayTransport } from "@moeswarm/relay-client";
+import { connectRelay, RelayTransport } from "@moeswarm/relay-client";
 import { ensureSyntheticModel } from "@moeswarm/shard";
 import { type TempDir, tempDir } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { WorkerEvent } from "../src/events.js";
-import { runWorker } from "../src/run-worker.js";
+import { directBackbone, drain, startDirectWorker, tinyRequest } from "./direct-fixtures.js";
 import { MODEL_CACHE, waitPlacement } from "./fixtures.js";
 
 const MODEL = "qwen3moe-tiny";
 const SECRET = "worker-direct-hub-secret-0123456789";
-const N = 3;
-const EMBD = 64;
 
 let modelPath: string;
 let work: TempDir;
@@ -34,17 +31,9 @@ const newHub = (store: string) =>
     store,
   });
 
-const req = () => ({
-  model: MODEL,
-  layer: 1,
-  n: N,
-  embd: EMBD,
-  k: 2,
-  dtype: "f32" as const,
-  x: Float32Array.from({ length: N * EMBD }, (_, i) => Math.sin(i * 0.07)),
-  ids: Int32Array.from([0, 5, 1, 7, 3, 2]),
-  mode: "each" as const,
-});
+const req = () => tinyRequest(MODEL, (i) => Math.sin(i * 0.07));
+/** What a worker answers it: 3 tokens x top-2 slots x n_embd 64. */
+const Y_LENGTH = 3 * 2 * 64;
 
 beforeAll(async () => {
   modelPath = (await ensureSyntheticModel("tiny", { cacheDir: MODEL_CACHE })).path;
@@ -52,30 +41,9 @@ beforeAll(async () => {
 });
 afterAll(() => work?.remove());
 
-/** A backbone's DirectTransport over a fresh relay connection to `url`'s hub, tickets from it. */
-async function backbone(url: string, relayUrl: string, id: string) {
-  const token = mintToken({ role: "backbone", id, ttlS: 600 }, SECRET);
-  const relay = await connectRelay(relayUrl, { role: "backbone", id, token, reconnect: false });
-  const t = new DirectTransport({
-    fallback: new RelayTransport(relay),
-    id,
-    ticket: async (worker) => {
-      const r = await fetch(`${url}/api/direct/tickets`, {
-        method: "POST",
-        headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
-        body: JSON.stringify({ worker }),
-      });
-      return ((await r.json()) as { ticket: string }).ticket;
-    },
-  });
-  return {
-    t,
-    async close() {
-      await t.close();
-      await relay.close();
-    },
-  };
-}
+/** A worker with a direct endpoint, its cache in `cache` under the work folder. */
+const startWorker = (options: { hub: string; relay?: string; id: string }, cache: string) =>
+  startDirectWorker({ ...options, secret: SECRET, cacheDir: join(work.dir, cache) });
 
 const directOf = async (url: string) => {
   const p = await waitPlacement(url, MODEL, "wd's slice with its endpoint", (pl) =>
@@ -90,19 +58,8 @@ describe("a worker's direct endpoint across the hub's life", () => {
     let hub: Hub = newHub(store);
     const { url, relayUrl } = await hub.listen(0);
     const port = Number(new URL(url).port);
-    const stop = new AbortController();
-    const events: WorkerEvent[] = [];
-    const run = runWorker({
-      hub: url,
-      token: mintToken({ role: "worker", id: "wd", ttlS: 600 }, SECRET),
-      capacity: { ramBytes: 10_000_000 },
-      cacheDir: join(work.dir, "cache-restart"),
-      backend: "ts",
-      pollMs: 50,
-      signal: stop.signal,
-      direct: { listen: "127.0.0.1:0" },
-      log: (e) => events.push(e),
-    });
+    const worker = startWorker({ hub: url, id: "wd" }, "cache-restart");
+    const { events } = worker;
     try {
       const before = await directOf(url);
       await hub.close();
@@ -114,7 +71,7 @@ describe("a worker's direct endpoint across the hub's life", () => {
       expect(events.filter((e) => e.event === "direct")).toHaveLength(1);
       expect(events.some((e) => e.event === "relay" && e.state === "connected")).toBe(true);
 
-      const bb = await backbone(url, relayUrl, "bb");
+      const bb = await directBackbone({ url, relayUrl }, { id: "bb", secret: SECRET, reconnect: false });
       try {
         bb.t.update(new Map([["wd", after]]));
         expect(await bb.t.linked("wd")).toBe(true);
@@ -122,14 +79,13 @@ describe("a worker's direct endpoint across the hub's life", () => {
           signal: new AbortController().signal,
           deadlineMs: 10_000,
         });
-        expect(r.y.length).toBe(N * 2 * EMBD);
+        expect(r.y.length).toBe(Y_LENGTH);
         expect(bb.t.counters()).toMatchObject({ direct: 1, relay: 0, dialFailures: 0 });
       } finally {
         await bb.close();
       }
     } finally {
-      stop.abort("test done");
-      await run.catch(() => {});
+      await drain(worker);
       await hub.close();
     }
   });
@@ -155,20 +111,8 @@ describe("a worker's direct endpoint across the hub's life", () => {
     });
     await new Promise<void>((resolve) => old.listen(0, "127.0.0.1", resolve));
     const oldUrl = `http://127.0.0.1:${(old.address() as AddressInfo).port}`;
-    const stop = new AbortController();
-    const events: WorkerEvent[] = [];
-    const run = runWorker({
-      hub: oldUrl,
-      relay: relayUrl,
-      token: mintToken({ role: "worker", id: "wo", ttlS: 600 }, SECRET),
-      capacity: { ramBytes: 10_000_000 },
-      cacheDir: join(work.dir, "cache-old"),
-      backend: "ts",
-      pollMs: 50,
-      signal: stop.signal,
-      direct: { listen: "127.0.0.1:0" },
-      log: (e) => events.push(e),
-    });
+    const worker = startWorker({ hub: oldUrl, relay: relayUrl, id: "wo" }, "cache-old");
+    const { events } = worker;
     try {
       const p = await waitPlacement(url, MODEL, "wo's slice", (pl) =>
         pl.registrations.some((r) => r.id === "wo"),
@@ -194,13 +138,12 @@ describe("a worker's direct endpoint across the hub's life", () => {
         signal: new AbortController().signal,
         deadlineMs: 10_000,
       });
-      expect(r.y.length).toBe(N * 2 * EMBD);
-      stop.abort("test done");
-      expect(await run).toMatchObject({ served: true, requests: 1 });
+      expect(r.y.length).toBe(Y_LENGTH);
+      worker.stop.abort("test done");
+      expect(await worker.run).toMatchObject({ served: true, requests: 1 });
       expect(refused).toBe(1); // asked once, never again (not at the relay's reconnects either)
     } finally {
-      stop.abort("test done");
-      await run.catch(() => {});
+      await drain(worker);
       await new Promise<void>((resolve) => old.close(() => resolve()));
       old.closeAllConnections();
       await hub.close();

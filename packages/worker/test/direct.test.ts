@@ -6,7 +6,6 @@
 import { connect } from "node:tls";
 import type { PlacementRegistrationJson } from "@moeswarm/core";
 import { type Hub, mintToken } from "@moeswarm/hub";
-import { connectRelay, DirectTransport, RelayTransport } from "@moeswarm/relay-client";
 import type { TempDir } from "@moeswarm/testkit";
 import { waitFor } from "@moeswarm/testkit";
 import { loadExpertCompute } from "@moeswarm/worker-native";
@@ -14,6 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runWorkerCli } from "../src/cli.js";
 import type { WorkerEvent } from "../src/events.js";
 import { runWorker } from "../src/run-worker.js";
+import { directBackbone, drain, startDirectWorker, tinyRequest } from "./direct-fixtures.js";
 import { startTestHub, waitPlacement } from "./fixtures.js";
 
 const MODEL = "qwen3moe-tiny";
@@ -42,19 +42,13 @@ afterAll(async () => {
 
 describe("runWorker({direct})", () => {
   it("publishes its endpoint, serves a backbone directly, bit-identical, and closes it at the drain", async () => {
-    const stop = new AbortController();
-    const events: WorkerEvent[] = [];
-    const run = runWorker({
+    const worker = startDirectWorker({
       hub: url,
-      token: mintToken({ role: "worker", id: "wd", ttlS: 600 }, SECRET),
-      capacity: { ramBytes: 10_000_000 },
+      id: "wd",
+      secret: SECRET,
       cacheDir: `${workDir!.dir}/cache`,
-      backend: "ts",
-      pollMs: 50,
-      signal: stop.signal,
-      direct: { listen: "127.0.0.1:0" },
-      log: (e) => events.push(e),
     });
+    const { events } = worker;
     try {
       const p = await waitPlacement(url, MODEL, "wd's slice", (pl) =>
         pl.registrations.some((r) => r.id === "wd"),
@@ -75,39 +69,13 @@ describe("runWorker({direct})", () => {
       });
       expect(served).toBe(announced.fingerprint);
 
-      const bbToken = mintToken({ role: "backbone", id: "bb", ttlS: 600 }, SECRET);
-      await using relay = await connectRelay(relayUrl, { role: "backbone", id: "bb", token: bbToken });
-      const fallback = new RelayTransport(relay);
-      const t = new DirectTransport({
-        fallback,
-        id: "bb",
-        ticket: async (worker) => {
-          const r = await fetch(`${url}/api/direct/tickets`, {
-            method: "POST",
-            headers: { authorization: `Bearer ${bbToken}`, "content-type": "application/json" },
-            body: JSON.stringify({ worker }),
-          });
-          return ((await r.json()) as { ticket: string }).ticket;
-        },
-      });
+      const bb = await directBackbone({ url, relayUrl }, { id: "bb", secret: SECRET });
+      const { t } = bb;
       try {
         t.update(new Map([["wd", reg.direct!]]));
         expect(await t.linked("wd")).toBe(true);
-        const n = 3;
-        const embd = 64;
-        const x = Float32Array.from({ length: n * embd }, (_, i) => Math.cos(i * 0.11));
-        const ids = Int32Array.from([0, 5, 1, 7, 3, 2]);
-        const req = {
-          model: MODEL,
-          layer: 1,
-          n,
-          embd,
-          k: 2,
-          dtype: "f32" as const,
-          x,
-          ids,
-          mode: "each" as const,
-        };
+        const req = tinyRequest(MODEL, (i) => Math.cos(i * 0.11));
+        const { x, ids } = req;
         const got = await t.request("wd", req, { signal: new AbortController().signal, deadlineMs: 10_000 });
         await using local = await loadExpertCompute(modelPath, { backend: "ts" });
         const want = await local.run({ layer: 1, x, ids, k: 2, mode: "each" });
@@ -116,14 +84,14 @@ describe("runWorker({direct})", () => {
         );
         expect(t.counters()).toMatchObject({ direct: 1, relay: 0, linked: ["wd"] });
 
-        stop.abort("test done");
-        const summary = await run;
+        worker.stop.abort("test done");
+        const summary = await worker.run;
         expect(summary).toMatchObject({ served: true, requests: 1 });
         // credits: the drained worker told the hub it answered bb's 6 filled slots directly; bb's
         // receipts say 6 too, beyond what the relay forwarded (nothing): credited the minimum
         const stats = await fetch(`${url}/api/models/${MODEL}/stats`, {
           method: "POST",
-          headers: { authorization: `Bearer ${bbToken}`, "content-type": "application/json" },
+          headers: { authorization: `Bearer ${bb.token}`, "content-type": "application/json" },
           body: JSON.stringify({ seq: 1, counts: {}, receipts: { wd: { expertTokens: 6 } } }),
         });
         expect(await stats.json()).toMatchObject({ creditedExpertTokens: 6, cut: { expertTokens: 0 } });
@@ -131,11 +99,10 @@ describe("runWorker({direct})", () => {
         // the endpoint went with the worker: the backbone's link to it is lost
         await waitFor(() => t.counters().linked.length === 0, "the direct link to close");
       } finally {
-        await t.close();
+        await bb.close();
       }
     } finally {
-      stop.abort("test done");
-      await run.catch(() => {});
+      await drain(worker);
     }
   });
 
