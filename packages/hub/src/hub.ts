@@ -23,6 +23,7 @@ import { bannedError, Reputation } from "./reputation.js";
 import { authorize, type RouteContext } from "./routes/context.js";
 import { matchRoute, serveRoute } from "./routes/table.js";
 import type { HubStore } from "./store.js";
+import { openPauseStore, type PauseStore } from "./store-pauses.js";
 import { openReportStore, type QuarantineEvidence, type QuarantineRecord } from "./store-reports.js";
 import { type HubWorkerInfo, WorkerBook } from "./worker-book.js";
 import { WorkerPauses } from "./worker-pause.js";
@@ -86,7 +87,9 @@ class HubImpl implements Hub {
       void this.relay.close();
       throw error;
     }
+    let pauseStore: PauseStore;
     try {
+      pauseStore = openPauseStore(options.store, this.store);
       this.#reputation = new Reputation({
         reports: openReportStore(options.store, this.store),
         clock: config.clock,
@@ -118,6 +121,7 @@ class HubImpl implements Hub {
     }
     this.market = this.#marketBook.market;
     this.#pauses = new WorkerPauses({
+      store: pauseStore,
       setPaused: (id, paused) => this.#marketBook.setPaused(id, paused),
       notice: (id, code, msg) => this.relay.notice(id, code, msg),
       clock: config.clock,
@@ -364,6 +368,7 @@ class HubImpl implements Hub {
     await this.#book.load();
     await this.#reputation.load();
     await this.#marketBook.load();
+    await this.#pauses.load();
     await this.#models.load(configured);
   }
 
@@ -419,6 +424,8 @@ class HubImpl implements Hub {
         expertTokens: w.credits?.expertTokens ?? 0,
         quarantined: w.quarantined !== undefined,
       };
+      const pause = w.paused?.hub ?? (w.paused?.self && { ...w.paused.self, by: "self" as const });
+      if (pause) out.paused = pause;
       if (w.rttMs !== undefined) out.rttMs = w.rttMs;
       const latency = w.latencyMs ?? w.reportedLatencyMs;
       if (latency !== undefined) out.latencyMs = latency;
@@ -531,6 +538,7 @@ class HubImpl implements Hub {
       await this.#models.closeAll();
       await this.#reputation.close().catch(noop);
       await this.#enrolment.close().catch(noop);
+      await this.#pauses.close().catch(noop);
       if (this.#ownsStore) await this.store.close().catch(noop);
       await stopped;
     })();
