@@ -4,6 +4,7 @@
 // the restart forgets it, and the worker tells it again while it lasts. A real hub on loopback,
 // restarted on one SQLite file (and on one memory store object, an embedder's restart in tests).
 import { join } from "node:path";
+import { HubError } from "@moeswarm/core";
 import { connectRelay, type RelayConnection, type RelayEvent } from "@moeswarm/relay-client";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import {
@@ -15,7 +16,8 @@ import {
   openSqliteStore,
   SQLITE_DRIVERS,
 } from "../src/index.js";
-import { openPauseStore } from "../src/store-pauses.js";
+import { openPauseStore, type PauseStore } from "../src/store-pauses.js";
+import { WorkerPauses } from "../src/worker-pause.js";
 import { call, copyModel, json, syntheticModel, type TempDir, tempDir, waitFor } from "./hub-helpers.js";
 
 const SECRET = "hub-pause-persist-secret-0123456789";
@@ -240,4 +242,62 @@ describe("the pause table", () => {
       }
     },
   );
+});
+
+describe("WorkerPauses and its store", () => {
+  it("stores the hub's pause before it takes effect: a failed write pauses nothing, tells no one", async () => {
+    const calls: string[] = [];
+    let fail = false;
+    const kept = new Map<string, unknown>();
+    const store: PauseStore = {
+      list: async () => [],
+      put: async (p) => {
+        if (fail) throw new HubError("MOESWARM_HUB_STORE", "storing a pause: disk full");
+        kept.set(p.worker, p);
+      },
+      delete: async (w) => {
+        if (fail) throw new HubError("MOESWARM_HUB_STORE", "deleting a pause: disk full");
+        return kept.delete(w);
+      },
+      close: async () => {},
+    };
+    const pauses = new WorkerPauses({
+      store,
+      setPaused: (id, paused) => calls.push(`${paused ? "out" : "in"} ${id}`),
+      notice: (id, code) => calls.push(`${code} ${id}`) > 0,
+      clock: () => 1000,
+    });
+    fail = true;
+    await expect(pauses.pause("w", "operator", "x")).rejects.toMatchObject({ code: "MOESWARM_HUB_STORE" });
+    expect(pauses.state("w")).toEqual({ worker: "w", paused: false });
+    expect(calls).toEqual([]);
+    // a worker's own pause is not stored: it holds even while the store fails
+    expect((await pauses.pause("w", "self", "battery")).self).toEqual({ at: 1000, reason: "battery" });
+    fail = false;
+    await pauses.pause("w", "owner");
+    expect(kept.get("w")).toEqual({ worker: "w", by: "owner", at: 1000 });
+    fail = true;
+    await expect(pauses.resume("w", "owner")).rejects.toMatchObject({ code: "MOESWARM_HUB_STORE" });
+    expect(pauses.state("w").hub).toEqual({ at: 1000, by: "owner" });
+    fail = false;
+    // changes are made one at a time, in order: the store ends as memory does
+    await Promise.all([
+      pauses.pause("w", "operator", "a"),
+      pauses.resume("w", "operator"),
+      pauses.pause("w", "owner", "b"),
+    ]);
+    expect(pauses.state("w").hub).toEqual({ at: 1000, by: "owner", reason: "b" });
+    expect(kept.get("w")).toEqual({ worker: "w", by: "owner", at: 1000, reason: "b" });
+    expect(calls).toEqual([
+      "out w",
+      "out w",
+      "MOESWARM_HUB_PAUSED w",
+      "out w",
+      "MOESWARM_HUB_PAUSED w",
+      "out w",
+      "MOESWARM_HUB_RESUMED w",
+      "out w",
+      "MOESWARM_HUB_PAUSED w",
+    ]);
+  });
 });
