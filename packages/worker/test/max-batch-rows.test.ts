@@ -69,7 +69,7 @@ describe("maxBatchRows (runWorker) and --max-batch-rows (moeswarm-worker)", () =
       ["0", "vulkan", '--max-batch-rows must be an integer in 1..65536, got "0"'],
       ["65537", "cuda", "--max-batch-rows must be an integer in 1..65536"],
       ["many", "vulkan", "--max-batch-rows must be an integer in 1..65536"],
-      ["-4", "vulkan", "--max-batch-rows must be an integer in 1..65536"],
+      ["1.5", "vulkan", "--max-batch-rows must be an integer in 1..65536"],
       ["64", "ts", "--max-batch-rows goes with --backend vulkan or cuda"],
       ["64", "auto", "not --backend auto"],
     ] as const) {
