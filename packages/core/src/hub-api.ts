@@ -346,6 +346,20 @@ export function parseWorkerPauseJson(v: unknown): WorkerPauseJson {
   return v as unknown as WorkerPauseJson;
 }
 
+/** `GET /api/pauses`: every worker under a pause (the hub's, its own, or both), ordered by id. */
+export interface WorkerPauseListJson {
+  pauses: WorkerPauseJson[];
+}
+
+/** The path of the list of pauses in force. */
+export const WORKER_PAUSES_PATH = "/api/pauses";
+
+/** Checks a `GET /api/pauses` body; HubError MOESWARM_HUB_BAD_REQUEST otherwise. */
+export function parseWorkerPauseListJson(v: unknown): WorkerPauseListJson {
+  if (!isObject(v) || !Array.isArray(v.pauses)) throw unusable("a list of worker pauses");
+  return { pauses: v.pauses.map(parseWorkerPauseJson) };
+}
+
 // --- reputation -------------------------------------------------------------------------------
 
 /** One quarantined worker, as `GET /api/quarantines` lists it. */

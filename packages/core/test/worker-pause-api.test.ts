@@ -3,7 +3,9 @@
 import { describe, expect, it } from "vitest";
 import {
   parseWorkerPauseJson,
+  parseWorkerPauseListJson,
   parseWorkerPauseNotice,
+  WORKER_PAUSES_PATH,
   workerPauseNotice,
   workerPauseUrl,
 } from "../src/index.js";
@@ -48,5 +50,22 @@ describe("worker pause", () => {
     }
     expect(workerPauseUrl("a b")).toBe("/api/workers/a%20b/pause");
     expect(workerPauseUrl("w", "resume")).toBe("/api/workers/w/resume");
+  });
+
+  it("checks the list of pauses (GET /api/pauses) entry by entry", () => {
+    const list = {
+      pauses: [
+        { worker: "a", paused: true, hub: { by: "operator", at: 1, reason: "maintenance" } },
+        { worker: "b", paused: true, self: { at: 2 } },
+      ],
+    };
+    expect(parseWorkerPauseListJson(list)).toEqual(list);
+    expect(parseWorkerPauseListJson({ pauses: [] })).toEqual({ pauses: [] });
+    for (const bad of [{}, { pauses: {} }, { pauses: [{ worker: "a" }] }, null]) {
+      expect(() => parseWorkerPauseListJson(bad)).toThrow(
+        expect.objectContaining({ code: "MOESWARM_HUB_BAD_REQUEST" }),
+      );
+    }
+    expect(WORKER_PAUSES_PATH).toBe("/api/pauses");
   });
 });

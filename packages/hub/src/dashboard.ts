@@ -3,10 +3,11 @@ import { createHash } from "node:crypto";
 /*
  * The dashboard (GET /): one self-contained page, no build step, no external resources. It polls
  * GET /api/status every two seconds and renders the coverage heatmap (layers x experts, colour =
- * live replicas, hot experts outlined, leased ones striped), the workers with their slices,
- * credits and latency, the leases, and the tokens/s the backbones report. Data is only ever put
- * in the page with textContent and data attributes, never parsed as HTML: worker ids come from
- * the network. With private reads, open it as /#token=<token>.
+ * live replicas, hot experts outlined, leased ones striped), the workers with their state (a
+ * paused one: who paused it, since when and why), slices, credits and latency, the leases, and
+ * the tokens/s the backbones report. Data is only ever put in the page with textContent and data
+ * attributes, never parsed as HTML: worker ids come from the network. With private reads, open
+ * it as /#token=<token>.
  */
 
 const STYLE = `
@@ -37,7 +38,7 @@ section { background: var(--panel); border: 1px solid var(--line); border-radius
 table { border-collapse: collapse; width: 100%; font-variant-numeric: tabular-nums; }
 th, td { text-align: left; padding: 4px 8px; border-bottom: 1px solid var(--line); font-size: 13px; white-space: nowrap; }
 th { color: var(--muted); font-weight: 500; }
-.live { color: var(--r2); } .offline { color: var(--muted); } .draining { color: var(--hot); }
+.live { color: var(--r2); } .offline { color: var(--muted); } .draining { color: var(--hot); } .paused { color: var(--lease); }
 #error { color: var(--r0); }
 svg { vertical-align: middle; }
 `;
@@ -115,6 +116,18 @@ const SCRIPT = `
     return g.root;
   }
 
+  // a paused worker says who paused it and since when: its owner or the operator (the hub's pause,
+  // kept across hub restarts) or itself (a phone's battery or heat)
+  const PAUSERS = { owner: "its owner", operator: "the operator", self: "itself" };
+  function stateCell(w) {
+    const state = w.quarantined ? "quarantined" : w.draining ? "draining" : w.paused ? "paused" : w.live ? "live" : "offline";
+    const cls = state === "quarantined" ? "draining" : state;
+    if (state !== "paused") return el("td", { class: cls, "data-state": state }, state);
+    const p = w.paused;
+    const text = "paused by " + (PAUSERS[p.by] || p.by) + " since " + new Date(p.at).toLocaleString() + (p.reason ? ": " + p.reason : "");
+    return el("td", { class: cls, "data-state": state, "data-paused-by": p.by, "data-paused-at": String(p.at), title: (w.live ? "connected" : "offline") + ", left out of placements until resumed" }, text);
+  }
+
   function render(s) {
     const tps = s.tokensPerSecond;
     history.push(tps); if (history.length > 90) history.shift();
@@ -151,7 +164,7 @@ const SCRIPT = `
 
     const rows = s.workers.map((w) => el("tr", { "data-worker": w.id },
       el("td", {}, w.id),
-      el("td", { class: w.quarantined || w.draining ? "draining" : w.live ? "live" : "offline" }, w.quarantined ? "quarantined" : w.draining ? "draining" : w.live ? "live" : "offline"),
+      stateCell(w),
       el("td", {}, w.slices.map((x) => x.model + " L" + x.layers + " E" + x.experts).join("; ") || "-"),
       el("td", { "data-credits": String(w.expertTokens) }, fmtNum(w.expertTokens)),
       el("td", {}, w.latencyMs === undefined ? "-" : w.latencyMs.toFixed(1) + " ms"),

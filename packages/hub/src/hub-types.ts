@@ -154,6 +154,11 @@ export interface HubStatus {
     expertTokens: number;
     /** A backbone reported it answering wrong; it serves nothing until an admin reinstates it. */
     quarantined: boolean;
+    /**
+     * Set while it is paused (left out of placements): by whom, since when (unix ms), and why when
+     * they said. The hub's pause (owner or operator) is shown when both it and its own hold.
+     */
+    paused?: { by: WorkerPauseBy; at: number; reason?: string };
     rttMs?: number;
     latencyMs?: number;
     inFlight?: number;

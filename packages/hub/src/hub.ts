@@ -24,6 +24,7 @@ import { authorize, type RouteContext } from "./routes/context.js";
 import { matchRoute, serveRoute } from "./routes/table.js";
 import type { HubStore } from "./store.js";
 import { type DirectStore, openDirectStore } from "./store-direct.js";
+import { openPauseStore, type PauseStore } from "./store-pauses.js";
 import { openReportStore, type QuarantineEvidence, type QuarantineRecord } from "./store-reports.js";
 import { type HubWorkerInfo, WorkerBook } from "./worker-book.js";
 import { WorkerPauses } from "./worker-pause.js";
@@ -89,7 +90,9 @@ class HubImpl implements Hub {
       void this.relay.close();
       throw error;
     }
+    let pauseStore: PauseStore;
     try {
+      pauseStore = openPauseStore(options.store, this.store);
       this.#reputation = new Reputation({
         reports: openReportStore(options.store, this.store),
         clock: config.clock,
@@ -122,6 +125,7 @@ class HubImpl implements Hub {
     }
     this.market = this.#marketBook.market;
     this.#pauses = new WorkerPauses({
+      store: pauseStore,
       setPaused: (id, paused) => this.#marketBook.setPaused(id, paused),
       notice: (id, code, msg) => this.relay.notice(id, code, msg),
       clock: config.clock,
@@ -370,6 +374,7 @@ class HubImpl implements Hub {
     await this.#book.load();
     await this.#reputation.load();
     await this.#marketBook.load();
+    await this.#pauses.load();
     await this.#models.load(configured);
   }
 
@@ -425,6 +430,8 @@ class HubImpl implements Hub {
         expertTokens: w.credits?.expertTokens ?? 0,
         quarantined: w.quarantined !== undefined,
       };
+      const pause = w.paused?.hub ?? (w.paused?.self && { ...w.paused.self, by: "self" as const });
+      if (pause) out.paused = pause;
       if (w.rttMs !== undefined) out.rttMs = w.rttMs;
       const latency = w.latencyMs ?? w.reportedLatencyMs;
       if (latency !== undefined) out.latencyMs = latency;
@@ -538,6 +545,7 @@ class HubImpl implements Hub {
       await this.#models.closeAll();
       await this.#reputation.close().catch(noop);
       await this.#enrolment.close().catch(noop);
+      await this.#pauses.close().catch(noop);
       if (this.#ownsStore) await this.store.close().catch(noop);
       await stopped;
     })();

@@ -20,6 +20,7 @@ export type RouteLabel =
   | "/api/workers/:id/direct/served"
   | "/api/direct/key"
   | "/api/direct/tickets"
+  | "/api/pauses"
   | "/api/quarantines"
   | "/api/enrol"
   | "/api/enrol-codes"

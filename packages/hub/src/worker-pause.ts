@@ -10,6 +10,7 @@ import {
   workerPauseNotice,
 } from "@moeswarm/core";
 import type { RelayServerEvent } from "./relay.js";
+import type { PauseStore, StoredPause } from "./store-pauses.js";
 import { principalOf, type TokenClaims } from "./token.js";
 
 /** The two pauses a worker may be under: the hub's (owner or operator) and its own. */
@@ -19,6 +20,11 @@ interface PauseSlots {
 }
 
 export interface WorkerPausesOptions {
+  /**
+   * Where the hub's pauses (owner or operator) are kept across restarts (store-pauses.ts); each is
+   * written before it is answered. Workers' own pauses are not kept: a worker tells its own again.
+   */
+  store: PauseStore;
   /** Placements leave the worker out (true) or list it again (false). */
   setPaused(id: string, paused: boolean): void;
   /** Tells a live worker (a relay notice); false when it is not connected. */
@@ -29,17 +35,34 @@ export interface WorkerPausesOptions {
 }
 
 /**
- * The pauses in force, by worker id (kept apart from connections, in memory: a hub restart
- * forgets them, and a self-paused worker says so again at its next poll).
+ * The pauses in force, by worker id, kept apart from connections. The hub's pause (its owner's or
+ * the operator's) is in the store too, so a restart on the same store keeps it; a worker's own
+ * pause lives in memory only: a restart forgets it, and a self-paused worker says so again at its
+ * next poll (and lifts it when it starts unpaused).
  */
 export class WorkerPauses {
   readonly #slots = new Map<string, PauseSlots>();
   readonly #o: WorkerPausesOptions;
   /** Workers connected and not yet registered on that connection. */
   readonly #untold = new Set<string>();
+  #queue: Promise<unknown> = Promise.resolve();
 
   constructor(options: WorkerPausesOptions) {
     this.#o = options;
+  }
+
+  /** Takes the hub's pauses kept in the store (at start, before any connection). */
+  async load(): Promise<void> {
+    for (const p of await this.#o.store.list()) {
+      const slots = this.#slots.get(p.worker) ?? {};
+      slots.hub = { at: p.at, ...(p.reason !== undefined ? { reason: p.reason } : {}), by: p.by };
+      this.#set(p.worker, slots);
+    }
+  }
+
+  /** Every worker under a pause, ordered by id. */
+  list(): WorkerPauseJson[] {
+    return [...this.#slots.keys()].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0)).map((id) => this.state(id));
   }
 
   state(id: string): WorkerPauseJson {
@@ -54,13 +77,38 @@ export class WorkerPauses {
     return this.#slots.has(id);
   }
 
-  /** Pauses `id` as `by` (again with another reason or pauser: updated; the same again: nothing). */
-  pause(id: string, by: WorkerPauseBy, reason?: string): WorkerPauseJson {
-    const slots = this.#slots.get(id) ?? {};
-    const had = by === "self" ? slots.self : slots.hub;
+  /**
+   * Pauses `id` as `by` (again with another reason or pauser: updated; the same again: nothing).
+   * The hub's pause is stored first: a store that fails (HubError MOESWARM_HUB_STORE) changes nothing.
+   */
+  pause(id: string, by: WorkerPauseBy, reason?: string): Promise<WorkerPauseJson> {
+    return this.#serial(() => this.#pause(id, by, reason));
+  }
+
+  /** Lifts the pause of `by`'s side: "self" the worker's own, "owner"/"operator" the hub's. */
+  resume(id: string, by: WorkerPauseBy): Promise<WorkerPauseJson> {
+    return this.#serial(() => this.#resume(id, by));
+  }
+
+  /**
+   * One change at a time, in the order asked: a pause and a resume whose store writes interleave
+   * could otherwise leave memory and the store disagreeing until the next restart.
+   */
+  #serial<T>(fn: () => Promise<T>): Promise<T> {
+    const next = this.#queue.then(fn);
+    this.#queue = next.catch(() => {});
+    return next;
+  }
+
+  async #pause(id: string, by: WorkerPauseBy, reason?: string): Promise<WorkerPauseJson> {
+    const had = by === "self" ? this.#slots.get(id)?.self : this.#slots.get(id)?.hub;
     // the same pause again (a worker repeats its own while it lasts): nothing changes
-    if (had && had.reason === reason && (by === "self" || slots.hub?.by === by)) return this.state(id);
+    if (had && had.reason === reason && (by === "self" || this.#slots.get(id)?.hub?.by === by)) {
+      return this.state(id);
+    }
     const record = { at: this.#o.clock(), ...(reason !== undefined ? { reason } : {}) };
+    if (by !== "self") await this.#o.store.put({ worker: id, by, ...record } satisfies StoredPause);
+    const slots = this.#slots.get(id) ?? {};
     if (by === "self") slots.self = record;
     else slots.hub = { ...record, by };
     this.#set(id, slots);
@@ -70,10 +118,11 @@ export class WorkerPauses {
     return this.state(id);
   }
 
-  /** Lifts the pause of `by`'s side: "self" the worker's own, "owner"/"operator" the hub's. */
-  resume(id: string, by: WorkerPauseBy): WorkerPauseJson {
+  async #resume(id: string, by: WorkerPauseBy): Promise<WorkerPauseJson> {
+    const before = this.#slots.get(id);
+    if ((by === "self" ? before?.self : before?.hub) === undefined) return this.state(id);
+    if (by !== "self") await this.#o.store.delete(id);
     const slots = this.#slots.get(id) ?? {};
-    if ((by === "self" ? slots.self : slots.hub) === undefined) return this.state(id);
     const hadHub = slots.hub !== undefined;
     if (by === "self") delete slots.self;
     else delete slots.hub;
@@ -81,6 +130,10 @@ export class WorkerPauses {
     if (by !== "self" && hadHub) this.#o.notice(id, "MOESWARM_HUB_RESUMED", workerPauseNotice(false, by));
     this.#o.emit?.({ worker: id, paused: this.isPaused(id), by });
     return this.state(id);
+  }
+
+  close(): Promise<void> {
+    return this.#o.store.close();
   }
 
   #set(id: string, slots: PauseSlots): void {

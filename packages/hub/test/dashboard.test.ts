@@ -196,4 +196,38 @@ describe.skipIf(!hasChromium)("dashboard (headless Chromium)", () => {
     expect(existsSync(shot)).toBe(true);
     expect(errors).toEqual([]);
   });
+
+  it("shows a paused worker as paused: by whom, since when and why; live again once resumed", async () => {
+    const admin = mintToken({ role: "admin", ttlS: 600 }, SECRET);
+    const post = (action: string, body: unknown) =>
+      call(`${base}/api/workers/worker-b/${action}`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${admin}`, "content-type": "application/json" },
+        body: JSON.stringify(body),
+      });
+    const paused = await post("pause", { reason: "maintenance" });
+    expect(paused.status).toBe(200);
+    const at = (JSON.parse(paused.body.toString()) as { hub: { at: number } }).hub.at;
+    await page.waitForSelector('[data-worker="worker-b"] td[data-state="paused"]', { timeout: 10_000 });
+    const cell = await page.$eval('[data-worker="worker-b"] td[data-state]', (td) => ({
+      text: td.textContent,
+      by: td.getAttribute("data-paused-by"),
+      at: td.getAttribute("data-paused-at"),
+      title: td.getAttribute("title"),
+    }));
+    expect(cell).toEqual({
+      text: expect.stringMatching(/^paused by the operator since .+: maintenance$/),
+      by: "operator",
+      at: String(at),
+      title: "connected, left out of placements until resumed",
+    });
+    // the time is the pause's, as the browser writes a date
+    const since = await page.evaluate((ms) => new Date(ms).toLocaleString(), at);
+    expect(cell.text).toBe(`paused by the operator since ${since}: maintenance`);
+    expect(await page.getAttribute('[data-worker="worker-a"] td[data-state]', "data-state")).toBe("live");
+    expect((await post("resume", {})).status).toBe(200);
+    await page.waitForSelector('[data-worker="worker-b"] td[data-state="live"]', { timeout: 10_000 });
+    expect(await page.textContent('[data-worker="worker-b"] td[data-state]')).toBe("live");
+    expect(errors).toEqual([]);
+  });
 });

@@ -4,12 +4,20 @@ import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { InvalidArgumentError, isMoeswarmError } from "@moeswarm/core";
 import { parseByteSize } from "@moeswarm/shard";
-import { BACKEND_CHOICES, isBackendChoice, probeCuda, probeVulkan } from "@moeswarm/worker-native";
+import {
+  BACKEND_CHOICES,
+  type BackendChoice,
+  GPU_BACKEND_CHOICES,
+  isBackendChoice,
+  probeCuda,
+  probeVulkan,
+} from "@moeswarm/worker-native";
 import cliProgress from "cli-progress";
 import { hostFacts, workerDefaults } from "./device-defaults.js";
 import { DIRECT_MATCH_MINUTES, DIRECT_REPORT_MAX_MS, directSettings } from "./direct.js";
 import { enrolledToken } from "./enrol.js";
 import { formatBytes, formatWorkerEvent, type WorkerEvent } from "./events.js";
+import { MAX_BATCH_ROWS_LIMIT } from "./options.js";
 import type { PowerOptions } from "./power.js";
 import { type RunWorkerOptions, runWorker } from "./run-worker.js";
 
@@ -35,8 +43,9 @@ downloads and verifies it, serves it through the hub's relay until SIGINT/SIGTER
   --capacity SIZE      memory offered for expert weights, e.g. 2GiB (default: half the free memory;
                        on a phone also at most a quarter of its memory)
   --vram SIZE          device memory offered (default 0; --backend vulkan/cuda: the device's less
-                       the compute buffer (~209 MiB) and a margin (512 MiB or 1/32 of it, whichever
-                       is more); a GPU worker's claims are sized by it, not by --capacity)
+                       the compute buffer (~209 MiB at 512 rows, see --max-batch-rows) and a margin
+                       (512 MiB or 1/32 of it, whichever is more); a GPU worker's claims are sized
+                       by it, not by --capacity)
   --cache-dir DIR      where slices are kept across restarts (default ~/.cache/moeswarm/worker)
   --cache-max SIZE     most disk the cache may use, e.g. 20GiB; least recently used slices not
                        being served are deleted to make room (default: no limit; on a phone
@@ -46,6 +55,10 @@ downloads and verifies it, serves it through the hub's relay until SIGINT/SIGTER
                        native addon, else the static executable (Android, musl), else TypeScript);
                        vulkan needs npm package @node-llama-cpp/linux-x64-vulkan@3.21.1, cuda
                        @node-llama-cpp/linux-x64-cuda@3.21.1 and the NVIDIA driver
+  --max-batch-rows N   --backend vulkan/cuda: most (token, expert) rows per compute graph, 1..65536
+                       (default 512). The compute buffer is reserved for this many at load and
+                       never grows; bigger batches are computed in chunks. Fewer rows leave more
+                       device memory for weights (the default --vram follows it)
   --threads N          most compute threads (default: all CPUs; on a phone 4, its big cores)
   --pause-battery PCT  pause at or below this charge while discharging, resume 5 points above or
                        once charging (default 20; off: never); read from /sys every 30 s
@@ -159,6 +172,7 @@ const OPTIONS = {
   id: { type: "string" },
   backend: { type: "string" },
   threads: { type: "string" },
+  "max-batch-rows": { type: "string" },
   "pause-battery": { type: "string" },
   "pause-temp": { type: "string" },
   model: { type: "string" },
@@ -214,6 +228,7 @@ export async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Pro
   if (threadsText !== undefined && !/^[1-9]\d{0,3}$/.test(threadsText)) {
     throw usageError(`--threads must be a positive integer, got ${JSON.stringify(threadsText)}`);
   }
+  const maxBatchRows = maxBatchRowsOf(str("max-batch-rows"), backend);
   const caFile = str("ca");
   const ca = caFile === undefined ? undefined : await readOption(caFile, "ca");
   const cacheDir =
@@ -223,9 +238,10 @@ export async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Pro
   let vramBytes = size(str("vram"), "vram");
   if (vramBytes === undefined && (backend === "vulkan" || backend === "cuda")) {
     // the device's memory as ggml counts it, less the compute buffer the worker reserves at load
-    // and a margin (worker-native's gpuVramOffer): what the weights may take (a missing package,
-    // driver or device fails here, before any claim, with what to install)
-    vramBytes = (await (backend === "cuda" ? probeCuda() : probeVulkan())).vramOfferBytes;
+    // (for --max-batch-rows rows) and a margin (worker-native's gpuVramOffer): what the weights may
+    // take (a missing package, driver or device fails here, before any claim, with what to install)
+    const rows = maxBatchRows !== undefined ? { maxBatchRows } : {};
+    vramBytes = (await (backend === "cuda" ? probeCuda(rows) : probeVulkan(rows))).vramOfferBytes;
   }
   const cacheMaxBytes = size(str("cache-max"), "cache-max") ?? defaults.cacheMaxBytes;
   const threads = threadsText !== undefined ? Number(threadsText) : defaults.threads;
@@ -242,6 +258,7 @@ export async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Pro
     ...(cacheMaxBytes !== undefined ? { cacheMaxBytes } : {}),
     backend,
     ...(threads !== undefined ? { threads } : {}),
+    ...(maxBatchRows !== undefined ? { maxBatchRows } : {}),
     ...(str("id") !== undefined ? { id: str("id") as string } : {}),
     ...(ca !== undefined ? { ca } : {}),
     ...(str("model") !== undefined ? { model: str("model") as string } : {}),
@@ -251,6 +268,22 @@ export async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Pro
     ...(direct !== undefined ? { direct } : {}),
     power,
   };
+}
+
+/** --max-batch-rows: an integer in 1..65536, for a GPU backend only (usage errors otherwise). */
+function maxBatchRowsOf(text: string | undefined, backend: BackendChoice): number | undefined {
+  if (text === undefined) return undefined;
+  if (!/^\d{1,6}$/.test(text) || Number(text) < 1 || Number(text) > MAX_BATCH_ROWS_LIMIT) {
+    throw usageError(
+      `--max-batch-rows must be an integer in 1..${MAX_BATCH_ROWS_LIMIT}, got ${JSON.stringify(text)}`,
+    );
+  }
+  if (!GPU_BACKEND_CHOICES.includes(backend)) {
+    throw usageError(
+      `--max-batch-rows goes with --backend ${GPU_BACKEND_CHOICES.join(" or ")} (a GPU worker reserves its compute buffer at load), not --backend ${backend}`,
+    );
+  }
+  return Number(text);
 }
 
 /** --pause-battery and --pause-temp (MOESWARM_SYSFS_ROOT moves /sys, for tests) as runWorker's `power`. */

@@ -59,6 +59,14 @@ export interface RunWorkerOptions {
   wrapCompute?: (compute: ExpertCompute) => ExpertCompute;
   /** Compute threads (native paths; default all CPUs). */
   threads?: number;
+  /**
+   * GPU backends ("vulkan", "cuda"): most (token, expert) rows per compute graph, 1..65536
+   * (default 512, worker-native's GPU_MAX_BATCH_ROWS). The worker reserves its compute buffer for
+   * this many at load and computes larger requests in chunks; fewer rows leave more device memory
+   * for weights (the CLI's default `--vram` offer follows it). Refused with another backend, where
+   * no buffer is reserved.
+   */
+  maxBatchRows?: number;
   /** This worker's id on the relay (default: the token's bound id, else `<hostname>-<random>`). */
   id?: string;
   /** PEM CA certificate(s) to trust for a self-hosted hub (https and wss). */
@@ -138,6 +146,8 @@ export interface Settings {
   backend: BackendChoice;
   wrapCompute: ((compute: ExpertCompute) => ExpertCompute) | undefined;
   threads: number | undefined;
+  /** GPU backends only; undefined: worker-native's default. */
+  maxBatchRows: number | undefined;
   pollMs: number;
   model: string | undefined;
   leaseTtlMs: number | undefined;
@@ -245,6 +255,7 @@ export function settings(o: RunWorkerOptions): Settings {
     backend,
     wrapCompute: checkWrapCompute(o.wrapCompute),
     threads: o.threads,
+    maxBatchRows: maxBatchRowsOption(o.maxBatchRows, backend),
     pollMs: msOption("pollMs", o.pollMs, 10_000, 10),
     model: o.model,
     leaseTtlMs: o.leaseTtlMs === undefined ? undefined : msOption("leaseTtlMs", o.leaseTtlMs, 0, 1000),
@@ -257,6 +268,25 @@ export function settings(o: RunWorkerOptions): Settings {
     direct: directSettings(o.direct),
     power: powerSettings(o.power),
   };
+}
+
+/** The most rows a GPU worker's graph may take: worker-native's own bounds (1..65536). */
+export const MAX_BATCH_ROWS_LIMIT = 65_536;
+
+function maxBatchRowsOption(v: unknown, backend: BackendChoice): number | undefined {
+  if (v === undefined) return undefined;
+  if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 1 || v > MAX_BATCH_ROWS_LIMIT) {
+    throw new InvalidArgumentError(
+      `maxBatchRows must be an integer in 1..${MAX_BATCH_ROWS_LIMIT}, got ${String(v)}`,
+    );
+  }
+  // only a GPU worker reserves a compute buffer at load: elsewhere the bound would mean nothing
+  if (!GPU_BACKEND_CHOICES.includes(backend)) {
+    throw new InvalidArgumentError(
+      `maxBatchRows applies to the GPU backends (${GPU_BACKEND_CHOICES.join(", ")}), not backend "${backend}"`,
+    );
+  }
+  return v;
 }
 
 function checkWrapCompute(v: unknown): Settings["wrapCompute"] {

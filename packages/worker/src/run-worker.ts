@@ -448,6 +448,7 @@ class WorkerRun {
     const loaded = await loadExpertCompute(a.paths.path, {
       backend: s.backend,
       ...(s.threads !== undefined ? { threads: s.threads } : {}),
+      ...(s.maxBatchRows !== undefined ? { maxBatchRows: s.maxBatchRows } : {}),
       signal: stop,
     });
     const compute = s.wrapCompute ? s.wrapCompute(loaded) : loaded;

@@ -13,6 +13,7 @@ import { createLoopbackCertificates, isCertificateHost } from "../loopback-tls.j
 import type { ModelInfo } from "../model.js";
 import { mintToken, type TokenRole } from "../token.js";
 import { enrolCode } from "./enrol-code.js";
+import { pauseCommand, pausesCommand, resumeCommand } from "./pause.js";
 
 export const CLI_NAME = "moeswarm-hub";
 /** The ids the tokens `serve` prints (no --secret-file) are bound to. */
@@ -23,6 +24,8 @@ const GENERATED_BACKBONE_ID = "backbone-1";
 export interface CliIo {
   stdout: NodeJS.WritableStream;
   stderr: NodeJS.WritableStream;
+  /** Where MOESWARM_HUB and MOESWARM_TOKEN are read (default process.env). */
+  env?: NodeJS.ProcessEnv;
 }
 
 type Values = Record<string, string | boolean | string[] | undefined>;
@@ -39,7 +42,9 @@ interface Command {
   summary: string;
   usage: string;
   options: Record<string, Option>;
-  run(values: Values, io: CliIo, signal: AbortSignal): Promise<void>;
+  /** Whether it takes arguments besides its options (`pause <worker-id>`). */
+  positionals?: boolean;
+  run(values: Values, io: CliIo, signal: AbortSignal, positionals: readonly string[]): Promise<void>;
 }
 
 /** A mistake in the command line (exit status 2), as opposed to a failure of the work (1). */
@@ -579,7 +584,7 @@ const token: Command = {
   },
 };
 
-const COMMANDS: readonly Command[] = [serve, token, enrolCode];
+const COMMANDS: readonly Command[] = [serve, token, enrolCode, pauseCommand, resumeCommand, pausesCommand];
 
 function helpText(command?: Command): string {
   if (command) {
@@ -625,14 +630,16 @@ export async function runCli(
   const command = COMMANDS.find((c) => c.name === name);
   if (!command) return fail(usageError(`unknown command ${JSON.stringify(name)}; try --help`), 2);
   let values: Values;
+  let positionals: string[];
   try {
     const parsed = parseArgs({
       args: [...rest],
       options: { ...command.options, help: { type: "boolean", short: "h" } },
-      allowPositionals: false,
+      allowPositionals: command.positionals === true,
       strict: true,
     });
     values = parsed.values as Values;
+    positionals = parsed.positionals;
   } catch (error) {
     return fail(error, 2);
   }
@@ -641,7 +648,7 @@ export async function runCli(
     return 0;
   }
   try {
-    await command.run(values, io, signal);
+    await command.run(values, io, signal, positionals);
     return 0;
   } catch (error) {
     return fail(error, isUsageError(error) ? 2 : 1);

@@ -11,7 +11,14 @@ import * as market from "./market.js";
 import { getManifest, getModel, listModels, registerModel, removeModel } from "./models.js";
 import { enrol, issueEnrolCode, listQuarantines, reinstateWorker, reportQuarantine } from "./reputation.js";
 import { getExpertShard } from "./shard.js";
-import { drainWorker, getWorkerPause, listWorkers, pauseWorker, resumeWorker } from "./workers.js";
+import {
+  drainWorker,
+  getWorkerPause,
+  listPauses,
+  listWorkers,
+  pauseWorker,
+  resumeWorker,
+} from "./workers.js";
 
 /**
  * Who may call an endpoint: anyone (`public`); any valid token unless the hub serves public reads
@@ -59,6 +66,7 @@ const ROUTES: readonly Route[] = [
     HEAD: { access: "public", handle: getDirectKey },
   }),
   route("/api/direct/tickets", { POST: { access: "self", handle: postDirectTicket } }),
+  route("/api/pauses", read(listPauses)),
   route("/api/quarantines", read(listQuarantines)),
   route("/api/enrol", { POST: { access: "public", handle: enrol } }),
   route("/api/enrol-codes", { POST: { access: "admin", handle: issueEnrolCode } }),

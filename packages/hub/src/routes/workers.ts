@@ -1,5 +1,6 @@
-// /api/workers: the workers the hub knows, draining one (admin), pausing and resuming one.
-import { isHubId } from "@moeswarm/core";
+// /api/workers: the workers the hub knows, draining one (admin), pausing and resuming one;
+// /api/pauses: the pauses in force.
+import { isHubId, type WorkerPauseListJson } from "@moeswarm/core";
 import { readJsonBody } from "../http-body.js";
 import { badRequest, notFound, sendJson } from "../http-errors.js";
 import { pauserOf } from "../worker-pause.js";
@@ -32,6 +33,12 @@ export const getWorkerPause: Handler = (ctx, { res, params, head }) => {
   sendJson(res, 200, ctx.pauses.state(params.id as string), {}, head);
 };
 
+/** GET /api/pauses: every worker under a pause, the hub's or its own (`WorkerPauseListJson`). */
+export const listPauses: Handler = (ctx, { res, head }) => {
+  const body: WorkerPauseListJson = { pauses: ctx.pauses.list() };
+  sendJson(res, 200, body, {}, head);
+};
+
 /** The body of a pause or resume: `{"reason"?: "<text>", "self"?: true}` (empty allowed). */
 async function pauseBody(ctx: RouteContext, call: RouteCall): Promise<{ reason?: string; self: boolean }> {
   const body = await readJsonBody(call.req, call.res, ctx.settings.maxBodyBytes);
@@ -59,7 +66,8 @@ const pauseOrResume =
     const claims = ctx.marketHttp.authorize(call.req, "worker");
     const { reason, self } = await pauseBody(ctx, call);
     const by = pauserOf(claims, id, await ctx.workerOwner(id), self);
-    sendJson(call.res, 200, paused ? ctx.pauses.pause(id, by, reason) : ctx.pauses.resume(id, by));
+    // the hub's pause is on disk before it is answered (a restart on the same store keeps it)
+    sendJson(call.res, 200, await (paused ? ctx.pauses.pause(id, by, reason) : ctx.pauses.resume(id, by)));
   };
 
 export const pauseWorker = pauseOrResume(true);
