@@ -297,7 +297,7 @@ describe("moeswarm-worker processes against a hub", () => {
       ms: Math.round(e.ms),
       bytesPerSecond: e.bytesPerSecond,
     }));
-  });
+  }, 120_000);
 
   it("answers dispatches through the relay with the bits of a local compute over the whole model", async () => {
     const backbone: RelayConnection = await connectRelay(relayUrl, {
