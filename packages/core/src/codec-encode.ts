@@ -184,7 +184,7 @@ function uint64Headers(bytes: Uint8Array, start: number): void {
  */
 export interface InPlaceTensor {
   readonly values: number;
-  fill(y: Float32Array): number | undefined | void;
+  fill(y: Float32Array): unknown;
 }
 
 /** A result frame whose `y` is written in place (see InPlaceTensor). */

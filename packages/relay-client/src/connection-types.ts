@@ -85,7 +85,7 @@ export interface DispatchAnswer {
  * result's `ms` when `ms` is not given.
  */
 export interface DispatchAnswerInto {
-  fill(y: Float32Array): number | undefined | void;
+  fill(y: Float32Array): unknown;
   ms?: number;
 }
 

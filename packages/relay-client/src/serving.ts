@@ -146,7 +146,7 @@ export class Incoming implements IncomingDispatch {
     if (this.compact) {
       // the full answer first: a compact result is its filled slots' rows
       const y = new Float32Array(this.values);
-      let ms: number | undefined | void;
+      let ms: unknown;
       try {
         ms = fill(y);
       } catch (error) {

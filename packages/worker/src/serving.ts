@@ -14,6 +14,8 @@ import {
 import {
   connectRelay,
   type DirectServer,
+  type DispatchAnswer,
+  type DispatchAnswerInto,
   type IncomingDispatch,
   isTransient,
   type RelayConnection,
@@ -88,7 +90,7 @@ export class Serving {
         id: s.id,
         hub: s.hub,
         onDispatch: async (req) => {
-          const answer = await this.#onDispatch(req);
+          const answer = await this.answer(req);
           this.#served?.report.add(req.from, req.model, req.ids);
           return answer;
         },
@@ -129,7 +131,7 @@ export class Serving {
           ...(s.hub.ca !== undefined ? { ca: s.hub.ca } : {}),
           ...(s.heartbeatMs !== undefined ? { heartbeatMs: s.heartbeatMs } : {}),
           signal: connecting.signal,
-          onDispatch: (req) => this.#onDispatch(req),
+          onDispatch: (req) => this.answer(req),
           // the hub takes this worker out of service: drain as on a signal
           onDrain: (reason) => this.#ctx.requestStop("drain", `the hub asked${reason ? `: ${reason}` : ""}`),
         });
@@ -182,7 +184,12 @@ export class Serving {
     }
   }
 
-  async #onDispatch(req: IncomingDispatch) {
+  /**
+   * Answers one dispatch (the relay and the direct server call it): `{ y, ms }` from a compute on
+   * the thread pool or `{ fill }`, which writes the answer into the result frame (a small
+   * request is computed right there) and returns its ms.
+   */
+  async answer(req: IncomingDispatch): Promise<DispatchAnswer | DispatchAnswerInto> {
     if (this.#draining) {
       throw new TransportError("MOESWARM_TRANSPORT_DRAINING", `worker ${this.#ctx.s.id} is draining`);
     }
