@@ -9,9 +9,11 @@
 //   written in place too);
 // - inline: NativeExpertCompute with `syncMaxTokens: 64`, every call on the calling thread (the
 //   default, 8, takes this path at 1 and 8 tokens and the pool at 64);
+// - copy: inline, then its array copied into reused memory (a result frame's y): the worker's
+//   answer to a small request before it was written in place;
 // - into: the same compute's `runSyncInto`, the answer written into memory given to it (as the
 //   worker writes a small request's answer straight into its result frame: no array of its own).
-// The four are sampled in turns, call by call, so that they see the same machine load; overhead
+// The five are sampled in turns, call by call, so that they see the same machine load; overhead
 // is each call's time minus the floor call of its turn, reported as median and p10..p90.
 import { mkdtemp, rm } from "node:fs/promises";
 import { createRequire } from "node:module";
@@ -96,6 +98,11 @@ export const computeCall: Benchmark = {
           const paths = {
             pool: () => pool.run(req),
             inline: () => inline.run(req),
+            // the worker's small answer before: the inline array, then copied into the frame
+            copy: async () => {
+              out.set(await inline.run(req));
+              return out;
+            },
             into: () => {
               inline.runSyncInto(req, out);
               return out;
@@ -113,7 +120,7 @@ export const computeCall: Benchmark = {
               throw new Error(`n=${n}: a path's output differs from the floor's`);
           }
           const floorNs: number[] = [];
-          const over: Record<keyof typeof paths, number[]> = { pool: [], inline: [], into: [] };
+          const over: Record<keyof typeof paths, number[]> = { pool: [], inline: [], copy: [], into: [] };
           for (let t = 0; t < TURNS[n]!; t++) {
             const f = await timed(floor);
             floorNs.push(f);
