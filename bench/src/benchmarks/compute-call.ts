@@ -8,8 +8,12 @@
 //   AsyncWorker on libuv's thread pool (the path every request took before; its output is now
 //   written in place too);
 // - inline: NativeExpertCompute with `syncMaxTokens: 64`, every call on the calling thread (the
-//   default, 8, takes this path at 1 and 8 tokens and the pool at 64).
-// The three are sampled in turns, call by call, so that they see the same machine load; overhead
+//   default, 8, takes this path at 1 and 8 tokens and the pool at 64);
+// - copy: inline, then its array copied into reused memory (a result frame's y): the worker's
+//   answer to a small request before it was written in place;
+// - into: the same compute's `runSyncInto`, the answer written into memory given to it (as the
+//   worker writes a small request's answer straight into its result frame: no array of its own).
+// The five are sampled in turns, call by call, so that they see the same machine load; overhead
 // is each call's time minus the floor call of its turn, reported as median and p10..p90.
 import { mkdtemp, rm } from "node:fs/promises";
 import { createRequire } from "node:module";
@@ -60,7 +64,7 @@ async function timed(f: () => unknown): Promise<number> {
 
 export const computeCall: Benchmark = {
   name: "compute-call",
-  description: `a worker's compute call above its arithmetic: floor (addon runSync) vs the thread-pool path vs the inline path, n_embd ${N_EMBD} n_ff ${N_FF}, top-${K}, ${ggmlTypeName(TYPE)}`,
+  description: `a worker's compute call above its arithmetic: floor (addon runSync) vs the thread-pool path vs the inline path vs inline into given memory, n_embd ${N_EMBD} n_ff ${N_FF}, top-${K}, ${ggmlTypeName(TYPE)}`,
   async run() {
     const probe = await nativeOrSkip();
     if (probe.skipped) return probe.skipped;
@@ -89,7 +93,22 @@ export const computeCall: Benchmark = {
         for (const n of TOKENS) {
           const req = sliceRequest(SLICE, n, K, 7000 + n);
           const floor = () => bare.runSync(0, req.x, req.ids, K, req.w, 1, false);
-          const paths = { pool: () => pool.run(req), inline: () => inline.run(req) };
+          // (a frame's y: memory reused call after call)
+          const out = new Float32Array(n * N_EMBD);
+          const paths = {
+            pool: () => pool.run(req),
+            inline: () => inline.run(req),
+            // the worker's small answer before: the inline array, then copied into the frame
+            copy: async () => {
+              out.set(await inline.run(req));
+              return out;
+            },
+            into: () => {
+              inline.runSyncInto(req, out);
+              return out;
+            },
+          };
+          const names = Object.keys(paths) as Array<keyof typeof paths>;
           // same bits on every path, and a warm graph cache
           const want = floor();
           for (const run of Object.values(paths)) {
@@ -101,25 +120,27 @@ export const computeCall: Benchmark = {
               throw new Error(`n=${n}: a path's output differs from the floor's`);
           }
           const floorNs: number[] = [];
-          const over: Record<keyof typeof paths, number[]> = { pool: [], inline: [] };
+          const over: Record<keyof typeof paths, number[]> = { pool: [], inline: [], copy: [], into: [] };
           for (let t = 0; t < TURNS[n]!; t++) {
             const f = await timed(floor);
             floorNs.push(f);
-            // alternate which path goes first, so that neither always follows the floor
-            const order = t % 2 === 0 ? (["pool", "inline"] as const) : (["inline", "pool"] as const);
-            for (const p of order) over[p].push((await timed(paths[p])) - f);
+            // rotate which path goes first, so that none always follows the floor
+            for (let i = 0; i < names.length; i++) {
+              const p = names[(t + i) % names.length]!;
+              over[p].push((await timed(paths[p])) - f);
+            }
           }
           const turnFloor = [...floorNs];
           floorNs.sort((a, b) => a - b);
           const row: Row = { tokens: n, "floor p50 us": us(quantile(floorNs, 0.5)) };
-          for (const p of ["pool", "inline"] as const) {
+          for (const p of names) {
             const o = [...over[p]].sort((a, b) => a - b);
             row[`${p} over p50 us`] = us(quantile(o, 0.5));
             row[`${p} over p10..p90 us`] = `${us(quantile(o, 0.1))}..${us(quantile(o, 0.9))}`;
           }
           rows.push(row);
           // per turn, the call over the floor call: 1.0 is a call that costs only its arithmetic
-          for (const p of ["pool", "inline"] as const) {
+          for (const p of names) {
             ratios[`${p}/floor n=${n}`] = median(over[p].map((o, t) => (turnFloor[t]! + o) / turnFloor[t]!));
             ratios[`${p} overhead us n=${n}`] = median(over[p]) / 1000;
           }

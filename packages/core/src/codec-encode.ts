@@ -1,7 +1,7 @@
 import { Packr, RESERVE_START_SPACE } from "msgpackr/index-no-eval";
 import { checkMaxFrameBytes } from "./codec-checks.js";
 import { validateFrame } from "./codec-validate.js";
-import { holeOf, TENSOR_FRAME_TYPES, writeTensorFrame } from "./codec-write.js";
+import { holeOf, TENSOR_FRAME_TYPES, writeNumber, writeTensorFrame } from "./codec-write.js";
 import { InvalidArgumentError, ProtocolError } from "./errors.js";
 import {
   CAPS_FIELDS,
@@ -176,10 +176,15 @@ function uint64Headers(bytes: Uint8Array, start: number): void {
  * the frame's memory while the frame is encoded, which saves the copy of `y` into the frame. The
  * view `fill` gets is lent: it must write every value (the memory may hold an older frame) and
  * keep no reference to it once it returns. An exception from `fill` fails the encoding.
+ *
+ * A fill may compute the answer: when the frame has no `ms`, a number `fill` returns becomes the
+ * frame's `ms` (the compute's time, known only once it ran; `ms` follows `y` on the wire, so it is
+ * written after the fill). The bytes are the same as those of the frame with that `ms` and an
+ * array `y`; without a number returned, those of the frame without `ms`.
  */
 export interface InPlaceTensor {
   readonly values: number;
-  fill(y: Float32Array): void;
+  fill(y: Float32Array): unknown;
 }
 
 /** A result frame whose `y` is written in place (see InPlaceTensor). */
@@ -230,12 +235,40 @@ function encodeInPlace(frame: ResultInPlace, reserve: number, max: number, memor
     throw new InvalidArgumentError(`result.y.values must be an integer >= 0, got ${String(tensor.values)}`);
   }
   // checked and written as the frame with a y of that length; the writer leaves y's bytes open
-  const stand: ResultFrame = { ...frame, y: holeOf(tensor.values) };
+  // (and, without an `ms`, holds the most an ms takes for the one fill may return)
+  const timed = frame.ms === undefined;
+  const stand: ResultFrame = { ...frame, y: holeOf(tensor.values), ...(timed ? { ms: MS_HELD } : {}) };
   validateFrame(stand);
   const written = writeTensorFrame(stand, reserve, max, memory, tooLarge);
   const { bytes, holeAt } = written;
-  tensor.fill(new Float32Array(bytes.buffer, bytes.byteOffset + holeAt, tensor.values));
-  return bytes;
+  const ms = tensor.fill(new Float32Array(bytes.buffer, bytes.byteOffset + holeAt, tensor.values));
+  return timed ? writeHeldMs(bytes, reserve, holeAt + tensor.values * 4, ms) : bytes;
+}
+
+/** A stand-in ms written as a float64: the 9 bytes the largest canonical number takes. */
+const MS_HELD = 0.5;
+/** The entry `ms` (its fixstr key, 3 bytes, and a float64) as the stand-in writes it. */
+const MS_ENTRY_BYTES = 3 + 9;
+
+/**
+ * The `ms` a fill returned, written over the stand-in entry at `at` (right after y) in its
+ * canonical form, the entries after it moved up and the frame shortened to fit; without a number,
+ * the entry is taken out (one entry fewer in the fixmap header: a result has fewer than 16).
+ */
+function writeHeldMs(bytes: Uint8Array, reserve: number, at: number, ms: unknown): Uint8Array {
+  const tail = at + MS_ENTRY_BYTES;
+  let end = at;
+  if (typeof ms === "number") {
+    if (!Number.isFinite(ms) || ms < 0) {
+      throw new InvalidArgumentError(`result.ms must be a finite number >= 0, got ${String(ms)}`);
+    }
+    end = writeNumber(Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength), at + 3, ms);
+  } else {
+    bytes[reserve] = (bytes[reserve] as number) - 1;
+  }
+  if (end === tail) return bytes;
+  bytes.copyWithin(end, tail);
+  return bytes.subarray(0, bytes.byteLength - (tail - end));
 }
 
 /** One buffer, kept and grown, written from its start by each encoding. */

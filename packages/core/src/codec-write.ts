@@ -76,7 +76,8 @@ function numberSize(x: number): number {
   return x >= -0x20 ? 1 : x >= -0x80 ? 2 : x >= -0x8000 ? 3 : x >= -0x8000_0000 ? 5 : 9;
 }
 
-function writeNumber(out: Buffer, at: number, x: number): number {
+/** Writes a number in canonical msgpack at `at`; returns the offset after it. */
+export function writeNumber(out: Buffer, at: number, x: number): number {
   if (!Number.isSafeInteger(x)) {
     out[at] = 0xcb;
     out.writeDoubleBE(x, at + 1);

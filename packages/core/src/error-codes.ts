@@ -246,6 +246,10 @@ export const ERROR_CODES = {
     area: "NativeError",
     text: "The layer's weights are repacked (they take f32 activations) and a q8_0/q8_K row of the dispatch does not come back byte for byte from f32, so computing from it would not give the sender's bits: the sender sends that dispatch again in f32.",
   },
+  MOESWARM_NATIVE_OUTPUT: {
+    area: "NativeError",
+    text: "The array given to the compute for its answer (a result frame's memory) does not hold exactly the answer's values: a bug in the caller, not in the request.",
+  },
 
   // --- hub ---------------------------------------------------------------------------------------
   MOESWARM_HUB_NOT_FOUND: { area: "HubError", text: "The model, worker or resource does not exist." },

@@ -81,10 +81,11 @@ export interface DispatchAnswer {
  * the frame's memory for the full answer (n*k*embd values for mode "each", n*embd for "sum") and
  * must write every value before it returns. The view is lent for the call: keep no reference to
  * it (the memory is reused by the next frame sent). An exception from `fill` is answered as an
- * `error` frame with its code.
+ * `error` frame with its code. A `fill` that computes the answer returns the compute's time: the
+ * result's `ms` when `ms` is not given.
  */
 export interface DispatchAnswerInto {
-  fill(y: Float32Array): void;
+  fill(y: Float32Array): unknown;
   ms?: number;
 }
 

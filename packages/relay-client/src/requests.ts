@@ -1,7 +1,7 @@
 import {
+  abortReason,
   errorFromCode,
   isQuantizedActivationDtype,
-  onAbort,
   ProtocolError,
   TransportError,
   traceHop,
@@ -19,16 +19,45 @@ import {
 } from "./wire.js";
 
 // The backbone side: requests in flight by id, each with its deadline, its caller's signal and the
-// shape its result must have.
+// shape its result must have. A request costs no timer and no closure of its own: one timer per
+// table, armed for the earliest deadline, sweeps the expired ones (the request it was armed for
+// expires when it fires, whatever a clock says, as a timer per request would), the abort listener
+// is the request object itself (handleEvent), and the promise's executor is shared.
 
-interface Pending {
-  to: string;
-  n: number;
-  k: number;
-  embd: number;
-  mode: DispatchMode;
-  resolve(reply: DispatchReply): void;
-  reject(error: unknown): void;
+const ONCE = { once: true } as const;
+
+/** A request in flight: its shape, its promise's settlers, its deadline and its caller's signal. */
+class Pending {
+  resolve!: (reply: DispatchReply) => void;
+  reject!: (error: unknown) => void;
+
+  constructor(
+    readonly table: RequestTable,
+    readonly id: number,
+    readonly to: string,
+    readonly n: number,
+    readonly k: number,
+    readonly embd: number,
+    readonly mode: DispatchMode,
+    readonly deadlineMs: number,
+    /** performance.now() at which it expires. */
+    readonly due: number,
+    readonly signal: AbortSignal | undefined,
+  ) {}
+
+  /** The caller's signal aborted. */
+  handleEvent(): void {
+    this.table.fail(this, abortReason(this.signal as AbortSignal));
+  }
+}
+
+// The promise executor of every request (it runs synchronously inside `new Promise`): no closure
+// per request.
+let executing: Pending | undefined;
+function executor(resolve: (reply: DispatchReply) => void, reject: (error: unknown) => void): void {
+  const p = executing as Pending;
+  p.resolve = resolve;
+  p.reject = reject;
 }
 
 /** What a request is sent with. */
@@ -48,6 +77,11 @@ export class RequestTable {
   readonly #writer: FrameWriter;
   /** What the link's peer is called in errors ("the relay", or a worker on its direct link). */
   readonly #peer: string;
+  /** The one deadline timer, the time it fires at and the request it was armed for. */
+  #timer: ReturnType<typeof setTimeout> | undefined;
+  #timerDue = Number.POSITIVE_INFINITY;
+  #timerFor: Pending | undefined;
+  readonly #sweep = () => this.#expire();
 
   /** `writer` encodes the dispatches (and enforces maxFrameBytes). */
   constructor(writer: FrameWriter, peer = "the relay") {
@@ -57,9 +91,10 @@ export class RequestTable {
 
   /**
    * Encodes and sends the dispatch and waits for its answer. Throws at once (before anything is
-   * sent) for a frame over maxFrameBytes or a send buffer over maxQueueBytes.
+   * sent) for a frame over maxFrameBytes, a send buffer over maxQueueBytes or an aborted signal.
    */
   send(out: Outgoing): Promise<DispatchReply> {
+    if (out.signal?.aborted) throw abortReason(out.signal);
     const id = this.#allocateId();
     // the bytes may be lent (memory reused by the next frame): sent before `send` returns
     return this.#writer.encode(out.link, dispatchFrameOf(id, out), (bytes) =>
@@ -69,7 +104,6 @@ export class RequestTable {
 
   #sendBytes(id: number, bytes: Uint8Array, out: Outgoing): Promise<DispatchReply> {
     const { link, to, request: req, deadlineMs, signal } = out;
-    // (the Promise executor runs at once: the bytes reach link.send while still lent)
     if (link.bufferedBytes + bytes.byteLength > out.maxQueueBytes) {
       throw new TransportError(
         "MOESWARM_TRANSPORT_BACKPRESSURE",
@@ -77,42 +111,82 @@ export class RequestTable {
         { details: { to } },
       );
     }
-    return new Promise<DispatchReply>((resolve, reject) => {
-      const settle = () => {
-        clearTimeout(timer);
-        aborted[Symbol.dispose]();
-        this.#pending.delete(id);
-      };
-      const timer = setTimeout(() => {
-        settle();
-        reject(
-          new TransportError("MOESWARM_TRANSPORT_TIMEOUT", `${to} did not answer within ${deadlineMs} ms`, {
-            details: { to, deadlineMs },
-          }),
-        );
-      }, deadlineMs);
-      const aborted = onAbort(signal, (reason) => {
-        settle();
-        reject(reason);
-      });
-      this.#pending.set(id, {
-        to,
-        n: req.n,
-        k: req.k,
-        embd: req.embd,
-        mode: req.mode,
-        resolve: (reply) => {
-          settle();
-          resolve(reply);
-        },
-        reject: (error) => {
-          settle();
-          reject(error);
-        },
-      });
+    const now = performance.now();
+    const p = new Pending(
+      this,
+      id,
+      to,
+      req.n,
+      req.k,
+      req.embd,
+      req.mode,
+      deadlineMs,
+      now + deadlineMs,
+      signal,
+    );
+    executing = p;
+    const promise = new Promise<DispatchReply>(executor);
+    executing = undefined;
+    this.#pending.set(id, p);
+    signal?.addEventListener("abort", p, ONCE);
+    if (p.due < this.#timerDue) this.#arm(p, now);
+    else if (this.#pending.size === 1) this.#timer?.ref();
+    try {
       link.send(bytes);
-      traceHop("rc.sent", id);
-    });
+    } catch (error) {
+      this.fail(p, error);
+      return promise;
+    }
+    traceHop("rc.sent", id);
+    return promise;
+  }
+
+  /** (Re)arms the one timer for `p`'s deadline. */
+  #arm(p: Pending, now: number): void {
+    if (this.#timer !== undefined) clearTimeout(this.#timer);
+    this.#timerDue = p.due;
+    this.#timerFor = p;
+    this.#timer = setTimeout(this.#sweep, Math.max(0, p.due - now));
+  }
+
+  /** The timer fired: its request and every other one past its deadline time out. */
+  #expire(): void {
+    const first = this.#timerFor;
+    this.#timer = undefined;
+    this.#timerDue = Number.POSITIVE_INFINITY;
+    this.#timerFor = undefined;
+    const now = performance.now();
+    let next: Pending | undefined;
+    // (deleting the entry being visited is safe in a Map's iteration)
+    for (const p of this.#pending.values()) {
+      if (p === first || p.due <= now) {
+        this.fail(
+          p,
+          new TransportError(
+            "MOESWARM_TRANSPORT_TIMEOUT",
+            `${p.to} did not answer within ${p.deadlineMs} ms`,
+            {
+              details: { to: p.to, deadlineMs: p.deadlineMs },
+            },
+          ),
+        );
+      } else if (next === undefined || p.due < next.due) next = p;
+    }
+    if (next !== undefined) this.#arm(next, now);
+  }
+
+  /** Takes `p` out of the table (its listener too); the timer stops holding the process when none is left. */
+  #settle(p: Pending): boolean {
+    if (this.#pending.get(p.id) !== p) return false;
+    this.#pending.delete(p.id);
+    p.signal?.removeEventListener("abort", p);
+    if (this.#pending.size === 0) this.#timer?.unref();
+    return true;
+  }
+
+  /** Rejects request `p` if it still waits. @internal (Pending's abort listener calls it) */
+  fail(p: Pending, error: unknown): void {
+    if (this.#settle(p)) p.reject(error);
   }
 
   /** A `result` frame: resolves its request if it still waits and the shape is the request's. */
@@ -120,7 +194,8 @@ export class RequestTable {
     const p = this.#pending.get(frame.id);
     if (!p) return; // answered late: the request already timed out or was aborted
     if (frame.mode !== p.mode || frame.n !== p.n || frame.k !== p.k || frame.embd !== p.embd) {
-      p.reject(
+      this.fail(
+        p,
         new ProtocolError(
           "MOESWARM_PROTOCOL_BAD_LENGTH",
           `result from ${frame.from ?? p.to} has shape ${frame.mode} n=${frame.n} k=${frame.k} embd=${frame.embd}, the request ${p.mode} n=${p.n} k=${p.k} embd=${p.embd}`,
@@ -128,6 +203,7 @@ export class RequestTable {
       );
       return;
     }
+    this.#settle(p);
     p.resolve({
       y: frame.y,
       ms: frame.ms,
@@ -139,15 +215,14 @@ export class RequestTable {
   /** An `error` frame answering request `frame.id`. */
   error(frame: ErrorFrame & { id: number }): void {
     const p = this.#pending.get(frame.id);
-    p?.reject(errorFromCode(frame.code, frame.msg, { details: { from: frame.from ?? p.to } }));
+    if (p) this.fail(p, errorFromCode(frame.code, frame.msg, { details: { from: frame.from ?? p.to } }));
   }
 
   /** The link is gone: every request in flight fails at once. */
   failAll(cause: Error): void {
-    const pending = [...this.#pending.values()];
-    this.#pending.clear();
-    for (const p of pending) {
-      p.reject(
+    for (const p of [...this.#pending.values()]) {
+      this.fail(
+        p,
         new TransportError(
           "MOESWARM_TRANSPORT_CLOSED",
           `connection to ${this.#peer} lost before ${p.to} answered: ${cause.message}`,
@@ -155,6 +230,11 @@ export class RequestTable {
         ),
       );
     }
+  }
+
+  /** Requests waiting for their answer. */
+  get size(): number {
+    return this.#pending.size;
   }
 
   #allocateId(): number {

@@ -43,6 +43,21 @@ function compactSlotsInto(y: Float32Array, ids: Int32Array, embd: number, out: F
   }
 }
 
+/**
+ * A handler's `{ fill }` answer with its `ms`: the one given; else the time a fill that computes
+ * returns; else the handler's time up to the end of the fill.
+ */
+function answerInto(answer: DispatchAnswerInto, t0: number): DispatchAnswerInto {
+  if (answer.ms !== undefined) return answer;
+  const fill = answer.fill;
+  return {
+    fill: (y) => {
+      const ms = fill(y);
+      return typeof ms === "number" ? ms : now() - t0;
+    },
+  };
+}
+
 export class Incoming implements IncomingDispatch {
   readonly controller = new AbortController();
   readonly id: number;
@@ -131,15 +146,17 @@ export class Incoming implements IncomingDispatch {
     if (this.compact) {
       // the full answer first: a compact result is its filled slots' rows
       const y = new Float32Array(this.values);
+      let ms: unknown;
       try {
-        fill(y);
+        ms = fill(y);
       } catch (error) {
         return this.fail(error);
       }
-      return this.respond({ y, ms: answer.ms });
+      return this.respond({ y, ms: answer.ms ?? (typeof ms === "number" ? ms : undefined) });
     }
     // an exception from fill fails the encoding: the answer goes out as an error frame with its
-    // code (as for any result that cannot be encoded)
+    // code (as for any result that cannot be encoded); without `ms`, the number fill returns is
+    // written as the frame's (after y on the wire: see core's InPlaceTensor)
     return this.#result({ values: this.values, fill }, answer.ms);
   }
 
@@ -229,7 +246,7 @@ export class WorkerServing {
       .then(
         (answer) =>
           typeof (answer as Partial<DispatchAnswerInto> | undefined)?.fill === "function"
-            ? inc.respondInto({ fill: (answer as DispatchAnswerInto).fill, ms: answer.ms ?? now() - t0 })
+            ? inc.respondInto(answerInto(answer as DispatchAnswerInto, t0))
             : inc.respond({
                 y: (answer as DispatchAnswer | undefined)?.y as Float32Array,
                 ms: answer?.ms ?? now() - t0,

@@ -125,6 +125,17 @@ export interface ExpertCompute extends AsyncDisposable {
    * Mode "sum": n*n_embd floats, sum_j w_ij*y_ij rounded as protocol v1 defines it.
    */
   run(request: RunRequest, options?: RunOptions): Promise<Float32Array>;
+  /**
+   * True when `run(request)` would compute on the calling thread now (a small request and nothing
+   * queued): then `runSyncInto` may answer it instead. Absent from computes without that path.
+   */
+  runsInline?(request: RunRequest): boolean;
+  /**
+   * `run`'s answer written into `y` (exactly its length: n*k*n_embd for mode "each", n*n_embd for
+   * "sum") on the calling thread, for a request `runsInline` accepted: the caller's memory (a result
+   * frame's) instead of an array of the compute's own. Throws what `run` rejects with.
+   */
+  runSyncInto?(request: RunRequest, y: Float32Array): void;
   /** Releases the weights; runs already started finish first, later ones reject with MOESWARM_NATIVE_CLOSED. */
   close(): Promise<void>;
 }

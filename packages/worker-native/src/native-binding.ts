@@ -74,8 +74,10 @@ export interface NativeSliceHandle {
     xType?: string,
   ): Promise<Float32Array>;
   /**
-   * `run` on the calling thread, reading the arrays in place and returning the output it wrote.
-   * Absent from addons built before it.
+   * `run` on the calling thread, reading the arrays in place and returning the output it wrote:
+   * `out` when given (exactly the output's length, sharing no memory with an input; otherwise
+   * MOESWARM_NATIVE_OUTPUT or MOESWARM_INVALID_ARGUMENT), else a new array. Absent from addons
+   * built before it; addons built before `out` ignore it and return a new array.
    */
   runSync?(
     layer: number,
@@ -86,6 +88,7 @@ export interface NativeSliceHandle {
     mode: 0 | 1,
     reference: boolean,
     xType?: string,
+    out?: Float32Array,
   ): Float32Array;
   info(): NativeSliceInfo;
   setThreads(threads: number): void;

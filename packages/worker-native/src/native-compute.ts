@@ -180,6 +180,58 @@ export class NativeExpertCompute implements ExpertCompute {
     this.info.threads = threads;
   }
 
+  /**
+   * True when `run(request)` would compute on the calling thread now: at most `syncMaxTokens`
+   * tokens and nothing queued (a request that fails its checks counts as inline: `runSyncInto`
+   * then throws its error). Cheap: the token count is read off `ids`, nothing is checked here.
+   */
+  runsInline(request: RunRequest): boolean {
+    const { ids, k } = request;
+    return (
+      !this.#closed &&
+      this.#queue.pending === 0 &&
+      Number.isInteger(k) &&
+      k > 0 &&
+      ids.length / k <= this.#syncMaxTokens
+    );
+  }
+
+  /**
+   * `run(request)` computed on the calling thread, its answer written into `y` (a result frame's
+   * memory, see ExpertCompute.runSyncInto). Meant for a request `runsInline` accepted; if a run
+   * was queued since (two dispatches decoded in one read), this waits for the pool's run in flight
+   * rather than answer out of order with nothing to write into: correct, at worst one run late.
+   */
+  runSyncInto(request: RunRequest, y: Float32Array): void {
+    if (this.#closed) throw new NativeError("MOESWARM_NATIVE_CLOSED", "the expert compute was closed");
+    const n = checkRunRequest(request, this.info, this.#experts, { quantized: true });
+    const values = (request.mode === "each" ? n * request.k : n) * this.info.nEmbd;
+    if (!(y instanceof Float32Array) || y.length !== values) {
+      throw new NativeError(
+        "MOESWARM_NATIVE_OUTPUT",
+        `the answer has ${values} values, the array given ${y instanceof Float32Array ? y.length : String(y)}`,
+      );
+    }
+    const runSync = this.#handle.runSync;
+    if (this.#syncMaxTokens === 0 || runSync === undefined) {
+      throw new NativeError("MOESWARM_NATIVE_COMPUTE", "this compute has no inline path (syncMaxTokens 0)");
+    }
+    let out: Float32Array;
+    try {
+      out = runSync.call(this.#handle, ...this.#args(request, false), y);
+    } catch (cause) {
+      throw nativeError(cause);
+    }
+    // an addon built before `out` ignores it and returns an array of its own
+    if (out !== y) y.set(out);
+  }
+
+  /** The addon's argument list of `run` and `runSync` (without runSync's `out`), written once. */
+  #args(request: RunRequest, reference: boolean): Parameters<NativeSliceHandle["run"]> {
+    const { layer, x, ids, k, w, mode, xType } = request;
+    return [layer, x, ids, k, w ?? null, mode === "sum" ? 1 : 0, reference, xType];
+  }
+
   #exec(request: RunRequest, options: RunOptions, reference: boolean): Promise<Float32Array> {
     if (this.#closed)
       return Promise.reject(new NativeError("MOESWARM_NATIVE_CLOSED", "the expert compute was closed"));
@@ -190,24 +242,15 @@ export class NativeExpertCompute implements ExpertCompute {
     } catch (error) {
       return Promise.reject(error);
     }
-    const { layer, x, ids, k, w, mode, xType } = request;
+    const args = this.#args(request, reference);
     // with nothing queued, a small request computes right here: still in call order, since every
     // earlier call has either finished or is in the queue (which then takes this one too)
-    if (n <= this.#syncMaxTokens && this.#queue.pending === 0) {
+    // (#syncMaxTokens is 0 without runSync)
+    const runSync = this.#handle.runSync;
+    if (n <= this.#syncMaxTokens && this.#queue.pending === 0 && runSync !== undefined) {
       if (options.signal?.aborted) return Promise.reject(abortReason(options.signal));
       try {
-        // (#syncMaxTokens is 0 without runSync)
-        const y = this.#handle.runSync?.(
-          layer,
-          x,
-          ids,
-          k,
-          w ?? null,
-          mode === "sum" ? 1 : 0,
-          reference,
-          xType,
-        );
-        return Promise.resolve(y as Float32Array);
+        return Promise.resolve(runSync.apply(this.#handle, args));
       } catch (cause) {
         return Promise.reject(nativeError(cause));
       }
@@ -215,16 +258,7 @@ export class NativeExpertCompute implements ExpertCompute {
     return this.#queue.enqueue(
       async () => {
         try {
-          return await this.#handle.run(
-            layer,
-            x,
-            ids,
-            k,
-            w ?? null,
-            mode === "sum" ? 1 : 0,
-            reference,
-            xType,
-          );
+          return await this.#handle.run(...args);
         } catch (cause) {
           throw nativeError(cause);
         }

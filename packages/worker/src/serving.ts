@@ -14,6 +14,8 @@ import {
 import {
   connectRelay,
   type DirectServer,
+  type DispatchAnswer,
+  type DispatchAnswerInto,
   type IncomingDispatch,
   isTransient,
   type RelayConnection,
@@ -88,7 +90,7 @@ export class Serving {
         id: s.id,
         hub: s.hub,
         onDispatch: async (req) => {
-          const answer = await this.#onDispatch(req);
+          const answer = await this.answer(req);
           this.#served?.report.add(req.from, req.model, req.ids);
           return answer;
         },
@@ -129,7 +131,7 @@ export class Serving {
           ...(s.hub.ca !== undefined ? { ca: s.hub.ca } : {}),
           ...(s.heartbeatMs !== undefined ? { heartbeatMs: s.heartbeatMs } : {}),
           signal: connecting.signal,
-          onDispatch: (req) => this.#onDispatch(req),
+          onDispatch: (req) => this.answer(req),
           // the hub takes this worker out of service: drain as on a signal
           onDrain: (reason) => this.#ctx.requestStop("drain", `the hub asked${reason ? `: ${reason}` : ""}`),
         });
@@ -182,7 +184,12 @@ export class Serving {
     }
   }
 
-  async #onDispatch(req: IncomingDispatch) {
+  /**
+   * Answers one dispatch (the relay and the direct server call it): `{ y, ms }` from a compute on
+   * the thread pool or `{ fill }`, which writes the answer into the result frame (a small
+   * request is computed right there) and returns its ms.
+   */
+  async answer(req: IncomingDispatch): Promise<DispatchAnswer | DispatchAnswerInto> {
     if (this.#draining) {
       throw new TransportError("MOESWARM_TRANSPORT_DRAINING", `worker ${this.#ctx.s.id} is draining`);
     }
@@ -215,35 +222,35 @@ export class Serving {
         },
         { signal: req.signal },
       );
-      traceHop("worker.ran", req.layer);
-      this.#requests++;
-      this.#tokens += req.n;
-      const ms = performance.now() - t0;
-      if (output.y) return { y: output.y, ms };
-      // a dispatch split over slices: its rows, or their weighted sum, written straight into the
-      // result frame (relay-client's respondInto), without an array of their own
+      if (output.y) {
+        traceHop("worker.ran", req.layer);
+        this.#served1(req);
+        return { y: output.y, ms: performance.now() - t0 };
+      }
+      // written straight into the result frame (relay-client's respondInto), without an array of
+      // its own: a small request's compute itself (the addon's runSync into the frame), or the
+      // rows of a dispatch split over slices, or their weighted sum. `ms` is known once written:
+      // fill returns it, and the frame carries it (it follows y on the wire)
       return {
-        ms,
         fill: (y: Float32Array) => {
-          if (y.length !== output.values) {
-            throw new InvalidArgumentError(`the answer has ${output.values} values, the result ${y.length}`);
+          try {
+            if (y.length !== output.values) {
+              throw new InvalidArgumentError(
+                `the answer has ${output.values} values, the result ${y.length}`,
+              );
+            }
+            output.write(y);
+          } catch (error) {
+            this.#dispatchFailed(req, error);
+            throw error;
           }
-          output.write(y);
+          traceHop("worker.ran", req.layer);
+          this.#served1(req);
+          return performance.now() - t0;
         },
       };
     } catch (error) {
-      this.#failed++;
-      this.#dispatchErrors++;
-      // a hostile or confused backbone must not flood the log: the first ten, then every hundredth
-      if (this.#dispatchErrors <= 10 || this.#dispatchErrors % 100 === 0) {
-        this.#ctx.emit({
-          event: "dispatch-error",
-          error: message(error),
-          code: codeOf(error),
-          layer: req.layer,
-          from: req.from,
-        });
-      }
+      this.#dispatchFailed(req, error);
       throw error;
     } finally {
       this.#inFlight--;
@@ -251,10 +258,26 @@ export class Serving {
     }
   }
 
-  /**
-   * Stops taking dispatches, withdraws every registration, waits for those in flight (at most
-   * drainTimeoutMs) and closes the connection.
-   */
+  #served1(req: IncomingDispatch): void {
+    this.#requests++;
+    this.#tokens += req.n;
+  }
+
+  #dispatchFailed(req: IncomingDispatch, error: unknown): void {
+    this.#failed++;
+    this.#dispatchErrors++;
+    // a hostile or confused backbone must not flood the log: the first ten, then every hundredth
+    if (this.#dispatchErrors <= 10 || this.#dispatchErrors % 100 === 0) {
+      this.#ctx.emit({
+        event: "dispatch-error",
+        error: message(error),
+        code: codeOf(error),
+        layer: req.layer,
+        from: req.from,
+      });
+    }
+  }
+
   /** Closes the direct endpoint (its dispatches are aborted; backbones go back to the relay). */
   async closeDirect(): Promise<void> {
     const direct = this.#direct;
@@ -269,6 +292,10 @@ export class Serving {
     }
   }
 
+  /**
+   * Stops taking dispatches, withdraws every registration, waits for those in flight (at most
+   * drainTimeoutMs) and closes the connection.
+   */
   async drain(conn: RelayConnection, reason: string, slices: number): Promise<void> {
     const t0 = performance.now();
     this.#draining = true;
@@ -288,6 +315,9 @@ export class Serving {
       ]));
       if (timedOut) abandoned = this.#inFlight;
     }
+    // a small request's compute runs in its answer's encoding (fill), in the promise jobs right
+    // after its handler returned: one turn of the event loop lets those answers out first
+    await new Promise<void>((resolve) => setImmediate(resolve));
     await conn.close();
     await this.closeDirect();
     this.#ctx.emit({

@@ -13,7 +13,11 @@ export interface RoutedSlice {
   readonly compute: ExpertCompute;
 }
 
-/** A run's answer: `values` floats, written into memory given to `write` (which writes every one). */
+/**
+ * A run's answer: `values` floats, written into memory given to `write` (which writes every one).
+ * Without `y`, `write` may compute the answer (a request the compute runs inline): it throws what
+ * the compute's run would reject with.
+ */
 export interface RunOutput {
   /** The answer as an array, when it is one already. */
   readonly y?: Float32Array;
@@ -106,11 +110,18 @@ export class SliceRouter {
       owner[i] = s;
       if (!used.includes(s)) used.push(s);
     }
+    const embd = this.nEmbd as number;
     if (used.length <= 1) {
-      const y = await (here[used[0] ?? 0] as RoutedSlice).compute.run(request, options);
+      const compute = (here[used[0] ?? 0] as RoutedSlice).compute;
+      // a request the compute would run inline is computed by `write`, straight into the memory
+      // it is given (the result frame's): no array of its own, no copy
+      if (compute.runSyncInto && compute.runsInline?.(request) === true && !options.signal?.aborted) {
+        const runSyncInto = compute.runSyncInto.bind(compute);
+        return { values: (mode === "each" ? n * k : n) * embd, write: (out) => runSyncInto(request, out) };
+      }
+      const y = await compute.run(request, options);
       return { y, values: y.length, write: (out) => out.set(y) };
     }
-    const embd = this.nEmbd as number;
     const parts = await this.#split(request, here, owner, used, options);
     const rows = (out: Float32Array) => {
       // every slot's row: its slice's, or zeros for an empty slot (the memory may hold old bytes)

@@ -314,6 +314,32 @@ private:
         return a;
     }
 
+    // The caller's output array for runSync: a Float32Array of exactly the output's length that
+    // shares no byte with an input (the compute reads its inputs while it writes the output).
+    static Napi::Float32Array checked_out(Napi::Env env, const Napi::Value & v, const run_args & a) {
+        if (!v.IsTypedArray() || v.As<Napi::TypedArray>().TypedArrayType() != napi_float32_array) {
+            throw_error(env, "MOESWARM_INVALID_ARGUMENT", "out must be a Float32Array");
+        }
+        Napi::Float32Array y = v.As<Napi::Float32Array>();
+        if (y.ElementLength() != a.n_out) {
+            throw_error(env, "MOESWARM_NATIVE_OUTPUT", "out holds " + std::to_string(y.ElementLength()) +
+                " values, the answer " + std::to_string(a.n_out));
+        }
+        const uint8_t * lo = (const uint8_t *) y.Data();
+        const uint8_t * hi = lo + y.ByteLength();
+        const auto overlaps = [&](const void * p, size_t n) {
+            const uint8_t * b = (const uint8_t *) p;
+            return n > 0 && b < hi && lo < b + n;
+        };
+        if (overlaps(a.x.IsEmpty() ? (const void *) a.xq.Data() : (const void *) a.x.Data(),
+                     a.x.IsEmpty() ? a.xq.ByteLength() : a.x.ByteLength()) ||
+            overlaps(a.ids.Data(), a.ids.ByteLength()) ||
+            (!a.w.IsEmpty() && overlaps(a.w.Data(), a.w.ByteLength()))) {
+            throw_error(env, "MOESWARM_INVALID_ARGUMENT", "out must not share memory with x, ids or weights");
+        }
+        return y;
+    }
+
     // run(layer, x: Float32Array, ids: Int32Array, k, weights: Float32Array | null, mode: 0|1, reference: bool)
     Napi::Value run(const Napi::CallbackInfo & info) {
         Napi::Env env = info.Env();
@@ -339,14 +365,16 @@ private:
         return promise;
     }
 
-    // runSync(same arguments as run) -> Float32Array, computed on the calling thread: the arrays are
-    // read in place (nothing else runs on this thread meanwhile) and the output is written straight
-    // into the array returned. It waits for a run in flight on the thread pool, if any: the
-    // TypeScript side calls it only when none is queued.
+    // runSync(same arguments as run, out?) -> Float32Array, computed on the calling thread: the
+    // arrays are read in place (nothing else runs on this thread meanwhile) and the output is
+    // written straight into `out` when given (the outgoing result frame's memory: no array of its
+    // own, no copy), else into a new array; the array written is returned. It waits for a run in
+    // flight on the thread pool, if any: the TypeScript side calls it only when none is queued.
     Napi::Value run_sync(const Napi::CallbackInfo & info) {
         Napi::Env env = info.Env();
-        run_args a = parse_run(info, "runSync(layer, x, ids, k, weights, mode, reference)");
-        Napi::Float32Array y = Napi::Float32Array::New(env, a.n_out);
+        run_args a = parse_run(info, "runSync(layer, x, ids, k, weights, mode, reference, xType?, out?)");
+        Napi::Float32Array y = info.Length() > 8 && !info[8].IsUndefined() && !info[8].IsNull()
+            ? checked_out(env, info[8], a) : Napi::Float32Array::New(env, a.n_out);
         a.p.x = a.x.IsEmpty() ? nullptr : a.x.Data();
         a.p.x_q = a.xq.IsEmpty() ? nullptr : a.xq.Data();
         a.p.x_q_size = a.xq.IsEmpty() ? 0 : a.xq.ByteLength();
