@@ -18,6 +18,8 @@ import {
 
 /** What the wrapper did, for the bridge's metrics and `pnpm bench throughput`. */
 export interface WireQuantizeMetrics {
+  /** Requests that went through the wrapper, whatever they travelled as. */
+  requests: number;
   /** Requests answered from q8_0 / q8_K rows. */
   quantized: number;
   /** Of those, per dtype. */
@@ -76,6 +78,7 @@ export class QuantizingTransport implements ExpertTransport {
   /** owner -> layers whose weights the owner repacks. */
   readonly #repacked = new Map<string, Set<number>>();
   readonly #m: WireQuantizeMetrics = {
+    requests: 0,
     quantized: 0,
     quantizedByDtype: { q8_0: 0, q8_K: 0 },
     bytesQuantized: 0,
@@ -108,6 +111,7 @@ export class QuantizingTransport implements ExpertTransport {
   }
 
   async request(owner: string, req: ExpertRequest, options: ExpertCallOptions): Promise<ExpertResult> {
+    this.#m.requests++;
     const q = this.#quantized(owner, req);
     if (q === undefined) return this.inner.request(owner, req, options);
     try {
