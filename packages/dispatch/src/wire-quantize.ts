@@ -65,7 +65,9 @@ function codeOf(error: unknown): string | undefined {
  * says), resending in f32 when an owner refuses them; what it learns from a refusal is kept per
  * owner and layer: MOESWARM_NATIVE_WIRE_DTYPE (a GPU or TypeScript compute, another type) means
  * f32 from then on, MOESWARM_NATIVE_WIRE_INEXACT (repacked weights, a row that does not
- * round-trip) means "check each request here first".
+ * round-trip) means "check each request here first". With `dtypes`, an owner's advertised list
+ * decides before any try: the layer's dtype listed, q8 at once; not listed, f32 at once; and a
+ * WIRE_DTYPE refusal of a listed dtype makes that owner f32 on every layer.
  */
 export class QuantizingTransport implements ExpertTransport {
   readonly trusted?: boolean;
