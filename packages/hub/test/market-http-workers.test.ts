@@ -123,7 +123,9 @@ describe("the activation dtypes workers advertise", () => {
     old.register({ model: ID, layers: [1], experts: [0, 1] });
     await waitFor(
       () =>
-        ["wq-cpu", "wq-old"].every((id) => hub.workers().some((w) => w.id === id && w.slices.length === 1)),
+        ["wq-cpu", "wq-old"].every((id) =>
+          hub.relay.workers().some((w) => w.id === id && w.slices.length === 1),
+        ),
       "both slices",
     );
     const mine = (p: { body: Body }, id: string): Body | undefined =>
@@ -139,11 +141,14 @@ describe("the activation dtypes workers advertise", () => {
 
     // the same id again without caps (an older build of it): the new connection's word only
     await cpu.close();
-    await waitFor(() => !hub.workers().some((w) => w.id === "wq-cpu"), "wq-cpu gone");
+    await waitFor(() => !hub.relay.workers().some((w) => w.id === "wq-cpu"), "wq-cpu gone");
     const again = await connect("wq-cpu");
     open.push(again);
     again.register({ model: ID, layers: [0], experts: [0, 1] });
-    await waitFor(() => hub.workers().some((w) => w.id === "wq-cpu" && w.slices.length === 1), "wq-cpu back");
+    await waitFor(
+      () => hub.relay.workers().some((w) => w.id === "wq-cpu" && w.slices.length === 1),
+      "wq-cpu back",
+    );
     const second = await get(`/api/models/${ID}/placement`);
     expect(mine(second, "wq-cpu")).toBeDefined();
     expect(mine(second, "wq-cpu")).not.toHaveProperty("dtypes");
