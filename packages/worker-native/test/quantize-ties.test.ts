@@ -14,6 +14,7 @@ import { existsSync, readdirSync } from "node:fs";
 import { join } from "node:path";
 import { f32ToF16Bits } from "@moeswarm/core";
 import { afterAll, describe, expect, it } from "vitest";
+import { senderTakes } from "../src/activation-quantizer.js";
 import { nativeAddon } from "./fixtures.js";
 
 const f = Math.fround;
@@ -290,5 +291,15 @@ describe.skipIf(Boolean(armSkip))("the aarch64 build's q8 quantiser (qemu)", () 
     measured.push(
       `aarch64 vs x64 q8_K: ties 0 differ, hidden-state-like ${q8K}/${RANDOM.length / 256} blocks`,
     );
+  });
+});
+
+describe("where the sender quantises", () => {
+  it("q8_0 on x86-64 and aarch64 (kernels no compiler changes), q8_K on x86-64 only (fma-dependent)", () => {
+    expect(senderTakes("q8_0", "x64")).toBe(true);
+    expect(senderTakes("q8_0", "arm64")).toBe(true);
+    expect(senderTakes("q8_K", "x64")).toBe(true);
+    expect(senderTakes("q8_K", "arm64")).toBe(false);
+    expect(senderTakes("q8_0", "riscv64")).toBe(false);
   });
 });
