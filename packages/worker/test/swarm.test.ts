@@ -278,18 +278,6 @@ describe("moeswarm-worker processes against a hub", () => {
     expect(all.size).toBe(LAYERS * EXPERTS);
     expect(ownersOf(p, "w-a").size).toBe(2 * EXPERTS);
     expect(ownersOf(p, "w-b").size).toBe(EXPERTS);
-    // each registration carries the dtypes its worker's hello advertised for its compute
-    // (w-b prints text, not events)
-    for (const w of [a, c]) {
-      const loaded = w.events.find((e) => e.event === "loaded") as Extract<WorkerEvent, { event: "loaded" }>;
-      const said = wireDtypesOf({
-        backend: loaded.backend as never,
-        ...(loaded.device ? { device: loaded.device } : {}),
-      });
-      for (const r of p.registrations.filter((x) => x.id === w.name)) expect(r.dtypes).toEqual(said);
-      // ggml's CPU kernels take q8 rows as they are: a CPU worker says so
-      if (loaded.device?.toLowerCase() === "cpu") expect(said).toContain("q8_0");
-    }
 
     // w-c's first download had a byte flipped: the sha256 check caught it, it fetched again
     await c.waitFor("serving", () => c.has("serving"));
@@ -325,6 +313,23 @@ describe("moeswarm-worker processes against a hub", () => {
       // the same backend on both sides, so the same bits
       expect(loaded.backend).toBe(full.info.backend);
       const p = (await placement()) as Placement;
+      // each registration carries the dtypes its worker's hello advertised for its compute
+      // (w-b prints text, not events)
+      for (const w of [a, c]) {
+        const loaded = w.events.find((e) => e.event === "loaded") as Extract<
+          WorkerEvent,
+          { event: "loaded" }
+        >;
+        const said = wireDtypesOf({
+          backend: loaded.backend as never,
+          ...(loaded.device ? { device: loaded.device } : {}),
+        });
+        const mine = p.registrations.filter((x) => x.id === w.name);
+        expect(mine.length).toBeGreaterThan(0);
+        for (const r of mine) expect(r.dtypes).toEqual(said);
+        // ggml's CPU kernels take q8 rows as they are: a CPU worker says so
+        if (loaded.device?.toLowerCase() === "cpu") expect(said).toContain("q8_0");
+      }
       const r = rng(11);
       for (const reg of p.registrations) {
         const n = 3;
