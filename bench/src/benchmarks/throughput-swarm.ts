@@ -2,7 +2,7 @@
 // with its two llama-cpu workers behind the relay, and the delay proxy that adds RTT.
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { isQuantizedActivationDtype } from "@moeswarm/core";
+import { isQuantizedActivationDtype, WIRE_ACTIVATION_DTYPES } from "@moeswarm/core";
 import { createHub, mintToken } from "@moeswarm/hub";
 import { connectRelay } from "@moeswarm/relay-client";
 import {
@@ -72,6 +72,8 @@ function relayWorker(relayUrl: string, id: string, compute: WorkerProcessCompute
     id,
     token: mintToken({ role: "worker", id, ttlS: 3600 }, SECRET),
     reconnect: false,
+    // a llama-cpu process takes every wire dtype (q8 rows go to ggml as they are), and says so
+    caps: { dtypes: [...WIRE_ACTIVATION_DTYPES] },
     onDispatch: async (d) => ({
       y: await compute.run(
         {

@@ -8,9 +8,10 @@
 // computes while the other waits). Per cell: plain and swarm tok/s (median of the repeats, with
 // their range), their ratio, the gain over "none" at the same C and RTT, round trips per remote
 // layer per generated token, frames per remote layer per llama_decode, draft acceptance, bytes on
-// the wire per token (activations as q8_0/q8_K where exact, as the dispatcher sends them;
-// MOESWARM_BENCH_WIRE_DTYPE=f32 sends f32 for comparison), and whether the swarm's texts equal
-// plain's (temperature 0).
+// the wire per token with the dtype the activations travelled in (`wire`: q8_0/q8_K where exact,
+// as the dispatcher sends them to workers that advertise them; MOESWARM_BENCH_WIRE_DTYPE=f32 sends
+// f32 for comparison, `q8,f32` measures both, a row each, in the same session), and whether the
+// swarm's texts equal plain's (temperature 0).
 // MOESWARM_BENCH_SHORT=1: the small model, fewer cells and tokens; MOESWARM_BENCH_TP_MODEL=shape: the
 // shape-true qwen35moe (variant none, C=1/4/16, RTT 0/10, 32 tokens, 2 repeats unless asked);
 // MOESWARM_BENCH_TP_CLIENTS and MOESWARM_BENCH_TP_RTTS (comma lists), MOESWARM_BENCH_TP_TOKENS,
@@ -55,7 +56,9 @@ const RTT_MS = numberList("MOESWARM_BENCH_TP_RTTS", SHORT ? [0, 10, 30] : SHAPE 
 const REPEAT = Math.max(1, Number(process.env.MOESWARM_BENCH_REPEAT ?? (SHAPE ? 2 : 3)));
 const DRAFT_MAX = Number(process.env.MOESWARM_BENCH_DRAFT_MAX ?? 8);
 const MODEL_ID = "bench-tp";
-const WIRE_F32 = process.env.MOESWARM_BENCH_WIRE_DTYPE === "f32";
+/** What the bridge sends the activations as: q8 where exact (the dispatcher's default), or f32. */
+type WireChoice = "q8" | "f32";
+const WIRES = wireChoices();
 const OVERRIDE = "blk\\.\\d+\\.ffn_(gate|up|down|gate_up)_exps\\..*=MOESWARM";
 
 /** A comma-separated list of numbers from the environment, or the default. */
@@ -66,6 +69,14 @@ function numberList(name: string, fallback: number[]): number[] {
   if (xs.some((x) => !Number.isFinite(x) || x < 0))
     throw new Error(`${name}: expected numbers like 1,4,16, got ${v}`);
   return xs;
+}
+
+function wireChoices(): WireChoice[] {
+  const v = process.env.MOESWARM_BENCH_WIRE_DTYPE;
+  const asked = v === undefined || v === "" ? ["q8"] : v.split(",");
+  if (asked.length === 0 || asked.some((w) => w !== "q8" && w !== "f32"))
+    throw new Error(`MOESWARM_BENCH_WIRE_DTYPE: expected q8, f32 or q8,f32, got ${v}`);
+  return [...new Set(asked)] as WireChoice[];
 }
 
 function variants(): Variant[] {
@@ -175,6 +186,23 @@ interface SwarmCell {
   requests: number;
   wireBytes: number;
   fallbacks: number;
+  /** Worker requests the q8 sender passed on, and those that travelled as q8_0 / q8_K. */
+  wire: { requests: number; q8_0: number; q8_K: number };
+}
+
+/** The dtypes the activations travelled in: "f32", "q8_0", or a mix with each one's share. */
+function wireLabel(w: SwarmCell["wire"]): string {
+  const f32 = w.requests - w.q8_0 - w.q8_K;
+  const parts = (
+    [
+      ["q8_0", w.q8_0],
+      ["q8_K", w.q8_K],
+      ["f32", f32],
+    ] as const
+  ).filter(([, n]) => n > 0);
+  if (parts.length === 0) return "f32";
+  if (parts.length === 1) return parts[0]![0];
+  return parts.map(([d, n]) => `${d} ${Math.round((100 * n) / w.requests)}%`).join(" + ");
 }
 
 /** The same with the plugin, one bridge for all, behind a delay proxy of `rtt` ms to the hub. */
@@ -183,20 +211,21 @@ async function measureSwarm(
   w: SwarmSetup,
   c: number,
   rtt: number,
+  wire: WireChoice,
 ): Promise<Map<Variant, SwarmCell>> {
   const proxy = await s.startDelayProxy({ target: `127.0.0.1:${w.hubPort}`, rttMs: rtt });
   const bridge = await serveBackboneBridge({
-    socket: join(s.dir, `b-${c}-${rtt}.sock`),
+    socket: join(s.dir, `b-${c}-${rtt}-${wire}.sock`),
     hub: {
       url: `http://${proxy.url}`,
-      token: mintToken({ role: "backbone", id: `bb-${c}-${rtt}`, ttlS: 3600 }, SECRET),
+      token: mintToken({ role: "backbone", id: `bb-${c}-${rtt}-${wire}`, ttlS: 3600 }, SECRET),
       model: MODEL_ID,
       statsIntervalMs: 0,
     },
     trust: "own",
     fallback: w.fallback.compute,
     // activations as q8 where exact (the dispatcher's default); MOESWARM_BENCH_WIRE_DTYPE=f32 compares
-    ...(WIRE_F32 ? {} : { wire: await loadActivationQuantizer(s.model) }),
+    ...(wire === "f32" ? {} : { wire: await loadActivationQuantizer(s.model) }),
   }).catch(async (error) => {
     await proxy.close();
     throw error;
@@ -210,7 +239,10 @@ async function measureSwarm(
     };
     const groups = await startGroups(s, c, { env, override: OVERRIDE });
     const out = new Map<Variant, SwarmCell>(
-      groups.map(([v]) => [v, { runs: [], requests: 0, wireBytes: 0, fallbacks: 0 }]),
+      groups.map(([v]) => [
+        v,
+        { runs: [], requests: 0, wireBytes: 0, fallbacks: 0, wire: { requests: 0, q8_0: 0, q8_K: 0 } },
+      ]),
     );
     try {
       // dispatch counts activations as f32: the wire carried what q8 saved fewer
@@ -227,6 +259,11 @@ async function measureSwarm(
           cell.requests += m1.requests - m0.requests;
           cell.wireBytes += bytes(m1) - bytes(m0);
           cell.fallbacks += m1.fallbacks - m0.fallbacks;
+          if (m1.wire && m0.wire) {
+            cell.wire.requests += m1.wire.requests - m0.wire.requests;
+            cell.wire.q8_0 += m1.wire.quantizedByDtype.q8_0 - m0.wire.quantizedByDtype.q8_0;
+            cell.wire.q8_K += m1.wire.quantizedByDtype.q8_K - m0.wire.quantizedByDtype.q8_K;
+          }
         },
       );
       return out;
@@ -274,6 +311,7 @@ function row(
     roundTripsPerToken: fixed(swarm.requests / (layers * tokens), 3),
     framesPerLayerStep: fixed(swarm.requests / (layers * sum(swarm.runs.map((r) => r.decodes))), 2),
     acceptance: drafted > 0 ? fixed(sum(swarm.runs.map((r) => r.accepted)) / drafted, 2) : "-",
+    wire: wireLabel(swarm.wire),
     wireBytesPerToken: Math.round(swarm.wireBytes / tokens),
     fallbacks: swarm.fallbacks,
     identical: same ? "yes" : "NO",
@@ -307,25 +345,31 @@ async function cells(
   const fallback = await createLocalFallback(s.model, { threads: 1 });
   closers.push(() => fallback.close());
   const w: SwarmSetup = { layers, hubPort, fallback };
+  const byWire = new Map<WireChoice, Row[]>(WIRES.map((wire) => [wire, []]));
   for (const c of CONCURRENCY) {
     for (const rtt of RTT_MS) {
-      const swarm = await measureSwarm(s, w, c, rtt);
-      for (const [variant, cell] of swarm) {
-        const r = row(variant, c, rtt, plain.get(c)!.get(variant)!, cell, layers.length, swarm.get("none"));
-        rows.push(r);
-        process.stderr.write(`throughput: ${JSON.stringify(r)}\n`);
-        ratios[`${variant} swarm/plain C=${c} RTT=${rtt}ms`] = r.ratio as number;
-        if (typeof r.vsNone === "number")
-          ratios[`${variant} swarm/none-swarm C=${c} RTT=${rtt}ms`] = r.vsNone;
+      for (const wire of WIRES) {
+        const swarm = await measureSwarm(s, w, c, rtt, wire);
+        // the ratio names carry the wire dtype only when several are measured
+        const tag = WIRES.length > 1 ? ` wire=${wire}` : "";
+        for (const [variant, cell] of swarm) {
+          const r = row(variant, c, rtt, plain.get(c)!.get(variant)!, cell, layers.length, swarm.get("none"));
+          rows.push(r);
+          byWire.get(wire)!.push(r);
+          process.stderr.write(`throughput: ${JSON.stringify(r)}\n`);
+          ratios[`${variant} swarm/plain C=${c} RTT=${rtt}ms${tag}`] = r.ratio as number;
+          if (typeof r.vsNone === "number")
+            ratios[`${variant} swarm/none-swarm C=${c} RTT=${rtt}ms${tag}`] = r.vsNone;
+        }
       }
     }
   }
-  batchGain(rows, ratios);
+  for (const [wire, of] of byWire) batchGain(of, ratios, WIRES.length > 1 ? ` wire=${wire}` : "");
   return layers.length;
 }
 
 /** The goal's figure: aggregate swarm tok/s at the largest C over C = 1, per RTT (variant none). */
-function batchGain(rows: Row[], ratios: Record<string, number>): void {
+function batchGain(rows: Row[], ratios: Record<string, number>, tag: string): void {
   const most = Math.max(...CONCURRENCY);
   if (most <= 1 || !CONCURRENCY.includes(1)) return;
   for (const rtt of RTT_MS) {
@@ -333,7 +377,7 @@ function batchGain(rows: Row[], ratios: Record<string, number>): void {
     const one = at(1);
     const many = at(most);
     if (one && many) {
-      ratios[`none swarm C=${most}/C=1 RTT=${rtt}ms`] =
+      ratios[`none swarm C=${most}/C=1 RTT=${rtt}ms${tag}`] =
         (many.swarmTokS as number) / (one.swarmTokS as number);
     }
   }
@@ -377,6 +421,7 @@ export const throughput: Benchmark = {
           "plain cells are measured first, then the swarm's (so plain and swarm are not paired round by round; the variants are)",
           "variants run interleaved, round by round, under the same load; ratio: swarm/plain of the same variant; vsNone: median over rounds of swarm tok/s over variant none's swarm tok/s in the same round (same C and RTT)",
           "roundTripsPerToken: bridge requests / (remote layers x generated tokens); framesPerLayerStep: per llama_decode; acceptance: accepted / drafted tokens",
+          "wire: the dtype the activations travelled in to the workers (a mix shows each one's share of the worker requests); wireBytesPerToken: dispatch and result bytes on the wire per generated token, activations as they travelled",
           "identical: swarm texts = plain's of the same variant; plainRepeatable: plain's repeats agree (llama-server batches by arrival time, so at C > 1 neither is guaranteed; the llama-server test checks identity at fixed batches)",
         ],
       };

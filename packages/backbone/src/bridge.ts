@@ -54,9 +54,10 @@ export interface BackboneBridgeOptions {
   /**
    * Activations to the workers in their vec_dot_type (q8_0 / q8_K: ~3.7x fewer bytes out, the same
    * result bits) where a layer allows it: `await loadActivationQuantizer(modelPath)` from
-   * @moeswarm/worker-native (moeswarm-dispatcher does it unless `--wire-dtype f32`). A worker that
-   * cannot take them refuses once and gets f32 from then on; the fallback and audits stay f32.
-   * Absent: f32.
+   * @moeswarm/worker-native (moeswarm-dispatcher does it unless `--wire-dtype f32`). Workers that
+   * advertise the dtype (the placement's `dtypes`, from their hello) get it from the first request,
+   * those that advertise others get f32; one that said nothing and cannot take them refuses once
+   * and gets f32 from then on; the fallback and audits stay f32. Absent: f32.
    */
   wire?: ActivationQuantizer;
   /** Serves experts no live worker can (e.g. `createLocalFallback(modelPath).compute`). */
@@ -241,7 +242,7 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
   const counters = new BridgeCounters();
   const routing = new RoutingStats();
   const dispatchMetrics = new DispatchMetrics();
-  const { transport, wire } = transportOf(options, link);
+  const { transport, wire } = transportOf(options, link, placement);
   const onQuarantine = options.onQuarantine;
   // the fallback is the third opinion (dispatch uses it); every proven lie goes to the hub
   const verification = new Verification({
@@ -331,10 +332,14 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
 function transportOf(
   options: BackboneBridgeOptions,
   link: HubLink | undefined,
+  placement: () => Placement,
 ): { transport: ExpertTransport; wire: QuantizingTransport | undefined } {
   const plain = link?.transport ?? (options.transport as ExpertTransport);
-  // the fallback and audits call no transport: they stay f32
-  const wire = options.wire ? quantizingTransport(plain, options.wire) : undefined;
+  // the fallback and audits call no transport: they stay f32; the dtypes each worker advertised
+  // come with the placement (the hub's, from their hello)
+  const wire = options.wire
+    ? quantizingTransport(plain, options.wire, { dtypes: (owner) => placement().dtypes(owner) })
+    : undefined;
   return { transport: wire ?? plain, wire };
 }
 

@@ -45,6 +45,24 @@ function directRoutesOf(registrations: readonly unknown[]): Map<string, DirectRo
   return routes;
 }
 
+/**
+ * The registrations with a malformed `dtypes` left out of them: a worker whose advertised dtypes
+ * cannot be read is treated as one that said nothing (tried once), not as a broken placement.
+ */
+function withReadableDtypes(registrations: readonly unknown[]): unknown[] {
+  return registrations.map((r) => {
+    if (!isObject(r) || r.dtypes === undefined) return r;
+    const d = r.dtypes;
+    const ok =
+      Array.isArray(d) &&
+      d.length <= 64 &&
+      d.every((x) => typeof x === "string" && x.length > 0 && x.length <= 64);
+    if (ok) return r;
+    const { dtypes: _, ...rest } = r;
+    return rest;
+  });
+}
+
 const MAX_PLACEMENT_BYTES = 64 * 1024 * 1024;
 /** Beyond a long-poll's own wait. */
 export const REQUEST_TIMEOUT_MS = 30_000;
@@ -75,7 +93,7 @@ export function parseHubPlacement(json: unknown, model: string, receivedAt = Dat
   if (!Array.isArray(json.registrations)) throw badAnswer("registrations is not a list");
   let placement: Placement;
   try {
-    placement = Placement.fromRegistrations(json.registrations as never[], { model });
+    placement = Placement.fromRegistrations(withReadableDtypes(json.registrations) as never[], { model });
   } catch (error) {
     throw badAnswer((error as Error).message, error);
   }

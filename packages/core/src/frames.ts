@@ -62,6 +62,20 @@ export function isQuantizedActivationDtype(dtype: unknown): dtype is QuantizedAc
   return dtype === "q8_0" || dtype === "q8_K";
 }
 
+/** Every activation dtype a `dispatch` may carry (its `dtype`), one of ActivationDtype or QuantizedActivationDtype. */
+export type WireActivationDtype = ActivationDtype | QuantizedActivationDtype;
+/**
+ * The one list of activation dtypes on the wire: the values `dispatch.dtype` takes, and the names a
+ * worker lists in `hello.caps.dtypes` for those its compute accepts.
+ */
+export const WIRE_ACTIVATION_DTYPES: readonly WireActivationDtype[] = Object.freeze([
+  "f32",
+  "f16",
+  "bf16",
+  "q8_0",
+  "q8_K",
+]);
+
 /** Bytes of `n` rows of `embd` activations in a quantized dtype; 0 when embd is not whole blocks. */
 export function quantizedActivationBytes(dtype: QuantizedActivationDtype, n: number, embd: number): number {
   const b = QUANTIZED_ACTIVATION_BLOCKS[dtype];
@@ -79,6 +93,10 @@ export interface Routed {
 
 export interface HelloCaps {
   backends?: string[];
+  /**
+   * The activation dtypes (WIRE_ACTIVATION_DTYPES names) a worker's compute takes in `dispatch`.
+   * Absent: the worker did not say (an older one), and a sender learns from its refusals.
+   */
   dtypes?: string[];
   /** Largest frame payload (bytes) this peer accepts. */
   maxFrame?: number;
@@ -256,7 +274,7 @@ export const FRAME_FIELDS: Readonly<Record<FrameType, readonly FieldSpec[]>> = O
     f("layer", { type: "uint", max: L.maxLayer }),
     f("n", { type: "uint", min: 1, max: L.maxTokens }),
     f("embd", { type: "uint", min: 1, max: L.maxEmbd }),
-    f("dtype", { type: "str", min: 1, max: 8, oneOf: ["f32", "f16", "bf16", "q8_0", "q8_K"] }),
+    f("dtype", { type: "str", min: 1, max: 8, oneOf: WIRE_ACTIVATION_DTYPES }),
     f("x", { type: "bin" }),
     f("k", { type: "uint", min: 1, max: L.maxSlots }),
     f("ids", { type: "bin" }),

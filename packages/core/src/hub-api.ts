@@ -208,6 +208,12 @@ export interface PlacementRegistrationJson {
   owner?: string;
   /** How the worker computes (backend + ISA/build, e.g. "ggml-cpu-x86_64"), when it said at register. */
   computeClass?: string;
+  /**
+   * The activation dtypes the worker's compute takes (its hello's `caps.dtypes`), when it said:
+   * a backbone sends q8_0 / q8_K rows at once to workers that list them, and f32 to workers that
+   * list neither. Absent: an older worker, which a backbone tries once and learns from.
+   */
+  dtypes?: string[];
   /** Where a backbone may reach the worker directly, when it advertised endpoints. */
   direct?: DirectEndpointJson;
 }

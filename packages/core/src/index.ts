@@ -91,6 +91,8 @@ export {
   type RegisterFrame,
   type ResultFrame,
   type Routed,
+  WIRE_ACTIVATION_DTYPES,
+  type WireActivationDtype,
 } from "./frames.js";
 export {
   encodeLengthPrefixed,

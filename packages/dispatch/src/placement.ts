@@ -19,6 +19,11 @@ export interface WorkerRegistration {
    * one class must agree bit for bit, of different classes within the calibrated tolerance.
    */
   readonly computeClass?: string;
+  /**
+   * The activation dtypes the worker's compute takes (its hello's `caps.dtypes`, which the hub's
+   * placement carries), undefined when it did not say: see `quantizingTransport`.
+   */
+  readonly dtypes?: readonly string[];
 }
 
 /** The experts of one layer that nobody serves, as half-open ranges `a:b` joined by commas. */
@@ -69,6 +74,7 @@ export class Placement {
   /** Per worker, its principal and compute class when the registration said. */
   readonly #owner = new Map<string, string>();
   readonly #class = new Map<string, string>();
+  readonly #dtypes = new Map<string, readonly string[]>();
   #rotation = 0;
 
   constructor(options: PlacementOptions) {
@@ -98,7 +104,7 @@ export class Placement {
   }
 
   #check(registration: WorkerRegistration): { id: string; layers: number[]; experts: number[] } {
-    const { id, model, owner, computeClass } = registration ?? ({} as WorkerRegistration);
+    const { id, model, owner, computeClass, dtypes } = registration ?? ({} as WorkerRegistration);
     if (typeof id !== "string" || id.length === 0 || Buffer.byteLength(id) > 128) {
       throw new InvalidArgumentError("worker id must be a string of 1..128 bytes");
     }
@@ -109,6 +115,14 @@ export class Placement {
       if (v !== undefined && (typeof v !== "string" || v.length === 0 || Buffer.byteLength(v) > 128)) {
         throw new InvalidArgumentError(`worker ${id}: ${what} must be a string of 1..128 bytes`);
       }
+    }
+    if (
+      dtypes !== undefined &&
+      (!Array.isArray(dtypes) ||
+        dtypes.length > 64 ||
+        !dtypes.every((d) => typeof d === "string" && d.length > 0))
+    ) {
+      throw new InvalidArgumentError(`worker ${id}: dtypes must be at most 64 non-empty strings`);
     }
     if (model !== this.model) {
       throw new InvalidArgumentError(
@@ -144,9 +158,10 @@ export class Placement {
   }
 
   #identity(registration: WorkerRegistration): void {
-    const { id, owner, computeClass } = registration;
+    const { id, owner, computeClass, dtypes } = registration;
     if (owner !== undefined) this.#owner.set(id, owner);
     if (computeClass !== undefined) this.#class.set(id, computeClass);
+    if (dtypes !== undefined) this.#dtypes.set(id, Object.freeze([...dtypes]));
   }
 
   /** The principal a worker's token was issued to (its id when the registration did not say). */
@@ -157,6 +172,11 @@ export class Placement {
   /** A worker's compute class, undefined when its registration did not say. */
   computeClass(id: string): string | undefined {
     return this.#class.get(id);
+  }
+
+  /** The activation dtypes a worker said its compute takes, undefined when it did not say. */
+  dtypes(id: string): readonly string[] | undefined {
+    return this.#dtypes.get(id);
   }
 
   /** The registered workers of the same principal as `id` (itself included). */
@@ -191,6 +211,7 @@ export class Placement {
     this.#registrations.delete(id);
     this.#owner.delete(id);
     this.#class.delete(id);
+    this.#dtypes.delete(id);
     for (const reg of slices) {
       for (const layer of reg.layers) {
         const byExpert = this.#byLayer.get(layer);

@@ -5,17 +5,25 @@ import {
   type ExpertResult,
   type ExpertTransport,
   InvalidArgumentError,
+  type QuantizedActivationDtype,
 } from "@moeswarm/core";
 
 // Activations in a CPU worker's vec_dot_type (q8_0 / q8_K, ~3.7x fewer bytes out): ggml's CPU
 // mul_mat_id converts f32 activations to that type before any dot product, so rows converted by the
 // sender with the same ggml-cpu from_float give the same result bits. A transport wrapper, so the
 // dispatcher's local fallback, audits and f64 oracle keep f32: only requests to owners leave as q8.
+// Workers say which dtypes their compute takes (hello caps.dtypes, carried by the hub's placement):
+// an owner that lists the layer's dtype gets q8 from its first request, one that lists others gets
+// f32 without a try, and one that said nothing (an older worker) is tried once and learnt from.
 
 /** What the wrapper did, for the bridge's metrics and `pnpm bench throughput`. */
 export interface WireQuantizeMetrics {
+  /** Requests that went through the wrapper, whatever they travelled as. */
+  requests: number;
   /** Requests answered from q8_0 / q8_K rows. */
   quantized: number;
+  /** Of those, per dtype. */
+  quantizedByDtype: Record<QuantizedActivationDtype, number>;
   /** Bytes of `x` those requests carried, and what they would have carried as f32. */
   bytesQuantized: number;
   bytesF32: number;
@@ -25,11 +33,23 @@ export interface WireQuantizeMetrics {
   refusedInexact: number;
   /** Sent in f32 at once because the local round-trip check failed for an owner that repacks. */
   sentF32Inexact: number;
+  /** Sent in f32 at once because the owner's advertised dtypes do not list the layer's. */
+  sentF32Unadvertised: number;
+  /**
+   * Refusals (WIRE_DTYPE) by owners that had advertised the dtype: each cost one resend, and the
+   * owner gets f32 from then on (its word is not taken again).
+   */
+  refusedAdvertised: number;
 }
 
 export interface QuantizingTransportOptions {
   /** Owners that may take q8 rows (default all: one that cannot refuses once and is remembered). */
   eligible?: (owner: string) => boolean;
+  /**
+   * The activation dtypes an owner advertised (its hello's `caps.dtypes`, e.g. the placement's
+   * `dtypes(id)`), undefined when it did not say. Default: nobody said, every owner is tried once.
+   */
+  dtypes?: (owner: string) => readonly string[] | undefined;
 }
 
 // an owner whose codec predates the q8 dtypes refuses the frame itself
@@ -45,24 +65,31 @@ function codeOf(error: unknown): string | undefined {
  * says), resending in f32 when an owner refuses them; what it learns from a refusal is kept per
  * owner and layer: MOESWARM_NATIVE_WIRE_DTYPE (a GPU or TypeScript compute, another type) means
  * f32 from then on, MOESWARM_NATIVE_WIRE_INEXACT (repacked weights, a row that does not
- * round-trip) means "check each request here first".
+ * round-trip) means "check each request here first". With `dtypes`, an owner's advertised list
+ * decides before any try: the layer's dtype listed, q8 at once; not listed, f32 at once; and a
+ * WIRE_DTYPE refusal of a listed dtype makes that owner f32 on every layer.
  */
 export class QuantizingTransport implements ExpertTransport {
   readonly trusted?: boolean;
   readonly inner: ExpertTransport;
   readonly #q: ActivationQuantizer;
   readonly #eligible: (owner: string) => boolean;
+  readonly #dtypes: (owner: string) => readonly string[] | undefined;
   /** owner -> layers that refused q8 ("all": the owner's codec predates it). */
   readonly #refused = new Map<string, Set<number> | "all">();
   /** owner -> layers whose weights the owner repacks. */
   readonly #repacked = new Map<string, Set<number>>();
   readonly #m: WireQuantizeMetrics = {
+    requests: 0,
     quantized: 0,
+    quantizedByDtype: { q8_0: 0, q8_K: 0 },
     bytesQuantized: 0,
     bytesF32: 0,
     refusedDtype: 0,
     refusedInexact: 0,
     sentF32Inexact: 0,
+    sentF32Unadvertised: 0,
+    refusedAdvertised: 0,
   };
 
   constructor(
@@ -78,18 +105,21 @@ export class QuantizingTransport implements ExpertTransport {
     if (inner.trusted !== undefined) this.trusted = inner.trusted;
     this.#q = quantizer;
     this.#eligible = options.eligible ?? (() => true);
+    this.#dtypes = options.dtypes ?? (() => undefined);
   }
 
   metrics(): WireQuantizeMetrics {
-    return { ...this.#m };
+    return { ...this.#m, quantizedByDtype: { ...this.#m.quantizedByDtype } };
   }
 
   async request(owner: string, req: ExpertRequest, options: ExpertCallOptions): Promise<ExpertResult> {
+    this.#m.requests++;
     const q = this.#quantized(owner, req);
     if (q === undefined) return this.inner.request(owner, req, options);
     try {
       const result = await this.inner.request(owner, q, options);
       this.#m.quantized++;
+      this.#m.quantizedByDtype[q.dtype as QuantizedActivationDtype]++;
       this.#m.bytesQuantized += q.x.byteLength;
       this.#m.bytesF32 += req.x.byteLength;
       return result;
@@ -100,7 +130,11 @@ export class QuantizingTransport implements ExpertTransport {
         this.#mark(this.#repacked, owner, req.layer);
       } else if (code === "MOESWARM_NATIVE_WIRE_DTYPE") {
         this.#m.refusedDtype++;
-        this.#markRefused(owner, req.layer);
+        if (this.#dtypes(owner)?.includes(q.dtype)) {
+          // it said it takes this dtype and does not: its word is not taken again
+          this.#m.refusedAdvertised++;
+          this.#refused.set(owner, "all");
+        } else this.#markRefused(owner, req.layer);
       } else if (code !== undefined && OLD_CODEC.has(code)) {
         this.#m.refusedDtype++;
         this.#refused.set(owner, "all");
@@ -117,6 +151,11 @@ export class QuantizingTransport implements ExpertTransport {
     if (refused === "all" || refused?.has(req.layer) || !this.#eligible(owner)) return undefined;
     const dtype = this.#q.wireDtype(req.layer);
     if (dtype === undefined) return undefined;
+    const said = this.#dtypes(owner);
+    if (said !== undefined && !said.includes(dtype)) {
+      this.#m.sentF32Unadvertised++;
+      return undefined;
+    }
     let x: Uint8Array;
     try {
       x = this.#q.quantize(dtype, req.x, req.embd);

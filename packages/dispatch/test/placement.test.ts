@@ -86,6 +86,19 @@ describe("Placement", () => {
     expect(p.owners(3, 3)).toEqual(["b"]);
   });
 
+  it("keeps the dtypes each worker advertised (undefined: it did not say), and forgets them with it", () => {
+    const p = Placement.fromRegistrations([
+      { ...reg("cpu", [0, 1]), dtypes: ["f32", "q8_0", "q8_K"] },
+      reg("old", [2, 3]),
+    ]);
+    expect(p.dtypes("cpu")).toEqual(["f32", "q8_0", "q8_K"]);
+    expect(p.dtypes("old")).toBeUndefined();
+    p.unregister("cpu");
+    expect(p.dtypes("cpu")).toBeUndefined();
+    expect(() => p.register({ ...reg("bad", [0]), dtypes: [""] })).toThrow(InvalidArgumentError);
+    expect(() => p.register({ ...reg("bad", [0]), dtypes: "q8_0" as never })).toThrow(InvalidArgumentError);
+  });
+
   it("rejects registrations for another model and malformed ones", () => {
     const p = new Placement({ model: "m" });
     expect(() => p.register(reg("a", [0], [0], "other"))).toThrow(InvalidArgumentError);

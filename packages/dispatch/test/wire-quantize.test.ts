@@ -114,6 +114,85 @@ describe("quantizingTransport", () => {
     expect(t.metrics()).toMatchObject({ refusedInexact: 1, sentF32Inexact: 1, quantized: 1 });
   });
 
+  it("advertised dtypes: q8 from the first request to an owner that lists it, f32 at once to one that lists others", async () => {
+    const { seen, transport } = recorder((owner, req) =>
+      owner === "gpu" && req.dtype !== "f32"
+        ? new NativeError("MOESWARM_NATIVE_WIRE_DTYPE", "f32 only")
+        : undefined,
+    );
+    const advertised: Record<string, readonly string[]> = {
+      cpu: ["f32", "f16", "bf16", "q8_0", "q8_K"],
+      gpu: ["f32", "f16", "bf16"],
+    };
+    const t = quantizingTransport(
+      transport,
+      quantizer(() => true),
+      { dtypes: (owner) => advertised[owner] },
+    );
+    for (let i = 0; i < 3; i++) {
+      await t.request("cpu", request(0), { signal });
+      await t.request("gpu", request(0), { signal });
+    }
+    // not one refusal, not one resend: each owner saw its dtype from its first request on
+    expect(seen.map((s) => `${s.owner}:${s.dtype}`)).toEqual([
+      "cpu:q8_0",
+      "gpu:f32",
+      "cpu:q8_0",
+      "gpu:f32",
+      "cpu:q8_0",
+      "gpu:f32",
+    ]);
+    expect(t.metrics()).toMatchObject({
+      quantized: 3,
+      quantizedByDtype: { q8_0: 3, q8_K: 0 },
+      refusedDtype: 0,
+      refusedAdvertised: 0,
+      sentF32Unadvertised: 3,
+    });
+  });
+
+  it("an owner that said nothing (an older worker) is tried once per layer and learnt from, as before", async () => {
+    const { seen, transport } = recorder((owner, req) =>
+      owner === "old" && req.dtype !== "f32"
+        ? new NativeError("MOESWARM_NATIVE_WIRE_DTYPE", "f32 only")
+        : undefined,
+    );
+    const t = quantizingTransport(
+      transport,
+      quantizer(() => true),
+      { dtypes: (owner) => (owner === "new" ? ["f32", "q8_0"] : undefined) },
+    );
+    await t.request("old", request(0), { signal });
+    await t.request("old", request(0), { signal });
+    expect(seen.map((s) => `${s.owner}:${s.dtype}`)).toEqual(["old:q8_0", "old:f32", "old:f32"]);
+    expect(t.metrics()).toMatchObject({ refusedDtype: 1, refusedAdvertised: 0, sentF32Unadvertised: 0 });
+  });
+
+  it("an owner that advertises q8 and refuses it costs one resend, then gets f32 on every layer", async () => {
+    const twoLayers: ActivationQuantizer = {
+      ...quantizer(() => true),
+      wireDtype: (layer) => (layer <= 1 ? "q8_0" : undefined),
+    };
+    const { seen, transport } = recorder((owner, req) =>
+      owner === "liar" && req.dtype !== "f32"
+        ? new NativeError("MOESWARM_NATIVE_WIRE_DTYPE", "f32 only after all")
+        : undefined,
+    );
+    const t = quantizingTransport(transport, twoLayers, { dtypes: () => ["f32", "q8_0", "q8_K"] });
+    await t.request("liar", request(0), { signal });
+    await t.request("liar", request(0), { signal });
+    await t.request("liar", request(1), { signal }); // another layer: its word is not taken again
+    await t.request("honest", request(1), { signal });
+    expect(seen.map((s) => `${s.owner}:${s.dtype}`)).toEqual([
+      "liar:q8_0",
+      "liar:f32",
+      "liar:f32",
+      "liar:f32",
+      "honest:q8_0",
+    ]);
+    expect(t.metrics()).toMatchObject({ refusedDtype: 1, refusedAdvertised: 1, quantized: 1 });
+  });
+
   it("other failures pass through untouched (failover is dispatch's)", async () => {
     const { transport } = recorder(() => new NativeError("MOESWARM_NATIVE_COMPUTE", "boom"));
     const t = quantizingTransport(

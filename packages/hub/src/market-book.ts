@@ -166,11 +166,18 @@ export class MarketBook {
     const now = this.now();
     switch (event.type) {
       case "connect":
-        // a new connection starts with no slice (a replaced one's are gone with it)
-        if (event.role === "worker") this.market.workerGone(event.id, now);
+        // a new connection starts with no slice (a replaced one's are gone with it), and with the
+        // dtypes its hello said (placements show them with its slices)
+        if (event.role === "worker") {
+          this.market.workerGone(event.id, now);
+          this.market.setDtypes(event.id, event.dtypes);
+        }
         break;
       case "disconnect":
-        if (event.role === "worker" && event.id !== undefined) this.market.workerGone(event.id, now);
+        if (event.role === "worker" && event.id !== undefined) {
+          this.market.workerGone(event.id, now);
+          this.market.setDtypes(event.id, undefined);
+        }
         break;
       case "register":
         // the leases it fulfils end on disk now, not at the next flush (no ghost after a kill -9)

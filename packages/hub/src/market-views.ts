@@ -12,13 +12,17 @@ export function placementOf(
   model: string,
   directs: ReadonlyMap<string, DirectEndpointJson> = new Map(),
   paused: ReadonlySet<string> = new Set(),
+  dtypes: ReadonlyMap<string, readonly string[]> = new Map(),
 ): PlacementJson {
   const grid = gridOf(st, model);
   const registrations = registrationsOf(st, grid, model, paused).map((r) => {
     const direct = directs.get(r.id);
-    return direct
-      ? { ...r, direct: { endpoints: [...direct.endpoints], fingerprint: direct.fingerprint } }
-      : r;
+    const said = dtypes.get(r.id);
+    return {
+      ...r,
+      ...(said ? { dtypes: [...said] } : {}),
+      ...(direct ? { direct: { endpoints: [...direct.endpoints], fingerprint: direct.fingerprint } } : {}),
+    };
   });
   const { owners, missing } = ownersOf(grid, registrations);
   return {

@@ -99,6 +99,8 @@ export class CoverageMarket {
   readonly #directs = new Map<string, DirectEndpointJson>();
   /** Paused workers, by id (setPaused): left out of placements, apart from their connection. */
   readonly #paused = new Set<string>();
+  /** Connected workers' activation dtypes (their hello's caps.dtypes), by id (setDtypes). */
+  readonly #dtypes = new Map<string, readonly string[]>();
 
   constructor(options: MarketOptions = {}) {
     const { leaseTtlMs, maxLeaseTtlMs, newId, onLeaseEnd, ...policy } = options;
@@ -464,7 +466,7 @@ export class CoverageMarket {
 
   /** The live placement of a model (see PlacementJson). */
   placement(model: string): PlacementJson {
-    return placementOf(this.#st, model, this.#directs, this.#paused);
+    return placementOf(this.#st, model, this.#directs, this.#paused, this.#dtypes);
   }
 
   /**
@@ -494,6 +496,16 @@ export class CoverageMarket {
     if (direct) this.#directs.set(id, direct);
     else this.#directs.delete(id);
     for (const model of this.#st.workers.get(id)?.slices.keys() ?? []) this.#st.grids.get(model)?.touch(now);
+  }
+
+  /**
+   * The activation dtypes a worker's connection said its compute takes (undefined: it did not say,
+   * or it is gone). Set at its hello, before it registers anything: the placements that first list
+   * its slices already carry them, so no version changes here.
+   */
+  setDtypes(id: string, dtypes: readonly string[] | undefined): void {
+    if (dtypes) this.#dtypes.set(id, [...dtypes]);
+    else this.#dtypes.delete(id);
   }
 
   /** Per-cell replicas, leases, targets and load of a model at `now`. */

@@ -82,7 +82,14 @@ export interface ForwardInfo {
 }
 
 export type RelayServerEvent =
-  | { type: "connect"; role: PeerRole; id: string; remote: string }
+  | {
+      type: "connect";
+      role: PeerRole;
+      id: string;
+      remote: string;
+      /** The activation dtypes its hello's `caps.dtypes` listed (a worker's compute), when it said. */
+      dtypes?: string[];
+    }
   | { type: "disconnect"; role?: PeerRole; id?: string; code: number; reason: string }
   | { type: "refused"; code: string; msg: string; remote: string }
   | {

@@ -526,7 +526,14 @@ class RelayServer implements Relay {
         maxFrame: peerMax === undefined ? this.#s.maxFrameBytes : Math.min(peerMax, this.#s.maxFrameBytes),
       },
     });
-    this.#emit({ type: "connect", role: frame.role, id: frame.id, remote: peer.remote });
+    const dtypes = frame.caps?.dtypes;
+    this.#emit({
+      type: "connect",
+      role: frame.role,
+      id: frame.id,
+      remote: peer.remote,
+      ...(dtypes ? { dtypes } : {}),
+    });
   }
 
   // --- queries ------------------------------------------------------------------------------

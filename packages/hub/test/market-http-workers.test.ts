@@ -7,7 +7,18 @@ import { connectRelay } from "@moeswarm/relay-client";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createHub, createHubHandler, type Hub } from "../src/index.js";
 import { call, type TempDir, waitFor } from "./hub-helpers.js";
-import { capacity, get, ID, open, post, SECRET, startMarketHub, T0, token } from "./market-http-fixture.js";
+import {
+  type Body,
+  capacity,
+  get,
+  ID,
+  open,
+  post,
+  SECRET,
+  startMarketHub,
+  T0,
+  token,
+} from "./market-http-fixture.js";
 
 let tmp: TempDir;
 let tinyPath: string;
@@ -91,6 +102,57 @@ describe("several slices per worker, and a drain from the hub", () => {
       "w9 listed draining",
     );
     await w9.close();
+  });
+});
+
+describe("the activation dtypes workers advertise", () => {
+  it("placements carry each worker's hello caps.dtypes with its slices, for its connection only", async () => {
+    const connect = (id: string, dtypes?: string[]) =>
+      connectRelay(relayUrl, {
+        role: "worker",
+        id,
+        token: token("worker", id),
+        reconnect: false,
+        ...(dtypes ? { caps: { dtypes } } : {}),
+        onDispatch: () => ({ y: new Float32Array(0) }),
+      });
+    const cpu = await connect("wq-cpu", ["f32", "f16", "bf16", "q8_0", "q8_K"]);
+    const old = await connect("wq-old");
+    open.push(cpu, old);
+    cpu.register({ model: ID, layers: [0], experts: [0, 1] });
+    old.register({ model: ID, layers: [1], experts: [0, 1] });
+    await waitFor(
+      () =>
+        ["wq-cpu", "wq-old"].every((id) =>
+          hub.relay.workers().some((w) => w.id === id && w.slices.length === 1),
+        ),
+      "both slices",
+    );
+    const mine = (p: { body: Body }, id: string): Body | undefined =>
+      (p.body.registrations as Body[]).find((r) => r.id === id);
+    const first = await get(`/api/models/${ID}/placement`);
+    expect(mine(first, "wq-cpu")?.dtypes).toEqual(["f32", "f16", "bf16", "q8_0", "q8_K"]);
+    // a worker that said nothing has no dtypes: backbones try it once and learn
+    expect(mine(first, "wq-old")).toBeDefined();
+    expect(mine(first, "wq-old")).not.toHaveProperty("dtypes");
+    const placement = Placement.fromRegistrations(first.body.registrations, { model: ID });
+    expect(placement.dtypes("wq-cpu")).toContain("q8_K");
+    expect(placement.dtypes("wq-old")).toBeUndefined();
+
+    // the same id again without caps (an older build of it): the new connection's word only
+    await cpu.close();
+    await waitFor(() => !hub.relay.workers().some((w) => w.id === "wq-cpu"), "wq-cpu gone");
+    const again = await connect("wq-cpu");
+    open.push(again);
+    again.register({ model: ID, layers: [0], experts: [0, 1] });
+    await waitFor(
+      () => hub.relay.workers().some((w) => w.id === "wq-cpu" && w.slices.length === 1),
+      "wq-cpu back",
+    );
+    const second = await get(`/api/models/${ID}/placement`);
+    expect(mine(second, "wq-cpu")).toBeDefined();
+    expect(mine(second, "wq-cpu")).not.toHaveProperty("dtypes");
+    await Promise.all([again.close(), old.close()]);
   });
 });
 

@@ -16,6 +16,21 @@ import { type NativeAddon, nativeError, requireNative } from "./native-binding.j
 
 const INPUT_TENSOR = /^blk\.(\d+)\.ffn_(gate|up|gate_up)_exps\.weight$/;
 
+/**
+ * Whether this machine's sender may convert activations to `dtype` and be sure to give the bytes
+ * the backbone's own ggml-cpu would. q8_0: yes on x86-64 (the AVX kernel, in every ggml-cpu
+ * variant the pinned llama.cpp builds) and aarch64 (NEON intrinsics, which no compiler fuses).
+ * q8_K is ggml's plain C reference on both, and its `iscale*x + 12582912.f` is fused into one fma
+ * or not depending on the compiler and its flags: the aarch64 build here fuses it and rounds 1 in
+ * ~1000 blocks differently from x86-64 (test/quantize-ties.test.ts), so a backbone built by
+ * another compiler may too. x86-64 was checked against node-llama-cpp's ggml-cpu (the backbone's
+ * equivalence-wire test); elsewhere q8_K layers travel in f32.
+ */
+export function senderTakes(dtype: QuantizedActivationDtype, arch: string = process.arch): boolean {
+  if (dtype === "q8_0") return arch === "x64" || arch === "arm64";
+  return arch === "x64";
+}
+
 /** Layer -> the types of the expert tensors that read the activations (gate, up or gate_up). */
 async function inputTypes(
   modelPath: string,
@@ -58,7 +73,11 @@ export async function loadActivationQuantizer(
     for (const [layer, list] of types) {
       const wire = new Set(list.map((t) => addon.wireActivationType?.(t) ?? null));
       const only = wire.size === 1 ? [...wire][0] : null;
-      if (isQuantizedActivationDtype(only) && quantizedActivationBytes(only, 1, embd) > 0)
+      if (
+        isQuantizedActivationDtype(only) &&
+        quantizedActivationBytes(only, 1, embd) > 0 &&
+        senderTakes(only)
+      )
         byLayer.set(layer, only);
     }
   }

@@ -1,3 +1,4 @@
+import { WIRE_ACTIVATION_DTYPES, type WireActivationDtype } from "@moeswarm/core";
 import type { ExpertComputeInfo } from "@moeswarm/worker-native";
 
 /** The register frame's `backend` is at most this many bytes (core's frame limits). */
@@ -18,4 +19,25 @@ export function computeClassOf(
   const device = info.device?.toLowerCase();
   const parts = device === undefined || device === backend ? [backend, arch] : [backend, device, arch];
   return parts.join("/").slice(0, MAX_CLASS_BYTES);
+}
+
+/** What every compute takes: f32, and f16 / bf16, which the relay client widens to f32 first. */
+const PLAIN_DTYPES: readonly WireActivationDtype[] = ["f32", "f16", "bf16"];
+
+/**
+ * The activation dtypes a worker advertises for its compute (its hello's `caps.dtypes`): q8_0 and
+ * q8_K only where ggml's CPU kernels compute (the native addon or an executable on the CPU,
+ * llama-cpu), which take rows already in their vec_dot_type; a GPU (its kernels quantise
+ * differently and refuse them) and the TypeScript compute take the plain dtypes alone. Undefined
+ * when a native compute does not say its device: the worker then says nothing, and a backbone
+ * tries q8 once and learns from the answer, as with an older worker.
+ */
+export function wireDtypesOf(
+  info: Pick<ExpertComputeInfo, "backend" | "device">,
+): WireActivationDtype[] | undefined {
+  if (info.backend === "ts") return [...PLAIN_DTYPES];
+  const device = info.device?.toLowerCase();
+  if (device === undefined) return undefined;
+  const cpu = device === "cpu" || device === "llama-cpu";
+  return WIRE_ACTIVATION_DTYPES.filter((d) => cpu || PLAIN_DTYPES.includes(d));
 }

@@ -14,7 +14,7 @@ import { isTransient, type RelayConnection } from "@moeswarm/relay-client";
 import { type ExpertCompute, loadExpertCompute, nativeStatus } from "@moeswarm/worker-native";
 import { chooseSlices, type SliceRect } from "./choose.js";
 import { Claims } from "./claims.js";
-import { computeClassOf } from "./compute-class.js";
+import { computeClassOf, wireDtypesOf } from "./compute-class.js";
 import type { WorkerEvent, WorkerEventBody } from "./events.js";
 import { type FetchContext, fetchSlice, LeaseLost } from "./fetch-slice.js";
 import { LeaseKeeper } from "./lease-keeper.js";
@@ -468,7 +468,8 @@ class WorkerRun {
             : undefined,
         ms: performance.now() - t0,
       });
-      this.#conn ??= await this.#serving.connect();
+      // the first slice's compute says what the hello advertises (one backend per run)
+      this.#conn ??= await this.#serving.connect(wireDtypesOf(info));
       if (stop.aborted) throw abortReason(stop);
       router = this.#serving.routers.get(model);
       if (!router) {

@@ -10,6 +10,7 @@ import {
   sleep,
   TransportError,
   traceHop,
+  type WireActivationDtype,
 } from "@moeswarm/core";
 import {
   connectRelay,
@@ -80,8 +81,12 @@ export class Serving {
     return this.#failed;
   }
 
-  /** Connects to the relay, retrying transient failures until it works or the worker stops. */
-  async connect(): Promise<RelayConnection> {
+  /**
+   * Connects to the relay, retrying transient failures until it works or the worker stops. The
+   * hello says which activation dtypes the compute takes (`dtypes`, compute-class.ts
+   * wireDtypesOf; the hub hands them to backbones with the placement), or nothing when undefined.
+   */
+  async connect(dtypes?: readonly WireActivationDtype[]): Promise<RelayConnection> {
     const { s, stop } = this.#ctx;
     // the direct endpoint listens before the relay registrations, so the placement that first
     // lists this worker's slices already carries its endpoints
@@ -130,6 +135,7 @@ export class Serving {
           token: s.token,
           ...(s.hub.ca !== undefined ? { ca: s.hub.ca } : {}),
           ...(s.heartbeatMs !== undefined ? { heartbeatMs: s.heartbeatMs } : {}),
+          ...(dtypes !== undefined ? { caps: { dtypes: [...dtypes] } } : {}),
           signal: connecting.signal,
           onDispatch: (req) => this.answer(req),
           // the hub takes this worker out of service: drain as on a signal

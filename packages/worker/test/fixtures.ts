@@ -25,7 +25,7 @@ export const MODEL_CACHE = process.env.MOESWARM_CACHE_DIR ?? join(tmpdir(), "moe
 /** GET /api/models/:id/placement's body, the fields these tests read. */
 export interface PlacementJson {
   version: number;
-  registrations: Array<{ id: string; model: string; layers: number[]; experts: number[] }>;
+  registrations: Array<{ id: string; model: string; layers: number[]; experts: number[]; dtypes?: string[] }>;
   owners: Array<{ layer: number; experts: string; workers: string[] }>;
   missing: Array<{ layer: number; experts: string; count: number }>;
 }

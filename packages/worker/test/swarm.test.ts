@@ -14,6 +14,7 @@ import type { TempDir } from "@moeswarm/testkit";
 import type { ExpertCompute } from "@moeswarm/worker-native";
 import { loadExpertCompute } from "@moeswarm/worker-native";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { wireDtypesOf } from "../src/compute-class.js";
 import type { WorkerEvent } from "../src/events.js";
 import {
   complete,
@@ -312,6 +313,23 @@ describe("moeswarm-worker processes against a hub", () => {
       // the same backend on both sides, so the same bits
       expect(loaded.backend).toBe(full.info.backend);
       const p = (await placement()) as Placement;
+      // each registration carries the dtypes its worker's hello advertised for its compute
+      // (w-b prints text, not events)
+      for (const w of [a, c]) {
+        const loaded = w.events.find((e) => e.event === "loaded") as Extract<
+          WorkerEvent,
+          { event: "loaded" }
+        >;
+        const said = wireDtypesOf({
+          backend: loaded.backend as never,
+          ...(loaded.device ? { device: loaded.device } : {}),
+        });
+        const mine = p.registrations.filter((x) => x.id === w.name);
+        expect(mine.length).toBeGreaterThan(0);
+        for (const r of mine) expect(r.dtypes).toEqual(said);
+        // ggml's CPU kernels take q8 rows as they are: a CPU worker says so
+        if (loaded.device?.toLowerCase() === "cpu") expect(said).toContain("q8_0");
+      }
       const r = rng(11);
       for (const reg of p.registrations) {
         const n = 3;

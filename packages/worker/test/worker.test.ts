@@ -138,6 +138,9 @@ describe("runWorker", () => {
     expect(summary).toMatchObject({ id: "wk-drain", reason: "drain", served: true, backend: "ts" });
     expect(summary.slice).toMatchObject({ model: MODEL, layers: "0:2", experts: "0:8", reused: false });
     expect(received.map((f) => f.t).sort()).toEqual(["drain", "hello", "register", "result"]);
+    // the hello says what the TypeScript compute takes: no q8 rows (backbones send it f32 at once)
+    const hello = received[0] as Extract<Frame, { t: "hello" }>;
+    expect(hello.caps?.dtypes).toEqual(["f32", "f16", "bf16"]);
     const register = received[1] as Extract<Frame, { t: "register" }>;
     expect(register).toMatchObject({ model: MODEL, layers: [0, 1], experts: [0, 1, 2, 3, 4, 5, 6, 7] });
     expect(closed).toBe(true);
