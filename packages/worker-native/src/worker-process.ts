@@ -458,14 +458,19 @@ export class WorkerProcessCompute implements ExpertCompute {
       const cleanup = () => registration[Symbol.dispose]();
       this.#pending.set(id, { resolve, reject, n, k: request.k, mode: request.mode, cleanup });
       traceHop("wp.write", id);
-      writeFrame(this.#proc.child.stdin, frame, { maxFrameBytes: this.#maxFrameBytes }).catch(
-        (error: unknown) => {
+      const proc = this.#proc;
+      writeFrame(proc.child.stdin, frame, { maxFrameBytes: this.#maxFrameBytes }).catch((error: unknown) => {
+        if (!isMoeswarmError(error, "MOESWARM_TRANSPORT_CLOSED")) {
           if (this.#pending.delete(id)) {
             cleanup();
             reject(error);
           }
-        },
-      );
+          return;
+        }
+        // a closed stdin means the process is dead or dying: the exit handler rejects the
+        // request with the crash (and restarts the process), as it does those already sent
+        killChild(proc.child);
+      });
     });
   }
 
