@@ -49,6 +49,11 @@ if (!vkMissing) {
 // whole-batch process ("double free or corruption (!prev)", 512 rows reserved). The lead suspect
 // now is ggml-vulkan's own preallocated buffers (converted activations, dequantised weights), which
 // it frees and re-creates mid-compute when a bigger graph comes, outside ggml-alloc's reservation.
+// 2026-12-02 (test/vk-repro.ts, the worker child driven directly, no vitest): the mixed case's
+// requests passed 10 of 10 runs, the chunk case's whole-batch requests (8 tokens x 4 slots per
+// layer, ~25 rows, the matmul path from the first request) crashed 2 of the first 7 (SIGSEGV once,
+// "double free or corruption (!prev)" once): still opt-in. A crash no longer loses the
+// participant: WorkerProcessCompute restarts the process (test/worker-restart.test.ts).
 const vkOptIn = process.env.MOESWARM_VK_MIXED === "1";
 if (!vkMissing && !vkOptIn) {
   console.warn(
