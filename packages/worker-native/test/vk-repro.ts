@@ -56,7 +56,7 @@ function wrapper(kind: string, dir: string, i: number): string | undefined {
   const log = join(dir, `run-${i}.${kind === "gdb" ? "gdb" : "vg"}.log`);
   const cmd =
     kind === "gdb"
-      ? `exec gdb -q -nx -batch -ex 'set pagination off' -ex 'set startup-with-shell off' ` +
+      ? `exec gdb -q -nx -batch -ex 'set pagination off' -ex 'set startup-with-shell off' -ex 'set disable-randomization off' ` +
         `-ex 'set logging file ${log}' -ex 'set logging redirect on' -ex 'set logging enabled on' ` +
         `-ex 'handle SIGPIPE nostop noprint' -ex run -ex bt -ex 'info threads' -ex 'thread apply all bt' ` +
         `-ex 'info sharedlibrary' --args "$@"`
