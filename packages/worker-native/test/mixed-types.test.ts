@@ -50,10 +50,15 @@ if (!vkMissing) {
 // now is ggml-vulkan's own preallocated buffers (converted activations, dequantised weights), which
 // it frees and re-creates mid-compute when a bigger graph comes, outside ggml-alloc's reservation.
 // 2026-12-02 (test/vk-repro.ts, the worker child driven directly, no vitest): the mixed case's
-// requests passed 10 of 10 runs, the chunk case's whole-batch requests (8 tokens x 4 slots per
-// layer, ~25 rows, the matmul path from the first request) crashed 2 of the first 7 (SIGSEGV once,
-// "double free or corruption (!prev)" once): still opt-in. A crash no longer loses the
-// participant: WorkerProcessCompute restarts the process (test/worker-restart.test.ts).
+// requests passed 10 of 10 runs; the chunk case's whole-batch requests (8 tokens x 4 slots per
+// layer, ~25 rows, the matmul path from the first request) crashed 2 of 20 (SIGSEGV, "double free
+// or corruption (!prev)"), 4 of 20 with LP_NUM_THREADS=0, 4 of 20 with
+// GGML_VK_DISABLE_INTEGER_DOT_PRODUCT=1; 7 of those 10 crashes came in the first request to the
+// q8_0 layer (the first quantised layer: ggml-vulkan's dequantise buffer is created or grown
+// mid-graph there). Under gdb the failing free() is on lavapipe's queue thread (frames inside the
+// stripped libvulkan_lvp.so) while the main thread waits in ggml_vk_wait_for_fence: still opt-in.
+// A crash no longer loses the participant: WorkerProcessCompute restarts the process
+// (test/worker-restart.test.ts).
 const vkOptIn = process.env.MOESWARM_VK_MIXED === "1";
 if (!vkMissing && !vkOptIn) {
   console.warn(
