@@ -250,6 +250,14 @@ export const ERROR_CODES = {
     area: "NativeError",
     text: "The array given to the compute for its answer (a result frame's memory) does not hold exactly the answer's values: a bug in the caller, not in the request.",
   },
+  MOESWARM_NATIVE_WORKER_CRASHED: {
+    area: "NativeError",
+    text: "The compute process (the worker executable) died while it held this request; it is being restarted with the slice reloaded: the dispatcher serves the request elsewhere, later requests wait for the restart.",
+  },
+  MOESWARM_NATIVE_WORKER_RESTARTS_EXHAUSTED: {
+    area: "NativeError",
+    text: "The compute process died more often than its restart budget allows (restart.max within restart.windowMs): the compute gives up and refuses every request; look at the crash in the message (its signal and stderr).",
+  },
 
   // --- hub ---------------------------------------------------------------------------------------
   MOESWARM_HUB_NOT_FOUND: { area: "HubError", text: "The model, worker or resource does not exist." },

@@ -1,4 +1,3 @@
-import { type ChildProcessWithoutNullStreams, spawn } from "node:child_process";
 import {
   abortReason,
   DEFAULT_MAX_FRAME_BYTES,
@@ -11,7 +10,7 @@ import {
   NativeError,
   onAbort,
   type RegisterFrame,
-  readFrames,
+  sleep,
   TransportError,
   throwIfAborted,
   traceHop,
@@ -29,6 +28,13 @@ import {
   type RunRequest,
 } from "./expert-compute.js";
 import { layoutInfo, sliceLayout } from "./slice-layout.js";
+import {
+  type ChildSpec,
+  describeExit,
+  killChild,
+  startWorkerChild,
+  type WorkerChild,
+} from "./worker-child.js";
 
 export interface SpawnExpertWorkerOptions {
   /** Compute threads (default: all CPUs). */
@@ -63,7 +69,30 @@ export interface SpawnExpertWorkerOptions {
   launcher?: string;
   /** More command-line arguments for the executable (after the ones these options make). */
   extraArgs?: readonly string[];
+  /** What to do when the process dies while the compute is open (default: restart, see {@link RestartPolicy}). */
+  restart?: RestartPolicy | false;
   signal?: AbortSignal;
+}
+
+/**
+ * What happens when the process dies while the compute is open (a crash, a kill): it is started
+ * again on the same slice, after `backoffMs` (doubled for each other restart in the window, at
+ * most 30 s), at most `max` times within `windowMs`; past that the compute refuses every request
+ * with NativeError MOESWARM_NATIVE_WORKER_RESTARTS_EXHAUSTED. Requests the dead process held are
+ * rejected at once with MOESWARM_NATIVE_WORKER_CRASHED (never re-sent: the request may be what
+ * killed it, and a dispatcher serves it on a replica meanwhile); requests made during the restart
+ * wait for the new process (or their signal). `false`: no restart, every later request fails
+ * with TransportError MOESWARM_TRANSPORT_CLOSED.
+ */
+export interface RestartPolicy {
+  /** Restarts allowed within `windowMs` (default 3). */
+  max?: number;
+  /** The window the restarts are counted in (default 10 minutes). */
+  windowMs?: number;
+  /** Wait before the first restart in the window (default 1000 ms). */
+  backoffMs?: number;
+  /** Told of each restart: the number in the window and why (the dead process's exit). */
+  onRestart?: (event: { restarts: number; error: Error }) => void;
 }
 
 interface Pending {
@@ -75,7 +104,7 @@ interface Pending {
   cleanup(): void;
 }
 
-const STDERR_TAIL = 4096;
+const MAX_BACKOFF_MS = 30_000;
 
 function checkOptions(o: SpawnExpertWorkerOptions): void {
   const int = (name: string, v: number | undefined, lo: number, hi: number) => {
@@ -88,6 +117,14 @@ function checkOptions(o: SpawnExpertWorkerOptions): void {
   int("maxBatchRows", o.maxBatchRows, 1, 65536);
   int("startTimeoutMs", o.startTimeoutMs, 1, 2 ** 31 - 1);
   int("closeTimeoutMs", o.closeTimeoutMs, 1, 2 ** 31 - 1);
+  if (o.restart !== undefined && o.restart !== false) {
+    if (typeof o.restart !== "object" || o.restart === null) {
+      throw new InvalidArgumentError("restart must be false or an object");
+    }
+    int("restart.max", o.restart.max, 0, 1_000_000);
+    int("restart.windowMs", o.restart.windowMs, 1, 2 ** 31 - 1);
+    int("restart.backoffMs", o.restart.backoffMs, 0, MAX_BACKOFF_MS);
+  }
   if (o.act !== undefined && o.act !== "auto" && !ACTIVATIONS.includes(o.act)) {
     throw new InvalidArgumentError(`unknown activation ${String(o.act)}`);
   }
@@ -102,22 +139,57 @@ function checkOptions(o: SpawnExpertWorkerOptions): void {
   }
 }
 
+/** The command line and environment of the executable for these options. */
+function childSpec(binaryPath: string, slicePath: string, options: SpawnExpertWorkerOptions): ChildSpec {
+  const args = ["--slice", slicePath];
+  if (options.threads !== undefined) args.push("--threads", String(options.threads));
+  if (options.act !== undefined) args.push("--act", options.act);
+  if (options.repack === false) args.push("--no-repack");
+  if (options.model !== undefined) args.push("--model", options.model);
+  if (options.device !== undefined) args.push("--device", options.device);
+  if (options.maxFrameBytes !== undefined) args.push("--max-frame", String(options.maxFrameBytes));
+  if (options.maxBatchRows !== undefined) args.push("--max-batch-rows", String(options.maxBatchRows));
+  if (options.extraArgs) args.push(...options.extraArgs);
+  const launcher = options.launcher ?? (process.env.MOESWARM_WORKER_LAUNCHER || undefined);
+  const [cmd, cmdArgs] = launcher ? [launcher, [binaryPath, ...args]] : [binaryPath, args];
+  return {
+    cmd,
+    args: cmdArgs,
+    env: { ...process.env, ...options.env },
+    maxFrameBytes: options.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES,
+    startTimeoutMs: options.startTimeoutMs ?? 120_000,
+  };
+}
+
+/** Whether a process registered the slice it was given (the same layers and experts). */
+function sameSlice(registration: RegisterFrame, info: ExpertComputeInfo): boolean {
+  return (
+    registration.layers.join() === info.layers.join() &&
+    registration.experts.join() === [...info.experts].sort((a, b) => a - b).join()
+  );
+}
+
 /**
  * The standalone executable behind the ExpertCompute interface: a child process speaking the
  * wire protocol on its stdin/stdout. Runs are sent as `dispatch` frames and may be in flight
- * together (the worker answers them in order).
+ * together (the worker answers them in order). A process that dies is started again
+ * ({@link RestartPolicy}).
  */
 export class WorkerProcessCompute implements ExpertCompute {
   readonly info: ExpertComputeInfo;
   /** The worker's register frame. */
   readonly registration: RegisterFrame;
-  readonly #child: ChildProcessWithoutNullStreams;
+  readonly #spec: ChildSpec;
   readonly #pending = new Map<number, Pending>();
   readonly #experts: ReadonlySet<number>;
   readonly #maxFrameBytes: number;
   readonly #closeTimeoutMs: number;
-  readonly #exited: Promise<void>;
-  readonly #stderr: { text: string };
+  readonly #restart: Required<Omit<RestartPolicy, "onRestart">> & Pick<RestartPolicy, "onRestart">;
+  readonly #stop = new AbortController();
+  #proc: WorkerChild;
+  #restartTimes: number[] = [];
+  #restartCount = 0;
+  #restarting: Promise<void> | undefined;
   #nextId = 0;
   #computeMs = 0;
   #answered = 0;
@@ -125,24 +197,26 @@ export class WorkerProcessCompute implements ExpertCompute {
   #closing: Promise<void> | undefined;
 
   private constructor(
-    child: ChildProcessWithoutNullStreams,
+    proc: WorkerChild,
+    spec: ChildSpec,
     info: ExpertComputeInfo,
-    registration: RegisterFrame,
-    frames: AsyncGenerator<Uint8Array>,
-    exited: Promise<void>,
-    stderr: { text: string },
     options: SpawnExpertWorkerOptions,
   ) {
-    this.#child = child;
+    this.#proc = proc;
+    this.#spec = spec;
     this.info = info;
-    this.registration = registration;
+    this.registration = proc.registration;
     this.#experts = new Set(info.experts);
     this.#maxFrameBytes = options.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES;
     this.#closeTimeoutMs = options.closeTimeoutMs ?? 10_000;
-    this.#exited = exited;
-    this.#stderr = stderr;
-    void this.#readLoop(frames);
-    exited.then(() => this.#fail(this.#exitError()));
+    const r = options.restart === false ? { max: 0 } : (options.restart ?? {});
+    this.#restart = {
+      max: r.max ?? 3,
+      windowMs: r.windowMs ?? 600_000,
+      backoffMs: r.backoffMs ?? 1000,
+      ...(r.onRestart ? { onRestart: r.onRestart } : {}),
+    };
+    this.#attach(proc);
   }
 
   static async spawn(
@@ -152,74 +226,10 @@ export class WorkerProcessCompute implements ExpertCompute {
   ): Promise<WorkerProcessCompute> {
     checkOptions(options);
     throwIfAborted(options.signal);
-    const args = ["--slice", slicePath];
-    if (options.threads !== undefined) args.push("--threads", String(options.threads));
-    if (options.act !== undefined) args.push("--act", options.act);
-    if (options.repack === false) args.push("--no-repack");
-    if (options.model !== undefined) args.push("--model", options.model);
-    if (options.device !== undefined) args.push("--device", options.device);
-    if (options.maxFrameBytes !== undefined) args.push("--max-frame", String(options.maxFrameBytes));
-    if (options.maxBatchRows !== undefined) args.push("--max-batch-rows", String(options.maxBatchRows));
-    if (options.extraArgs) args.push(...options.extraArgs);
-    const launcher = options.launcher ?? (process.env.MOESWARM_WORKER_LAUNCHER || undefined);
-    const [cmd, cmdArgs] = launcher ? [launcher, [binaryPath, ...args]] : [binaryPath, args];
-    const child = spawn(cmd, cmdArgs, {
-      stdio: ["pipe", "pipe", "pipe"],
-      env: { ...process.env, ...options.env },
-      windowsHide: true,
-    });
-    const stderr = { text: "" };
-    child.stderr.on("data", (chunk: Buffer) => {
-      stderr.text = (stderr.text + chunk.toString("utf8")).slice(-STDERR_TAIL);
-    });
-    // a dead stdin must not become an unhandled 'error' event; writes report it instead
-    child.stdin.on("error", () => {});
-    const exited = new Promise<void>((resolve) => child.once("close", () => resolve()));
-    const spawnError = new Promise<never>((_, reject) =>
-      child.once("error", (cause) =>
-        reject(new NativeError("MOESWARM_NATIVE_LOAD", `cannot start ${cmd}: ${cause.message}`, { cause })),
-      ),
-    );
-    spawnError.catch(() => {});
-
-    const frames = readFrames(child.stdout, {
-      maxFrameBytes: options.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES,
-    });
-    const kill = () => {
-      if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
-    };
-    let timer: NodeJS.Timeout | undefined;
-    let aborted: Disposable | undefined;
+    const spec = childSpec(binaryPath, slicePath, options);
+    const proc = await startWorkerChild(spec, options.signal);
     try {
-      const startup = (async (): Promise<RegisterFrame> => {
-        for (;;) {
-          const next = await frames.next();
-          if (next.done) {
-            await exited;
-            throw new NativeError(
-              "MOESWARM_NATIVE_LOAD",
-              `the worker exited before registering (code ${String(child.exitCode)}, signal ${String(child.signalCode)})${stderr.text ? `: ${stderr.text.trim()}` : ""}`,
-            );
-          }
-          const frame = decodeFrame(next.value, { copy: true });
-          if (frame.t === "register") return frame;
-          if (frame.t === "error") throw errorFromCode(frame.code, frame.msg, { stderr: stderr.text });
-        }
-      })();
-      const limit = new Promise<never>((_, reject) => {
-        timer = setTimeout(
-          () =>
-            reject(
-              new NativeError(
-                "MOESWARM_NATIVE_LOAD",
-                `the worker did not register within ${options.startTimeoutMs ?? 120_000} ms`,
-              ),
-            ),
-          options.startTimeoutMs ?? 120_000,
-        );
-        aborted = onAbort(options.signal, reject);
-      });
-      const registration = await Promise.race([startup, limit, spawnError]);
+      const { registration } = proc;
       const header = await readGguf(slicePath, options.signal ? { signal: options.signal } : {});
       const layout = sliceLayout(header, options.act ? { act: options.act } : {});
       const info: ExpertComputeInfo = {
@@ -228,22 +238,17 @@ export class WorkerProcessCompute implements ExpertCompute {
         ...(options.threads ? { threads: options.threads } : {}),
         ...(registration.backend ? { device: registration.backend } : {}),
       };
-      const sameLayers = registration.layers.join() === info.layers.join();
-      const sameExperts = registration.experts.join() === [...info.experts].sort((a, b) => a - b).join();
-      if (!sameLayers || !sameExperts) {
+      if (!sameSlice(registration, info)) {
         throw new NativeError(
           "MOESWARM_NATIVE_LOAD",
           "the worker registered other layers or experts than the slice holds",
         );
       }
-      return new WorkerProcessCompute(child, info, registration, frames, exited, stderr, options);
+      return new WorkerProcessCompute(proc, spec, info, options);
     } catch (error) {
-      kill();
-      void frames.return(undefined);
+      killChild(proc.child);
+      void proc.frames.return(undefined);
       throw error;
-    } finally {
-      clearTimeout(timer);
-      aborted?.[Symbol.dispose]();
     }
   }
 
@@ -252,23 +257,30 @@ export class WorkerProcessCompute implements ExpertCompute {
     return { runs: this.#answered, computeMs: this.#computeMs };
   }
 
-  /** The process id of the worker (undefined once it could not start). */
+  /** The process id of the worker now (undefined once it could not start). */
   get pid(): number | undefined {
-    return this.#child.pid;
+    return this.#proc.child.pid;
   }
 
-  #exitError(): Error {
-    const { exitCode, signalCode } = this.#child;
-    const tail = this.#stderr.text.trim();
+  /** Times the process was started again after dying. */
+  get restarts(): number {
+    return this.#restartCount;
+  }
+
+  #attach(proc: WorkerChild): void {
+    void this.#readLoop(proc);
+    proc.exited.then(() => this.#onExit(proc));
+  }
+
+  #exitError(proc: WorkerChild): Error {
     return new TransportError(
       "MOESWARM_TRANSPORT_CLOSED",
-      `the worker process exited (code ${String(exitCode)}, signal ${String(signalCode)})${tail ? `: ${tail}` : ""}`,
+      `the worker process exited (code ${String(proc.child.exitCode)}, signal ${String(proc.child.signalCode)})${proc.stderr.text.trim() ? `: ${proc.stderr.text.trim()}` : ""}`,
     );
   }
 
-  /** Fails every request in flight and every later one with `error`. */
-  #fail(error: Error): void {
-    this.#failure ??= error;
+  /** Rejects every request in flight with `error`. */
+  #rejectPending(error: Error): void {
     for (const p of this.#pending.values()) {
       p.cleanup();
       p.reject(error);
@@ -276,22 +288,91 @@ export class WorkerProcessCompute implements ExpertCompute {
     this.#pending.clear();
   }
 
-  async #readLoop(frames: AsyncGenerator<Uint8Array>): Promise<void> {
+  /** Fails every request in flight and every later one with `error`. */
+  #fail(error: Error): void {
+    this.#failure ??= error;
+    this.#rejectPending(error);
+  }
+
+  #onExit(proc: WorkerChild): void {
+    if (this.#closing || this.#failure || this.#restart.max === 0) {
+      this.#fail(this.#failure ?? this.#exitError(proc));
+      return;
+    }
+    const now = Date.now();
+    this.#restartTimes = this.#restartTimes.filter((t) => now - t < this.#restart.windowMs);
+    const how = describeExit(proc.child, proc.stderr);
+    if (this.#restartTimes.length >= this.#restart.max) {
+      this.#fail(
+        new NativeError(
+          "MOESWARM_NATIVE_WORKER_RESTARTS_EXHAUSTED",
+          `the worker process died ${this.#restartTimes.length + 1} times within ${this.#restart.windowMs} ms (restart budget ${this.#restart.max}); the last time with ${how}`,
+        ),
+      );
+      return;
+    }
+    const crashed = new NativeError(
+      "MOESWARM_NATIVE_WORKER_CRASHED",
+      `the worker process died with ${how}; it is being restarted`,
+      { details: { exitCode: proc.child.exitCode, signal: proc.child.signalCode } },
+    );
+    this.#rejectPending(crashed);
+    this.#restartTimes.push(now);
+    this.#restartCount++;
+    this.#restart.onRestart?.({ restarts: this.#restartTimes.length, error: crashed });
+    const delay = Math.min(MAX_BACKOFF_MS, this.#restart.backoffMs * 2 ** (this.#restartTimes.length - 1));
+    this.#restarting = this.#startAgain(delay).finally(() => {
+      this.#restarting = undefined;
+    });
+    this.#restarting.catch(() => {});
+  }
+
+  /** Starts a new process after `delay` ms; a start that fails counts as another death. */
+  async #startAgain(delay: number): Promise<void> {
     try {
-      for await (const payload of frames) {
+      await sleep(delay, this.#stop.signal);
+      const proc = await startWorkerChild(this.#spec, this.#stop.signal);
+      if (this.#closing) {
+        killChild(proc.child);
+        return;
+      }
+      if (!sameSlice(proc.registration, this.info)) {
+        killChild(proc.child);
+        throw new NativeError("MOESWARM_NATIVE_LOAD", "the restarted worker registered another slice");
+      }
+      this.#proc = proc;
+      this.#attach(proc);
+    } catch (error) {
+      if (this.#closing) return;
+      this.#fail(
+        new NativeError(
+          "MOESWARM_NATIVE_WORKER_RESTARTS_EXHAUSTED",
+          `the worker process could not be started again: ${(error as Error).message}`,
+          { cause: error },
+        ),
+      );
+    }
+  }
+
+  async #readLoop(proc: WorkerChild): Promise<void> {
+    try {
+      for await (const payload of proc.frames) {
         let frame: Frame;
         try {
           frame = decodeFrame(payload, { copy: true });
         } catch (error) {
           // a worker that sends garbage cannot be trusted with the requests it holds
           this.#fail(error as Error);
-          this.#child.kill("SIGKILL");
+          proc.child.kill("SIGKILL");
           return;
         }
         this.#onFrame(frame);
       }
     } catch (error) {
-      this.#fail(isMoeswarmError(error) ? error : this.#exitError());
+      // the stream broke (a frame cut by the process's death, an oversized frame): the requests it
+      // held are lost; the exit handler starts a new process where the policy allows
+      if (isMoeswarmError(error) && this.#restart.max === 0) this.#fail(error);
+      killChild(proc.child);
     }
   }
 
@@ -328,6 +409,22 @@ export class WorkerProcessCompute implements ExpertCompute {
     if (this.#closing)
       return Promise.reject(new NativeError("MOESWARM_NATIVE_CLOSED", "the expert compute was closed"));
     if (this.#failure) return Promise.reject(this.#failure);
+    const restarting = this.#restarting;
+    if (restarting) {
+      // the new process is on its way: wait for it (or the caller's signal), then ask it
+      const { signal } = options;
+      return new Promise<void>((resolve, reject) => {
+        const registration = onAbort(signal, reject);
+        void restarting.then(() => {
+          registration[Symbol.dispose]();
+          resolve();
+        });
+      }).then(() => this.run(request, options));
+    }
+    return this.#send(request, options);
+  }
+
+  #send(request: RunRequest, options: RunOptions): Promise<Float32Array> {
     let n: number;
     try {
       // q8 rows go to the executable, whose core takes them (CPU) or refuses them (a GPU)
@@ -361,11 +458,18 @@ export class WorkerProcessCompute implements ExpertCompute {
       const cleanup = () => registration[Symbol.dispose]();
       this.#pending.set(id, { resolve, reject, n, k: request.k, mode: request.mode, cleanup });
       traceHop("wp.write", id);
-      writeFrame(this.#child.stdin, frame, { maxFrameBytes: this.#maxFrameBytes }).catch((error: unknown) => {
-        if (this.#pending.delete(id)) {
-          cleanup();
-          reject(error);
+      const proc = this.#proc;
+      writeFrame(proc.child.stdin, frame, { maxFrameBytes: this.#maxFrameBytes }).catch((error: unknown) => {
+        if (!isMoeswarmError(error, "MOESWARM_TRANSPORT_CLOSED")) {
+          if (this.#pending.delete(id)) {
+            cleanup();
+            reject(error);
+          }
+          return;
         }
+        // a closed stdin means the process is dead or dying: the exit handler rejects the
+        // request with the crash (and restarts the process), as it does those already sent
+        killChild(proc.child);
       });
     });
   }
@@ -373,7 +477,9 @@ export class WorkerProcessCompute implements ExpertCompute {
   /** Sends `drain`: the worker answers what it holds, then exits; killed after closeTimeoutMs. */
   close(): Promise<void> {
     this.#closing ??= (async () => {
-      const child = this.#child;
+      this.#stop.abort(new NativeError("MOESWARM_NATIVE_CLOSED", "the expert compute was closed"));
+      await this.#restarting;
+      const { child, exited } = this.#proc;
       if (child.exitCode === null && child.signalCode === null) {
         try {
           await writeFrame(child.stdin, drainFrame({ reason: "close" }));
@@ -382,7 +488,7 @@ export class WorkerProcessCompute implements ExpertCompute {
           // already gone: the exit below settles it
         }
         const timer = setTimeout(() => child.kill("SIGKILL"), this.#closeTimeoutMs);
-        await this.#exited;
+        await exited;
         clearTimeout(timer);
       }
       this.#fail(new NativeError("MOESWARM_NATIVE_CLOSED", "the expert compute was closed"));

@@ -344,7 +344,7 @@ describe.skipIf(Boolean(missing))("moeswarm-expert-worker: bad input, drain, TCP
       spawnExpertWorker(binary!, slicePath, { signal: AbortSignal.abort(new Error("no")) }),
     ).rejects.toThrow("no");
 
-    const worker = await spawnExpertWorker(binary!, slicePath, { threads: 1 });
+    const worker = await spawnExpertWorker(binary!, slicePath, { threads: 1, restart: false });
     const x = normals(N_EMBD, 2);
     await expect(
       worker.run({ layer: 1, x, ids: new Int32Array([3]), k: 1, mode: "each" }),
