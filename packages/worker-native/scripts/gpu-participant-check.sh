@@ -59,6 +59,13 @@ fi
   say "FAIL $bins lacks libggml-cuda.so / libggml-base.so (npm pack @node-llama-cpp/linux-x64-cuda@3.21.1)"
   exit 1
 }
+# the executable has no run path: node-llama-cpp's GPU packages name their ggml libggml.cuda.v*.so,
+# so libggml.v*.so comes from the CPU package (after the GPU directory gpu-check.py puts first)
+if ! ls "$bins"/libggml.v*.so >/dev/null 2>&1; then
+  cpu_bins=$(ls -d "$root"/node_modules/.pnpm/@node-llama-cpp+linux-x64@*/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64 2>/dev/null | head -1)
+  [ -n "$cpu_bins" ] || { say "FAIL no @node-llama-cpp/linux-x64 (its libggml.v*.so) under $root/node_modules"; exit 1; }
+  export LD_LIBRARY_PATH="$cpu_bins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 exe="$pkg/prebuilds/linux-x64/moeswarm-expert-worker-llama"
 [ -x "$exe" ] || { say "FAIL $exe is not built (MOESWARM_NATIVE_TARGETS=linux-x64 build of worker-native)"; exit 1; }
 

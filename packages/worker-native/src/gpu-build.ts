@@ -1,9 +1,9 @@
 import { execFile } from "node:child_process";
-import { existsSync, realpathSync } from "node:fs";
+import { existsSync, readdirSync, realpathSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join, resolve } from "node:path";
 import { abortReason, NativeError, throwIfAborted } from "@moeswarm/core";
-import { type SpawnLlamaExpertWorkerOptions, spawnLlamaExpertWorker } from "./llama-cpu.js";
+import { llamaCppBinsDir, type SpawnLlamaExpertWorkerOptions, spawnLlamaExpertWorker } from "./llama-cpu.js";
 import { packageRoot } from "./native-binding.js";
 import type { WorkerProcessCompute } from "./worker-process.js";
 
@@ -280,6 +280,25 @@ export async function probeGpuBuild(
 }
 
 /**
+ * What goes after the GPU build's directory on the worker's library path. node-llama-cpp's GPU
+ * packages name their ggml `libggml.<gpu>.v0.4.0.so`, while the executable (linked against the CPU
+ * package) needs `libggml.v0.4.0.so`: a GPU package without it gets node-llama-cpp's CPU package
+ * directory next (the same commit's library; llamaCppBinsDir's error says what to install when it
+ * is missing). The executable carries no run path of the build machine, so this is how it is found.
+ */
+export function gpuLibraryPath(binsDir: string, env?: Record<string, string>): string | undefined {
+  const inherited = env?.LD_LIBRARY_PATH ?? process.env.LD_LIBRARY_PATH;
+  const hasGgml = readdirSync(binsDir).some((f) => /^libggml\.v[\d.]+\.so$/.test(f));
+  if (hasGgml) return inherited;
+  const cpu = llamaCppBinsDir();
+  return inherited ? `${cpu}:${inherited}` : cpu;
+}
+
+function withLibraryPath(env: Record<string, string> | undefined, path: string | undefined) {
+  return path === undefined ? { ...env } : { ...env, LD_LIBRARY_PATH: path };
+}
+
+/**
  * Starts `moeswarm-expert-worker-llama` on a slice with a probed GPU build: the experts compute on
  * `options.device` (default `${build.devicePrefix}0`), with the compute buffer reserved at load for
  * `options.maxBatchRows` (default {@link GPU_MAX_BATCH_ROWS}) rows; `info.vramBytes` is the memory
@@ -295,6 +314,7 @@ export async function spawnGpuExpertWorker(
 ): Promise<WorkerProcessCompute> {
   const compute = await spawnLlamaExpertWorker(slicePath, {
     ...options,
+    env: withLibraryPath(options.env, gpuLibraryPath(status.binsDir, options.env)),
     device: options.device ?? `${build.devicePrefix}0`,
     maxBatchRows: options.maxBatchRows ?? GPU_MAX_BATCH_ROWS,
     binsDir: status.binsDir,

@@ -18,6 +18,7 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { cosine } from "@moeswarm/core";
+import { gpuLibraryPath } from "../src/gpu-build.js";
 import {
   GPU_MAX_BATCH_ROWS,
   llamaExpertWorkerPath,
@@ -76,7 +77,8 @@ async function oneRun(
 ): Promise<RunResult> {
   const t0 = performance.now();
   const env: Record<string, string> = {
-    LD_LIBRARY_PATH: binsDir,
+    // the Vulkan package's ggml first, then what it lacks (gpu-build.ts gpuLibraryPath)
+    LD_LIBRARY_PATH: [binsDir, gpuLibraryPath(binsDir, {})].filter(Boolean).join(":"),
     MOESWARM_GGML_BACKEND_DIR: binsDir,
     GGML_VK_VISIBLE_DEVICES: "0",
   };

@@ -8,6 +8,7 @@ import { cosine, sumSlots } from "@moeswarm/core";
 import { GgmlType, ggmlTypeName } from "@moeswarm/shard";
 import { tempDir } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { gpuLibraryPath } from "../src/gpu-build.js";
 import {
   type ExpertCompute,
   GPU_MAX_BATCH_ROWS,
@@ -86,7 +87,8 @@ function reservedBytes(slicePath: string, maxBatchRows: number): Promise<{ bytes
       {
         env: {
           ...process.env,
-          LD_LIBRARY_PATH: dir,
+          // the Vulkan package's ggml, then what it lacks (as spawnGpuExpertWorker does)
+          LD_LIBRARY_PATH: [dir, gpuLibraryPath(dir, {})].filter(Boolean).join(":"),
           MOESWARM_GGML_BACKEND_DIR: dir,
           GGML_VK_VISIBLE_DEVICES: "0",
         },
