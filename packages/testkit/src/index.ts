@@ -21,6 +21,7 @@ export function expectNoUnhandledRejections(settleMs = 150): void {
     expect(unhandled.map((e) => String(e))).toEqual([]);
   });
 }
+export { arm64Node, NODE_ARM64 } from "./arm64-node.js";
 export { waitFor } from "./hub.js";
 export { freePort, type LlamaServerProcess, startLlamaServer } from "./llama-server.js";
 export { type CapturedStream, captureStream } from "./streams.js";

