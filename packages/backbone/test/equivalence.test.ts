@@ -192,7 +192,10 @@ describe.skipIf(Boolean(missing))(
 
     it("a bridge that dies mid-decode, and a dispatch that fails: the decode fails, never a wrong token", async () => {
       const [a] = split(info.nExpert, 1);
-      await using swarm = await startSwarm(model, [{ id: "only", experts: a! }], tmp.dir, MODEL_ID);
+      // restart off: the worker killed below must stay gone (no replica, no fallback)
+      await using swarm = await startSwarm(model, [{ id: "only", experts: a! }], tmp.dir, MODEL_ID, {
+        restart: false,
+      });
       let seen = 0;
       const bridge = await swarmBridge(swarm, join(tmp.dir, "dies.sock"), {
         onStats: () => {

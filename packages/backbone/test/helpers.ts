@@ -144,7 +144,8 @@ export async function startSwarm(
   specs: readonly WorkerSpec[],
   dir: string,
   model: string,
-  spawn: { startTimeoutMs?: number } = {},
+  // restart: false for a test whose killed worker must stay gone (restarts are on by default)
+  spawn: { startTimeoutMs?: number; restart?: false } = {},
 ): Promise<Swarm> {
   const info = await modelInfo(modelPath);
   const placement = new Placement({ model });
