@@ -3,7 +3,12 @@ import { existsSync, readdirSync, realpathSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join, resolve } from "node:path";
 import { abortReason, NativeError, throwIfAborted } from "@moeswarm/core";
-import { llamaCppBinsDir, type SpawnLlamaExpertWorkerOptions, spawnLlamaExpertWorker } from "./llama-cpu.js";
+import {
+  libraryPathWith,
+  llamaCppBinsDir,
+  type SpawnLlamaExpertWorkerOptions,
+  spawnLlamaExpertWorker,
+} from "./llama-cpu.js";
 import { packageRoot } from "./native-binding.js";
 import type { WorkerProcessCompute } from "./worker-process.js";
 
@@ -287,11 +292,9 @@ export async function probeGpuBuild(
  * is missing). The executable carries no run path of the build machine, so this is how it is found.
  */
 export function gpuLibraryPath(binsDir: string, env?: Record<string, string>): string | undefined {
-  const inherited = env?.LD_LIBRARY_PATH ?? process.env.LD_LIBRARY_PATH;
   const hasGgml = readdirSync(binsDir).some((f) => /^libggml\.v[\d.]+\.so$/.test(f));
-  if (hasGgml) return inherited;
-  const cpu = llamaCppBinsDir();
-  return inherited ? `${cpu}:${inherited}` : cpu;
+  if (hasGgml) return env?.LD_LIBRARY_PATH ?? process.env.LD_LIBRARY_PATH;
+  return libraryPathWith(llamaCppBinsDir(), env);
 }
 
 function withLibraryPath(env: Record<string, string> | undefined, path: string | undefined) {

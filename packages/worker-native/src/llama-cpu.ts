@@ -134,6 +134,12 @@ export interface SpawnLlamaExpertWorkerOptions extends SpawnExpertWorkerOptions 
   reference?: boolean;
 }
 
+/** `dir` first on a library path, then what `env` (else this process) already has. */
+export function libraryPathWith(dir: string, env?: Record<string, string>): string {
+  const inherited = env?.LD_LIBRARY_PATH ?? process.env.LD_LIBRARY_PATH;
+  return inherited ? `${dir}:${inherited}` : dir;
+}
+
 /**
  * Starts `moeswarm-expert-worker-llama` on a slice (or a full model file), with node-llama-cpp's
  * libraries on its library path; the process speaks the wire protocol on stdio like
@@ -145,13 +151,12 @@ export async function spawnLlamaExpertWorker(
 ): Promise<WorkerProcessCompute> {
   const { binsDir, reference, ...rest } = options;
   const dir = llamaCppBinsDir(binsDir !== undefined ? { dir: binsDir } : {});
-  const inherited = rest.env?.LD_LIBRARY_PATH ?? process.env.LD_LIBRARY_PATH;
   return spawnExpertWorker(llamaExpertWorkerPath(), slicePath, {
     ...rest,
     extraArgs: [...(rest.extraArgs ?? []), ...(reference ? ["--reference"] : [])],
     env: {
       ...rest.env,
-      LD_LIBRARY_PATH: inherited ? `${dir}:${inherited}` : dir,
+      LD_LIBRARY_PATH: libraryPathWith(dir, rest.env),
       [ENV_DIR]: dir,
     },
   });
