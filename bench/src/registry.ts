@@ -1,4 +1,5 @@
 import { codec } from "./benchmarks/codec.js";
+import { combine } from "./benchmarks/combine.js";
 import { computeCall } from "./benchmarks/compute-call.js";
 import { decode } from "./benchmarks/decode.js";
 import { dispatchInproc } from "./benchmarks/dispatch-inproc.js";
@@ -20,6 +21,7 @@ export const benchmarks: Benchmark[] = [
   relay,
   roundtrip,
   dispatchInproc,
+  combine,
   expertCompute,
   computeCall,
   expertComputeShape,

@@ -69,9 +69,26 @@ function checkResult(
 
 /** Index of the first NaN or ±Infinity in `y[from .. from+count)`, or -1. */
 export function nonFinite(y: Float32Array | Float64Array, from: number, count: number): number {
-  for (let i = from; i < from + count; i++) {
-    // x - x is 0 for finite x and NaN for NaN and ±Infinity: one compare per value
-    if (y[i]! - y[i]! !== 0) return i;
+  // x * 0 is ±0 for finite x and NaN for NaN and ±Infinity, and a NaN stays in a sum: four
+  // branch-free sums (independent, so they pipeline) answer "all finite?" ~1.6x faster than a
+  // compare per value (issue #15); only a bad row is searched for its index
+  const end = from + count;
+  let a0 = 0;
+  let a1 = 0;
+  let a2 = 0;
+  let a3 = 0;
+  let i = from;
+  for (; i + 3 < end; i += 4) {
+    a0 += (y[i] as number) * 0;
+    a1 += (y[i + 1] as number) * 0;
+    a2 += (y[i + 2] as number) * 0;
+    a3 += (y[i + 3] as number) * 0;
+  }
+  for (; i < end; i++) a0 += (y[i] as number) * 0;
+  if (a0 + a1 + a2 + a3 === 0) return -1;
+  for (let j = from; j < end; j++) {
+    // x - x is 0 for finite x and NaN for NaN and ±Infinity
+    if ((y[j] as number) - (y[j] as number) !== 0) return j;
   }
   return -1;
 }

@@ -1,5 +1,4 @@
 import type { ExpertHandler, ExpertTransport } from "@moeswarm/core";
-import { onAbort } from "@moeswarm/core";
 import { DEFAULT_DEADLINE_MS, type DispatchOptions } from "./dispatch-options.js";
 import type { Liveness } from "./liveness.js";
 import {
@@ -17,9 +16,20 @@ import type { Verification } from "./verification.js";
 export type Precision = "f32" | "f64";
 
 /**
+ * Whether a call has ended early, and why: read like an AbortSignal's `aborted` and `reason`. A
+ * plain object rather than an AbortController's signal: nothing outside the call listens to it
+ * (each request's transport gets its attempt's own signal), and an AbortController per call was
+ * ~5% of a one-token dispatchExperts (issue #15).
+ */
+export interface CallEnd {
+  readonly aborted: boolean;
+  readonly reason: unknown;
+}
+
+/**
  * What one dispatch call shares between its requests: the settings, the (possibly expanded)
- * input, the call's metrics, and the signal that ends every outstanding request when the call
- * ends early (caller abort or a failure).
+ * input, the call's metrics, and the early end (caller abort or a failure) that ends every
+ * outstanding request.
  */
 export class CallState {
   readonly precision: Precision;
@@ -44,8 +54,8 @@ export class CallState {
   readonly routing: Routing;
   readonly embd: number;
   readonly rotation: number;
-  /** Aborted when the call ends early (caller abort or a failure): cancels outstanding requests. */
-  readonly controller = new AbortController();
+  /** Set when the call ends early (caller abort or a failure); see {@link end}. */
+  readonly #end: { aborted: boolean; reason: unknown } = { aborted: false, reason: undefined };
   /** Outstanding attempts, ended together when the call ends early (one listener, not one each). */
   readonly #active = new Set<(reason: unknown) => void>();
   readonly metrics: DispatchCallMetrics;
@@ -81,20 +91,29 @@ export class CallState {
     this.routing = routing;
     this.embd = embd;
     this.rotation = options.placement.nextRotation();
-    // lives as long as the call: never disposed
-    onAbort(this.controller.signal, (reason) => {
-      for (const end of [...this.#active]) end(reason);
-    });
     this.metrics = emptyCallMetrics(options.layer, this.mode, routing);
   }
 
-  get signal(): AbortSignal {
-    return this.controller.signal;
+  /** Whether (and why) the call ended early. */
+  get signal(): CallEnd {
+    return this.#end;
   }
 
   /**
-   * Calls `listener` when the call ends early, like core's `onAbort` on {@link signal}, but
-   * through the call's one listener: a call with hundreds of requests adds one, not hundreds.
+   * Ends the call early: `signal.aborted` becomes true, then every outstanding attempt's listener
+   * runs once (each aborts its own request's signal), as an AbortController's abort did. A second
+   * end does nothing.
+   */
+  end(reason: unknown): void {
+    if (this.#end.aborted) return;
+    this.#end.aborted = true;
+    this.#end.reason = reason;
+    for (const listener of [...this.#active]) listener(reason);
+  }
+
+  /**
+   * Calls `listener` when the call ends early ({@link end}); a call with hundreds of requests
+   * keeps them in one set, with no event listener each.
    */
   onEnd(listener: (reason: unknown) => void): Disposable {
     this.#active.add(listener);

@@ -138,30 +138,39 @@ export function combineModuleBytes(): Uint8Array {
 
 type CombineFn = (out: number, y: number, w: number, count: number, bytes: number) => void;
 
+// The few WebAssembly JS-API members used here (the repository's types are Node's, which do not
+// declare the WebAssembly namespace; the DOM lib would bring in much else).
+/** A WebAssembly.Memory: its current bytes (replaced, the old ones detached, by a grow). */
+export interface WasmMemory {
+  readonly buffer: ArrayBuffer;
+  grow(pages: number): number;
+}
+interface WasmApi {
+  Module: new (bytes: Uint8Array) => object;
+  Instance: new (module: object) => { readonly exports: Record<string, unknown> };
+}
+
 /** The instantiated module: its function and memory. */
 export interface CombineWasm {
   readonly combine: CombineFn;
-  readonly memory: WebAssembly.Memory;
+  readonly memory: WasmMemory;
 }
 
 let instance: CombineWasm | null | undefined;
 
 /**
- * The module, compiled once at first use (synchronously: ~60 bytes); null where WebAssembly or
+ * The module, compiled once at first use (synchronously: ~130 bytes); null where WebAssembly or
  * its SIMD is missing (the caller then combines in JS). `MOESWARM_COMBINE=js` forces the JS path.
  */
 export function combineWasm(): CombineWasm | null {
   if (instance !== undefined) return instance;
   instance = null;
   const forced = typeof process !== "undefined" ? process.env?.MOESWARM_COMBINE : undefined;
-  if (forced === "js" || typeof WebAssembly === "undefined") return instance;
+  const api = (globalThis as { WebAssembly?: WasmApi }).WebAssembly;
+  if (forced === "js" || api === undefined) return instance;
   try {
-    const mod = new WebAssembly.Module(combineModuleBytes());
-    const exports = new WebAssembly.Instance(mod).exports as unknown as {
-      combine: CombineFn;
-      memory: WebAssembly.Memory;
-    };
-    instance = { combine: exports.combine, memory: exports.memory };
+    const { exports } = new api.Instance(new api.Module(combineModuleBytes()));
+    instance = { combine: exports.combine as CombineFn, memory: exports.memory as WasmMemory };
   } catch {
     // a runtime without SIMD refuses the module at validation: the JS path serves
   }

@@ -159,7 +159,7 @@ async function run<T extends Float32Array | Float64Array>(
     options.metrics?.record(call.metrics);
     return { output: final, metrics: call.metrics };
   } catch (error) {
-    call.controller.abort(error instanceof Error ? error : new AbortError("MOESWARM_ABORTED"));
+    call.end(error instanceof Error ? error : new AbortError("MOESWARM_ABORTED"));
     call.metrics.wallMs = performance.now() - t0;
     call.metrics.error = isMoeswarmError(error)
       ? error.code

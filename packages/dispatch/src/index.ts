@@ -19,6 +19,7 @@ export {
 } from "./activation.js";
 export { emptyCallMetrics } from "./call-state.js";
 export { combineEach, partialSumF32 } from "./combine.js";
+export { combineBackend } from "./combine-wasm.js";
 export {
   type DispatchOptions,
   type DispatchResult,

@@ -109,14 +109,15 @@ const viaWasm: Combine = (out, n, k, embd, weights, slots) => {
 };
 
 describe("the f32 combine: the same bits as before #15", () => {
-  it("uses WebAssembly SIMD on Node 20 (the module validates)", () => {
-    expect(WebAssembly.validate(combineModuleBytes())).toBe(true);
+  it("uses WebAssembly SIMD on Node 20 (the module compiles)", () => {
+    expect(combineModuleBytes().length).toBeLessThan(256);
+    expect(wasm).not.toBeNull();
     expect(combineBackend()).toBe("wasm-simd");
   });
 
   for (const [label, combine] of [
     ["WebAssembly SIMD", viaWasm],
-    ["the reshaped JS loop", combineSlotsF32Js],
+    ["the JS fallback", combineSlotsF32Js],
     ["combineSlotsF32 (the path in use)", combineSlotsF32],
   ] as const) {
     it(`${label} equals the old JS combine bit for bit`, () => {

@@ -1,0 +1,15 @@
+import { dispatchExperts, InProcessTransport, Placement } from "@moeswarm/dispatch";
+const K = 8, EMBD = 3072;
+const ids = ["w0", "w1"];
+const placement = Placement.fromRegistrations(ids.map((id, w) => ({ id, model: "b", layers: [0], experts: Array.from({ length: 128 }, (_, e) => e).filter((e) => e % 2 === w) })));
+const cache = new Map();
+const worker = (req) => { let y = cache.get(req.n * 100 + req.k); if (!y) { y = Float32Array.from({ length: req.n * req.k * req.embd }, () => Math.random() - 0.5); cache.set(req.n*100+req.k, y); } return { mode: req.mode, n: req.n, k: req.k, embd: req.embd, y }; };
+const transport = new InProcessTransport(ids.map((id) => [id, worker]));
+const routing = { n: 1, k: K, ids: Int32Array.from([3, 10, 17, 24, 41, 66, 99, 120]), weights: Float32Array.from({ length: K }, () => Math.random()) };
+const hidden = Float32Array.from({ length: EMBD }, () => Math.random() - 0.5);
+const options = { layer: 0, placement, transport, deadlineMs: 60000 };
+const N = +process.argv[2] || 20000;
+for (let i = 0; i < 2000; i++) await dispatchExperts(hidden, routing, options);
+const t0 = performance.now();
+for (let i = 0; i < N; i++) await dispatchExperts(hidden, routing, options);
+console.log("us/call", ((performance.now() - t0) * 1000 / N).toFixed(1));
