@@ -102,7 +102,10 @@ const body: number[] = [
   // if (c >= bytes) break
   ...[OP.localGet, L_C, OP.localGet, P_BYTES, OP.i32GeU, OP.brIf, 1],
   // acc = splat(w[0]) * (p = y + c)[0..16)
-  ...splatWeightTimesRow([OP.localGet, P_W], [OP.localGet, P_Y, OP.localGet, L_C, OP.i32Add, OP.localTee, L_P]),
+  ...splatWeightTimesRow(
+    [OP.localGet, P_W],
+    [OP.localGet, P_Y, OP.localGet, L_C, OP.i32Add, OP.localTee, L_P],
+  ),
   ...[OP.localSet, L_ACC],
   ...[OP.i32Const, 1, OP.localSet, L_J],
   ...[OP.block, OP.void, OP.loop, OP.void],
@@ -119,7 +122,18 @@ const body: number[] = [
   ...[OP.localGet, L_J, OP.i32Const, 1, OP.i32Add, OP.localSet, L_J, OP.br, 0],
   ...[OP.end, OP.end],
   // out[c..c+16) = acc; c += 16
-  ...[OP.localGet, P_OUT, OP.localGet, L_C, OP.i32Add, OP.localGet, L_ACC, OP.simd, ...SIMD.v128Store, ...MEM_V128],
+  ...[
+    OP.localGet,
+    P_OUT,
+    OP.localGet,
+    L_C,
+    OP.i32Add,
+    OP.localGet,
+    L_ACC,
+    OP.simd,
+    ...SIMD.v128Store,
+    ...MEM_V128,
+  ],
   ...[OP.localGet, L_C, OP.i32Const, 16, OP.i32Add, OP.localSet, L_C, OP.br, 0],
   ...[OP.end, OP.end, OP.end],
 ];

@@ -52,7 +52,10 @@ const f32Value = fc.oneof(
   { weight: 3, arbitrary: fc.float({ min: -4, max: 4, noNaN: true }) },
   { weight: 1, arbitrary: fc.constantFrom(...special) },
   // subnormals
-  { weight: 1, arbitrary: fc.float({ min: Math.fround(-1.1754942e-38), max: Math.fround(1.1754942e-38), noNaN: true }) },
+  {
+    weight: 1,
+    arbitrary: fc.float({ min: Math.fround(-1.1754942e-38), max: Math.fround(1.1754942e-38), noNaN: true }),
+  },
 );
 
 /** A combine problem: n tokens, k slots, some slots empty, sources in one or several arrays. */
@@ -92,7 +95,13 @@ const problem = fc
     return { n, k, embd, weights: Float32Array.from(weights), slots: { src, off } };
   });
 
-type Problem = { n: number; k: number; embd: number; weights: Float32Array; slots: SlotSources<Float32Array> };
+type Problem = {
+  n: number;
+  k: number;
+  embd: number;
+  weights: Float32Array;
+  slots: SlotSources<Float32Array>;
+};
 type Combine = typeof combineBefore;
 
 function run(combine: Combine, p: Problem): Float32Array {
@@ -188,7 +197,10 @@ describe("the f32 combine against the f64 oracle", () => {
           // magnitudes 2^-60 .. 2^60 around the chosen scale, both signs
           const y = Float32Array.from({ length: n * k * embd }, () => rand() * 2 ** (scale + 8 * rand()));
           const weights = Float32Array.from({ length: n * k }, () => Math.abs(rand()));
-          const slots = { src: new Array(n * k).fill(y), off: Float64Array.from({ length: n * k }, (_, s) => s * embd) };
+          const slots = {
+            src: new Array(n * k).fill(y),
+            off: Float64Array.from({ length: n * k }, (_, s) => s * embd),
+          };
           const got = new Float32Array(n * embd);
           combineSlotsF32(got, n, k, embd, weights, slots);
           const want = new Float64Array(n * embd);

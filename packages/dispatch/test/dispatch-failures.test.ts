@@ -332,6 +332,25 @@ describe("concurrency, abort and cleanup", () => {
     expect(s.placement.inFlight("a") + s.placement.inFlight("b")).toBe(0);
   });
 
+  it("a part that fails for good ends the call: the other workers' requests are aborted with its error", async () => {
+    const seen: AbortSignal[] = [];
+    const hang: ExpertHandler = (_req: ExpertRequest, { signal }) => {
+      seen.push(signal);
+      return new Promise(() => {});
+    };
+    // "a" answers NaN and has no replica and there is no fallback: the call fails at once
+    const s = swarmOf([
+      ["a", [0, 1], nanY],
+      ["b", [2, 3], hang],
+    ]);
+    const e = await errorOf(dispatchExperts(hidden, routing, { layer: 0, ...s, deadlineMs: 60_000 }));
+    expect(e.code).toBe("MOESWARM_DISPATCH_BAD_RESULT");
+    expect(seen).toHaveLength(1);
+    expect(seen[0]!.aborted).toBe(true);
+    expect(seen[0]!.reason).toBe(e);
+    expect(s.placement.inFlight("a") + s.placement.inFlight("b")).toBe(0);
+  });
+
   it("leaves no listener on the caller's signal after success or failure", async () => {
     const controller = new AbortController();
     await dispatchExperts(hidden, routing, {
