@@ -55,11 +55,13 @@ describe("moeswarm-hub pause / resume / pauses", () => {
     const p = await cli(["pause", "phone-1", "--hub", url, "--token", admin, "--reason", "maintenance"]);
     expect(p.err).toBe("");
     expect(p.status).toBe(0);
+    // a worker this hub never saw: its pause waits for it, until the retention (30 days) ends
     expect(p.out).toMatch(
-      /^worker phone-1 is paused by the operator since \d{4}-\d\d-\d\dT[\d:.]+Z: maintenance; the hub routes it nothing new until resumed\n$/,
+      /^worker phone-1 is paused by the operator since \d{4}-\d\d-\d\dT[\d:.]+Z: maintenance; the hub routes it nothing new until resumed; not seen since the pause \(no longer listed by the hub\); the pause is dropped at \d{4}-\d\d-\d\dT[\d:.]+Z unless it returns or is resumed\n$/,
     );
     const at = (await fetchJson(`/api/workers/phone-1/pause`)).hub.at as number;
     expect(p.out).toContain(new Date(at).toISOString());
+    expect(p.out).toContain(`dropped at ${new Date(at + 30 * 86_400_000).toISOString()}`);
 
     // its owner pauses the tablet (its own token: a worker the hub has not seen has no other owner
     // it knows of), from MOESWARM_HUB and a token file
@@ -71,15 +73,17 @@ describe("moeswarm-hub pause / resume / pauses", () => {
       worker: "tablet-1",
       paused: true,
       hub: { at: expect.any(Number), by: "owner" },
+      away: { listed: false, dropsAt: expect.any(Number) },
     });
 
     const list = await cli(["pauses", "--hub", url]);
     expect(list.status).toBe(0);
     const lines = list.out.trimEnd().split("\n");
-    expect(lines[0]).toMatch(/^WORKER\s+PAUSED BY\s+SINCE\s+REASON$/);
+    expect(lines[0]).toMatch(/^WORKER\s+PAUSED BY\s+SINCE\s+LAST SEEN\s+DROPPED AT\s+REASON$/);
+    const drops = new Date(at + 30 * 86_400_000).toISOString();
     expect(lines.slice(1).map((l) => l.split(/\s{2,}/))).toEqual([
-      ["phone-1", "the operator", new Date(at).toISOString(), "maintenance"],
-      ["tablet-1", "its owner", expect.stringMatching(/Z$/)],
+      ["phone-1", "the operator", new Date(at).toISOString(), "?", drops, "maintenance"],
+      ["tablet-1", "its owner", expect.stringMatching(/Z$/), "?", expect.stringMatching(/Z$/)],
     ]);
     const listed = JSON.parse((await cli(["pauses", "--hub", url, "--token", admin, "--json"])).out);
     expect(listed).toEqual(await fetchJson("/api/pauses"));

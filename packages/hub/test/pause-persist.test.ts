@@ -133,17 +133,22 @@ describe("a hub restarted on the same store", () => {
     const second = await start(db);
     // before any worker is back: the operator's pause is there, as it was set; the self-pause is not
     const state = await request(second.base, "/api/workers/phone/pause", admin, undefined, "GET");
+    // offline now: when the hub last saw it (the book's time, kept in the store) and when the pause
+    // lapses unless it returns (the default retention, 30 days from that sighting)
+    const away = state.body.away;
+    expect(away.lastSeen).toBeGreaterThanOrEqual(at);
     expect(state.body).toEqual({
       worker: "phone",
       paused: true,
       hub: { at, by: "operator", reason: "maintenance" },
+      away: { lastSeen: away.lastSeen, listed: true, dropsAt: away.lastSeen + 30 * 86_400_000 },
     });
     expect((await request(second.base, "/api/workers/tablet/pause", admin, undefined, "GET")).body).toEqual({
       worker: "tablet",
       paused: false,
     });
     expect((await request(second.base, "/api/pauses", admin, undefined, "GET")).body).toEqual({
-      pauses: [{ worker: "phone", paused: true, hub: { at, by: "operator", reason: "maintenance" } }],
+      pauses: [{ worker: "phone", paused: true, hub: { at, by: "operator", reason: "maintenance" }, away }],
     });
     // both come back on their leases (kept by the store too): the phone is told it is paused and
     // stays out of the placement; the tablet serves
@@ -259,6 +264,7 @@ describe("WorkerPauses and its store", () => {
         if (fail) throw new HubError("MOESWARM_HUB_STORE", "deleting a pause: disk full");
         return kept.delete(w);
       },
+      setSeen: async () => {},
       close: async () => {},
     };
     const pauses = new WorkerPauses({
@@ -266,6 +272,8 @@ describe("WorkerPauses and its store", () => {
       setPaused: (id, paused) => calls.push(`${paused ? "out" : "in"} ${id}`),
       notice: (id, code) => calls.push(`${code} ${id}`) > 0,
       clock: () => 1000,
+      retentionMs: 1e9,
+      seen: () => ({ live: true, lastSeen: 1000 }),
     });
     fail = true;
     await expect(pauses.pause("w", "operator", "x")).rejects.toMatchObject({ code: "MOESWARM_HUB_STORE" });
