@@ -6,7 +6,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runCli } from "../src/cli/run.js";
 import { createHub, type Hub, mintToken } from "../src/index.js";
-import { copyModel, syntheticModel, type TempDir, tempDir } from "./hub-helpers.js";
+import { copyModel, syntheticModel, type TempDir, tempDir, waitFor } from "./hub-helpers.js";
 
 const SECRET = "hub-pause-cli-secret-0123456789abcdef";
 
@@ -142,6 +142,34 @@ describe("moeswarm-hub pause / resume / pauses", () => {
       expect(r.err).toContain(says);
     }
     expect((await fetchJson("/api/workers/phone-2/pause")).hub.by).toBe("operator");
+  });
+
+  it("serve --pause-retention <days> sets how long a paused worker may stay unseen", async () => {
+    const model = join(tmp.dir, "tiny.gguf");
+    const bad = await cli(["serve", "--model", model, "--db", ":memory:", "--pause-retention", "0"]);
+    expect(bad.status).toBe(2);
+    expect(bad.err).toContain('--pause-retention must be an integer in 1..3650, got "0"');
+    expect((await cli(["serve", "--help"])).out).toContain("--pause-retention");
+    const stop = new AbortController();
+    const out = sink();
+    const running = runCli(
+      ["serve", "--model", model, "--db", ":memory:", "--port", "0", "--json", "--pause-retention", "2"],
+      { stdout: out as never, stderr: sink() as never, env: {} },
+      stop.signal,
+    );
+    try {
+      await waitFor(() => out.text.includes('"listening"'), "serve listening");
+      const ready = JSON.parse(out.text.split("\n").find((l) => l.includes('"listening"')) as string) as {
+        url: string;
+        tokens: { admin: string };
+      };
+      const p = await cli(["pause", "ghost", "--hub", ready.url, "--token", ready.tokens.admin, "--json"]);
+      const state = JSON.parse(p.out) as { hub: { at: number }; away: { dropsAt: number } };
+      expect(state.away.dropsAt).toBe(state.hub.at + 2 * 86_400_000);
+    } finally {
+      stop.abort();
+      expect(await running).toBe(0);
+    }
   });
 
   it("explains itself", async () => {

@@ -12,6 +12,7 @@ import {
   createMemoryStore,
   type Hub,
   type HubStore,
+  loadSqliteDriver,
   mintToken,
   openSqliteStore,
   SQLITE_DRIVERS,
@@ -247,6 +248,28 @@ describe("the pause table", () => {
       }
     },
   );
+});
+
+describe("the pause table of an earlier release", () => {
+  it("gains the `seen` column and keeps its pauses", async () => {
+    const path = join(tmp.dir, "pauses-before-seen.db");
+    const store = openSqliteStore(path);
+    const db = loadSqliteDriver().open(path);
+    db.exec(`CREATE TABLE worker_pauses (worker TEXT PRIMARY KEY, by TEXT NOT NULL, at INTEGER NOT NULL, reason TEXT);
+             INSERT INTO worker_pauses VALUES ('old', 'operator', 5, 'kept')`);
+    db.close();
+    const pauses = openPauseStore(path, store);
+    try {
+      expect(await pauses.list()).toEqual([{ worker: "old", by: "operator", at: 5, reason: "kept" }]);
+      await pauses.setSeen("old", 9);
+      await pauses.setSeen("none", 9); // no pause: nothing
+      await pauses.put({ worker: "old", by: "owner", at: 10 }); // a new pause keeps the sighting
+      expect(await pauses.list()).toEqual([{ worker: "old", by: "owner", at: 10, seen: 9 }]);
+    } finally {
+      await pauses.close();
+      await store.close();
+    }
+  });
 });
 
 describe("WorkerPauses and its store", () => {
