@@ -5,111 +5,29 @@
 // restarted on one SQLite file (and on one memory store object, an embedder's restart in tests).
 import { join } from "node:path";
 import { HubError } from "@moeswarm/core";
-import { connectRelay, type RelayConnection, type RelayEvent } from "@moeswarm/relay-client";
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import {
-  createHub,
   createMemoryStore,
-  type Hub,
   type HubStore,
   loadSqliteDriver,
-  mintToken,
   openSqliteStore,
   SQLITE_DRIVERS,
 } from "../src/index.js";
 import { openPauseStore, type PauseStore } from "../src/store-pauses.js";
 import { WorkerPauses } from "../src/worker-pause.js";
-import { call, copyModel, json, syntheticModel, type TempDir, tempDir, waitFor } from "./hub-helpers.js";
+import { waitFor } from "./hub-helpers.js";
+import { type Body, usePauseHubs } from "./pause-fixture.js";
 
 const SECRET = "hub-pause-persist-secret-0123456789";
-const ID = "tiny";
 
-let tmp: TempDir;
-let tinyPath: string;
-const open: RelayConnection[] = [];
-const hubs: Hub[] = [];
-
-// biome-ignore lint/suspicious/noExplicitAny: JSON answers, probed field by field by the assertions
-type Body = Record<string, any>;
-
-const workerToken = (id: string, owner: string) =>
-  mintToken({ role: "worker", id, owner, ttlS: 600 }, SECRET);
-const admin = mintToken({ role: "admin", ttlS: 600 }, SECRET);
-
-async function start(store: string | HubStore): Promise<{ base: string; relayUrl: string; hub: Hub }> {
-  const hub = createHub({
-    secret: SECRET,
-    models: [{ id: ID, path: tinyPath }],
-    store,
-    market: { leaseTtlMs: 60_000 },
-  });
-  hubs.push(hub);
-  const l = await hub.listen(0);
-  return { base: l.url, relayUrl: l.relayUrl, hub };
-}
-
-async function request(base: string, path: string, auth: string, body?: unknown, method = "POST") {
-  const a = await call(`${base}${path}`, {
-    method,
-    headers: { "content-type": "application/json", authorization: `Bearer ${auth}` },
-    ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
-  });
-  return { status: a.status, body: (a.body.byteLength > 0 ? json(a) : {}) as Body };
-}
-
-async function placed(base: string): Promise<string[]> {
-  const p = await call(`${base}/api/models/${ID}/placement`);
-  return [...new Set<string>((json(p) as Body).registrations.map((r: Body) => r.id as string))].sort();
-}
-
-/** Connects `id` to the relay and registers layer 0 experts `experts` (its lease must cover them). */
-async function connect(relayUrl: string, id: string, owner: string, experts: number[], notices: string[]) {
-  const c = await connectRelay(relayUrl, {
-    role: "worker",
-    id,
-    token: workerToken(id, owner),
-    reconnect: false,
-    onDispatch: () => ({ y: new Float32Array(0) }),
-  });
-  open.push(c);
-  c.on((e: RelayEvent) => {
-    if (e.type === "notice") notices.push(`${e.error.code}: ${e.error.message}`);
-  });
-  c.register({ model: ID, layers: [0], experts });
-  return c;
-}
-
-/** Claims layer 0 `experts` for `id` and serves them. */
-async function serve(base: string, relayUrl: string, id: string, owner: string, experts: [number, number]) {
-  const claimed = await request(base, "/api/claims", workerToken(id, owner), {
-    worker: id,
-    model: ID,
-    layers: "0:1",
-    experts: `${experts[0]}:${experts[1]}`,
-    capacity: { ramBytes: 1 << 30 },
-  });
-  expect(claimed.status).toBe(201);
-  const list = Array.from({ length: experts[1] - experts[0] }, (_, i) => experts[0] + i);
-  const c = await connect(relayUrl, id, owner, list, []);
-  await waitFor(async () => (await placed(base)).includes(id), `${id} registered`);
-  return c;
-}
-
-beforeAll(async () => {
-  tmp = tempDir("moeswarm-hub-pause-persist-");
-  tinyPath = copyModel(await syntheticModel("tiny"), tmp.dir, "tiny.gguf");
-});
-
-afterEach(async () => {
-  await Promise.all(open.splice(0).map((c) => c.close()));
-  await Promise.all(hubs.splice(0).map((h) => h.close()));
-});
-
-afterAll(() => tmp?.remove());
+const fx = usePauseHubs(SECRET, "moeswarm-hub-pause-persist-");
+const { admin, workerToken, request, placed, connect, serve } = fx;
+/** A hub on `store`: a SQLite path, or a store object (an embedder's). */
+const start = (store: string | HubStore) => fx.start({ store });
 
 describe("a hub restarted on the same store", () => {
   it("keeps an owner's or the operator's pause (out of placement, the worker told at its return); forgets a self-pause", async () => {
-    const db = join(tmp.dir, "state", "hub.db");
+    const db = join(fx.tmp.dir, "state", "hub.db");
     const first = await start(db);
     await serve(first.base, first.relayUrl, "phone", "alice", [0, 4]);
     await serve(first.base, first.relayUrl, "tablet", "alice", [4, 8]);
@@ -128,7 +46,7 @@ describe("a hub restarted on the same store", () => {
     });
     expect(self.body).toMatchObject({ paused: true, self: { reason: "battery" } });
     expect(await placed(first.base)).toEqual([]);
-    await Promise.all(open.splice(0).map((c) => c.close()));
+    await fx.closePeers();
     await first.hub.close();
 
     const second = await start(db);
@@ -182,7 +100,7 @@ describe("a hub restarted on the same store", () => {
     await waitFor(async () => (await placed(second.base)).includes("phone"), "the phone listed again");
     await waitFor(() => notices.length > 1, "the resume notice");
     expect(notices[1]).toBe("MOESWARM_HUB_RESUMED: resumed by the hub (owner)");
-    await Promise.all(open.splice(0).map((c) => c.close()));
+    await fx.closePeers();
     await second.hub.close();
 
     const third = await start(db);
@@ -222,7 +140,7 @@ describe("the pause table", () => {
   it.each(drivers.map((d) => [d.name, d] as const))(
     "keeps, replaces and deletes pauses on %s",
     async (_name, driver) => {
-      const path = join(tmp.dir, `pauses-${driver.name.replace(/\W/g, "")}.db`);
+      const path = join(fx.tmp.dir, `pauses-${driver.name.replace(/\W/g, "")}.db`);
       for (const round of [0, 1]) {
         const store = openSqliteStore(path, { drivers: [driver] });
         const pauses = openPauseStore(path, store);
@@ -252,7 +170,7 @@ describe("the pause table", () => {
 
 describe("the pause table of an earlier release", () => {
   it("gains the `seen` column and keeps its pauses", async () => {
-    const path = join(tmp.dir, "pauses-before-seen.db");
+    const path = join(fx.tmp.dir, "pauses-before-seen.db");
     const store = openSqliteStore(path);
     const db = loadSqliteDriver().open(path);
     db.exec(`CREATE TABLE worker_pauses (worker TEXT PRIMARY KEY, by TEXT NOT NULL, at INTEGER NOT NULL, reason TEXT);
