@@ -17,17 +17,8 @@ import {
 import { Agent, request } from "undici";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type BackboneBridge, runLogitsHarness, serveBackboneBridge } from "../src/index.js";
-import {
-  connectComputeToRelay,
-  firstByteDiff,
-  type ModelInfo,
-  nativeMissing,
-  type RelaySwarm,
-  split,
-  startRelaySwarm,
-  syntheticModel,
-  tempDir,
-} from "./helpers.js";
+import { connectComputeToRelay, firstByteDiff, nativeMissing, split } from "./helpers.js";
+import { useRelaySwarm } from "./relay-swarm-fixture.js";
 
 const missing = nativeMissing();
 const SECRET = "backbone-direct-links-test-secret-01";
@@ -37,11 +28,13 @@ const N_PREDICT = 24;
 describe.skipIf(Boolean(missing))(
   "direct links: one relay-only worker and one reachable one, in one decode",
   () => {
-    const tmp = tempDir("mswb-direct-");
-    let swarm: RelaySwarm;
-    let model: string;
-    let info: ModelInfo;
-    let url: string;
+    const fx = useRelaySwarm({
+      prefix: "mswb-direct-",
+      secret: SECRET,
+      model: MODEL_ID,
+      preset: "small",
+      tls: true,
+    });
     let agent: Agent;
     let direct: DirectServer | undefined;
     /** What the direct endpoint does with each dispatch it gets (the kill test replaces it). */
@@ -51,23 +44,15 @@ describe.skipIf(Boolean(missing))(
     ) => Promise<{ y: Float32Array }> = (_d, run) => run();
 
     beforeAll(async () => {
-      swarm = await startRelaySwarm({
-        secret: SECRET,
-        model: MODEL_ID,
-        modelPath: await syntheticModel("small", "qwen3moe"),
-        dir: tmp.dir,
-        tls: true,
-      });
-      ({ url, modelPath: model, info } = swarm);
-      const certs = swarm.certs!;
+      const certs = fx.swarm.certs!;
       agent = new Agent({ connect: { ca: certs.ca } });
-      const [lo, hi] = split(info.nExpert, 2) as [number[], number[]];
+      const [lo, hi] = split(fx.info.nExpert, 2) as [number[], number[]];
 
       // "rw": dials out to the relay only
-      await swarm.join("rw", lo);
+      await fx.swarm.join("rw", lo);
 
       // "dw": the relay too, and its own endpoint, published to the hub before it registers
-      const dw = await swarm.spawn("dw", hi);
+      const dw = await fx.swarm.spawn("dw", hi);
       const tls = await selfSignedCertificate();
       const workerToken = mintToken({ role: "worker", id: "dw", ttlS: 600 }, SECRET);
       direct = await serveDirect({
@@ -76,7 +61,7 @@ describe.skipIf(Boolean(missing))(
         host: "127.0.0.1",
         hubKey: async () => {
           const { parseDirectKey } = await import("@moeswarm/relay-client");
-          const res = await request(`${url}/api/direct/key`, { dispatcher: agent });
+          const res = await request(`${fx.url}/api/direct/key`, { dispatcher: agent });
           return parseDirectKey(await res.body.json());
         },
         onDispatch: (d) =>
@@ -94,7 +79,7 @@ describe.skipIf(Boolean(missing))(
             ),
           })),
       });
-      const put = await request(`${url}/api/workers/dw/direct`, {
+      const put = await request(`${fx.url}/api/workers/dw/direct`, {
         method: "PUT",
         dispatcher: agent,
         headers: { authorization: `Bearer ${workerToken}`, "content-type": "application/json" },
@@ -104,27 +89,31 @@ describe.skipIf(Boolean(missing))(
         }),
       });
       expect(put.statusCode, await put.body.text()).toBe(200);
-      const d = swarm.track(
+      const d = fx.swarm.track(
         "dw",
-        await connectComputeToRelay(swarm.relayUrl, { id: "dw", secret: SECRET, compute: dw, ca: certs.ca }),
+        await connectComputeToRelay(fx.swarm.relayUrl, {
+          id: "dw",
+          secret: SECRET,
+          compute: dw,
+          ca: certs.ca,
+        }),
       );
-      d.register({ model: MODEL_ID, layers: info.layers, experts: hi, backend: "llama-cpu" });
+      d.register({ model: MODEL_ID, layers: fx.info.layers, experts: hi, backend: "llama-cpu" });
     });
     afterAll(async () => {
+      // before the fixture closes the swarm (its afterAll runs after this one)
       await direct?.close();
-      await swarm?.close();
       await agent?.close();
-      tmp.remove();
     });
 
     it("both paths carry frames, tokens bit-identical; a direct link killed mid-decode loses nothing", async () => {
       await using bridge: BackboneBridge = await serveBackboneBridge({
-        socket: join(tmp.dir, "bridge.sock"),
+        socket: join(fx.tmp.dir, "bridge.sock"),
         hub: {
-          url,
+          url: fx.url,
           token: mintToken({ role: "backbone", id: "bb-direct", ttlS: 3600 }, SECRET),
           model: MODEL_ID,
-          ca: swarm.certs!.ca,
+          ca: fx.swarm.certs!.ca,
           statsIntervalMs: 0,
           pollWaitS: 10,
           // after the kill, the relay carries the rest of the decode (no redial within the test)
@@ -143,12 +132,17 @@ describe.skipIf(Boolean(missing))(
       expect(transport).toBeInstanceOf(DirectTransport);
       expect(await transport.linked("dw")).toBe(true);
 
-      const common = { modelPath: model, prompt: "Two paths, one answer", nPredict: N_PREDICT, threads: 1 };
-      const plainLogits = join(tmp.dir, "plain.bin");
+      const common = {
+        modelPath: fx.modelPath,
+        prompt: "Two paths, one answer",
+        nPredict: N_PREDICT,
+        threads: 1,
+      };
+      const plainLogits = join(fx.tmp.dir, "plain.bin");
       const plain = await runLogitsHarness({ ...common, logitsPath: plainLogits });
       expect(plain.ok, plain.stderr).toBe(true);
       const decode = async (name: string) => {
-        const logitsPath = join(tmp.dir, `${name}.bin`);
+        const logitsPath = join(fx.tmp.dir, `${name}.bin`);
         const r = await runLogitsHarness({
           ...common,
           logitsPath,
@@ -199,7 +193,7 @@ describe.skipIf(Boolean(missing))(
 
     it("the hub mints tickets for backbone tokens only, and takes endpoints from the worker itself", async () => {
       const post = async (token: string, body: unknown) => {
-        const r = await request(`${url}/api/direct/tickets`, {
+        const r = await request(`${fx.url}/api/direct/tickets`, {
           method: "POST",
           dispatcher: agent,
           headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
@@ -226,7 +220,7 @@ describe.skipIf(Boolean(missing))(
       expect(claims).toMatchObject({ sub: "bb1", wk: "dw" });
 
       // another worker cannot move dw's endpoints
-      const put = await request(`${url}/api/workers/dw/direct`, {
+      const put = await request(`${fx.url}/api/workers/dw/direct`, {
         method: "PUT",
         dispatcher: agent,
         headers: {

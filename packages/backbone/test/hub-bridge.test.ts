@@ -16,17 +16,8 @@ import {
   runLogitsHarness,
   serveBackboneBridge,
 } from "../src/index.js";
-import {
-  firstByteDiff,
-  type LoopbackCerts,
-  type ModelInfo,
-  nativeMissing,
-  type RelaySwarm,
-  split,
-  startRelaySwarm,
-  syntheticModel,
-  tempDir,
-} from "./helpers.js";
+import { firstByteDiff, type LoopbackCerts, nativeMissing, split } from "./helpers.js";
+import { useRelaySwarm } from "./relay-swarm-fixture.js";
 
 const missing = nativeMissing();
 const SECRET = "backbone-hub-bridge-test-secret-0123";
@@ -34,52 +25,45 @@ const MODEL_ID = "followed";
 const N_PREDICT = 48;
 
 describe.skipIf(Boolean(missing))("serveBackboneBridge({hub}): follows the hub's placement", () => {
-  const tmp = tempDir("mswb-hubb-");
-  let swarm: RelaySwarm;
+  // fake workers register without claiming, one copy per expert, stats not routed through the
+  // relay: the hub's trust defaults are tested in @moeswarm/hub
+  const fx = useRelaySwarm({
+    prefix: "mswb-hubb-",
+    secret: SECRET,
+    model: MODEL_ID,
+    preset: "small",
+    tls: true,
+  });
   let certs: LoopbackCerts;
-  let model: string;
-  let info: ModelInfo;
-  let url: string;
   let agent: Agent;
   let fallback: LocalFallback;
 
   /** A llama-cpu process on a slice, and its relay connection registering that slice. */
   const join_ = async (id: string, experts: number[]) => {
-    await swarm.join(id, experts);
+    await fx.swarm.join(id, experts);
   };
 
   const getJson = async <T>(path: string): Promise<T> => {
-    const r = await request(`${url}${path}`, { dispatcher: agent });
+    const r = await request(`${fx.url}${path}`, { dispatcher: agent });
     expect(r.statusCode).toBe(200);
     return (await r.body.json()) as T;
   };
 
   beforeAll(async () => {
-    // fake workers register without claiming, one copy per expert, stats not routed through the
-    // relay: the hub's trust defaults are tested in @moeswarm/hub
-    swarm = await startRelaySwarm({
-      secret: SECRET,
-      model: MODEL_ID,
-      modelPath: await syntheticModel("small", "qwen3moe"),
-      dir: tmp.dir,
-      tls: true,
-    });
-    ({ url, modelPath: model, info } = swarm);
-    certs = swarm.certs!;
+    certs = fx.swarm.certs!;
     agent = new Agent({ connect: { ca: certs.ca } });
     // there, but never needed while the swarm covers every expert (the test checks it stays unused)
-    fallback = await createLocalFallback(model);
+    fallback = await createLocalFallback(fx.modelPath);
   });
   afterAll(async () => {
-    await swarm?.close();
+    // the fixture closes the swarm after this
     await fallback?.close();
     await agent?.close();
-    tmp.remove();
   });
 
   /** An operator drains a worker (`POST /api/workers/:id/drain`); the answer's status. */
   async function drain(id: string): Promise<number> {
-    const drained = await request(`${url}/api/workers/${id}/drain`, {
+    const drained = await request(`${fx.url}/api/workers/${id}/drain`, {
       method: "POST",
       dispatcher: agent,
       headers: {
@@ -93,14 +77,14 @@ describe.skipIf(Boolean(missing))("serveBackboneBridge({hub}): follows the hub's
   }
 
   it("workers join and leave; decodes stay bit-identical, never fall back, and stats reach the hub", async () => {
-    const [lo, hi] = split(info.nExpert, 2) as [number[], number[]];
+    const [lo, hi] = split(fx.info.nExpert, 2) as [number[], number[]];
     const all = [...lo, ...hi];
     await Promise.all([join_("hw0", lo), join_("hw1", hi)]);
 
     await using bridge: BackboneBridge = await serveBackboneBridge({
-      socket: join(tmp.dir, "hub.sock"),
+      socket: join(fx.tmp.dir, "hub.sock"),
       hub: {
-        url,
+        url: fx.url,
         token: mintToken({ role: "backbone", id: "bb-hub-test", ttlS: 3600 }, SECRET),
         model: MODEL_ID,
         ca: certs.ca,
@@ -116,12 +100,17 @@ describe.skipIf(Boolean(missing))("serveBackboneBridge({hub}): follows the hub's
     const complete = await link.waitForPlacement((p) => p.missing.length === 0);
     expect([...complete.workers].sort()).toEqual(["hw0", "hw1"]);
 
-    const common = { modelPath: model, prompt: "Workers come and go", nPredict: N_PREDICT, threads: 1 };
-    const plainLogits = join(tmp.dir, "plain.bin");
+    const common = {
+      modelPath: fx.modelPath,
+      prompt: "Workers come and go",
+      nPredict: N_PREDICT,
+      threads: 1,
+    };
+    const plainLogits = join(fx.tmp.dir, "plain.bin");
     const plain = await runLogitsHarness({ ...common, logitsPath: plainLogits });
     expect(plain.ok, plain.stderr).toBe(true);
     const decode = async (name: string) => {
-      const logitsPath = join(tmp.dir, `${name}.bin`);
+      const logitsPath = join(fx.tmp.dir, `${name}.bin`);
       const r = await runLogitsHarness({
         ...common,
         logitsPath,
@@ -153,8 +142,8 @@ describe.skipIf(Boolean(missing))("serveBackboneBridge({hub}): follows the hub's
     expect(requestsOf(m2, "hw2")).toBeGreaterThan(0); // the newcomer is used
 
     // 3. hw0 dies (its process and its relay connection): hw2 alone covers the model
-    await swarm.connections.get("hw0")!.close();
-    await swarm.processes.get("hw0")!.close();
+    await fx.swarm.connections.get("hw0")!.close();
+    await fx.swarm.processes.get("hw0")!.close();
     const alone = await link.waitForPlacement((p) => !p.workers.includes("hw0"));
     expect([...alone.workers]).toEqual(["hw2"]);
     const m3 = await decode("alone");
@@ -193,18 +182,27 @@ describe.skipIf(Boolean(missing))("serveBackboneBridge({hub}): follows the hub's
   }, 90_000); // four worker processes join and leave: 27 s alone on a loaded machine, too near the default 30 s
 
   it("moeswarm-dispatcher --hub: the bridge beside a llama-server, from the hub's URL and a token file", async () => {
-    await join_("hc", [...Array(info.nExpert).keys()]);
-    const tokenFile = join(tmp.dir, "backbone.token");
+    await join_("hc", [...Array(fx.info.nExpert).keys()]);
+    const tokenFile = join(fx.tmp.dir, "backbone.token");
     writeFileSync(tokenFile, `${mintToken({ role: "backbone", id: "bb-cli", ttlS: 3600 }, SECRET)}\n`);
-    const caFile = join(tmp.dir, "ca.pem");
+    const caFile = join(fx.tmp.dir, "ca.pem");
     writeFileSync(caFile, certs.ca);
     const out = captureStream();
     const err = captureStream();
     const controller = new AbortController();
     const exit = runDispatcherCli(
       [
-        ...["--socket", join(tmp.dir, "cli.sock"), "--hub", url, "--token-file", tokenFile, "--ca", caFile],
-        ...["--model-id", MODEL_ID, "--model", model, "--no-fallback", "--json"],
+        ...[
+          "--socket",
+          join(fx.tmp.dir, "cli.sock"),
+          "--hub",
+          fx.url,
+          "--token-file",
+          tokenFile,
+          "--ca",
+          caFile,
+        ],
+        ...["--model-id", MODEL_ID, "--model", fx.modelPath, "--no-fallback", "--json"],
       ],
       { stdout: out.stream, stderr: err.stream },
       controller.signal,
@@ -220,11 +218,11 @@ describe.skipIf(Boolean(missing))("serveBackboneBridge({hub}): follows the hub's
     };
     expect(listening.id).toBe("bb-cli");
     expect(listening.workers).toContain("hc");
-    const common = { modelPath: model, prompt: "A dispatcher with a hub", nPredict: 16, threads: 1 };
-    const plain = await runLogitsHarness({ ...common, logitsPath: join(tmp.dir, "cli-plain.bin") });
+    const common = { modelPath: fx.modelPath, prompt: "A dispatcher with a hub", nPredict: 16, threads: 1 };
+    const plain = await runLogitsHarness({ ...common, logitsPath: join(fx.tmp.dir, "cli-plain.bin") });
     const remote = await runLogitsHarness({
       ...common,
-      logitsPath: join(tmp.dir, "cli-remote.bin"),
+      logitsPath: join(fx.tmp.dir, "cli-remote.bin"),
       overrides: [listening.override],
       plugin: { bridge: listening.address, model: MODEL_ID },
     });
@@ -232,8 +230,8 @@ describe.skipIf(Boolean(missing))("serveBackboneBridge({hub}): follows the hub's
     expect(remote.tokens).toEqual(plain.tokens);
     expect(
       firstByteDiff(
-        readFileSync(join(tmp.dir, "cli-remote.bin")),
-        readFileSync(join(tmp.dir, "cli-plain.bin")),
+        readFileSync(join(fx.tmp.dir, "cli-remote.bin")),
+        readFileSync(join(fx.tmp.dir, "cli-plain.bin")),
       ),
     ).toBe(-1);
     controller.abort();

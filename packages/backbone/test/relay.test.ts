@@ -6,54 +6,28 @@ import { Placement } from "@moeswarm/dispatch";
 import { mintToken } from "@moeswarm/hub";
 import { connectRelay, RelayTransport } from "@moeswarm/relay-client";
 import type { WorkerProcessCompute } from "@moeswarm/worker-native";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { runLogitsHarness, serveBackboneBridge } from "../src/index.js";
-import {
-  firstByteDiff,
-  type ModelInfo,
-  nativeMissing,
-  type RelaySwarm,
-  split,
-  startRelaySwarm,
-  syntheticModel,
-  tempDir,
-} from "./helpers.js";
+import { firstByteDiff, nativeMissing, split } from "./helpers.js";
+import { useRelaySwarm } from "./relay-swarm-fixture.js";
 
 const missing = nativeMissing();
 const SECRET = "backbone-relay-test-secret-0123456789";
 const MODEL_ID = "relayed";
 
 describe.skipIf(Boolean(missing))("llama.cpp + plugin + workers behind the hub's relay", () => {
-  const tmp = tempDir("mswb-relay-");
-  let swarm: RelaySwarm;
-  let model: string;
-  let info: ModelInfo;
-  let relayUrl: string;
-
-  beforeAll(async () => {
-    swarm = await startRelaySwarm({
-      secret: SECRET,
-      model: MODEL_ID,
-      modelPath: await syntheticModel("small"),
-      dir: tmp.dir,
-    });
-    ({ modelPath: model, info, relayUrl } = swarm);
-  });
-  afterAll(async () => {
-    await swarm?.close();
-    tmp.remove();
-  });
+  const fx = useRelaySwarm({ prefix: "mswb-relay-", secret: SECRET, model: MODEL_ID, preset: "small" });
 
   it("two relayed workers: identical tokens and bit-identical logits", async () => {
     const placement = new Placement({ model: MODEL_ID });
-    for (const [i, experts] of split(info.nExpert, 2).entries()) {
+    for (const [i, experts] of split(fx.info.nExpert, 2).entries()) {
       const id = `relay-w${i}`;
-      await swarm.join(id, experts);
-      placement.register({ id, model: MODEL_ID, layers: info.layers, experts });
+      await fx.swarm.join(id, experts);
+      placement.register({ id, model: MODEL_ID, layers: fx.info.layers, experts });
     }
-    const backbone = swarm.track(
+    const backbone = fx.swarm.track(
       "bb",
-      await connectRelay(relayUrl, {
+      await connectRelay(fx.relayUrl, {
         role: "backbone",
         id: "bb",
         token: mintToken({ role: "backbone", id: "bb", ttlS: 3600 }, SECRET),
@@ -61,23 +35,26 @@ describe.skipIf(Boolean(missing))("llama.cpp + plugin + workers behind the hub's
       }),
     );
     await using bridge = await serveBackboneBridge({
-      socket: join(tmp.dir, "relay.sock"),
+      socket: join(fx.tmp.dir, "relay.sock"),
       placement,
       transport: new RelayTransport(backbone),
       // one owner per expert: the workers are this test's own (trust "verify" is tested below)
       trust: "own",
     });
-    const common = { modelPath: model, prompt: "Over the relay", nPredict: 64, threads: 1 };
-    const plain = await runLogitsHarness({ ...common, logitsPath: join(tmp.dir, "plain.bin") });
+    const common = { modelPath: fx.modelPath, prompt: "Over the relay", nPredict: 64, threads: 1 };
+    const plain = await runLogitsHarness({ ...common, logitsPath: join(fx.tmp.dir, "plain.bin") });
     const relayed = await runLogitsHarness({
       ...common,
-      logitsPath: join(tmp.dir, "relayed.bin"),
+      logitsPath: join(fx.tmp.dir, "relayed.bin"),
       plugin: { bridge: bridge.address, layers: "all", model: MODEL_ID },
     });
     expect(relayed.ok, relayed.stderr).toBe(true);
     expect(relayed.tokens).toEqual(plain.tokens);
     expect(
-      firstByteDiff(readFileSync(join(tmp.dir, "relayed.bin")), readFileSync(join(tmp.dir, "plain.bin"))),
+      firstByteDiff(
+        readFileSync(join(fx.tmp.dir, "relayed.bin")),
+        readFileSync(join(fx.tmp.dir, "plain.bin")),
+      ),
     ).toBe(-1);
     const m = bridge.metrics();
     expect(m.failed).toBe(0);
@@ -85,13 +62,13 @@ describe.skipIf(Boolean(missing))("llama.cpp + plugin + workers behind the hub's
   });
 
   it("trust verify (the default): a lying relayed worker beside honest replicas: identical tokens, the liar quarantined", async () => {
-    const [lo, hi] = split(info.nExpert, 2) as [number[], number[]];
+    const [lo, hi] = split(fx.info.nExpert, 2) as [number[], number[]];
     const placement = new Placement({ model: MODEL_ID });
     const computes: WorkerProcessCompute[] = [];
-    for (const [i, experts] of [lo, hi].entries()) computes.push(await swarm.spawn(`rv-${i}`, experts));
+    for (const [i, experts] of [lo, hi].entries()) computes.push(await fx.swarm.spawn(`rv-${i}`, experts));
     // lo: two honest owners; hi: two honest owners and a liar (x1.05), three relay identities each
     const join_ = async (id: string, experts: number[], compute: WorkerProcessCompute, scale = 1) => {
-      const c = await connectRelay(relayUrl, {
+      const c = await connectRelay(fx.relayUrl, {
         role: "worker",
         id,
         token: mintToken({ role: "worker", id, ttlS: 3600 }, SECRET),
@@ -112,18 +89,18 @@ describe.skipIf(Boolean(missing))("llama.cpp + plugin + workers behind the hub's
           return { y };
         },
       });
-      swarm.track(id, c);
-      c.register({ model: MODEL_ID, layers: info.layers, experts, backend: "llama-cpu" });
-      placement.register({ id, model: MODEL_ID, layers: info.layers, experts });
+      fx.swarm.track(id, c);
+      c.register({ model: MODEL_ID, layers: fx.info.layers, experts, backend: "llama-cpu" });
+      placement.register({ id, model: MODEL_ID, layers: fx.info.layers, experts });
     };
     await join_("rv-lo-a", lo, computes[0]!);
     await join_("rv-lo-b", lo, computes[0]!);
     await join_("rv-liar", hi, computes[1]!, 1.05);
     await join_("rv-hi-a", hi, computes[1]!);
     await join_("rv-hi-b", hi, computes[1]!);
-    const backbone = swarm.track(
+    const backbone = fx.swarm.track(
       "bb-verify",
-      await connectRelay(relayUrl, {
+      await connectRelay(fx.relayUrl, {
         role: "backbone",
         id: "bb-verify",
         token: mintToken({ role: "backbone", id: "bb-verify", ttlS: 3600 }, SECRET),
@@ -132,24 +109,27 @@ describe.skipIf(Boolean(missing))("llama.cpp + plugin + workers behind the hub's
     );
     const quarantined: string[] = [];
     await using bridge = await serveBackboneBridge({
-      socket: join(tmp.dir, "verify.sock"),
+      socket: join(fx.tmp.dir, "verify.sock"),
       placement,
       transport: new RelayTransport(backbone),
       onQuarantine: (e) => quarantined.push(e.worker),
     });
-    const common = { modelPath: model, prompt: "Strangers on the relay", nPredict: 32, threads: 1 };
-    const plain = await runLogitsHarness({ ...common, logitsPath: join(tmp.dir, "v-plain.bin") });
+    const common = { modelPath: fx.modelPath, prompt: "Strangers on the relay", nPredict: 32, threads: 1 };
+    const plain = await runLogitsHarness({ ...common, logitsPath: join(fx.tmp.dir, "v-plain.bin") });
     const t0 = performance.now();
     const relayed = await runLogitsHarness({
       ...common,
-      logitsPath: join(tmp.dir, "v-relayed.bin"),
+      logitsPath: join(fx.tmp.dir, "v-relayed.bin"),
       plugin: { bridge: bridge.address, layers: "all", model: MODEL_ID },
     });
     const ms = performance.now() - t0;
     expect(relayed.ok, relayed.stderr).toBe(true);
     expect(relayed.tokens).toEqual(plain.tokens);
     expect(
-      firstByteDiff(readFileSync(join(tmp.dir, "v-relayed.bin")), readFileSync(join(tmp.dir, "v-plain.bin"))),
+      firstByteDiff(
+        readFileSync(join(fx.tmp.dir, "v-relayed.bin")),
+        readFileSync(join(fx.tmp.dir, "v-plain.bin")),
+      ),
     ).toBe(-1);
     expect(quarantined).toEqual(["rv-liar"]);
     const m = bridge.metrics();
@@ -162,12 +142,12 @@ describe.skipIf(Boolean(missing))("llama.cpp + plugin + workers behind the hub's
       ["rv-lo-a", "rv-hi-a"].map((id, i) => ({
         id,
         model: MODEL_ID,
-        layers: info.layers,
+        layers: fx.info.layers,
         experts: i ? hi : lo,
       })),
     );
     await using own = await serveBackboneBridge({
-      socket: join(tmp.dir, "own.sock"),
+      socket: join(fx.tmp.dir, "own.sock"),
       placement: honestOnly,
       transport: new RelayTransport(backbone),
       trust: "own",
@@ -175,7 +155,7 @@ describe.skipIf(Boolean(missing))("llama.cpp + plugin + workers behind the hub's
     const t1 = performance.now();
     const ownRun = await runLogitsHarness({
       ...common,
-      logitsPath: join(tmp.dir, "v-own.bin"),
+      logitsPath: join(fx.tmp.dir, "v-own.bin"),
       plugin: { bridge: own.address, layers: "all", model: MODEL_ID },
     });
     const ownMs = performance.now() - t1;

@@ -12,18 +12,10 @@ import { isQuantizedActivationDtype, NativeError, WIRE_ACTIVATION_DTYPES } from 
 import { mintToken } from "@moeswarm/hub";
 import { connectRelay, type IncomingDispatch } from "@moeswarm/relay-client";
 import { loadActivationQuantizer, type WorkerProcessCompute } from "@moeswarm/worker-native";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { beforeAll, describe, expect, it } from "vitest";
 import { type BackboneBridge, runLogitsHarness, serveBackboneBridge } from "../src/index.js";
-import {
-  firstByteDiff,
-  type ModelInfo,
-  nativeMissing,
-  type RelaySwarm,
-  split,
-  startRelaySwarm,
-  syntheticModel,
-  tempDir,
-} from "./helpers.js";
+import { firstByteDiff, nativeMissing, split } from "./helpers.js";
+import { useRelaySwarm } from "./relay-swarm-fixture.js";
 
 const missing = nativeMissing();
 const SECRET = "backbone-wire-caps-test-secret-0123";
@@ -37,15 +29,12 @@ type Kind = "adv" | "plain" | "old" | "liar";
 type Seen = Array<{ layer: number; dtype: string }>;
 
 describe.skipIf(Boolean(missing))("workers' advertised dtypes through a real hub", () => {
-  const tmp = tempDir("mswb-caps-");
-  let swarm: RelaySwarm;
-  let model: string;
-  let info: ModelInfo;
+  const fx = useRelaySwarm({ prefix: "mswb-caps-", secret: SECRET, model: MODEL_ID, preset: "small" });
   const seen = new Map<Kind, Seen>();
 
   /** A llama-cpu process on `experts`, and a relay connection of the given kind answering from it. */
   async function join_(kind: Kind, experts: number[]): Promise<void> {
-    const compute: WorkerProcessCompute = await swarm.spawn(kind, experts);
+    const compute: WorkerProcessCompute = await fx.swarm.spawn(kind, experts);
     const log: Seen = [];
     seen.set(kind, log);
     const caps =
@@ -73,7 +62,7 @@ describe.skipIf(Boolean(missing))("workers' advertised dtypes through a real hub
         { signal: d.signal },
       );
     };
-    const c = await connectRelay(swarm.relayUrl, {
+    const c = await connectRelay(fx.swarm.relayUrl, {
       role: "worker",
       id: kind,
       token: mintToken({ role: "worker", id: kind, ttlS: 3600 }, SECRET),
@@ -81,38 +70,27 @@ describe.skipIf(Boolean(missing))("workers' advertised dtypes through a real hub
       ...(caps ? { caps } : {}),
       onDispatch: async (d) => ({ y: await run(d) }),
     });
-    swarm.track(kind, c);
-    c.register({ model: MODEL_ID, layers: info.layers, experts, backend: "llama-cpu" });
+    fx.swarm.track(kind, c);
+    c.register({ model: MODEL_ID, layers: fx.info.layers, experts, backend: "llama-cpu" });
   }
 
   beforeAll(async () => {
-    swarm = await startRelaySwarm({
-      secret: SECRET,
-      model: MODEL_ID,
-      modelPath: await syntheticModel("small", "qwen3moe"),
-      dir: tmp.dir,
-    });
-    ({ modelPath: model, info } = swarm);
-    const parts = split(info.nExpert, 4);
+    const parts = split(fx.info.nExpert, 4);
     const kinds: Kind[] = ["adv", "plain", "old", "liar"];
     await Promise.all(kinds.map((k, i) => join_(k, parts[i] as number[])));
   }, 120_000);
-  afterAll(async () => {
-    await swarm?.close();
-    tmp.remove();
-  });
 
   it("q8 at once where advertised, f32 at once where not, one try for the silent, one resend for the liar", async () => {
     await using bridge: BackboneBridge = await serveBackboneBridge({
-      socket: join(tmp.dir, "caps.sock"),
+      socket: join(fx.tmp.dir, "caps.sock"),
       hub: {
-        url: swarm.url,
+        url: fx.swarm.url,
         token: mintToken({ role: "backbone", id: "bb-caps", ttlS: 3600 }, SECRET),
         model: MODEL_ID,
         statsIntervalMs: 0,
       },
       trust: "own",
-      wire: await loadActivationQuantizer(model),
+      wire: await loadActivationQuantizer(fx.modelPath),
     });
     const p = await bridge.hub!.waitForPlacement((x) => x.missing.length === 0 && x.workers.length === 4);
     // the hub handed over what each hello said, and nothing for the silent one
@@ -120,11 +98,11 @@ describe.skipIf(Boolean(missing))("workers' advertised dtypes through a real hub
     expect(p.placement.dtypes("plain")).toEqual(PLAIN);
     expect(p.placement.dtypes("old")).toBeUndefined();
 
-    const common = { modelPath: model, prompt: "Say what you take", nPredict: N_PREDICT, threads: 1 };
-    const plainPath = join(tmp.dir, "plain.bin");
+    const common = { modelPath: fx.modelPath, prompt: "Say what you take", nPredict: N_PREDICT, threads: 1 };
+    const plainPath = join(fx.tmp.dir, "plain.bin");
     const plain = await runLogitsHarness({ ...common, logitsPath: plainPath });
     expect(plain.ok, plain.stderr).toBe(true);
-    const swarmPath = join(tmp.dir, "swarm.bin");
+    const swarmPath = join(fx.tmp.dir, "swarm.bin");
     const r = await runLogitsHarness({
       ...common,
       logitsPath: swarmPath,

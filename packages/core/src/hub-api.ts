@@ -316,6 +316,13 @@ export interface WorkerPauseJson {
   paused: boolean;
   hub?: WorkerPauseRecordJson & { by: "owner" | "operator" };
   self?: WorkerPauseRecordJson;
+  /**
+   * Set while the paused worker is not connected: when the hub last saw it (absent: not since the
+   * pause was set), whether `GET /api/workers` still lists it (the hub forgets workers unseen for
+   * its `forgetWorkersAfterMs`), and when the pause is dropped unless the worker comes back (the
+   * hub's `pauseRetentionMs`, counted from the later of the pause and the last sighting).
+   */
+  away?: { lastSeen?: number; listed: boolean; dropsAt: number };
 }
 
 /** The path of a worker's pause: state (GET), pause and resume (POST). */

@@ -4,7 +4,8 @@ import { createHash } from "node:crypto";
  * The dashboard (GET /): one self-contained page, no build step, no external resources. It polls
  * GET /api/status every two seconds and renders the coverage heatmap (layers x experts, colour =
  * live replicas, hot experts outlined, leased ones striped), the workers with their state (a
- * paused one: who paused it, since when and why), slices, credits and latency, the leases, and
+ * paused one: who paused it, since when and why; a paused worker the hub no longer lists: when it
+ * was last seen and when its pause lapses), slices, credits and latency, the leases, and
  * the tokens/s the backbones report. Data is only ever put in the page with textContent and data
  * attributes, never parsed as HTML: worker ids come from the network. With private reads, open
  * it as /#token=<token>.
@@ -128,6 +129,20 @@ const SCRIPT = `
     return el("td", { class: cls, "data-state": state, "data-paused-by": p.by, "data-paused-at": String(p.at), title: (w.live ? "connected" : "offline") + ", left out of placements until resumed" }, text);
   }
 
+  // a pause kept for a worker the hub no longer lists (it forgot it, or never saw it): without
+  // this row the operator would not know the pause still waits for it
+  function unlistedRow(p) {
+    const side = p.hub ? { by: p.hub.by, at: p.hub.at, reason: p.hub.reason } : { by: "self", at: p.self.at, reason: p.self.reason };
+    const a = p.away || {};
+    const text = "paused by " + (PAUSERS[side.by] || side.by) + (side.reason ? " (" + side.reason + ")" : "") +
+      ", worker not seen " + (a.lastSeen === undefined ? "since the pause (" + new Date(side.at).toLocaleString() + ")" : "since " + new Date(a.lastSeen).toLocaleString()) +
+      (a.dropsAt === undefined ? "" : "; dropped " + new Date(a.dropsAt).toLocaleString() + " unless it returns or is resumed");
+    return el("tr", { "data-worker": p.worker, "data-unlisted": "true" },
+      el("td", {}, p.worker),
+      el("td", { class: "paused", "data-state": "paused-unseen", "data-paused-by": side.by, "data-last-seen": a.lastSeen === undefined ? "" : String(a.lastSeen), "data-drops-at": String(a.dropsAt) }, text),
+      el("td", {}, "-"), el("td", {}, "-"), el("td", {}, "-"), el("td", {}, "-"), el("td", {}, "-"));
+  }
+
   function render(s) {
     const tps = s.tokensPerSecond;
     history.push(tps); if (history.length > 90) history.shift();
@@ -170,7 +185,7 @@ const SCRIPT = `
       el("td", {}, w.latencyMs === undefined ? "-" : w.latencyMs.toFixed(1) + " ms"),
       el("td", {}, w.rttMs === undefined ? "-" : w.rttMs.toFixed(1) + " ms"),
       el("td", {}, w.inFlight === undefined ? "-" : String(w.inFlight))));
-    $("workers").replaceChildren(...rows);
+    $("workers").replaceChildren(...rows, ...(s.unlistedPauses || []).map(unlistedRow));
     $("worker-count").textContent = s.workers.filter((w) => w.live).length + " live / " + s.workers.length + " known";
 
     $("leases").replaceChildren(...s.leases.map((l) => el("tr", {},

@@ -47,6 +47,7 @@ export interface HubConfig {
   statsStaleMs: number;
   persistMs: number;
   forgetMs: number;
+  pauseRetentionMs: number;
 }
 
 function positiveInt(name: string, value: number | undefined, fallback: number, min = 1): number {
@@ -105,6 +106,7 @@ export function readHubOptions(options: HubOptions): HubConfig {
     statsStaleMs: positiveInt("market.statsStaleMs", staleOption, 30_000),
     persistMs: positiveInt("persistIntervalMs", options.persistIntervalMs, 10_000, 10),
     forgetMs: positiveInt("forgetWorkersAfterMs", options.forgetWorkersAfterMs, 7 * 86_400_000),
+    pauseRetentionMs: positiveInt("pauseRetentionMs", options.pauseRetentionMs, 30 * 86_400_000),
   };
 }
 

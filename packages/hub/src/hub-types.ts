@@ -2,7 +2,7 @@
 // `Hub` handle itself (the implementation lives in hub.ts).
 import type { Server as HttpServer, IncomingMessage, ServerResponse } from "node:http";
 import type { Server as HttpsServer } from "node:https";
-import type { WorkerPauseBy } from "@moeswarm/core";
+import type { WorkerPauseBy, WorkerPauseJson } from "@moeswarm/core";
 import type { ConnectionLimits } from "./connection-guard.js";
 import type { EnrolmentLimits } from "./enrolment.js";
 import type { CoverageGrid, CoverageMarket, MarketOptions } from "./market.js";
@@ -77,6 +77,11 @@ export interface HubOptions {
   persistIntervalMs?: number;
   /** Workers not seen for this long are forgotten (default 7 days). */
   forgetWorkersAfterMs?: number;
+  /**
+   * A paused worker the hub has not seen for this long loses its pause (default 30 days, counted
+   * from the later of the pause and its last sighting); a quarantine drops it at once.
+   */
+  pauseRetentionMs?: number;
   /** Also export prom-client's process metrics (they live as long as the process; default false). */
   defaultMetrics?: boolean;
   /** The coverage market: demand decay, replica targets, values, leases (README "Demand"). */
@@ -172,6 +177,11 @@ export interface HubStatus {
     expiresAt: number;
   }>;
   backbones: BackboneRate[];
+  /**
+   * Pauses of workers the hub no longer lists in `workers` (it forgot them, or never saw them):
+   * when each was last seen and when its pause is dropped unless it comes back or is resumed.
+   */
+  unlistedPauses: WorkerPauseJson[];
 }
 
 export type HubEvent =
@@ -195,7 +205,15 @@ export type HubEvent =
   | { type: "quarantine"; worker: string; by: string; model: string; reason: string }
   | { type: "reinstate"; worker: string }
   /** A worker was paused or resumed (`paused`: whether any pause is still in force). */
-  | { type: "pause"; worker: string; paused: boolean; by: WorkerPauseBy; reason?: string }
+  | {
+      type: "pause";
+      worker: string;
+      paused: boolean;
+      by: WorkerPauseBy;
+      reason?: string;
+      /** Set when the pause was dropped, not lifted: its worker unseen past the retention, or revoked. */
+      dropped?: "retention" | "revoked";
+    }
   | { type: "relay"; event: RelayServerEvent };
 
 export interface HubListener {

@@ -115,6 +115,7 @@ class HubImpl implements Hub {
       relay: () => this.relay,
       forgetAfterMs: config.forgetMs,
       onStoreError: (error) => this.#storeError(error),
+      onForget: (forgotten) => this.#pauses.forgotten(forgotten),
     });
     try {
       this.#marketBook = this.#createMarketBook(config);
@@ -129,7 +130,10 @@ class HubImpl implements Hub {
       setPaused: (id, paused) => this.#marketBook.setPaused(id, paused),
       notice: (id, code, msg) => this.relay.notice(id, code, msg),
       clock: config.clock,
+      retentionMs: config.pauseRetentionMs,
+      seen: (id) => this.#book.seen(id),
       emit: (e) => this.#emit({ type: "pause", ...e }),
+      dropped: (reason) => this.metrics.pauseDropped(reason),
     });
     this.#models = new ModelRegistry({
       settings: this.#s,
@@ -143,6 +147,7 @@ class HubImpl implements Hub {
     this.#persistTimer = setInterval(() => {
       void this.#book.flush();
       void this.#marketBook.flush();
+      this.#pauses.sweep().catch((error) => this.#storeError(error));
     }, config.persistMs);
     this.#persistTimer.unref?.();
 
@@ -220,6 +225,7 @@ class HubImpl implements Hub {
     const record = await this.#reputation.quarantine(backbone, model, evidence);
     // a banned owner enrols again only with a code the operator issues after the ban
     await this.#enrolment.revokeFor(record.worker, this.market.ownerOf(record.worker));
+    await this.#pauses.revoke(record.worker).catch((error) => this.#storeError(error));
     const leases = this.market.revokeWorker(record.worker);
     if (leases.length > 0) {
       await this.#marketBook.flush();
@@ -242,6 +248,7 @@ class HubImpl implements Hub {
         relay: this.relay,
         models: () => this.#models.size,
         workersKnown: () => this.#book.size,
+        unlistedPauses: () => this.#pauses.unlisted().length,
         downloads: () => this.#downloads.size,
         connectionsRefused: () => this.#guard?.refused(),
         direct: () => this.#marketBook.direct.figures(),
@@ -375,6 +382,7 @@ class HubImpl implements Hub {
     await this.#reputation.load();
     await this.#marketBook.load();
     await this.#pauses.load();
+    await this.#pauses.sweep().catch((error) => this.#storeError(error));
     await this.#models.load(configured);
   }
 
@@ -452,6 +460,7 @@ class HubImpl implements Hub {
         expiresAt: l.expiresAt,
       })),
       backbones: this.#marketBook.rates(options.model),
+      unlistedPauses: this.#pauses.unlisted(),
     };
   }
 

@@ -53,6 +53,8 @@ export interface HubMetricsSources {
   relay: Relay;
   models: () => number;
   workersKnown: () => number;
+  /** Pauses of workers the hub no longer lists (forgotten or never seen), read at each scrape. */
+  unlistedPauses?: () => number;
   downloads: () => number;
   /** Connections the connection guard refused or closed, by reason (undefined before listen). */
   connectionsRefused?: () => Record<string, number> | undefined;
@@ -75,6 +77,7 @@ export class HubMetrics {
   readonly #connects: Counter<"role">;
   readonly #routeSeconds: Histogram<"outcome">;
   readonly #storeErrors: Counter;
+  readonly #pausesDropped: Counter<"reason">;
   readonly #handlerErrors: Counter<"route">;
   readonly #claims: Counter<"outcome">;
   readonly #leasesEnded: Counter<"reason">;
@@ -92,6 +95,7 @@ export class HubMetrics {
     this.#connects = relay.connects;
     this.#routeSeconds = relay.routeSeconds;
     this.#storeErrors = hubFamilies(registers, sources);
+    this.#pausesDropped = pauseFamilies(registers, sources);
     const market = marketFamilies(registers, sources.market ?? (() => []));
     this.#claims = market.claims;
     this.#leasesEnded = market.leasesEnded;
@@ -120,6 +124,10 @@ export class HubMetrics {
 
   storeError(): void {
     this.#storeErrors.inc();
+  }
+
+  pauseDropped(reason: "retention" | "revoked"): void {
+    this.#pausesDropped.inc({ reason });
   }
 
   claim(outcome: string): void {
@@ -304,6 +312,24 @@ function hubFamilies(registers: Registers, sources: HubMetricsSources): Counter 
     registers,
   });
   return storeErrors;
+}
+
+/** Pauses kept for workers the hub no longer lists, and pauses dropped without a resume. */
+function pauseFamilies(registers: Registers, sources: HubMetricsSources): Counter<"reason"> {
+  new Gauge({
+    name: "moeswarm_hub_pauses_unlisted",
+    help: "Pauses of workers the hub no longer lists (forgotten or never seen), kept until their retention ends",
+    registers,
+    collect() {
+      this.set(sources.unlistedPauses?.() ?? 0);
+    },
+  });
+  return new Counter({
+    name: "moeswarm_hub_pauses_dropped_total",
+    help: "Pauses dropped without a resume: retention (the worker unseen for --pause-retention), revoked (quarantined)",
+    labelNames: ["reason"],
+    registers,
+  });
 }
 
 /** The market's figures per model (read at each scrape), claims, lease ends and stats reports. */

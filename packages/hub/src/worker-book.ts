@@ -48,6 +48,8 @@ export interface WorkerBookOptions {
   /** Workers not seen for this long are forgotten (ms). */
   forgetAfterMs: number;
   onStoreError: (error: unknown) => void;
+  /** Told of the workers forgotten, with when each was last seen (the pauses keep that: issue 19). */
+  onForget?: (forgotten: Array<{ id: string; lastSeen: number }>) => Promise<void>;
 }
 
 function freeze(w: MutableWorker, connected = w.connected): StoredWorker {
@@ -86,7 +88,6 @@ export class WorkerBook {
   }
 
   async load(now = Date.now()): Promise<void> {
-    await this.#forget(now);
     for (const w of await this.#o.store.listWorkers()) {
       this.#workers.set(w.id, {
         ...w,
@@ -95,6 +96,15 @@ export class WorkerBook {
         dirty: w.connected,
       });
     }
+    // after loading, so that those forgotten now are told with their last-seen time
+    await this.#forget(now);
+  }
+
+  /** Whether the worker is connected and when it was last seen; undefined when not known. */
+  seen(id: string): { live: boolean; lastSeen: number } | undefined {
+    const w = this.#workers.get(id);
+    // the relay's connect and disconnect set both (a live worker's time lags: it is not dropped)
+    return w && { live: w.connected, lastSeen: w.lastSeen };
   }
 
   #get(id: string, now: number): MutableWorker {
@@ -235,9 +245,14 @@ export class WorkerBook {
     this.#lastForget = now;
     const before = now - this.#o.forgetAfterMs;
     await this.#o.store.deleteWorkersSeenBefore(before);
+    const forgotten: Array<{ id: string; lastSeen: number }> = [];
     for (const [id, w] of this.#workers) {
-      if (!w.connected && w.lastSeen < before) this.#workers.delete(id);
+      if (!w.connected && w.lastSeen < before) {
+        this.#workers.delete(id);
+        forgotten.push({ id, lastSeen: w.lastSeen });
+      }
     }
+    if (forgotten.length > 0) await this.#o.onForget?.(forgotten);
   }
 
   list(): HubWorkerInfo[] {

@@ -2,6 +2,10 @@
 // pauses itself (a phone on low battery or too hot). While paused, placements leave it out
 // (backbones route it nothing new; what is in flight finishes) but it keeps its slices, leases
 // and coverage: a pause is not a departure, and after a resume it serves again at once.
+// A pause outlives a hub restart, but not its worker: a worker the hub stops seeing (it left, or
+// the hub forgot it) keeps its pause for the operator's retention (`pauseRetentionMs`, counted from
+// the later of the pause and its last sighting), then the pause is dropped; a quarantine (the only
+// way the hub revokes a worker's identity: its tokens live a year) drops it at once.
 import {
   HubError,
   type WorkerPauseBy,
@@ -17,7 +21,12 @@ import { principalOf, type TokenClaims } from "./token.js";
 interface PauseSlots {
   hub?: WorkerPauseRecordJson & { by: "owner" | "operator" };
   self?: WorkerPauseRecordJson;
+  /** When the hub last saw the worker, kept once the hub forgot it (store-pauses.ts `seen`). */
+  seen?: number;
 }
+
+/** Why a pause was dropped without a resume. */
+export type PauseDropReason = "retention" | "revoked";
 
 export interface WorkerPausesOptions {
   /**
@@ -30,8 +39,20 @@ export interface WorkerPausesOptions {
   /** Tells a live worker (a relay notice); false when it is not connected. */
   notice(id: string, code: "MOESWARM_HUB_PAUSED" | "MOESWARM_HUB_RESUMED", msg: string): boolean;
   clock: () => number;
-  /** Reports a change (the hub's onEvent). */
-  emit?: (event: { worker: string; paused: boolean; by: WorkerPauseBy; reason?: string }) => void;
+  /** A paused worker not seen for this long loses its pauses (ms, from the pause when later). */
+  retentionMs: number;
+  /** Whether the hub's worker book knows the worker: connected, and last seen (unix ms). */
+  seen: (id: string) => { live: boolean; lastSeen: number } | undefined;
+  /** Reports a change (the hub's onEvent); `dropped` when no one lifted it. */
+  emit?: (event: {
+    worker: string;
+    paused: boolean;
+    by: WorkerPauseBy;
+    reason?: string;
+    dropped?: PauseDropReason;
+  }) => void;
+  /** Counts a dropped pause (the hub's metrics). */
+  dropped?: (reason: PauseDropReason) => void;
 }
 
 /**
@@ -46,6 +67,8 @@ export class WorkerPauses {
   /** Workers connected and not yet registered on that connection. */
   readonly #untold = new Set<string>();
   #queue: Promise<unknown> = Promise.resolve();
+  /** Workers forgotten before load() (the book loads first): their last sighting, for the store. */
+  #forgottenEarly: Map<string, number> | undefined = new Map();
 
   constructor(options: WorkerPausesOptions) {
     this.#o = options;
@@ -53,11 +76,82 @@ export class WorkerPauses {
 
   /** Takes the hub's pauses kept in the store (at start, before any connection). */
   async load(): Promise<void> {
+    const early = this.#forgottenEarly ?? new Map<string, number>();
+    this.#forgottenEarly = undefined;
     for (const p of await this.#o.store.list()) {
       const slots = this.#slots.get(p.worker) ?? {};
       slots.hub = { at: p.at, ...(p.reason !== undefined ? { reason: p.reason } : {}), by: p.by };
+      const seen = early.get(p.worker);
+      if (seen !== undefined && seen > (p.seen ?? 0)) await this.#o.store.setSeen(p.worker, seen);
+      const kept = Math.max(seen ?? 0, p.seen ?? 0);
+      if (kept > 0) slots.seen = kept;
       this.#set(p.worker, slots);
     }
+  }
+
+  /** Workers the hub forgot (worker-book.ts): a paused one's last sighting is kept with its pause. */
+  forgotten(workers: ReadonlyArray<{ id: string; lastSeen: number }>): Promise<void> {
+    if (this.#forgottenEarly) {
+      for (const w of workers) this.#forgottenEarly.set(w.id, w.lastSeen);
+      return Promise.resolve();
+    }
+    return this.#serial(async () => {
+      for (const w of workers) {
+        const slots = this.#slots.get(w.id);
+        if (!slots) continue;
+        if (slots.hub) await this.#o.store.setSeen(w.id, w.lastSeen);
+        slots.seen = w.lastSeen;
+      }
+    });
+  }
+
+  /**
+   * When the worker's pauses lapse: undefined while it is connected (or not paused); otherwise
+   * its last sighting (the book's, else the one kept with the pause) and, per pause, when the
+   * retention ends, counted from the later of the pause and that sighting.
+   */
+  #away(id: string, s: PauseSlots | undefined) {
+    if (!s) return undefined;
+    const book = this.#o.seen(id);
+    if (book?.live) return undefined;
+    const lastSeen = book?.lastSeen ?? s.seen;
+    const ends = (at: number | undefined) =>
+      at === undefined ? undefined : Math.max(at, lastSeen ?? 0) + this.#o.retentionMs;
+    return { lastSeen, listed: book !== undefined, hub: ends(s.hub?.at), self: ends(s.self?.at) };
+  }
+
+  /** Drops the pauses whose retention ended (the hub runs it at each persist tick). */
+  sweep(): Promise<number> {
+    return this.#serial(async () => {
+      const now = this.#o.clock();
+      let n = 0;
+      for (const [id, s] of [...this.#slots]) {
+        const away = this.#away(id, s);
+        if (away?.hub !== undefined && now >= away.hub) n += await this.#drop(id, "hub", "retention");
+        if (away?.self !== undefined && now >= away.self) n += await this.#drop(id, "self", "retention");
+      }
+      return n;
+    });
+  }
+
+  /** The worker's identity was revoked (quarantined): its pauses go, as nothing can lift them. */
+  revoke(id: string): Promise<number> {
+    return this.#serial(
+      async () => (await this.#drop(id, "hub", "revoked")) + (await this.#drop(id, "self", "revoked")),
+    );
+  }
+
+  async #drop(id: string, side: "hub" | "self", why: PauseDropReason): Promise<number> {
+    const slots = this.#slots.get(id);
+    const had = slots?.[side];
+    if (!slots || !had) return 0;
+    if (side === "hub") await this.#o.store.delete(id);
+    delete slots[side];
+    this.#set(id, slots);
+    const by: WorkerPauseBy = side === "hub" ? (had as { by: "owner" | "operator" }).by : "self";
+    this.#o.dropped?.(why);
+    this.#o.emit?.({ worker: id, paused: this.isPaused(id), by, dropped: why });
+    return 1;
   }
 
   /** Every worker under a pause, ordered by id. */
@@ -70,6 +164,15 @@ export class WorkerPauses {
     const out: WorkerPauseJson = { worker: id, paused: s !== undefined };
     if (s?.hub) out.hub = { ...s.hub };
     if (s?.self) out.self = { ...s.self };
+    const away = this.#away(id, s);
+    if (away) {
+      out.away = {
+        ...(away.lastSeen !== undefined ? { lastSeen: away.lastSeen } : {}),
+        listed: away.listed,
+        // the worker is unpaused once the last of its pauses lapses
+        dropsAt: Math.max(away.hub ?? 0, away.self ?? 0),
+      };
+    }
     return out;
   }
 
@@ -134,6 +237,11 @@ export class WorkerPauses {
 
   close(): Promise<void> {
     return this.#o.store.close();
+  }
+
+  /** The pauses of workers the hub no longer lists (the dashboard shows them apart). */
+  unlisted(): WorkerPauseJson[] {
+    return this.list().filter((p) => p.away?.listed === false);
   }
 
   #set(id: string, slots: PauseSlots): void {

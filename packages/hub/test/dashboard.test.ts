@@ -230,4 +230,41 @@ describe.skipIf(!hasChromium)("dashboard (headless Chromium)", () => {
     expect(await page.textContent('[data-worker="worker-b"] td[data-state]')).toBe("live");
     expect(errors).toEqual([]);
   });
+
+  it("shows the pause of a worker the hub does not list: not seen since when, dropped when", async () => {
+    const admin = mintToken({ role: "admin", ttlS: 600 }, SECRET);
+    const ghost = (action: string) =>
+      call(`${base}/api/workers/ghost-1/${action}`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${admin}`, "content-type": "application/json" },
+        body: JSON.stringify(action === "pause" ? { reason: "stolen" } : {}),
+      });
+    const paused = await ghost("pause");
+    const body = JSON.parse(paused.body.toString()) as { hub: { at: number }; away: { dropsAt: number } };
+    // never seen by this hub: listed nowhere else, and the retention (30 days) counts from the pause
+    expect(body.away).toEqual({ listed: false, dropsAt: body.hub.at + 30 * 86_400_000 });
+    const row = '[data-worker="ghost-1"][data-unlisted="true"] td[data-state="paused-unseen"]';
+    await page.waitForSelector(row, { timeout: 10_000 });
+    const cell = await page.$eval(row, (td) => ({
+      text: td.textContent,
+      by: td.getAttribute("data-paused-by"),
+      dropsAt: td.getAttribute("data-drops-at"),
+    }));
+    const [since, drops] = await page.evaluate(
+      ([a, d]) => [new Date(a as number).toLocaleString(), new Date(d as number).toLocaleString()],
+      [body.hub.at, body.away.dropsAt],
+    );
+    expect(cell).toEqual({
+      text: `paused by the operator (stolen), worker not seen since the pause (${since}); dropped ${drops} unless it returns or is resumed`,
+      by: "operator",
+      dropsAt: String(body.away.dropsAt),
+    });
+    // the known-workers count is of the workers the hub lists, not of these rows
+    const known = hub.workers().length;
+    expect(await page.textContent("#worker-count")).toBe(`${known} live / ${known} known`);
+    expect(hub.workers().some((w) => w.id === "ghost-1")).toBe(false);
+    expect((await ghost("resume")).status).toBe(200);
+    await page.waitForSelector('[data-worker="ghost-1"]', { state: "detached", timeout: 10_000 });
+    expect(errors).toEqual([]);
+  });
 });

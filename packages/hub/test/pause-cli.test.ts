@@ -6,7 +6,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runCli } from "../src/cli/run.js";
 import { createHub, type Hub, mintToken } from "../src/index.js";
-import { copyModel, syntheticModel, type TempDir, tempDir } from "./hub-helpers.js";
+import { copyModel, syntheticModel, type TempDir, tempDir, waitFor } from "./hub-helpers.js";
 
 const SECRET = "hub-pause-cli-secret-0123456789abcdef";
 
@@ -55,11 +55,13 @@ describe("moeswarm-hub pause / resume / pauses", () => {
     const p = await cli(["pause", "phone-1", "--hub", url, "--token", admin, "--reason", "maintenance"]);
     expect(p.err).toBe("");
     expect(p.status).toBe(0);
+    // a worker this hub never saw: its pause waits for it, until the retention (30 days) ends
     expect(p.out).toMatch(
-      /^worker phone-1 is paused by the operator since \d{4}-\d\d-\d\dT[\d:.]+Z: maintenance; the hub routes it nothing new until resumed\n$/,
+      /^worker phone-1 is paused by the operator since \d{4}-\d\d-\d\dT[\d:.]+Z: maintenance; the hub routes it nothing new until resumed; not seen since the pause \(no longer listed by the hub\); the pause is dropped at \d{4}-\d\d-\d\dT[\d:.]+Z unless it returns or is resumed\n$/,
     );
     const at = (await fetchJson(`/api/workers/phone-1/pause`)).hub.at as number;
     expect(p.out).toContain(new Date(at).toISOString());
+    expect(p.out).toContain(`dropped at ${new Date(at + 30 * 86_400_000).toISOString()}`);
 
     // its owner pauses the tablet (its own token: a worker the hub has not seen has no other owner
     // it knows of), from MOESWARM_HUB and a token file
@@ -71,15 +73,17 @@ describe("moeswarm-hub pause / resume / pauses", () => {
       worker: "tablet-1",
       paused: true,
       hub: { at: expect.any(Number), by: "owner" },
+      away: { listed: false, dropsAt: expect.any(Number) },
     });
 
     const list = await cli(["pauses", "--hub", url]);
     expect(list.status).toBe(0);
     const lines = list.out.trimEnd().split("\n");
-    expect(lines[0]).toMatch(/^WORKER\s+PAUSED BY\s+SINCE\s+REASON$/);
+    expect(lines[0]).toMatch(/^WORKER\s+PAUSED BY\s+SINCE\s+LAST SEEN\s+DROPPED AT\s+REASON$/);
+    const drops = new Date(at + 30 * 86_400_000).toISOString();
     expect(lines.slice(1).map((l) => l.split(/\s{2,}/))).toEqual([
-      ["phone-1", "the operator", new Date(at).toISOString(), "maintenance"],
-      ["tablet-1", "its owner", expect.stringMatching(/Z$/)],
+      ["phone-1", "the operator", new Date(at).toISOString(), "?", drops, "maintenance"],
+      ["tablet-1", "its owner", expect.stringMatching(/Z$/), "?", expect.stringMatching(/Z$/)],
     ]);
     const listed = JSON.parse((await cli(["pauses", "--hub", url, "--token", admin, "--json"])).out);
     expect(listed).toEqual(await fetchJson("/api/pauses"));
@@ -138,6 +142,34 @@ describe("moeswarm-hub pause / resume / pauses", () => {
       expect(r.err).toContain(says);
     }
     expect((await fetchJson("/api/workers/phone-2/pause")).hub.by).toBe("operator");
+  });
+
+  it("serve --pause-retention <days> sets how long a paused worker may stay unseen", async () => {
+    const model = join(tmp.dir, "tiny.gguf");
+    const bad = await cli(["serve", "--model", model, "--db", ":memory:", "--pause-retention", "0"]);
+    expect(bad.status).toBe(2);
+    expect(bad.err).toContain('--pause-retention must be an integer in 1..3650, got "0"');
+    expect((await cli(["serve", "--help"])).out).toContain("--pause-retention");
+    const stop = new AbortController();
+    const out = sink();
+    const running = runCli(
+      ["serve", "--model", model, "--db", ":memory:", "--port", "0", "--json", "--pause-retention", "2"],
+      { stdout: out as never, stderr: sink() as never, env: {} },
+      stop.signal,
+    );
+    try {
+      await waitFor(() => out.text.includes('"listening"'), "serve listening");
+      const ready = JSON.parse(out.text.split("\n").find((l) => l.includes('"listening"')) as string) as {
+        url: string;
+        tokens: { admin: string };
+      };
+      const p = await cli(["pause", "ghost", "--hub", ready.url, "--token", ready.tokens.admin, "--json"]);
+      const state = JSON.parse(p.out) as { hub: { at: number }; away: { dropsAt: number } };
+      expect(state.away.dropsAt).toBe(state.hub.at + 2 * 86_400_000);
+    } finally {
+      stop.abort();
+      expect(await running).toBe(0);
+    }
   });
 
   it("explains itself", async () => {

@@ -5,110 +5,29 @@
 // restarted on one SQLite file (and on one memory store object, an embedder's restart in tests).
 import { join } from "node:path";
 import { HubError } from "@moeswarm/core";
-import { connectRelay, type RelayConnection, type RelayEvent } from "@moeswarm/relay-client";
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import {
-  createHub,
   createMemoryStore,
-  type Hub,
   type HubStore,
-  mintToken,
+  loadSqliteDriver,
   openSqliteStore,
   SQLITE_DRIVERS,
 } from "../src/index.js";
 import { openPauseStore, type PauseStore } from "../src/store-pauses.js";
 import { WorkerPauses } from "../src/worker-pause.js";
-import { call, copyModel, json, syntheticModel, type TempDir, tempDir, waitFor } from "./hub-helpers.js";
+import { waitFor } from "./hub-helpers.js";
+import { type Body, usePauseHubs } from "./pause-fixture.js";
 
 const SECRET = "hub-pause-persist-secret-0123456789";
-const ID = "tiny";
 
-let tmp: TempDir;
-let tinyPath: string;
-const open: RelayConnection[] = [];
-const hubs: Hub[] = [];
-
-// biome-ignore lint/suspicious/noExplicitAny: JSON answers, probed field by field by the assertions
-type Body = Record<string, any>;
-
-const workerToken = (id: string, owner: string) =>
-  mintToken({ role: "worker", id, owner, ttlS: 600 }, SECRET);
-const admin = mintToken({ role: "admin", ttlS: 600 }, SECRET);
-
-async function start(store: string | HubStore): Promise<{ base: string; relayUrl: string; hub: Hub }> {
-  const hub = createHub({
-    secret: SECRET,
-    models: [{ id: ID, path: tinyPath }],
-    store,
-    market: { leaseTtlMs: 60_000 },
-  });
-  hubs.push(hub);
-  const l = await hub.listen(0);
-  return { base: l.url, relayUrl: l.relayUrl, hub };
-}
-
-async function request(base: string, path: string, auth: string, body?: unknown, method = "POST") {
-  const a = await call(`${base}${path}`, {
-    method,
-    headers: { "content-type": "application/json", authorization: `Bearer ${auth}` },
-    ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
-  });
-  return { status: a.status, body: (a.body.byteLength > 0 ? json(a) : {}) as Body };
-}
-
-async function placed(base: string): Promise<string[]> {
-  const p = await call(`${base}/api/models/${ID}/placement`);
-  return [...new Set<string>((json(p) as Body).registrations.map((r: Body) => r.id as string))].sort();
-}
-
-/** Connects `id` to the relay and registers layer 0 experts `experts` (its lease must cover them). */
-async function connect(relayUrl: string, id: string, owner: string, experts: number[], notices: string[]) {
-  const c = await connectRelay(relayUrl, {
-    role: "worker",
-    id,
-    token: workerToken(id, owner),
-    reconnect: false,
-    onDispatch: () => ({ y: new Float32Array(0) }),
-  });
-  open.push(c);
-  c.on((e: RelayEvent) => {
-    if (e.type === "notice") notices.push(`${e.error.code}: ${e.error.message}`);
-  });
-  c.register({ model: ID, layers: [0], experts });
-  return c;
-}
-
-/** Claims layer 0 `experts` for `id` and serves them. */
-async function serve(base: string, relayUrl: string, id: string, owner: string, experts: [number, number]) {
-  const claimed = await request(base, "/api/claims", workerToken(id, owner), {
-    worker: id,
-    model: ID,
-    layers: "0:1",
-    experts: `${experts[0]}:${experts[1]}`,
-    capacity: { ramBytes: 1 << 30 },
-  });
-  expect(claimed.status).toBe(201);
-  const list = Array.from({ length: experts[1] - experts[0] }, (_, i) => experts[0] + i);
-  const c = await connect(relayUrl, id, owner, list, []);
-  await waitFor(async () => (await placed(base)).includes(id), `${id} registered`);
-  return c;
-}
-
-beforeAll(async () => {
-  tmp = tempDir("moeswarm-hub-pause-persist-");
-  tinyPath = copyModel(await syntheticModel("tiny"), tmp.dir, "tiny.gguf");
-});
-
-afterEach(async () => {
-  await Promise.all(open.splice(0).map((c) => c.close()));
-  await Promise.all(hubs.splice(0).map((h) => h.close()));
-});
-
-afterAll(() => tmp?.remove());
+const fx = usePauseHubs(SECRET, "moeswarm-hub-pause-persist-");
+const { admin, workerToken, request, placed, connect, serve } = fx;
+/** A hub on `store`: a SQLite path, or a store object (an embedder's). */
+const start = (store: string | HubStore) => fx.start({ store });
 
 describe("a hub restarted on the same store", () => {
   it("keeps an owner's or the operator's pause (out of placement, the worker told at its return); forgets a self-pause", async () => {
-    const db = join(tmp.dir, "state", "hub.db");
+    const db = join(fx.tmp.dir, "state", "hub.db");
     const first = await start(db);
     await serve(first.base, first.relayUrl, "phone", "alice", [0, 4]);
     await serve(first.base, first.relayUrl, "tablet", "alice", [4, 8]);
@@ -127,23 +46,28 @@ describe("a hub restarted on the same store", () => {
     });
     expect(self.body).toMatchObject({ paused: true, self: { reason: "battery" } });
     expect(await placed(first.base)).toEqual([]);
-    await Promise.all(open.splice(0).map((c) => c.close()));
+    await fx.closePeers();
     await first.hub.close();
 
     const second = await start(db);
     // before any worker is back: the operator's pause is there, as it was set; the self-pause is not
     const state = await request(second.base, "/api/workers/phone/pause", admin, undefined, "GET");
+    // offline now: when the hub last saw it (the book's time, kept in the store) and when the pause
+    // lapses unless it returns (the default retention, 30 days from that sighting)
+    const away = state.body.away;
+    expect(away.lastSeen).toBeGreaterThanOrEqual(at);
     expect(state.body).toEqual({
       worker: "phone",
       paused: true,
       hub: { at, by: "operator", reason: "maintenance" },
+      away: { lastSeen: away.lastSeen, listed: true, dropsAt: away.lastSeen + 30 * 86_400_000 },
     });
     expect((await request(second.base, "/api/workers/tablet/pause", admin, undefined, "GET")).body).toEqual({
       worker: "tablet",
       paused: false,
     });
     expect((await request(second.base, "/api/pauses", admin, undefined, "GET")).body).toEqual({
-      pauses: [{ worker: "phone", paused: true, hub: { at, by: "operator", reason: "maintenance" } }],
+      pauses: [{ worker: "phone", paused: true, hub: { at, by: "operator", reason: "maintenance" }, away }],
     });
     // both come back on their leases (kept by the store too): the phone is told it is paused and
     // stays out of the placement; the tablet serves
@@ -176,7 +100,7 @@ describe("a hub restarted on the same store", () => {
     await waitFor(async () => (await placed(second.base)).includes("phone"), "the phone listed again");
     await waitFor(() => notices.length > 1, "the resume notice");
     expect(notices[1]).toBe("MOESWARM_HUB_RESUMED: resumed by the hub (owner)");
-    await Promise.all(open.splice(0).map((c) => c.close()));
+    await fx.closePeers();
     await second.hub.close();
 
     const third = await start(db);
@@ -216,7 +140,7 @@ describe("the pause table", () => {
   it.each(drivers.map((d) => [d.name, d] as const))(
     "keeps, replaces and deletes pauses on %s",
     async (_name, driver) => {
-      const path = join(tmp.dir, `pauses-${driver.name.replace(/\W/g, "")}.db`);
+      const path = join(fx.tmp.dir, `pauses-${driver.name.replace(/\W/g, "")}.db`);
       for (const round of [0, 1]) {
         const store = openSqliteStore(path, { drivers: [driver] });
         const pauses = openPauseStore(path, store);
@@ -244,6 +168,28 @@ describe("the pause table", () => {
   );
 });
 
+describe("the pause table of an earlier release", () => {
+  it("gains the `seen` column and keeps its pauses", async () => {
+    const path = join(fx.tmp.dir, "pauses-before-seen.db");
+    const store = openSqliteStore(path);
+    const db = loadSqliteDriver().open(path);
+    db.exec(`CREATE TABLE worker_pauses (worker TEXT PRIMARY KEY, by TEXT NOT NULL, at INTEGER NOT NULL, reason TEXT);
+             INSERT INTO worker_pauses VALUES ('old', 'operator', 5, 'kept')`);
+    db.close();
+    const pauses = openPauseStore(path, store);
+    try {
+      expect(await pauses.list()).toEqual([{ worker: "old", by: "operator", at: 5, reason: "kept" }]);
+      await pauses.setSeen("old", 9);
+      await pauses.setSeen("none", 9); // no pause: nothing
+      await pauses.put({ worker: "old", by: "owner", at: 10 }); // a new pause keeps the sighting
+      expect(await pauses.list()).toEqual([{ worker: "old", by: "owner", at: 10, seen: 9 }]);
+    } finally {
+      await pauses.close();
+      await store.close();
+    }
+  });
+});
+
 describe("WorkerPauses and its store", () => {
   it("stores the hub's pause before it takes effect: a failed write pauses nothing, tells no one", async () => {
     const calls: string[] = [];
@@ -259,6 +205,7 @@ describe("WorkerPauses and its store", () => {
         if (fail) throw new HubError("MOESWARM_HUB_STORE", "deleting a pause: disk full");
         return kept.delete(w);
       },
+      setSeen: async () => {},
       close: async () => {},
     };
     const pauses = new WorkerPauses({
@@ -266,6 +213,8 @@ describe("WorkerPauses and its store", () => {
       setPaused: (id, paused) => calls.push(`${paused ? "out" : "in"} ${id}`),
       notice: (id, code) => calls.push(`${code} ${id}`) > 0,
       clock: () => 1000,
+      retentionMs: 1e9,
+      seen: () => ({ live: true, lastSeen: 1000 }),
     });
     fail = true;
     await expect(pauses.pause("w", "operator", "x")).rejects.toMatchObject({ code: "MOESWARM_HUB_STORE" });

@@ -2,111 +2,23 @@
 // itself (battery, heat). While paused the placement leaves it out, its leases and coverage stay,
 // and the relay tells it (a connection-level notice). Another owner may never pause it. A real
 // hub on loopback, workers speaking HTTP and the relay with tokens that name their owner.
-import { connectRelay, type RelayConnection, type RelayEvent } from "@moeswarm/relay-client";
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { createHub, type Hub, type HubEvent, mintToken } from "../src/index.js";
-import { call, copyModel, json, syntheticModel, type TempDir, tempDir, waitFor } from "./hub-helpers.js";
+import { describe, expect, it } from "vitest";
+import { mintToken } from "../src/index.js";
+import { waitFor } from "./hub-helpers.js";
 import { cap, EXAMPLE, MiB, market, T0 } from "./market-fixtures.js";
+import { type Body, ID, usePauseHubs } from "./pause-fixture.js";
 
 const SECRET = "hub-worker-pause-secret-0123456789";
-const ID = "tiny";
 
-let tmp: TempDir;
-let tinyPath: string;
-const open: RelayConnection[] = [];
-const hubs: Hub[] = [];
-
-// biome-ignore lint/suspicious/noExplicitAny: JSON answers, probed field by field by the assertions
-type Body = Record<string, any>;
-
-const workerToken = (id: string, owner?: string) =>
-  mintToken({ role: "worker", id, ...(owner ? { owner } : {}), ttlS: 600 }, SECRET);
-const admin = mintToken({ role: "admin", ttlS: 600 }, SECRET);
+const fx = usePauseHubs(SECRET, "moeswarm-hub-worker-pause-");
+const { admin, workerToken, request, placed, serve } = fx;
+const start = () => fx.start();
 const backbone = mintToken({ role: "backbone", id: "bb", ttlS: 600 }, SECRET);
-const capacity = { ramBytes: 1 << 30 };
-
-async function start(): Promise<{ base: string; relayUrl: string; hub: Hub; events: HubEvent[] }> {
-  const events: HubEvent[] = [];
-  const hub = createHub({
-    secret: SECRET,
-    models: [{ id: ID, path: tinyPath }],
-    market: { leaseTtlMs: 60_000 },
-    onEvent: (e) => events.push(e),
-  });
-  hubs.push(hub);
-  const l = await hub.listen(0);
-  return { base: l.url, relayUrl: l.relayUrl, hub, events };
-}
-
-async function request(base: string, path: string, auth?: string, body?: unknown, method = "POST") {
-  const a = await call(`${base}${path}`, {
-    method,
-    headers: {
-      "content-type": "application/json",
-      ...(auth ? { authorization: `Bearer ${auth}` } : {}),
-    },
-    ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
-  });
-  return { status: a.status, body: (a.body.byteLength > 0 ? json(a) : {}) as Body };
-}
 
 const pause = (base: string, id: string, auth: string, body?: unknown) =>
   request(base, `/api/workers/${id}/pause`, auth, body);
 const resume = (base: string, id: string, auth: string, body?: unknown) =>
   request(base, `/api/workers/${id}/resume`, auth, body);
-
-async function placed(base: string): Promise<string[]> {
-  const p = await call(`${base}/api/models/${ID}/placement`);
-  return [...new Set<string>((json(p) as Body).registrations.map((r: Body) => r.id as string))].sort();
-}
-
-/** Claims layer 0 experts `experts` for `id`, connects it to the relay and registers the slice. */
-async function serve(
-  base: string,
-  relayUrl: string,
-  id: string,
-  owner: string,
-  experts: [number, number],
-  notices: string[] = [],
-): Promise<RelayConnection> {
-  const tok = workerToken(id, owner);
-  const claimed = await request(base, "/api/claims", tok, {
-    worker: id,
-    model: ID,
-    layers: "0:1",
-    experts: `${experts[0]}:${experts[1]}`,
-    capacity,
-  });
-  expect(claimed.status).toBe(201);
-  const c = await connectRelay(relayUrl, {
-    role: "worker",
-    id,
-    token: tok,
-    reconnect: false,
-    onDispatch: () => ({ y: new Float32Array(0) }),
-  });
-  open.push(c);
-  c.on((e: RelayEvent) => {
-    if (e.type === "notice") notices.push(`${e.error.code}: ${e.error.message}`);
-  });
-  const list: number[] = [];
-  for (let e = experts[0]; e < experts[1]; e++) list.push(e);
-  c.register({ model: ID, layers: [0], experts: list });
-  await waitFor(async () => (await placed(base)).includes(id), `${id} registered`);
-  return c;
-}
-
-beforeAll(async () => {
-  tmp = tempDir();
-  tinyPath = copyModel(await syntheticModel("tiny"), tmp.dir, "tiny.gguf");
-});
-
-afterEach(async () => {
-  await Promise.all(open.splice(0).map((c) => c.close()));
-  await Promise.all(hubs.splice(0).map((h) => h.close()));
-});
-
-afterAll(() => tmp?.remove());
 
 describe("pausing a worker through the hub", () => {
   it("its owner pauses it: out of placement, told by the relay, leases and coverage kept; resume lists it again", async () => {
@@ -170,18 +82,7 @@ describe("pausing a worker through the hub", () => {
     await c.close();
     // it comes back (a new connection replays its registration): still paused, and told so
     const again: string[] = [];
-    const c2 = await connectRelay(relayUrl, {
-      role: "worker",
-      id: "w1",
-      token: workerToken("w1", "carol"),
-      reconnect: false,
-      onDispatch: () => ({ y: new Float32Array(0) }),
-    });
-    open.push(c2);
-    c2.on((e) => {
-      if (e.type === "notice") again.push(`${e.error.code}: ${e.error.message}`);
-    });
-    c2.register({ model: ID, layers: [0], experts: [0, 1, 2, 3, 4, 5, 6, 7] });
+    await fx.connect(relayUrl, "w1", "carol", [0, 1, 2, 3, 4, 5, 6, 7], again);
     await waitFor(() => again.length > 0, "the pause notice on reconnect");
     expect(again).toEqual(["MOESWARM_HUB_PAUSED: paused by the hub (operator): maintenance"]);
     await waitFor(

@@ -1,25 +1,13 @@
 import { GgmlType, ggmlTypeName } from "@moeswarm/shard";
-import { tempDir } from "@moeswarm/testkit";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { NativeExpertCompute, probeNative, SYNC_MAX_TOKENS } from "../src/index.js";
-import { requireNative } from "../src/native-binding.js";
-import { bitsEqual, type Fixture, normals, randomIds, randomWeights, writeModel } from "./fixtures.js";
+import { describe, expect, it } from "vitest";
+import { NativeExpertCompute, SYNC_MAX_TOKENS } from "../src/index.js";
+import { bitsEqual, normals, randomIds, randomWeights } from "./fixtures.js";
+import { EXPERTS, K, N_EMBD, nativeOrSkip, useSyncModels } from "./sync-fixture.js";
 
 // runSync writing into the caller's memory (a result frame's): the pool's bits in the caller's
 // array and no other, its length and memory checked, and runsInline saying when it applies.
 
-const status = await probeNative();
-if (!status.available) {
-  if (process.env.CI) throw new Error(`CI must build the native addon:\n${status.message}`);
-  console.warn(`skipping the native runSyncInto tests:\n${status.message}`);
-}
-const addon = status.available ? await requireNative() : undefined;
-
-const N_EMBD = 256;
-const N_FF = 256;
-const N_EXPERT = 8;
-const K = 4;
-const EXPERTS = [...Array(N_EXPERT).keys()];
+const { status, addon } = await nativeOrSkip("the native runSyncInto tests");
 
 function codeOf(f: () => unknown): string {
   try {
@@ -33,21 +21,7 @@ function codeOf(f: () => unknown): string {
 describe.skipIf(!status.available)(
   "native expert compute: the answer written into the caller's memory",
   () => {
-    const tmp = tempDir("moeswarm-wn-into-");
-    const models = new Map<GgmlType, Fixture>();
-
-    beforeAll(async () => {
-      for (const type of [GgmlType.Q4_K, GgmlType.F16]) {
-        models.set(
-          type,
-          await writeModel(
-            { type, nEmbd: N_EMBD, nFf: N_FF, nExpert: N_EXPERT, layers: [0, 2], seed: 700 + type },
-            tmp.dir,
-          ),
-        );
-      }
-    });
-    afterAll(() => tmp.remove());
+    const models = useSyncModels("moeswarm-wn-into-", [GgmlType.Q4_K, GgmlType.F16], 700);
 
     it("the addon's runSync writes into `out` and returns it; a wrong length or shared memory is refused", async () => {
       const { handle } = await addon!.loadSlice(models.get(GgmlType.F16)!.path, { threads: 1 });

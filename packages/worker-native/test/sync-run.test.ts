@@ -1,25 +1,13 @@
 import { GgmlType, ggmlTypeName } from "@moeswarm/shard";
-import { tempDir } from "@moeswarm/testkit";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { NativeExpertCompute, probeNative, SYNC_MAX_TOKENS } from "../src/index.js";
-import { requireNative } from "../src/native-binding.js";
-import { bitsEqual, type Fixture, normals, randomIds, randomWeights, writeModel } from "./fixtures.js";
+import { describe, expect, it } from "vitest";
+import { NativeExpertCompute, SYNC_MAX_TOKENS } from "../src/index.js";
+import { bitsEqual, normals, randomIds, randomWeights } from "./fixtures.js";
+import { EXPERTS, K, N_EMBD, nativeOrSkip, useSyncModels } from "./sync-fixture.js";
 
 // The synchronous path of small requests (runSync on the calling thread) against the thread-pool
 // path (run on libuv's pool): the same bits, the same order, and each taken when it should be.
 
-const status = await probeNative();
-if (!status.available) {
-  if (process.env.CI) throw new Error(`CI must build the native addon:\n${status.message}`);
-  console.warn(`skipping the native synchronous-run tests:\n${status.message}`);
-}
-const addon = status.available ? await requireNative() : undefined;
-
-const N_EMBD = 256;
-const N_FF = 256;
-const N_EXPERT = 8;
-const K = 4;
-const EXPERTS = [...Array(N_EXPERT).keys()];
+const { status, addon } = await nativeOrSkip("the native synchronous-run tests");
 
 /** Whether `p` settles within the microtasks queued now: a thread-pool run never can. */
 async function settlesAtOnce(p: Promise<unknown>): Promise<boolean> {
@@ -37,21 +25,7 @@ async function settlesAtOnce(p: Promise<unknown>): Promise<boolean> {
 }
 
 describe.skipIf(!status.available)("native expert compute: small requests on the calling thread", () => {
-  const tmp = tempDir("moeswarm-wn-sync-");
-  const models = new Map<GgmlType, Fixture>();
-
-  beforeAll(async () => {
-    for (const type of [GgmlType.Q4_K, GgmlType.Q8_0, GgmlType.F16]) {
-      models.set(
-        type,
-        await writeModel(
-          { type, nEmbd: N_EMBD, nFf: N_FF, nExpert: N_EXPERT, layers: [0, 2], seed: 300 + type },
-          tmp.dir,
-        ),
-      );
-    }
-  });
-  afterAll(() => tmp.remove());
+  const models = useSyncModels("moeswarm-wn-sync-", [GgmlType.Q4_K, GgmlType.Q8_0, GgmlType.F16], 300);
 
   it("the addon has runSync, and it refuses unchecked input like run", async () => {
     const { handle } = await addon!.loadSlice(models.get(GgmlType.F16)!.path, { threads: 1 });

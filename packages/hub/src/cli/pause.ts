@@ -102,6 +102,13 @@ function pauseLine(by: keyof typeof PAUSERS, record: { at: number; reason?: stri
   return `paused by ${PAUSERS[by]} since ${since(record.at)}${record.reason ? `: ${record.reason}` : ""}`;
 }
 
+/** "not seen since <time>; the pause is dropped at <time> unless it returns" (offline workers). */
+function awayText(away: NonNullable<WorkerPauseJson["away"]>): string {
+  const seen =
+    away.lastSeen === undefined ? "not seen since the pause" : `not seen since ${since(away.lastSeen)}`;
+  return `${seen}${away.listed ? "" : " (no longer listed by the hub)"}; the pause is dropped at ${since(away.dropsAt)} unless it returns or is resumed`;
+}
+
 /** What a worker's pause state says, in words. */
 export function describePause(state: WorkerPauseJson): string {
   const sides = [
@@ -109,7 +116,8 @@ export function describePause(state: WorkerPauseJson): string {
     ...(state.self ? [pauseLine("self", state.self)] : []),
   ];
   if (sides.length === 0) return `worker ${state.worker} is not paused: the hub routes it work`;
-  return `worker ${state.worker} is ${sides.join(", and ")}; the hub routes it nothing new until resumed`;
+  const away = state.away ? `; ${awayText(state.away)}` : "";
+  return `worker ${state.worker} is ${sides.join(", and ")}; the hub routes it nothing new until resumed${away}`;
 }
 
 async function withClient<T>(
@@ -202,20 +210,26 @@ export const pausesCommand = {
       io.stdout.write(`${JSON.stringify(list)}\n`);
       return;
     }
+    // a worker away: when it was last seen ("-": connected; "?": not since the pause)
+    const seen = (p: WorkerPauseJson) =>
+      p.away === undefined ? "-" : p.away.lastSeen === undefined ? "?" : since(p.away.lastSeen);
+    const drops = (p: WorkerPauseJson) => (p.away === undefined ? "-" : since(p.away.dropsAt));
     const rows = list.pauses.flatMap((p) => [
-      ...(p.hub ? [[p.worker, PAUSERS[p.hub.by], since(p.hub.at), p.hub.reason ?? ""]] : []),
-      ...(p.self ? [[p.worker, PAUSERS.self, since(p.self.at), p.self.reason ?? ""]] : []),
+      ...(p.hub
+        ? [[p.worker, PAUSERS[p.hub.by], since(p.hub.at), seen(p), drops(p), p.hub.reason ?? ""]]
+        : []),
+      ...(p.self ? [[p.worker, PAUSERS.self, since(p.self.at), seen(p), drops(p), p.self.reason ?? ""]] : []),
     ]);
     if (rows.length === 0) {
       io.stdout.write("no worker is paused\n");
       return;
     }
-    const table = [["WORKER", "PAUSED BY", "SINCE", "REASON"], ...rows];
-    const widths = [0, 1, 2].map((c) => Math.max(...table.map((r) => (r[c] as string).length)));
+    const table = [["WORKER", "PAUSED BY", "SINCE", "LAST SEEN", "DROPPED AT", "REASON"], ...rows];
+    const widths = [0, 1, 2, 3, 4].map((c) => Math.max(...table.map((r) => (r[c] as string).length)));
     for (const r of table) {
       io.stdout.write(
         `${r
-          .map((cell, c) => (c < 3 ? cell.padEnd(widths[c] as number) : cell))
+          .map((cell, c) => (c < 5 ? cell.padEnd(widths[c] as number) : cell))
           .join("  ")
           .trimEnd()}\n`,
       );

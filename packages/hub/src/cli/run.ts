@@ -271,13 +271,16 @@ function hubEventPrinter(say: Say, io: CliIo): (e: HubEvent) => void {
         return;
       case "pause":
         say(
-          `${CLI_NAME}: worker ${e.worker} ${e.paused ? "paused" : "resumed"} by ${e.by === "self" ? "itself" : `its ${e.by}`}${e.reason ? `: ${e.reason}` : ""}`,
+          e.dropped
+            ? `${CLI_NAME}: worker ${e.worker}'s pause by ${e.by === "self" ? "itself" : `its ${e.by}`} dropped: ${e.dropped === "revoked" ? "the worker was quarantined" : "not seen for --pause-retention"}`
+            : `${CLI_NAME}: worker ${e.worker} ${e.paused ? "paused" : "resumed"} by ${e.by === "self" ? "itself" : `its ${e.by}`}${e.reason ? `: ${e.reason}` : ""}`,
           {
             event: "pause",
             worker: e.worker,
             paused: e.paused,
             by: e.by,
             ...(e.reason ? { reason: e.reason } : {}),
+            ...(e.dropped ? { dropped: e.dropped } : {}),
           },
         );
         return;
@@ -426,6 +429,11 @@ const serve: Command = {
       type: "string",
       description: "enrolment tries an address regains per minute after the burst (default 10)",
     },
+    "pause-retention": {
+      type: "string",
+      description:
+        "days a paused worker may stay unseen before its pause is dropped (default 30; from the pause when later)",
+    },
     "model-dir": { type: "string", description: "directory POST /api/models may register files from" },
     "manifest-dir": { type: "string", description: "where manifests are cached (default beside each model)" },
     private: { type: "boolean", description: "reads need a token too (default: reads are public)" },
@@ -498,6 +506,7 @@ const serve: Command = {
         maxReplicas: int(values, "max-replicas", 4, 1, 1024),
       },
       replicas: int(values, "replicas", 2, 1, 1024),
+      pauseRetentionMs: int(values, "pause-retention", 30, 1, 3650) * DAY_S * 1000,
       allowUnboundTokens: values["allow-unbound-tokens"] === true,
       trustReports: values["trust-reports"] === true,
       onEvent,
