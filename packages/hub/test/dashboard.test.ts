@@ -69,6 +69,9 @@ describe.skipIf(!hasChromium)("dashboard (headless Chromium)", () => {
       // one copy per expert, and fake workers that register without claiming
       replicas: 1,
       requireLeases: false,
+      // the backbone's rate must still be fresh when the page reads it: launching Chromium on a
+      // loaded machine has taken longer than the default 30 s
+      market: { statsStaleMs: 600_000 },
     });
     const l = await hub.listen(0);
     base = l.url;
