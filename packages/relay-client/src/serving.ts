@@ -112,13 +112,14 @@ export class Incoming implements IncomingDispatch {
 
   constructor(
     frame: DispatchFrame,
+    from: string | undefined,
     /** The table that holds it and the link it came in on (its answer goes out there). */
     readonly table: WorkerServing,
     readonly link: FrameLink,
     at: number,
   ) {
     this.id = frame.id;
-    this.from = frame.from ?? "";
+    this.from = from ?? "";
     this.model = frame.model;
     this.layer = frame.layer;
     this.n = frame.n;
@@ -298,21 +299,24 @@ export class WorkerServing {
     this.#o = options;
   }
 
-  /** A `dispatch` frame that reached this worker on `link`. */
-  accept(link: FrameLink, frame: DispatchFrame): void {
+  /**
+   * A `dispatch` frame that reached this worker on `link`, from `from` (default: the frame's
+   * `from`; a direct link's sender is the one its ticket names).
+   */
+  accept(link: FrameLink, frame: DispatchFrame, from = frame.from): void {
     if (this.#incoming.size >= this.#o.maxIncoming || this.#incoming.has(frame.id)) {
       this.#o.send(link, {
         t: "error",
         v: PROTOCOL_VERSION,
         id: frame.id,
-        to: frame.from,
+        to: from,
         code: "MOESWARM_TRANSPORT_LIMIT",
         msg: `worker ${this.#o.id} holds ${this.#incoming.size} dispatches`,
       });
       return;
     }
     const t0 = now();
-    const inc = new Incoming(frame, this, link, t0);
+    const inc = new Incoming(frame, from, this, link, t0);
     this.#incoming.set(frame.id, inc);
     if (inc.due < this.#timerDue) this.#arm(inc, t0);
     const handler = this.#o.onDispatch;
