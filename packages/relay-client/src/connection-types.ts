@@ -102,7 +102,11 @@ export interface IncomingDispatch extends WireExpertRequest {
    * full mode-"each" answer.
    */
   readonly compact: boolean;
-  /** Aborted when the connection drops or the sender's deadline passes: stop computing. */
+  /**
+   * Aborted when the connection drops or the sender's deadline passes: stop computing. Made when
+   * first read (a handler that answers without waiting need not read it); one read after the
+   * deadline or the drop is already aborted, with the same reason.
+   */
   readonly signal: AbortSignal;
   /**
    * Activations as f32, whatever their wire dtype; q8_0/q8_K rows throw NativeError
@@ -121,7 +125,12 @@ export interface IncomingDispatch extends WireExpertRequest {
   fail(error: unknown): boolean;
 }
 
-/** Answers a dispatch: with `y`, or with `fill` to write y into the result frame (respondInto). */
+/**
+ * Answers a dispatch: with `y`, or with `fill` to write y into the result frame (respondInto).
+ * Called while the dispatch frame is handled; an answer returned synchronously is sent at once (no
+ * promise jobs), a promise's when it settles. A thrown or rejected error is sent as an `error`
+ * frame with its code.
+ */
 export type DispatchHandler = (
   request: IncomingDispatch,
 ) => DispatchAnswer | DispatchAnswerInto | Promise<DispatchAnswer | DispatchAnswerInto>;

@@ -331,7 +331,7 @@ class DirectState {
           return;
         }
         // the sender is who the ticket names, whatever the frame says
-        serving.accept(link, { ...frame, from: claims.sub });
+        serving.accept(link, frame, claims.sub);
         return;
       case "ping":
         this.#send(link, { t: "pong", v: PROTOCOL_VERSION, seq: frame.seq, ts: frame.ts });

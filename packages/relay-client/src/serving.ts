@@ -30,8 +30,16 @@ import {
 
 // The worker side: dispatches this worker holds, each answered once (by the onDispatch handler or
 // by whoever reads dispatches()), with its sender's deadline and the link's life as its signal.
+// A dispatch costs no timer, no AbortController and no promise of its own: one timer per serving
+// table (one per link), armed for the earliest deadline, sweeps the expired ones (the dispatch it
+// was armed for expires when it fires, whatever a clock says, as a timer per dispatch would); the
+// controller is made when a handler first reads `signal` (one aborted before that gets a signal
+// already aborted with the same reason); a handler that answers synchronously is answered right
+// there, without promise jobs (an async one is awaited).
 
 const now = () => performance.now();
+/** setTimeout's largest delay: a longer one fires at once (with a TimeoutOverflowWarning). */
+const MAX_TIMER_MS = 0x7fff_ffff;
 
 /** compactSlots written into `out` (the frame's memory): the filled slots' rows, in slot order. */
 function compactSlotsInto(y: Float32Array, ids: Int32Array, embd: number, out: Float32Array): void {
@@ -44,22 +52,42 @@ function compactSlotsInto(y: Float32Array, ids: Int32Array, embd: number, out: F
 }
 
 /**
- * A handler's `{ fill }` answer with its `ms`: the one given; else the time a fill that computes
- * returns; else the handler's time up to the end of the fill.
+ * A `{ fill }` answer's y as the encoder takes it. `t0` set (a handler's answer without `ms`): the
+ * result's ms is the time a fill that computes returns, else the handler's time up to the end of
+ * the fill. One object, no closure.
  */
-function answerInto(answer: DispatchAnswerInto, t0: number): DispatchAnswerInto {
-  if (answer.ms !== undefined) return answer;
-  const fill = answer.fill;
-  return {
-    fill: (y) => {
-      const ms = fill(y);
-      return typeof ms === "number" ? ms : now() - t0;
-    },
-  };
+class FillTensor implements InPlaceTensor {
+  constructor(
+    readonly values: number,
+    readonly answer: DispatchAnswerInto,
+    readonly t0: number | undefined,
+  ) {}
+
+  fill(y: Float32Array): unknown {
+    const ms = this.answer.fill(y);
+    if (this.t0 === undefined) return ms;
+    return typeof ms === "number" ? ms : now() - this.t0;
+  }
 }
 
+/** A compact answer's y: the filled slots' rows of the full answer, copied into the frame. */
+class CompactTensor implements InPlaceTensor {
+  constructor(
+    readonly values: number,
+    readonly y: Float32Array,
+    readonly ids: Int32Array,
+    readonly embd: number,
+  ) {}
+
+  fill(out: Float32Array): void {
+    compactSlotsInto(this.y, this.ids, this.embd, out);
+  }
+}
+
+const isThenable = (v: unknown): v is PromiseLike<unknown> =>
+  typeof (v as PromiseLike<unknown> | undefined)?.then === "function";
+
 export class Incoming implements IncomingDispatch {
-  readonly controller = new AbortController();
   readonly id: number;
   readonly from: string;
   readonly model: string;
@@ -74,18 +102,24 @@ export class Incoming implements IncomingDispatch {
   readonly w: Float32Array | undefined;
   readonly deadline: number | undefined;
   readonly compact: boolean;
-  timer: ReturnType<typeof setTimeout> | undefined;
+  /** performance.now() at which the deadline passes (+Infinity without one). */
+  readonly due: number;
   done = false;
+  /** Made when `signal` is first read. */
+  #controller: AbortController | undefined;
+  /** Why it was aborted (deadline, link lost), once it was. */
+  #reason: Error | undefined;
 
   constructor(
     frame: DispatchFrame,
-    private readonly reply: (
-      self: Incoming,
-      frame: ResultFrame | ResultInPlace | ErrorFrame | undefined,
-    ) => boolean,
+    from: string | undefined,
+    /** The table that holds it and the link it came in on (its answer goes out there). */
+    readonly table: WorkerServing,
+    readonly link: FrameLink,
+    at: number,
   ) {
     this.id = frame.id;
-    this.from = frame.from ?? "";
+    this.from = from ?? "";
     this.model = frame.model;
     this.layer = frame.layer;
     this.n = frame.n;
@@ -98,10 +132,27 @@ export class Incoming implements IncomingDispatch {
     this.w = frame.w;
     this.deadline = frame.deadline;
     this.compact = frame.compact === true && frame.mode === "each";
+    this.due = frame.deadline === undefined ? Number.POSITIVE_INFINITY : at + frame.deadline;
   }
 
   get signal(): AbortSignal {
-    return this.controller.signal;
+    if (this.#controller === undefined) {
+      this.#controller = new AbortController();
+      if (this.#reason !== undefined) this.#controller.abort(this.#reason);
+    }
+    return this.#controller.signal;
+  }
+
+  /** Aborted (its signal is, or will be when read). */
+  get aborted(): boolean {
+    return this.#reason !== undefined;
+  }
+
+  /** Aborts the signal (once), whether or not it was read yet. */
+  abort(reason: Error): void {
+    if (this.#reason !== undefined) return;
+    this.#reason = reason;
+    this.#controller?.abort(reason);
   }
 
   activations(): Float32Array {
@@ -114,7 +165,10 @@ export class Incoming implements IncomingDispatch {
   }
 
   respond(answer: DispatchAnswer): boolean {
-    const y = answer?.y;
+    return this.#respond(answer?.y, answer?.ms);
+  }
+
+  #respond(y: unknown, ms: number | undefined): boolean {
     const expected = this.values;
     if (!(y instanceof Float32Array) || y.length !== expected) {
       return this.fail(
@@ -124,21 +178,19 @@ export class Incoming implements IncomingDispatch {
         ),
       );
     }
-    if (!this.compact) return this.#result(y, answer.ms);
+    if (!this.compact) return this.#result(y, ms, false);
     // the filled slots' rows, copied straight into the frame (no compact array of their own)
     const filled = filledSlots(this.ids);
-    if (filled === this.ids.length) return this.#result(y, answer.ms, true);
-    return this.#result(
-      {
-        values: filled * this.embd,
-        fill: (out: Float32Array) => compactSlotsInto(y, this.ids, this.embd, out),
-      },
-      answer.ms,
-      true,
-    );
+    if (filled === this.ids.length) return this.#result(y, ms, true);
+    return this.#result(new CompactTensor(filled * this.embd, y, this.ids, this.embd), ms, true);
   }
 
   respondInto(answer: DispatchAnswerInto): boolean {
+    return this.#respondInto(answer, undefined);
+  }
+
+  /** `t0`: the handler's start, for the ms of a handler's answer that gives none. */
+  #respondInto(answer: DispatchAnswerInto, t0: number | undefined): boolean {
     const fill = answer?.fill;
     if (typeof fill !== "function") {
       return this.fail(new InvalidArgumentError("respondInto needs { fill(y), ms? }"));
@@ -148,20 +200,53 @@ export class Incoming implements IncomingDispatch {
       const y = new Float32Array(this.values);
       let ms: unknown;
       try {
-        ms = fill(y);
+        ms = answer.fill(y);
       } catch (error) {
         return this.fail(error);
       }
-      return this.respond({ y, ms: answer.ms ?? (typeof ms === "number" ? ms : undefined) });
+      return this.#respond(
+        y,
+        answer.ms ?? (typeof ms === "number" ? ms : t0 === undefined ? undefined : now() - t0),
+      );
     }
     // an exception from fill fails the encoding: the answer goes out as an error frame with its
     // code (as for any result that cannot be encoded); without `ms`, the number fill returns is
     // written as the frame's (after y on the wire: see core's InPlaceTensor)
-    return this.#result({ values: this.values, fill }, answer.ms);
+    return this.#result(
+      new FillTensor(this.values, answer, answer.ms === undefined ? t0 : undefined),
+      answer.ms,
+      false,
+    );
   }
 
-  #result(y: Float32Array | InPlaceTensor, ms: number | undefined, compact = false): boolean {
-    return this.reply(this, {
+  /**
+   * The onDispatch handler's answer (or the exception it threw or rejected with), started at
+   * `t0`: `{ fill }` goes to respondInto, anything else to respond (whose checks refuse what is
+   * not a `y` of the right length). @internal
+   */
+  answer(answer: DispatchAnswer | DispatchAnswerInto | undefined, t0: number): void {
+    try {
+      if (typeof (answer as Partial<DispatchAnswerInto> | undefined)?.fill === "function") {
+        this.#respondInto(answer as DispatchAnswerInto, t0);
+      } else {
+        this.#respond((answer as DispatchAnswer | undefined)?.y, answer?.ms ?? now() - t0);
+      }
+    } catch {
+      // not even an error frame could be sent (the link fails as a close): nothing more to do
+    }
+  }
+
+  /** The handler threw or rejected: its error is the answer. @internal */
+  failed(error: unknown): void {
+    try {
+      this.fail(error);
+    } catch {
+      // as in answer()
+    }
+  }
+
+  #result(y: Float32Array | InPlaceTensor, ms: number | undefined, compact: boolean): boolean {
+    const frame = {
       t: "result",
       v: PROTOCOL_VERSION,
       id: this.id,
@@ -172,13 +257,14 @@ export class Incoming implements IncomingDispatch {
       embd: this.embd,
       y,
       ms,
-      ...(compact ? { compact: true } : {}),
-    } as ResultFrame | ResultInPlace);
+    } as ResultFrame | ResultInPlace;
+    if (compact) frame.compact = true;
+    return this.table.reply(this, frame);
   }
 
   fail(error: unknown): boolean {
     const { code, msg } = errorToWire(error);
-    return this.reply(this, {
+    return this.table.reply(this, {
       t: "error",
       v: PROTOCOL_VERSION,
       id: this.id,
@@ -203,69 +289,109 @@ export class WorkerServing {
   readonly #o: ServingOptions;
   readonly #incoming = new Map<number, Incoming>();
   readonly #inbox = new Channel<Incoming>({ broadcast: false, limit: 1_000_000 });
+  /** The one deadline timer, the time it fires at and the dispatch it was armed for. */
+  #timer: ReturnType<typeof setTimeout> | undefined;
+  #timerDue = Number.POSITIVE_INFINITY;
+  #timerFor: Incoming | undefined;
+  readonly #sweep = () => this.#expire();
 
   constructor(options: ServingOptions) {
     this.#o = options;
   }
 
-  /** A `dispatch` frame that reached this worker on `link`. */
-  accept(link: FrameLink, frame: DispatchFrame): void {
+  /**
+   * A `dispatch` frame that reached this worker on `link`, from `from` (default: the frame's
+   * `from`; a direct link's sender is the one its ticket names).
+   */
+  accept(link: FrameLink, frame: DispatchFrame, from = frame.from): void {
     if (this.#incoming.size >= this.#o.maxIncoming || this.#incoming.has(frame.id)) {
       this.#o.send(link, {
         t: "error",
         v: PROTOCOL_VERSION,
         id: frame.id,
-        to: frame.from,
+        to: from,
         code: "MOESWARM_TRANSPORT_LIMIT",
         msg: `worker ${this.#o.id} holds ${this.#incoming.size} dispatches`,
       });
       return;
     }
-    const inc = new Incoming(frame, (self, reply) => this.#reply(link, self, reply));
+    const t0 = now();
+    const inc = new Incoming(frame, from, this, link, t0);
     this.#incoming.set(frame.id, inc);
-    if (frame.deadline !== undefined) {
-      inc.timer = setTimeout(() => {
-        inc.controller.abort(
-          new TransportError("MOESWARM_TRANSPORT_TIMEOUT", `dispatch ${frame.id} outlived its deadline`),
-        );
-        if (!inc.done) {
-          inc.done = true;
-          this.#incoming.delete(inc.id);
-        }
-      }, frame.deadline);
-      inc.timer.unref?.();
-    }
+    if (inc.due < this.#timerDue) this.#arm(inc, t0);
     const handler = this.#o.onDispatch;
     if (!handler) {
       this.#inbox.push(inc);
       return;
     }
-    const t0 = now();
-    Promise.resolve()
-      .then(() => handler(inc))
-      .then(
-        (answer) =>
-          typeof (answer as Partial<DispatchAnswerInto> | undefined)?.fill === "function"
-            ? inc.respondInto(answerInto(answer as DispatchAnswerInto, t0))
-            : inc.respond({
-                y: (answer as DispatchAnswer | undefined)?.y as Float32Array,
-                ms: answer?.ms ?? now() - t0,
-              }),
-        (error: unknown) => inc.fail(error),
-      )
-      .catch(() => {});
+    let answer: ReturnType<DispatchHandler>;
+    try {
+      answer = handler(inc);
+    } catch (error) {
+      inc.failed(error);
+      return;
+    }
+    if (isThenable(answer)) {
+      answer.then(
+        (a) => inc.answer(a, t0),
+        (error: unknown) => inc.failed(error),
+      );
+    } else inc.answer(answer, t0);
   }
 
-  /** Sends a dispatch's answer once, on the link it came in on, while that link lives. */
-  #reply(
-    link: FrameLink,
-    self: Incoming,
-    reply: ResultFrame | ResultInPlace | ErrorFrame | undefined,
-  ): boolean {
+  /** (Re)arms the one timer for `inc`'s deadline; it never holds the process open. */
+  #arm(inc: Incoming, at: number): void {
+    if (this.#timer !== undefined) clearTimeout(this.#timer);
+    const delay = Math.max(0, inc.due - at);
+    this.#timerDue = inc.due;
+    // a deadline past setTimeout's limit (~24.8 days) is swept when it is due, not when the
+    // timer, armed for the limit, fires
+    this.#timerFor = delay <= MAX_TIMER_MS ? inc : undefined;
+    this.#timer = setTimeout(this.#sweep, Math.min(delay, MAX_TIMER_MS));
+    this.#timer.unref?.();
+  }
+
+  #disarm(): void {
+    if (this.#timer !== undefined) clearTimeout(this.#timer);
+    this.#timer = undefined;
+    this.#timerDue = Number.POSITIVE_INFINITY;
+    this.#timerFor = undefined;
+  }
+
+  /** The timer fired: its dispatch and every other one past its deadline are aborted and dropped. */
+  #expire(): void {
+    const first = this.#timerFor;
+    this.#disarm();
+    const at = now();
+    let next: Incoming | undefined;
+    // (deleting the entry being visited is safe in a Map's iteration)
+    for (const inc of this.#incoming.values()) {
+      if (inc === first || inc.due <= at) {
+        inc.abort(
+          new TransportError("MOESWARM_TRANSPORT_TIMEOUT", `dispatch ${inc.id} outlived its deadline`),
+        );
+        // (an abort listener may have answered it)
+        if (!inc.done) {
+          inc.done = true;
+          this.#incoming.delete(inc.id);
+        }
+      } else if (inc.due < (next?.due ?? Number.POSITIVE_INFINITY)) next = inc;
+    }
+    if (next !== undefined) this.#arm(next, at);
+  }
+
+  /**
+   * Sends a dispatch's answer once, on the link it came in on, while that link lives.
+   * @internal (Incoming calls it)
+   */
+  reply(self: Incoming, reply: ResultFrame | ResultInPlace | ErrorFrame | undefined): boolean {
+    const link = self.link;
     if (self.done || this.#incoming.get(self.id) !== self || link !== this.#o.link()) return false;
     self.done = true;
-    clearTimeout(self.timer);
     this.#incoming.delete(self.id);
+    // the timer stays armed (re-arming it per answer would cost a timer per dispatch again): when
+    // it fires it sweeps whatever is due then; it keeps no answered dispatch (and its frame) alive
+    if (this.#timerFor === self) this.#timerFor = undefined;
     if (!reply) return true;
     try {
       this.#o.send(link, reply);
@@ -287,18 +413,21 @@ export class WorkerServing {
   abortAll(cause: Error): void {
     const incoming = [...this.#incoming.values()];
     this.#incoming.clear();
+    this.#disarm();
     for (const inc of incoming) {
       inc.done = true;
-      clearTimeout(inc.timer);
-      inc.controller.abort(
-        new TransportError("MOESWARM_TRANSPORT_CLOSED", "relay connection lost", { cause }),
-      );
+      inc.abort(new TransportError("MOESWARM_TRANSPORT_CLOSED", "relay connection lost", { cause }));
     }
+  }
+
+  /** Dispatches held (received, not yet answered, aborted or timed out). */
+  get size(): number {
+    return this.#incoming.size;
   }
 
   /** Incoming dispatches, when no onDispatch handler is set. Ends at end(). */
   dispatches(options: { signal?: AbortSignal } = {}): AsyncIterableIterator<IncomingDispatch> {
-    return this.#inbox.iterate({ signal: options.signal, filter: (d) => !d.done && !d.signal.aborted });
+    return this.#inbox.iterate({ signal: options.signal, filter: (d) => !d.done && !d.aborted });
   }
 
   end(): void {

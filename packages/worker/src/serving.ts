@@ -21,11 +21,29 @@ import {
   isTransient,
   type RelayConnection,
 } from "@moeswarm/relay-client";
+import type { RunRequest } from "@moeswarm/worker-native";
 import { DirectServedReport, publishDirect, startDirect } from "./direct.js";
 import type { WorkerEventBody } from "./events.js";
 import type { Settings } from "./options.js";
 import { codeOf, jitter, message } from "./run-helpers.js";
-import type { SliceRouter } from "./slice-router.js";
+import type { RunOutput, SliceRouter } from "./slice-router.js";
+
+/** The answer's activations as the compute takes them: q8 rows as they came, others as f32. */
+function runRequestOf(req: IncomingDispatch): RunRequest {
+  // q8_0/q8_K rows go to the compute as they came: a CPU compute of the native core takes them,
+  // any other refuses them (MOESWARM_NATIVE_WIRE_DTYPE) and the sender sends f32
+  const q8 = isQuantizedActivationDtype(req.dtype);
+  const request: { -readonly [K in keyof RunRequest]: RunRequest[K] } = {
+    layer: req.layer,
+    x: q8 ? (req.x as Uint8Array) : req.activations(),
+    ids: req.ids,
+    k: req.k,
+    mode: req.mode,
+  };
+  if (q8) request.xType = req.dtype as RunRequest["xType"];
+  if (req.w) request.w = req.w;
+  return request;
+}
 
 // The serving side of a run: the relay connection, the dispatches it brings (routed to the slices'
 // computes), what was served, and the drain.
@@ -94,11 +112,7 @@ export class Serving {
       this.#direct = await startDirect(s.direct, {
         id: s.id,
         hub: s.hub,
-        onDispatch: async (req) => {
-          const answer = await this.answer(req);
-          this.#served?.report.add(req.from, req.model, req.ids);
-          return answer;
-        },
+        onDispatch: (req) => this.#answerDirect(req),
         emit: (body) => this.#ctx.emit(body),
         signal: stop,
       });
@@ -193,68 +207,53 @@ export class Serving {
   /**
    * Answers one dispatch (the relay and the direct server call it): `{ y, ms }` from a compute on
    * the thread pool or `{ fill }`, which writes the answer into the result frame (a small
-   * request is computed right there) and returns its ms.
+   * request is computed right there) and returns its ms. A request the compute runs inline is
+   * answered without a promise (relay-client then sends it at once); a refusal is thrown.
    */
-  async answer(req: IncomingDispatch): Promise<DispatchAnswer | DispatchAnswerInto> {
-    if (this.#draining) {
-      throw new TransportError("MOESWARM_TRANSPORT_DRAINING", `worker ${this.#ctx.s.id} is draining`);
+  answer(
+    req: IncomingDispatch,
+  ): DispatchAnswer | DispatchAnswerInto | Promise<DispatchAnswer | DispatchAnswerInto> {
+    let router: SliceRouter;
+    let request: RunRequest;
+    let inline: RunOutput | undefined;
+    const t0 = performance.now();
+    try {
+      if (this.#draining) {
+        throw new TransportError("MOESWARM_TRANSPORT_DRAINING", `worker ${this.#ctx.s.id} is draining`);
+      }
+      router = this.#routerOf(req);
+      traceHop("worker.run", req.layer);
+      request = runRequestOf(req);
+      // layer and expert ids are checked against the slices (InvalidArgumentError); the signal is
+      // not read (relay-client makes it only when asked): a dispatch it gets is not aborted yet,
+      // one aborted while it waited in dispatches() is not handed out
+      inline = router.inlineOutput(request);
+    } catch (error) {
+      this.#dispatchFailed(req, error);
+      throw error;
     }
+    if (inline) return this.#fillAnswer(req, inline, t0);
+    return this.#answerLater(req, router, request, t0);
+  }
+
+  /** answer() of a request computed on the thread pool or split over slices. */
+  async #answerLater(
+    req: IncomingDispatch,
+    router: SliceRouter,
+    request: RunRequest,
+    t0: number,
+  ): Promise<DispatchAnswer | DispatchAnswerInto> {
     this.#inFlight++;
     try {
-      const router = this.routers.get(req.model);
-      if (!router || router.size === 0) {
-        throw new InvalidArgumentError(
-          `model ${req.model} is not served here (${[...this.routers.keys()].join(", ") || "nothing yet"})`,
-        );
-      }
-      if (req.embd !== router.nEmbd) {
-        throw new InvalidArgumentError(`embd ${req.embd} does not match the slice's n_embd ${router.nEmbd}`);
-      }
-      const t0 = performance.now();
-      traceHop("worker.run", req.layer);
-      // layer and expert ids are checked against the slices (InvalidArgumentError)
-      const output = await router.runOutput(
-        {
-          layer: req.layer,
-          // q8_0/q8_K rows go to the compute as they came: a CPU compute of the native core takes
-          // them, any other refuses them (MOESWARM_NATIVE_WIRE_DTYPE) and the sender sends f32
-          ...(isQuantizedActivationDtype(req.dtype)
-            ? { x: req.x as Uint8Array, xType: req.dtype }
-            : { x: req.activations() }),
-          ids: req.ids,
-          k: req.k,
-          ...(req.w ? { w: req.w } : {}),
-          mode: req.mode,
-        },
-        { signal: req.signal },
-      );
+      const output = await router.runOutput(request, { signal: req.signal });
       if (output.y) {
         traceHop("worker.ran", req.layer);
         this.#served1(req);
         return { y: output.y, ms: performance.now() - t0 };
       }
       // written straight into the result frame (relay-client's respondInto), without an array of
-      // its own: a small request's compute itself (the addon's runSync into the frame), or the
-      // rows of a dispatch split over slices, or their weighted sum. `ms` is known once written:
-      // fill returns it, and the frame carries it (it follows y on the wire)
-      return {
-        fill: (y: Float32Array) => {
-          try {
-            if (y.length !== output.values) {
-              throw new InvalidArgumentError(
-                `the answer has ${output.values} values, the result ${y.length}`,
-              );
-            }
-            output.write(y);
-          } catch (error) {
-            this.#dispatchFailed(req, error);
-            throw error;
-          }
-          traceHop("worker.ran", req.layer);
-          this.#served1(req);
-          return performance.now() - t0;
-        },
-      };
+      // its own: the rows of a dispatch split over slices, or their weighted sum
+      return this.#fillAnswer(req, output, t0);
     } catch (error) {
       this.#dispatchFailed(req, error);
       throw error;
@@ -262,6 +261,56 @@ export class Serving {
       this.#inFlight--;
       if (this.#inFlight === 0) for (const w of this.#idleWaiters.splice(0)) w();
     }
+  }
+
+  /** answer() on the direct link: what it answered is counted for the hub's credits. */
+  #answerDirect(req: IncomingDispatch): ReturnType<Serving["answer"]> {
+    const answer = this.answer(req);
+    if (!(answer instanceof Promise)) {
+      this.#served?.report.add(req.from, req.model, req.ids);
+      return answer;
+    }
+    return answer.then((a) => {
+      this.#served?.report.add(req.from, req.model, req.ids);
+      return a;
+    });
+  }
+
+  #routerOf(req: IncomingDispatch): SliceRouter {
+    const router = this.routers.get(req.model);
+    if (!router || router.size === 0) {
+      throw new InvalidArgumentError(
+        `model ${req.model} is not served here (${[...this.routers.keys()].join(", ") || "nothing yet"})`,
+      );
+    }
+    if (req.embd !== router.nEmbd) {
+      throw new InvalidArgumentError(`embd ${req.embd} does not match the slice's n_embd ${router.nEmbd}`);
+    }
+    return router;
+  }
+
+  /**
+   * `{ fill }`: `output` written into the result frame's y (a small request's compute itself, the
+   * addon's runSync into the frame), counted as served or failed. `fill` returns the ms since
+   * `t0`, which the frame carries (it follows y on the wire). (`fill` may be called detached.)
+   */
+  #fillAnswer(req: IncomingDispatch, output: RunOutput, t0: number): DispatchAnswerInto {
+    return { fill: (y: Float32Array) => this.#filled(req, output, y, t0) };
+  }
+
+  #filled(req: IncomingDispatch, output: RunOutput, y: Float32Array, t0: number): number {
+    try {
+      if (y.length !== output.values) {
+        throw new InvalidArgumentError(`the answer has ${output.values} values, the result ${y.length}`);
+      }
+      output.write(y);
+    } catch (error) {
+      this.#dispatchFailed(req, error);
+      throw error;
+    }
+    traceHop("worker.ran", req.layer);
+    this.#served1(req);
+    return performance.now() - t0;
   }
 
   #served1(req: IncomingDispatch): void {

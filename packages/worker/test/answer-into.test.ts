@@ -105,7 +105,10 @@ describe.skipIf(!status.available)("the worker's answer written into the result 
     for (const n of [1, 2, SYNC_MAX_TOKENS, SYNC_MAX_TOKENS + 1]) {
       for (const mode of ["each", "sum"] as const) {
         const req = dispatch(n, mode, 10 * n + (mode === "sum" ? 1 : 0));
-        const answer = await serving.answer(req);
+        const got = serving.answer(req);
+        // computed inline: answered without a promise (relay-client sends it at once)
+        expect(got instanceof Promise, `n=${n} ${mode}: a promise`).toBe(n > SYNC_MAX_TOKENS);
+        const answer = await got;
         // the old path: the pool's array, in a frame of its own
         const old = await pooled.run({
           layer: req.layer,
