@@ -4,6 +4,7 @@
 // libggml) always runs; the Vulkan path runs on lavapipe wherever it is installed (CI installs it);
 // issue #19's heap corruption there and its workaround: see the comments on the Vulkan block.
 
+import { execFileSync } from "node:child_process";
 import { cosine, sumSlots } from "@moeswarm/core";
 import { ggmlTypeName } from "@moeswarm/shard";
 import { tempDir } from "@moeswarm/testkit";
@@ -126,6 +127,21 @@ describe.skipIf(Boolean(missing))("a slice with another ggml type per layer", ()
     await using compute = await loadExpertCompute(model.path, { backend: "native", threads: 1 });
     await runAll(compute, model, 0.9995);
   }, 120_000);
+
+  // the lavapipe guard (native/worker/vk-lavapipe-guard.cpp) works only if libggml-vulkan.so's
+  // imports of these two bind to the executable's: they must be in its dynamic symbol table
+  it("the worker executable exports the Vulkan entry points its lavapipe guard interposes", async (ctx) => {
+    let symbols: string;
+    try {
+      symbols = execFileSync("nm", ["-D", "--defined-only", llamaExpertWorkerPath()], { encoding: "utf8" });
+    } catch (error) {
+      console.warn(`skipping the export check: nm (binutils) did not run: ${(error as Error).message}`);
+      return ctx.skip();
+    }
+    for (const name of ["vkGetInstanceProcAddr", "vkGetDeviceProcAddr"]) {
+      expect(symbols, name).toMatch(new RegExp(`\\sT\\s${name}$`, "m"));
+    }
+  });
 
   // Issue #19: on lavapipe this process used to die (SIGABRT "corrupted double-linked list" /
   // "double free or corruption (!prev)", or SIGSEGV in a libvulkan_lvp.so queue thread) in its second
