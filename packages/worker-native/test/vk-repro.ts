@@ -12,6 +12,11 @@
 // in DIR/run-<i>.gdb.log, the child's stdio stays the wire); --under valgrind as memcheck
 // (DIR/run-<i>.vg.log). --binary runs another build of the executable (an AddressSanitizer one).
 // The exit status is 1 when any run crashed or answered wrongly.
+//
+// The cause (found 2026-12-02): lavapipe frees the resource of a VkBuffer that ggml-vulkan destroyed
+// (a preallocated buffer that grew) twice, on its queue thread; the worker keeps such buffers alive
+// on lavapipe (native/worker/vk-lavapipe-guard.cpp). `--env MOESWARM_VK_KEEP_DESTROYED_BUFFERS=0`
+// turns that off, to see the crash again on the same build.
 
 import { mkdirSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";

@@ -13,7 +13,10 @@
 // (test/llama-cpu.test.ts checks it), and the backbone's prefill batches (hundreds of tokens x k)
 // are served without the operator sizing anything. Growing by replacing the whole allocator was
 // the other option; it frees and reallocates device memory just the same, which is what the
-// experiments point at, so it was not chosen.
+// experiments point at, so it was not chosen. (The cause, found later: on lavapipe, destroying a
+// VkBuffer it has bound makes its queue thread free that buffer's resource twice; the worker now
+// keeps destroyed buffers alive there, native/worker/vk-lavapipe-guard.cpp. The reservation stays:
+// a GPU worker's memory is known at load.)
 //
 // Every graph built after load is planned once with a second, non-allocating allocator (`measure`)
 // and refused (MOESWARM_NATIVE_COMPUTE) if it would need more than the reservation, so ggml-alloc
