@@ -94,6 +94,7 @@ export {
   WIRE_ACTIVATION_DTYPES,
   type WireActivationDtype,
 } from "./frames.js";
+export { MAIN_TENSOR_ALIGN, MAIN_TENSOR_KEY, PAD_KEY } from "./frames.js";
 export {
   encodeLengthPrefixed,
   FrameReader,
