@@ -14,7 +14,10 @@ import { bytesOf } from "./tensor.js";
 // pass, in the canonical form of docs/protocol.md that msgpackr emits for the other frames
 // (the smallest int for every safe integer, float64 for any other number, the smallest str
 // header). Packing the runs between tensors with msgpackr cost four calls and their views per
-// frame, most of a small frame's encoding.
+// frame, most of a small frame's encoding. The padding entry `_` (protocol section 8, rule 9) is
+// written right before the main tensor (`x`, `y`) with the length that puts the tensor's data at a
+// multiple of 8 from the payload's first byte; the payload's first byte is placed 8-byte aligned in
+// memory, so the tensor is aligned there too and stays so within the frame as it travels.
 
 /** Frame types that carry tensors: written here. */
 export const TENSOR_FRAME_TYPES: ReadonlySet<FrameType> = new Set(
