@@ -80,6 +80,9 @@ export {
   type HelloFrame,
   isFrameType,
   isQuantizedActivationDtype,
+  MAIN_TENSOR_ALIGN,
+  MAIN_TENSOR_KEY,
+  PAD_KEY,
   type PeerRole,
   type PingFrame,
   type PongFrame,
@@ -94,7 +97,6 @@ export {
   WIRE_ACTIVATION_DTYPES,
   type WireActivationDtype,
 } from "./frames.js";
-export { MAIN_TENSOR_ALIGN, MAIN_TENSOR_KEY, PAD_KEY } from "./frames.js";
 export {
   encodeLengthPrefixed,
   FrameReader,
