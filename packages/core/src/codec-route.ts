@@ -1,11 +1,16 @@
+import { PAD_ENTRY_BYTES, padBytes, writePad } from "./codec-write.js";
 import { ProtocolError } from "./errors.js";
-import { PROTOCOL_VERSION } from "./frames.js";
+import { MAIN_TENSOR_KEY, PAD_KEY, PROTOCOL_VERSION } from "./frames.js";
 import { Kind, MsgpackReader } from "./msgpack-read.js";
 
 // Forwarding a frame with new routing fields without decoding or re-encoding its payload: the
 // relay patches `id`, `to` and `from` of a dispatch or result it has validated (decodeFrame with
-// `raw: true`) and copies every other entry's bytes as they came. On a canonical frame the output
-// is byte for byte what encodeFrame would write for `{ ...frame, id, to, from }`.
+// `raw: true`) and copies every other entry's bytes as they came. The new routing fields change the
+// length of what comes before the main tensor (`x`, `y`), so the padding entry that aligns it
+// (protocol section 8) is written anew: any padding the frame came with is dropped, and one of the
+// right length goes right before the main tensor, also into a frame that came without one (an
+// older sender's). On a canonical frame the output is byte for byte what encodeFrame would write
+// for `{ ...frame, id, to, from }`.
 
 /** The routing fields a relay sets on a frame it forwards. */
 export interface RoutePatch {
@@ -73,11 +78,20 @@ function isKey(bytes: Uint8Array, pos: number, length: number, key: string): boo
   return true;
 }
 
+/** The `what` (2 `x`, 3 `y`) of the main tensor of a frame type given as its bytes, or 0 for none. */
+function mainTensorOf(t: Uint8Array): number {
+  const name = String.fromCharCode(...t.subarray(0, 16));
+  const key = Object.hasOwn(MAIN_TENSOR_KEY, name) ? MAIN_TENSOR_KEY[name as "dispatch"] : undefined;
+  return key === "x" ? 2 : key === "y" ? 3 : 0;
+}
+
 /**
  * `frame` (one frame's msgpack bytes, already validated by decodeFrame) with its `id`, `to` and
  * `from` replaced by `patch` (an undefined `to` or `from` is left out), `t` and `v` first, then
- * `id`, `to`, `from`, then every other entry's bytes unchanged in their order. The payload is
- * copied once, never decoded. A ProtocolError MOESWARM_PROTOCOL_FRAME_TOO_LARGE when the new
+ * `id`, `to`, `from`, then every other entry's bytes unchanged in their order, except that a
+ * `dispatch` or `result` gets a new padding entry `_` right before its main tensor (any padding it
+ * had is dropped) so that the tensor's data starts at a multiple of 8 in the new frame. The payload
+ * is copied once, never decoded. A ProtocolError MOESWARM_PROTOCOL_FRAME_TOO_LARGE when the new
  * fields push it over `maxFrameBytes`.
  */
 export function rerouteFrame(frame: Uint8Array, patch: RoutePatch, maxFrameBytes: number): Uint8Array {
@@ -93,7 +107,10 @@ interface ReroutePlan {
   t: Uint8Array;
   to: Uint8Array | undefined;
   from: Uint8Array | undefined;
-  /** The kept entries as [start, end) byte ranges of `frame`. */
+  /**
+   * The kept entries as [start, end) byte ranges of `frame`; a pair [-1, pad] stands for the
+   * padding entry with `pad` padding bytes.
+   */
   ranges: number[];
   size: number;
 }
@@ -105,9 +122,10 @@ function planReroute(frame: Uint8Array, patch: RoutePatch, maxFrameBytes: number
   const r = new MsgpackReader(frame);
   if (r.head() !== Kind.map) throw new ProtocolError("a frame is a msgpack map");
   const count = r.num;
-  // the kept entries as [start, end) byte ranges, adjacent ones merged
-  const ranges: number[] = [];
-  let kept = 0;
+  // every entry but the routing fields as [start, end, what] (0 any, 1 padding, 2 `x`, 3 `y`, with
+  // the tensor's byte length in `tensorBytes`); which ones are padding and main is known once `t` is
+  const entries: number[] = [];
+  const tensorBytes = [0, 0];
   let t: Uint8Array | undefined;
   for (let i = 0; i < count; i++) {
     const start = r.pos;
@@ -130,20 +148,54 @@ function planReroute(frame: Uint8Array, patch: RoutePatch, maxFrameBytes: number
       break;
     }
     if (routing) continue;
-    kept++;
-    if (ranges.length > 0 && ranges[ranges.length - 1] === start) ranges[ranges.length - 1] = end;
-    else ranges.push(start, end);
+    let what = 0;
+    if (isKey(frame, keyAt, keyLength, PAD_KEY)) what = 1;
+    else if (keyLength === 1 && (frame[keyAt] === 0x78 || frame[keyAt] === 0x79)) {
+      // `x` or `y`: its length, from its bin header (a main tensor of another type is refused below)
+      r.pos = valueAt;
+      if (r.head() === Kind.bin) {
+        what = frame[keyAt] === 0x78 ? 2 : 3;
+        tensorBytes[what - 2] = r.num;
+      }
+      r.pos = end;
+    }
+    entries.push(start, end, what);
   }
   if (t === undefined)
     throw new ProtocolError("MOESWARM_PROTOCOL_MISSING_FIELD", "the frame type `t` is missing");
   const to = patch.to === undefined ? undefined : strBytes(patch.to);
   const from = patch.from === undefined ? undefined : strBytes(patch.from);
-  const keys = kept + 3 + (to ? 1 : 0) + (from ? 1 : 0);
+  let main = mainTensorOf(t);
+  // (a validated dispatch or result has its main tensor; without one, padding is any other entry)
+  let found = false;
+  for (let i = 2; i < entries.length; i += 3) found ||= entries[i] === main;
+  if (!found) main = 0;
+  let kept = 0;
+  for (let i = 2; i < entries.length; i += 3) kept += main !== 0 && entries[i] === 1 ? 0 : 1;
+  const keys = kept + 3 + (to ? 1 : 0) + (from ? 1 : 0) + (main !== 0 ? 1 : 0);
   let size = keys < 16 ? 1 : 3;
   size += 2 + strSize(t.byteLength) + 2 + uintSize(PROTOCOL_VERSION) + 3 + uintSize(patch.id);
   if (to) size += 3 + strSize(to.byteLength);
   if (from) size += 5 + strSize(from.byteLength);
-  for (let i = 0; i < ranges.length; i += 2) size += ranges[i + 1]! - ranges[i]!;
+  // the kept entries as ranges, adjacent ones merged, the new padding entry before the main tensor
+  const ranges: number[] = [];
+  for (let i = 0; i < entries.length; i += 3) {
+    const start = entries[i]!;
+    const end = entries[i + 1]!;
+    const what = entries[i + 2]!;
+    if (what === 1 && main !== 0) continue;
+    if (what === main && main !== 0) {
+      const pad = padBytes(size, main === 2 ? "x" : "y", tensorBytes[main - 2]!);
+      ranges.push(-1, pad);
+      size += PAD_ENTRY_BYTES + pad;
+    } else if (ranges.length > 0 && ranges[ranges.length - 1] === start) {
+      ranges[ranges.length - 1] = end;
+      size += end - start;
+      continue;
+    }
+    ranges.push(start, end);
+    size += end - start;
+  }
   if (size > maxFrameBytes) {
     throw new ProtocolError(
       "MOESWARM_PROTOCOL_FRAME_TOO_LARGE",
@@ -179,6 +231,10 @@ function writeReroute(plan: ReroutePlan, out: Uint8Array): Uint8Array {
     at = writeStr(out, at, from);
   }
   for (let i = 0; i < ranges.length; i += 2) {
+    if (ranges[i]! < 0) {
+      at = writePad(out, at, ranges[i + 1]!);
+      continue;
+    }
     out.set(frame.subarray(ranges[i]!, ranges[i + 1]!), at);
     at += ranges[i + 1]! - ranges[i]!;
   }

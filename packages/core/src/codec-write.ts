@@ -1,4 +1,12 @@
-import { FRAME_FIELDS, type Frame, type FrameType, PROTOCOL_VERSION } from "./frames.js";
+import {
+  FRAME_FIELDS,
+  type Frame,
+  type FrameType,
+  MAIN_TENSOR_ALIGN,
+  MAIN_TENSOR_KEY,
+  PAD_KEY,
+  PROTOCOL_VERSION,
+} from "./frames.js";
 import { bytesOf } from "./tensor.js";
 
 // The writer of frames with tensors (dispatch, result): their other fields are numbers, short
@@ -6,7 +14,10 @@ import { bytesOf } from "./tensor.js";
 // pass, in the canonical form of docs/protocol.md that msgpackr emits for the other frames
 // (the smallest int for every safe integer, float64 for any other number, the smallest str
 // header). Packing the runs between tensors with msgpackr cost four calls and their views per
-// frame, most of a small frame's encoding.
+// frame, most of a small frame's encoding. The padding entry `_` (protocol section 8, rule 9) is
+// written right before the main tensor (`x`, `y`) with the length that puts the tensor's data at a
+// multiple of 8 from the payload's first byte; the payload's first byte is placed 8-byte aligned in
+// memory, so the tensor is aligned there too and stays so within the frame as it travels.
 
 /** Frame types that carry tensors: written here. */
 export const TENSOR_FRAME_TYPES: ReadonlySet<FrameType> = new Set(
@@ -35,6 +46,8 @@ interface Layout {
   /** Each field's rule type, in canonical order. */
   readonly types: readonly string[];
   readonly names: readonly string[];
+  /** Index of the main tensor's field (`x`, `y`): the padding entry is written before it. */
+  readonly main: number;
 }
 
 const LAYOUTS = new Map<FrameType, Layout>();
@@ -45,7 +58,9 @@ for (const t of TENSOR_FRAME_TYPES) {
     keys: specs.map((s) => String.fromCharCode(0xa0 | s.key.length) + s.key),
     types: specs.map((s) => s.rule.type),
     names: specs.map((s) => s.key),
+    main: specs.findIndex((s) => s.key === MAIN_TENSOR_KEY[t]),
   });
+  if (LAYOUTS.get(t)!.main < 0) throw new Error(`codec-write knows no main tensor of ${t}`);
 }
 
 // A tensor not yet computed (a result's y written in place, see codec-encode's InPlaceTensor) is
@@ -148,7 +163,32 @@ function utf8Length(s: string): number {
 }
 
 const strHeaderSize = (n: number): number => (n < 32 ? 1 : n < 0x100 ? 2 : n < 0x1_0000 ? 3 : 5);
-const binHeaderSize = (n: number): number => (n < 0x100 ? 2 : n < 0x1_0000 ? 3 : 5);
+/** Bytes of the smallest bin header for `n` bytes of data. */
+export const binHeaderSize = (n: number): number => (n < 0x100 ? 2 : n < 0x1_0000 ? 3 : 5);
+
+/** The padding entry without padding bytes: its key (fixstr `_`) and a bin 8 header. */
+export const PAD_ENTRY_BYTES = 2 + 2;
+const PAD_ENTRY_HEAD = [0xa0 | PAD_KEY.length, PAD_KEY.charCodeAt(0), 0xc4];
+
+/**
+ * The padding bytes (0..7) of the entry that starts `at` bytes into a payload and is followed by
+ * the main tensor's entry, key `key` (a fixstr) and `bytes` bytes of data: the number that puts
+ * that data at a multiple of MAIN_TENSOR_ALIGN from the payload's first byte.
+ */
+export function padBytes(at: number, key: string, bytes: number): number {
+  const dataAt = at + PAD_ENTRY_BYTES + 1 + key.length + binHeaderSize(bytes);
+  return (MAIN_TENSOR_ALIGN - (dataAt % MAIN_TENSOR_ALIGN)) % MAIN_TENSOR_ALIGN;
+}
+
+/** Writes the padding entry of `pad` zero bytes at `at`; returns the offset after it. */
+export function writePad(out: Uint8Array, at: number, pad: number): number {
+  out[at] = PAD_ENTRY_HEAD[0]!;
+  out[at + 1] = PAD_ENTRY_HEAD[1]!;
+  out[at + 2] = PAD_ENTRY_HEAD[2]!;
+  out[at + 3] = pad;
+  out.fill(0, at + 4, at + 4 + pad);
+  return at + 4 + pad;
+}
 
 function writeStr(out: Buffer, at: number, s: string, n: number): number {
   if (n < 32) out[at++] = 0xa0 | n;
@@ -202,17 +242,13 @@ export interface Written {
   /** The payload (after `reserve` zero bytes), a view of the memory `alloc` returned. */
   bytes: Uint8Array;
   /**
-   * Offset in `bytes` of the main tensor's data (the first bin of >= 64 bytes, or a hole;
-   * 8-byte aligned), or -1.
+   * Offset in `bytes` of the main tensor's data (`x`, `y`): at a multiple of 8 from the payload's
+   * first byte (the padding entry before it sees to that) and 8-byte aligned in memory.
    */
   mainAt: number;
   /** Offset in `bytes` of the hole's data (bytes left unwritten), or -1. */
   holeAt: number;
 }
-
-// The first tensor of at least this size is the main one, placed 8-byte aligned in memory so that
-// decoding it in this process, or after a transport that keeps the alignment, is a view.
-const LARGE_BIN = 64;
 
 /**
  * Writes a validated frame with tensors, `reserve` zero bytes first, into `memory`;
@@ -228,9 +264,10 @@ export function writeTensorFrame(
 ): Written {
   const o = frame as unknown as Record<string, unknown>;
   const layout = LAYOUTS.get(frame.t)!;
-  const { keys, types, names } = layout;
+  const { keys, types, names, main } = layout;
   const count = names.length;
-  let entries = 2;
+  // the padding entry and the main tensor are always there (the tensor is a required field)
+  let entries = 3;
   let size = layout.head.length;
   let tensorAt = -1;
   for (let i = 0; i < count; i++) {
@@ -238,6 +275,8 @@ export function writeTensorFrame(
     values[i] = value;
     if (value === undefined) continue;
     entries++;
+    // the padding entry without its padding bytes, counted once the map header is known
+    if (i === main) size += PAD_ENTRY_BYTES;
     size += keys[i]!.length;
     switch (types[i]) {
       case "uint":
@@ -258,23 +297,24 @@ export function writeTensorFrame(
         tensors[i] = tensor;
         const n = tensor.byteLength;
         size += binHeaderSize(n);
-        // (offsets counted from after the map header, corrected below); a hole is a view of its
-        // own for the caller to write into: aligned too, whatever its size
-        if (tensorAt < 0 && (n >= LARGE_BIN || tensor.buffer === holeBuffer)) tensorAt = size;
+        // (offset counted from after the map header and without padding bytes, corrected below)
+        if (i === main) tensorAt = size;
         size += n;
       }
     }
   }
   const mapHeader = entries < 16 ? 1 : 3;
-  size += mapHeader;
-  if (tensorAt >= 0) tensorAt += mapHeader;
+  const pad = (MAIN_TENSOR_ALIGN - ((mapHeader + tensorAt) % MAIN_TENSOR_ALIGN)) % MAIN_TENSOR_ALIGN;
+  size += mapHeader + pad;
+  tensorAt += mapHeader + pad;
   if (size > max) {
     tensors.fill(undefined);
     values.fill(undefined);
     throw tooLarge(size, max);
   }
-  // shift the payload so that the main tensor's data lands 8-byte aligned (buffers start so)
-  const shift = tensorAt < 0 ? 0 : (8 - ((reserve + tensorAt) % 8)) % 8;
+  // shift the payload so that its first byte, and so the main tensor's data, lands 8-byte aligned
+  // (buffers start so)
+  const shift = (MAIN_TENSOR_ALIGN - (reserve % MAIN_TENSOR_ALIGN)) % MAIN_TENSOR_ALIGN;
   const out = memory.alloc(shift + reserve + size);
   // every byte after shift + reserve is written below; the ones before are not, and memory that
   // is not zero-filled (fresh or reused) would show old bytes there
@@ -295,6 +335,7 @@ export function writeTensorFrame(
     if (value === undefined) continue;
     // no reference to the caller's values outlives the call
     values[i] = undefined;
+    if (i === main) at = writePad(out, at, pad);
     const key = keys[i]!;
     for (let j = 0; j < key.length; j++) out[at + j] = key.charCodeAt(j);
     at += key.length;
@@ -321,7 +362,7 @@ export function writeTensorFrame(
   }
   return {
     bytes: new Uint8Array(out.buffer, out.byteOffset + shift, reserve + size),
-    mainAt: tensorAt < 0 ? -1 : reserve + tensorAt,
+    mainAt: reserve + tensorAt,
     holeAt,
   };
 }

@@ -307,6 +307,21 @@ export const FRAME_FIELDS: Readonly<Record<FrameType, readonly FieldSpec[]>> = O
   drain: [f("reason", { type: "str", min: 0, max: L.reasonBytes }, false)],
 });
 
+/**
+ * The padding entry (docs/protocol.md section 8): a `bin` of 0..7 zero bytes, keyed `_`, written
+ * right before the main tensor of a `dispatch` (`x`) or `result` (`y`) so that the tensor's data
+ * starts at a multiple of 8 from the payload's first byte. It is not a field: decoders skip it as
+ * they skip any unknown key, and a relay writes it anew when it reroutes a frame.
+ */
+export const PAD_KEY = "_";
+/** The frame types that carry a main tensor, and its key: the padding entry comes before it. */
+export const MAIN_TENSOR_KEY: Readonly<Partial<Record<FrameType, string>>> = Object.freeze({
+  dispatch: "x",
+  result: "y",
+});
+/** The alignment (bytes, from the payload's first byte) the padding gives the main tensor's data. */
+export const MAIN_TENSOR_ALIGN = 8;
+
 /** Fields of the `caps` map of `hello`, in canonical order; all optional. */
 export const CAPS_FIELDS: readonly FieldSpec[] = Object.freeze([
   f("backends", { type: "strs", maxItems: L.capsItems, min: 1, max: L.nameBytes }, false),

@@ -37,13 +37,46 @@ export function plainObject(frame: Frame): Record<string, unknown> {
 }
 /**
  * The frame's bytes as @msgpack/msgpack (an independent encoder) writes it, in hex: tensors as byte
- * bins, and -0 as the integer 0 (which the canonical form writes for it).
+ * bins, -0 as the integer 0 (which the canonical form writes for it), and the padding entry
+ * (`padded`).
  */
 export function msgpackHex(frame: Frame): string {
   const o: Record<string, unknown> = {};
   for (const [k, v] of Object.entries(frame))
     o[k] = ArrayBuffer.isView(v) ? bytes(v) : Object.is(v, -0) ? 0 : v;
-  return hex(msgpackEncode(o));
+  return hex(msgpackEncode(padded(o)));
+}
+
+const MAIN: Record<string, string> = { dispatch: "x", result: "y" };
+
+/**
+ * A dispatch or result as a plain object in canonical order (bins as bytes) with the padding entry
+ * `_` of the canonical form (docs/protocol.md section 8) inserted right before `x` / `y`: an oracle
+ * for the encoders that knows nothing of them. Where the tensor's data starts is measured on
+ * @msgpack/msgpack's own encoding of the entries before it; the map header is that of the whole
+ * map. Other frames come back as they are.
+ */
+export function padded(o: Record<string, unknown>): Record<string, unknown> {
+  const main = MAIN[o.t as string];
+  if (main === undefined || !(main in o)) return o;
+  const keys = Object.keys(o).filter((k) => k !== "_");
+  const before: Record<string, unknown> = {};
+  for (const k of keys.slice(0, keys.indexOf(main))) before[k] = o[k];
+  before._ = new Uint8Array(0);
+  const mapHeader = (n: number) => (n < 16 ? 1 : 3);
+  const tensor = o[main] as Uint8Array;
+  const entries = msgpackEncode(before).byteLength - mapHeader(Object.keys(before).length);
+  const dataAt =
+    mapHeader(keys.length + 1) +
+    entries +
+    msgpackEncode(main).byteLength +
+    (msgpackEncode(tensor).byteLength - tensor.byteLength);
+  const out: Record<string, unknown> = {};
+  for (const k of keys) {
+    if (k === main) out._ = new Uint8Array((8 - (dataAt % 8)) % 8);
+    out[k] = o[k];
+  }
+  return out;
 }
 export function pack(o: unknown): Uint8Array {
   return msgpackEncode(o);

@@ -58,7 +58,7 @@ export const VECTORS: Vector[] = [
   },
   {
     name: "dispatch-f32-each",
-    note: 'n=2 tokens, embd=4, k=2 slots, f32 activations, mode "each" (no `w`); slot (1,1) is empty (id -1).',
+    note: 'n=2 tokens, embd=4, k=2 slots, f32 activations, mode "each" (no `w`); slot (1,1) is empty (id -1). The padding entry `_` before `x` holds 3 zero bytes, so that the data of `x` starts at byte 64.',
     frame: dispatchFrame({
       id: 7,
       model: "m",
@@ -74,7 +74,7 @@ export const VECTORS: Vector[] = [
   },
   {
     name: "dispatch-f16-sum",
-    note: 'The same activations as f16 bits, mode "sum" with router weights, relay addressing and a deadline: 16 keys, so a map16 header (0xde 0x00 0x10); `id` 300 is a uint16.',
+    note: 'The same activations as f16 bits, mode "sum" with router weights, relay addressing and a deadline: 17 keys with the padding entry, so a map16 header (0xde 0x00 0x11), and 1 padding byte puts `x` at byte 80; `id` 300 is a uint16.',
     frame: dispatchFrame({
       id: 300,
       to: "w1",
@@ -94,7 +94,7 @@ export const VECTORS: Vector[] = [
   },
   {
     name: "dispatch-bf16",
-    note: "One token, embd=2, one slot, bf16 bits (1.0 = 0x3f80, -2.0 = 0xc000).",
+    note: "One token, embd=2, one slot, bf16 bits (1.0 = 0x3f80, -2.0 = 0xc000); 2 padding bytes.",
     frame: dispatchFrame({
       id: 0,
       model: "m",
@@ -111,12 +111,12 @@ export const VECTORS: Vector[] = [
   },
   {
     name: "result-each",
-    note: "The answer to `dispatch-f32-each`: `n*k*embd` = 16 f32, zero for the empty slot; `ms` is a float64.",
+    note: "The answer to `dispatch-f32-each`: `n*k*embd` = 16 f32, zero for the empty slot (1 padding byte puts `y` at byte 48); `ms` is a float64.",
     frame: resultFrame({ id: 7, mode: "each", n: 2, k: 2, embd: 4, y: yEach, ms: 1.5 }),
   },
   {
     name: "result-sum",
-    note: "The same outputs reduced with the weights of `dispatch-f16-sum` (products rounded to f32, summed in slot order, empty slot skipped): token 0 = `0.75*[1,2,3,4] + 0.25*[-4,8,0.5,0]` = `[-0.25, 3.5, 2.375, 3]`; token 1 = `1*[0.25,-1,2,16]`. `ms` 2 is an integer, so a fixint.",
+    note: "The same outputs reduced with the weights of `dispatch-f16-sum` (products rounded to f32, summed in slot order, empty slot skipped): token 0 = `0.75*[1,2,3,4] + 0.25*[-4,8,0.5,0]` = `[-0.25, 3.5, 2.375, 3]`; token 1 = `1*[0.25,-1,2,16]`. `ms` 2 is an integer, so a fixint; 2 padding bytes.",
     frame: resultFrame({ id: 300, to: "bb", from: "w1", mode: "sum", n: 2, k: 2, embd: 4, y: ySum, ms: 2 }),
   },
   {

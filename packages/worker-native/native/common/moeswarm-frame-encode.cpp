@@ -35,6 +35,20 @@ static void write_route(moeswarm_mp_writer * w, const moeswarm_frame * req) {
     }
 }
 
+// The padding entry `_` (a bin of 0..7 zero bytes) that comes right before the main tensor `x` or
+// `y` (protocol section 8): it puts the tensor's first data byte at a multiple of 8 from the
+// payload's first byte (`start` in the buffer), so that a receiver holding the payload at an
+// aligned address reads the tensor in place. `n` is the tensor's byte length (its bin header).
+static void write_pad(moeswarm_mp_writer * w, size_t start, size_t n) {
+    const size_t bin_header = n <= 0xff ? 2 : n <= 0xffff ? 3 : 5;
+    // the entry without padding bytes (key 2, bin 8 header 2), then the tensor's key and header
+    const size_t at  = w->buf.size() - start + 4 + 2 + bin_header;
+    const size_t pad = (8 - at % 8) % 8;
+    write_key(w, "_");
+    moeswarm_mp_write_bin_reserve(w, pad);
+    memset(w->buf.data() + w->buf.size() - pad, 0, pad);
+}
+
 void moeswarm_frame_write_hello(struct moeswarm_mp_writer * w, const char * id, const char * backend, uint32_t max_frame) {
     write_envelope(w, 4, "hello");
     write_key(w, "role");
@@ -134,7 +148,8 @@ void moeswarm_frame_write_result(
         struct moeswarm_mp_writer * w, const struct moeswarm_frame * req, const float * y, size_t n_y, double ms) {
     // a compact answer to a compact dispatch: the filled slots' rows only (protocol section 5)
     const bool compact = req->compact && req->mode == MOESWARM_MODE_EACH;
-    write_envelope(w, 7 + route_fields(req) + (compact ? 1 : 0), "result");
+    const size_t start = w->buf.size();
+    write_envelope(w, 8 + route_fields(req) + (compact ? 1 : 0), "result");
     write_key(w, "id");
     moeswarm_mp_write_uint(w, req->id);
     write_route(w, req);
@@ -146,7 +161,6 @@ void moeswarm_frame_write_result(
     moeswarm_mp_write_uint(w, req->k);
     write_key(w, "embd");
     moeswarm_mp_write_uint(w, req->embd);
-    write_key(w, "y");
     // little-endian hosts only (x86-64, aarch64): the floats are their own wire bytes
     if (compact) {
         const size_t nk = (size_t) req->n * req->k;
@@ -157,6 +171,8 @@ void moeswarm_frame_write_result(
             filled += id >= 0 ? 1 : 0;
         }
         const size_t row = (size_t) req->embd;
+        write_pad(w, start, filled * row * sizeof(float));
+        write_key(w, "y");
         uint8_t * dst    = moeswarm_mp_write_bin_reserve(w, filled * row * sizeof(float));
         for (size_t s = 0; s < nk && s * row < n_y; ++s) {
             int32_t id;
@@ -168,6 +184,8 @@ void moeswarm_frame_write_result(
             dst += row * sizeof(float);
         }
     } else {
+        write_pad(w, start, n_y * sizeof(float));
+        write_key(w, "y");
         uint8_t * dst = moeswarm_mp_write_bin_reserve(w, n_y * sizeof(float));
         memcpy(dst, y, n_y * sizeof(float));
     }
@@ -182,7 +200,8 @@ void moeswarm_frame_write_result(
 void moeswarm_frame_write_dispatch(struct moeswarm_mp_writer * w, const struct moeswarm_dispatch_desc * d) {
     const size_t nk   = (size_t) d->n * d->k;
     const bool with_w = d->weights != nullptr;
-    write_envelope(w, 10 + (with_w ? 1 : 0), "dispatch");
+    const size_t start = w->buf.size();
+    write_envelope(w, 11 + (with_w ? 1 : 0), "dispatch");
     write_key(w, "id");
     moeswarm_mp_write_uint(w, d->id);
     write_key(w, "model");
@@ -195,6 +214,7 @@ void moeswarm_frame_write_dispatch(struct moeswarm_mp_writer * w, const struct m
     moeswarm_mp_write_uint(w, d->embd);
     write_key(w, "dtype");
     moeswarm_mp_write_cstr(w, "f32");
+    write_pad(w, start, (size_t) d->n * d->embd * sizeof(float));
     write_key(w, "x");
     moeswarm_mp_write_bin(w, d->x, (size_t) d->n * d->embd * sizeof(float));
     write_key(w, "k");

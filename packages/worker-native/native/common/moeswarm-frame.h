@@ -4,7 +4,8 @@
 // TypeScript) as the executable worker needs them: decoding and validating any frame in the
 // order of section 6 (unknown keys skipped, the first failure reported with its
 // MOESWARM_PROTOCOL_* code), and encoding hello, register, result, error and pong canonically
-// (section 8).
+// (section 8; a result's and a dispatch's padding entry `_`, rule 9, included: the decoder skips
+// it as any unknown key).
 
 #include "moeswarm-error.h"
 #include "moeswarm-mode.h"

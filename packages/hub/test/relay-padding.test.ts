@@ -1,0 +1,127 @@
+// The relay writes the padding entry `_` (docs/protocol.md section 8, rule 9) anew on every
+// dispatch and result it forwards: frames from an older sender (no padding) and frames whose
+// padding no longer fits after the routing fields changed arrive in canonical form, `x` and `y`
+// at a multiple of 8 within the frame, with the same values.
+import {
+  type DispatchFrame,
+  decodeFrame,
+  encodeFrame,
+  type Frame,
+  PROTOCOL_VERSION,
+  type ResultFrame,
+} from "@moeswarm/core";
+import { rng } from "@moeswarm/testkit";
+import { decode as msgpackDecode, encode as msgpackEncode } from "@msgpack/msgpack";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import WebSocket from "ws";
+import { listenRelay, mintToken, type RelayListener } from "../src/index.js";
+import { randomRequest, waitFor } from "./helpers.js";
+
+const SECRET = "padding-test-secret-0123456789abcdef";
+const MODEL = "test-moe";
+let listener: RelayListener;
+const sockets: WebSocket[] = [];
+
+/** A bare WebSocket peer that keeps every frame's bytes as received. */
+async function peer(role: "worker" | "backbone", id: string) {
+  const ws = new WebSocket(listener.url);
+  sockets.push(ws);
+  const received: Uint8Array[] = [];
+  const waiters: Array<(b: Uint8Array) => void> = [];
+  ws.on("message", (data: Buffer) => {
+    const frame = decodeFrame(data);
+    if (frame.t === "ping") {
+      ws.send(encodeFrame({ t: "pong", v: PROTOCOL_VERSION, seq: frame.seq, ts: frame.ts }));
+      return;
+    }
+    if (frame.t !== "dispatch" && frame.t !== "result") return;
+    const bytes = new Uint8Array(data); // a copy: the frame's own bytes, at offset 0
+    const waiter = waiters.shift();
+    if (waiter) waiter(bytes);
+    else received.push(bytes);
+  });
+  await new Promise((resolve, reject) => {
+    ws.once("open", resolve);
+    ws.once("error", reject);
+  });
+  ws.send(encodeFrame({ t: "hello", v: 1, role, id, token: mintToken({ role, id, ttlS: 60 }, SECRET) }));
+  return {
+    send: (bytes: Uint8Array) => ws.send(bytes, { binary: true }),
+    next: (): Promise<Uint8Array> =>
+      received.length > 0
+        ? Promise.resolve(received.shift()!)
+        : new Promise((resolve) => waiters.push(resolve)),
+  };
+}
+
+/** The frame as an older encoder wrote it: the canonical entries without `_`, or with `pad` in its place. */
+function asOlder(frame: Frame, pad?: Uint8Array): Uint8Array {
+  const o = msgpackDecode(encodeFrame(frame)) as Record<string, unknown>;
+  expect(o._).toBeInstanceOf(Uint8Array); // (this encoder pads)
+  delete o._;
+  if (pad !== undefined) o._ = pad; // at the end, of the wrong length
+  return msgpackEncode(o);
+}
+
+/** Checks a forwarded frame: canonical (so padded as encodeFrame pads) with the values expected. */
+function expectCanonical(bytes: Uint8Array, expected: Frame): void {
+  expect(msgpackDecode(bytes)).toHaveProperty("_");
+  const frame = decodeFrame(bytes);
+  expect(Buffer.from(encodeFrame(frame)).equals(Buffer.from(bytes))).toBe(true);
+  expect(frame).toEqual(expected);
+}
+
+beforeAll(async () => {
+  listener = await listenRelay({ secret: SECRET, heartbeatMs: 1000, deadPeerMs: 10_000 });
+});
+
+afterAll(async () => {
+  for (const ws of sockets) ws.close();
+  await listener?.close();
+});
+
+describe("the relay's padding", () => {
+  it("pads an older sender's dispatch and an older worker's result, and fixes padding that no longer fits", async () => {
+    const worker = await peer("worker", "old-worker");
+    worker.send(encodeFrame({ t: "register", v: 1, model: MODEL, layers: [0], experts: [0, 1, 2, 3] }));
+    const backbone = await peer("backbone", "old-backbone");
+    await waitFor(
+      () => listener.relay.workers().some((w) => w.id === "old-worker" && w.slices.length === 1),
+      "the worker's registration",
+    );
+    const rand = rng(15);
+    for (const [i, n, pad] of [
+      [1, 1, undefined],
+      [2, 3, Uint8Array.of(9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9)],
+      [70_000, 17, undefined],
+    ] as const) {
+      const req = randomRequest(rand, { n, embd: 48, k: 2, experts: 4, mode: "each" });
+      const dispatch = {
+        t: "dispatch",
+        v: 1,
+        id: i,
+        to: "old-worker",
+        dtype: "f32",
+        ...req,
+      } as DispatchFrame;
+      backbone.send(asOlder(dispatch, pad));
+      const forwarded = await worker.next();
+      const relayed = decodeFrame(forwarded) as DispatchFrame;
+      expectCanonical(forwarded, { ...dispatch, id: relayed.id, from: "old-backbone" });
+      const result: ResultFrame = {
+        t: "result",
+        v: 1,
+        id: relayed.id,
+        mode: "each",
+        n,
+        k: 2,
+        embd: 48,
+        y: new Float32Array(n * 2 * 48).map(() => rand()),
+        ms: 0.5,
+      };
+      worker.send(asOlder(result, pad));
+      const answer = await backbone.next();
+      expectCanonical(answer, { ...result, id: i, from: "old-worker", to: "old-backbone" });
+    }
+  });
+});
