@@ -17,8 +17,10 @@ export function withHedge(call: CallState, hedgeMs: number | "adaptive"): Interc
 
 async function hedged(call: CallState, next: Answer, hedgeMs: number, ask: Ask): Promise<Part> {
   const { worker, experts, avoid } = ask;
-  const cancelFirst = new AbortController();
-  const first = next({ ...ask, cancel: cancelFirst.signal });
+  // with liveness the twin never cancels the first request (see below): no controller, which
+  // saves an AbortController and a listener on every hedged request
+  const cancelFirst = call.liveness ? undefined : new AbortController();
+  const first = next({ ...ask, cancel: cancelFirst?.signal });
   const early = await settledWithin(first, hedgeMs);
   if (early !== undefined) {
     if ("error" in early) throw early.error;
@@ -52,7 +54,7 @@ async function hedged(call: CallState, next: Answer, hedgeMs: number, ask: Ask):
         // with liveness the slow request runs on to its own deadline (its answer is dropped): a
         // worker that hangs then times out and its circuit opens, instead of being hedged around
         // on every call
-        if (!call.liveness) cancelFirst.abort(twinFirst());
+        cancelFirst?.abort(twinFirst());
         resolve(part);
       },
       (error: unknown) => {

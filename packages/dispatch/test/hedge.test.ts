@@ -7,6 +7,7 @@ import {
   type ExpertRequest,
   type ExpertResult,
   type ExpertTransport,
+  Liveness,
   Placement,
 } from "../src/index.js";
 import { randomHidden, randomRouting, sameBits, tinyModel } from "./helpers.js";
@@ -124,6 +125,37 @@ describe("hedged requests (hedgeMs)", () => {
     expect(log[0]!.aborted()).toBe(true);
     // the cancelled loser is not a failure
     expect(Object.values(r.metrics.owners).reduce((n, o) => n + o.failures, 0)).toBe(0);
+  });
+
+  it("with liveness the twin's win leaves the first request running to its own deadline", async () => {
+    const { transport, log } = slowTransport({ a: { delayMs: 5000 }, b: { delayMs: 5000 } });
+    const first = { done: false };
+    const quick: ExpertTransport = {
+      trusted: true,
+      request(to, req, options) {
+        if (!first.done) {
+          first.done = true;
+          return transport.request(to, req, options);
+        }
+        return Promise.resolve(compute(req, { signal: new AbortController().signal }));
+      },
+    };
+    const r = await after(
+      20,
+      dispatchExpertsDetailed(hidden, routing, {
+        layer: 0,
+        placement: twoReplicas(),
+        transport: quick,
+        mode: "each",
+        hedgeMs: 20,
+        liveness: new Liveness(),
+      }),
+    );
+    expect(sameBits(r.output, await healthy())).toBe(true);
+    expect(r.metrics).toMatchObject({ hedges: 1, hedgeWins: 1, requests: 2 });
+    expect(log).toHaveLength(1);
+    // not cancelled: a worker that hangs must time out so that its circuit opens
+    expect(log[0]!.aborted()).toBe(false);
   });
 
   it("a worker that answers within hedgeMs is never hedged", async () => {
