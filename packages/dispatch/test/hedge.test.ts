@@ -93,21 +93,26 @@ async function healthy(): Promise<Float32Array> {
   ).output;
 }
 
+/** Whichever worker is asked first stays silent (5 s); every later request is answered at once. */
+function silentFirst() {
+  const { transport, log } = slowTransport({ a: { delayMs: 5000 }, b: { delayMs: 5000 } });
+  let asked = false;
+  const quick: ExpertTransport = {
+    trusted: true,
+    request(to, req, options) {
+      if (!asked) {
+        asked = true;
+        return transport.request(to, req, options);
+      }
+      return Promise.resolve(compute(req, { signal: new AbortController().signal }));
+    },
+  };
+  return { quick, log };
+}
+
 describe("hedged requests (hedgeMs)", () => {
   it("a silent worker's experts go to a replica, whose answer is used; the first request is cancelled", async () => {
-    const { transport, log } = slowTransport({ a: { delayMs: 5000 }, b: { delayMs: 5000 } });
-    // whichever is asked first stays silent; the twin answers at once
-    const first = { done: false };
-    const quick: ExpertTransport = {
-      trusted: true,
-      request(to, req, options) {
-        if (!first.done) {
-          first.done = true;
-          return transport.request(to, req, options);
-        }
-        return Promise.resolve(compute(req, { signal: new AbortController().signal }));
-      },
-    };
+    const { quick, log } = silentFirst();
     // the hedge fires at 20 ms; the silent request (5 s) is never waited for
     const r = await after(
       20,
@@ -128,18 +133,7 @@ describe("hedged requests (hedgeMs)", () => {
   });
 
   it("with liveness the twin's win leaves the first request running to its own deadline", async () => {
-    const { transport, log } = slowTransport({ a: { delayMs: 5000 }, b: { delayMs: 5000 } });
-    const first = { done: false };
-    const quick: ExpertTransport = {
-      trusted: true,
-      request(to, req, options) {
-        if (!first.done) {
-          first.done = true;
-          return transport.request(to, req, options);
-        }
-        return Promise.resolve(compute(req, { signal: new AbortController().signal }));
-      },
-    };
+    const { quick, log } = silentFirst();
     const r = await after(
       20,
       dispatchExpertsDetailed(hidden, routing, {
