@@ -651,10 +651,10 @@ public:
         }
         core_->listen_fd = listen_on(host, (uint16_t) port, &core_->port, err);
         if (core_->listen_fd < 0) {
-            throw_error(env, "MOESWARM_TRANSPORT_LISTEN", err);
+            throw_error(env, "MOESWARM_NATIVE_LISTEN", err);
         }
         if (pipe2(core_->wake, O_CLOEXEC) != 0) {
-            throw_error(env, "MOESWARM_TRANSPORT_LISTEN", std::string("pipe: ") + strerror(errno));
+            throw_error(env, "MOESWARM_NATIVE_LISTEN", std::string("pipe: ") + strerror(errno));
         }
         core_->on_hello = hello_fn::New(env, o.Get("onHello").As<Napi::Function>(), "moeswarm-native-hello", 0, 1, core_.get());
         // the listener alone does not keep the process alive (the worker's relay link does)
