@@ -5,25 +5,17 @@
 // bits of the same model computed here; SIGTERM drains it (exit 0), and what it answered natively
 // reaches the hub's credits where the backbone's receipts agree.
 import { type ChildProcess, spawn } from "node:child_process";
-import { createHash } from "node:crypto";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
-import { connect } from "node:tls";
 import { fileURLToPath } from "node:url";
-import {
-  decodeFrame,
-  encodeLengthPrefixed,
-  type Frame,
-  FrameReader,
-  type PlacementRegistrationJson,
-  type ResultFrame,
-} from "@moeswarm/core";
+import type { PlacementRegistrationJson, ResultFrame } from "@moeswarm/core";
 import { type Hub, mintToken } from "@moeswarm/hub";
 import type { TempDir } from "@moeswarm/testkit";
 import { loadExpertCompute, probeNative } from "@moeswarm/worker-native";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { WorkerEvent } from "../src/events.js";
 import { startTestHub, waitPlacement } from "./fixtures.js";
+import { dial, ticketFor } from "./native-fixtures.js";
 
 const BIN = fileURLToPath(new URL("../dist/worker-cli.js", import.meta.url));
 const MODEL = "qwen3moe-tiny";
@@ -57,47 +49,6 @@ afterAll(async () => {
   await hub?.close();
   work?.remove();
 });
-
-/** One TLS connection to the native listener: frames out, decoded frames in, in order. */
-async function dial(address: string) {
-  const [, host, port] = /^(.*):(\d+)$/.exec(address) as RegExpExecArray;
-  const socket = connect({ host, port: Number(port), rejectUnauthorized: false });
-  await new Promise<void>((resolve, reject) => {
-    socket.once("secureConnect", resolve);
-    socket.once("error", reject);
-  });
-  const reader = new FrameReader();
-  const frames: Array<Frame | undefined> = [];
-  let wake: (() => void) | undefined;
-  socket.on("data", (chunk: Buffer) => {
-    for (const p of reader.push(chunk)) frames.push(decodeFrame(p));
-    wake?.();
-  });
-  socket.on("close", () => {
-    frames.push(undefined);
-    wake?.();
-  });
-  socket.on("error", () => {});
-  const der = socket.getPeerCertificate().raw;
-  return {
-    fingerprint: createHash("sha256").update(der).digest("hex").toUpperCase().match(/../g)!.join(":"),
-    send: (f: Frame) => socket.write(encodeLengthPrefixed(f)),
-    async next(): Promise<Frame | undefined> {
-      while (frames.length === 0) await new Promise<void>((r) => (wake = r));
-      return frames.shift();
-    },
-    close: () => socket.destroy(),
-  };
-}
-
-async function ticketFor(worker: string, token: string): Promise<string> {
-  const r = await fetch(`${url}/api/direct/tickets`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
-    body: JSON.stringify({ worker }),
-  });
-  return ((await r.json()) as { ticket: string }).ticket;
-}
 
 describe.skipIf(!native.available)("moeswarm-worker --listen-native (the built bin, its own process)", () => {
   it("publishes its native address, admits a hub ticket, answers with the local bits, is credited after the drain", async () => {
@@ -157,6 +108,7 @@ describe.skipIf(!native.available)("moeswarm-worker --listen-native (the built b
     // a ticket the hub minted for another backbone is refused
     const stranger = await dial(reg.direct!.native![0]!);
     const otherTicket = await ticketFor(
+      url,
       "wnat",
       mintToken({ role: "backbone", id: "bb2", ttlS: 600 }, SECRET),
     );
@@ -166,7 +118,7 @@ describe.skipIf(!native.available)("moeswarm-worker --listen-native (the built b
 
     const c = await dial(reg.direct!.native![0]!);
     expect(c.fingerprint).toBe(reg.direct!.fingerprint); // the pin holds
-    c.send({ t: "hello", v: 1, role: "backbone", id: "bb", token: await ticketFor("wnat", bbToken) });
+    c.send({ t: "hello", v: 1, role: "backbone", id: "bb", token: await ticketFor(url, "wnat", bbToken) });
     expect(await c.next()).toMatchObject({ t: "hello", role: "backbone", id: "bb", token: "" });
     const layer = reg.layers[0]!;
     const e = reg.experts;
