@@ -120,7 +120,7 @@ struct server_core {
 // done(code, message) refuses. A throw refuses as an invalid ticket.
 void js_hello(Napi::Env env, Napi::Function cb, server_core * core, hello_call * call) {
     std::unique_ptr<hello_call> owned(call);
-    if (env == nullptr || core == nullptr) {
+    if (env == nullptr || core == nullptr || core->stopping) {
         return; // the function is being torn down: the connection's wait ends with stopping
     }
     std::shared_ptr<verdict> v = call->v;
@@ -135,23 +135,27 @@ void js_hello(Napi::Env env, Napi::Function cb, server_core * core, hello_call *
         v->msg = std::move(msg);
         core->cv.notify_all();
     };
-    Napi::Function done = Napi::Function::New(env, [settle](const Napi::CallbackInfo & info) {
-        if (info.Length() > 0 && info[0].IsBoolean() && info[0].As<Napi::Boolean>().Value()) {
-            settle(true, "", "");
-        } else {
-            const std::string code = info.Length() > 0 && info[0].IsString()
-                ? info[0].As<Napi::String>().Utf8Value() : "MOESWARM_AUTH_TICKET_INVALID";
-            const std::string msg = info.Length() > 1 && info[1].IsString()
-                ? info[1].As<Napi::String>().Utf8Value() : "direct-link ticket refused";
-            settle(false, code, msg);
-        }
-        return info.Env().Undefined();
-    }, "done");
+    // nothing may escape into the thread-safe function's caller: at the environment's teardown
+    // (a call queued before close) any N-API call may fail and throw
     try {
+        Napi::Function done = Napi::Function::New(env, [settle](const Napi::CallbackInfo & info) {
+            if (info.Length() > 0 && info[0].IsBoolean() && info[0].As<Napi::Boolean>().Value()) {
+                settle(true, "", "");
+            } else {
+                const std::string code = info.Length() > 0 && info[0].IsString()
+                    ? info[0].As<Napi::String>().Utf8Value() : "MOESWARM_AUTH_TICKET_INVALID";
+                const std::string msg = info.Length() > 1 && info[1].IsString()
+                    ? info[1].As<Napi::String>().Utf8Value() : "direct-link ticket refused";
+                settle(false, code, msg);
+            }
+            return info.Env().Undefined();
+        }, "done");
         cb.Call({ Napi::String::New(env, call->backbone), Napi::String::New(env, call->ticket),
                   Napi::String::New(env, call->remote), done });
     } catch (const Napi::Error & e) {
         settle(false, "MOESWARM_AUTH_TICKET_INVALID", e.Message());
+    } catch (...) {
+        settle(false, "MOESWARM_AUTH_TICKET_INVALID", "the hello could not be checked");
     }
 }
 
