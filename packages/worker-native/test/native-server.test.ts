@@ -14,7 +14,15 @@ import {
 import { GgmlType } from "@moeswarm/shard";
 import { tempDir } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { NativeExpertCompute, type NativeServer, nativeSliceOf, serveNative } from "../src/index.js";
+import {
+  llamaCppBinsDir,
+  llamaCpuAddonPath,
+  loadLlamaCpuCompute,
+  NativeExpertCompute,
+  type NativeServer,
+  nativeSliceOf,
+  serveNative,
+} from "../src/index.js";
 import { bitsEqual, normals, randomIds, randomWeights, writeModel, writeSlice } from "./fixtures.js";
 import { K, N_EMBD, nativeOrSkip } from "./sync-fixture.js";
 
@@ -24,6 +32,19 @@ import { K, N_EMBD, nativeOrSkip } from "./sync-fixture.js";
 // the pinned fingerprint, the served counts, and a close (or an exit) with connections open.
 
 const { status } = await nativeOrSkip("the native listener tests");
+// the llama-cpu build of the addon (what the demo's workers compute with) has its own listener
+let llamaMissing: string | undefined = llamaCpuAddonPath() ? undefined : "the llama-cpu addon is not built";
+try {
+  llamaCppBinsDir();
+} catch (error) {
+  llamaMissing ??= (error as Error).message;
+}
+if (llamaMissing) {
+  if (process.env.CI && process.platform === "linux" && process.arch === "x64") {
+    throw new Error(`CI must build the llama-cpu addon: ${llamaMissing}`);
+  }
+  console.warn(`skipping the llama-cpu listener test: ${llamaMissing}`);
+}
 const MODEL = "synthetic/native";
 const WORKER = "w-native";
 
@@ -326,3 +347,48 @@ describe.skipIf(!status.available)("native listener (NativeServer)", () => {
     expect(code).toBe(0);
   }, 30_000);
 });
+
+describe.skipIf(!status.available || llamaMissing !== undefined)(
+  "native listener of the llama-cpu addon",
+  () => {
+    const tmp = tempDir("moeswarm-wn-native-llama-");
+    afterAll(() => tmp.remove());
+
+    it("serves a llama-cpu slice with its bits, and leaves out a slice of the other addon build", async () => {
+      const model = await writeModel(
+        { type: GgmlType.Q4_K, nEmbd: N_EMBD, nFf: 256, nExpert: 8, layers: [1], seed: 91 },
+        tmp.dir,
+      );
+      await using llama = await loadLlamaCpuCompute(model.path, { threads: 1 });
+      await using other = await NativeExpertCompute.load(model.path, { threads: 1 });
+      const s = await serveNative({
+        host: "127.0.0.1",
+        ...(await selfSigned(tmp.dir)),
+        id: WORKER,
+        compute: "llama-cpu",
+        admit: () => {},
+      });
+      try {
+        const taken = s.setRoutes([
+          { model: MODEL, layer: 1, slice: nativeSliceOf(other)! },
+          { model: "llama/model", layer: 1, slice: nativeSliceOf(llama)! },
+        ]);
+        expect(taken.map((r) => r.model)).toEqual(["llama/model"]);
+        const c = new Client(s.port);
+        expect(await c.hello("t")).toMatchObject({ t: "hello" });
+        const ids = randomIds(4, K, [0, 1, 2, 3, 4, 5, 6, 7], 5, 2);
+        const d = dispatch(3, 1, ids, { model: "llama/model" }) as Extract<Frame, { t: "dispatch" }>;
+        c.send(d);
+        const r = (await c.next()) as ResultFrame;
+        const want = await llama.run({ layer: 1, x: d.x as Float32Array, ids, k: K, w: d.w!, mode: "sum" });
+        expect(r.t).toBe("result");
+        expect(bitsEqual(r.y, want)).toBe(true);
+        c.send(dispatch(4, 1, ids)); // MODEL: the native build's slice was not routed
+        expect(await c.next()).toMatchObject({ t: "error", id: 4, code: "MOESWARM_INVALID_ARGUMENT" });
+        c.close();
+      } finally {
+        s.close();
+      }
+    }, 60_000);
+  },
+);
