@@ -293,6 +293,26 @@ describe.skipIf(!status.available)("native listener (NativeServer)", () => {
     c.close();
   });
 
+  it("at most 64 connections wait for their hello: the next one gets MOESWARM_TRANSPORT_LIMIT, and room comes back", async () => {
+    const waiting = Array.from({ length: 64 }, () => new Client(server.port));
+    // counted from the accept, before the handshake that `ready` waits for
+    await Promise.all(waiting.map((c) => c.ready));
+    const over = new Client(server.port);
+    await over.ready;
+    expect(await over.next()).toMatchObject({ t: "error", code: "MOESWARM_TRANSPORT_LIMIT" });
+    expect(await over.next()).toBeUndefined();
+    for (const c of waiting) c.close();
+    // their threads see the close and make room
+    let admitted: Frame | undefined;
+    for (let i = 0; i < 50 && admitted?.t !== "hello"; i++) {
+      await new Promise((r) => setTimeout(r, 50));
+      const c = new Client(server.port);
+      admitted = await c.hello("good-for-bb-9", "bb-9");
+      c.close();
+    }
+    expect(admitted).toMatchObject({ t: "hello", id: "bb-9" });
+  });
+
   it("close() with connections open returns, and their sockets end", async () => {
     const tls = await selfSigned(tmp.dir);
     const s = await serveNative({ host: "127.0.0.1", ...tls, id: WORKER, admit: () => {} });
