@@ -200,6 +200,14 @@ describe.skipIf(!status.available)("native listener (NativeServer)", () => {
     expect(e).toMatchObject({ t: "error", code: "MOESWARM_AUTH_MISSING" });
     expect((e as { id?: number }).id).toBeUndefined();
     expect(await c.next()).toBeUndefined(); // then closed
+    // a first frame bigger than any hello is refused before it is read
+    const big = new Client(server.port);
+    await big.ready;
+    const prefix = Buffer.alloc(4);
+    prefix.writeUInt32LE(1 << 20);
+    big.socket.write(prefix);
+    expect(await big.next()).toMatchObject({ t: "error", code: "MOESWARM_AUTH_MISSING" });
+    expect(await big.next()).toBeUndefined();
     for (const [ticket, code] of [
       ["mswt1.nope", "MOESWARM_AUTH_TICKET_INVALID"],
       ["good-for-someone-else", "MOESWARM_AUTH_TICKET_INVALID"],

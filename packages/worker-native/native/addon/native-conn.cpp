@@ -170,8 +170,13 @@ std::string admit(conn_io & io, const std::string & remote) {
     const double deadline = moeswarm_tls_now_us() + k_hello_us;
     std::string err;
     bool timed_out = false;
-    if (!moeswarm_tls_recv_frame(io.c, io.frame, io.core->max_frame, deadline, err, &timed_out)) {
-        if (timed_out) {
+    // a stranger's first frame: a hello with its ticket is small, so no stranger makes the worker
+    // hold a large buffer (64 of them may wait at once)
+    const size_t hello_max = std::min<size_t>(io.core->max_frame, k_hello_max_frame);
+    if (!moeswarm_tls_recv_frame(io.c, io.frame, hello_max, deadline, err, &timed_out)) {
+        if (err.rfind("MOESWARM_PROTOCOL_FRAME_TOO_LARGE", 0) == 0) {
+            send_error(io, nullptr, "MOESWARM_AUTH_MISSING", "the first frame must be a backbone's hello (" + err + ")");
+        } else if (timed_out) {
             send_error(io, nullptr, "MOESWARM_AUTH_MISSING", "no hello within 10 s");
         }
         return "";
@@ -182,10 +187,12 @@ std::string admit(conn_io & io, const std::string & remote) {
         return "";
     }
     auto v = std::make_shared<verdict>();
-    if (core->on_hello.NonBlockingCall(new hello_call{ h.id, h.token, remote, v }) != napi_ok) {
+    std::unique_ptr<hello_call> call(new hello_call{ h.id, h.token, remote, v });
+    if (core->on_hello.NonBlockingCall(call.get()) != napi_ok) {
         send_error(io, nullptr, "MOESWARM_TRANSPORT_CLOSED", "the worker is closing");
         return "";
     }
+    call.release(); // js_hello owns it now
     {
         std::unique_lock<std::mutex> lock(core->mu);
         const auto until = std::chrono::steady_clock::now() +
@@ -227,11 +234,11 @@ const route * find_route(const route_table & t, const moeswarm_frame * f, const 
         msg = "layer " + std::to_string(f->layer) + " of " + model + " is not served on this worker's native link";
         return nullptr;
     }
-    const int32_t * ids = (const int32_t *) f->ids.ptr;
+    // the ids lie in the frame, not necessarily 4-byte aligned: read byte-wise
     const size_t n = (size_t) f->n * f->k;
     for (size_t i = 0; i < n; ++i) {
         int32_t id;
-        memcpy(&id, ids + i, sizeof(id));
+        memcpy(&id, f->ids.ptr + i * sizeof(int32_t), sizeof(id));
         if (id != -1 && !std::binary_search(r->experts.begin(), r->experts.end(), id)) {
             msg = "expert " + std::to_string(id) + " of layer " + std::to_string(f->layer) + " is not in this worker's slice";
             return nullptr;

@@ -26,6 +26,7 @@ namespace native {
 constexpr double k_hello_us = 10e6;        // a connection's hello, and its verdict, within 10 s
 constexpr double k_idle_us = 600e6;        // a connection idle for 10 minutes is closed
 constexpr int    k_max_waiting_hello = 64; // connections not past their hello at once
+constexpr size_t k_hello_max_frame = 65536; // a hello (with its ticket) is far smaller
 
 struct route {
     std::string                  model;
