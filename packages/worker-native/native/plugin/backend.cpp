@@ -195,6 +195,16 @@ static void moeswarm_dev_get_props(ggml_backend_dev_t dev, ggml_backend_dev_prop
     props->caps.events               = false;
 }
 
+// the bridge connection at once with the native plane, so that the table the bridge pushes after
+// native-hello is there before the first split; a bridge not there yet is the first split's to report
+static void moeswarm_backend_connect_early(moeswarm_backend_context * ctx) {
+    const moeswarm_config & cfg = *ctx->config;
+    std::string err;
+    if (cfg.native && !cfg.bridge.empty() && moeswarm_conn_open(ctx->conn, cfg.bridge, err)) {
+        moeswarm_native_on_connect(ctx, cfg);
+    }
+}
+
 static ggml_backend_t moeswarm_dev_init_backend(ggml_backend_dev_t dev, const char * params) {
     // one connection per backend: contexts compute concurrently, each with its own
     return new ggml_backend{
@@ -205,6 +215,7 @@ static ggml_backend_t moeswarm_dev_init_backend(ggml_backend_dev_t dev, const ch
         [] {
             moeswarm_backend_context * ctx = new moeswarm_backend_context();
             ctx->config                    = moeswarm_config_current();
+            moeswarm_backend_connect_early(ctx);
             return ctx;
         }(),
     };
