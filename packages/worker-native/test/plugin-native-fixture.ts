@@ -106,7 +106,8 @@ export interface StandInBridge extends AsyncDisposable {
   setTable(table: NativeTable | null): void;
 }
 
-export async function startBridge(path: string, compute: ExpertCompute): Promise<StandInBridge> {
+/** delayMs: each answer waits this long first (a floor under the decode's length). */
+export async function startBridge(path: string, compute: ExpertCompute, delayMs = 0): Promise<StandInBridge> {
   const dispatches: { layer: number; n: number }[] = [];
   const hellos: { pid: number }[] = [];
   const receipts: Receipts[] = [];
@@ -134,6 +135,7 @@ export async function startBridge(path: string, compute: ExpertCompute): Promise
       const d = decodeFrame(payload) as DispatchFrame;
       dispatches.push({ layer: d.layer, n: d.n });
       chain = chain.then(async () => {
+        if (delayMs > 0) await new Promise((resolve) => setTimeout(resolve, delayMs));
         sendFrame(socket, await answer(compute, d));
       });
     });

@@ -166,6 +166,23 @@ describe.skipIf(Boolean(missing))("plugin: native splits to a worker, the bridge
     });
   }
 
+  it("a worker that keeps refusing: dialed again after 1 s, then after 2 s (the backoff doubles)", async () => {
+    await using worker = await startWorker(cert, compute, "refuse-hello");
+    // 100 ms per bridge answer: the decode's splits take at least 3.5 s
+    await using bridge = await startBridge(join(tmp.dir, "slow.sock"), compute, 100);
+    bridge.setTable(table(worker));
+    const t0 = performance.now();
+    const run = await decode(bridge);
+    const elapsedS = (performance.now() - t0) / 1000;
+    expect(elapsedS).toBeGreaterThan(3.5);
+    // dials at about 0, 1 and 3 s (and 7, 15... for a longer run); a backoff that did not double
+    // would dial at 0, 1, 2, 3
+    expect(worker.connections).toBeGreaterThanOrEqual(2);
+    expect(worker.connections).toBeLessThanOrEqual(Math.floor(Math.log2(elapsedS + 1)) + 1);
+    expect(run.plugin!.native.failures).toEqual({ MOESWARM_AUTH_TICKET_INVALID: worker.connections });
+    expect(bridge.dispatches).toHaveLength(run.plugin!.splits);
+  });
+
   it("MOESWARM_NATIVE=0: no native-hello, every split through the bridge", async () => {
     await using worker = await startWorker(cert, compute, "ok");
     await using bridge = await startBridge(join(tmp.dir, "off.sock"), compute);
