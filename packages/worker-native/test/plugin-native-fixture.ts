@@ -106,8 +106,17 @@ export interface StandInBridge extends AsyncDisposable {
   setTable(table: NativeTable | null): void;
 }
 
-/** delayMs: each answer waits this long first (a floor under the decode's length). */
-export async function startBridge(path: string, compute: ExpertCompute, delayMs = 0): Promise<StandInBridge> {
+/**
+ * delayMs: each answer waits this long first (a floor under the decode's length). legacy: a bridge
+ * older than the native plane, which answers native-hello as any unknown frame type: a
+ * connection-level error (no id) MOESWARM_PROTOCOL_UNKNOWN_TYPE, the connection left open.
+ */
+export async function startBridge(
+  path: string,
+  compute: ExpertCompute,
+  options: { delayMs?: number; legacy?: boolean } = {},
+): Promise<StandInBridge> {
+  const delayMs = options.delayMs ?? 0;
   const dispatches: { layer: number; n: number }[] = [];
   const hellos: { pid: number }[] = [];
   const receipts: Receipts[] = [];
@@ -124,6 +133,15 @@ export async function startBridge(path: string, compute: ExpertCompute, delayMs 
       const m = decode(payload) as { t: string } & Record<string, unknown>;
       if (m.t === "native-hello") {
         hellos.push({ pid: m.pid as number });
+        if (options.legacy) {
+          // as late as possible: while the first split waits for its answer
+          const msg = "unknown frame type native-hello";
+          setTimeout(
+            () => sendFrame(socket, { t: "error", v: 1, code: "MOESWARM_PROTOCOL_UNKNOWN_TYPE", msg }),
+            50,
+          );
+          return;
+        }
         native.add(socket);
         push(socket);
         return;

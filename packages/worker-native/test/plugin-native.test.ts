@@ -169,7 +169,7 @@ describe.skipIf(Boolean(missing))("plugin: native splits to a worker, the bridge
   it("a worker that keeps refusing: dialed again after 1 s, then after 2 s (the backoff doubles)", async () => {
     await using worker = await startWorker(cert, compute, "refuse-hello");
     // 100 ms per bridge answer: the decode's splits take at least 3.5 s
-    await using bridge = await startBridge(join(tmp.dir, "slow.sock"), compute, 100);
+    await using bridge = await startBridge(join(tmp.dir, "slow.sock"), compute, { delayMs: 100 });
     bridge.setTable(table(worker));
     const t0 = performance.now();
     const run = await decode(bridge);
@@ -181,6 +181,20 @@ describe.skipIf(Boolean(missing))("plugin: native splits to a worker, the bridge
     expect(worker.connections).toBeLessThanOrEqual(Math.floor(Math.log2(elapsedS + 1)) + 1);
     expect(run.plugin!.native.failures).toEqual({ MOESWARM_AUTH_TICKET_INVALID: worker.connections });
     expect(bridge.dispatches).toHaveLength(run.plugin!.splits);
+  });
+
+  it("a bridge older than the native plane (native-hello refused as an unknown type): every split through it", async () => {
+    await using worker = await startWorker(cert, compute, "ok");
+    // its refusal comes 50 ms after the hello, while a split waits (its answers take 20 ms each)
+    await using bridge = await startBridge(join(tmp.dir, "legacy.sock"), compute, {
+      legacy: true,
+      delayMs: 20,
+    });
+    const run = await decode(bridge);
+    expect(bridge.hellos).toHaveLength(1);
+    expect(bridge.dispatches).toHaveLength(run.plugin!.splits);
+    expect(run.plugin!.failures).toBe(0);
+    expect(worker.connections).toBe(0);
   });
 
   it("MOESWARM_NATIVE=0: no native-hello, every split through the bridge", async () => {

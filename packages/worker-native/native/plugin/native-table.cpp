@@ -142,13 +142,32 @@ static void moeswarm_native_apply(moeswarm_native & nv, moeswarm_native_table &&
     nv.table = std::move(t);
 }
 
+// a bridge older than the native plane answers native-hello with a connection-level error (no id)
+// MOESWARM_PROTOCOL_UNKNOWN_TYPE: that is its "no", not a failure of the split waiting then
+static bool moeswarm_native_refused(moeswarm_native & nv, const uint8_t * payload, size_t size) {
+    moeswarm_mp_value v;
+    if (!nv.on || nv.table.seq != 0 || !moeswarm_mp_map_find(payload, size, "t", &v, nullptr) ||
+            !moeswarm_mp_str_eq(v, "error") || moeswarm_mp_map_find(payload, size, "id", &v, nullptr) ||
+            !moeswarm_mp_map_find(payload, size, "code", &v, nullptr) ||
+            !moeswarm_mp_str_eq(v, "MOESWARM_PROTOCOL_UNKNOWN_TYPE")) {
+        return false;
+    }
+    nv.on = false;
+    GGML_LOG_INFO("moeswarm: the bridge has no native data plane (an older moeswarm-dispatcher?): every split goes "
+                  "through it\n");
+    return true;
+}
+
 bool moeswarm_native_on_frame(moeswarm_backend_context * ctx, const uint8_t * payload, size_t size) {
+    moeswarm_native & nv = ctx->native;
+    if (moeswarm_native_refused(nv, payload, size)) {
+        return true;
+    }
     moeswarm_mp_value t;
     if (!moeswarm_mp_map_find(payload, size, "t", &t, nullptr) || t.type != MOESWARM_MP_STR || t.n < 7 ||
             memcmp(t.ptr, "native-", 7) != 0) {
         return false;
     }
-    moeswarm_native & nv = ctx->native;
     if (!moeswarm_mp_str_eq(t, "native-table")) {
         return true; // a native frame of a later version: not ours to read
     }
