@@ -16,6 +16,18 @@
 // - graph_compute sends one `dispatch` frame (mode "sum") per split over a Unix or TCP socket and
 //   blocks until the combined `result`; an `error` frame or a dead socket fails the compute
 //   (llama_decode returns an error), never a wrong value.
+// - The native data plane (issue #15; docs/protocol.md section 10.9 and the plugin socket's frames):
+//   each backend connects to the bridge when it is created and says `native-hello`; the bridge
+//   pushes `native-table`s (per layer: the one worker that holds all its experts, its native
+//   listener's host:port, certificate fingerprint and a direct-link ticket; deadlineMs), read at
+//   the start of every split and while a split waits for the bridge. A layer in the table goes
+//   straight to that worker over TLS (OpenSSL 3 found at run time, common/moeswarm-tls.h; pinned;
+//   hello with the ticket), the same dispatch frame. Any failure there (no link, pin mismatch,
+//   refused hello, error frame, deadlineMs, wrong shape, a non-finite value) sends that split
+//   through the bridge, which computes the same bits, and backs the worker off (1 s doubling to
+//   60 s). `native-receipts` (splits, tokens and expert-tokens per worker and layer, failures with
+//   their codes) go to the bridge at most once a second and when the backend is freed, never
+//   waiting on the socket. An empty table, no OpenSSL, or MOESWARM_NATIVE=0: the bridge only.
 //
 // Configuration (environment, or a JSON file MOESWARM_CONFIG with the same keys in camelCase:
 // {"layers": "0,1", "bridge": "unix:/tmp/b.sock", "model": "m", "timeoutMs": 60000}; the
@@ -29,13 +41,22 @@
 //                        connection is reopened and the split sent again once within it
 //   MOESWARM_CLAIM_FILE  optional, environment only: a line is appended to this file for every
 //                        weight buffer the device allocates (proof of a claim for the host)
+//   MOESWARM_NATIVE      environment only: 0 (or false) sends no native-hello, so every split
+//                        goes through the bridge
 // They are read again whenever they change: a backend (one per llama context) keeps the values
 // of its creation, the load-time probe uses the current ones.
 //
+// The stats JSON (ggml_backend_moeswarm_stats) has "native": {splits, fallbacks (native splits the
+// bridge took over), roundTripP50Us, overheadP50Us (round trip less the worker's reported ms),
+// receipts, receiptsDeferred (the socket was full: kept for the next), failures: {code: count}}.
+//
 // The plugin's files: config.cpp (MOESWARM_* and MOESWARM_CONFIG), stats.cpp (counters of all
 // backends), transport.cpp (the socket to the bridge), buffer.cpp (the MOESWARM buffer type),
-// pattern.cpp (what the device computes: supports_op and the split's tensors), backend.cpp (the
-// backend, device and registry that ggml sees). This header is what they share.
+// pattern.cpp (what the device computes: supports_op and the split's tensors), round-trip.cpp (the
+// dispatch frame, the one writer of a result into the split's output, the bridge round trip),
+// native-table.cpp (native-hello, native-table, native-receipts on the bridge socket),
+// native-link.cpp (the native split over TLS), backend.cpp (the backend, device and registry that
+// ggml sees). This header is what they share.
 
 #include "ggml-backend-impl.h"
 #include "ggml-backend.h"
