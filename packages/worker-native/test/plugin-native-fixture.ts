@@ -3,7 +3,7 @@
 // result, native-hello -> native-table, native-receipts recorded) and a stand-in worker on a
 // node:tls listener (docs/protocol.md 10.9: hello -> hello, dispatch -> result), both answering
 // with the same llama-cpu compute, so the two paths give the same bits when the plugin is right.
-import { execFile, spawn } from "node:child_process";
+import { execFile, execFileSync, spawn } from "node:child_process";
 import { X509Certificate } from "node:crypto";
 import { existsSync, readFileSync } from "node:fs";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
@@ -24,6 +24,14 @@ export function pluginMissing(): string | undefined {
     llamaCppBinsDir();
   } catch (e) {
     return `the plugin or node-llama-cpp's binaries are missing (${(e as Error).message.split("\n")[0]})`;
+  }
+  // llama-logits links no OpenSSL: the plugin's TLS opens libssl.so.3 (common/moeswarm-tls.h)
+  try {
+    if (!/libssl\.so\.3\b/.test(execFileSync("ldconfig", ["-p"], { encoding: "utf8" }))) {
+      return "no libssl.so.3 on this machine (the plugin's native plane needs OpenSSL 3: apt-get install libssl3)";
+    }
+  } catch (e) {
+    return `cannot list the shared libraries (ldconfig -p: ${(e as Error).message.split("\n")[0]})`;
   }
   return undefined;
 }

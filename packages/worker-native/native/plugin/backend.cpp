@@ -3,16 +3,10 @@
 // (native-link.cpp), else to the bridge (round-trip.cpp), and blocks until the combined result.
 
 #include "moeswarm-plugin.h"
-#include "moeswarm-frame.h"
-#include "moeswarm-msgpack.h"
-#include "moeswarm-trace.h"
 
 #include <string.h>
 
-#include <algorithm>
-#include <deque>
 #include <mutex>
-#include <unordered_map>
 
 struct moeswarm_device_context {
     std::mutex mutex;

@@ -242,7 +242,8 @@ struct moeswarm_native_failure {
 };
 
 struct moeswarm_native {
-    bool on = false; // native-hello sent on the current bridge connection
+    bool on = false;         // native-hello sent on the current bridge connection
+    bool table_seen = false; // a native-table came on it
     moeswarm_native_table table;
     std::unordered_map<std::string, moeswarm_native_peer> peers;
     // since the last native-receipts: per (worker, layer), and the failures

@@ -146,7 +146,7 @@ static void moeswarm_native_apply(moeswarm_native & nv, moeswarm_native_table &&
 // MOESWARM_PROTOCOL_UNKNOWN_TYPE: that is its "no", not a failure of the split waiting then
 static bool moeswarm_native_refused(moeswarm_native & nv, const uint8_t * payload, size_t size) {
     moeswarm_mp_value v;
-    if (!nv.on || nv.table.seq != 0 || !moeswarm_mp_map_find(payload, size, "t", &v, nullptr) ||
+    if (!nv.on || nv.table_seen || !moeswarm_mp_map_find(payload, size, "t", &v, nullptr) ||
             !moeswarm_mp_str_eq(v, "error") || moeswarm_mp_map_find(payload, size, "id", &v, nullptr) ||
             !moeswarm_mp_map_find(payload, size, "code", &v, nullptr) ||
             !moeswarm_mp_str_eq(v, "MOESWARM_PROTOCOL_UNKNOWN_TYPE")) {
@@ -180,9 +180,10 @@ bool moeswarm_native_on_frame(moeswarm_backend_context * ctx, const uint8_t * pa
         moeswarm_native_apply(nv, moeswarm_native_table());
         return true;
     }
-    if (!nv.on || (table.seq <= nv.table.seq && nv.table.seq != 0)) {
+    if (!nv.on || (nv.table_seen && table.seq <= nv.table.seq)) {
         return true; // not asked for on this connection, or an older one overtaken
     }
+    nv.table_seen = true;
     moeswarm_native_apply(nv, std::move(table));
     return true;
 }
@@ -191,7 +192,8 @@ void moeswarm_native_on_connect(moeswarm_backend_context * ctx, const moeswarm_c
     moeswarm_native & nv = ctx->native;
     // a table belongs to the connection it came on (a restarted bridge pushes its own)
     moeswarm_native_apply(nv, moeswarm_native_table());
-    nv.on = false;
+    nv.on         = false;
+    nv.table_seen = false;
     if (!cfg.native) {
         return;
     }
