@@ -197,6 +197,17 @@ describe.skipIf(Boolean(missing))("plugin: native splits to a worker, the bridge
     expect(worker.connections).toBe(0);
   });
 
+  it("an expired ticket: no dial (the bridge renews tickets and pushes a new table), every split through the bridge", async () => {
+    await using worker = await startWorker(cert, compute, "ok");
+    await using bridge = await startBridge(join(tmp.dir, "exp.sock"), compute);
+    const t = table(worker);
+    bridge.setTable({ ...t, layers: t.layers.map((e) => ({ ...e, exp: Date.now() - 1000 })) });
+    const run = await decode(bridge);
+    expect(worker.connections).toBe(0);
+    expect(bridge.dispatches).toHaveLength(run.plugin!.splits);
+    expect(run.plugin!.native).toMatchObject({ splits: 0, fallbacks: 0 });
+  });
+
   it("MOESWARM_NATIVE=0: no native-hello, every split through the bridge", async () => {
     await using worker = await startWorker(cert, compute, "ok");
     await using bridge = await startBridge(join(tmp.dir, "off.sock"), compute);
