@@ -279,8 +279,13 @@ static void moeswarm_write_receipts(moeswarm_native & nv, moeswarm_mp_writer & w
         moeswarm_mp_write_cstr(&w, "code");
         moeswarm_mp_write_str(&w, f.code.data(), f.code.size());
         moeswarm_mp_write_cstr(&w, "msg");
-        // a message is ours (ASCII) or the worker's error text, which its decoder checked as UTF-8
-        moeswarm_mp_write_str(&w, f.msg.data(), std::min<size_t>(f.msg.size(), 1024));
+        // a message is ours (ASCII) or the worker's error text, which its decoder checked as UTF-8:
+        // cut at a character boundary, or the bridge drops the whole receipt as malformed
+        size_t n = std::min<size_t>(f.msg.size(), 1024);
+        while (n < f.msg.size() && n > 0 && ((uint8_t) f.msg[n] & 0xc0) == 0x80) {
+            --n;
+        }
+        moeswarm_mp_write_str(&w, f.msg.data(), n);
     }
     const uint32_t len = (uint32_t) (w.buf.size() - 4);
     for (int i = 0; i < 4; ++i)
