@@ -5,7 +5,14 @@
 import { X509Certificate } from "node:crypto";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { ensureSyntheticModel, findExpertTensors, readGguf, sliceExperts } from "@moeswarm/shard";
+import {
+  ensureSyntheticModel,
+  findExpertTensors,
+  readGguf,
+  sliceExperts,
+  synthesizeMoeModel,
+  syntheticPreset,
+} from "@moeswarm/shard";
 import { tempDir } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type ExpertCompute, loadExpertCompute } from "../src/index.js";
@@ -235,5 +242,59 @@ describe.skipIf(Boolean(missing))("plugin: native splits to a worker, the bridge
     expect(bridge.dispatches).toHaveLength(run.plugin!.splits - AFTER);
     const counted = bridge.receipts.flatMap((r) => r.counts).reduce((a, c) => a + c.splits, 0);
     expect(counted).toBe(AFTER);
+  });
+});
+
+// llama4 (weight_before_ffn): the plugin sends k weighted rows per token with weight 1 and adds the
+// k answers in slot order itself (moeswarm_sum_rows); the native path writes them the same way
+describe.skipIf(Boolean(missing))("plugin: native splits of llama4's weighted-input layers", () => {
+  const tmp = tempDir("mswn-nat4-");
+  afterAll(() => tmp.remove());
+
+  it("top-2: the same bytes as plain llama.cpp, every split after the first native", async () => {
+    // top-2 (Llama 4 ships top-1): two weighted rows per token, added back by the plugin
+    const model = join(tmp.dir, "llama4-top2.gguf");
+    await synthesizeMoeModel({ ...syntheticPreset("tiny", "llama4"), nExpertUsed: 2 }, model);
+    const layout = findExpertTensors(await readGguf(model));
+    const layers = layout.layers.map((l) => l.layer);
+    const slicePath = join(tmp.dir, "all.gguf");
+    const slice = await sliceExperts(model, {
+      layers,
+      experts: [...Array(layout.layers[0]!.nExpert).keys()],
+    });
+    await slice.write(slicePath);
+    await slice.close();
+    await using compute = await loadExpertCompute(slicePath, { backend: "llama-cpu", threads: 1 });
+    const cert = await selfSigned();
+    const plain = await runLogits({ model, dir: tmp.dir, name: "plain", nPredict: N_PREDICT });
+    expect(plain.ok, plain.stderr).toBe(true);
+    await using worker = await startWorker(cert, compute, "ok");
+    await using bridge = await startBridge(join(tmp.dir, "l4.sock"), compute);
+    const exp = Date.now() + 3_600_000;
+    bridge.setTable({
+      backbone: BACKBONE,
+      deadlineMs: 5000,
+      layers: layers.map((layer) => ({
+        layer,
+        worker: "w1",
+        addr: worker.addr,
+        fp: worker.fingerprint,
+        ticket: TICKET,
+        exp,
+      })),
+    });
+    const run = await runLogits({
+      model,
+      dir: tmp.dir,
+      name: "native",
+      nPredict: N_PREDICT,
+      bridge: bridge.address,
+    });
+    expect(run.ok, run.stderr).toBe(true);
+    expect(run.tokens).toEqual(plain.tokens);
+    expect(firstByteDiff(run.logits, plain.logits)).toBe(-1);
+    expect(run.plugin!.splits).toBe((N_PREDICT + 1) * layers.length);
+    expect(bridge.dispatches.length).toBeLessThanOrEqual(1);
+    expect(run.plugin!.native.splits + bridge.dispatches.length).toBe(run.plugin!.splits);
   });
 });
