@@ -206,21 +206,24 @@ bool moeswarm_find_pattern(const ggml_cgraph * cgraph, moeswarm_pattern & p, std
 // the native data plane (native-table.cpp, native-link.cpp; docs/protocol.md sections 10.9 and B)
 //
 
-// one layer of the bridge's native-table: the worker that holds all its experts, where and how to
-// reach it
+// one entry of the bridge's native-table: a worker that serves a layer's experts (all of them, or
+// the range lo..hi-1), where and how to reach it
 struct moeswarm_native_entry {
     std::string worker;
     std::string addr;   // host:port or [v6]:port of its native listener
     std::string fp;     // its certificate's SHA-256, pinned
     std::string ticket; // mswt1... for the hello
     uint64_t exp_ms = 0; // the ticket's expiry, unix ms
+    int64_t lo = -1, hi = -1; // `experts` [lo, hi); -1: no range, the whole layer (the only entry)
 };
 
 struct moeswarm_native_table {
     uint64_t seq = 0;
     std::string backbone; // the hello's id
     uint32_t deadline_ms = 0;
-    std::unordered_map<int, moeswarm_native_entry> layers;
+    // per layer: one entry without a range (one worker holds every expert: a mode-sum dispatch), or
+    // entries with disjoint ranges (a split over several workers: native-split.cpp)
+    std::unordered_map<int, std::vector<moeswarm_native_entry>> layers;
 };
 
 // this backend's link to one worker
@@ -269,6 +272,12 @@ struct moeswarm_backend_context {
     std::vector<float> w;
     moeswarm_mp_writer tx;
     moeswarm_native native;
+    // a split over several workers (native-split.cpp): one owner's rows, ids; every slot's answer
+    std::vector<float> sub_x;
+    std::vector<int32_t> sub_ids;
+    std::vector<float> y_slots;
+    std::vector<int32_t> slot_row;
+    std::vector<float> y_sum;
 };
 
 // the split (round-trip.cpp): the dispatch frame (mode sum, length prefix included) into ctx->tx
@@ -305,3 +314,26 @@ moeswarm_native_outcome moeswarm_native_split(moeswarm_backend_context * ctx, co
         const moeswarm_pattern & p, size_t & bytes_out, size_t & bytes_in);
 // closes every native link (the backend is freed, or the table changed)
 void moeswarm_native_close_all(moeswarm_native & nv);
+
+// what native-link.cpp shares with native-split.cpp
+struct moeswarm_native_err {
+    std::string code; // stable MOESWARM_* code
+    std::string msg;
+};
+double moeswarm_wall_ms(void);
+// e's deadline or link failure as an error
+void moeswarm_native_transport_err(moeswarm_native_err & e, bool timed_out, const std::string & what);
+// an error frame's code and message
+void moeswarm_native_error_frame(moeswarm_native_err & e, const moeswarm_frame & f, const char * when);
+// TCP + TLS + pin, then hello with the entry's ticket and the worker's hello back (10.9)
+bool moeswarm_native_connect(moeswarm_native_peer & pr, const moeswarm_native_table & t, const moeswarm_native_entry & e,
+        double deadline, moeswarm_native_err & ne);
+// the worker's `ms` (compute time) of a result, or -1
+double moeswarm_native_result_ms(const uint8_t * data, size_t size);
+// a failure: the link closed, the worker backed off, the failure kept for the receipts
+void moeswarm_native_failed(moeswarm_native & nv, moeswarm_native_peer & pr, const std::string & worker,
+        const moeswarm_pattern & p, const moeswarm_native_err & ne);
+// the split over the several workers of a layer's ranged entries (native-split.cpp)
+moeswarm_native_outcome moeswarm_native_split_ranges(moeswarm_backend_context * ctx, const moeswarm_config & cfg,
+        const moeswarm_pattern & p, const std::vector<moeswarm_native_entry> & entries, size_t & bytes_out,
+        size_t & bytes_in);
