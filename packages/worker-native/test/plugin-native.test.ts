@@ -15,7 +15,13 @@ import {
 } from "@moeswarm/shard";
 import { tempDir } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { type ExpertCompute, loadExpertCompute } from "../src/index.js";
+import {
+  type ExpertCompute,
+  loadExpertCompute,
+  type NativeServer,
+  nativeSliceOf,
+  serveNative,
+} from "../src/index.js";
 import {
   type NativeTable,
   type PluginRun,
@@ -361,6 +367,86 @@ describe.skipIf(Boolean(missing))("plugin: native splits to a worker, the bridge
       expect(splitsOf(w1.served) - stats.native.splits).toBeLessThanOrEqual(1);
     });
   }
+
+  it("two real native listeners (the addon's, llama-cpu) with half the experts each: the same bytes, served counts match", async () => {
+    const h = nExpert / 2;
+    const halves: [number, number][] = [
+      [0, h],
+      [h, nExpert],
+    ];
+    const computes: ExpertCompute[] = [];
+    const servers: NativeServer[] = [];
+    try {
+      for (const [i, [lo, hi]] of halves.entries()) {
+        const path = join(tmp.dir, `half${i}.gguf`);
+        const slice = await sliceExperts(model, {
+          layers,
+          experts: [...Array(hi - lo).keys()].map((e) => e + lo),
+        });
+        await slice.write(path);
+        await slice.close();
+        const c = await loadExpertCompute(path, { backend: "llama-cpu", threads: 1 });
+        computes.push(c);
+        const tls = i === 0 ? cert : otherCert;
+        const s = await serveNative({
+          host: "127.0.0.1",
+          ...tls,
+          id: `w${i + 1}`,
+          compute: "llama-cpu",
+          admit: (backbone, ticket) => {
+            if (backbone !== BACKBONE || ticket !== TICKET) throw new Error("not this ticket");
+          },
+        });
+        servers.push(s);
+        const slice0 = nativeSliceOf(c);
+        expect(slice0).toBeDefined();
+        expect(
+          s.setRoutes(layers.map((layer) => ({ model: "native-test", layer, slice: slice0! }))),
+        ).toHaveLength(layers.length);
+      }
+      await using bridge = await startBridge(join(tmp.dir, "real.sock"), compute);
+      const exp = Date.now() + 3_600_000;
+      bridge.setTable({
+        backbone: BACKBONE,
+        deadlineMs: 5000,
+        layers: layers.flatMap((layer) =>
+          servers.map((s, i) => ({
+            layer,
+            worker: `w${i + 1}`,
+            addr: `127.0.0.1:${s.port}`,
+            fp: s.fingerprint,
+            ticket: TICKET,
+            exp,
+            experts: halves[i]!,
+          })),
+        ),
+      });
+      const run = await decode(bridge);
+      const stats = run.plugin!;
+      expect(stats.native.fallbacks).toBe(0);
+      expect(bridge.dispatches.length).toBeLessThanOrEqual(1);
+      expect(stats.native.splits + bridge.dispatches.length).toBe(stats.splits);
+      for (const [i, s] of servers.entries()) {
+        const served = s.takeServed();
+        const counts = bridge.receipts.flatMap((r) => r.counts).filter((c) => c.worker === `w${i + 1}`);
+        const sum = (k: "splits" | "expertTokens") => counts.reduce((a, c) => a + c[k], 0);
+        expect(served).toEqual([
+          {
+            backbone: BACKBONE,
+            model: "native-test",
+            requests: sum("splits"),
+            expertTokens: sum("expertTokens"),
+          },
+        ]);
+      }
+      console.info(
+        `native split over 2 real listeners: round trip p50 ${stats.native.roundTripP50Us} us, overhead p50 ${stats.native.overheadP50Us} us`,
+      );
+    } finally {
+      for (const s of servers) s.close();
+      for (const c of computes) await c.close();
+    }
+  });
 
   it("a table whose ranges overlap is rejected whole: no dial, every split through the bridge", async () => {
     const h = nExpert / 2;

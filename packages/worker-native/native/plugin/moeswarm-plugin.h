@@ -25,7 +25,13 @@
 //   hello with the ticket), the same dispatch frame. Any failure there (no link, pin mismatch,
 //   refused hello, error frame, deadlineMs, wrong shape, a non-finite value) sends that split
 //   through the bridge, which computes the same bits, and backs the worker off (1 s doubling to
-//   60 s). `native-receipts` (splits, tokens and expert-tokens per worker and layer, failures with
+//   60 s). A layer split over several workers (phase 2) has one entry per worker, each with its
+//   `experts` range [lo, hi) (disjoint, or the whole table is refused): each owner with a filled
+//   slot gets one dispatch in mode "each" (compact) with the rows of the tokens that have a slot of
+//   its own and the other owners' ids masked to -1, all sent before any answer is read; the plugin
+//   combines the answers with the compute core's moeswarm_combine_sum (llama.cpp's mul and add
+//   nodes, bit for bit). An id no range holds: the bridge. Any owner's failure: the links still
+//   mid-exchange closed, that worker backed off, the whole split through the bridge. `native-receipts` (splits, tokens and expert-tokens per worker and layer, failures with
 //   their codes) go to the bridge at most once a second and when the backend is freed, never
 //   waiting on the socket. An empty table, no OpenSSL, or MOESWARM_NATIVE=0: the bridge only.
 //
@@ -55,8 +61,8 @@
 // pattern.cpp (what the device computes: supports_op and the split's tensors), round-trip.cpp (the
 // dispatch frame, the one writer of a result into the split's output, the bridge round trip),
 // native-table.cpp (native-hello, native-table, native-receipts on the bridge socket),
-// native-link.cpp (the native split over TLS), backend.cpp (the backend, device and registry that
-// ggml sees). This header is what they share.
+// native-link.cpp (the native split over TLS), native-split.cpp (a split over several workers),
+// backend.cpp (the backend, device and registry that ggml sees). This header is what they share.
 
 #include "ggml-backend-impl.h"
 #include "ggml-backend.h"
