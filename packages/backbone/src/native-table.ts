@@ -174,7 +174,7 @@ export class NativeTable {
   readonly #ticketRetry: WorkerBackoff;
   readonly #dropped: WorkerBackoff;
   #table: NativeTableFrame;
-  #key = "";
+  #key = "[]";
   #timer: NodeJS.Timeout | undefined;
   #timerAt = Number.POSITIVE_INFINITY;
 
