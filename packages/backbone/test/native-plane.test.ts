@@ -407,7 +407,7 @@ describe("the plugin socket of a real bridge", () => {
     await using bridge = await serveBackboneBridge({
       socket: join(tmp.dir, "b.sock"),
       placement,
-      transport: { trusted: true, request: async (_owner, req) => worker(req) },
+      transport: { trusted: true, request: async (_owner, req, opts) => worker(req, opts) },
     });
     expect(bridge.metrics().native).toMatchObject({ enabled: false, off: expect.stringMatching(/hub/) });
     const socket = connect(bridge.address.slice("unix:".length));
