@@ -408,7 +408,8 @@ function nativePlaneOf(
   const deadlineMs = nativeDeadlineMs(options.native, options.hedgeMs);
   const backoff = typeof options.native === "object" ? options.native.backoff : undefined;
   return new NativePlane({
-    backbone: link?.id ?? "",
+    // an off plane's (empty) table still names someone: the plugin refuses a table without a backbone
+    backbone: link?.id ?? "local",
     deadlineMs,
     routing: parts.routing,
     off,
