@@ -341,6 +341,8 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
     [Symbol.asyncDispose]: close,
   };
   link?.reportStatsFrom(bridge);
+  // tickets before the plugin's hello: its first splits can go native
+  native.refresh();
   return bridge;
 }
 
