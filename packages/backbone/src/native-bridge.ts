@@ -247,7 +247,8 @@ export function nativeDeadlineMs(
   const o = typeof native === "object" ? native : {};
   const cap = o.pluginTimeoutMs ?? DEFAULT_PLUGIN_TIMEOUT_MS;
   const want = o.deadlineMs ?? (hedgeMs !== undefined && hedgeMs > 0 ? hedgeMs : DEFAULT_NATIVE_DEADLINE_MS);
-  return Math.max(1, Math.min(cap, Math.ceil(want)));
+  // the plugin refuses a deadline above a day
+  return Math.max(1, Math.min(cap, 86_400_000, Math.ceil(want)));
 }
 
 /** Why the native plane is off for a bridge with these settings (undefined: it is on). */
