@@ -50,6 +50,8 @@ describe.skipIf(Boolean(missing))(
     let layers: number[];
     let worker: ChildProcess | undefined;
     let workerLog = "";
+    /** Aborted when the worker process exits: waiting for it then fails at once, with its log. */
+    const workerGone = new AbortController();
     let fallback: LocalFallback;
 
     beforeAll(async () => {
@@ -79,7 +81,7 @@ describe.skipIf(Boolean(missing))(
           ...["--hub", url, "--token", mintToken({ role: "worker", id: "w0", ttlS: 3600 }, SECRET)],
           ...["--id", "w0", "--model", MODEL_ID, "--capacity", String(Math.ceil(expertBytes * 1.15))],
           ...["--cache-dir", cacheDir, "--ca", caFile, "--backend", "llama-cpu", "--threads", "1"],
-          ...["--poll", "0.5", "--listen-native", "127.0.0.1:0", "--direct-report", "1", "--json"],
+          ...["--poll", "0.5", "--listen-native", "127.0.0.1:0", "--json"],
         ],
         { stdio: ["ignore", "pipe", "pipe"] },
       );
@@ -88,6 +90,7 @@ describe.skipIf(Boolean(missing))(
       };
       worker.stdout!.on("data", log);
       worker.stderr!.on("data", log);
+      worker.once("exit", (code, sig) => workerGone.abort(new Error(`the worker exited (${code ?? sig})`)));
       fallback = await createLocalFallback(modelPath, { threads: 1 });
     }, 120_000);
 
@@ -113,9 +116,17 @@ describe.skipIf(Boolean(missing))(
         trust: "own",
       });
       const link = bridge.hub!;
-      await link.waitForPlacement((p) => p.missing.length === 0 && p.native.has("w0"), {
-        signal: AbortSignal.timeout(90_000),
-      });
+      await link
+        .waitForPlacement((p) => p.missing.length === 0 && p.native.has("w0"), {
+          signal: AbortSignal.any([AbortSignal.timeout(90_000), workerGone.signal]),
+        })
+        .catch((error: unknown) => {
+          const p = link.current();
+          throw new Error(
+            `no whole native worker: missing ${JSON.stringify(p.missing)}, native ${JSON.stringify([...p.native])}\n${workerLog}`,
+            { cause: error },
+          );
+        });
       await vi.waitFor(() => expect(bridge.metrics().native!.table.layers, workerLog).toEqual(layers), {
         timeout: 15_000,
       });
@@ -146,25 +157,28 @@ describe.skipIf(Boolean(missing))(
       const stats = r1.plugin!;
       expect(stats.native, r1.stderr).toBeDefined();
       expect(stats.native!.splits).toBeGreaterThan(0);
-      expect(stats.native!.splits).toBe(stats.splits);
+      // every split native, but the first may come before the plugin has read its table
+      const viaBridge = stats.splits - stats.native!.splits;
+      expect(viaBridge).toBeGreaterThanOrEqual(0);
+      expect(viaBridge).toBeLessThanOrEqual(1);
       expect(stats.native!.fallbacks).toBe(0);
       expect(stats.native!.overheadP50Us).toBeGreaterThan(0);
       const m1 = bridge.metrics();
-      expect(m1.requests - before.requests).toBe(0);
-      expect(m1.dispatch.requests - before.dispatch.requests).toBe(0);
+      expect(m1.requests - before.requests).toBe(viaBridge);
+      expect(m1.dispatch.requests - before.dispatch.requests).toBe(viaBridge);
       // the receipts: every native split counted at the bridge (the last batch at the plugin's exit)
       await vi.waitFor(() => expect(bridge.metrics().native!.splits).toBe(stats.native!.splits), {
         timeout: 5000,
       });
       const credited = bridge.metrics().native!.workers.w0!.expertTokens;
       expect(credited).toBeGreaterThan(0);
-      // the hub credits the minimum of the backbone's receipts and the worker's served report (every 1 s)
+      // the hub credits the minimum of the backbone's receipts and the worker's own served report
+      // (which it sends every 10 s): both halves count the same filled ids
+      await link.reportStats();
       await vi.waitFor(
-        async () => {
-          const outcome = await link.reportStats();
-          expect(outcome?.credited ?? []).toContain("w0");
-        },
-        { timeout: 10_000, interval: 1200 },
+        () =>
+          expect(hub.workers().find((w) => w.id === "w0")?.credits?.expertTokens, workerLog).toBe(credited),
+        { timeout: 30_000, interval: 250 },
       );
 
       // 2. the worker dies while the plugin decodes through it
