@@ -74,7 +74,11 @@ export function printReport(out: (line?: string) => void, r: DemoReport): void {
       `(ratio ${fmt(ratio, 2)}: ${fmt((ratio - 1) * 100, 0)}%)`,
   );
   out();
-  out("round trip per remote layer (plugin -> bridge -> workers -> bridge -> plugin)");
+  out(
+    r.bridge.native?.enabled
+      ? "round trip per remote layer (the plugin's: native plugin -> worker, else through the bridge)"
+      : "round trip per remote layer (plugin -> bridge -> workers -> bridge -> plugin)",
+  );
   const plugin = r.swarm.plugin?.layers ?? {};
   for (const [layer, s] of Object.entries(plugin).sort((a, b) => Number(a[0]) - Number(b[0]))) {
     const bridge = r.bridge.layers.find((l) => l.layer === Number(layer));
