@@ -25,7 +25,7 @@ bool moeswarm_tls_available(std::string & err);
 
 struct moeswarm_tls_conn {
     int    fd  = -1;
-    void * ssl = nullptr; // SSL *
+    void * ssl = nullptr; // the TLS session (opaque: OpenSSL's SSL and its buffers)
 };
 
 // TCP to addr ("host:port" or "[v6]:port"), TCP_NODELAY, a TLS handshake (1.2 or later, no CA and

@@ -1,0 +1,575 @@
+// TLS for the native data plane over OpenSSL 3 resolved at run time (moeswarm-tls.h says why).
+//
+// No OpenSSL header is included: the few types are opaque pointers and the few constants below are
+// OpenSSL 3's ABI, so the build needs no libssl-dev and links nothing. The socket is ours: OpenSSL
+// works on two memory BIOs and this file moves their bytes with send(MSG_NOSIGNAL)/recv under poll,
+// so a peer that vanishes is an error return, never a SIGPIPE in a host (llama-server) that does
+// not ignore it, and every wait honours the caller's deadline.
+
+#include "moeswarm-tls.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <mutex>
+
+// OpenSSL 3's values (ssl.h, bio.h, prov_ssl.h)
+#define K_SSL_ERROR_WANT_READ         2
+#define K_SSL_ERROR_WANT_WRITE        3
+#define K_SSL_ERROR_ZERO_RETURN       6
+#define K_SSL_CTRL_MODE               33
+#define K_SSL_CTRL_SET_MIN_PROTO      123
+#define K_TLS1_2_VERSION              0x0303
+#define K_SSL_MODE_PARTIAL_WRITE      0x1
+#define K_SSL_MODE_MOVING_BUFFER      0x2
+#define K_BIO_C_SET_BUF_MEM_EOF_RETURN 130
+#define K_OPENSSL_3                   0x30000000UL
+
+namespace {
+
+typedef void SSL_CTX;
+typedef void SSL;
+typedef void BIO;
+typedef void X509;
+typedef void EVP_PKEY;
+typedef void EVP_MD;
+typedef void METHOD;
+
+// the functions used, by name; one table for the process
+struct ssl_api {
+    unsigned long (*OpenSSL_version_num)(void);
+    const METHOD * (*TLS_client_method)(void);
+    const METHOD * (*TLS_server_method)(void);
+    SSL_CTX * (*SSL_CTX_new)(const METHOD *);
+    void (*SSL_CTX_free)(SSL_CTX *);
+    long (*SSL_CTX_ctrl)(SSL_CTX *, int, long, void *);
+    void (*SSL_CTX_set_verify)(SSL_CTX *, int, void *);
+    int (*SSL_CTX_use_certificate)(SSL_CTX *, X509 *);
+    int (*SSL_CTX_use_PrivateKey)(SSL_CTX *, EVP_PKEY *);
+    int (*SSL_CTX_check_private_key)(const SSL_CTX *);
+    int (*SSL_CTX_set_num_tickets)(SSL_CTX *, size_t);
+    SSL * (*SSL_new)(SSL_CTX *);
+    void (*SSL_free)(SSL *);
+    void (*SSL_set_bio)(SSL *, BIO *, BIO *);
+    void (*SSL_set_connect_state)(SSL *);
+    void (*SSL_set_accept_state)(SSL *);
+    int (*SSL_do_handshake)(SSL *);
+    int (*SSL_read)(SSL *, void *, int);
+    int (*SSL_write)(SSL *, const void *, int);
+    int (*SSL_get_error)(const SSL *, int);
+    int (*SSL_shutdown)(SSL *);
+    X509 * (*SSL_get1_peer_certificate)(const SSL *);
+    const void * (*BIO_s_mem)(void);
+    BIO * (*BIO_new)(const void *);
+    BIO * (*BIO_new_mem_buf)(const void *, int);
+    int (*BIO_free)(BIO *);
+    int (*BIO_read)(BIO *, void *, int);
+    int (*BIO_write)(BIO *, const void *, int);
+    long (*BIO_ctrl)(BIO *, int, long, void *);
+    size_t (*BIO_ctrl_pending)(BIO *);
+    X509 * (*PEM_read_bio_X509)(BIO *, X509 **, void *, void *);
+    EVP_PKEY * (*PEM_read_bio_PrivateKey)(BIO *, EVP_PKEY **, void *, void *);
+    void (*X509_free)(X509 *);
+    void (*EVP_PKEY_free)(EVP_PKEY *);
+    int (*i2d_X509)(X509 *, unsigned char **);
+    const EVP_MD * (*EVP_sha256)(void);
+    int (*EVP_Digest)(const void *, size_t, unsigned char *, unsigned int *, const EVP_MD *, void *);
+    unsigned long (*ERR_get_error)(void);
+    void (*ERR_error_string_n)(unsigned long, char *, size_t);
+    void (*ERR_clear_error)(void);
+};
+
+ssl_api g_api;
+std::string g_why; // empty when g_api is usable
+
+template <typename F> bool resolve(void * handle, const char * name, F & fn, std::string & missing) {
+    fn = (F) dlsym(handle, name);
+    if (fn == nullptr) missing += missing.empty() ? name : std::string(", ") + name;
+    return fn != nullptr;
+}
+
+bool resolve_all(void * h, ssl_api & a, std::string & missing) {
+#define R(name) resolve(h, #name, a.name, missing)
+    R(OpenSSL_version_num); R(TLS_client_method); R(TLS_server_method); R(SSL_CTX_new); R(SSL_CTX_free);
+    R(SSL_CTX_ctrl); R(SSL_CTX_set_verify); R(SSL_CTX_use_certificate); R(SSL_CTX_use_PrivateKey);
+    R(SSL_CTX_check_private_key); R(SSL_new); R(SSL_free); R(SSL_set_bio); R(SSL_set_connect_state);
+    R(SSL_set_accept_state); R(SSL_do_handshake); R(SSL_read); R(SSL_write); R(SSL_get_error);
+    R(SSL_shutdown); R(SSL_get1_peer_certificate); R(BIO_s_mem); R(BIO_new); R(BIO_new_mem_buf); R(BIO_free);
+    R(BIO_read); R(BIO_write); R(BIO_ctrl); R(BIO_ctrl_pending); R(PEM_read_bio_X509); R(PEM_read_bio_PrivateKey);
+    R(X509_free); R(EVP_PKEY_free); R(i2d_X509); R(EVP_sha256); R(EVP_Digest); R(ERR_get_error);
+    R(ERR_error_string_n); R(ERR_clear_error);
+#undef R
+    // optional (1.1.1+): no session tickets, which nobody here resumes
+    a.SSL_CTX_set_num_tickets = (int (*)(SSL_CTX *, size_t)) dlsym(h, "SSL_CTX_set_num_tickets");
+    return missing.empty();
+}
+
+void load_api(void) {
+    std::string missing;
+    // the process's own OpenSSL first (Node's): one copy, the one its host already initialised
+    if (dlsym(RTLD_DEFAULT, "SSL_CTX_new") != nullptr && resolve_all(RTLD_DEFAULT, g_api, missing)) {
+        if (g_api.OpenSSL_version_num() >= K_OPENSSL_3) return;
+        g_why = "the OpenSSL in this process is older than 3.0";
+        return;
+    }
+    missing.clear();
+    void * h = dlopen("libssl.so.3", RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) {
+        const char * e = dlerror();
+        g_why = std::string("OpenSSL 3 is not available (not in this process, and libssl.so.3: ") + (e ? e : "not found") +
+                "); install libssl3 for the native data plane";
+        return;
+    }
+    if (!resolve_all(h, g_api, missing)) {
+        g_why = "libssl.so.3 lacks " + missing;
+    }
+}
+
+const ssl_api * api(std::string & err) {
+    static std::once_flag once;
+    std::call_once(once, load_api);
+    if (!g_why.empty()) {
+        err = g_why;
+        return nullptr;
+    }
+    return &g_api;
+}
+
+// the OpenSSL error queue's first entry (and the queue cleared), for messages
+std::string ssl_error(const ssl_api & a, const char * what) {
+    unsigned long e = a.ERR_get_error();
+    std::string s   = what;
+    if (e != 0) {
+        char buf[256];
+        a.ERR_error_string_n(e, buf, sizeof(buf));
+        s += std::string(": ") + buf;
+    }
+    a.ERR_clear_error();
+    return s;
+}
+
+bool wait_fd(int fd, short events, double deadline_us, std::string & err, bool * timed_out) {
+    for (;;) {
+        const double left_ms = (deadline_us - moeswarm_tls_now_us()) / 1000.0;
+        if (left_ms <= 0) {
+            err = "MOESWARM_TRANSPORT_TIMEOUT the deadline passed";
+            if (timed_out) *timed_out = true;
+            return false;
+        }
+        pollfd p    = { fd, events, 0 };
+        const int r = poll(&p, 1, (int) std::min(left_ms + 1, 2e9));
+        if (r > 0) {
+            if ((p.revents & events) == 0 && (p.revents & (POLLERR | POLLNVAL))) {
+                err = "MOESWARM_TRANSPORT_CLOSED the connection failed";
+                return false;
+            }
+            return true;
+        }
+        if (r < 0 && errno != EINTR) {
+            err = std::string("MOESWARM_TRANSPORT_CLOSED poll: ") + strerror(errno);
+            return false;
+        }
+    }
+}
+
+} // namespace
+
+// The per-connection state lives beside the SSL object: the conn's ssl field points at this.
+struct moeswarm_tls_session {
+    SSL * ssl  = nullptr;
+    BIO * rbio = nullptr; // owned by ssl after SSL_set_bio
+    BIO * wbio = nullptr;
+    uint8_t io[64 * 1024];
+};
+
+namespace {
+
+moeswarm_tls_session * session(moeswarm_tls_conn & c) {
+    return (moeswarm_tls_session *) c.ssl;
+}
+
+bool drain_wbio(const ssl_api & a, moeswarm_tls_conn & c, double deadline_us, std::string & err, bool * timed_out) {
+    moeswarm_tls_session * s = session(c);
+    while (a.BIO_ctrl_pending(s->wbio) > 0) {
+        const int n = a.BIO_read(s->wbio, s->io, (int) sizeof(s->io));
+        if (n <= 0) break;
+        size_t done = 0;
+        while (done < (size_t) n) {
+            const ssize_t w = send(c.fd, s->io + done, (size_t) n - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (w > 0) {
+                done += (size_t) w;
+            } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                if (!wait_fd(c.fd, POLLOUT, deadline_us, err, timed_out)) return false;
+            } else if (w < 0 && errno == EINTR) {
+                continue;
+            } else {
+                err = std::string("MOESWARM_TRANSPORT_CLOSED cannot write: ") + (w < 0 ? strerror(errno) : "closed");
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+// bytes from the socket into OpenSSL's read BIO (waits for at least one)
+bool fill_rbio(const ssl_api & a, moeswarm_tls_conn & c, double deadline_us, std::string & err, bool * timed_out) {
+    moeswarm_tls_session * s = session(c);
+    for (;;) {
+        const ssize_t n = recv(c.fd, s->io, sizeof(s->io), MSG_DONTWAIT);
+        if (n > 0) {
+            a.BIO_write(s->rbio, s->io, (int) n);
+            return true;
+        }
+        if (n == 0) {
+            err = "MOESWARM_TRANSPORT_CLOSED the peer closed the connection";
+            return false;
+        }
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            if (!wait_fd(c.fd, POLLIN, deadline_us, err, timed_out)) return false;
+            continue;
+        }
+        if (errno == EINTR) continue;
+        err = std::string("MOESWARM_TRANSPORT_CLOSED cannot read: ") + strerror(errno);
+        return false;
+    }
+}
+
+// After an OpenSSL call returned r <= 0: move bytes as it asks and say whether to call it again.
+bool pump(const ssl_api & a, moeswarm_tls_conn & c, int r, const char * what, double deadline_us, std::string & err,
+        bool * timed_out) {
+    const int e = a.SSL_get_error(session(c)->ssl, r);
+    if (!drain_wbio(a, c, deadline_us, err, timed_out)) return false;
+    if (e == K_SSL_ERROR_WANT_READ) return fill_rbio(a, c, deadline_us, err, timed_out);
+    if (e == K_SSL_ERROR_WANT_WRITE) return true; // memory BIOs: the write side never blocks
+    if (e == K_SSL_ERROR_ZERO_RETURN) {
+        err = "MOESWARM_TRANSPORT_CLOSED the peer ended the TLS session";
+        a.ERR_clear_error();
+        return false;
+    }
+    err = ssl_error(a, (std::string("MOESWARM_TRANSPORT_CLOSED TLS ") + what + " failed").c_str());
+    return false;
+}
+
+bool set_nonblocking(int fd) {
+    const int fl = fcntl(fd, F_GETFL, 0);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0) return false;
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)); // one frame per layer: latency first
+    return true;
+}
+
+// A session on c.fd over memory BIOs, client or server side, handshake done.
+bool start_session(const ssl_api & a, SSL_CTX * ctx, bool server, moeswarm_tls_conn & c, double deadline_us,
+        std::string & err) {
+    moeswarm_tls_session * s = new moeswarm_tls_session();
+    c.ssl                    = s;
+    s->ssl                   = a.SSL_new(ctx);
+    s->rbio                  = a.BIO_new(a.BIO_s_mem());
+    s->wbio                  = a.BIO_new(a.BIO_s_mem());
+    if (s->ssl == nullptr || s->rbio == nullptr || s->wbio == nullptr) {
+        if (s->rbio) a.BIO_free(s->rbio);
+        if (s->wbio) a.BIO_free(s->wbio);
+        s->rbio = s->wbio = nullptr;
+        err               = ssl_error(a, "MOESWARM_TRANSPORT_CLOSED cannot make a TLS session");
+        return false;
+    }
+    // an empty read BIO means "retry", not end of stream
+    a.BIO_ctrl(s->rbio, K_BIO_C_SET_BUF_MEM_EOF_RETURN, -1, nullptr);
+    a.SSL_set_bio(s->ssl, s->rbio, s->wbio);
+    if (server) a.SSL_set_accept_state(s->ssl);
+    else a.SSL_set_connect_state(s->ssl);
+    for (;;) {
+        const int r = a.SSL_do_handshake(s->ssl);
+        if (r == 1) return drain_wbio(a, c, deadline_us, err, nullptr);
+        if (!pump(a, c, r, "handshake", deadline_us, err, nullptr)) return false;
+    }
+}
+
+SSL_CTX * new_ctx(const ssl_api & a, bool server, std::string & err) {
+    SSL_CTX * ctx = a.SSL_CTX_new(server ? a.TLS_server_method() : a.TLS_client_method());
+    if (ctx == nullptr) {
+        err = ssl_error(a, "cannot make a TLS context");
+        return nullptr;
+    }
+    a.SSL_CTX_ctrl(ctx, K_SSL_CTRL_SET_MIN_PROTO, K_TLS1_2_VERSION, nullptr);
+    a.SSL_CTX_ctrl(ctx, K_SSL_CTRL_MODE, K_SSL_MODE_PARTIAL_WRITE | K_SSL_MODE_MOVING_BUFFER, nullptr);
+    // no CA: the client pins the certificate's fingerprint (published by the hub) after the handshake
+    a.SSL_CTX_set_verify(ctx, 0, nullptr);
+    if (server && a.SSL_CTX_set_num_tickets) a.SSL_CTX_set_num_tickets(ctx, 0);
+    return ctx;
+}
+
+std::string fingerprint_of(const ssl_api & a, X509 * x) {
+    const int len = a.i2d_X509(x, nullptr);
+    if (len <= 0) return "";
+    std::vector<uint8_t> der((size_t) len);
+    unsigned char * p = der.data();
+    a.i2d_X509(x, &p);
+    return moeswarm_tls_fingerprint(der.data(), der.size());
+}
+
+bool split_addr(const std::string & addr, std::string & host, std::string & port) {
+    const size_t colon = addr.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 >= addr.size()) return false;
+    host = addr.substr(0, colon);
+    port = addr.substr(colon + 1);
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    return port.find_first_not_of("0123456789") == std::string::npos;
+}
+
+int tcp_connect(const std::string & addr, double deadline_us, std::string & err) {
+    std::string host, port;
+    if (!split_addr(addr, host, port)) {
+        err = "MOESWARM_TRANSPORT_CLOSED not a host:port address: " + addr;
+        return -1;
+    }
+    addrinfo hints;
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo * res    = nullptr;
+    const int rc      = getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
+    if (rc != 0) {
+        err = "MOESWARM_TRANSPORT_CLOSED cannot resolve " + host + ": " + gai_strerror(rc);
+        return -1;
+    }
+    int fd = -1;
+    err    = "MOESWARM_TRANSPORT_CLOSED no address for " + addr;
+    for (addrinfo * ai = res; ai != nullptr && fd < 0; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0 || !set_nonblocking(fd)) {
+            if (fd >= 0) close(fd);
+            fd = -1;
+            continue;
+        }
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) {
+            err = "MOESWARM_TRANSPORT_CLOSED cannot connect to " + addr + ": " + strerror(errno);
+            close(fd);
+            fd = -1;
+            continue;
+        }
+        int so = 0;
+        socklen_t sl = sizeof(so);
+        if (!wait_fd(fd, POLLOUT, deadline_us, err, nullptr) || getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl) != 0 || so != 0) {
+            if (so != 0) err = "MOESWARM_TRANSPORT_CLOSED cannot connect to " + addr + ": " + strerror(so);
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
+} // namespace
+
+double moeswarm_tls_now_us(void) {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+bool moeswarm_tls_available(std::string & err) {
+    return api(err) != nullptr;
+}
+
+std::string moeswarm_tls_fingerprint(const uint8_t * der, size_t size) {
+    std::string err;
+    const ssl_api * a = api(err);
+    unsigned char md[32];
+    unsigned int n = 0;
+    if (a == nullptr || a->EVP_Digest(der, size, md, &n, a->EVP_sha256(), nullptr) != 1 || n != 32) return "";
+    static const char * hex = "0123456789ABCDEF";
+    std::string s;
+    s.reserve(95);
+    for (unsigned i = 0; i < 32; ++i) {
+        if (i) s += ':';
+        s += hex[md[i] >> 4];
+        s += hex[md[i] & 15];
+    }
+    return s;
+}
+
+bool moeswarm_tls_connect(moeswarm_tls_conn & c, const std::string & addr, const std::string & pin, double deadline_us,
+        std::string & err) {
+    const ssl_api * a = api(err);
+    if (a == nullptr) {
+        err = "MOESWARM_TRANSPORT_CLOSED " + err;
+        return false;
+    }
+    moeswarm_tls_close(c);
+    // one client context for the process: it holds no identity, only settings
+    static std::once_flag once;
+    static SSL_CTX * client_ctx = nullptr;
+    static std::string ctx_err;
+    std::call_once(once, [&] { client_ctx = new_ctx(*a, false, ctx_err); });
+    if (client_ctx == nullptr) {
+        err = "MOESWARM_TRANSPORT_CLOSED " + ctx_err;
+        return false;
+    }
+    c.fd = tcp_connect(addr, deadline_us, err);
+    if (c.fd < 0) return false;
+    if (!start_session(*a, client_ctx, false, c, deadline_us, err)) {
+        moeswarm_tls_close(c);
+        return false;
+    }
+    X509 * peer = a->SSL_get1_peer_certificate(session(c)->ssl);
+    const std::string got = peer ? fingerprint_of(*a, peer) : "";
+    if (peer) a->X509_free(peer);
+    if (got.empty() || got != pin) {
+        err = "MOESWARM_TRANSPORT_PIN_MISMATCH the certificate at " + addr + " is " + (got.empty() ? "missing" : got) +
+                ", not the published " + pin;
+        moeswarm_tls_close(c);
+        return false;
+    }
+    return true;
+}
+
+bool moeswarm_tls_send_all(moeswarm_tls_conn & c, const uint8_t * data, size_t size, double deadline_us, std::string & err,
+        bool * timed_out) {
+    const ssl_api * a = api(err);
+    if (a == nullptr || c.ssl == nullptr) {
+        err = "MOESWARM_TRANSPORT_CLOSED the connection is closed";
+        return false;
+    }
+    size_t done = 0;
+    while (done < size) {
+        const int chunk = (int) std::min<size_t>(size - done, 1u << 30);
+        const int r     = a->SSL_write(session(c)->ssl, data + done, chunk);
+        if (r > 0) {
+            done += (size_t) r;
+            continue;
+        }
+        if (!pump(*a, c, r, "write", deadline_us, err, timed_out)) return false;
+    }
+    return drain_wbio(*a, c, deadline_us, err, timed_out);
+}
+
+bool moeswarm_tls_recv_all(moeswarm_tls_conn & c, uint8_t * data, size_t size, double deadline_us, std::string & err,
+        bool * timed_out) {
+    const ssl_api * a = api(err);
+    if (a == nullptr || c.ssl == nullptr) {
+        err = "MOESWARM_TRANSPORT_CLOSED the connection is closed";
+        return false;
+    }
+    size_t done = 0;
+    while (done < size) {
+        const int chunk = (int) std::min<size_t>(size - done, 1u << 30);
+        const int r     = a->SSL_read(session(c)->ssl, data + done, chunk);
+        if (r > 0) {
+            done += (size_t) r;
+            continue;
+        }
+        if (!pump(*a, c, r, "read", deadline_us, err, timed_out)) return false;
+    }
+    return true;
+}
+
+bool moeswarm_tls_recv_frame(moeswarm_tls_conn & c, std::vector<uint8_t> & payload, size_t max_frame, double deadline_us,
+        std::string & err, bool * timed_out) {
+    uint8_t hdr[4];
+    if (!moeswarm_tls_recv_all(c, hdr, 4, deadline_us, err, timed_out)) return false;
+    const uint32_t n = hdr[0] | (hdr[1] << 8) | (hdr[2] << 16) | ((uint32_t) hdr[3] << 24);
+    if (n > max_frame) {
+        err = "MOESWARM_PROTOCOL_FRAME_TOO_LARGE a frame of " + std::to_string(n) + " bytes, above " +
+                std::to_string(max_frame);
+        return false;
+    }
+    payload.resize(n);
+    return moeswarm_tls_recv_all(c, payload.data(), n, deadline_us, err, timed_out);
+}
+
+void moeswarm_tls_close(moeswarm_tls_conn & c) {
+    std::string err;
+    const ssl_api * a        = api(err);
+    moeswarm_tls_session * s = session(c);
+    if (s != nullptr) {
+        if (a != nullptr && s->ssl != nullptr) {
+            // close_notify, best effort: one non-blocking attempt, no waiting for the peer's
+            if (c.fd >= 0 && a->SSL_shutdown(s->ssl) >= 0) drain_wbio(*a, c, moeswarm_tls_now_us() + 1000, err, nullptr);
+            a->ERR_clear_error();
+            a->SSL_free(s->ssl); // frees both BIOs it owns
+        } else if (a != nullptr) {
+            if (s->rbio) a->BIO_free(s->rbio);
+            if (s->wbio) a->BIO_free(s->wbio);
+        }
+        delete s;
+        c.ssl = nullptr;
+    }
+    if (c.fd >= 0) {
+        close(c.fd);
+        c.fd = -1;
+    }
+}
+
+void moeswarm_tls_interrupt(const moeswarm_tls_conn & c) {
+    if (c.fd >= 0) shutdown(c.fd, SHUT_RDWR);
+}
+
+struct moeswarm_tls_server {
+    SSL_CTX * ctx = nullptr;
+    std::string fingerprint;
+};
+
+moeswarm_tls_server * moeswarm_tls_server_new(const std::string & cert_pem, const std::string & key_pem, std::string & err) {
+    const ssl_api * a = api(err);
+    if (a == nullptr) return nullptr;
+    SSL_CTX * ctx = new_ctx(*a, true, err);
+    if (ctx == nullptr) return nullptr;
+    BIO * cb       = a->BIO_new_mem_buf(cert_pem.data(), (int) cert_pem.size());
+    BIO * kb       = a->BIO_new_mem_buf(key_pem.data(), (int) key_pem.size());
+    X509 * cert    = cb ? a->PEM_read_bio_X509(cb, nullptr, nullptr, nullptr) : nullptr;
+    EVP_PKEY * key = kb ? a->PEM_read_bio_PrivateKey(kb, nullptr, nullptr, nullptr) : nullptr;
+    bool ok        = cert != nullptr && key != nullptr;
+    if (!ok) err = ssl_error(*a, cert == nullptr ? "the certificate is not PEM" : "the private key is not PEM");
+    if (ok && (a->SSL_CTX_use_certificate(ctx, cert) != 1 || a->SSL_CTX_use_PrivateKey(ctx, key) != 1 ||
+                      a->SSL_CTX_check_private_key(ctx) != 1)) {
+        err = ssl_error(*a, "the certificate and key do not go together");
+        ok  = false;
+    }
+    moeswarm_tls_server * s = nullptr;
+    if (ok) {
+        s              = new moeswarm_tls_server();
+        s->ctx         = ctx;
+        s->fingerprint = fingerprint_of(*a, cert);
+    } else {
+        a->SSL_CTX_free(ctx);
+    }
+    if (cert) a->X509_free(cert);
+    if (key) a->EVP_PKEY_free(key);
+    if (cb) a->BIO_free(cb);
+    if (kb) a->BIO_free(kb);
+    return s;
+}
+
+void moeswarm_tls_server_free(moeswarm_tls_server * s) {
+    if (s == nullptr) return;
+    std::string err;
+    const ssl_api * a = api(err);
+    if (a != nullptr && s->ctx != nullptr) a->SSL_CTX_free(s->ctx);
+    delete s;
+}
+
+std::string moeswarm_tls_server_fingerprint(const moeswarm_tls_server * s) {
+    return s ? s->fingerprint : "";
+}
+
+bool moeswarm_tls_accept(moeswarm_tls_server * s, int fd, moeswarm_tls_conn & c, double deadline_us, std::string & err) {
+    moeswarm_tls_close(c);
+    c.fd              = fd;
+    const ssl_api * a = api(err);
+    if (a == nullptr || s == nullptr || !set_nonblocking(fd) || !start_session(*a, s->ctx, true, c, deadline_us, err)) {
+        if (err.empty()) err = "MOESWARM_TRANSPORT_CLOSED cannot start TLS on the accepted socket";
+        moeswarm_tls_close(c);
+        return false;
+    }
+    return true;
+}
