@@ -266,7 +266,8 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
     },
   });
   // the hub's quarantines apply here from the start: a fresh process never trusts a known liar
-  if (link) refreshBans = await HubBans.seed(link, verification, controller.signal);
+  // a ban read later also takes its worker off the native table
+  if (link) refreshBans = await HubBans.seed(link, verification, controller.signal, () => native?.refresh());
   const liveness = transport.trusted === true ? undefined : new Liveness();
   native = nativePlaneOf(options, {
     link,
@@ -475,11 +476,17 @@ class HubBans {
     private readonly link: HubLink,
     private readonly verification: Verification,
     private readonly signal: AbortSignal,
+    private readonly onApplied: () => void,
   ) {}
 
   /** Applies the hub's list now (closing the link when it cannot be read); returns the refresh. */
-  static async seed(link: HubLink, verification: Verification, signal: AbortSignal): Promise<() => void> {
-    const bans = new HubBans(link, verification, signal);
+  static async seed(
+    link: HubLink,
+    verification: Verification,
+    signal: AbortSignal,
+    onApplied: () => void,
+  ): Promise<() => void> {
+    const bans = new HubBans(link, verification, signal, onApplied);
     try {
       await bans.refresh();
     } catch (failure) {
@@ -500,6 +507,7 @@ class HubBans {
           this.#again = false;
           if (this.signal.aborted) return;
           this.#apply(await this.link.quarantined({ signal: this.signal }));
+          this.onApplied();
         } while (this.#again);
       } finally {
         this.#running = undefined;

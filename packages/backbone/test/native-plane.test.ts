@@ -8,6 +8,7 @@ import { decodeFrame, encodeLengthPrefixed, FrameReader } from "@moeswarm/core";
 import { Placement, type WorkerRegistration } from "@moeswarm/dispatch";
 import { decode, encode } from "@msgpack/msgpack";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { parse, readConfig } from "../src/cli/options.js";
 import { serveBackboneBridge } from "../src/index.js";
 import { NativePlane, nativeDeadlineMs, nativeOffReason } from "../src/native-bridge.js";
 import { decodeNativeFrame, type NativeTableFrame } from "../src/native-plane.js";
@@ -113,6 +114,33 @@ describe("which layers go native", () => {
     expect(nativeDeadlineMs({ deadlineMs: 300 }, 80)).toBe(300);
     expect(nativeDeadlineMs({ pluginTimeoutMs: 2000 }, undefined)).toBe(2000);
     expect(nativeDeadlineMs({ deadlineMs: 9000, pluginTimeoutMs: 2000 }, undefined)).toBe(2000);
+  });
+});
+
+describe("native options", () => {
+  const io = { stdout: process.stdout, stderr: process.stderr };
+  const base = ["--tcp", "127.0.0.1:0", "--hub", "https://hub.example", "--token", "t", "--model-id", "m"];
+
+  it("moeswarm-dispatcher --no-native turns the plane off; without it the bridge's default (on) is left", () => {
+    expect(readConfig(parse([...base, "--no-native"]).values, io).extra.native).toBe(false);
+    expect(readConfig(parse(base).values, io).extra).not.toHaveProperty("native");
+  });
+
+  it("serveBackboneBridge refuses a malformed native option before anything starts", async () => {
+    const placement = Placement.fromRegistrations([{ id: "w", model: "unit", layers: [0], experts: [0] }]);
+    const transport = {
+      request: async () => ({ mode: "each" as const, n: 0, k: 0, embd: 0, y: new Float32Array() }),
+    };
+    for (const native of [
+      "yes",
+      { deadlineMs: 0 },
+      { pluginTimeoutMs: 1.5 },
+      { backoff: { initialMs: -1 } },
+    ]) {
+      await expect(
+        serveBackboneBridge({ socket: { port: 0 }, placement, transport, native: native as never }),
+      ).rejects.toMatchObject({ code: "MOESWARM_INVALID_ARGUMENT" });
+    }
   });
 });
 
