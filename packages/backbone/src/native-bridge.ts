@@ -121,13 +121,14 @@ export class NativePlane {
       return;
     }
     if (frame.t === "native-hello") {
+      // the table as of now (a quarantine or an open circuit since the last look), then to this
+      // connection and every later change
+      this.#table?.refresh();
       if (!this.#conns.has(conn)) {
         this.#conns.set(conn, -1);
         conn.onClose(() => this.#conns.delete(conn));
       }
       conn.sendPayload(encodeNativeTable(this.current()));
-      // the first hello is when the plane's tickets are first worth asking for
-      this.#table?.refresh();
       return;
     }
     const last = this.#conns.get(conn) ?? -1;

@@ -154,6 +154,43 @@ describe.skipIf(Boolean(missing))("native plane: the bridge's table from a real 
     plugin.close();
   });
 
+  it("a worker paused at the hub, or quarantined by the bridge, leaves the table; back when lifted", async () => {
+    await using bridge: BackboneBridge = await serveBackboneBridge({
+      socket: join(fx.tmp.dir, "pause.sock"),
+      hub: hubOptions("bb-pause"),
+      trust: "own",
+    });
+    const layersNow = () => bridge.metrics().native!.table.layers;
+    await vi.waitFor(() => expect(layersNow()).toEqual(fx.info.layers), { timeout: 10_000 });
+    const pause = (what: "pause" | "resume") =>
+      request(`${fx.url}/api/workers/nw/${what}`, {
+        method: "POST",
+        dispatcher: agent,
+        headers: {
+          authorization: `Bearer ${mintToken({ role: "worker", id: "nw", ttlS: 600 }, SECRET)}`,
+          "content-type": "application/json",
+        },
+        body: JSON.stringify({ reason: "native test" }),
+      });
+    expect((await pause("pause")).statusCode).toBe(200);
+    // the hub leaves a paused worker out of the placement: the next version empties the table
+    await vi.waitFor(() => expect(layersNow()).toEqual([]), { timeout: 15_000 });
+    expect((await pause("resume")).statusCode).toBe(200);
+    await vi.waitFor(() => expect(layersNow()).toEqual(fx.info.layers), { timeout: 15_000 });
+
+    // quarantined by this bridge (as a proven lie would): out of the table at once
+    bridge.verification.quarantine("nw");
+    expect(bridge.verification.isQuarantined("nw")).toBe(true);
+    const plugin = await pluginConnection(bridge.address);
+    plugin.send({ v: 1, t: "native-hello", pid: process.pid });
+    expect((await plugin.table()).layers).toEqual([]);
+    bridge.verification.release("nw");
+    // the next receipts (or placement) look again
+    plugin.send({ v: 1, t: "native-receipts", seq: 1, counts: [], failures: [] });
+    expect((await plugin.table()).layers.map((e) => e.layer)).toEqual(fx.info.layers);
+    plugin.close();
+  });
+
   it("trust verify (the default with a hub) and spot checks keep every layer on the bridge", async () => {
     for (const [name, extra] of [
       ["verify", {}],
