@@ -120,6 +120,17 @@ export class NativePlane {
       this.#malformedCodes[code] = (this.#malformedCodes[code] ?? 0) + 1;
       return;
     }
+    try {
+      this.#handle(frame, conn);
+    } catch (error) {
+      // nothing here may take the bridge down (this runs in the socket's data handler): counted
+      const code = isMoeswarmError(error) ? error.code : "internal";
+      this.#c.malformed++;
+      this.#malformedCodes[code] = (this.#malformedCodes[code] ?? 0) + 1;
+    }
+  }
+
+  #handle(frame: ReturnType<typeof decodeNativeFrame>, conn: PluginConnection): void {
     if (frame.t === "native-hello") {
       // the table as of now (a quarantine or an open circuit since the last look), then to this
       // connection and every later change

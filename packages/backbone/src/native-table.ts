@@ -259,8 +259,9 @@ export class NativeTable {
     if (this.#fetching.has(worker) || this.#ticketRetry.active(worker, now)) return;
     this.#fetching.add(worker);
     const { signal } = this.#o;
-    void this.#o
-      .ticket(worker, signal)
+    // a ticket function that throws at once is a failed request like any other
+    void Promise.resolve()
+      .then(() => this.#o.ticket(worker, signal))
       .then((t) => {
         const at = Date.now();
         if (typeof t?.ticket !== "string" || !t.ticket.startsWith("mswt1.") || !Number.isSafeInteger(t.exp)) {

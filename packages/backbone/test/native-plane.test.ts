@@ -296,6 +296,38 @@ describe("the plane on a plugin connection (fake timers)", () => {
     expect(c.tables.at(-1)!.layers).toEqual([]);
   });
 
+  it("a ticket function or a placement that throws is counted, never thrown into the socket's handler", async () => {
+    const p = new NativePlane({
+      backbone: "bb",
+      deadlineMs: 250,
+      routing,
+      table: {
+        backbone: "bb",
+        deadlineMs: 250,
+        view: () => current,
+        exclude: () => excluded,
+        ticket: () => {
+          throw new Error("at once");
+        },
+        signal: stop.signal,
+      },
+    });
+    const c = fakeConnection();
+    expect(() => p.onPayload(hello(), c.conn)).not.toThrow();
+    await vi.advanceTimersByTimeAsync(0);
+    expect(p.metrics()).toMatchObject({ ticketErrors: 1, table: { layers: [] } });
+    current = {
+      ...current!,
+      placement: {
+        owners: () => {
+          throw new Error("broken");
+        },
+      } as never,
+    };
+    expect(() => p.onPayload(receipts(1, []), c.conn)).not.toThrow();
+    expect(p.metrics().malformedCodes).toMatchObject({ internal: 1 });
+  });
+
   it("receipts are the bridge's routing: tokens through the layer, expert-tokens to the worker", async () => {
     const p = plane();
     const c = fakeConnection();
