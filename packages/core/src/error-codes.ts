@@ -258,6 +258,14 @@ export const ERROR_CODES = {
     area: "NativeError",
     text: "The compute process died more often than its restart budget allows (restart.max within restart.windowMs): the compute gives up and refuses every request; look at the crash in the message (its signal and stderr).",
   },
+  MOESWARM_NATIVE_TLS_UNAVAILABLE: {
+    area: "NativeError",
+    text: "The native listener (moeswarm-worker --listen-native) needs OpenSSL 3 and none was found in the process or as libssl.so.3: the worker carries on without it, and backbones reach it over the relay (or --listen).",
+  },
+  MOESWARM_NATIVE_LISTEN: {
+    area: "NativeError",
+    text: "The native listener could not listen on its host:port (in use, not an address of this machine, or not permitted): pick another --listen-native.",
+  },
 
   // --- hub ---------------------------------------------------------------------------------------
   MOESWARM_HUB_NOT_FOUND: { area: "HubError", text: "The model, worker or resource does not exist." },

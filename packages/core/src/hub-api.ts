@@ -226,10 +226,32 @@ export interface PlacementRegistrationJson {
  * certificate they present, which a backbone pins (no CA involved).
  */
 export interface DirectEndpointJson {
-  /** `wss://host:port` URLs, tried in order. */
+  /** `wss://host:port` URLs, tried in order (may be empty when `native` lists addresses). */
   endpoints: string[];
   /** SHA-256 of the certificate's DER, uppercase hex pairs joined by `:` (as Node's fingerprint256). */
   fingerprint: string;
+  /**
+   * The worker's native listener (`moeswarm-worker --listen-native`, protocol section 10.9): plain
+   * `host:port` addresses (IPv6 as `[::1]:port`), at most {@link MAX_NATIVE_ADDRESSES}, behind the
+   * same certificate. Absent: none (an older worker or hub).
+   */
+  native?: string[];
+}
+
+/** At most this many `native` addresses per worker. */
+export const MAX_NATIVE_ADDRESSES = 8;
+/** The longest `native` address (characters). */
+export const MAX_NATIVE_ADDRESS_CHARS = 300;
+
+/**
+ * Whether `s` is a native listener's address as `DirectEndpointJson.native` lists it: `host:port`
+ * with a host name or IPv4 address, or `[v6]:port`, port 1..65535, at most 300 characters.
+ */
+export function isNativeAddress(s: unknown): s is string {
+  if (typeof s !== "string" || s.length > MAX_NATIVE_ADDRESS_CHARS) return false;
+  const m = /^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})$/.exec(s);
+  const port = m ? Number(m[2]) : 0;
+  return m !== null && port >= 1 && port <= 65_535 && !/^0\d/.test(m[2] as string);
 }
 
 /** `GET /api/direct/key`: the hub's Ed25519 key that signs direct-link tickets. */

@@ -3,6 +3,7 @@ import { describe, expect, it } from "vitest";
 import {
   isHubId,
   isMoeswarmError,
+  isNativeAddress,
   manifestUrl,
   parseDemandJson,
   parseLeaseJson,
@@ -89,5 +90,41 @@ describe("hub-api", () => {
     refused(() => parseStatsReport({ receipts: { "": { expertTokens: 1 } } }, MODEL), /1\.\.128 bytes/);
     expect(isHubId("x".repeat(128))).toBe(true);
     expect(isHubId("x".repeat(129))).toBe(false);
+  });
+});
+
+describe("isNativeAddress (DirectEndpointJson.native)", () => {
+  it("takes host:port, IPv4:port and [v6]:port with a port in 1..65535", () => {
+    for (const ok of [
+      "w1:7444",
+      "w1.example.org:1",
+      "10.0.0.2:65535",
+      "[::1]:7444",
+      "[fe80::1:2]:80",
+      "a_b-c:9",
+    ]) {
+      expect(isNativeAddress(ok), ok).toBe(true);
+    }
+  });
+
+  it("refuses URLs, bare hosts, bad ports, unbracketed IPv6, spaces, non-strings and long ones", () => {
+    for (const bad of [
+      "w1",
+      "w1:",
+      "w1:0",
+      "w1:65536",
+      "w1:07444",
+      "wss://w1:7444",
+      "::1:7444",
+      "[::1]",
+      "w 1:7444",
+      ":7444",
+      `${"a".repeat(296)}:7444`, // 301 characters
+      7444,
+      undefined,
+    ]) {
+      expect(isNativeAddress(bad), String(bad)).toBe(false);
+    }
+    expect(isNativeAddress(`${"a".repeat(295)}:7444`)).toBe(true); // 300 characters
   });
 });

@@ -1,7 +1,14 @@
 // Direct links on the hub's side: the Ed25519 key that signs tickets (a backbone shows one to a
 // worker it dials directly), and the check of the endpoints a worker advertises.
 import { generateKeyPairSync, type KeyObject } from "node:crypto";
-import type { DirectEndpointJson, DirectKeyJson, DirectTicketJson } from "@moeswarm/core";
+import {
+  type DirectEndpointJson,
+  type DirectKeyJson,
+  type DirectTicketJson,
+  isNativeAddress,
+  MAX_NATIVE_ADDRESS_CHARS,
+  MAX_NATIVE_ADDRESSES,
+} from "@moeswarm/core";
 import { directKeyJson, signDirectTicket } from "@moeswarm/relay-client";
 import { badRequest } from "./http-errors.js";
 import type { DirectPairRow, DirectWrite } from "./store-direct.js";
@@ -104,14 +111,31 @@ export class DirectKeys {
   }
 }
 
-/** Checks a `PUT /api/workers/:id/direct` body: `wss://` endpoints and a SHA-256 fingerprint. */
+/**
+ * Checks a `PUT /api/workers/:id/direct` body: `wss://` endpoints, a SHA-256 fingerprint, and the
+ * native listener's `host:port` addresses (optional). Undefined withdraws: both lists empty.
+ */
 export function parseDirectEndpoint(body: unknown): DirectEndpointJson | undefined {
-  const shape = '{"endpoints": ["wss://host:port", ...], "fingerprint": "AA:BB:..."}';
+  const shape =
+    '{"endpoints": ["wss://host:port", ...], "fingerprint": "AA:BB:...", "native"?: ["host:port", ...]}';
   if (typeof body !== "object" || body === null || Array.isArray(body)) {
     throw badRequest(`the body must be ${shape}`);
   }
-  const { endpoints, fingerprint } = body as Record<string, unknown>;
-  if (Array.isArray(endpoints) && endpoints.length === 0) return undefined;
+  const { endpoints, fingerprint, native } = body as Record<string, unknown>;
+  if (native !== undefined) {
+    if (!Array.isArray(native) || native.length > MAX_NATIVE_ADDRESSES) {
+      throw badRequest(`"native" must list 0..${MAX_NATIVE_ADDRESSES} host:port addresses`);
+    }
+    for (const a of native) {
+      if (!isNativeAddress(a)) {
+        throw badRequest(
+          `native address ${JSON.stringify(a)} is not host:port (IPv6 as [::1]:port, at most ${MAX_NATIVE_ADDRESS_CHARS} characters)`,
+        );
+      }
+    }
+  }
+  const nativeList = (native as string[] | undefined) ?? [];
+  if (Array.isArray(endpoints) && endpoints.length === 0 && nativeList.length === 0) return undefined;
   if (!Array.isArray(endpoints) || endpoints.length > MAX_ENDPOINTS) {
     throw badRequest(`"endpoints" must list 0..${MAX_ENDPOINTS} wss:// URLs`);
   }
@@ -129,5 +153,9 @@ export function parseDirectEndpoint(body: unknown): DirectEndpointJson | undefin
   if (typeof fingerprint !== "string" || !FINGERPRINT.test(fingerprint)) {
     throw badRequest('"fingerprint" must be a SHA-256 fingerprint, 32 uppercase hex pairs joined by ":"');
   }
-  return { endpoints: [...(endpoints as string[])], fingerprint };
+  return {
+    endpoints: [...(endpoints as string[])],
+    fingerprint,
+    ...(nativeList.length > 0 ? { native: [...nativeList] } : {}),
+  };
 }

@@ -21,7 +21,15 @@ export function placementOf(
     return {
       ...r,
       ...(said ? { dtypes: [...said] } : {}),
-      ...(direct ? { direct: { endpoints: [...direct.endpoints], fingerprint: direct.fingerprint } } : {}),
+      ...(direct
+        ? {
+            direct: {
+              endpoints: [...direct.endpoints],
+              fingerprint: direct.fingerprint,
+              ...(direct.native ? { native: [...direct.native] } : {}),
+            },
+          }
+        : {}),
     };
   });
   const { owners, missing } = ownersOf(grid, registrations);

@@ -64,6 +64,60 @@ describe("direct links on the hub", () => {
     expect(withdrawn.registrations[0]).not.toHaveProperty("direct");
   });
 
+  it("carries the native listener's addresses (section 10.9), checked, and withdraws only when both lists are empty", async () => {
+    await using w = await connectRelay(h.relayUrl, {
+      role: "worker",
+      id: "w3",
+      token: h.token("worker", "w3"),
+      reconnect: false,
+    });
+    w.register({ model: MODEL, layers: [0, 1], experts: [0, 1, 2, 3, 4, 5, 6, 7] });
+    const mine = async () => (await placement()).registrations.find((r) => r.id === "w3");
+    await waitFor(async () => (await mine()) !== undefined, "w3's slice in the placement");
+
+    // native alone (no --listen): endpoints may be empty
+    const nativeOnly = {
+      endpoints: [],
+      fingerprint: FP,
+      native: ["w3.example:7444", "[::1]:7444", "10.0.0.3:1"],
+    };
+    const r = await put("w3", "w3", nativeOnly);
+    expect(r.status).toBe(200);
+    expect(r.body).toMatchObject({ worker: "w3", native: nativeOnly.native });
+    expect((await mine())!.direct).toEqual(nativeOnly);
+    // with endpoints too
+    const both = { endpoints: ["wss://w3.example:7443"], fingerprint: FP, native: ["w3.example:7444"] };
+    expect((await put("w3", "w3", both)).status).toBe(200);
+    expect((await mine())!.direct).toEqual(both);
+    // an empty native is as absent: the record stays for its endpoints, without native
+    expect((await put("w3", "w3", { ...both, native: [] })).status).toBe(200);
+    expect((await mine())!.direct).toEqual({ endpoints: both.endpoints, fingerprint: FP });
+
+    for (const native of [
+      "w3:7444",
+      ["w3"],
+      ["w3:0"],
+      ["w3:65536"],
+      ["wss://w3:7444"],
+      ["::1:7444"],
+      ["w3 x:1"],
+      [7444],
+      [`${"a".repeat(300)}:1`],
+      Array.from({ length: 9 }, (_, i) => `w3:${i + 1}`),
+    ]) {
+      const bad = await put("w3", "w3", { endpoints: [], fingerprint: FP, native });
+      expect(bad.status, JSON.stringify(native)).toBe(400);
+      expect(bad.body.error.code).toBe("MOESWARM_HUB_BAD_REQUEST");
+    }
+    // native needs the fingerprint as endpoints do (the same certificate)
+    expect((await put("w3", "w3", { endpoints: [], native: ["w3:1"] })).status).toBe(400);
+    expect((await mine())!.direct).toEqual({ endpoints: both.endpoints, fingerprint: FP });
+
+    expect((await put("w3", "w3", nativeOnly)).status).toBe(200);
+    expect((await put("w3", "w3", { endpoints: [], fingerprint: FP, native: [] })).status).toBe(200);
+    expect(await mine()).not.toHaveProperty("direct");
+  });
+
   it("mints tickets that verify with its published key and name the asking backbone", async () => {
     const key = parseDirectKey((await h.send("GET", "/api/direct/key")).body);
     const r = await h.send("POST", "/api/direct/tickets", { worker: "w1" }, h.token("backbone", "bb"));

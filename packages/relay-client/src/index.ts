@@ -36,6 +36,7 @@ export {
   directKeyJson,
   parseDirectKey,
   signDirectTicket,
+  ticketKeyId,
   type VerifyTicketOptions,
   verifyDirectTicket,
 } from "./direct-ticket.js";

@@ -59,6 +59,15 @@ export {
 } from "./native-binding.js";
 export { NativeExpertCompute, type NativeLoadOptions, SYNC_MAX_TOKENS } from "./native-compute.js";
 export {
+  type NativeRoute,
+  type NativeServed,
+  type NativeServer,
+  type NativeServerOptions,
+  type NativeSlice,
+  nativeSliceOf,
+  serveNative,
+} from "./native-server.js";
+export {
   NATIVE_TARGETS,
   type NativeTarget,
   platformPackageName,

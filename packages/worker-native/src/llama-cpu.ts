@@ -185,7 +185,8 @@ const loadedAddons = new Map<string, NativeAddon>();
  * static initialisers ran leaves std::terminate pointing into unmapped code. A process that already
  * holds node-llama-cpp's ggml (a backbone) shares it: one ggml per process.
  */
-function requireLlamaCpuAddon(binsDir: string): NativeAddon {
+/** @internal */
+export function requireLlamaCpuAddon(binsDir: string): NativeAddon {
   const path = llamaCpuAddonPath();
   if (!path) {
     prebuiltPath("linux-x64", LLAMA_ADDON); // throws, naming the platform package to install

@@ -80,6 +80,8 @@ export class NativeExpertCompute implements ExpertCompute {
   /** What the addon reports, with which tensors were repacked. */
   readonly native: NativeSliceInfo;
   readonly #handle: NativeSliceHandle;
+  /** The build of the addon that loaded the slice (the native listener of that build can serve it). */
+  readonly #addon: NativeAddon | undefined;
   readonly #queue = new RunQueue();
   readonly #experts: ReadonlySet<number>;
   /** Token bound of the synchronous path; 0 when off or the addon has no runSync. */
@@ -90,8 +92,10 @@ export class NativeExpertCompute implements ExpertCompute {
     handle: NativeSliceHandle,
     device: string | undefined,
     syncMaxTokens: number | undefined,
+    addon?: NativeAddon,
   ) {
     this.#handle = handle;
+    this.#addon = addon;
     this.native = handle.info();
     this.info = toInfo(this.native);
     if (device !== undefined) this.info.device = device;
@@ -148,12 +152,23 @@ export class NativeExpertCompute implements ExpertCompute {
     } catch (cause) {
       throw nativeError(cause);
     }
-    const compute = new NativeExpertCompute(loaded.handle, device, syncMaxTokens);
+    const compute = new NativeExpertCompute(loaded.handle, device, syncMaxTokens, addon);
     if (options.signal?.aborted) {
       await compute.close();
       throwIfAborted(options.signal);
     }
     return compute;
+  }
+
+  /**
+   * The addon's slice and the addon that loaded it, for the native listener (native-server.ts),
+   * which computes on it from its own threads; undefined once closed.
+   * @internal
+   */
+  nativeSlice(): { addon: NativeAddon; handle: NativeSliceHandle } | undefined {
+    return this.#closed || this.#addon === undefined
+      ? undefined
+      : { addon: this.#addon, handle: this.#handle };
   }
 
   run(request: RunRequest, options: RunOptions = {}): Promise<Float32Array> {

@@ -17,6 +17,7 @@ import { hostFacts, workerDefaults } from "./device-defaults.js";
 import { DIRECT_MATCH_MINUTES, DIRECT_REPORT_MAX_MS, directSettings } from "./direct.js";
 import { enrolledToken } from "./enrol.js";
 import { formatBytes, formatWorkerEvent, type WorkerEvent } from "./events.js";
+import { nativeSettings } from "./native.js";
 import { MAX_BATCH_ROWS_LIMIT } from "./options.js";
 import type { PowerOptions } from "./power.js";
 import { type RunWorkerOptions, runWorker } from "./run-worker.js";
@@ -73,8 +74,17 @@ downloads and verifies it, serves it through the hub's relay until SIGINT/SIGTER
   --listen HOST:PORT   also serve backbones directly on this TLS WebSocket address, e.g.
                        0.0.0.0:7443 (the relay stays for backbones that cannot reach it)
   --advertise URL      the wss://name:port backbones dial (repeatable; default wss://<host>:<port>)
-  --tls-cert FILE      PEM certificate for --listen, with --tls-key (default: a self-signed one,
-                       made with openssl; backbones pin its fingerprint, no CA needed)
+  --listen-native HOST:PORT
+                       also serve backbone plugins on the native listener at this TLS address,
+                       e.g. 0.0.0.0:7444: a layer's work goes straight into this process's
+                       compute threads (no relay, no JavaScript on the way) for the layers one
+                       in-process native or llama-cpu slice holds; with or without --listen.
+                       Without OpenSSL 3 in this Node the worker says so and serves without it
+  --advertise-native HOST:PORT
+                       the address backbones dial for --listen-native (repeatable; default
+                       <host>:<port>)
+  --tls-cert FILE      PEM certificate for --listen and --listen-native, with --tls-key (default:
+                       a self-signed one, made with openssl; backbones pin its fingerprint, no CA)
   --tls-key FILE       its PEM private key
   --direct-report SECONDS
                        how often to tell the hub what was answered directly, for credits
@@ -182,6 +192,8 @@ const OPTIONS = {
   "lease-ttl": { type: "string" },
   listen: { type: "string" },
   advertise: { type: "string", multiple: true },
+  "listen-native": { type: "string" },
+  "advertise-native": { type: "string", multiple: true },
   "tls-cert": { type: "string" },
   "tls-key": { type: "string" },
   "direct-report": { type: "string" },
@@ -247,6 +259,7 @@ export async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Pro
   const threads = threadsText !== undefined ? Number(threadsText) : defaults.threads;
   const token = enrol !== undefined ? await enrolledToken(hub, enrol, cacheDir, ca) : await tokenOf(str, env);
   const direct = await directOptions(str, values.advertise as string[] | undefined);
+  const native = await nativeOptions(str, values["advertise-native"] as string[] | undefined, direct);
   const power = powerOptions(str, env);
   const pollMs = seconds(str("poll"), "poll", 0.01);
   const leaseTtlMs = seconds(str("lease-ttl"), "lease-ttl", 1);
@@ -266,6 +279,7 @@ export async function workerOptions(values: Values, env: NodeJS.ProcessEnv): Pro
     ...(pollMs !== undefined ? { pollMs } : {}),
     ...(leaseTtlMs !== undefined ? { leaseTtlMs } : {}),
     ...(direct !== undefined ? { direct } : {}),
+    ...(native !== undefined ? { native } : {}),
     power,
   };
 }
@@ -315,13 +329,11 @@ async function directOptions(
   const certFile = str("tls-cert");
   const keyFile = str("tls-key");
   if (listen === undefined) {
-    if (
-      advertise !== undefined ||
-      certFile !== undefined ||
-      keyFile !== undefined ||
-      str("direct-report") !== undefined
-    ) {
-      throw usageError("--advertise, --tls-cert, --tls-key and --direct-report go with --listen HOST:PORT");
+    if (advertise !== undefined || str("direct-report") !== undefined) {
+      throw usageError("--advertise and --direct-report go with --listen HOST:PORT");
+    }
+    if ((certFile !== undefined || keyFile !== undefined) && str("listen-native") === undefined) {
+      throw usageError("--tls-cert and --tls-key go with --listen HOST:PORT or --listen-native HOST:PORT");
     }
     return undefined;
   }
@@ -347,6 +359,43 @@ async function directOptions(
     throw usageError((error as Error).message);
   }
   return direct;
+}
+
+/** --listen-native, --advertise-native (and --tls-cert, --tls-key) as runWorker's `native`. */
+async function nativeOptions(
+  str: (name: string) => string | undefined,
+  advertise: string[] | undefined,
+  direct: RunWorkerOptions["direct"],
+): Promise<RunWorkerOptions["native"]> {
+  const listen = str("listen-native");
+  if (listen === undefined) {
+    if (advertise !== undefined) throw usageError("--advertise-native goes with --listen-native HOST:PORT");
+    return undefined;
+  }
+  const certFile = str("tls-cert");
+  const keyFile = str("tls-key");
+  if ((certFile === undefined) !== (keyFile === undefined)) {
+    throw usageError("give both --tls-cert and --tls-key, or neither (a self-signed certificate is made)");
+  }
+  // one pair for both listeners: the fingerprint published is theirs
+  const native = {
+    listen,
+    ...(advertise !== undefined ? { advertise } : {}),
+    ...(direct?.tlsCert !== undefined
+      ? { tlsCert: direct.tlsCert, tlsKey: direct.tlsKey as string }
+      : certFile !== undefined
+        ? {
+            tlsCert: await readOption(certFile, "tls-cert"),
+            tlsKey: await readOption(keyFile as string, "tls-key"),
+          }
+        : {}),
+  };
+  try {
+    nativeSettings(native);
+  } catch (error) {
+    throw usageError((error as Error).message.replace(/native\.listen/, "--listen-native"));
+  }
+  return native;
 }
 
 /**

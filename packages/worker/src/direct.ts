@@ -89,12 +89,14 @@ export async function startDirect(
     onDispatch: DispatchHandler;
     emit(body: WorkerEventBody): void;
     signal: AbortSignal;
+    /** The pair to serve when `d` names none (the native listener's too: one fingerprint). */
+    tls?: { cert: string; key: string };
   },
 ): Promise<{ server: DirectServer; endpoint: DirectEndpointJson }> {
   const tls =
     d.cert !== undefined && d.key !== undefined
       ? { cert: d.cert, key: d.key }
-      : await selfSignedCertificate({ signal: o.signal });
+      : (o.tls ?? (await selfSignedCertificate({ signal: o.signal })));
   let refusals = 0;
   const server = await serveDirect({
     id: o.id,
@@ -178,10 +180,15 @@ export class DirectServedReport {
   add(backbone: string, model: string, ids: Int32Array): void {
     let filled = 0;
     for (let i = 0; i < ids.length; i++) if (ids[i] !== -1) filled++;
+    this.addCounts(backbone, model, filled, 1);
+  }
+
+  /** Counts answered elsewhere (the native listener's, which counted the filled slots itself). */
+  addCounts(backbone: string, model: string, expertTokens: number, requests: number): void {
     const key = `${backbone}\0${model}`;
     const e = this.#pending.get(key) ?? { backbone, model, expertTokens: 0, requests: 0 };
-    e.expertTokens += filled;
-    e.requests++;
+    e.expertTokens += expertTokens;
+    e.requests += requests;
     this.#pending.set(key, e);
   }
 

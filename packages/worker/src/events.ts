@@ -103,6 +103,14 @@ export type WorkerEventBody =
   | { event: "direct-unsupported"; hub: string }
   /** A backbone's dial to the direct endpoint was refused (bad ticket, no hello). */
   | { event: "direct-refused"; code: string; error: string; remote?: string | undefined }
+  /** The native listener (--listen-native) listens, and the hub was told. */
+  | { event: "native-listening"; addresses: string[]; fingerprint: string; port: number }
+  /** The native listener cannot run here (no OpenSSL 3, no addon): the worker serves without it. */
+  | { event: "native-unavailable"; code: string; error: string }
+  /** A backbone's connection to the native listener was refused (bad ticket, no hello). */
+  | { event: "native-refused"; code: string; error: string; remote?: string | undefined }
+  /** The layers the native listener serves changed (`layers` of the `offered` single-slice ones). */
+  | { event: "native-routes"; layers: number; offered: number }
   | ({
       event: "registered";
       cells: number;
@@ -266,6 +274,12 @@ const FORMATTERS: { [N in WorkerEventName]: (e: WorkerEventOf<N>) => string } = 
   "direct-unsupported": (e) => `the hub ${e.hub} has no direct links: serving through its relay only`,
   "direct-refused": (e) =>
     `refused a direct link${e.remote ? ` from ${e.remote}` : ""}: ${e.code}: ${e.error}`,
+  "native-listening": (e) =>
+    `native listener ${e.addresses.join(", ")} (port ${e.port}, certificate ${e.fingerprint.slice(0, 23)}...)`,
+  "native-unavailable": (e) => `no native listener: ${e.code}: ${e.error}`,
+  "native-refused": (e) =>
+    `refused a native link${e.remote ? ` from ${e.remote}` : ""}: ${e.code}: ${e.error}`,
+  "native-routes": (e) => `native listener serves ${plural(e.layers, "layer")}`,
   registered: (e) => {
     const more =
       e.slices !== undefined && e.slices > 1 && e.bytes !== undefined && e.capacityBytes !== undefined

@@ -26,6 +26,7 @@ export {
   type WorkerEventBody,
   type WorkerEventName,
 } from "./events.js";
+export type { NativeListenOptions } from "./native.js";
 export {
   type PowerOptions,
   type PowerReading,

@@ -16,6 +16,7 @@ import {
 } from "@moeswarm/worker-native";
 import { type DirectOptions, type DirectSettings, directSettings } from "./direct.js";
 import type { WorkerEvent } from "./events.js";
+import { type NativeListenOptions, type NativeSettings, nativeSettings } from "./native.js";
 import { checkPowerOptions, type PowerOptions } from "./power.js";
 
 // runWorker's options, checked once into Settings, and the summary it resolves with.
@@ -94,6 +95,12 @@ export interface RunWorkerOptions {
   /** Also serve backbones directly on a TLS WebSocket endpoint (the relay stays for the others). */
   direct?: DirectOptions;
   /**
+   * Also serve backbone plugins on the native listener (protocol section 10.9: TLS into the
+   * addon's threads, no relay): the layers one in-process native or llama-cpu slice holds alone.
+   * Its certificate is `direct`'s when both are on (one fingerprint).
+   */
+  native?: NativeListenOptions;
+  /**
    * Pause on low battery or heat, read from sysfs every 30 s (see PowerOptions); the worker tells
    * the hub, which routes it nothing new until it recovers. Default: off (`moeswarm-worker` turns
    * it on with --pause-battery 20 and --pause-temp 45).
@@ -158,6 +165,7 @@ export interface Settings {
   download: NonNullable<RunWorkerOptions["download"]>;
   progressIntervalMs: number;
   direct: DirectSettings | undefined;
+  native: NativeSettings | undefined;
   power: PowerOptions | false;
 }
 
@@ -266,6 +274,7 @@ export function settings(o: RunWorkerOptions): Settings {
     download: o.download ?? {},
     progressIntervalMs: msOption("progressIntervalMs", o.progressIntervalMs, 250, 0),
     direct: directSettings(o.direct),
+    native: nativeSettingsWith(o.native, o.direct),
     power: powerSettings(o.power),
   };
 }
@@ -299,4 +308,22 @@ function powerSettings(v: PowerOptions | false | undefined): PowerOptions | fals
   if (v === undefined || v === false) return false;
   checkPowerOptions(v);
   return { ...v };
+}
+
+/** `native`, checked, with one certificate for both listeners (the fingerprint published is theirs). */
+function nativeSettingsWith(
+  native: NativeListenOptions | undefined,
+  direct: DirectOptions | undefined,
+): NativeSettings | undefined {
+  const n = nativeSettings(native);
+  if (
+    n?.cert !== undefined &&
+    direct?.tlsCert !== undefined &&
+    (n.cert !== direct.tlsCert || n.key !== direct.tlsKey)
+  ) {
+    throw new InvalidArgumentError(
+      "native and direct must serve the same TLS certificate and key (backbones pin one fingerprint)",
+    );
+  }
+  return n;
 }

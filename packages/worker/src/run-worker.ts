@@ -121,7 +121,15 @@ class WorkerRun {
       heldRects: () => this.#heldRects(),
       bandwidthBps: () => this.#bandwidthBps,
     });
-    this.#pause = new RunPause({ s, emit: (body) => this.#emit(body), stop: this.#stop.signal });
+    this.#pause = new RunPause({
+      s,
+      emit: (body) => {
+        this.#emit(body);
+        // the native listener serves nothing while paused (the relay path is left to the hub)
+        if (body.event === "paused" || body.event === "resumed") this.#serving.nativeRoutes();
+      },
+      stop: this.#stop.signal,
+    });
     this.#serving = new Serving({
       s,
       emit: (body) => this.#emit(body),
@@ -132,6 +140,7 @@ class WorkerRun {
       },
       onNotice: (code, msg) => this.#pause.onNotice(code, msg),
       onReconnect: () => this.#pause.onReconnect(),
+      paused: () => this.#pause.paused,
     });
   }
 
@@ -478,6 +487,7 @@ class WorkerRun {
       }
       // dispatches may reach it as soon as the relay has the registration
       router.add({ layers: a.layers, experts: a.experts, compute });
+      this.#serving.nativeRoutes();
       this.#conn.register({
         model,
         layers: rangeValues(a.layers),
@@ -487,6 +497,7 @@ class WorkerRun {
       });
     } catch (error) {
       router?.remove(compute);
+      this.#serving.nativeRoutes();
       await compute.close().catch(() => {});
       throw error;
     }

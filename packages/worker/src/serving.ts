@@ -20,10 +20,12 @@ import {
   type IncomingDispatch,
   isTransient,
   type RelayConnection,
+  selfSignedCertificate,
 } from "@moeswarm/relay-client";
 import type { RunRequest } from "@moeswarm/worker-native";
-import { DirectServedReport, publishDirect, startDirect } from "./direct.js";
+import { DIRECT_REPORT_MS, DirectServedReport, publishDirect, startDirect } from "./direct.js";
 import type { WorkerEventBody } from "./events.js";
+import { NativePlane } from "./native.js";
 import type { Settings } from "./options.js";
 import { codeOf, jitter, message } from "./run-helpers.js";
 import type { RunOutput, SliceRouter } from "./slice-router.js";
@@ -62,6 +64,8 @@ export interface ServingContext {
   onNotice?(code: string, msg: string): boolean;
   /** The relay connection came back (the hub may have restarted meanwhile). */
   onReconnect?(): void;
+  /** Whether the run is paused (the native listener then serves nothing). */
+  paused?(): boolean;
 }
 
 /** The run's relay side: one router per model, the counters of what was served, the in-flight count. */
@@ -77,6 +81,8 @@ export class Serving {
   #idleWaiters: Array<() => void> = [];
   #dispatchErrors = 0;
   #direct: { server: DirectServer; endpoint: DirectEndpointJson } | undefined;
+  /** The native listener (--listen-native), when it runs. */
+  #native: NativePlane | undefined;
   /** What was answered directly, reported to the hub for credits, and its timer. */
   #served: { report: DirectServedReport; timer: NodeJS.Timeout } | undefined;
 
@@ -106,24 +112,9 @@ export class Serving {
    */
   async connect(dtypes?: readonly WireActivationDtype[]): Promise<RelayConnection> {
     const { s, stop } = this.#ctx;
-    // the direct endpoint listens before the relay registrations, so the placement that first
-    // lists this worker's slices already carries its endpoints
-    if (s.direct && !this.#direct) {
-      this.#direct = await startDirect(s.direct, {
-        id: s.id,
-        hub: s.hub,
-        onDispatch: (req) => this.#answerDirect(req),
-        emit: (body) => this.#ctx.emit(body),
-        signal: stop,
-      });
-      const report = new DirectServedReport(s.hub, s.id);
-      const timer = setInterval(() => {
-        // a failed send keeps its counts for the next one
-        report.flush(stop).catch(() => {});
-      }, s.direct.reportMs);
-      timer.unref();
-      this.#served = { report, timer };
-    }
+    // the direct endpoint and the native listener listen before the relay registrations, so the
+    // placement that first lists this worker's slices already carries them
+    await this.#listen();
     let published = false;
     for (let attempt = 1; ; attempt++) {
       // aborting connectRelay's signal closes the connection, and a drain must not: this one
@@ -132,10 +123,10 @@ export class Serving {
       if (stop.aborted) connecting.abort(abortReason(stop));
       const stopping = onAbort(stop, (reason) => connecting.abort(reason));
       try {
-        if (this.#direct && !published) {
-          const { endpoint, server } = this.#direct;
+        const endpoint = this.#endpoint();
+        if (endpoint && !published) {
           if (await publishDirect(s.hub, s.id, endpoint, connecting.signal)) {
-            this.#ctx.emit({ event: "direct", ...endpoint, port: server.port });
+            this.#published();
           } else {
             // a hub from before direct links: serve through the relay alone
             this.#ctx.emit({ event: "direct-unsupported", hub: s.hub.base.href });
@@ -179,8 +170,9 @@ export class Serving {
             return;
           }
           // a hub that restarted forgot the endpoints: told again with the registrations
-          if (e.state === "connected" && this.#direct) {
-            publishDirect(s.hub, s.id, this.#direct.endpoint, stop).catch(() => {});
+          const told = this.#endpoint();
+          if (e.state === "connected" && told) {
+            publishDirect(s.hub, s.id, told, stop).catch(() => {});
           }
           if (e.state === "connected") this.#ctx.onReconnect?.();
           this.#ctx.emit({
@@ -201,6 +193,90 @@ export class Serving {
       } finally {
         stopping[Symbol.dispose]();
       }
+    }
+  }
+
+  /** Starts the direct endpoint and the native listener (one certificate) and the served reports. */
+  async #listen(): Promise<void> {
+    const { s, stop } = this.#ctx;
+    if ((!s.direct && !s.native) || this.#served) return;
+    const given = s.direct?.cert ?? s.native?.cert;
+    const tls =
+      given !== undefined
+        ? { cert: given, key: (s.direct?.cert !== undefined ? s.direct.key : s.native?.key) as string }
+        : await selfSignedCertificate({ signal: stop });
+    const emit = (body: WorkerEventBody) => this.#ctx.emit(body);
+    if (s.direct) {
+      this.#direct = await startDirect(s.direct, {
+        id: s.id,
+        hub: s.hub,
+        onDispatch: (req) => this.#answerDirect(req),
+        emit,
+        signal: stop,
+        tls,
+      });
+    }
+    if (s.native) {
+      const compute = s.backend === "llama-cpu" ? "llama-cpu" : "native";
+      this.#native = await NativePlane.start(s.native, {
+        id: s.id,
+        hub: s.hub,
+        tls,
+        compute,
+        emit,
+        signal: stop,
+      });
+      this.nativeRoutes();
+    }
+    const report = new DirectServedReport(s.hub, s.id);
+    const timer = setInterval(() => {
+      this.#takeNative();
+      // a failed send keeps its counts for the next one
+      report.flush(stop).catch(() => {});
+    }, s.direct?.reportMs ?? DIRECT_REPORT_MS);
+    timer.unref();
+    this.#served = { report, timer };
+  }
+
+  /** What PUT /api/workers/:id/direct tells: the direct endpoints and the native addresses. */
+  #endpoint(): DirectEndpointJson | undefined {
+    const native = this.#native;
+    if (!this.#direct && !native) return undefined;
+    return {
+      endpoints: this.#direct ? [...this.#direct.endpoint.endpoints] : [],
+      fingerprint: this.#direct?.endpoint.fingerprint ?? (native as NativePlane).server.fingerprint,
+      ...(native ? { native: [...native.addresses] } : {}),
+    };
+  }
+
+  #published(): void {
+    if (this.#direct) {
+      const { endpoint, server } = this.#direct;
+      this.#ctx.emit({ event: "direct", ...endpoint, port: server.port });
+    }
+    if (this.#native) {
+      const { addresses, server } = this.#native;
+      this.#ctx.emit({
+        event: "native-listening",
+        addresses,
+        fingerprint: server.fingerprint,
+        port: server.port,
+      });
+    }
+  }
+
+  /**
+   * Sets the native listener's table from the routers: call after every slice added or removed,
+   * and on pause, resume and drain (nothing is served then).
+   */
+  nativeRoutes(): void {
+    this.#native?.setRoutes(this.routers, !this.#draining && this.#ctx.paused?.() !== true);
+  }
+
+  /** The native listener's counts, into the served report. */
+  #takeNative(): void {
+    for (const e of this.#native?.takeServed() ?? []) {
+      this.#served?.report.addCounts(e.backbone, e.model, e.expertTokens, e.requests);
     }
   }
 
@@ -333,11 +409,18 @@ export class Serving {
     }
   }
 
-  /** Closes the direct endpoint (its dispatches are aborted; backbones go back to the relay). */
+  /**
+   * Closes the direct endpoint and the native listener (their dispatches are aborted; backbones
+   * go back to the relay), and sends the last served counts.
+   */
   async closeDirect(): Promise<void> {
     const direct = this.#direct;
     this.#direct = undefined;
     await direct?.server.close();
+    this.#takeNative();
+    this.#native?.close();
+    this.#takeNative();
+    this.#native = undefined;
     const served = this.#served;
     this.#served = undefined;
     if (served) {
@@ -354,6 +437,7 @@ export class Serving {
   async drain(conn: RelayConnection, reason: string, slices: number): Promise<void> {
     const t0 = performance.now();
     this.#draining = true;
+    this.nativeRoutes();
     this.#ctx.emit({ event: "drain", reason, inFlight: this.#inFlight });
     try {
       // withdraws every registration on the relay

@@ -104,6 +104,19 @@ export class SliceRouter {
     return this.#layers;
   }
 
+  /**
+   * The layers that one slice alone holds, with its compute (ascending): what the native
+   * listener may serve (a layer spread over several slices needs the combine of runOutput).
+   */
+  soleSlices(): Array<{ layer: number; compute: ExpertCompute }> {
+    const out: Array<{ layer: number; compute: ExpertCompute }> = [];
+    for (const layer of this.#layersServed()) {
+      const { here } = this.#slicesOf(layer);
+      if (here.length === 1) out.push({ layer, compute: (here[0] as RoutedSlice).compute });
+    }
+    return out;
+  }
+
   add(slice: RoutedSlice): void {
     const nEmbd = this.nEmbd;
     if (nEmbd !== undefined && slice.compute.info.nEmbd !== nEmbd) {

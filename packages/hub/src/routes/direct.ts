@@ -30,7 +30,7 @@ export const postDirectTicket: Handler = async (ctx, { req, res }) => {
   sendJson(res, 200, ctx.directKeys.mint(id, claims.owner, worker));
 };
 
-/** PUT /api/workers/:id/direct with that worker's token: its endpoints (an empty list withdraws). */
+/** PUT /api/workers/:id/direct with that worker's token: its endpoints (empty endpoints and native withdraw). */
 export const putWorkerDirect: Handler = async (ctx, { req, res, params }) => {
   const id = params.id as string;
   const claims = ctx.marketHttp.authorize(req, "worker");

@@ -8,6 +8,8 @@
 // typed error class.
 
 #include "moeswarm-slice.h"
+#include "native-server.h"
+#include "slice-state.h"
 
 #include <napi.h>
 
@@ -18,19 +20,7 @@
 #include <string>
 #include <vector>
 
-namespace {
-
-struct slice_state {
-    std::mutex       mu;
-    moeswarm_slice * slice = nullptr;
-    std::atomic<bool> closed{false};
-    std::atomic<int32_t> pending_threads{-1}; // applied by the next run, never blocking the JS thread
-    volatile bool    abort = false;
-
-    ~slice_state() {
-        moeswarm_slice_free(slice);
-    }
-};
+namespace moeswarm_addon {
 
 Napi::Error make_error(Napi::Env env, const char * code, const std::string & msg) {
     Napi::Error e = Napi::Error::New(env, msg);
@@ -38,12 +28,20 @@ Napi::Error make_error(Napi::Env env, const char * code, const std::string & msg
     return e;
 }
 
-Napi::Error make_error(Napi::Env env, const moeswarm_error & err) {
-    return make_error(env, err.code[0] ? err.code : "MOESWARM_NATIVE_COMPUTE", err.msg);
-}
-
 [[noreturn]] void throw_error(Napi::Env env, const char * code, const std::string & msg) {
     throw make_error(env, code, msg);
+}
+
+} // namespace moeswarm_addon
+
+namespace {
+
+using moeswarm_addon::make_error;
+using moeswarm_addon::slice_state;
+using moeswarm_addon::throw_error;
+
+Napi::Error make_error(Napi::Env env, const moeswarm_error & err) {
+    return make_error(env, err.code[0] ? err.code : "MOESWARM_NATIVE_COMPUTE", err.msg);
 }
 
 uint32_t get_u32(Napi::Env env, const Napi::Value & v, const char * name, uint32_t lo, uint32_t hi) {
@@ -229,6 +227,8 @@ public:
             state_->slice = info[0].As<Napi::External<moeswarm_slice>>().Data();
         }
     }
+
+    std::shared_ptr<slice_state> state() const { return state_; }
 
 private:
     void check_open(Napi::Env env) {
@@ -617,9 +617,18 @@ Napi::Object init(Napi::Env env, Napi::Object exports) {
     exports.Set("cpuFeatures", Napi::String::New(env, moeswarm_cpu_features()));
     exports.Set("devices", Napi::String::New(env, moeswarm_devices()));
     exports.Set("abiVersion", Napi::Number::New(env, 1));
+    moeswarm_addon::native_server_init(env, exports);
     return exports;
 }
 
 } // namespace
+
+std::shared_ptr<moeswarm_addon::slice_state> moeswarm_addon::slice_state_of(Napi::Env env, const Napi::Value & v) {
+    Napi::FunctionReference * ctor = env.GetInstanceData<Napi::FunctionReference>();
+    if (!v.IsObject() || !v.As<Napi::Object>().InstanceOf(ctor->Value())) {
+        throw_error(env, "MOESWARM_INVALID_ARGUMENT", "slice must be a SliceHandle of this addon (a loaded native compute's)");
+    }
+    return SliceHandle::Unwrap(v.As<Napi::Object>())->state();
+}
 
 NODE_API_MODULE(moeswarm_expert, init)

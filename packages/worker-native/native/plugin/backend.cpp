@@ -1,34 +1,17 @@
 // The backend, device and registry that ggml sees: graph_compute sends one dispatch frame (mode
-// "sum") per split to the bridge and blocks until the combined result.
+// "sum") per split, straight to the worker over its native link when the bridge's table allows
+// (native-link.cpp), else to the bridge (round-trip.cpp), and blocks until the combined result.
 
 #include "moeswarm-plugin.h"
-#include "moeswarm-frame.h"
-#include "moeswarm-msgpack.h"
-#include "moeswarm-trace.h"
 
 #include <string.h>
 
-#include <algorithm>
-#include <deque>
 #include <mutex>
-#include <unordered_map>
 
 struct moeswarm_device_context {
     std::mutex mutex;
     std::string fingerprint;
     std::shared_ptr<const moeswarm_config> config;
-};
-
-struct moeswarm_backend_context {
-    std::mutex mutex;
-    std::shared_ptr<const moeswarm_config> config; // as it was when the backend was created
-    moeswarm_conn conn;
-    std::unordered_map<uint64_t, moeswarm_pattern> cache;
-    std::deque<uint64_t> cache_order;
-    std::vector<float> x;
-    std::vector<int32_t> ids;
-    std::vector<float> w;
-    moeswarm_mp_writer tx;
 };
 
 static const char * moeswarm_backend_get_name(ggml_backend_t backend) {
@@ -37,7 +20,12 @@ static const char * moeswarm_backend_get_name(ggml_backend_t backend) {
 
 static void moeswarm_backend_free(ggml_backend_t backend) {
     moeswarm_backend_context * ctx = (moeswarm_backend_context *) backend->context;
-    moeswarm_conn_close(ctx->conn);
+    {
+        std::lock_guard<std::mutex> lock(ctx->mutex);
+        moeswarm_native_receipts(ctx, true); // the last counts, best effort
+        moeswarm_native_close_all(ctx->native);
+        moeswarm_conn_close(ctx->conn);
+    }
     delete ctx;
     delete backend;
 }
@@ -46,162 +34,32 @@ static void moeswarm_backend_synchronize(ggml_backend_t backend) {
     // graph_compute returns with the result written: nothing is ever pending
 }
 
-// llama4's k per-slot rows of each token added in slot order into out, as llama.cpp adds the k
-// views of ffn_moe_down (((y0 + y1) + y2) ...)
-static void moeswarm_sum_rows(const uint8_t * y, int64_t rows_per_token, const moeswarm_pattern & p) {
-    ggml_tensor * out = p.out;
-    for (int64_t t = 0; t < p.n_tokens; ++t) {
-        for (int64_t e = 0; e < p.n_embd; ++e) {
-            float acc;
-            memcpy(&acc, y + ((t * rows_per_token) * p.n_embd + e) * 4, 4);
-            for (int64_t r = 1; r < rows_per_token; ++r) {
-                float v;
-                memcpy(&v, y + ((t * rows_per_token + r) * p.n_embd + e) * 4, 4);
-                acc = acc + v;
-            }
-            memcpy((char *) out->data + t * out->nb[1] + e * out->nb[0], &acc, 4);
-        }
-    }
-}
-
-// one round trip: the dispatch frame out, its result (or error) back into out. *lost is set when
-// the connection itself failed (not an error frame, not the deadline): worth one more try on a
-// fresh connection, since the compute is a pure function of the frame.
-static bool moeswarm_round_trip(moeswarm_backend_context * ctx, const moeswarm_config & cfg, const moeswarm_pattern & p,
-        double deadline, std::string & err, size_t & bytes_out, size_t & bytes_in, bool * lost) {
-    moeswarm_conn & c = ctx->conn;
-    *lost             = false;
-    if (c.fd < 0 && !moeswarm_conn_open(c, cfg.bridge, err)) {
-        return false;
-    }
-    // every transport failure below closes the connection; it counts as lost unless the deadline did it
-    struct lost_on_close {
-        moeswarm_conn & c;
-        double deadline;
-        bool * lost;
-        ~lost_on_close() { *lost = c.fd < 0 && moeswarm_now_us() < deadline; }
-    } classify{ c, deadline, lost };
-    const uint32_t id     = c.next_id;
-    c.next_id             = c.next_id == 0xffffffffu ? 1 : c.next_id + 1;
-
-    moeswarm_dispatch_desc d;
-    d.id      = id;
-    d.model   = cfg.model.c_str();
-    d.layer   = (uint32_t) p.layer;
-    // weighted input (llama4): one row per (token, slot), each with its one slot of weight 1
-    const int64_t rows_per_token = p.weighted_input ? p.k : 1;
-    const int64_t n_rows         = p.n_tokens * rows_per_token;
-    d.n       = (uint32_t) n_rows;
-    d.embd    = (uint32_t) p.n_embd;
-    d.x       = ctx->x.data();
-    d.k       = (uint32_t) (p.k / rows_per_token);
-    d.ids     = ctx->ids.data();
-    d.weights = ctx->w.data();
-    d.mode    = MOESWARM_MODE_SUM;
-    ctx->tx.buf.clear();
-    ctx->tx.buf.resize(4);
-    moeswarm_frame_write_dispatch(&ctx->tx, &d);
-    const uint32_t len = (uint32_t) (ctx->tx.buf.size() - 4);
-    for (int i = 0; i < 4; ++i)
-        ctx->tx.buf[i] = (uint8_t) (len >> (8 * i));
-    bytes_out = ctx->tx.buf.size();
-    moeswarm_trace_hop("plugin.send", p.layer);
-    if (!moeswarm_send_all(c, ctx->tx.buf.data(), ctx->tx.buf.size(), deadline, err)) {
-        moeswarm_conn_close(c);
-        return false;
-    }
-    const size_t want = (size_t) n_rows * p.n_embd;
-    // a result is its y plus a small header; anything much larger is not ours to allocate
-    const size_t max_frame = std::max<size_t>(MOESWARM_FRAME_MAX_DEFAULT, want * 4 + 4096);
-    for (;;) {
-        uint8_t hdr[4];
-        if (!moeswarm_recv_all(c, hdr, 4, deadline, err)) {
-            moeswarm_conn_close(c);
-            return false;
-        }
-        const uint32_t n = hdr[0] | (hdr[1] << 8) | (hdr[2] << 16) | ((uint32_t) hdr[3] << 24);
-        if (n > max_frame) {
-            err = "the bridge sent a frame of " + std::to_string(n) + " bytes";
-            moeswarm_conn_close(c);
-            return false;
-        }
-        c.rx.resize(n);
-        if (!moeswarm_recv_all(c, c.rx.data(), n, deadline, err)) {
-            moeswarm_conn_close(c);
-            return false;
-        }
-        bytes_in += 4 + n;
-        moeswarm_frame f;
-        moeswarm_error ferr;
-        if (!moeswarm_frame_decode(c.rx.data(), n, 0, &f, &ferr)) {
-            err = std::string("bad frame from the bridge: ") + ferr.code + ": " + ferr.msg;
-            moeswarm_conn_close(c);
-            return false;
-        }
-        if (f.type == MOESWARM_FRAME_ERROR && (!f.has_id || f.id == id)) {
-            err = std::string(f.code.present ? std::string((const char *) f.code.ptr, f.code.len) : "error") + ": " +
-                    std::string((const char *) f.msg.ptr, f.msg.len);
-            if (!f.has_id) {
-                moeswarm_conn_close(c);
-            }
-            return false;
-        }
-        if (f.type != MOESWARM_FRAME_RESULT || f.id != id) {
-            continue; // pings, or a late answer to a request given up on
-        }
-        if (f.mode != MOESWARM_MODE_SUM || f.n != n_rows || f.embd != p.n_embd || f.y.len != want * 4) {
-            err = "the bridge's result has the wrong shape";
-            moeswarm_conn_close(c);
-            return false;
-        }
-        moeswarm_trace_hop("plugin.recv", p.layer);
-        const uint8_t * y = f.y.ptr;
-        ggml_tensor * out = p.out;
-        if (rows_per_token > 1) {
-            moeswarm_sum_rows(y, rows_per_token, p);
-        } else if (out->nb[0] == 4 && out->nb[1] == (size_t) p.n_embd * 4) {
-            memcpy(out->data, y, want * 4);
-        } else {
-            for (int64_t t = 0; t < p.n_tokens; ++t) {
-                for (int64_t e = 0; e < p.n_embd; ++e) {
-                    memcpy((char *) out->data + t * out->nb[1] + e * out->nb[0], y + (t * p.n_embd + e) * 4, 4);
-                }
-            }
-        }
-        return true;
-    }
-}
-
-static enum ggml_status moeswarm_backend_graph_compute(ggml_backend_t backend, ggml_cgraph * cgraph) {
-    moeswarm_backend_context * ctx = (moeswarm_backend_context *) backend->context;
-    std::lock_guard<std::mutex> lock(ctx->mutex);
-    const moeswarm_config & cfg = *ctx->config;
-
-    // the pattern, cached by split uid (a reused decode graph keeps its uids)
-    moeswarm_pattern * p = nullptr;
-    auto it              = ctx->cache.find(cgraph->uid);
+// the split's pattern, cached by split uid (a reused decode graph keeps its uids)
+static moeswarm_pattern * moeswarm_split_pattern(moeswarm_backend_context * ctx, ggml_cgraph * cgraph) {
+    auto it = ctx->cache.find(cgraph->uid);
     if (it != ctx->cache.end()) {
-        p = &it->second;
         moeswarm_stats_pattern(true);
-    } else {
-        moeswarm_pattern found;
-        std::string err;
-        if (!moeswarm_find_pattern(cgraph, found, err)) {
-            GGML_LOG_ERROR("%s: %s (%d nodes, first %s)\n", __func__, err.c_str(), cgraph->n_nodes,
-                    cgraph->n_nodes ? ggml_op_desc(cgraph->nodes[0]) : "-");
-            return GGML_STATUS_FAILED;
-        }
-        if (ctx->cache_order.size() >= MOESWARM_CACHE_MAX) {
-            ctx->cache.erase(ctx->cache_order.front());
-            ctx->cache_order.pop_front();
-        }
-        ctx->cache_order.push_back(cgraph->uid);
-        p = &(ctx->cache[cgraph->uid] = found);
-        moeswarm_stats_pattern(false);
+        return &it->second;
     }
+    moeswarm_pattern found;
+    std::string err;
+    if (!moeswarm_find_pattern(cgraph, found, err)) {
+        GGML_LOG_ERROR("%s: %s (%d nodes, first %s)\n", __func__, err.c_str(), cgraph->n_nodes,
+                cgraph->n_nodes ? ggml_op_desc(cgraph->nodes[0]) : "-");
+        return nullptr;
+    }
+    if (ctx->cache_order.size() >= MOESWARM_CACHE_MAX) {
+        ctx->cache.erase(ctx->cache_order.front());
+        ctx->cache_order.pop_front();
+    }
+    ctx->cache_order.push_back(cgraph->uid);
+    moeswarm_stats_pattern(false);
+    return &(ctx->cache[cgraph->uid] = found);
+}
 
-    // gather the inputs with their strides (the ids are a view of the argsort)
-    // (llama4's weighted input: K rows per token, whose weights are already in them)
+// gather the inputs with their strides (the ids are a view of the argsort)
+// (llama4's weighted input: K rows per token, whose weights are already in them)
+static void moeswarm_gather_inputs(moeswarm_backend_context * ctx, const moeswarm_pattern * p) {
     const int64_t T = p->n_tokens, E = p->n_embd, K = p->k;
     const int64_t R = p->weighted_input ? K : 1;
     ctx->x.resize((size_t) T * R * E);
@@ -228,22 +86,31 @@ static enum ggml_status moeswarm_backend_graph_compute(ggml_backend_t backend, g
             }
         }
     }
+}
+
+// a split through the native link when the bridge's table says so, else (or after any failure
+// there) through the bridge, which then computes the same bits
+static enum ggml_status moeswarm_backend_graph_compute(ggml_backend_t backend, ggml_cgraph * cgraph) {
+    moeswarm_backend_context * ctx = (moeswarm_backend_context *) backend->context;
+    std::lock_guard<std::mutex> lock(ctx->mutex);
+    const moeswarm_config & cfg = *ctx->config;
+
+    moeswarm_pattern * p = moeswarm_split_pattern(ctx, cgraph);
+    if (p == nullptr) {
+        return GGML_STATUS_FAILED;
+    }
+    moeswarm_gather_inputs(ctx, p);
+    const int64_t T = p->n_tokens;
 
     std::string err;
     size_t bytes_out = 0, bytes_in = 0;
-    const double t0       = moeswarm_now_us();
-    const double deadline = t0 + cfg.timeout_ms * 1000.0;
-    const bool reused     = ctx->conn.fd >= 0;
-    bool lost             = false;
-    bool ok               = moeswarm_round_trip(ctx, cfg, *p, deadline, err, bytes_out, bytes_in, &lost);
-    if (!ok && lost && reused) {
-        // the dispatcher restarted (or the socket broke) since this backend's last split: one more
-        // try on a fresh connection, within the same deadline
-        GGML_LOG_WARN("%s: layer %d: %s; reconnecting to %s once\n", __func__, p->layer, err.c_str(), cfg.bridge.c_str());
-        err.clear();
-        bytes_out = bytes_in = 0;
-        ok = moeswarm_round_trip(ctx, cfg, *p, deadline, err, bytes_out, bytes_in, &lost);
+    const double t0 = moeswarm_now_us();
+    moeswarm_native_drain(ctx);
+    bool ok = moeswarm_native_split(ctx, cfg, *p, bytes_out, bytes_in) == MOESWARM_NATIVE_OK;
+    if (!ok) {
+        ok = moeswarm_bridge_split(ctx, cfg, *p, err, bytes_out, bytes_in);
     }
+    moeswarm_native_receipts(ctx, false);
     moeswarm_stats_record(p->layer, T, moeswarm_now_us() - t0, ok, bytes_out, bytes_in);
     if (!ok) {
         // a closed connection: the dispatcher is gone (or never came); an open one: it answered
@@ -322,6 +189,16 @@ static void moeswarm_dev_get_props(ggml_backend_dev_t dev, ggml_backend_dev_prop
     props->caps.events               = false;
 }
 
+// the bridge connection at once with the native plane, so that the table the bridge pushes after
+// native-hello is there before the first split; a bridge not there yet is the first split's to report
+static void moeswarm_backend_connect_early(moeswarm_backend_context * ctx) {
+    const moeswarm_config & cfg = *ctx->config;
+    std::string err;
+    if (cfg.native && !cfg.bridge.empty() && moeswarm_conn_open(ctx->conn, cfg.bridge, err)) {
+        moeswarm_native_on_connect(ctx, cfg);
+    }
+}
+
 static ggml_backend_t moeswarm_dev_init_backend(ggml_backend_dev_t dev, const char * params) {
     // one connection per backend: contexts compute concurrently, each with its own
     return new ggml_backend{
@@ -332,6 +209,7 @@ static ggml_backend_t moeswarm_dev_init_backend(ggml_backend_dev_t dev, const ch
         [] {
             moeswarm_backend_context * ctx = new moeswarm_backend_context();
             ctx->config                    = moeswarm_config_current();
+            moeswarm_backend_connect_early(ctx);
             return ctx;
         }(),
     };

@@ -158,6 +158,10 @@ moeswarm_config moeswarm_load_config(void) {
             GGML_LOG_WARN("%s: MOESWARM_TIMEOUT_MS=%s is not 1..86400000, using %d\n", __func__, v, cfg.timeout_ms);
         }
     }
+    // environment only: an operator's switch for one process, not a property of a deployment
+    if (const char * v = getenv("MOESWARM_NATIVE"); v != nullptr && (strcmp(v, "0") == 0 || strcmp(v, "false") == 0)) {
+        cfg.native = false;
+    }
     if (cfg.model.empty() || cfg.model.size() > 256) {
         GGML_LOG_WARN("%s: the model id must be 1..256 bytes, using \"moeswarm\"\n", __func__);
         cfg.model = "moeswarm";
@@ -175,7 +179,8 @@ moeswarm_config moeswarm_load_config(void) {
 std::string moeswarm_config_fingerprint(void) {
     std::string fp;
     for (const char * name :
-            { "MOESWARM_CONFIG", "MOESWARM_LAYERS", "MOESWARM_BRIDGE", "MOESWARM_MODEL", "MOESWARM_TIMEOUT_MS" }) {
+            { "MOESWARM_CONFIG", "MOESWARM_LAYERS", "MOESWARM_BRIDGE", "MOESWARM_MODEL", "MOESWARM_TIMEOUT_MS",
+                    "MOESWARM_NATIVE" }) {
         const char * v = getenv(name);
         fp += v ? std::string("1") + v : std::string("0");
         fp += '\0';

@@ -16,6 +16,18 @@
 // - graph_compute sends one `dispatch` frame (mode "sum") per split over a Unix or TCP socket and
 //   blocks until the combined `result`; an `error` frame or a dead socket fails the compute
 //   (llama_decode returns an error), never a wrong value.
+// - The native data plane (issue #15; docs/protocol.md section 10.9 and the plugin socket's frames):
+//   each backend connects to the bridge when it is created and says `native-hello`; the bridge
+//   pushes `native-table`s (per layer: the one worker that holds all its experts, its native
+//   listener's host:port, certificate fingerprint and a direct-link ticket; deadlineMs), read at
+//   the start of every split and while a split waits for the bridge. A layer in the table goes
+//   straight to that worker over TLS (OpenSSL 3 found at run time, common/moeswarm-tls.h; pinned;
+//   hello with the ticket), the same dispatch frame. Any failure there (no link, pin mismatch,
+//   refused hello, error frame, deadlineMs, wrong shape, a non-finite value) sends that split
+//   through the bridge, which computes the same bits, and backs the worker off (1 s doubling to
+//   60 s). `native-receipts` (splits, tokens and expert-tokens per worker and layer, failures with
+//   their codes) go to the bridge at most once a second and when the backend is freed, never
+//   waiting on the socket. An empty table, no OpenSSL, or MOESWARM_NATIVE=0: the bridge only.
 //
 // Configuration (environment, or a JSON file MOESWARM_CONFIG with the same keys in camelCase:
 // {"layers": "0,1", "bridge": "unix:/tmp/b.sock", "model": "m", "timeoutMs": 60000}; the
@@ -29,24 +41,41 @@
 //                        connection is reopened and the split sent again once within it
 //   MOESWARM_CLAIM_FILE  optional, environment only: a line is appended to this file for every
 //                        weight buffer the device allocates (proof of a claim for the host)
+//   MOESWARM_NATIVE      environment only: 0 (or false) sends no native-hello, so every split
+//                        goes through the bridge
 // They are read again whenever they change: a backend (one per llama context) keeps the values
 // of its creation, the load-time probe uses the current ones.
 //
+// The stats JSON (ggml_backend_moeswarm_stats) has "native": {splits, fallbacks (native splits the
+// bridge took over), roundTripP50Us, overheadP50Us (round trip less the worker's reported ms),
+// receipts, receiptsDeferred (the socket was full: kept for the next), failures: {code: count}}.
+//
 // The plugin's files: config.cpp (MOESWARM_* and MOESWARM_CONFIG), stats.cpp (counters of all
 // backends), transport.cpp (the socket to the bridge), buffer.cpp (the MOESWARM buffer type),
-// pattern.cpp (what the device computes: supports_op and the split's tensors), backend.cpp (the
-// backend, device and registry that ggml sees). This header is what they share.
+// pattern.cpp (what the device computes: supports_op and the split's tensors), round-trip.cpp (the
+// dispatch frame, the one writer of a result into the split's output, the bridge round trip),
+// native-table.cpp (native-hello, native-table, native-receipts on the bridge socket),
+// native-link.cpp (the native split over TLS), backend.cpp (the backend, device and registry that
+// ggml sees). This header is what they share.
 
 #include "ggml-backend-impl.h"
 #include "ggml-backend.h"
 #include "ggml-impl.h"
 #include "ggml.h"
+#include "moeswarm-frame.h"
+#include "moeswarm-msgpack.h"
+#include "moeswarm-tls.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include <deque>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #define MOESWARM_NAME            "MOESWARM"
@@ -69,6 +98,7 @@ struct moeswarm_config {
     std::string bridge;
     std::string model = "moeswarm";
     int timeout_ms    = MOESWARM_TIMEOUT_DEFAULT;
+    bool native       = true; // MOESWARM_NATIVE (environment only): 0 keeps every split on the bridge
 };
 
 // the configuration the environment (and MOESWARM_CONFIG) gives now; errors are logged and
@@ -101,6 +131,11 @@ size_t moeswarm_stats_json(char * buf, size_t size);
 void moeswarm_stats_reset(void);
 // one split's round trip (us: its duration; out, in: bytes on the wire)
 void moeswarm_stats_record(int layer, int64_t n_tokens, double us, bool ok, size_t out, size_t in);
+// a native split: done (ok, its round trip and the worker's compute ms, < 0 when not reported),
+// or failed with code and taken over by the bridge (a fallback)
+void moeswarm_stats_native(bool ok, double us, double worker_ms, const std::string & code);
+// native-receipts written (sent) or kept for later (the socket was full)
+void moeswarm_stats_receipts(bool sent);
 // a split's pattern found in the backend's cache (hit) or searched (miss)
 void moeswarm_stats_pattern(bool hit);
 // bytes of weights handed to set_tensor and dropped; new_tensor: the first chunk of a tensor
@@ -114,9 +149,19 @@ struct moeswarm_conn {
     int fd           = -1;
     uint32_t next_id = 1;
     std::vector<uint8_t> rx;
+    // bytes read ahead of what was asked (a drain of what the bridge pushed reads whatever is there)
+    std::vector<uint8_t> in;
+    size_t in_pos = 0;
+    // the tail of a frame that a non-blocking write could not finish; written before anything else
+    std::vector<uint8_t> out_pending;
 };
 
 void moeswarm_conn_close(moeswarm_conn & c);
+// whatever the socket holds now, appended to c.in without waiting; false when the bridge closed
+bool moeswarm_conn_fill(moeswarm_conn & c, std::string & err);
+// a whole frame without waiting: false when the socket cannot take a byte now (nothing written);
+// a partial write keeps its tail in c.out_pending, written before the next frame
+bool moeswarm_send_nowait(moeswarm_conn & c, const uint8_t * data, size_t size);
 // connects to MOESWARM_BRIDGE: unix:/path or tcp:host:port
 bool moeswarm_conn_open(moeswarm_conn & c, const std::string & bridge, std::string & err);
 // the whole buffer, or an error (a dead peer, or deadline_us of moeswarm_now_us passed)
@@ -156,3 +201,107 @@ struct moeswarm_pattern {
 
 // the tensors of one split (the routed-expert FFN of one layer); false with err otherwise
 bool moeswarm_find_pattern(const ggml_cgraph * cgraph, moeswarm_pattern & p, std::string & err);
+
+//
+// the native data plane (native-table.cpp, native-link.cpp; docs/protocol.md sections 10.9 and B)
+//
+
+// one layer of the bridge's native-table: the worker that holds all its experts, where and how to
+// reach it
+struct moeswarm_native_entry {
+    std::string worker;
+    std::string addr;   // host:port or [v6]:port of its native listener
+    std::string fp;     // its certificate's SHA-256, pinned
+    std::string ticket; // mswt1... for the hello
+    uint64_t exp_ms = 0; // the ticket's expiry, unix ms
+};
+
+struct moeswarm_native_table {
+    uint64_t seq = 0;
+    std::string backbone; // the hello's id
+    uint32_t deadline_ms = 0;
+    std::unordered_map<int, moeswarm_native_entry> layers;
+};
+
+// this backend's link to one worker
+struct moeswarm_native_peer {
+    moeswarm_tls_conn conn;
+    std::string addr, fp; // of the open connection
+    uint32_t next_id = 1;
+    double backoff_ms = 0;  // 0: healthy; else 1 s doubling to 60 s after each failure
+    double retry_at_us = 0; // no native split to this worker before this moment
+    std::vector<uint8_t> rx;
+};
+
+struct moeswarm_native_count {
+    uint64_t splits = 0, tokens = 0, expert_tokens = 0;
+};
+
+struct moeswarm_native_failure {
+    std::string worker, code, msg;
+};
+
+struct moeswarm_native {
+    bool on = false;         // native-hello sent on the current bridge connection
+    bool table_seen = false; // a native-table came on it
+    moeswarm_native_table table;
+    std::unordered_map<std::string, moeswarm_native_peer> peers;
+    // since the last native-receipts: per (worker, layer), and the failures
+    std::map<std::pair<std::string, int>, moeswarm_native_count> counts;
+    std::vector<moeswarm_native_failure> failures;
+    uint64_t receipts_seq  = 0;
+    double last_receipt_us = 0;
+};
+
+//
+// a backend: one per llama context, with its own bridge connection and native links
+//
+
+struct moeswarm_backend_context {
+    std::mutex mutex;
+    std::shared_ptr<const moeswarm_config> config; // as it was when the backend was created
+    moeswarm_conn conn;
+    std::unordered_map<uint64_t, moeswarm_pattern> cache;
+    std::deque<uint64_t> cache_order;
+    // the split's inputs, gathered: x [n_rows, n_embd], ids and w [n_tokens, k]
+    std::vector<float> x;
+    std::vector<int32_t> ids;
+    std::vector<float> w;
+    moeswarm_mp_writer tx;
+    moeswarm_native native;
+};
+
+// the split (round-trip.cpp): the dispatch frame (mode sum, length prefix included) into ctx->tx
+void moeswarm_build_dispatch(moeswarm_backend_context * ctx, const moeswarm_config & cfg, const moeswarm_pattern & p,
+        uint32_t id);
+// a result for that dispatch: its shape, and (check_finite) every value finite
+bool moeswarm_check_result(const moeswarm_frame & f, const moeswarm_pattern & p, bool check_finite, std::string & err);
+// the result's y into the split's out tensor: the one writer of both paths
+void moeswarm_write_out(const uint8_t * y, const moeswarm_pattern & p);
+// today's path: the split through the bridge (one more try on a fresh connection when a reused
+// one turns out dead), within MOESWARM_TIMEOUT_MS
+bool moeswarm_bridge_split(moeswarm_backend_context * ctx, const moeswarm_config & cfg, const moeswarm_pattern & p,
+        std::string & err, size_t & bytes_out, size_t & bytes_in);
+
+// the bridge side (native-table.cpp)
+// after the bridge connection opened: a fresh table, and native-hello unless MOESWARM_NATIVE=0 or
+// there is no TLS
+void moeswarm_native_on_connect(moeswarm_backend_context * ctx, const moeswarm_config & cfg);
+// a frame the bridge sent: true when it was one of the native plane's (applied, or ignored)
+bool moeswarm_native_on_frame(moeswarm_backend_context * ctx, const uint8_t * payload, size_t size);
+// what the bridge pushed since the last look, without waiting (start of every split)
+void moeswarm_native_drain(moeswarm_backend_context * ctx);
+// native-receipts when a second has passed since the last ones (or force: the backend is freed);
+// never waits: a socket that cannot take them now keeps them for the next time
+void moeswarm_native_receipts(moeswarm_backend_context * ctx, bool force);
+// a top-level key of a msgpack map: its value (only the header for a container) and its offset
+bool moeswarm_mp_map_find(const uint8_t * data, size_t size, const char * key, moeswarm_mp_value * v, size_t * pos);
+
+// the worker side (native-link.cpp)
+enum moeswarm_native_outcome { MOESWARM_NATIVE_SKIP, MOESWARM_NATIVE_OK, MOESWARM_NATIVE_FAILED };
+// the split straight to the worker of its layer's table entry (spec C); FAILED: reported, backed
+// off, and the caller takes the bridge path
+moeswarm_native_outcome moeswarm_native_split(moeswarm_backend_context * ctx, const moeswarm_config & cfg,
+        const moeswarm_pattern & p, size_t & bytes_out, size_t & bytes_in);
+// closes every native link (the backend is freed, or the table changed)
+void moeswarm_native_close_all(moeswarm_native & nv);

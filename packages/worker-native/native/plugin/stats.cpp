@@ -1,5 +1,5 @@
 // Counters of every MOESWARM backend of the process: splits, bytes, round-trip times per layer,
-// the pattern cache and the weights dropped at load.
+// the pattern cache, the weights dropped at load, and the native plane's splits and failures.
 
 #include "moeswarm-plugin.h"
 
@@ -32,6 +32,14 @@ struct moeswarm_stats {
     uint64_t cache_misses    = 0;
     uint64_t weights_dropped = 0; // bytes handed to set_tensor and not kept
     uint64_t weights_tensors = 0;
+    // the native plane: splits done on a native link, those taken over by the bridge, by code
+    uint64_t native_splits    = 0;
+    uint64_t native_fallbacks = 0;
+    std::map<std::string, uint64_t> native_failures;
+    std::deque<double> native_us;       // round trips of native splits, µs
+    std::deque<double> native_overhead; // the same less the worker's reported compute, µs
+    uint64_t receipts_sent     = 0;
+    uint64_t receipts_deferred = 0; // the bridge socket was full: kept for the next ones
 };
 
 static moeswarm_stats & moeswarm_get_stats(void) {
@@ -56,6 +64,53 @@ static double moeswarm_percentile(std::vector<double> v, double q) {
     return v[i];
 }
 
+static void moeswarm_stats_native_json(const moeswarm_stats & s, std::string & out) {
+    char tmp[256];
+    snprintf(tmp, sizeof(tmp),
+            "\"native\":{\"splits\":%llu,\"fallbacks\":%llu,\"roundTripP50Us\":%.1f,\"overheadP50Us\":%.1f,"
+            "\"receipts\":%llu,\"receiptsDeferred\":%llu,\"failures\":{",
+            (unsigned long long) s.native_splits, (unsigned long long) s.native_fallbacks,
+            moeswarm_percentile(std::vector<double>(s.native_us.begin(), s.native_us.end()), 0.5),
+            moeswarm_percentile(std::vector<double>(s.native_overhead.begin(), s.native_overhead.end()), 0.5),
+            (unsigned long long) s.receipts_sent, (unsigned long long) s.receipts_deferred);
+    out += tmp;
+    bool first = true;
+    for (const auto & [code, n] : s.native_failures) {
+        // codes are ^MOESWARM_[A-Z0-9_]+$ (the decoder checked the worker's): nothing to escape
+        out += (first ? "\"" : ",\"") + code + "\":" + std::to_string(n);
+        first = false;
+    }
+    out += "}}";
+}
+
+static void moeswarm_push_sample(std::deque<double> & d, double v) {
+    d.push_back(v);
+    if (d.size() > MOESWARM_SAMPLES_MAX) {
+        d.pop_front();
+    }
+}
+
+void moeswarm_stats_native(bool ok, double us, double worker_ms, const std::string & code) {
+    moeswarm_stats & s = moeswarm_get_stats();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (!ok) {
+        s.native_fallbacks++;
+        s.native_failures[code]++;
+        return;
+    }
+    s.native_splits++;
+    moeswarm_push_sample(s.native_us, us);
+    if (worker_ms >= 0) {
+        moeswarm_push_sample(s.native_overhead, us - worker_ms * 1000.0);
+    }
+}
+
+void moeswarm_stats_receipts(bool sent) {
+    moeswarm_stats & s = moeswarm_get_stats();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    (sent ? s.receipts_sent : s.receipts_deferred)++;
+}
+
 size_t moeswarm_stats_json(char * buf, size_t size) {
     moeswarm_stats & s = moeswarm_get_stats();
     std::lock_guard<std::mutex> lock(s.mutex);
@@ -76,7 +131,9 @@ size_t moeswarm_stats_json(char * buf, size_t size) {
         out += tmp;
         first = false;
     }
-    out += "}}";
+    out += "},";
+    moeswarm_stats_native_json(s, out);
+    out += "}";
     if (buf != nullptr && size > 0) {
         const size_t n = std::min(out.size(), size - 1);
         memcpy(buf, out.data(), n);
@@ -90,6 +147,10 @@ void moeswarm_stats_reset(void) {
     std::lock_guard<std::mutex> lock(s.mutex);
     s.layers.clear();
     s.splits = s.failures = s.bytes_out = s.bytes_in = s.cache_hits = s.cache_misses = 0;
+    s.native_splits = s.native_fallbacks = s.receipts_sent = s.receipts_deferred = 0;
+    s.native_failures.clear();
+    s.native_us.clear();
+    s.native_overhead.clear();
 }
 
 void moeswarm_stats_record(int layer, int64_t n_tokens, double us, bool ok, size_t out, size_t in) {

@@ -20,6 +20,9 @@ void moeswarm_conn_close(moeswarm_conn & c) {
         close(c.fd);
         c.fd = -1;
     }
+    c.in.clear();
+    c.in_pos = 0;
+    c.out_pending.clear();
 }
 
 bool moeswarm_conn_open(moeswarm_conn & c, const std::string & bridge, std::string & err) {
@@ -114,7 +117,7 @@ static bool moeswarm_wait_fd(int fd, short events, double deadline_us, std::stri
     }
 }
 
-bool moeswarm_send_all(moeswarm_conn & c, const uint8_t * data, size_t size, double deadline_us, std::string & err) {
+static bool moeswarm_send_raw(moeswarm_conn & c, const uint8_t * data, size_t size, double deadline_us, std::string & err) {
     size_t done = 0;
     while (done < size) {
         const ssize_t n = send(c.fd, data + done, size - done, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -133,8 +136,92 @@ bool moeswarm_send_all(moeswarm_conn & c, const uint8_t * data, size_t size, dou
     return true;
 }
 
+bool moeswarm_send_all(moeswarm_conn & c, const uint8_t * data, size_t size, double deadline_us, std::string & err) {
+    // the tail of an earlier frame first: frames never interleave
+    if (!c.out_pending.empty()) {
+        if (!moeswarm_send_raw(c, c.out_pending.data(), c.out_pending.size(), deadline_us, err)) {
+            return false;
+        }
+        c.out_pending.clear();
+    }
+    return moeswarm_send_raw(c, data, size, deadline_us, err);
+}
+
+// what the socket takes now, without waiting: bytes written, or -1 when the connection failed
+static ssize_t moeswarm_send_some(int fd, const uint8_t * data, size_t size) {
+    size_t done = 0;
+    while (done < size) {
+        const ssize_t n = send(fd, data + done, size - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            done += (size_t) n;
+        } else if (n < 0 && errno == EINTR) {
+            continue;
+        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            break;
+        } else {
+            return -1;
+        }
+    }
+    return (ssize_t) done;
+}
+
+bool moeswarm_send_nowait(moeswarm_conn & c, const uint8_t * data, size_t size) {
+    if (c.fd < 0) {
+        return false;
+    }
+    if (!c.out_pending.empty()) {
+        const ssize_t n = moeswarm_send_some(c.fd, c.out_pending.data(), c.out_pending.size());
+        if (n < 0) {
+            return false; // the next round trip finds the connection dead and reopens it
+        }
+        c.out_pending.erase(c.out_pending.begin(), c.out_pending.begin() + n);
+        if (!c.out_pending.empty()) {
+            return false;
+        }
+    }
+    const ssize_t n = moeswarm_send_some(c.fd, data, size);
+    if (n <= 0) {
+        return false;
+    }
+    c.out_pending.assign(data + n, data + size);
+    return true;
+}
+
+bool moeswarm_conn_fill(moeswarm_conn & c, std::string & err) {
+    if (c.in_pos == c.in.size()) {
+        c.in.clear();
+        c.in_pos = 0;
+    }
+    uint8_t buf[16384];
+    for (;;) {
+        const ssize_t n = recv(c.fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n > 0) {
+            c.in.insert(c.in.end(), buf, buf + n);
+            continue;
+        }
+        if (n == 0) {
+            err = "the bridge closed the connection";
+            return false;
+        }
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+        err = std::string("cannot read from the bridge: ") + strerror(errno);
+        return false;
+    }
+}
+
 bool moeswarm_recv_all(moeswarm_conn & c, uint8_t * data, size_t size, double deadline_us, std::string & err) {
     size_t done = 0;
+    // bytes a drain read ahead come first
+    if (c.in_pos < c.in.size()) {
+        done = std::min(size, c.in.size() - c.in_pos);
+        memcpy(data, c.in.data() + c.in_pos, done);
+        c.in_pos += done;
+        if (c.in_pos == c.in.size()) {
+            c.in.clear();
+            c.in_pos = 0;
+        }
+    }
     while (done < size) {
         const ssize_t n = recv(c.fd, data + done, size - done, MSG_DONTWAIT);
         if (n > 0) {

@@ -7,6 +7,7 @@
 // another protocol version end the connection after a connection-level error (section 6).
 
 #include "moeswarm-backend.h"
+#include "moeswarm-dispatch.h"
 #include "moeswarm-frame.h"
 #include "moeswarm-msgpack.h"
 #include "moeswarm-slice.h"
@@ -76,11 +77,8 @@ struct worker_state {
     std::string            backend; // registered backend: "cpu", or the GPU device's name
     moeswarm_slice *       slice = nullptr;
     std::vector<uint8_t>   frame;
-    std::vector<float>     x;
-    std::vector<int32_t>   ids;
-    std::vector<float>     w;
+    moeswarm_dispatch_scratch scratch;
     std::vector<float>     y;
-    std::vector<uint16_t>  half;
     moeswarm_mp_writer     out;
 };
 
@@ -149,43 +147,8 @@ static bool handle_dispatch(worker_state * st, int fd, const moeswarm_frame * f)
         snprintf(msg, sizeof(msg), "embd %u does not match the slice's n_embd %u", f->embd, n_embd);
         return send_error(st, fd, f, "MOESWARM_NATIVE_COMPUTE", msg);
     }
-    const size_t n_x = (size_t) f->n * f->embd;
-    const size_t n_slots = (size_t) f->n * f->k;
-    // q8_0/q8_K rows go to the compute as they came (they stay in the frame's buffer during the run)
-    const bool wire_q8 = f->dtype == MOESWARM_DTYPE_Q8_0 || f->dtype == MOESWARM_DTYPE_Q8_K;
-    st->x.resize(wire_q8 ? 0 : n_x);
-    if (wire_q8) {
-    } else if (f->dtype == MOESWARM_DTYPE_F32) {
-        memcpy(st->x.data(), f->x.ptr, n_x * sizeof(float));
-    } else {
-        st->half.resize(n_x);
-        memcpy(st->half.data(), f->x.ptr, n_x * sizeof(uint16_t));
-        if (f->dtype == MOESWARM_DTYPE_F16) {
-            ggml_fp16_to_fp32_row((const ggml_fp16_t *) st->half.data(), st->x.data(), (int64_t) n_x);
-        } else {
-            ggml_bf16_to_fp32_row((const ggml_bf16_t *) st->half.data(), st->x.data(), (int64_t) n_x);
-        }
-    }
-    st->ids.resize(n_slots);
-    memcpy(st->ids.data(), f->ids.ptr, n_slots * sizeof(int32_t));
-    if (f->w.present) {
-        st->w.resize(n_slots);
-        memcpy(st->w.data(), f->w.ptr, n_slots * sizeof(float));
-    }
     moeswarm_run_params rp;
-    memset(&rp, 0, sizeof(rp));
-    rp.layer = f->layer;
-    rp.n_tokens = f->n;
-    rp.k = f->k;
-    rp.x = wire_q8 ? nullptr : st->x.data();
-    if (wire_q8) {
-        rp.x_type = f->dtype == MOESWARM_DTYPE_Q8_0 ? GGML_TYPE_Q8_0 : GGML_TYPE_Q8_K;
-        rp.x_q = f->x.ptr;
-        rp.x_q_size = f->x.len;
-    }
-    rp.ids = st->ids.data();
-    rp.weights = f->w.present ? st->w.data() : nullptr;
-    rp.mode = f->mode;
+    moeswarm_dispatch_run_params(f, &st->scratch, &rp);
     const size_t n_out = moeswarm_run_output_len(st->slice, f->n, f->k, f->mode);
     st->y.resize(n_out);
     const double t0 = now_ms();

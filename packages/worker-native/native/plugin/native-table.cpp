@@ -1,0 +1,318 @@
+// The native plane's frames on the bridge socket (docs/protocol.md, the plugin socket's frames):
+// native-hello out when a connection opens, native-table in (pushed whenever the bridge's placement,
+// tickets or backoffs change), native-receipts out at most once a second. Nothing here waits: the
+// bridge path's deadline and latency stay what they were.
+
+#include "moeswarm-plugin.h"
+#include "moeswarm-msgpack.h"
+
+#include <string.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+bool moeswarm_mp_map_find(const uint8_t * data, size_t size, const char * key, moeswarm_mp_value * v, size_t * pos) {
+    moeswarm_mp_reader r;
+    moeswarm_mp_reader_init(&r, data, size);
+    moeswarm_mp_value m;
+    if (!moeswarm_mp_read(&r, &m) || m.type != MOESWARM_MP_MAP) {
+        return false;
+    }
+    const size_t klen = strlen(key);
+    for (uint32_t i = 0; i < m.n; ++i) {
+        moeswarm_mp_value k;
+        if (!moeswarm_mp_read(&r, &k) || k.type != MOESWARM_MP_STR) {
+            return false;
+        }
+        if (k.n == klen && memcmp(k.ptr, key, klen) == 0) {
+            if (pos != nullptr) {
+                *pos = r.pos;
+            }
+            return moeswarm_mp_read(&r, v);
+        }
+        if (!moeswarm_mp_skip(&r, 16)) {
+            return false;
+        }
+    }
+    return false;
+}
+
+static bool moeswarm_mp_str_eq(const moeswarm_mp_value & v, const char * s) {
+    return v.type == MOESWARM_MP_STR && v.n == strlen(s) && memcmp(v.ptr, s, v.n) == 0;
+}
+
+static std::string moeswarm_mp_string(const moeswarm_mp_value & v) {
+    return std::string((const char *) v.ptr, v.n);
+}
+
+// one entry of `layers`: a map with layer, worker, addr, fp, ticket, exp (other keys skipped)
+static bool moeswarm_native_parse_entry(moeswarm_mp_reader & r, int & layer, moeswarm_native_entry & e) {
+    moeswarm_mp_value m;
+    if (!moeswarm_mp_read(&r, &m) || m.type != MOESWARM_MP_MAP) {
+        return false;
+    }
+    layer = -1;
+    for (uint32_t i = 0; i < m.n; ++i) {
+        moeswarm_mp_value k, v;
+        if (!moeswarm_mp_read(&r, &k) || k.type != MOESWARM_MP_STR) return false;
+        const std::string key((const char *) k.ptr, k.n);
+        const bool known = key == "layer" || key == "worker" || key == "addr" || key == "fp" || key == "ticket" ||
+                key == "exp";
+        if (!known) {
+            if (!moeswarm_mp_skip(&r, 8)) return false;
+            continue;
+        }
+        if (!moeswarm_mp_read(&r, &v)) return false;
+        if (key == "layer" || key == "exp") {
+            if (v.type != MOESWARM_MP_UINT) return false;
+            if (key == "layer") {
+                if (v.u >= MOESWARM_MAX_LAYERS) return false;
+                layer = (int) v.u;
+            } else {
+                e.exp_ms = v.u;
+            }
+            continue;
+        }
+        if (v.type != MOESWARM_MP_STR || v.n == 0 || v.n > 8192) return false;
+        std::string & dst = key == "worker" ? e.worker : key == "addr" ? e.addr : key == "fp" ? e.fp : e.ticket;
+        dst = moeswarm_mp_string(v);
+    }
+    // a fingerprint is 32 hex pairs joined by ':'
+    return layer >= 0 && !e.worker.empty() && !e.addr.empty() && e.fp.size() == 95 && !e.ticket.empty() && e.exp_ms > 0;
+}
+
+// a whole native-table, or false (then the plane is off until a good one comes: doubt means bridge)
+static bool moeswarm_native_parse_table(const uint8_t * data, size_t size, moeswarm_native_table & t, std::string & err) {
+    moeswarm_mp_value v;
+    if (!moeswarm_mp_map_find(data, size, "v", &v, nullptr) || v.type != MOESWARM_MP_UINT || v.u != 1) {
+        err = "no v 1";
+        return false;
+    }
+    if (!moeswarm_mp_map_find(data, size, "seq", &v, nullptr) || v.type != MOESWARM_MP_UINT) {
+        err = "no seq";
+        return false;
+    }
+    t.seq = v.u;
+    if (!moeswarm_mp_map_find(data, size, "backbone", &v, nullptr) || v.type != MOESWARM_MP_STR || v.n == 0 || v.n > 128) {
+        err = "no backbone id";
+        return false;
+    }
+    t.backbone = moeswarm_mp_string(v);
+    if (!moeswarm_mp_map_find(data, size, "deadlineMs", &v, nullptr) || v.type != MOESWARM_MP_UINT || v.u == 0 ||
+            v.u > 86400000) {
+        err = "no deadlineMs in 1..86400000";
+        return false;
+    }
+    t.deadline_ms = (uint32_t) v.u;
+    size_t pos    = 0;
+    if (!moeswarm_mp_map_find(data, size, "layers", &v, &pos) || v.type != MOESWARM_MP_ARRAY) {
+        err = "no layers array";
+        return false;
+    }
+    moeswarm_mp_reader r;
+    moeswarm_mp_reader_init(&r, data, size);
+    r.pos = pos;
+    moeswarm_mp_read(&r, &v); // the array's header again, found above
+    for (uint32_t i = 0; i < v.n; ++i) {
+        int layer = -1;
+        moeswarm_native_entry e;
+        if (!moeswarm_native_parse_entry(r, layer, e)) {
+            err = "layers[" + std::to_string(i) + "] is not {layer, worker, addr, fp, ticket, exp}";
+            return false;
+        }
+        if (!t.layers.emplace(layer, std::move(e)).second) {
+            err = "layer " + std::to_string(layer) + " twice";
+            return false;
+        }
+    }
+    return true;
+}
+
+// links whose worker left the table, or moved (address, certificate), are closed; backoffs stay
+static void moeswarm_native_apply(moeswarm_native & nv, moeswarm_native_table && t) {
+    for (auto & [worker, peer] : nv.peers) {
+        bool keep = false;
+        for (const auto & [layer, e] : t.layers) {
+            keep = keep || (e.worker == worker && e.addr == peer.addr && e.fp == peer.fp);
+        }
+        if (!keep) {
+            moeswarm_tls_close(peer.conn);
+        }
+    }
+    nv.table = std::move(t);
+}
+
+// a bridge older than the native plane answers native-hello with a connection-level error (no id)
+// MOESWARM_PROTOCOL_UNKNOWN_TYPE: that is its "no", not a failure of the split waiting then
+static bool moeswarm_native_refused(moeswarm_native & nv, const uint8_t * payload, size_t size) {
+    moeswarm_mp_value v;
+    if (!nv.on || nv.table_seen || !moeswarm_mp_map_find(payload, size, "t", &v, nullptr) ||
+            !moeswarm_mp_str_eq(v, "error") || moeswarm_mp_map_find(payload, size, "id", &v, nullptr) ||
+            !moeswarm_mp_map_find(payload, size, "code", &v, nullptr) ||
+            !moeswarm_mp_str_eq(v, "MOESWARM_PROTOCOL_UNKNOWN_TYPE")) {
+        return false;
+    }
+    nv.on = false;
+    GGML_LOG_INFO("moeswarm: the bridge has no native data plane (an older moeswarm-dispatcher?): every split goes "
+                  "through it\n");
+    return true;
+}
+
+bool moeswarm_native_on_frame(moeswarm_backend_context * ctx, const uint8_t * payload, size_t size) {
+    moeswarm_native & nv = ctx->native;
+    if (moeswarm_native_refused(nv, payload, size)) {
+        return true;
+    }
+    moeswarm_mp_value t;
+    if (!moeswarm_mp_map_find(payload, size, "t", &t, nullptr) || t.type != MOESWARM_MP_STR || t.n < 7 ||
+            memcmp(t.ptr, "native-", 7) != 0) {
+        return false;
+    }
+    if (!moeswarm_mp_str_eq(t, "native-table")) {
+        return true; // a native frame of a later version: not ours to read
+    }
+    moeswarm_native_table table;
+    std::string err;
+    if (!moeswarm_native_parse_table(payload, size, table, err)) {
+        GGML_LOG_WARN("moeswarm: a native-table from the bridge is malformed (%s); every split goes through the bridge "
+                      "until a good one comes\n",
+                err.c_str());
+        moeswarm_native_apply(nv, moeswarm_native_table());
+        return true;
+    }
+    if (!nv.on || (nv.table_seen && table.seq <= nv.table.seq)) {
+        return true; // not asked for on this connection, or an older one overtaken
+    }
+    nv.table_seen = true;
+    moeswarm_native_apply(nv, std::move(table));
+    return true;
+}
+
+void moeswarm_native_on_connect(moeswarm_backend_context * ctx, const moeswarm_config & cfg) {
+    moeswarm_native & nv = ctx->native;
+    // a table belongs to the connection it came on (a restarted bridge pushes its own)
+    moeswarm_native_apply(nv, moeswarm_native_table());
+    nv.on         = false;
+    nv.table_seen = false;
+    if (!cfg.native) {
+        return;
+    }
+    std::string why;
+    if (!moeswarm_tls_available(why)) {
+        static bool logged = false;
+        if (!logged) {
+            logged = true;
+            GGML_LOG_INFO("moeswarm: no native data plane (%s): every split goes through the bridge\n", why.c_str());
+        }
+        return;
+    }
+    moeswarm_mp_writer w;
+    w.buf.resize(4);
+    moeswarm_mp_write_map(&w, 3);
+    moeswarm_mp_write_cstr(&w, "v");
+    moeswarm_mp_write_uint(&w, 1);
+    moeswarm_mp_write_cstr(&w, "t");
+    moeswarm_mp_write_cstr(&w, "native-hello");
+    moeswarm_mp_write_cstr(&w, "pid");
+    moeswarm_mp_write_uint(&w, (uint64_t) getpid());
+    const uint32_t len = (uint32_t) (w.buf.size() - 4);
+    for (int i = 0; i < 4; ++i)
+        w.buf[i] = (uint8_t) (len >> (8 * i));
+    // a fresh socket takes 20 bytes at once; if not, the bridge path is all there is anyway
+    nv.on = moeswarm_send_nowait(ctx->conn, w.buf.data(), w.buf.size());
+}
+
+void moeswarm_native_drain(moeswarm_backend_context * ctx) {
+    moeswarm_conn & c = ctx->conn;
+    if (c.fd < 0 || !ctx->native.on) {
+        return;
+    }
+    std::string err;
+    if (!moeswarm_conn_fill(c, err)) {
+        moeswarm_conn_close(c); // the bridge path reopens it (and says hello again)
+        moeswarm_native_apply(ctx->native, moeswarm_native_table());
+        return;
+    }
+    // whole frames only; a partial one stays for the round trip (or the next drain) to finish
+    while (c.in.size() - c.in_pos >= 4) {
+        const uint8_t * h = c.in.data() + c.in_pos;
+        const uint32_t n  = h[0] | (h[1] << 8) | (h[2] << 16) | ((uint32_t) h[3] << 24);
+        if (c.in.size() - c.in_pos - 4 < n) {
+            break;
+        }
+        // anything else complete here is a ping or a late answer to a request given up on
+        moeswarm_native_on_frame(ctx, h + 4, n);
+        c.in_pos += 4 + (size_t) n;
+    }
+}
+
+static void moeswarm_write_receipts(moeswarm_native & nv, moeswarm_mp_writer & w) {
+    w.buf.resize(4);
+    moeswarm_mp_write_map(&w, 5);
+    moeswarm_mp_write_cstr(&w, "v");
+    moeswarm_mp_write_uint(&w, 1);
+    moeswarm_mp_write_cstr(&w, "t");
+    moeswarm_mp_write_cstr(&w, "native-receipts");
+    moeswarm_mp_write_cstr(&w, "seq");
+    moeswarm_mp_write_uint(&w, nv.receipts_seq + 1);
+    moeswarm_mp_write_cstr(&w, "counts");
+    moeswarm_mp_write_array(&w, (uint32_t) nv.counts.size());
+    for (const auto & [key, c] : nv.counts) {
+        moeswarm_mp_write_map(&w, 5);
+        moeswarm_mp_write_cstr(&w, "worker");
+        moeswarm_mp_write_str(&w, key.first.data(), key.first.size());
+        moeswarm_mp_write_cstr(&w, "layer");
+        moeswarm_mp_write_uint(&w, (uint64_t) key.second);
+        moeswarm_mp_write_cstr(&w, "splits");
+        moeswarm_mp_write_uint(&w, c.splits);
+        moeswarm_mp_write_cstr(&w, "tokens");
+        moeswarm_mp_write_uint(&w, c.tokens);
+        moeswarm_mp_write_cstr(&w, "expertTokens");
+        moeswarm_mp_write_uint(&w, c.expert_tokens);
+    }
+    moeswarm_mp_write_cstr(&w, "failures");
+    moeswarm_mp_write_array(&w, (uint32_t) nv.failures.size());
+    for (const moeswarm_native_failure & f : nv.failures) {
+        moeswarm_mp_write_map(&w, 3);
+        moeswarm_mp_write_cstr(&w, "worker");
+        moeswarm_mp_write_str(&w, f.worker.data(), f.worker.size());
+        moeswarm_mp_write_cstr(&w, "code");
+        moeswarm_mp_write_str(&w, f.code.data(), f.code.size());
+        moeswarm_mp_write_cstr(&w, "msg");
+        // a message is ours (ASCII) or the worker's error text, which its decoder checked as UTF-8:
+        // cut at a character boundary, or the bridge drops the whole receipt as malformed
+        size_t n = std::min<size_t>(f.msg.size(), 1024);
+        while (n < f.msg.size() && n > 0 && ((uint8_t) f.msg[n] & 0xc0) == 0x80) {
+            --n;
+        }
+        moeswarm_mp_write_str(&w, f.msg.data(), n);
+    }
+    const uint32_t len = (uint32_t) (w.buf.size() - 4);
+    for (int i = 0; i < 4; ++i)
+        w.buf[i] = (uint8_t) (len >> (8 * i));
+}
+
+void moeswarm_native_receipts(moeswarm_backend_context * ctx, bool force) {
+    moeswarm_native & nv = ctx->native;
+    if (nv.counts.empty() && nv.failures.empty()) {
+        return;
+    }
+    const double now = moeswarm_now_us();
+    if (!force && nv.last_receipt_us != 0 && now - nv.last_receipt_us < 1e6) {
+        return;
+    }
+    if (ctx->conn.fd < 0) {
+        return; // kept: the next connection carries them
+    }
+    moeswarm_mp_writer w;
+    moeswarm_write_receipts(nv, w);
+    const bool sent = moeswarm_send_nowait(ctx->conn, w.buf.data(), w.buf.size());
+    moeswarm_stats_receipts(sent);
+    if (!sent) {
+        return; // kept whole for the next try: the counts are credits, not to be lost to a full socket
+    }
+    nv.receipts_seq++;
+    nv.last_receipt_us = now;
+    nv.counts.clear();
+    nv.failures.clear();
+}
