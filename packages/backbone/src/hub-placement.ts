@@ -1,4 +1,4 @@
-import { AbortError, abortReason, HubError, onAbort, sleep } from "@moeswarm/core";
+import { AbortError, abortReason, HubError, isNativeAddress, onAbort, sleep } from "@moeswarm/core";
 import { type MissingExperts, Placement } from "@moeswarm/dispatch";
 import { backoffDelay, type DirectRoute } from "@moeswarm/relay-client";
 import { asError, type Emit, type HubLinkError, stamp } from "./hub-events.js";
@@ -50,8 +50,6 @@ function directRoutesOf(registrations: readonly unknown[]): Map<string, DirectRo
   return routes;
 }
 
-/** `host:port` with a port, IPv6 in brackets; what the plugin can dial. */
-const NATIVE_ADDR = /^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253}):\d{1,5}$/;
 const FINGERPRINT = /^[0-9A-F]{2}(?::[0-9A-F]{2}){31}$/;
 
 /**
@@ -64,11 +62,7 @@ function nativeRoutesOf(registrations: readonly unknown[]): Map<string, NativeRo
     if (!isObject(r) || typeof r.id !== "string" || !isObject(r.direct)) continue;
     const { native, fingerprint } = r.direct;
     if (typeof fingerprint !== "string" || !FINGERPRINT.test(fingerprint) || !Array.isArray(native)) continue;
-    const addrs = native.filter((a): a is string => {
-      if (typeof a !== "string" || !NATIVE_ADDR.test(a)) return false;
-      const port = Number(a.slice(a.lastIndexOf(":") + 1));
-      return port > 0 && port < 65_536;
-    });
+    const addrs = native.filter(isNativeAddress);
     if (addrs.length > 0 && addrs.length === native.length) routes.set(r.id, { addrs, fingerprint });
   }
   return routes;
