@@ -130,7 +130,7 @@ function printNative(out: (line?: string) => void, r: DemoReport): void {
   const plugin = r.swarm.plugin?.native;
   if (!bridge) return;
   if (!bridge.enabled) {
-    out(`  native    off (${bridge.off ?? "?"})`);
+    out(`  native    off: ${bridge.off ?? "?"}`);
     return;
   }
   const total = r.swarm.plugin?.splits ?? 0;
