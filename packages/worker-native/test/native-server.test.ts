@@ -6,6 +6,7 @@ import { connect, type TLSSocket } from "node:tls";
 import {
   AuthError,
   decodeFrame,
+  encodeFrame,
   encodeLengthPrefixed,
   type Frame,
   FrameReader,
@@ -75,6 +76,8 @@ class Client {
   readonly socket: TLSSocket;
   readonly #reader = new FrameReader();
   readonly #frames: Frame[] = [];
+  /** Every payload as it came, for byte checks. */
+  readonly payloads: Uint8Array[] = [];
   #waiting: ((f: Frame | undefined) => void) | undefined;
   closed = false;
   readonly ready: Promise<void>;
@@ -86,7 +89,10 @@ class Client {
       this.socket.once("error", reject);
     });
     this.socket.on("data", (chunk: Buffer) => {
-      for (const p of this.#reader.push(chunk)) this.#push(decodeFrame(p));
+      for (const p of this.#reader.push(chunk)) {
+        this.payloads.push(Uint8Array.from(p));
+        this.#push(decodeFrame(p));
+      }
     });
     this.socket.on("error", () => {});
     this.socket.on("close", () => {
@@ -251,6 +257,8 @@ describe.skipIf(!status.available)("native listener (NativeServer)", () => {
     expect(r.ms).toBeGreaterThanOrEqual(0);
     const want = await whole.run({ layer: 0, x: d.x as Float32Array, ids, k: K, w: d.w!, mode: "sum" });
     expect(bitsEqual(r.y, want)).toBe(true);
+    // the canonical bytes (section 8), padding entry included: y at 0 mod 8 in the frame
+    expect(Buffer.from(c.payloads.at(-1) as Uint8Array).equals(Buffer.from(encodeFrame(r)))).toBe(true);
     // to, when present, must be this worker
     c.send(dispatch(8, 0, ids, { to: WORKER }));
     expect(await c.next()).toMatchObject({ t: "result", id: 8 });

@@ -88,8 +88,8 @@ downloads and verifies it, serves it through the hub's relay until SIGINT/SIGTER
   --tls-key FILE       its PEM private key
   --direct-report SECONDS
                        how often to tell the hub what was answered directly, for credits
-                       (with --listen; default 10, at most 600: the hub waits 15 minutes
-                       for the backbone's half)
+                       (with --listen or --listen-native; default 10, at most 600: the hub
+                       waits 15 minutes for the backbone's half)
   --json               one JSON object per line instead of text
   -h, --help           this text`;
 
@@ -329,8 +329,9 @@ async function directOptions(
   const certFile = str("tls-cert");
   const keyFile = str("tls-key");
   if (listen === undefined) {
-    if (advertise !== undefined || str("direct-report") !== undefined) {
-      throw usageError("--advertise and --direct-report go with --listen HOST:PORT");
+    if (advertise !== undefined) throw usageError("--advertise goes with --listen HOST:PORT");
+    if (str("direct-report") !== undefined && str("listen-native") === undefined) {
+      throw usageError("--direct-report goes with --listen HOST:PORT or --listen-native HOST:PORT");
     }
     if ((certFile !== undefined || keyFile !== undefined) && str("listen-native") === undefined) {
       throw usageError("--tls-cert and --tls-key go with --listen HOST:PORT or --listen-native HOST:PORT");
@@ -340,12 +341,7 @@ async function directOptions(
   if ((certFile === undefined) !== (keyFile === undefined)) {
     throw usageError("give both --tls-cert and --tls-key, or neither (a self-signed certificate is made)");
   }
-  const reportMs = seconds(str("direct-report"), "direct-report", 0.1);
-  if (reportMs !== undefined && reportMs > DIRECT_REPORT_MAX_MS) {
-    throw usageError(
-      `--direct-report must be at most ${DIRECT_REPORT_MAX_MS / 1000} seconds (the hub waits ${DIRECT_MATCH_MINUTES} minutes for the other half), got ${JSON.stringify(str("direct-report"))}`,
-    );
-  }
+  const reportMs = reportFlag(str);
   const direct = {
     listen,
     ...(advertise !== undefined ? { advertise } : {}),
@@ -359,6 +355,17 @@ async function directOptions(
     throw usageError((error as Error).message);
   }
   return direct;
+}
+
+/** --direct-report as milliseconds (undefined when not given). */
+function reportFlag(str: (name: string) => string | undefined): number | undefined {
+  const reportMs = seconds(str("direct-report"), "direct-report", 0.1);
+  if (reportMs !== undefined && reportMs > DIRECT_REPORT_MAX_MS) {
+    throw usageError(
+      `--direct-report must be at most ${DIRECT_REPORT_MAX_MS / 1000} seconds (the hub waits ${DIRECT_MATCH_MINUTES} minutes for the other half), got ${JSON.stringify(str("direct-report"))}`,
+    );
+  }
+  return reportMs;
 }
 
 /** --listen-native, --advertise-native (and --tls-cert, --tls-key) as runWorker's `native`. */
@@ -378,9 +385,12 @@ async function nativeOptions(
     throw usageError("give both --tls-cert and --tls-key, or neither (a self-signed certificate is made)");
   }
   // one pair for both listeners: the fingerprint published is theirs
+  // without --listen, --direct-report times the native counts' reports
+  const reportMs = direct === undefined ? reportFlag(str) : undefined;
   const native = {
     listen,
     ...(advertise !== undefined ? { advertise } : {}),
+    ...(reportMs !== undefined ? { reportMs } : {}),
     ...(direct?.tlsCert !== undefined
       ? { tlsCert: direct.tlsCert, tlsKey: direct.tlsKey as string }
       : certFile !== undefined

@@ -9,6 +9,7 @@ import {
   nativeSliceOf,
   serveNative,
 } from "@moeswarm/worker-native";
+import { DIRECT_MATCH_MINUTES, DIRECT_REPORT_MAX_MS } from "./direct.js";
 import type { WorkerEventBody } from "./events.js";
 import type { SliceRouter } from "./slice-router.js";
 
@@ -28,6 +29,11 @@ export interface NativeListenOptions {
   /** PEM certificate and key (default: `direct`'s, else a self-signed pair made at start). */
   tlsCert?: string;
   tlsKey?: string;
+  /**
+   * How often to tell the hub what was answered natively, for credits, when there is no `direct`
+   * listener (whose `reportMs` rules otherwise; ms, default 10000; 100..600000).
+   */
+  reportMs?: number;
 }
 
 export interface NativeSettings {
@@ -36,6 +42,7 @@ export interface NativeSettings {
   advertise: string[] | undefined;
   cert: string | undefined;
   key: string | undefined;
+  reportMs: number | undefined;
 }
 
 /** Checks runWorker's `native` option. */
@@ -59,12 +66,22 @@ export function nativeSettings(o: NativeListenOptions | undefined): NativeSettin
   if ((o.tlsCert === undefined) !== (o.tlsKey === undefined)) {
     throw new InvalidArgumentError("give both a TLS certificate and its key, or neither");
   }
+  const reportMs = o.reportMs;
+  if (
+    reportMs !== undefined &&
+    !(typeof reportMs === "number" && reportMs >= 100 && reportMs <= DIRECT_REPORT_MAX_MS)
+  ) {
+    throw new InvalidArgumentError(
+      `native.reportMs must be 100..${DIRECT_REPORT_MAX_MS} ms (the hub waits ${DIRECT_MATCH_MINUTES} minutes for the backbone's half), got ${o.reportMs}`,
+    );
+  }
   return {
     host: (m[1] as string).replace(/^\[|\]$/g, ""),
     port,
     advertise,
     cert: o.tlsCert,
     key: o.tlsKey,
+    reportMs,
   };
 }
 

@@ -229,11 +229,14 @@ export class Serving {
       this.nativeRoutes();
     }
     const report = new DirectServedReport(s.hub, s.id);
-    const timer = setInterval(() => {
-      this.#takeNative();
-      // a failed send keeps its counts for the next one
-      report.flush(stop).catch(() => {});
-    }, s.direct?.reportMs ?? DIRECT_REPORT_MS);
+    const timer = setInterval(
+      () => {
+        this.#takeNative();
+        // a failed send keeps its counts for the next one
+        report.flush(stop).catch(() => {});
+      },
+      s.direct?.reportMs ?? s.native?.reportMs ?? DIRECT_REPORT_MS,
+    );
     timer.unref();
     this.#served = { report, timer };
   }

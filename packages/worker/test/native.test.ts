@@ -71,6 +71,11 @@ describe("the native listener's options", () => {
       "give both --tls-cert and --tls-key",
     );
     await usage(["--tls-cert", "c.pem", "--tls-key", "k.pem"], "--listen-native HOST:PORT");
+    await usage(["--direct-report", "5"], "--direct-report goes with --listen HOST:PORT or --listen-native");
+    await usage(
+      ["--listen-native", "0.0.0.0:0", "--direct-report", "9999"],
+      "--direct-report must be at most 600",
+    );
     out.text = "";
     expect(await runWorkerCli(["--help"], io, signal)).toBe(0);
     expect(out.text).toContain("--listen-native HOST:PORT");
@@ -90,6 +95,13 @@ describe("the native listener's options", () => {
     await expect(
       runWorker({ ...base, native: { listen: "0.0.0.0:0", advertise: "me" } }),
     ).rejects.toMatchObject(refused);
+    // the served reports' interval of a worker without `direct`
+    await expect(runWorker({ ...base, native: { listen: "0.0.0.0:0", reportMs: 50 } })).rejects.toMatchObject(
+      {
+        ...refused,
+        message: expect.stringContaining("native.reportMs must be 100..600000 ms"),
+      },
+    );
     await expect(
       runWorker({
         ...base,

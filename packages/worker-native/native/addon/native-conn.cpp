@@ -78,19 +78,26 @@ struct conn_io {
     std::vector<float>     y;
 };
 
+// io.out holds the 4 bytes of the length prefix, then the frame (begin_out): one TLS record and
+// one send for the whole frame
+void begin_out(conn_io & io) {
+    io.out.buf.assign(4, 0);
+}
+
 bool send_out(conn_io & io) {
-    const size_t n = io.out.buf.size();
-    const uint8_t prefix[4] = { (uint8_t) n, (uint8_t) (n >> 8), (uint8_t) (n >> 16), (uint8_t) (n >> 24) };
+    const size_t n = io.out.buf.size() - 4;
+    for (int i = 0; i < 4; ++i) {
+        io.out.buf[i] = (uint8_t) (n >> (8 * i));
+    }
     std::string err;
     const double deadline = moeswarm_tls_now_us() + k_hello_us;
-    const bool ok = moeswarm_tls_send_all(io.c, prefix, 4, deadline, err) &&
-        moeswarm_tls_send_all(io.c, io.out.buf.data(), n, deadline, err);
+    const bool ok = moeswarm_tls_send_all(io.c, io.out.buf.data(), io.out.buf.size(), deadline, err);
     io.out.buf.clear();
     return ok;
 }
 
 bool send_error(conn_io & io, const moeswarm_frame * req, const char * code, const std::string & msg) {
-    io.out.buf.clear();
+    begin_out(io);
     moeswarm_frame_write_error(&io.out, req, code, msg.c_str());
     return send_out(io);
 }
@@ -209,7 +216,7 @@ std::string admit(conn_io & io, const std::string & remote) {
         send_error(io, nullptr, v->code.c_str(), v->msg);
         return "";
     }
-    io.out.buf.clear();
+    begin_out(io);
     write_accept(&io.out, h.id, core->max_frame);
     return send_out(io) ? h.id : "";
 }
@@ -308,7 +315,7 @@ bool handle_dispatch(conn_io & io, const moeswarm_frame * f, const std::string &
         c.expert_tokens += filled_slots(f);
         c.requests += 1;
     }
-    io.out.buf.clear();
+    begin_out(io);
     moeswarm_frame_write_result(&io.out, f, io.y.data(), io.y.size(), ms);
     return send_out(io);
 }
@@ -356,7 +363,7 @@ void serve_conn(server_core * core, std::shared_ptr<conn_entry> entry, int fd, s
             sent = handle_dispatch(io, &f, backbone);
             moeswarm_trace_hop("native.out", (long long) f.id);
         } else if (f.type == MOESWARM_FRAME_PING) {
-            io.out.buf.clear();
+            begin_out(io);
             moeswarm_frame_write_pong(&io.out, f.seq, f.ts);
             sent = send_out(io);
         }
