@@ -94,7 +94,7 @@ describe.skipIf(Boolean(missing))(
           ...["--hub", url, "--token", mintToken({ role: "worker", id: "w0", ttlS: 3600 }, SECRET)],
           ...["--id", "w0", "--model", MODEL_ID, "--capacity", String(Math.ceil(expertBytes * 1.15))],
           ...["--cache-dir", cacheDir, "--ca", caFile, "--backend", "llama-cpu", "--threads", "1"],
-          ...["--poll", "0.5", "--listen-native", "127.0.0.1:0", "--json"],
+          ...["--poll", "0.5", "--listen-native", "127.0.0.1:0", "--direct-report", "1", "--json"],
         ],
         { stdio: ["ignore", "pipe", "pipe"] },
       );
@@ -186,12 +186,12 @@ describe.skipIf(Boolean(missing))(
       const credited = bridge.metrics().native!.workers.w0!.expertTokens;
       expect(credited).toBeGreaterThan(0);
       // the hub credits the minimum of the backbone's receipts and the worker's own served report
-      // (which it sends every 10 s): both halves count the same filled ids
+      // (which it sends every second here): both halves count the same filled ids
       await link.reportStats();
       await vi.waitFor(
         () =>
           expect(hub.workers().find((w) => w.id === "w0")?.credits?.expertTokens, workerLog).toBe(credited),
-        { timeout: 30_000, interval: 250 },
+        { timeout: 15_000, interval: 250 },
       );
 
       // 2. the worker dies while the plugin decodes through it
