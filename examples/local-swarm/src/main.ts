@@ -205,6 +205,7 @@ async function startWorkers(demo: Demo, model: DemoModel, hub: DemoHub): Promise
       onEvent: progress.onEvent,
       backend: options.backend,
       workerNode: options.workerNode,
+      native: options.native,
     });
     workers.push(...views);
   };
@@ -239,6 +240,7 @@ async function startBridge(demo: Demo, model: DemoModel, hub: DemoHub) {
     },
     fallback: fallback.compute,
     trust: demo.options.trust,
+    native: demo.options.native,
     signal: demo.signal,
   });
   demo.cleanup.push(() => bridge.close());

@@ -26,6 +26,8 @@ export interface DemoOptions {
   backend: string;
   /** The command that runs a worker's bin instead of this Node (e.g. an arm64 Node under qemu-user). */
   workerNode: string[] | undefined;
+  /** The native data plane (workers listen natively; used under --trust own). */
+  native: boolean;
 }
 
 const USAGE = `usage: pnpm demo [-- options]
@@ -45,10 +47,15 @@ plain, and with its MoE layers handed to the swarm through the libggml-moeswarm 
   --worker-cache D  worker slice caches, reused across runs (default .cache/demo-workers here)
   --fresh           workers start with empty caches (download again)
   --cover-timeout S seconds to wait for full coverage (default 120)
-  --replicas N      copies of each expert the hub asks for (default 2: answers are compared)
+  --replicas N      copies of each expert the hub asks for (default 2 under verify: answers are
+                    compared; 1 under --trust own: each layer then has one owner, which the
+                    native data plane serves)
   --liar            start one more worker that lies (outputs x1.05); the tokens must stay identical
   --trust T         verify (default: every part answered by two workers, compared and audited;
-                    with one owner the backbone computes it itself) | own (answers taken as they come)
+                    with one owner the backbone computes it itself) | own (answers taken as they
+                    come; the layers a worker holds whole go native: the plugin sends them
+                    straight to the worker's native listener, not through the bridge and relay)
+  --no-native       the workers do not listen natively: every layer goes plugin -> bridge -> relay
   --backend B       the workers' compute backend (default llama-cpu: llama.cpp's own kernels, logits
                     bit-identical); another (worker: the static executable) must give the same tokens
   --worker-node CMD run the workers' bin with this command instead of this Node, e.g.
@@ -100,6 +107,7 @@ export function parseDemoOptions(
       backend: { type: "string" },
       trust: { type: "string" },
       "worker-node": { type: "string" },
+      "no-native": { type: "boolean" },
       help: { type: "boolean", short: "h" },
     },
   });
@@ -125,7 +133,7 @@ export function parseDemoOptions(
     cacheDir: values["cache-dir"] ?? defaults.cacheDir,
     workerCacheDir: values.fresh ? "" : (values["worker-cache"] ?? defaults.workerCacheDir),
     coverTimeoutS: int(values["cover-timeout"], "cover-timeout", 120, 1, 3600),
-    replicas: int(values.replicas, "replicas", 2, 1, 16),
+    replicas: int(values.replicas, "replicas", values.trust === "own" ? 1 : 2, 1, 16),
     liar: values.liar === true,
     backend: oneOf(
       values.backend,
@@ -135,5 +143,6 @@ export function parseDemoOptions(
     ),
     trust: oneOf(values.trust, "trust", ["verify", "own"] as const, "verify"),
     workerNode: values["worker-node"]?.split(/\s+/).filter(Boolean),
+    native: values["no-native"] !== true,
   };
 }

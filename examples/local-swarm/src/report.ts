@@ -74,7 +74,11 @@ export function printReport(out: (line?: string) => void, r: DemoReport): void {
       `(ratio ${fmt(ratio, 2)}: ${fmt((ratio - 1) * 100, 0)}%)`,
   );
   out();
-  out("round trip per remote layer (plugin -> bridge -> workers -> bridge -> plugin)");
+  out(
+    r.bridge.native?.enabled
+      ? "round trip per remote layer (the plugin's: native plugin -> worker, else through the bridge)"
+      : "round trip per remote layer (plugin -> bridge -> workers -> bridge -> plugin)",
+  );
   const plugin = r.swarm.plugin?.layers ?? {};
   for (const [layer, s] of Object.entries(plugin).sort((a, b) => Number(a[0]) - Number(b[0]))) {
     const bridge = r.bridge.layers.find((l) => l.layer === Number(layer));
@@ -84,10 +88,12 @@ export function printReport(out: (line?: string) => void, r: DemoReport): void {
         (bridge ? `  (bridge p50 ${fmt(bridge.p50Ms, 2)} ms, p99 ${fmt(bridge.p99Ms, 2)} ms)` : ""),
     );
   }
+  printNative(out, r);
   out();
   out("workers");
   for (const w of r.workers) {
     const owner = r.bridge.dispatch.owners[w.id];
+    const native = r.bridge.native?.workers[w.id];
     const slice =
       w.slices.length > 0
         ? w.slices.map((x) => `${layersOf(x.layers)} experts ${x.experts}`).join(" + ")
@@ -96,8 +102,9 @@ export function printReport(out: (line?: string) => void, r: DemoReport): void {
       ? `${w.slices.length > 1 ? "slices" : "slice"} reused from its cache (verified)`
       : `downloaded ${formatBytes(w.downloadedBytes)} in ${fmt(w.downloadMs / 1000, 2)} s`;
     out(
-      `  ${w.id}  ${slice}, ${got}, ${w.backend ?? "?"} compute; computed ${owner?.slots ?? 0} expert-tokens ` +
-        `in ${owner?.requests ?? 0} requests`,
+      `  ${w.id}  ${slice}, ${got}, ${w.backend ?? "?"} compute; computed ${(owner?.slots ?? 0) + (native?.expertTokens ?? 0)} expert-tokens ` +
+        `in ${owner?.requests ?? 0} requests` +
+        (native ? ` + ${native.splits} native splits (${native.expertTokens} expert-tokens)` : ""),
     );
   }
   const d = r.bridge.dispatch;
@@ -112,6 +119,30 @@ export function printReport(out: (line?: string) => void, r: DemoReport): void {
         `(backbone RSS ${fmt(r.swarm.rssLoadKiB / 1024, 1)} MiB vs ${fmt(r.plain.rssLoadKiB / 1024, 1)} MiB plain)`,
     );
   }
+}
+
+/**
+ * The native data plane: how many splits went straight from the plugin to a worker, and what a
+ * native layer costs beyond the worker's compute (the plugin's own figures, p50).
+ */
+function printNative(out: (line?: string) => void, r: DemoReport): void {
+  const bridge = r.bridge.native;
+  const plugin = r.swarm.plugin?.native;
+  if (!bridge) return;
+  if (!bridge.enabled) {
+    out(`  native    off: ${bridge.off ?? "?"}`);
+    return;
+  }
+  const total = r.swarm.plugin?.splits ?? 0;
+  const splits = plugin?.splits ?? bridge.splits;
+  const layers = bridge.table.layers;
+  out(
+    `  native    ${splits} of ${total} splits went straight to a worker (${layers.length} layer${layers.length === 1 ? "" : "s"} in the table), ` +
+      `${plugin?.fallbacks ?? bridge.fallbacks} fell back to the bridge` +
+      (plugin && plugin.splits > 0
+        ? `; per native layer p50 ${fmt(plugin.roundTripP50Us / 1000, 3)} ms round trip, ${fmt(plugin.overheadP50Us / 1000, 3)} ms above the worker's compute`
+        : ""),
+  );
 }
 
 /** What the backbone's verification did: every answer of a stranger is checked before it is used. */

@@ -40,6 +40,12 @@ export interface SpawnWorkersOptions {
   backend?: string;
   /** Runs the bin with this command instead of this Node (an arm64 Node under qemu-user). */
   workerNode?: string[] | undefined;
+  /**
+   * Each worker also serves the native data plane on a loopback port of its own
+   * (`--listen-native 127.0.0.1:0`): under `--trust own` the plugin then sends the layers a worker
+   * holds whole straight to it (default true).
+   */
+  native?: boolean;
 }
 
 /** How to start worker `i`: the `moeswarm-worker` bin, or the demo's liar under tsx. */
@@ -96,6 +102,7 @@ export function spawnWorkers(options: SpawnWorkersOptions): WorkerView[] {
         String(options.threads),
         "--poll",
         "0.5",
+        ...(options.native === false ? [] : ["--listen-native", "127.0.0.1:0"]),
         "--json",
       ],
       { stdio: ["ignore", "pipe", "pipe"] },

@@ -62,6 +62,23 @@ describe("local-swarm demo", () => {
     expect(r.stdout).toMatch(/^ {2}caught +liar quarantined/m);
   });
 
+  it("--trust own: the workers hold whole layers (one copy) and the plugin sends them their splits natively", () => {
+    const r = demo(["--preset", "tiny", "--tokens", "12", "--workers", "2", "--trust", "own"]);
+    expect(r.status, `${r.stdout}\n${r.stderr}`).toBe(0);
+    expect(r.stdout).toMatch(/^OK +12\/12 tokens identical to the local run; logits bit-identical/m);
+    const m =
+      /^ {2}native +(\d+) of (\d+) splits went straight to a worker \((\d+) layers? in the table\), (\d+) fell back/m.exec(
+        r.stdout,
+      );
+    expect(m, r.stdout).not.toBeNull();
+    const [native, total, , fellBack] = m!.slice(1).map(Number) as [number, number, number, number];
+    // every split, but the first may come before the plugin has read its table
+    expect(native).toBeGreaterThan(0);
+    expect(total - native).toBeLessThanOrEqual(1);
+    expect(fellBack).toBe(0);
+    expect(r.stdout).toMatch(/ms round trip, \d+\.\d+ ms above the worker's compute/);
+  });
+
   it("rejects a bad option with a clear message and a non-zero exit", () => {
     const r = demo(["--workers", "zero"]);
     expect(r.status).not.toBe(0);

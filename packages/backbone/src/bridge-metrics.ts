@@ -7,6 +7,7 @@ import type {
   WireQuantizeMetrics,
 } from "@moeswarm/dispatch";
 import type { HubLinkMetrics } from "./hub-link.js";
+import type { NativeMetrics } from "./native-bridge.js";
 
 /** One plugin request as the bridge saw it. */
 export interface BridgeRequestStats {
@@ -65,6 +66,11 @@ export interface BridgeMetrics {
    * `dispatch.bytesOut` counts activations as f32; the wire carried `bytesF32 - bytesQuantized` fewer.
    */
   wire?: WireQuantizeMetrics;
+  /**
+   * The native data plane: whether it is on (and why not), the table pushed to the plugin, the
+   * native splits its receipts reported (credited like the bridge's own), fallbacks by code.
+   */
+  native?: NativeMetrics;
 }
 
 const SAMPLES = 4096;
@@ -111,6 +117,7 @@ export interface BridgeMetricsParts {
   liveness?: LivenessSnapshot | undefined;
   hub?: HubLinkMetrics | undefined;
   wire?: WireQuantizeMetrics | undefined;
+  native?: NativeMetrics | undefined;
 }
 
 /** The bridge's own side of its metrics: the plugin's traffic, failures and per-layer latency. */
@@ -164,6 +171,7 @@ export class BridgeCounters {
       ...(parts.liveness ? { liveness: parts.liveness } : {}),
       ...(parts.hub ? { hub: parts.hub } : {}),
       ...(parts.wire ? { wire: parts.wire } : {}),
+      ...(parts.native ? { native: parts.native } : {}),
     };
   }
 }

@@ -21,7 +21,9 @@ import {
   type Verification,
 } from "@moeswarm/dispatch";
 import type { BridgeCounters, BridgeRequestStats } from "./bridge-metrics.js";
-import type { ReplyFn } from "./plugin-socket.js";
+import type { NativePlane } from "./native-bridge.js";
+import { isNativeFrameType } from "./native-plane.js";
+import type { PluginConnection, ReplyFn } from "./plugin-socket.js";
 import type { RoutingStats } from "./routing-stats.js";
 
 // What the bridge does with each frame from the plugin: a `dispatch` frame (one remote MoE layer of
@@ -49,9 +51,18 @@ export interface BridgeRequestsOptions {
   counters: BridgeCounters;
   routing: RoutingStats;
   onStats?: ((stats: BridgeRequestStats) => void) | undefined;
+  /** The native plane's frames (native-hello, native-receipts) go here. */
+  native?: NativePlane | undefined;
 }
 
 type FixedDispatchOptions = Omit<DispatchOptions, "layer" | "placement">;
+
+function isNativeFrame(error: unknown): boolean {
+  return (
+    isMoeswarmError(error, "MOESWARM_PROTOCOL_UNKNOWN_TYPE") &&
+    isNativeFrameType((error.details as { type?: unknown } | undefined)?.type)
+  );
+}
 
 function errorMessage(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
@@ -81,12 +92,19 @@ export class BridgeRequests {
   }
 
   /** One frame's payload from a plugin connection. */
-  onPayload(payload: Uint8Array, reply: ReplyFn): void {
+  onPayload(payload: Uint8Array, conn: PluginConnection): void {
     const t0 = performance.now();
+    const { reply } = conn;
     let frame: Frame;
     try {
       frame = decodeFrame(payload, { maxFrameBytes: this.o.maxFrameBytes });
     } catch (error) {
+      // the native plane's frames are not core's (they never leave this socket): core's decoder
+      // refuses their type, and only then is the payload read as one, so dispatches pay nothing
+      if (isNativeFrame(error)) {
+        this.o.native?.onPayload(payload, conn);
+        return;
+      }
       // a bad payload leaves the framing intact: say so and read on
       const code = isMoeswarmError(error) ? error.code : "MOESWARM_PROTOCOL_MALFORMED";
       this.o.counters.failed(code);

@@ -25,6 +25,13 @@ import { BridgeCounters, type BridgeMetrics, type BridgeRequestStats } from "./b
 import { BridgeRequests } from "./bridge-requests.js";
 import { connectHub, type HubLink } from "./hub-link.js";
 import { checkHubOptions, type HubLinkOptions } from "./hub-options.js";
+import {
+  type BridgeNativeOptions,
+  checkNativeOption,
+  NativePlane,
+  nativeDeadlineMs,
+  nativeOffReason,
+} from "./native-bridge.js";
 import { type BridgeSocket, PluginServer } from "./plugin-socket.js";
 import { type RoutingCount, RoutingStats } from "./routing-stats.js";
 import type { BridgeStatsReport } from "./stats-report.js";
@@ -99,6 +106,16 @@ export interface BackboneBridgeOptions {
    * turns it off (redundancy alone, which two colluding owners of a part defeat).
    */
   verification?: Pick<VerificationOptions, "probation" | "auditRate" | "seed">;
+  /**
+   * The native data plane (default on): a plugin that says `native-hello` gets a table of the
+   * remote layers it may send straight to a worker's native listener (TLS, the worker's pinned
+   * certificate, a hub ticket), skipping the bridge, the relay and the hub; any failure there
+   * sends that split down the bridge path, which computes the same bits. It acts only with `hub`,
+   * under trust "own" and without spot checks, and only for layers one worker holds whole (see
+   * docs/architecture.md section 4); the plugin's receipts are credited as the bridge's own.
+   * false: never; an object tunes the plugin's deadline and the backoff.
+   */
+  native?: boolean | BridgeNativeOptions;
 }
 
 export interface BackboneBridge extends AsyncDisposable {
@@ -182,6 +199,7 @@ function checkOptions(o: BackboneBridgeOptions): void {
   if (h !== undefined && !(typeof h === "number" && Number.isFinite(h) && h >= 0)) {
     throw new InvalidArgumentError("hedgeMs must be a finite number >= 0");
   }
+  checkNativeOption(o.native);
   const max = o.maxFrameBytes;
   if (max !== undefined && (!Number.isInteger(max) || max < 1024 || max > 0xffff_ffff)) {
     throw new InvalidArgumentError("maxFrameBytes must be an integer in 1024..2^32-1");
@@ -207,21 +225,12 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
   // SpotCheck validates the rest (InvalidArgumentError), before anything connects
   // a spot check's quarantine goes to the hub like verification's (assigned once the link exists)
   let reportSpot: ((event: QuarantineEvent) => void) | undefined;
-  const userSpot = options.spotCheck?.onQuarantine;
-  const verify = options.spotCheck
-    ? new SpotCheck({
-        ...options.spotCheck,
-        ...(options.fallback ? { reference: options.fallback } : {}),
-        onQuarantine: (event) => {
-          reportSpot?.(event);
-          userSpot?.(event);
-        },
-      })
-    : undefined;
+  const verify = spotCheckOf(options, (event) => reportSpot?.(event));
   throwIfAborted(options.signal);
   const { signal } = options;
   // the hub first: a hub that refuses us must not leave a socket listening
   let refreshBans: (() => void) | undefined;
+  let native: NativePlane | undefined;
   const userHubEvent = options.hub?.onEvent;
   const link = options.hub
     ? await connectHub({
@@ -229,7 +238,10 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
         ...(signal ? { signal } : {}),
         // each new placement may follow a ban by another backbone: the ban list is read again
         onEvent: (event) => {
-          if (event.type === "placement") refreshBans?.();
+          if (event.type === "placement") {
+            refreshBans?.();
+            native?.refresh();
+          }
           userHubEvent?.(event);
         },
       })
@@ -249,12 +261,21 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
     ...options.verification,
     onQuarantine: (event) => {
       void link?.reportQuarantine(event);
+      native?.refresh();
       onQuarantine?.(event);
     },
   });
   // the hub's quarantines apply here from the start: a fresh process never trusts a known liar
-  if (link) refreshBans = await HubBans.seed(link, verification, controller.signal);
+  // a ban read later also takes its worker off the native table
+  if (link) refreshBans = await HubBans.seed(link, verification, controller.signal, () => native?.refresh());
   const liveness = transport.trusted === true ? undefined : new Liveness();
+  native = nativePlaneOf(options, {
+    link,
+    transport,
+    routing,
+    signal: controller.signal,
+    excluded: () => excludedNow(verification, liveness, verify),
+  });
   const requests = new BridgeRequests({
     model,
     placement,
@@ -272,19 +293,14 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
     counters,
     routing,
     onStats: options.onStats,
+    native,
   });
   const plugins = new PluginServer({
     maxFrameBytes,
     counters,
-    onPayload: (payload, reply) => requests.onPayload(payload, reply),
+    onPayload: (payload, conn) => requests.onPayload(payload, conn),
   });
-  let address: string;
-  try {
-    address = await plugins.listen(options.socket);
-  } catch (failure) {
-    await link?.close();
-    throw failure;
-  }
+  const address = await listenOrClose(plugins, options.socket, link);
 
   let closing: Promise<void> | undefined;
   const close = (): Promise<void> => {
@@ -318,6 +334,7 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
         liveness: liveness?.snapshot(),
         hub: link?.metrics(),
         wire: wire?.metrics(),
+        native: native.metrics(),
       }),
     routingCounts: () => routing.counts(),
     takeStatsReport: ({ nExpert }: { nExpert: number }): BridgeStatsReport => routing.takeReport(nExpert),
@@ -325,7 +342,93 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
     [Symbol.asyncDispose]: close,
   };
   link?.reportStatsFrom(bridge);
+  // tickets before the plugin's hello: its first splits can go native
+  native.refresh();
   return bridge;
+}
+
+/** The plugin socket's address; a socket that cannot listen closes the hub link first. */
+async function listenOrClose(
+  plugins: PluginServer,
+  socket: BridgeSocket,
+  link: HubLink | undefined,
+): Promise<string> {
+  try {
+    return await plugins.listen(socket);
+  } catch (failure) {
+    await link?.close();
+    throw failure;
+  }
+}
+
+/** The bridge's SpotCheck (with `spotCheck`): the fallback its reference, quarantines reported. */
+function spotCheckOf(
+  options: BackboneBridgeOptions,
+  report: (event: QuarantineEvent) => void,
+): SpotCheck | undefined {
+  if (!options.spotCheck) return undefined;
+  const userSpot = options.spotCheck.onQuarantine;
+  return new SpotCheck({
+    ...options.spotCheck,
+    ...(options.fallback ? { reference: options.fallback } : {}),
+    onQuarantine: (event) => {
+      report(event);
+      userSpot?.(event);
+    },
+  });
+}
+
+/** Workers the bridge sends nothing to now: quarantined (verification, spot checks), circuit open. */
+function excludedNow(
+  verification: Verification,
+  liveness: Liveness | undefined,
+  spot: SpotCheck | undefined,
+): Set<string> {
+  const out = new Set(verification.excluded());
+  for (const more of [liveness?.excluded(), spot?.excluded()]) if (more) for (const id of more) out.add(id);
+  return out;
+}
+
+/** The native plane: on under trust "own" with a hub and no spot checks, else one that says why not. */
+function nativePlaneOf(
+  options: BackboneBridgeOptions,
+  parts: {
+    link: HubLink | undefined;
+    transport: ExpertTransport;
+    routing: RoutingStats;
+    signal: AbortSignal;
+    excluded: () => Set<string>;
+  },
+): NativePlane {
+  const { link } = parts;
+  const trust = options.trust ?? (parts.transport.trusted === true ? "own" : "verify");
+  const off = nativeOffReason({
+    native: options.native,
+    hub: link !== undefined,
+    trust,
+    spotCheck: options.spotCheck !== undefined && options.spotCheck.fraction > 0,
+  });
+  const deadlineMs = nativeDeadlineMs(options.native, options.hedgeMs);
+  const backoff = typeof options.native === "object" ? options.native.backoff : undefined;
+  return new NativePlane({
+    // an off plane's (empty) table still names someone: the plugin refuses a table without a backbone
+    backbone: link?.id ?? "local",
+    deadlineMs,
+    routing: parts.routing,
+    off,
+    table:
+      off === undefined && link
+        ? {
+            backbone: link.id,
+            deadlineMs,
+            view: () => link.current(),
+            exclude: parts.excluded,
+            ticket: (worker, signal) => link.directTicket(worker, { signal }),
+            signal: parts.signal,
+            ...(backoff ? { backoff } : {}),
+          }
+        : undefined,
+  });
 }
 
 /** The workers' transport: with `wire`, wrapped so that activations travel as q8 where exact. */
@@ -373,11 +476,17 @@ class HubBans {
     private readonly link: HubLink,
     private readonly verification: Verification,
     private readonly signal: AbortSignal,
+    private readonly onApplied: () => void,
   ) {}
 
   /** Applies the hub's list now (closing the link when it cannot be read); returns the refresh. */
-  static async seed(link: HubLink, verification: Verification, signal: AbortSignal): Promise<() => void> {
-    const bans = new HubBans(link, verification, signal);
+  static async seed(
+    link: HubLink,
+    verification: Verification,
+    signal: AbortSignal,
+    onApplied: () => void,
+  ): Promise<() => void> {
+    const bans = new HubBans(link, verification, signal, onApplied);
     try {
       await bans.refresh();
     } catch (failure) {
@@ -398,6 +507,7 @@ class HubBans {
           this.#again = false;
           if (this.signal.aborted) return;
           this.#apply(await this.link.quarantined({ signal: this.signal }));
+          this.onApplied();
         } while (this.#again);
       } finally {
         this.#running = undefined;

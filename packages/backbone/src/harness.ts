@@ -17,6 +17,20 @@ export interface PluginStats {
   /** Expert weights llama.cpp handed to the plugin at load and the plugin did not keep. */
   weightsDroppedBytes: number;
   weightsDroppedTensors: number;
+  /**
+   * The native data plane (a plugin that has it): splits sent straight to a worker, those that
+   * fell back to the bridge (and why, by code), the round trip's p50 and its overhead (the round
+   * trip less the worker's reported compute), receipts sent to the bridge and deferred.
+   */
+  native?: {
+    splits: number;
+    fallbacks: number;
+    roundTripP50Us: number;
+    overheadP50Us: number;
+    receipts: number;
+    receiptsDeferred: number;
+    failures: Record<string, number>;
+  };
   /** Per layer: round trips (plugin -> bridge -> plugin) in microseconds. */
   layers: Record<
     string,

@@ -1,6 +1,7 @@
 import {
   AbortError,
   abortReason,
+  type DirectTicketJson,
   InvalidArgumentError,
   onAbort,
   parseQuarantinesJson,
@@ -102,6 +103,11 @@ export interface HubLink extends AsyncDisposable {
    */
   quarantined(options?: { signal?: AbortSignal }): Promise<string[]>;
   metrics(): HubLinkMetrics;
+  /**
+   * A ticket admitting this backbone to `worker` (`POST /api/direct/tickets`) and its expiry (unix
+   * ms): the native plane hands it to the plugin, which says hello with it to the worker itself.
+   */
+  directTicket(worker: string, options?: { signal?: AbortSignal }): Promise<DirectTicketJson>;
   /** Stops the poller and the reporter, sends a final report, closes the relay connection. */
   close(): Promise<void>;
 }
@@ -213,18 +219,7 @@ function directTransport(
     fallback,
     id: settings.id,
     ...(options.directBackoff ? { backoff: options.directBackoff } : {}),
-    async ticket(worker, signal) {
-      const r = await http.request("api/direct/tickets", {
-        method: "POST",
-        body: { worker, backbone: settings.id },
-        signal,
-        headersTimeoutMs: REQUEST_TIMEOUT_MS,
-        maxBodyBytes: 16 * 1024,
-      });
-      const ticket = (r.json as { ticket?: unknown } | undefined)?.ticket;
-      if (typeof ticket !== "string") throw new InvalidArgumentError("the hub answered no ticket");
-      return ticket;
-    },
+    ticket: async (worker, signal) => (await mintTicket(http, settings, worker, signal)).ticket,
     onEvent(e) {
       emit({
         type: "direct",
@@ -235,6 +230,39 @@ function directTransport(
       });
     },
   });
+}
+
+/** A direct-link ticket for `worker` from the hub (`POST /api/direct/tickets`), with its expiry. */
+async function mintTicket(
+  http: HubHttp,
+  settings: HubSettings,
+  worker: string,
+  signal: AbortSignal | undefined,
+): Promise<DirectTicketJson> {
+  const r = await http.request("api/direct/tickets", {
+    method: "POST",
+    body: { worker, backbone: settings.id },
+    ...(signal ? { signal } : {}),
+    headersTimeoutMs: REQUEST_TIMEOUT_MS,
+    maxBodyBytes: 16 * 1024,
+  });
+  const j = r.json as { ticket?: unknown; exp?: unknown } | undefined;
+  if (typeof j?.ticket !== "string") throw new InvalidArgumentError("the hub answered no ticket");
+  // a hub older than `exp` in the answer: the ticket's own claim says when it expires
+  const exp = typeof j.exp === "number" ? j.exp : ticketExpiry(j.ticket);
+  return { ticket: j.ticket, exp };
+}
+
+/** The `exp` claim of a ticket (read, not verified: the worker verifies), else 0. */
+function ticketExpiry(ticket: string): number {
+  try {
+    const claims = JSON.parse(Buffer.from(ticket.split(".")[1] ?? "", "base64url").toString("utf8")) as {
+      exp?: unknown;
+    };
+    return typeof claims.exp === "number" ? claims.exp : 0;
+  } catch {
+    return 0;
+  }
 }
 
 interface LinkParts {
@@ -275,6 +303,7 @@ function linkHandle(parts: LinkParts): HubLink {
       return reporter.report(opts.signal);
     },
     reportQuarantine: (event) => quarantines.report(event),
+    directTicket: (worker, opts = {}) => mintTicket(parts.http, settings, worker, opts.signal),
     quarantined: (opts = {}) => parts.bans.read(opts.signal),
     metrics(): HubLinkMetrics {
       const current = follower.current;

@@ -1,9 +1,10 @@
-import { AbortError, abortReason, HubError, onAbort, sleep } from "@moeswarm/core";
+import { AbortError, abortReason, HubError, isNativeAddress, onAbort, sleep } from "@moeswarm/core";
 import { type MissingExperts, Placement } from "@moeswarm/dispatch";
 import { backoffDelay, type DirectRoute } from "@moeswarm/relay-client";
 import { asError, type Emit, type HubLinkError, stamp } from "./hub-events.js";
 import type { HubHttp } from "./hub-http.js";
 import type { HubSettings } from "./hub-options.js";
+import type { NativeRoute } from "./native-table.js";
 
 // The hub's live placement: the first version at connect, then long-polled
 // (`?since=<version>&wait=<s>`) with backoff after failures.
@@ -25,6 +26,8 @@ export interface HubPlacement {
   readonly receivedAt: number;
   /** Workers that advertise direct endpoints, with their certificate's fingerprint. */
   readonly direct: ReadonlyMap<string, DirectRoute>;
+  /** Workers that advertise a native listener (`direct.native`), with the same fingerprint. */
+  readonly native: ReadonlyMap<string, NativeRoute>;
 }
 
 /** The `direct` entries of the registrations, by worker; a malformed one is left out (relay only). */
@@ -36,11 +39,31 @@ function directRoutesOf(registrations: readonly unknown[]): Map<string, DirectRo
     if (
       typeof fingerprint !== "string" ||
       !Array.isArray(endpoints) ||
+      // a worker with a native listener only: nothing for the direct transport to dial
+      endpoints.length === 0 ||
       !endpoints.every((e) => typeof e === "string" && e.startsWith("wss://"))
     ) {
       continue;
     }
     routes.set(r.id, { endpoints: [...(endpoints as string[])], fingerprint });
+  }
+  return routes;
+}
+
+const FINGERPRINT = /^[0-9A-F]{2}(?::[0-9A-F]{2}){31}$/;
+
+/**
+ * The `direct.native` listeners of the registrations, by worker: the plain `host:port` ones with a
+ * well-formed fingerprint (a malformed entry leaves that worker off the native plane, nothing else).
+ */
+function nativeRoutesOf(registrations: readonly unknown[]): Map<string, NativeRoute> {
+  const routes = new Map<string, NativeRoute>();
+  for (const r of registrations) {
+    if (!isObject(r) || typeof r.id !== "string" || !isObject(r.direct)) continue;
+    const { native, fingerprint } = r.direct;
+    if (typeof fingerprint !== "string" || !FINGERPRINT.test(fingerprint) || !Array.isArray(native)) continue;
+    const addrs = native.filter(isNativeAddress);
+    if (addrs.length > 0 && addrs.length === native.length) routes.set(r.id, { addrs, fingerprint });
   }
   return routes;
 }
@@ -106,6 +129,7 @@ export function parseHubPlacement(json: unknown, model: string, receivedAt = Dat
     missing: placement.missing({ layers: layers as number[], nExpert: nExpert as number }),
     receivedAt,
     direct: directRoutesOf(json.registrations),
+    native: nativeRoutesOf(json.registrations),
   };
 }
 

@@ -25,7 +25,24 @@ export {
   moeswarmOverride,
   parseLayerSelection,
 } from "./layers.js";
+export {
+  type BridgeNativeOptions,
+  DEFAULT_NATIVE_DEADLINE_MS,
+  type NativeMetrics,
+} from "./native-bridge.js";
 export { logitsHarnessPath, pluginPath } from "./native-paths.js";
+export {
+  decodeNativeFrame,
+  encodeNativeTable,
+  NATIVE_FRAME_TYPES,
+  type NativeHelloFrame,
+  type NativeReceiptCount,
+  type NativeReceiptFailure,
+  type NativeReceiptsFrame,
+  type NativeTableEntry,
+  type NativeTableFrame,
+} from "./native-plane.js";
+export { type NativeRoute, wholeLayerOwners } from "./native-table.js";
 export type { BridgeSocket } from "./plugin-socket.js";
 export type { RoutingCount } from "./routing-stats.js";
 export type { BridgeStatsReport, StatsSource } from "./stats-report.js";

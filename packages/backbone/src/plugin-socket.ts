@@ -20,12 +20,22 @@ export type BridgeSocket = string | { readonly host?: string; readonly port: num
 /** Writes one frame back to the plugin connection it came from. */
 export type ReplyFn = (frame: Frame) => void;
 
+/** One plugin connection, as the frames' handlers see it. */
+export interface PluginConnection {
+  /** Writes one of core's frames (a result, an error, a pong). */
+  readonly reply: ReplyFn;
+  /** Writes one msgpack payload that is not one of core's frames (the native plane's), length-prefixed. */
+  sendPayload(payload: Uint8Array): void;
+  /** Called once when the connection is gone (at once if it already is). */
+  onClose(listener: () => void): void;
+}
+
 export interface PluginServerOptions {
   maxFrameBytes: number;
   /** Connections, bytes and broken streams are counted here. */
   counters: BridgeCounters;
   /** One whole frame's payload (its length prefix counted and removed), in arrival order. */
-  onPayload(payload: Uint8Array, reply: ReplyFn): void;
+  onPayload(payload: Uint8Array, conn: PluginConnection): void;
 }
 
 /** A Unix socket left by a process that died: nobody accepts on it. */
@@ -122,7 +132,7 @@ export class PluginServer {
     if (path && (await staleSocket(path))) rmSync(path, { force: true });
   }
 
-  private send(socket: Socket, frame: Frame): void {
+  private send(socket: Socket, frame: Frame | Uint8Array): void {
     if (socket.destroyed) return;
     const bytes = encodeLengthPrefixed(frame, { maxFrameBytes: 0xffff_ffff });
     this.options.counters.totals.bytesOut += bytes.byteLength;
@@ -138,6 +148,14 @@ export class PluginServer {
     socket.setNoDelay(true);
     const reader = new FrameReader({ maxFrameBytes });
     const reply: ReplyFn = (frame) => this.send(socket, frame);
+    const conn: PluginConnection = {
+      reply,
+      sendPayload: (payload) => this.send(socket, payload),
+      onClose: (listener) => {
+        if (socket.destroyed) listener();
+        else socket.once("close", listener);
+      },
+    };
     const broken = (error: unknown) => {
       const code = isMoeswarmError(error) ? error.code : "MOESWARM_PROTOCOL_MALFORMED";
       counters.error(code);
@@ -156,7 +174,7 @@ export class PluginServer {
       }
       for (const p of payloads) {
         counters.totals.bytesIn += p.byteLength + 4;
-        onPayload(p, reply);
+        onPayload(p, conn);
       }
     };
     socket.on("data", onData);

@@ -48,6 +48,19 @@ export class RoutingStats {
     }
   }
 
+  /**
+   * Native splits the plugin sent `worker` itself (its receipts): their token rows go through
+   * `layer` and their filled ids are the worker's receipt, as if this bridge had routed them. The
+   * per-expert routing counts stay the bridge's own (the receipts carry no ids).
+   */
+  countNative(layer: number, worker: string, tokens: number, expertTokens: number): void {
+    this.spanTokens.set(layer, (this.spanTokens.get(layer) ?? 0) + tokens);
+    const rec = this.receipts.get(worker) ?? { slots: 0, requests: 0, latencyMs: 0 };
+    // no latency: the round trip's mean (`ms`) stays the one the bridge measured
+    rec.slots += expertTokens;
+    this.receipts.set(worker, rec);
+  }
+
   /** The routing counts of the span, by layer then expert. */
   *counts(): IterableIterator<RoutingCount> {
     for (const layer of [...this.routing.keys()].sort((a, b) => a - b)) {

@@ -64,6 +64,12 @@ export interface SwarmLlamaOptions {
   /** How long the plugin waits for one layer's result (`MOESWARM_TIMEOUT_MS`, default 30 s). */
   pluginTimeoutMs?: number;
   /**
+   * The native data plane (`serveBackboneBridge`'s `native`; default on, it acts only with `hub`
+   * under trust "own"): false keeps every layer on the bridge path. The plugin's deadline for a
+   * native split stays within `pluginTimeoutMs`.
+   */
+  native?: BackboneBridgeOptions["native"];
+  /**
    * node-llama-cpp's model options; `gpuLayers` is always 0 (the backbone runs on the CPU), and
    * `useMmap` defaults to false: with mmap, llama.cpp populates the file's pages, so the experts the
    * plugin drops would still be resident (as page cache); without it they are never read into memory.
@@ -163,10 +169,20 @@ async function startBridge(
     ...(options.hedgeMs !== undefined ? { hedgeMs: options.hedgeMs } : {}),
     ...(options.trust !== undefined ? { trust: options.trust } : {}),
     ...(options.onQuarantine !== undefined ? { onQuarantine: options.onQuarantine } : {}),
+    native: nativeOf(options),
     ...(signal ? { signal } : {}),
   });
   cleanups.push(() => bridge.close());
   return bridge;
+}
+
+/** The bridge's `native` option, its deadline within the plugin's timeout. */
+function nativeOf(options: SwarmLlamaOptions): BackboneBridgeOptions["native"] {
+  const n = options.native;
+  if (n === false) return false;
+  const timeout = options.pluginTimeoutMs;
+  if (timeout === undefined) return n ?? true;
+  return { ...(typeof n === "object" ? n : {}), pluginTimeoutMs: timeout };
 }
 
 /**

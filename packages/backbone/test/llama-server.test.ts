@@ -411,9 +411,12 @@ describe.skipIf(Boolean(missing))("llama-server with the plugin, beside moeswarm
       const marker = served.output().length;
       const second = await complete(served, PROMPTS[2]!);
       expect(second.choices[0]!.text).toBe(first.choices[0]!.text);
-      await vi.waitFor(() => expect(served.output().slice(marker)).toMatch(/reconnecting to unix:.* once/), {
-        timeout: 10_000,
-      });
+      // the bridge path finds the connection dead in the split and says it reconnects once; with the
+      // plugin's native plane on (OpenSSL found), the closed connection is noticed before the split
+      // and the split opens a new one without a word. Never twice, never a failure.
+      const log = served.output().slice(marker);
+      expect(log.match(/reconnecting to unix:/g)?.length ?? 0).toBeLessThanOrEqual(1);
+      expect(log).not.toMatch(/check that moeswarm-dispatcher is running/);
     },
     TEST_TIMEOUT_MS,
   );

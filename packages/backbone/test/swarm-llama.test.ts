@@ -74,7 +74,10 @@ describe.skipIf(Boolean(missing))("createSwarmLlama: node-llama-cpp with the plu
     expect(decoded[0]).toEqual(plain.tokens);
     expect(decoded[1]).toEqual(plain.tokens);
     const m = swarmLlama.metrics();
-    expect(m.connectionsTotal).toBe(2);
+    // one per context; with the plugin's native plane, also the backend llama.cpp creates at load
+    // (it connects at once, to have the bridge's table before its first split)
+    expect(m.connectionsTotal).toBeGreaterThanOrEqual(2);
+    expect(m.connectionsTotal).toBeLessThanOrEqual(3);
     // every decode ran each MoE layer through the bridge, once per ubatch
     expect(m.requests).toBeGreaterThanOrEqual(2 * N_PREDICT * info.layers.length);
     expect(m.requests % info.layers.length).toBe(0);

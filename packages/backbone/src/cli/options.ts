@@ -41,6 +41,10 @@ and through the hub's relay otherwise, and reports routing statistics and receip
   --no-direct             send everything through the hub's relay, never dialing the workers
                           that advertise direct endpoints (default: dial them, pinning their
                           certificate by the hub's fingerprint; the relay carries the rest)
+  --no-native             keep every remote layer on this bridge (default, with --hub and
+                          --trust own: a layer one worker holds whole and that advertises a
+                          native listener goes from llama.cpp's plugin straight to it, over TLS
+                          with the hub's ticket; any failure there takes the bridge path)
   --threads <n>           compute threads per worker and for the fallback (default 1)
   --no-fallback           experts no worker serves fail the decode instead of running here
   --deadline-ms <ms>      per worker request, before failover (default 30000)
@@ -87,11 +91,16 @@ function int(text: string | undefined, name: string, fallback: number, min: numb
 
 /** The bridge options of --spot-check and --hedge-ms, with quarantines reported as they happen. */
 function resilience(
-  values: { "spot-check"?: string | undefined; "hedge-ms"?: string | undefined; trust?: string | undefined },
+  values: {
+    "spot-check"?: string | undefined;
+    "hedge-ms"?: string | undefined;
+    trust?: string | undefined;
+    "no-native"?: boolean | undefined;
+  },
   json: boolean,
   io: CliIo,
-): Pick<BackboneBridgeOptions, "spotCheck" | "hedgeMs" | "trust" | "onQuarantine"> {
-  const out: Pick<BackboneBridgeOptions, "spotCheck" | "hedgeMs" | "trust" | "onQuarantine"> = {};
+): Pick<BackboneBridgeOptions, "spotCheck" | "hedgeMs" | "trust" | "onQuarantine" | "native"> {
+  const out: Pick<BackboneBridgeOptions, "spotCheck" | "hedgeMs" | "trust" | "onQuarantine" | "native"> = {};
   const trust = values.trust;
   if (trust !== undefined) {
     if (trust !== "verify" && trust !== "own") {
@@ -122,6 +131,7 @@ function resilience(
     };
   }
   if (values["hedge-ms"] !== undefined) out.hedgeMs = int(values["hedge-ms"], "hedge-ms", 0, 0, 2 ** 31 - 1);
+  if (values["no-native"] === true) out.native = false;
   return out;
 }
 
@@ -147,7 +157,7 @@ export interface CliConfig {
   wireDtype: "q8" | "f32";
   /** --draft-model and --draft-max: llama-server's speculative decoding, in the printed command. */
   draft: { path: string; max: number } | undefined;
-  extra: Pick<BackboneBridgeOptions, "spotCheck" | "hedgeMs" | "trust" | "onQuarantine">;
+  extra: Pick<BackboneBridgeOptions, "spotCheck" | "hedgeMs" | "trust" | "onQuarantine" | "native">;
 }
 
 /** The flags that decide the mode: --hub's companions, or --model and --worker. */
@@ -303,6 +313,7 @@ export function parse(args: readonly string[]) {
         id: { type: "string" },
         "report-interval": { type: "string" },
         "no-direct": { type: "boolean" },
+        "no-native": { type: "boolean" },
         json: { type: "boolean" },
         help: { type: "boolean", short: "h" },
       },

@@ -283,6 +283,15 @@ function printMetrics(out: (line: string) => void, json: boolean, bridge: Backbo
       );
     }
   }
+  const n = m.native;
+  if (n?.enabled) {
+    const codes = Object.entries(n.failures).map(([code, count]) => `${code} ${count}`);
+    out(
+      `  native: ${n.table.layers.length} layer(s) in the table (v${n.table.seq}, deadline ${n.table.deadlineMs} ms), ` +
+        `${n.splits} native splits, ${n.expertTokens} expert-tokens credited, ${n.fallbacks} fell back to the bridge` +
+        `${codes.length ? ` (${codes.join(", ")})` : ""}${n.dropped.length ? `; backing off: ${n.dropped.join(", ")}` : ""}`,
+    );
+  }
 }
 
 /** The hub link's events as log lines (or JSON events). */
