@@ -196,7 +196,7 @@ export class NativePlane {
       connections: this.#conns.size,
       table: {
         seq: t.seq,
-        layers: t.layers.map((e) => e.layer),
+        layers: [...new Set(t.layers.map((e) => e.layer))],
         workers: [...new Set(t.layers.map((e) => e.worker))],
         deadlineMs: t.deadlineMs,
       },

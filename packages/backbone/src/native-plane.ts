@@ -27,6 +27,12 @@ export interface NativeTableEntry {
   ticket: string;
   /** The ticket's expiry, unix ms. */
   exp: number;
+  /**
+   * The half-open range [lo, hi) of expert ids this worker serves for the layer: a layer split over
+   * several workers has one entry per worker, with disjoint ranges (the plugin sends each a mode
+   * "each" dispatch and combines). Absent: the worker holds the whole layer (the layer's only entry).
+   */
+  experts?: [number, number];
 }
 
 /** bridge -> plugin, after a native-hello and whenever it changes; each replaces the last. */
@@ -39,7 +45,7 @@ export interface NativeTableFrame {
   backbone: string;
   /** How long a native split may take before the plugin takes the bridge path, ms. */
   deadlineMs: number;
-  /** At most one entry per layer; empty: the native plane is off. */
+  /** One entry per layer, or per owner of a split layer (`experts`); empty: the native plane is off. */
   layers: NativeTableEntry[];
 }
 
@@ -108,6 +114,7 @@ export function encodeNativeTable(frame: Omit<NativeTableFrame, "v" | "t">): Uin
       fp: e.fp,
       ticket: e.ticket,
       exp: e.exp,
+      ...(e.experts ? { experts: [e.experts[0], e.experts[1]] as [number, number] } : {}),
     })),
   };
   return encode(body);
