@@ -75,7 +75,20 @@ export interface NativeReceiptsFrame {
   t: "native-receipts";
   seq: number;
   counts: NativeReceiptCount[];
+  /**
+   * Layers split over several workers: their native splits and tokens, counted once per split
+   * (each owner's count has the tokens that had a slot of its own). Absent: none.
+   */
+  layers?: NativeReceiptLayer[];
   failures: NativeReceiptFailure[];
+}
+
+/** A split layer's native splits since the last receipts. */
+export interface NativeReceiptLayer {
+  layer: number;
+  splits: number;
+  /** Token rows through the layer. */
+  tokens: number;
 }
 
 /** What the bridge reads from the plugin. */
@@ -180,6 +193,20 @@ function receiptCount(v: unknown, i: number): NativeReceiptCount {
   return count;
 }
 
+function receiptLayer(v: unknown, i: number): NativeReceiptLayer {
+  const where = `layers[${i}].`;
+  if (!isMap(v)) throw bad("MOESWARM_PROTOCOL_BAD_FIELD", `layers[${i}]`, "must be a map");
+  const c = NATIVE_LIMITS.count;
+  const l = {
+    layer: uint(v, "layer", where, 0x7fff_ffff),
+    splits: uint(v, "splits", where, c),
+    tokens: uint(v, "tokens", where, c),
+  };
+  if (l.tokens < l.splits)
+    throw bad("MOESWARM_PROTOCOL_BAD_FIELD", `layers[${i}]`, "has more splits than tokens");
+  return l;
+}
+
 function receiptFailure(v: unknown, i: number): NativeReceiptFailure {
   const where = `failures[${i}].`;
   if (!isMap(v)) throw bad("MOESWARM_PROTOCOL_BAD_FIELD", `failures[${i}]`, "must be a map");
@@ -220,6 +247,9 @@ export function decodeNativeFrame(payload: Uint8Array): NativeInFrame {
       t: "native-receipts",
       seq: uint(v, "seq", "", Number.MAX_SAFE_INTEGER),
       counts: list(v, "counts", NATIVE_LIMITS.counts).map(receiptCount),
+      ...(v.layers !== undefined
+        ? { layers: list(v, "layers", NATIVE_LIMITS.counts).map(receiptLayer) }
+        : {}),
       failures: list(v, "failures", NATIVE_LIMITS.failures).map(receiptFailure),
     };
   }

@@ -489,18 +489,49 @@ describe("the plane on a plugin connection (fake timers)", () => {
     expect(last().layers.map((e) => e.layer)).toEqual([1]);
     await vi.advanceTimersByTimeAsync(1000);
     expect(last().layers.map((e) => `${e.layer}:${e.worker}`)).toEqual(["0:A", "0:B", "1:C"]);
-    // receipts of a split layer credit each owner with its own expert-tokens
+    // receipts of a split layer credit each owner with its own expert-tokens; the layer's tokens
+    // and splits come once per split from `layers` (3 splits of 1 token: A in 2, B in 3)
     p.onPayload(
-      receipts(2, [
-        { worker: "A", layer: 0, splits: 2, tokens: 2, expertTokens: 5 },
-        { worker: "B", layer: 0, splits: 2, tokens: 2, expertTokens: 3 },
-      ]),
+      encode({
+        v: 1,
+        t: "native-receipts",
+        seq: 2,
+        counts: [
+          { worker: "A", layer: 0, splits: 2, tokens: 2, expertTokens: 5 },
+          { worker: "B", layer: 0, splits: 3, tokens: 3, expertTokens: 3 },
+          { worker: "C", layer: 1, splits: 3, tokens: 3, expertTokens: 24 },
+        ],
+        layers: [{ layer: 0, splits: 3, tokens: 3 }],
+        failures: [],
+      }),
       c.conn,
     );
-    expect(p.metrics().workers).toMatchObject({
-      A: { splits: 2, expertTokens: 5 },
-      B: { splits: 2, expertTokens: 3 },
+    expect(p.metrics()).toMatchObject({
+      splits: 6,
+      tokens: 6,
+      expertTokens: 32,
+      workers: { A: { splits: 2, expertTokens: 5 }, B: { splits: 3, expertTokens: 3 } },
     });
+    const report = routing.takeReport(N_EXPERT);
+    expect(report.tokens).toBe(3);
+    expect(report.receipts).toMatchObject({
+      A: { expertTokens: 5 },
+      B: { expertTokens: 3 },
+      C: { expertTokens: 24 },
+    });
+    // a malformed `layers` drops the receipts whole
+    const before = p.metrics().malformed;
+    p.onPayload(
+      encode({
+        v: 1,
+        t: "native-receipts",
+        seq: 3,
+        counts: [],
+        layers: [{ layer: 0, splits: 2, tokens: 1 }],
+      }),
+      c.conn,
+    );
+    expect(p.metrics().malformed).toBe(before + 1);
   });
 
   it("malformed frames are counted and dropped; the plane reads on", async () => {

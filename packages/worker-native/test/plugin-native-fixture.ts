@@ -116,6 +116,8 @@ export interface NativeTable {
 export interface Receipts {
   seq: number;
   counts: { worker: string; layer: number; splits: number; tokens: number; expertTokens: number }[];
+  /** Layers split over several workers: splits and tokens once per split. */
+  layers?: { layer: number; splits: number; tokens: number }[];
   failures: { worker: string; code: string; msg: string }[];
 }
 

@@ -145,8 +145,9 @@ describe.skipIf(Boolean(missing))("plugin: native splits to a worker, the bridge
     }
     expect(got).toEqual(worker.served);
     expect([...worker.served.values()].reduce((a, s) => a + s.splits, 0)).toBe(stats.native.splits);
-    // seq rises from 1
+    // seq rises from 1; no split layers
     expect(bridge.receipts.map((r) => r.seq)).toEqual(bridge.receipts.map((_, i) => i + 1));
+    for (const r of bridge.receipts) expect(r.layers).toBeUndefined();
   });
 
   const FAILURES: { mode: WorkerMode | "pin"; code: string }[] = [
@@ -308,6 +309,17 @@ describe.skipIf(Boolean(missing))("plugin: native splits to a worker, the bridge
     expect(bridge.receipts.flatMap((r) => r.failures)).toEqual([]);
     expect(receiptsOf(bridge, "w1")).toEqual(w1.served);
     expect(receiptsOf(bridge, "w2")).toEqual(w2.served);
+    // the split layers' own count: each native split once, with all its tokens (>= each owner's)
+    const perLayer = new Map<number, { splits: number; tokens: number }>();
+    for (const l of bridge.receipts.flatMap((r) => r.layers ?? [])) {
+      const x = perLayer.get(l.layer) ?? { splits: 0, tokens: 0 };
+      perLayer.set(l.layer, { splits: x.splits + l.splits, tokens: x.tokens + l.tokens });
+    }
+    expect([...perLayer.values()].reduce((a, l) => a + l.splits, 0)).toBe(stats.native.splits);
+    for (const [layer, l] of perLayer) {
+      expect(l.tokens).toBeGreaterThanOrEqual(w1.served.get(layer)?.tokens ?? 0);
+      expect(l.tokens).toBeGreaterThanOrEqual(w2.served.get(layer)?.tokens ?? 0);
+    }
     // every token's k filled slots (llama.cpp fills all k) went to the two of them, each slot once
     const k = w1.dispatches[0]!.ids.length / w1.dispatches[0]!.n;
     const slotsSent = [...w1.served.values(), ...w2.served.values()].reduce((a, s) => a + s.expertTokens, 0);

@@ -257,6 +257,9 @@ struct moeswarm_native {
     std::unordered_map<std::string, moeswarm_native_peer> peers;
     // since the last native-receipts: per (worker, layer), and the failures
     std::map<std::pair<std::string, int>, moeswarm_native_count> counts;
+    // per split layer (several owners): its native splits and their tokens, counted once per split
+    // (the owners' counts have their own tokens each); `layers` of native-receipts
+    std::map<int, moeswarm_native_count> split_layers;
     std::vector<moeswarm_native_failure> failures;
     uint64_t receipts_seq  = 0;
     double last_receipt_us = 0;

@@ -296,7 +296,7 @@ void moeswarm_native_drain(moeswarm_backend_context * ctx) {
 
 static void moeswarm_write_receipts(moeswarm_native & nv, moeswarm_mp_writer & w) {
     w.buf.resize(4);
-    moeswarm_mp_write_map(&w, 5);
+    moeswarm_mp_write_map(&w, nv.split_layers.empty() ? 5 : 6);
     moeswarm_mp_write_cstr(&w, "v");
     moeswarm_mp_write_uint(&w, 1);
     moeswarm_mp_write_cstr(&w, "t");
@@ -317,6 +317,20 @@ static void moeswarm_write_receipts(moeswarm_native & nv, moeswarm_mp_writer & w
         moeswarm_mp_write_uint(&w, c.tokens);
         moeswarm_mp_write_cstr(&w, "expertTokens");
         moeswarm_mp_write_uint(&w, c.expert_tokens);
+    }
+    if (!nv.split_layers.empty()) {
+        // a split layer's tokens once per split: the owners' counts above each have their own
+        moeswarm_mp_write_cstr(&w, "layers");
+        moeswarm_mp_write_array(&w, (uint32_t) nv.split_layers.size());
+        for (const auto & [layer, c] : nv.split_layers) {
+            moeswarm_mp_write_map(&w, 3);
+            moeswarm_mp_write_cstr(&w, "layer");
+            moeswarm_mp_write_uint(&w, (uint64_t) layer);
+            moeswarm_mp_write_cstr(&w, "splits");
+            moeswarm_mp_write_uint(&w, c.splits);
+            moeswarm_mp_write_cstr(&w, "tokens");
+            moeswarm_mp_write_uint(&w, c.tokens);
+        }
     }
     moeswarm_mp_write_cstr(&w, "failures");
     moeswarm_mp_write_array(&w, (uint32_t) nv.failures.size());
@@ -362,5 +376,6 @@ void moeswarm_native_receipts(moeswarm_backend_context * ctx, bool force) {
     nv.receipts_seq++;
     nv.last_receipt_us = now;
     nv.counts.clear();
+    nv.split_layers.clear();
     nv.failures.clear();
 }
