@@ -89,8 +89,8 @@ static void moeswarm_split_build(moeswarm_backend_context * ctx, const moeswarm_
             ctx->sub_ids[i * kk + j] = slot_owner[r * kk + j] == ow.index ? ctx->ids[r * kk + j] : -1;
         }
     }
-    ow.id           = ow.pr->next_id;
-    ow.pr->next_id  = ow.pr->next_id == 0xffffffffu ? 1 : ow.pr->next_id + 1;
+    ow.id          = ow.pr->next_id;
+    ow.pr->next_id = ow.pr->next_id == 0xffffffffu ? 1 : ow.pr->next_id + 1;
     moeswarm_dispatch_desc d;
     d.id      = ow.id;
     d.model   = cfg.model.c_str();
@@ -142,9 +142,9 @@ static bool moeswarm_split_send(moeswarm_backend_context * ctx, const moeswarm_c
 // a result for the owner's dispatch: mode each, its shape (compact: its filled rows), all finite
 static bool moeswarm_split_check(const moeswarm_frame & f, const moeswarm_pattern & p, const moeswarm_split_owner & ow,
         std::string & err) {
-    const uint32_t kk  = (uint32_t) (p.weighted_input ? 1 : p.k);
-    const size_t rows  = f.compact ? ow.filled : ow.rows.size() * kk;
-    const size_t want  = rows * (size_t) p.n_embd;
+    const uint32_t kk = (uint32_t) (p.weighted_input ? 1 : p.k);
+    const size_t rows = f.compact ? ow.filled : ow.rows.size() * kk;
+    const size_t want = rows * (size_t) p.n_embd;
     if (f.mode != MOESWARM_MODE_EACH || f.n != ow.rows.size() || f.k != kk || f.embd != p.n_embd || f.y.len != want * 4) {
         err = "the result has the wrong shape";
         return false;
@@ -306,8 +306,8 @@ moeswarm_native_outcome moeswarm_native_split_ranges(moeswarm_backend_context * 
     lc.tokens += (uint64_t) p.n_tokens;
     for (const moeswarm_split_owner & ow : owners) {
         lc.expert_tokens += ow.filled;
-        ow.pr->backoff_ms          = 0;
-        moeswarm_native_count & c  = nv.counts[{ ow.e->worker, p.layer }];
+        ow.pr->backoff_ms         = 0;
+        moeswarm_native_count & c = nv.counts[{ ow.e->worker, p.layer }];
         c.splits++;
         c.tokens += ow.tokens;
         c.expert_tokens += ow.filled;
