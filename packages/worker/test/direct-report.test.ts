@@ -84,7 +84,7 @@ describe("moeswarm-worker --direct-report SECONDS", () => {
   const base = { hub: "http://127.0.0.1:9", token: "t", "cache-dir": tmpdir(), listen: "127.0.0.1:0" };
   const options = (values: Record<string, string>) => workerOptions({ ...base, ...values }, {});
 
-  it("sets the report interval, checked: seconds in 0.1..600, only with --listen", async () => {
+  it("sets the report interval, checked: seconds in 0.1..600, only with --listen or --listen-native", async () => {
     expect((await options({ "direct-report": "2.5" })).direct?.reportMs).toBe(2500);
     expect((await options({ "direct-report": "600" })).direct?.reportMs).toBe(600_000);
     // not given: the default
@@ -105,7 +105,7 @@ describe("moeswarm-worker --direct-report SECONDS", () => {
     }
     const { listen: _, ...noListen } = base;
     await expect(workerOptions({ ...noListen, "direct-report": "5" }, {})).rejects.toMatchObject({
-      message: expect.stringContaining("--direct-report go with --listen"),
+      message: expect.stringContaining("--direct-report goes with --listen HOST:PORT or --listen-native"),
     });
     // the API option is checked the same way
     for (const reportMs of [0, 99, 600_001, Number.NaN]) {

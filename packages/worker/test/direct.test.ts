@@ -125,7 +125,7 @@ describe("runWorker({direct})", () => {
     const base = ["--hub", url, "--token", "t", "--cache-dir", `${workDir!.dir}/cli`];
     const signal = AbortSignal.abort();
     expect(await runWorkerCli([...base, "--advertise", "wss://me:7443"], io, signal)).toBe(2);
-    expect(err.text).toContain("go with --listen HOST:PORT");
+    expect(err.text).toContain("--advertise goes with --listen HOST:PORT");
     err.text = "";
     expect(await runWorkerCli([...base, "--listen", "7443"], io, signal)).toBe(2);
     expect(err.text).toContain("direct.listen must be host:port");
