@@ -53,8 +53,9 @@ plain, and with its MoE layers handed to the swarm through the libggml-moeswarm 
   --liar            start one more worker that lies (outputs x1.05); the tokens must stay identical
   --trust T         verify (default: every part answered by two workers, compared and audited;
                     with one owner the backbone computes it itself) | own (answers taken as they
-                    come; the layers a worker holds whole go native: the plugin sends them
-                    straight to the worker's native listener, not through the bridge and relay)
+                    come; the layers whose every expert has one owner go native: the plugin
+                    sends them straight to the owners' native listeners, not through the bridge
+                    and relay)
   --no-native       the workers do not listen natively: every layer goes plugin -> bridge -> relay
   --backend B       the workers' compute backend (default llama-cpu: llama.cpp's own kernels, logits
                     bit-identical); another (worker: the static executable) must give the same tokens

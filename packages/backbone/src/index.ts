@@ -42,7 +42,7 @@ export {
   type NativeTableEntry,
   type NativeTableFrame,
 } from "./native-plane.js";
-export { type NativeRoute, wholeLayerOwners } from "./native-table.js";
+export { type NativeRoute, nativeLayerOwners, wholeLayerOwners } from "./native-table.js";
 export type { BridgeSocket } from "./plugin-socket.js";
 export type { RoutingCount } from "./routing-stats.js";
 export type { BridgeStatsReport, StatsSource } from "./stats-report.js";

@@ -154,15 +154,23 @@ export class NativePlane {
   #receipts(f: NativeReceiptsFrame): void {
     this.#c.receipts++;
     const failing = new Set(f.failures.map((x) => x.worker));
+    // a split layer's tokens come once per split in `layers`, not from each owner's count
+    const split = new Set((f.layers ?? []).map((l) => l.layer));
+    for (const l of f.layers ?? []) {
+      this.#c.splits += l.splits;
+      this.#c.tokens += l.tokens;
+      this.#o.routing.countNative(l.layer, undefined, l.tokens, 0);
+    }
     for (const c of f.counts) {
-      this.#c.splits += c.splits;
-      this.#c.tokens += c.tokens;
+      const whole = !split.has(c.layer);
+      this.#c.splits += whole ? c.splits : 0;
+      this.#c.tokens += whole ? c.tokens : 0;
       this.#c.expertTokens += c.expertTokens;
       const w = this.#workers.get(c.worker) ?? { splits: 0, expertTokens: 0 };
       w.splits += c.splits;
       w.expertTokens += c.expertTokens;
       this.#workers.set(c.worker, w);
-      this.#o.routing.countNative(c.layer, c.worker, c.tokens, c.expertTokens);
+      this.#o.routing.countNative(c.layer, c.worker, whole ? c.tokens : 0, c.expertTokens);
       if (c.splits > 0 && !failing.has(c.worker)) this.#table?.succeeded(c.worker);
     }
     for (const x of f.failures) {
@@ -196,7 +204,7 @@ export class NativePlane {
       connections: this.#conns.size,
       table: {
         seq: t.seq,
-        layers: t.layers.map((e) => e.layer),
+        layers: [...new Set(t.layers.map((e) => e.layer))],
         workers: [...new Set(t.layers.map((e) => e.worker))],
         deadlineMs: t.deadlineMs,
       },

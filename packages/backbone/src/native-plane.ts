@@ -27,6 +27,12 @@ export interface NativeTableEntry {
   ticket: string;
   /** The ticket's expiry, unix ms. */
   exp: number;
+  /**
+   * The half-open range [lo, hi) of expert ids this worker serves for the layer: a layer split over
+   * several workers has one entry per worker, with disjoint ranges (the plugin sends each a mode
+   * "each" dispatch and combines). Absent: the worker holds the whole layer (the layer's only entry).
+   */
+  experts?: [number, number];
 }
 
 /** bridge -> plugin, after a native-hello and whenever it changes; each replaces the last. */
@@ -39,7 +45,7 @@ export interface NativeTableFrame {
   backbone: string;
   /** How long a native split may take before the plugin takes the bridge path, ms. */
   deadlineMs: number;
-  /** At most one entry per layer; empty: the native plane is off. */
+  /** One entry per layer, or per owner of a split layer (`experts`); empty: the native plane is off. */
   layers: NativeTableEntry[];
 }
 
@@ -69,7 +75,20 @@ export interface NativeReceiptsFrame {
   t: "native-receipts";
   seq: number;
   counts: NativeReceiptCount[];
+  /**
+   * Layers split over several workers: their native splits and tokens, counted once per split
+   * (each owner's count has the tokens that had a slot of its own). Absent: none.
+   */
+  layers?: NativeReceiptLayer[];
   failures: NativeReceiptFailure[];
+}
+
+/** A split layer's native splits since the last receipts. */
+export interface NativeReceiptLayer {
+  layer: number;
+  splits: number;
+  /** Token rows through the layer. */
+  tokens: number;
 }
 
 /** What the bridge reads from the plugin. */
@@ -108,6 +127,7 @@ export function encodeNativeTable(frame: Omit<NativeTableFrame, "v" | "t">): Uin
       fp: e.fp,
       ticket: e.ticket,
       exp: e.exp,
+      ...(e.experts ? { experts: [e.experts[0], e.experts[1]] as [number, number] } : {}),
     })),
   };
   return encode(body);
@@ -173,6 +193,20 @@ function receiptCount(v: unknown, i: number): NativeReceiptCount {
   return count;
 }
 
+function receiptLayer(v: unknown, i: number): NativeReceiptLayer {
+  const where = `layers[${i}].`;
+  if (!isMap(v)) throw bad("MOESWARM_PROTOCOL_BAD_FIELD", `layers[${i}]`, "must be a map");
+  const c = NATIVE_LIMITS.count;
+  const l = {
+    layer: uint(v, "layer", where, 0x7fff_ffff),
+    splits: uint(v, "splits", where, c),
+    tokens: uint(v, "tokens", where, c),
+  };
+  if (l.tokens < l.splits)
+    throw bad("MOESWARM_PROTOCOL_BAD_FIELD", `layers[${i}]`, "has more splits than tokens");
+  return l;
+}
+
 function receiptFailure(v: unknown, i: number): NativeReceiptFailure {
   const where = `failures[${i}].`;
   if (!isMap(v)) throw bad("MOESWARM_PROTOCOL_BAD_FIELD", `failures[${i}]`, "must be a map");
@@ -213,6 +247,9 @@ export function decodeNativeFrame(payload: Uint8Array): NativeInFrame {
       t: "native-receipts",
       seq: uint(v, "seq", "", Number.MAX_SAFE_INTEGER),
       counts: list(v, "counts", NATIVE_LIMITS.counts).map(receiptCount),
+      ...(v.layers !== undefined
+        ? { layers: list(v, "layers", NATIVE_LIMITS.counts).map(receiptLayer) }
+        : {}),
       failures: list(v, "failures", NATIVE_LIMITS.failures).map(receiptFailure),
     };
   }

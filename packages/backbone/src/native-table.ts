@@ -2,11 +2,12 @@ import { InvalidArgumentError } from "@moeswarm/core";
 import type { Placement } from "@moeswarm/dispatch";
 import type { NativeTableEntry, NativeTableFrame } from "./native-plane.js";
 
-// The native plane's table: which remote layers the plugin may send straight to a worker. Phase 1
-// (docs/architecture.md section 4): a layer goes native only when ONE worker holds every expert of
-// it, so its split is one dispatch in mode "sum" to that worker, exactly what the bridge would send
-// it. Everything else (layers split over several workers, replicas that hedging or verification
-// would use) stays on the bridge path. The bridge decides whether the plane is on at all (trust
+// The native plane's table: which remote layers the plugin may send straight to a worker
+// (docs/architecture.md section 4). A layer ONE worker holds whole is one entry: its split is one
+// dispatch in mode "sum" to that worker, exactly what the bridge would send it. A layer split over
+// several workers (phase 2), each holding one contiguous range of its experts and nobody else any of
+// them, is one entry per worker with its `experts` range: the plugin sends each a mode "each"
+// dispatch and combines. Replicas (hedging, verification: phase 3) and gaps stay on the bridge path. The bridge decides whether the plane is on at all (trust
 // "own", no spot checks); this module builds the entries, keeps their tickets fresh, and drops a
 // worker the plugin reports failing for a backoff.
 
@@ -35,6 +36,8 @@ export interface NativeCandidate {
   worker: string;
   addr: string;
   fp: string;
+  /** Set for an owner of a split layer: the range [lo, hi) of its experts. */
+  experts?: [number, number];
 }
 
 /**
@@ -60,6 +63,52 @@ export function wholeLayerOwners(view: NativePlacementView, exclude: ReadonlySet
     out.push({ layer, worker: owner, addr, fp: route.fingerprint });
   }
   return out;
+}
+
+/**
+ * Per layer, its owners when every expert of it is held by exactly one worker (no replica, no gap),
+ * each owner holds one contiguous range of its experts, and every owner advertises a native listener
+ * and is not excluded: one candidate per owner, `experts` set when there are several. A layer that
+ * breaks any of that is left out (the bridge path). Layers in `view.layers` order.
+ */
+export function nativeLayerOwners(
+  view: NativePlacementView,
+  exclude: ReadonlySet<string>,
+): NativeCandidate[][] {
+  const out: NativeCandidate[][] = [];
+  for (const layer of view.layers) {
+    const ranges = ownerRanges(view, layer);
+    if (!ranges) continue;
+    const group: NativeCandidate[] = [];
+    for (const [worker, lo, hi] of ranges) {
+      const route = view.native.get(worker);
+      const addr = route?.addrs[0];
+      if (exclude.has(worker) || !route || addr === undefined) break;
+      group.push({
+        layer,
+        worker,
+        addr,
+        fp: route.fingerprint,
+        ...(ranges.length > 1 ? { experts: [lo, hi] as [number, number] } : {}),
+      });
+    }
+    if (group.length === ranges.length) out.push(group);
+  }
+  return out;
+}
+
+/** A layer's owners as [worker, lo, hi) runs, or undefined (a gap, a replica, an owner of two runs). */
+function ownerRanges(view: NativePlacementView, layer: number): Array<[string, number, number]> | undefined {
+  const runs: Array<[string, number, number]> = [];
+  for (let e = 0; e < view.nExpert; e++) {
+    const owners = view.placement.owners(layer, e);
+    if (owners.length !== 1) return undefined;
+    const last = runs[runs.length - 1];
+    if (last && last[0] === owners[0]) last[2] = e + 1;
+    else runs.push([owners[0]!, e, e + 1]);
+  }
+  const workers = new Set(runs.map((r) => r[0]));
+  return runs.length > 0 && workers.size === runs.length ? runs : undefined;
 }
 
 /** A ticket as the hub mints it (`POST /api/direct/tickets`). */
@@ -217,27 +266,32 @@ export class NativeTable {
     if (this.#o.signal.aborted) return;
     const now = Date.now();
     const view = this.#o.view();
-    const candidates = view ? wholeLayerOwners(view, this.#o.exclude()) : [];
+    const groups = view ? nativeLayerOwners(view, this.#o.exclude()) : [];
     const entries: NativeTableEntry[] = [];
     const known = new Set<string>();
     let wake = Number.POSITIVE_INFINITY;
     const later = (at: number | undefined) => {
       if (at !== undefined && at > now) wake = Math.min(wake, at);
     };
-    for (const c of candidates) {
-      known.add(c.worker);
-      const droppedUntil = this.#dropped.until(c.worker, now);
-      if (droppedUntil !== undefined) {
-        later(droppedUntil);
-        continue;
+    for (const group of groups) {
+      // a split layer goes on only with every owner on: one missing owner sends its ids to the bridge
+      const layer: NativeTableEntry[] = [];
+      for (const c of group) {
+        known.add(c.worker);
+        const droppedUntil = this.#dropped.until(c.worker, now);
+        if (droppedUntil !== undefined) {
+          later(droppedUntil);
+          continue;
+        }
+        const held = this.#tickets.get(c.worker);
+        if (!held || now >= held.renewAt) this.#fetch(c.worker, now);
+        later(this.#ticketRetry.until(c.worker, now));
+        if (!held || now >= held.exp - EXPIRY_MARGIN_MS) continue;
+        later(held.renewAt);
+        later(held.exp - EXPIRY_MARGIN_MS);
+        layer.push({ ...c, ticket: held.ticket, exp: held.exp });
       }
-      const held = this.#tickets.get(c.worker);
-      if (!held || now >= held.renewAt) this.#fetch(c.worker, now);
-      later(this.#ticketRetry.until(c.worker, now));
-      if (!held || now >= held.exp - EXPIRY_MARGIN_MS) continue;
-      later(held.renewAt);
-      later(held.exp - EXPIRY_MARGIN_MS);
-      entries.push({ ...c, ticket: held.ticket, exp: held.exp });
+      if (layer.length === group.length) entries.push(...layer);
     }
     // a worker gone from the placement: its ticket is of no use (a new one when it comes back)
     for (const w of this.#tickets.keys()) if (!known.has(w)) this.#tickets.delete(w);
@@ -246,7 +300,7 @@ export class NativeTable {
   }
 
   #publish(entries: NativeTableEntry[]): void {
-    entries.sort((a, b) => a.layer - b.layer);
+    entries.sort((a, b) => a.layer - b.layer || (a.experts?.[0] ?? 0) - (b.experts?.[0] ?? 0));
     const key = JSON.stringify(entries);
     if (key === this.#key) return;
     this.#key = key;

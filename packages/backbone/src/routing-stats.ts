@@ -53,8 +53,9 @@ export class RoutingStats {
    * `layer` and their filled ids are the worker's receipt, as if this bridge had routed them. The
    * per-expert routing counts stay the bridge's own (the receipts carry no ids).
    */
-  countNative(layer: number, worker: string, tokens: number, expertTokens: number): void {
+  countNative(layer: number, worker: string | undefined, tokens: number, expertTokens: number): void {
     this.spanTokens.set(layer, (this.spanTokens.get(layer) ?? 0) + tokens);
+    if (worker === undefined) return; // a split layer's tokens alone (its owners' counts follow)
     const rec = this.receipts.get(worker) ?? { slots: 0, requests: 0, latencyMs: 0 };
     // no latency: the round trip's mean (`ms`) stays the one the bridge measured
     rec.slots += expertTokens;

@@ -12,7 +12,12 @@ import { parse, readConfig } from "../src/cli/options.js";
 import { serveBackboneBridge } from "../src/index.js";
 import { NativePlane, nativeDeadlineMs, nativeOffReason } from "../src/native-bridge.js";
 import { decodeNativeFrame, type NativeTableFrame } from "../src/native-plane.js";
-import { type NativePlacementView, type NativeRoute, wholeLayerOwners } from "../src/native-table.js";
+import {
+  type NativePlacementView,
+  type NativeRoute,
+  nativeLayerOwners,
+  wholeLayerOwners,
+} from "../src/native-table.js";
 import type { PluginConnection } from "../src/plugin-socket.js";
 import { RoutingStats } from "../src/routing-stats.js";
 import { tempDir, toyFrame, toyWorker } from "./helpers.js";
@@ -95,6 +100,60 @@ describe("which layers go native", () => {
     expect(layers([])).toEqual([0, 3, 4]);
     // quarantined or its circuit open: nothing native for it
     expect(layers(["A"])).toEqual([]);
+  });
+
+  it("a layer split over native workers, each one range, nobody else any: one entry per owner with its range", () => {
+    const v = view(
+      [
+        { id: "A", layers: [0, 1, 2, 3, 4, 5, 6], experts: [0, 1, 2, 3] },
+        { id: "B", layers: [0, 1, 2, 3, 4, 5], experts: [4, 5] },
+        { id: "C", layers: [0, 1, 2, 3, 4, 5, 6], experts: [6, 7] },
+        // layer 1: a replica of expert 5; layer 2: B without a listener; layer 3: D (B's) two runs
+        { id: "R", layers: [1], experts: [5] },
+        { id: "N", layers: [2], experts: [] },
+        { id: "W", layers: [7], experts: ALL },
+      ],
+      { A: ["127.0.0.1:9001"], B: ["127.0.0.1:9002"], C: ["[::1]:9003"], R: ["h:1"], W: ["h:4"] },
+      [0, 1, 5, 6, 7],
+    );
+    const groups = nativeLayerOwners(v, new Set());
+    const entry = (layer: number, worker: string, addr: string, experts?: [number, number]) => ({
+      layer,
+      worker,
+      addr,
+      fp: FP,
+      ...(experts ? { experts } : {}),
+    });
+    // layer 6: a gap (B does not hold 4, 5 there): off; layer 7 whole on W: no range
+    expect(groups).toEqual([
+      [
+        entry(0, "A", "127.0.0.1:9001", [0, 4]),
+        entry(0, "B", "127.0.0.1:9002", [4, 6]),
+        entry(0, "C", "[::1]:9003", [6, 8]),
+      ],
+      [
+        entry(5, "A", "127.0.0.1:9001", [0, 4]),
+        entry(5, "B", "127.0.0.1:9002", [4, 6]),
+        entry(5, "C", "[::1]:9003", [6, 8]),
+      ],
+      [entry(7, "W", "h:4")],
+    ]);
+    // one owner without a listener, or excluded: the whole layer off
+    const noB = { ...v, native: new Map([...v.native].filter(([id]) => id !== "B")) };
+    expect(nativeLayerOwners(noB, new Set()).map((g) => g[0]!.layer)).toEqual([7]);
+    expect(nativeLayerOwners(v, new Set(["C"])).map((g) => g[0]!.layer)).toEqual([7]);
+    // an owner of two runs (interleaved experts): off (the plugin takes one range per worker)
+    const interleaved = view(
+      [
+        { id: "A", layers: [0], experts: [0, 1, 4, 5] },
+        { id: "B", layers: [0], experts: [2, 3, 6, 7] },
+      ],
+      { A: ["h:1"], B: ["h:2"] },
+      [0],
+    );
+    expect(nativeLayerOwners(interleaved, new Set())).toEqual([]);
+    // wholeLayerOwners (phase 1) still lists only whole-layer owners
+    expect(wholeLayerOwners(v, new Set()).map((c) => c.layer)).toEqual([7]);
   });
 
   it("the plane is off without a hub, under trust verify, with spot checks, or when turned off", () => {
@@ -400,6 +459,79 @@ describe("the plane on a plugin connection (fake timers)", () => {
     await vi.advanceTimersByTimeAsync(1000);
     expect(layersNow()).toEqual([0, 1]);
     expect(p.metrics().drops).toBe(3);
+  });
+
+  it("a split layer is on the table with every owner's ticket, and off while any owner is dropped", async () => {
+    current = view(
+      [
+        { id: "A", layers: [0], experts: [0, 1, 2, 3] },
+        { id: "B", layers: [0], experts: [4, 5, 6, 7] },
+        { id: "C", layers: [1], experts: ALL },
+      ],
+      { A: ["127.0.0.1:9001"], B: ["127.0.0.1:9002"], C: ["127.0.0.1:9003"] },
+      [0, 1],
+    );
+    const p = plane();
+    const c = fakeConnection();
+    p.onPayload(hello(), c.conn);
+    await vi.advanceTimersByTimeAsync(0);
+    expect(ticketCalls).toBe(3);
+    const last = () => c.tables.at(-1)!;
+    expect(last().layers.map(({ layer, worker, experts }) => ({ layer, worker, experts }))).toEqual([
+      { layer: 0, worker: "A", experts: [0, 4] },
+      { layer: 0, worker: "B", experts: [4, 8] },
+      { layer: 1, worker: "C", experts: undefined },
+    ]);
+    for (const e of last().layers) expect(e.ticket).toMatch(new RegExp(`^mswt1\\.${e.worker}\\.`));
+    expect(p.metrics().table).toMatchObject({ layers: [0, 1], workers: ["A", "B", "C"] });
+    // B fails: layer 0 leaves whole (A's ids alone would not cover it), layer 1 stays
+    p.onPayload(receipts(1, [], [{ worker: "B", code: "MOESWARM_TRANSPORT_TIMEOUT", msg: "late" }]), c.conn);
+    expect(last().layers.map((e) => e.layer)).toEqual([1]);
+    await vi.advanceTimersByTimeAsync(1000);
+    expect(last().layers.map((e) => `${e.layer}:${e.worker}`)).toEqual(["0:A", "0:B", "1:C"]);
+    // receipts of a split layer credit each owner with its own expert-tokens; the layer's tokens
+    // and splits come once per split from `layers` (3 splits of 1 token: A in 2, B in 3)
+    p.onPayload(
+      encode({
+        v: 1,
+        t: "native-receipts",
+        seq: 2,
+        counts: [
+          { worker: "A", layer: 0, splits: 2, tokens: 2, expertTokens: 5 },
+          { worker: "B", layer: 0, splits: 3, tokens: 3, expertTokens: 3 },
+          { worker: "C", layer: 1, splits: 3, tokens: 3, expertTokens: 24 },
+        ],
+        layers: [{ layer: 0, splits: 3, tokens: 3 }],
+        failures: [],
+      }),
+      c.conn,
+    );
+    expect(p.metrics()).toMatchObject({
+      splits: 6,
+      tokens: 6,
+      expertTokens: 32,
+      workers: { A: { splits: 2, expertTokens: 5 }, B: { splits: 3, expertTokens: 3 } },
+    });
+    const report = routing.takeReport(N_EXPERT);
+    expect(report.tokens).toBe(3);
+    expect(report.receipts).toMatchObject({
+      A: { expertTokens: 5 },
+      B: { expertTokens: 3 },
+      C: { expertTokens: 24 },
+    });
+    // a malformed `layers` drops the receipts whole
+    const before = p.metrics().malformed;
+    p.onPayload(
+      encode({
+        v: 1,
+        t: "native-receipts",
+        seq: 3,
+        counts: [],
+        layers: [{ layer: 0, splits: 2, tokens: 1 }],
+      }),
+      c.conn,
+    );
+    expect(p.metrics().malformed).toBe(before + 1);
   });
 
   it("malformed frames are counted and dropped; the plane reads on", async () => {

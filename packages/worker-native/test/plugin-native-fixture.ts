@@ -11,7 +11,13 @@ import { createServer, type Server, type Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createServer as createTlsServer, type TLSSocket } from "node:tls";
-import { type DispatchFrame, decodeFrame, type EncodableFrame, encodeFrame } from "@moeswarm/core";
+import {
+  compactSlots,
+  type DispatchFrame,
+  decodeFrame,
+  type EncodableFrame,
+  encodeFrame,
+} from "@moeswarm/core";
 import { decode, encode } from "@msgpack/msgpack";
 import type { ExpertCompute } from "../src/index.js";
 import { llamaCppBinsDir, prebuiltPath } from "../src/index.js";
@@ -59,27 +65,34 @@ function prefixed(payload: Uint8Array): Buffer {
 
 const sendFrame = (socket: Socket, frame: EncodableFrame) => socket.write(prefixed(encodeFrame(frame)));
 
-/** The answer to a dispatch in mode sum, from the one compute both stand-ins share. */
+/**
+ * The answer to a dispatch, from the one compute both stand-ins share: mode sum, or mode each (the
+ * filled slots' rows only when the dispatch asks for `compact`, as the native listener answers).
+ */
 async function answer(compute: ExpertCompute, d: DispatchFrame, y?: (y: Float32Array) => void) {
-  const out = await compute.run({
+  const each = d.mode === "each";
+  const full = await compute.run({
     layer: d.layer,
     x: d.x as Float32Array,
     k: d.k,
     ids: d.ids,
     w: d.w,
-    mode: "sum",
+    mode: each ? "each" : "sum",
   });
+  const compact = each && d.compact === true;
+  const out = compact ? compactSlots(full, d.ids, d.embd) : full;
   y?.(out);
   return {
     t: "result",
     v: 1,
     id: d.id,
-    mode: "sum",
+    mode: d.mode,
     n: d.n,
     k: d.k,
     embd: d.embd,
     y: out,
     ms: 0.25,
+    ...(compact ? { compact: true } : {}),
   } as const;
 }
 
@@ -90,6 +103,8 @@ export interface TableEntry {
   fp: string;
   ticket: string;
   exp: number;
+  /** The half-open range of expert ids this entry's worker serves for the layer (phase 2). */
+  experts?: [number, number];
 }
 
 export interface NativeTable {
@@ -101,6 +116,8 @@ export interface NativeTable {
 export interface Receipts {
   seq: number;
   counts: { worker: string; layer: number; splits: number; tokens: number; expertTokens: number }[];
+  /** Layers split over several workers: splits and tokens once per split. */
+  layers?: { layer: number; splits: number; tokens: number }[];
   failures: { worker: string; code: string; msg: string }[];
 }
 
@@ -198,6 +215,10 @@ export interface StandInWorker extends AsyncDisposable {
   /** Per layer: dispatches answered with a result, and their filled slots (ids != -1). */
   readonly served: Map<number, { splits: number; tokens: number; expertTokens: number }>;
   mode: WorkerMode;
+  /** Set: `mode` applies to this dispatch only (1-based, counted over the worker's dispatches); "ok" to the rest. */
+  failOn?: number;
+  /** Every dispatch received, in order: its layer, mode, compact flag and ids. */
+  readonly dispatches: { layer: number; mode: string; compact: boolean; n: number; ids: number[] }[];
   /** Called with the number of results answered so far, including this one, before it is written. */
   onAnswer?: (n: number) => void;
 }
@@ -216,6 +237,8 @@ export async function startWorker(
     hellos: [] as { id: string; token: string }[],
     served,
     mode,
+    failOn: undefined as number | undefined,
+    dispatches: [] as StandInWorker["dispatches"],
     onAnswer: undefined as ((n: number) => void) | undefined,
   };
   let answered = 0;
@@ -251,16 +274,24 @@ export async function startWorker(
         return;
       }
       if (f.t !== "dispatch") return;
-      if (w.mode === "silent") return;
-      if (w.mode === "error-frame") {
+      w.dispatches.push({
+        layer: f.layer,
+        mode: f.mode,
+        compact: f.compact === true,
+        n: f.n,
+        ids: [...f.ids],
+      });
+      const mode = w.failOn === undefined || w.failOn === w.dispatches.length ? w.mode : "ok";
+      if (mode === "silent") return;
+      if (mode === "error-frame") {
         sendFrame(socket, { t: "error", v: 1, id: f.id, code: "MOESWARM_WORKER_DRAINING", msg: "draining" });
         return;
       }
       chain = chain.then(async () => {
         const r = await answer(compute, f, (y) => {
-          if (w.mode === "nan") y[y.length - 1] = Number.NaN;
+          if (mode === "nan") y[y.length - 1] = Number.NaN;
         });
-        if (w.mode === "ok") {
+        if (mode === "ok") {
           const s = served.get(f.layer) ?? { splits: 0, tokens: 0, expertTokens: 0 };
           s.splits++;
           s.tokens += f.n;

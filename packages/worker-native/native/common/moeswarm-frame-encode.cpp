@@ -199,9 +199,10 @@ void moeswarm_frame_write_result(
 
 void moeswarm_frame_write_dispatch(struct moeswarm_mp_writer * w, const struct moeswarm_dispatch_desc * d) {
     const size_t nk   = (size_t) d->n * d->k;
-    const bool with_w = d->weights != nullptr;
+    const bool with_w  = d->weights != nullptr;
+    const bool compact = d->compact && d->mode == MOESWARM_MODE_EACH;
     const size_t start = w->buf.size();
-    write_envelope(w, 11 + (with_w ? 1 : 0), "dispatch");
+    write_envelope(w, 11 + (with_w ? 1 : 0) + (compact ? 1 : 0), "dispatch");
     write_key(w, "id");
     moeswarm_mp_write_uint(w, d->id);
     write_key(w, "model");
@@ -227,4 +228,8 @@ void moeswarm_frame_write_dispatch(struct moeswarm_mp_writer * w, const struct m
     }
     write_key(w, "mode");
     moeswarm_mp_write_cstr(w, d->mode == MOESWARM_MODE_SUM ? "sum" : "each");
+    if (compact) {
+        write_key(w, "compact");
+        moeswarm_mp_write_bool(w, true);
+    }
 }

@@ -104,7 +104,8 @@ void moeswarm_frame_write_result(struct moeswarm_mp_writer * w, const struct moe
         size_t n_y, double ms);
 
 // a dispatch request (no to/from/deadline): x is n*embd f32, ids and weights n*k; weights may be
-// NULL in mode each. Little-endian hosts only, like the result encoder.
+// NULL in mode each; compact (mode each only) asks for the filled slots' rows alone. Little-endian
+// hosts only, like the result encoder.
 struct moeswarm_dispatch_desc {
     uint32_t        id;
     const char *    model;
@@ -116,6 +117,7 @@ struct moeswarm_dispatch_desc {
     const int32_t * ids;
     const float *   weights;
     int32_t         mode;   // enum moeswarm_mode
+    bool            compact;
 };
 void moeswarm_frame_write_dispatch(struct moeswarm_mp_writer * w, const struct moeswarm_dispatch_desc * d);
 

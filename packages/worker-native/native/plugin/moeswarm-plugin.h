@@ -25,7 +25,13 @@
 //   hello with the ticket), the same dispatch frame. Any failure there (no link, pin mismatch,
 //   refused hello, error frame, deadlineMs, wrong shape, a non-finite value) sends that split
 //   through the bridge, which computes the same bits, and backs the worker off (1 s doubling to
-//   60 s). `native-receipts` (splits, tokens and expert-tokens per worker and layer, failures with
+//   60 s). A layer split over several workers (phase 2) has one entry per worker, each with its
+//   `experts` range [lo, hi) (disjoint, or the whole table is refused): each owner with a filled
+//   slot gets one dispatch in mode "each" (compact) with the rows of the tokens that have a slot of
+//   its own and the other owners' ids masked to -1, all sent before any answer is read; the plugin
+//   combines the answers with the compute core's moeswarm_combine_sum (llama.cpp's mul and add
+//   nodes, bit for bit). An id no range holds: the bridge. Any owner's failure: the links still
+//   mid-exchange closed, that worker backed off, the whole split through the bridge. `native-receipts` (splits, tokens and expert-tokens per worker and layer, failures with
 //   their codes) go to the bridge at most once a second and when the backend is freed, never
 //   waiting on the socket. An empty table, no OpenSSL, or MOESWARM_NATIVE=0: the bridge only.
 //
@@ -55,8 +61,8 @@
 // pattern.cpp (what the device computes: supports_op and the split's tensors), round-trip.cpp (the
 // dispatch frame, the one writer of a result into the split's output, the bridge round trip),
 // native-table.cpp (native-hello, native-table, native-receipts on the bridge socket),
-// native-link.cpp (the native split over TLS), backend.cpp (the backend, device and registry that
-// ggml sees). This header is what they share.
+// native-link.cpp (the native split over TLS), native-split.cpp (a split over several workers),
+// backend.cpp (the backend, device and registry that ggml sees). This header is what they share.
 
 #include "ggml-backend-impl.h"
 #include "ggml-backend.h"
@@ -206,21 +212,24 @@ bool moeswarm_find_pattern(const ggml_cgraph * cgraph, moeswarm_pattern & p, std
 // the native data plane (native-table.cpp, native-link.cpp; docs/protocol.md sections 10.9 and B)
 //
 
-// one layer of the bridge's native-table: the worker that holds all its experts, where and how to
-// reach it
+// one entry of the bridge's native-table: a worker that serves a layer's experts (all of them, or
+// the range lo..hi-1), where and how to reach it
 struct moeswarm_native_entry {
     std::string worker;
     std::string addr;   // host:port or [v6]:port of its native listener
     std::string fp;     // its certificate's SHA-256, pinned
     std::string ticket; // mswt1... for the hello
     uint64_t exp_ms = 0; // the ticket's expiry, unix ms
+    int64_t lo = -1, hi = -1; // `experts` [lo, hi); -1: no range, the whole layer (the only entry)
 };
 
 struct moeswarm_native_table {
     uint64_t seq = 0;
     std::string backbone; // the hello's id
     uint32_t deadline_ms = 0;
-    std::unordered_map<int, moeswarm_native_entry> layers;
+    // per layer: one entry without a range (one worker holds every expert: a mode-sum dispatch), or
+    // entries with disjoint ranges (a split over several workers: native-split.cpp)
+    std::unordered_map<int, std::vector<moeswarm_native_entry>> layers;
 };
 
 // this backend's link to one worker
@@ -248,6 +257,9 @@ struct moeswarm_native {
     std::unordered_map<std::string, moeswarm_native_peer> peers;
     // since the last native-receipts: per (worker, layer), and the failures
     std::map<std::pair<std::string, int>, moeswarm_native_count> counts;
+    // per split layer (several owners): its native splits and their tokens, counted once per split
+    // (the owners' counts have their own tokens each); `layers` of native-receipts
+    std::map<int, moeswarm_native_count> split_layers;
     std::vector<moeswarm_native_failure> failures;
     uint64_t receipts_seq  = 0;
     double last_receipt_us = 0;
@@ -269,6 +281,12 @@ struct moeswarm_backend_context {
     std::vector<float> w;
     moeswarm_mp_writer tx;
     moeswarm_native native;
+    // a split over several workers (native-split.cpp): one owner's rows, ids; every slot's answer
+    std::vector<float> sub_x;
+    std::vector<int32_t> sub_ids;
+    std::vector<float> y_slots;
+    std::vector<int32_t> slot_row;
+    std::vector<float> y_sum;
 };
 
 // the split (round-trip.cpp): the dispatch frame (mode sum, length prefix included) into ctx->tx
@@ -305,3 +323,26 @@ moeswarm_native_outcome moeswarm_native_split(moeswarm_backend_context * ctx, co
         const moeswarm_pattern & p, size_t & bytes_out, size_t & bytes_in);
 // closes every native link (the backend is freed, or the table changed)
 void moeswarm_native_close_all(moeswarm_native & nv);
+
+// what native-link.cpp shares with native-split.cpp
+struct moeswarm_native_err {
+    std::string code; // stable MOESWARM_* code
+    std::string msg;
+};
+double moeswarm_wall_ms(void);
+// e's deadline or link failure as an error
+void moeswarm_native_transport_err(moeswarm_native_err & e, bool timed_out, const std::string & what);
+// an error frame's code and message
+void moeswarm_native_error_frame(moeswarm_native_err & e, const moeswarm_frame & f, const char * when);
+// TCP + TLS + pin, then hello with the entry's ticket and the worker's hello back (10.9)
+bool moeswarm_native_connect(moeswarm_native_peer & pr, const moeswarm_native_table & t, const moeswarm_native_entry & e,
+        double deadline, moeswarm_native_err & ne);
+// the worker's `ms` (compute time) of a result, or -1
+double moeswarm_native_result_ms(const uint8_t * data, size_t size);
+// a failure: the link closed, the worker backed off, the failure kept for the receipts
+void moeswarm_native_failed(moeswarm_native & nv, moeswarm_native_peer & pr, const std::string & worker,
+        const moeswarm_pattern & p, const moeswarm_native_err & ne);
+// the split over the several workers of a layer's ranged entries (native-split.cpp)
+moeswarm_native_outcome moeswarm_native_split_ranges(moeswarm_backend_context * ctx, const moeswarm_config & cfg,
+        const moeswarm_pattern & p, const std::vector<moeswarm_native_entry> & entries, size_t & bytes_out,
+        size_t & bytes_in);

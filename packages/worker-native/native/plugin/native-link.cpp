@@ -19,20 +19,14 @@
 #define MOESWARM_NATIVE_BACKOFF_MAX_MS 60000.0
 #define MOESWARM_NATIVE_FAILURES_MAX   64 // listed per receipt; more are a storm already reported
 
-// one failure: its stable code and what happened
-struct moeswarm_native_err {
-    std::string code;
-    std::string msg;
-};
-
-static double moeswarm_wall_ms(void) {
+double moeswarm_wall_ms(void) {
     timeval tv;
     gettimeofday(&tv, nullptr);
     return tv.tv_sec * 1e3 + tv.tv_usec / 1e3;
 }
 
 // a transport failure: the deadline's, or the link's
-static void moeswarm_native_transport_err(moeswarm_native_err & e, bool timed_out, const std::string & what) {
+void moeswarm_native_transport_err(moeswarm_native_err & e, bool timed_out, const std::string & what) {
     e.code = timed_out ? "MOESWARM_TRANSPORT_TIMEOUT" : "MOESWARM_TRANSPORT_CLOSED";
     e.msg  = what;
 }
@@ -43,14 +37,12 @@ static void moeswarm_native_frame_len(std::vector<uint8_t> & buf) {
         buf[i] = (uint8_t) (len >> (8 * i));
 }
 
-// an error frame's code and message
-static void moeswarm_native_error_frame(moeswarm_native_err & e, const moeswarm_frame & f, const char * when) {
+void moeswarm_native_error_frame(moeswarm_native_err & e, const moeswarm_frame & f, const char * when) {
     e.code = f.code.present ? std::string((const char *) f.code.ptr, f.code.len) : "MOESWARM_TRANSPORT_CLOSED";
     e.msg  = std::string("the worker refused ") + when + ": " + std::string((const char *) f.msg.ptr, f.msg.len);
 }
 
-// TCP + TLS + pin, then hello with the table's ticket and the worker's hello back (10.9)
-static bool moeswarm_native_connect(moeswarm_native_peer & pr, const moeswarm_native_table & t,
+bool moeswarm_native_connect(moeswarm_native_peer & pr, const moeswarm_native_table & t,
         const moeswarm_native_entry & e, double deadline, moeswarm_native_err & ne) {
     std::string err;
     if (!moeswarm_tls_connect(pr.conn, e.addr, e.fp, deadline, err)) {
@@ -103,8 +95,7 @@ static bool moeswarm_native_connect(moeswarm_native_peer & pr, const moeswarm_na
     return true;
 }
 
-// the worker's `ms` (compute time) of a result, or -1
-static double moeswarm_native_result_ms(const uint8_t * data, size_t size) {
+double moeswarm_native_result_ms(const uint8_t * data, size_t size) {
     moeswarm_mp_value v;
     if (!moeswarm_mp_map_find(data, size, "ms", &v, nullptr)) return -1;
     if (v.type == MOESWARM_MP_FLOAT) return v.f;
@@ -165,7 +156,7 @@ static bool moeswarm_native_exchange(moeswarm_backend_context * ctx, moeswarm_na
     }
 }
 
-static void moeswarm_native_failed(moeswarm_native & nv, moeswarm_native_peer & pr, const std::string & worker,
+void moeswarm_native_failed(moeswarm_native & nv, moeswarm_native_peer & pr, const std::string & worker,
         const moeswarm_pattern & p, const moeswarm_native_err & ne) {
     moeswarm_tls_close(pr.conn);
     pr.backoff_ms  = pr.backoff_ms == 0 ? MOESWARM_NATIVE_BACKOFF_MIN_MS :
@@ -186,10 +177,13 @@ moeswarm_native_outcome moeswarm_native_split(moeswarm_backend_context * ctx, co
         return MOESWARM_NATIVE_SKIP;
     }
     auto it = nv.table.layers.find(p.layer);
-    if (it == nv.table.layers.end()) {
+    if (it == nv.table.layers.end() || it->second.empty()) {
         return MOESWARM_NATIVE_SKIP;
     }
-    const moeswarm_native_entry & e = it->second;
+    if (it->second.front().lo >= 0) {
+        return moeswarm_native_split_ranges(ctx, cfg, p, it->second, bytes_out, bytes_in);
+    }
+    const moeswarm_native_entry & e = it->second.front();
     moeswarm_native_peer & pr       = nv.peers[e.worker];
     const double t0                 = moeswarm_now_us();
     if (t0 < pr.retry_at_us) {

@@ -45,7 +45,20 @@ static std::string moeswarm_mp_string(const moeswarm_mp_value & v) {
     return std::string((const char *) v.ptr, v.n);
 }
 
-// one entry of `layers`: a map with layer, worker, addr, fp, ticket, exp (other keys skipped)
+// `experts`: [lo, hi], a half-open range of expert ids, lo < hi (v: the array's header, read)
+static bool moeswarm_native_parse_range(moeswarm_mp_reader & r, const moeswarm_mp_value & v, moeswarm_native_entry & e) {
+    moeswarm_mp_value lo, hi;
+    if (v.type != MOESWARM_MP_ARRAY || v.n != 2 || !moeswarm_mp_read(&r, &lo) || !moeswarm_mp_read(&r, &hi) ||
+            lo.type != MOESWARM_MP_UINT || hi.type != MOESWARM_MP_UINT || lo.u >= hi.u || hi.u > INT32_MAX) {
+        return false;
+    }
+    e.lo = (int64_t) lo.u;
+    e.hi = (int64_t) hi.u;
+    return true;
+}
+
+// one entry of `layers`: a map with layer, worker, addr, fp, ticket, exp and optionally experts
+// (other keys skipped)
 static bool moeswarm_native_parse_entry(moeswarm_mp_reader & r, int & layer, moeswarm_native_entry & e) {
     moeswarm_mp_value m;
     if (!moeswarm_mp_read(&r, &m) || m.type != MOESWARM_MP_MAP) {
@@ -57,12 +70,16 @@ static bool moeswarm_native_parse_entry(moeswarm_mp_reader & r, int & layer, moe
         if (!moeswarm_mp_read(&r, &k) || k.type != MOESWARM_MP_STR) return false;
         const std::string key((const char *) k.ptr, k.n);
         const bool known = key == "layer" || key == "worker" || key == "addr" || key == "fp" || key == "ticket" ||
-                key == "exp";
+                key == "exp" || key == "experts";
         if (!known) {
             if (!moeswarm_mp_skip(&r, 8)) return false;
             continue;
         }
         if (!moeswarm_mp_read(&r, &v)) return false;
+        if (key == "experts") {
+            if (!moeswarm_native_parse_range(r, v, e)) return false;
+            continue;
+        }
         if (key == "layer" || key == "exp") {
             if (v.type != MOESWARM_MP_UINT) return false;
             if (key == "layer") {
@@ -79,6 +96,31 @@ static bool moeswarm_native_parse_entry(moeswarm_mp_reader & r, int & layer, moe
     }
     // a fingerprint is 32 hex pairs joined by ':'
     return layer >= 0 && !e.worker.empty() && !e.addr.empty() && e.fp.size() == 95 && !e.ticket.empty() && e.exp_ms > 0;
+}
+
+// a layer's entries: one without a range (the whole layer), or disjoint ranges of distinct workers
+// (sorted here by lo)
+static bool moeswarm_native_ranges_ok(std::vector<moeswarm_native_entry> & entries) {
+    if (entries.size() == 1) {
+        return true;
+    }
+    for (size_t i = 0; i < entries.size(); ++i) {
+        if (entries[i].lo < 0) {
+            return false;
+        }
+        // one dispatch per worker and split: a worker's experts of a layer are one range
+        for (size_t j = 0; j < i; ++j) {
+            if (entries[j].worker == entries[i].worker) return false;
+        }
+    }
+    std::sort(entries.begin(), entries.end(),
+            [](const moeswarm_native_entry & a, const moeswarm_native_entry & b) { return a.lo < b.lo; });
+    for (size_t i = 1; i < entries.size(); ++i) {
+        if (entries[i].lo < entries[i - 1].hi) {
+            return false;
+        }
+    }
+    return true;
 }
 
 // a whole native-table, or false (then the plane is off until a good one comes: doubt means bridge)
@@ -117,11 +159,15 @@ static bool moeswarm_native_parse_table(const uint8_t * data, size_t size, moesw
         int layer = -1;
         moeswarm_native_entry e;
         if (!moeswarm_native_parse_entry(r, layer, e)) {
-            err = "layers[" + std::to_string(i) + "] is not {layer, worker, addr, fp, ticket, exp}";
+            err = "layers[" + std::to_string(i) + "] is not {layer, worker, addr, fp, ticket, exp[, experts: [lo, hi]]}";
             return false;
         }
-        if (!t.layers.emplace(layer, std::move(e)).second) {
-            err = "layer " + std::to_string(layer) + " twice";
+        t.layers[layer].push_back(std::move(e));
+    }
+    for (auto & [layer, entries] : t.layers) {
+        if (!moeswarm_native_ranges_ok(entries)) {
+            err = "layer " + std::to_string(layer) +
+                    " has several entries that are not disjoint `experts` ranges, or one without a range among others";
             return false;
         }
     }
@@ -132,8 +178,10 @@ static bool moeswarm_native_parse_table(const uint8_t * data, size_t size, moesw
 static void moeswarm_native_apply(moeswarm_native & nv, moeswarm_native_table && t) {
     for (auto & [worker, peer] : nv.peers) {
         bool keep = false;
-        for (const auto & [layer, e] : t.layers) {
-            keep = keep || (e.worker == worker && e.addr == peer.addr && e.fp == peer.fp);
+        for (const auto & [layer, entries] : t.layers) {
+            for (const moeswarm_native_entry & e : entries) {
+                keep = keep || (e.worker == worker && e.addr == peer.addr && e.fp == peer.fp);
+            }
         }
         if (!keep) {
             moeswarm_tls_close(peer.conn);
@@ -248,7 +296,7 @@ void moeswarm_native_drain(moeswarm_backend_context * ctx) {
 
 static void moeswarm_write_receipts(moeswarm_native & nv, moeswarm_mp_writer & w) {
     w.buf.resize(4);
-    moeswarm_mp_write_map(&w, 5);
+    moeswarm_mp_write_map(&w, nv.split_layers.empty() ? 5 : 6);
     moeswarm_mp_write_cstr(&w, "v");
     moeswarm_mp_write_uint(&w, 1);
     moeswarm_mp_write_cstr(&w, "t");
@@ -269,6 +317,20 @@ static void moeswarm_write_receipts(moeswarm_native & nv, moeswarm_mp_writer & w
         moeswarm_mp_write_uint(&w, c.tokens);
         moeswarm_mp_write_cstr(&w, "expertTokens");
         moeswarm_mp_write_uint(&w, c.expert_tokens);
+    }
+    if (!nv.split_layers.empty()) {
+        // a split layer's tokens once per split: the owners' counts above each have their own
+        moeswarm_mp_write_cstr(&w, "layers");
+        moeswarm_mp_write_array(&w, (uint32_t) nv.split_layers.size());
+        for (const auto & [layer, c] : nv.split_layers) {
+            moeswarm_mp_write_map(&w, 3);
+            moeswarm_mp_write_cstr(&w, "layer");
+            moeswarm_mp_write_uint(&w, (uint64_t) layer);
+            moeswarm_mp_write_cstr(&w, "splits");
+            moeswarm_mp_write_uint(&w, c.splits);
+            moeswarm_mp_write_cstr(&w, "tokens");
+            moeswarm_mp_write_uint(&w, c.tokens);
+        }
     }
     moeswarm_mp_write_cstr(&w, "failures");
     moeswarm_mp_write_array(&w, (uint32_t) nv.failures.size());
@@ -314,5 +376,6 @@ void moeswarm_native_receipts(moeswarm_backend_context * ctx, bool force) {
     nv.receipts_seq++;
     nv.last_receipt_us = now;
     nv.counts.clear();
+    nv.split_layers.clear();
     nv.failures.clear();
 }

@@ -26,6 +26,7 @@ void moeswarm_build_dispatch(moeswarm_backend_context * ctx, const moeswarm_conf
     d.ids     = ctx->ids.data();
     d.weights = ctx->w.data();
     d.mode    = MOESWARM_MODE_SUM;
+    d.compact = false;
     ctx->tx.buf.clear();
     ctx->tx.buf.resize(4);
     moeswarm_frame_write_dispatch(&ctx->tx, &d);
