@@ -36,16 +36,44 @@ export interface DirectSettings {
   reportMs: number;
 }
 
-/** Checks runWorker's `direct` option. */
-export function directSettings(o: DirectOptions | undefined): DirectSettings | undefined {
-  if (o === undefined) return undefined;
-  const m = typeof o?.listen === "string" ? /^(\[[0-9A-Fa-f:.]+\]|[^:[\]]+):(\d{1,5})$/.exec(o.listen) : null;
+/** A listener's `host:port` (IPv6 in brackets), checked; `option` names it in the error. */
+export function listenAddress(
+  listen: unknown,
+  option: string,
+  example: string,
+): { host: string; port: number } {
+  const m = typeof listen === "string" ? /^(\[[0-9A-Fa-f:.]+\]|[^:[\]]+):(\d{1,5})$/.exec(listen) : null;
   const port = m ? Number(m[2]) : Number.NaN;
   if (!m || port > 65_535) {
     throw new InvalidArgumentError(
-      `direct.listen must be host:port (e.g. 0.0.0.0:7443), got ${JSON.stringify(o?.listen)}`,
+      `${option} must be host:port (e.g. ${example}), got ${JSON.stringify(listen)}`,
     );
   }
+  return { host: (m[1] as string).replace(/^\[|\]$/g, ""), port };
+}
+
+/** The name backbones dial for a listener bound to `host`: this machine's name for a wildcard. */
+export function advertisedHost(host: string): string {
+  return host === "0.0.0.0" || host === "::" ? hostname() : host.includes(":") ? `[${host}]` : host;
+}
+
+/** A served-report interval (ms), checked: 100..DIRECT_REPORT_MAX_MS. */
+export function checkReportMs<T extends number | undefined>(reportMs: T, option: string): T {
+  if (
+    reportMs !== undefined &&
+    !(typeof reportMs === "number" && reportMs >= 100 && reportMs <= DIRECT_REPORT_MAX_MS)
+  ) {
+    throw new InvalidArgumentError(
+      `${option} must be 100..${DIRECT_REPORT_MAX_MS} ms (the hub waits ${DIRECT_MATCH_MINUTES} minutes for the backbone's half), got ${reportMs}`,
+    );
+  }
+  return reportMs;
+}
+
+/** Checks runWorker's `direct` option. */
+export function directSettings(o: DirectOptions | undefined): DirectSettings | undefined {
+  if (o === undefined) return undefined;
+  const { host, port } = listenAddress(o?.listen, "direct.listen", "0.0.0.0:7443");
   const advertise = o.advertise === undefined ? undefined : [o.advertise].flat();
   for (const url of advertise ?? []) {
     let ok = false;
@@ -64,14 +92,9 @@ export function directSettings(o: DirectOptions | undefined): DirectSettings | u
       "give both a TLS certificate and its key (--tls-cert and --tls-key), or neither",
     );
   }
-  const reportMs = o.reportMs ?? DIRECT_REPORT_MS;
-  if (typeof reportMs !== "number" || !(reportMs >= 100 && reportMs <= DIRECT_REPORT_MAX_MS)) {
-    throw new InvalidArgumentError(
-      `direct.reportMs must be 100..${DIRECT_REPORT_MAX_MS} ms (the hub waits ${DIRECT_MATCH_MINUTES} minutes for the backbone's half), got ${o.reportMs}`,
-    );
-  }
+  const reportMs = checkReportMs(o.reportMs ?? DIRECT_REPORT_MS, "direct.reportMs");
   return {
-    host: (m[1] as string).replace(/^\[|\]$/g, ""),
+    host,
     port,
     advertise,
     cert: o.tlsCert,
@@ -118,9 +141,7 @@ export async function startDirect(
       }
     },
   });
-  const name =
-    d.host === "0.0.0.0" || d.host === "::" ? hostname() : d.host.includes(":") ? `[${d.host}]` : d.host;
-  const endpoints = d.advertise ?? [`wss://${name}:${server.port}`];
+  const endpoints = d.advertise ?? [`wss://${advertisedHost(d.host)}:${server.port}`];
   return { server, endpoint: { endpoints, fingerprint: server.fingerprint } };
 }
 

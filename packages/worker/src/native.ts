@@ -1,5 +1,4 @@
 import type { KeyObject } from "node:crypto";
-import { hostname } from "node:os";
 import { InvalidArgumentError, isMoeswarmError, isNativeAddress } from "@moeswarm/core";
 import { type HubClient, parseDirectKey, ticketKeyId, verifyDirectTicket } from "@moeswarm/relay-client";
 import {
@@ -9,7 +8,7 @@ import {
   nativeSliceOf,
   serveNative,
 } from "@moeswarm/worker-native";
-import { DIRECT_MATCH_MINUTES, DIRECT_REPORT_MAX_MS } from "./direct.js";
+import { advertisedHost, checkReportMs, listenAddress } from "./direct.js";
 import type { WorkerEventBody } from "./events.js";
 import type { SliceRouter } from "./slice-router.js";
 
@@ -48,13 +47,7 @@ export interface NativeSettings {
 /** Checks runWorker's `native` option. */
 export function nativeSettings(o: NativeListenOptions | undefined): NativeSettings | undefined {
   if (o === undefined) return undefined;
-  const m = typeof o?.listen === "string" ? /^(\[[0-9A-Fa-f:.]+\]|[^:[\]]+):(\d{1,5})$/.exec(o.listen) : null;
-  const port = m ? Number(m[2]) : Number.NaN;
-  if (!m || port > 65_535) {
-    throw new InvalidArgumentError(
-      `native.listen must be host:port (e.g. 0.0.0.0:7444), got ${JSON.stringify(o?.listen)}`,
-    );
-  }
+  const { host, port } = listenAddress(o?.listen, "native.listen", "0.0.0.0:7444");
   const advertise = o.advertise === undefined ? undefined : [o.advertise].flat();
   for (const a of advertise ?? []) {
     if (!isNativeAddress(a)) {
@@ -66,17 +59,9 @@ export function nativeSettings(o: NativeListenOptions | undefined): NativeSettin
   if ((o.tlsCert === undefined) !== (o.tlsKey === undefined)) {
     throw new InvalidArgumentError("give both a TLS certificate and its key, or neither");
   }
-  const reportMs = o.reportMs;
-  if (
-    reportMs !== undefined &&
-    !(typeof reportMs === "number" && reportMs >= 100 && reportMs <= DIRECT_REPORT_MAX_MS)
-  ) {
-    throw new InvalidArgumentError(
-      `native.reportMs must be 100..${DIRECT_REPORT_MAX_MS} ms (the hub waits ${DIRECT_MATCH_MINUTES} minutes for the backbone's half), got ${o.reportMs}`,
-    );
-  }
+  const reportMs = checkReportMs(o.reportMs, "native.reportMs");
   return {
-    host: (m[1] as string).replace(/^\[|\]$/g, ""),
+    host,
     port,
     advertise,
     cert: o.tlsCert,
@@ -152,13 +137,7 @@ export class NativePlane {
       });
       return undefined;
     }
-    const name =
-      ns.host === "0.0.0.0" || ns.host === "::"
-        ? hostname()
-        : ns.host.includes(":")
-          ? `[${ns.host}]`
-          : ns.host;
-    return new NativePlane(server, ns.advertise ?? [`${name}:${server.port}`], o.emit);
+    return new NativePlane(server, ns.advertise ?? [`${advertisedHost(ns.host)}:${server.port}`], o.emit);
   }
 
   /**
