@@ -433,7 +433,10 @@ bool moeswarm_tls_connect(moeswarm_tls_conn & c, const std::string & addr, const
     return true;
 }
 
-bool moeswarm_tls_send_all(moeswarm_tls_conn & c, const uint8_t * data, size_t size, double deadline_us, std::string & err,
+namespace {
+
+// Whole buffers through SSL_write (write) or SSL_read, moving bytes as OpenSSL asks.
+bool io_all(moeswarm_tls_conn & c, uint8_t * data, size_t size, bool write, double deadline_us, std::string & err,
         bool * timed_out) {
     const ssl_api * a = api(err);
     if (a == nullptr || c.ssl == nullptr) {
@@ -443,34 +446,28 @@ bool moeswarm_tls_send_all(moeswarm_tls_conn & c, const uint8_t * data, size_t s
     size_t done = 0;
     while (done < size) {
         const int chunk = (int) std::min<size_t>(size - done, 1u << 30);
-        const int r     = a->SSL_write(session(c)->ssl, data + done, chunk);
+        const int r     = write ? a->SSL_write(session(c)->ssl, data + done, chunk) :
+                                  a->SSL_read(session(c)->ssl, data + done, chunk);
         if (r > 0) {
             done += (size_t) r;
             continue;
         }
-        if (!pump(*a, c, r, "write", deadline_us, err, timed_out)) return false;
+        if (!pump(*a, c, r, write ? "write" : "read", deadline_us, err, timed_out)) return false;
     }
-    return drain_wbio(*a, c, deadline_us, err, timed_out);
+    return !write || drain_wbio(*a, c, deadline_us, err, timed_out);
+}
+
+} // namespace
+
+bool moeswarm_tls_send_all(moeswarm_tls_conn & c, const uint8_t * data, size_t size, double deadline_us, std::string & err,
+        bool * timed_out) {
+    // SSL_write only reads the buffer
+    return io_all(c, const_cast<uint8_t *>(data), size, true, deadline_us, err, timed_out);
 }
 
 bool moeswarm_tls_recv_all(moeswarm_tls_conn & c, uint8_t * data, size_t size, double deadline_us, std::string & err,
         bool * timed_out) {
-    const ssl_api * a = api(err);
-    if (a == nullptr || c.ssl == nullptr) {
-        err = "MOESWARM_TRANSPORT_CLOSED the connection is closed";
-        return false;
-    }
-    size_t done = 0;
-    while (done < size) {
-        const int chunk = (int) std::min<size_t>(size - done, 1u << 30);
-        const int r     = a->SSL_read(session(c)->ssl, data + done, chunk);
-        if (r > 0) {
-            done += (size_t) r;
-            continue;
-        }
-        if (!pump(*a, c, r, "read", deadline_us, err, timed_out)) return false;
-    }
-    return true;
+    return io_all(c, data, size, false, deadline_us, err, timed_out);
 }
 
 bool moeswarm_tls_recv_frame(moeswarm_tls_conn & c, std::vector<uint8_t> & payload, size_t max_frame, double deadline_us,

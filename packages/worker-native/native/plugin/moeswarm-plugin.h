@@ -337,6 +337,11 @@ void moeswarm_native_error_frame(moeswarm_native_err & e, const moeswarm_frame &
 // TCP + TLS + pin, then hello with the entry's ticket and the worker's hello back (10.9)
 bool moeswarm_native_connect(moeswarm_native_peer & pr, const moeswarm_native_table & t, const moeswarm_native_entry & e,
         double deadline, moeswarm_native_err & ne);
+// frames from the worker until the result of request id (pongs and late answers skipped): true
+// with f decoded (its y points into pr.rx); an error frame, a drain, a bad frame, the link or the
+// deadline: false with ne. who names the worker in messages.
+bool moeswarm_native_await(moeswarm_native_peer & pr, uint64_t id, size_t max_frame, double deadline,
+        const std::string & who, int layer, moeswarm_frame & f, moeswarm_native_err & ne, size_t & bytes_in);
 // the worker's `ms` (compute time) of a result, or -1
 double moeswarm_native_result_ms(const uint8_t * data, size_t size);
 // a failure: the link closed, the worker backed off, the failure kept for the receipts

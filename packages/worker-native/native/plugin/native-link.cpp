@@ -119,17 +119,34 @@ static bool moeswarm_native_exchange(moeswarm_backend_context * ctx, moeswarm_na
         return false;
     }
     const size_t want = (size_t) p.n_tokens * (p.weighted_input ? p.k : 1) * p.n_embd;
+    moeswarm_frame f;
+    if (!moeswarm_native_await(pr, id, want * 4 + 4096, deadline, "the worker", p.layer, f, ne, bytes_in)) {
+        return false;
+    }
+    if (!moeswarm_check_result(f, p, true, err)) {
+        ne.code = "MOESWARM_DISPATCH_BAD_RESULT";
+        ne.msg  = err;
+        return false;
+    }
+    worker_ms = moeswarm_native_result_ms(pr.rx.data(), pr.rx.size());
+    moeswarm_write_out(f.y.ptr, p);
+    return true;
+}
+
+bool moeswarm_native_await(moeswarm_native_peer & pr, uint64_t id, size_t max_frame, double deadline,
+        const std::string & who, int layer, moeswarm_frame & f, moeswarm_native_err & ne, size_t & bytes_in) {
+    std::string err;
+    bool timed_out = false;
     for (;;) {
-        if (!moeswarm_tls_recv_frame(pr.conn, pr.rx, want * 4 + 4096, deadline, err, &timed_out)) {
-            moeswarm_native_transport_err(ne, timed_out, "waiting for the result: " + err);
+        if (!moeswarm_tls_recv_frame(pr.conn, pr.rx, max_frame, deadline, err, &timed_out)) {
+            moeswarm_native_transport_err(ne, timed_out, "waiting for " + who + "'s result: " + err);
             return false;
         }
         bytes_in += 4 + pr.rx.size();
-        moeswarm_frame f;
         moeswarm_error fe;
         if (!moeswarm_frame_decode(pr.rx.data(), pr.rx.size(), 0, &f, &fe)) {
             ne.code = fe.code;
-            ne.msg  = std::string("a bad frame from the worker: ") + fe.msg;
+            ne.msg  = std::string("a bad frame from ") + who + ": " + fe.msg;
             return false;
         }
         if (f.type == MOESWARM_FRAME_ERROR && (!f.has_id || f.id == id)) {
@@ -138,21 +155,14 @@ static bool moeswarm_native_exchange(moeswarm_backend_context * ctx, moeswarm_na
         }
         if (f.type == MOESWARM_FRAME_DRAIN) {
             ne.code = "MOESWARM_TRANSPORT_DRAINING";
-            ne.msg  = "the worker is draining";
+            ne.msg  = who + " is draining";
             return false;
         }
-        if (f.type != MOESWARM_FRAME_RESULT || f.id != id) {
-            continue; // a pong, or a late answer to a split given up on
+        if (f.type == MOESWARM_FRAME_RESULT && f.id == id) {
+            moeswarm_trace_hop("plugin.native.recv", layer);
+            return true;
         }
-        moeswarm_trace_hop("plugin.native.recv", p.layer);
-        if (!moeswarm_check_result(f, p, true, err)) {
-            ne.code = "MOESWARM_DISPATCH_BAD_RESULT";
-            ne.msg  = err;
-            return false;
-        }
-        worker_ms = moeswarm_native_result_ms(pr.rx.data(), pr.rx.size());
-        moeswarm_write_out(f.y.ptr, p);
-        return true;
+        // a pong, or a late answer to a split given up on
     }
 }
 

@@ -183,44 +183,20 @@ static bool moeswarm_split_recv(moeswarm_backend_context * ctx, const moeswarm_p
         size_t & bytes_in) {
     moeswarm_native_peer & pr = *ow.pr;
     const size_t max_frame    = ow.rows.size() * (size_t) p.k * p.n_embd * 4 + 4096;
-    std::string err;
-    bool timed_out = false;
-    for (;;) {
-        if (!moeswarm_tls_recv_frame(pr.conn, pr.rx, max_frame, deadline, err, &timed_out)) {
-            moeswarm_native_transport_err(ne, timed_out, "waiting for " + ow.e->worker + "'s result: " + err);
-            return false;
-        }
-        bytes_in += 4 + pr.rx.size();
-        moeswarm_frame f;
-        moeswarm_error fe;
-        if (!moeswarm_frame_decode(pr.rx.data(), pr.rx.size(), 0, &f, &fe)) {
-            ne.code = fe.code;
-            ne.msg  = std::string("a bad frame from the worker: ") + fe.msg;
-            return false;
-        }
-        if (f.type == MOESWARM_FRAME_ERROR && (!f.has_id || f.id == ow.id)) {
-            moeswarm_native_error_frame(ne, f, "the dispatch");
-            return false;
-        }
-        if (f.type == MOESWARM_FRAME_DRAIN) {
-            ne.code = "MOESWARM_TRANSPORT_DRAINING";
-            ne.msg  = "the worker is draining";
-            return false;
-        }
-        if (f.type != MOESWARM_FRAME_RESULT || f.id != ow.id) {
-            continue; // a pong
-        }
-        moeswarm_trace_hop("plugin.native.recv", p.layer);
-        if (!moeswarm_split_check(f, p, ow, err)) {
-            ne.code = "MOESWARM_DISPATCH_BAD_RESULT";
-            ne.msg  = err;
-            return false;
-        }
-        ow.ms = moeswarm_native_result_ms(pr.rx.data(), pr.rx.size());
-        moeswarm_split_scatter(ctx, f, p, slot_owner, ow);
-        ow.done = true;
-        return true;
+    moeswarm_frame f;
+    if (!moeswarm_native_await(pr, ow.id, max_frame, deadline, ow.e->worker, p.layer, f, ne, bytes_in)) {
+        return false;
     }
+    std::string err;
+    if (!moeswarm_split_check(f, p, ow, err)) {
+        ne.code = "MOESWARM_DISPATCH_BAD_RESULT";
+        ne.msg  = err;
+        return false;
+    }
+    ow.ms = moeswarm_native_result_ms(pr.rx.data(), pr.rx.size());
+    moeswarm_split_scatter(ctx, f, p, slot_owner, ow);
+    ow.done = true;
+    return true;
 }
 
 // every owner's dispatch out, then every answer in; a reused link found closed while waiting is
