@@ -1,6 +1,5 @@
-import { execFile, spawn } from "node:child_process";
+import { spawn } from "node:child_process";
 import { createHash } from "node:crypto";
-import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { connect, type TLSSocket } from "node:tls";
 import {
@@ -25,6 +24,7 @@ import {
   serveNative,
 } from "../src/index.js";
 import { bitsEqual, normals, randomIds, randomWeights, writeModel, writeSlice } from "./fixtures.js";
+import { selfSigned } from "./plugin-native-fixture.js";
 import { K, N_EMBD, nativeOrSkip } from "./sync-fixture.js";
 
 // The native listener (docs/protocol.md section 10.9) of the real addon with real slices, spoken to
@@ -48,28 +48,6 @@ if (llamaMissing) {
 }
 const MODEL = "synthetic/native";
 const WORKER = "w-native";
-
-async function selfSigned(dir: string): Promise<{ cert: string; key: string }> {
-  const key = join(dir, "key.pem");
-  const cert = join(dir, "cert.pem");
-  await new Promise<void>((resolve, reject) =>
-    execFile(
-      "openssl",
-      ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"].concat([
-        "-keyout",
-        key,
-        "-out",
-        cert,
-        "-days",
-        "2",
-        "-subj",
-        "/CN=moeswarm-test",
-      ]),
-      (e) => (e ? reject(e) : resolve()),
-    ),
-  );
-  return { cert: await readFile(cert, "utf8"), key: await readFile(key, "utf8") };
-}
 
 /** A client of the listener: frames in, decoded frames out, in order. */
 class Client {
@@ -171,7 +149,7 @@ describe.skipIf(!status.available)("native listener (NativeServer)", () => {
     await writeSlice(model, [0, 1, 2, 3], [2], halfPath);
     whole = await NativeExpertCompute.load(model.path, { threads: 1 });
     half = await NativeExpertCompute.load(halfPath, { threads: 1 });
-    const tls = await selfSigned(tmp.dir);
+    const tls = await selfSigned();
     certPem = tls.cert;
     server = await serveNative({
       host: "127.0.0.1",
@@ -330,7 +308,7 @@ describe.skipIf(!status.available)("native listener (NativeServer)", () => {
   });
 
   it("close() with connections open returns, and their sockets end", async () => {
-    const tls = await selfSigned(tmp.dir);
+    const tls = await selfSigned();
     const s = await serveNative({ host: "127.0.0.1", ...tls, id: WORKER, admit: () => {} });
     const a = new Client(s.port);
     expect(await a.hello("any")).toMatchObject({ t: "hello" });
@@ -343,7 +321,7 @@ describe.skipIf(!status.available)("native listener (NativeServer)", () => {
   });
 
   it("a process whose event loop ends with the listener open and a hello waiting for its verdict exits", async () => {
-    const tls = await selfSigned(tmp.dir);
+    const tls = await selfSigned();
     // the hello by hand (plain node, no workspace imports): {t:"hello",v:1,role:"backbone",id:"b",token:"x"}
     const script = `
       const tls = require("node:tls");
@@ -399,7 +377,7 @@ describe.skipIf(!status.available || llamaMissing !== undefined)(
       await using other = await NativeExpertCompute.load(model.path, { threads: 1 });
       const s = await serveNative({
         host: "127.0.0.1",
-        ...(await selfSigned(tmp.dir)),
+        ...(await selfSigned()),
         id: WORKER,
         compute: "llama-cpu",
         admit: () => {},
