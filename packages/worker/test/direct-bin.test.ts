@@ -4,10 +4,9 @@
 // requests go over the relay, which are answered once the process runs again (SIGCONT); SIGTERM
 // drains it (exit 0), and what it answered directly reaches the hub's credits where the
 // backbone's receipts agree.
-import { type ChildProcess, spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
-import { fileURLToPath } from "node:url";
 import type { PlacementRegistrationJson } from "@moeswarm/core";
 import { type Hub, mintToken } from "@moeswarm/hub";
 import { connectRelay, type DirectLinkEvent, DirectTransport, RelayTransport } from "@moeswarm/relay-client";
@@ -15,9 +14,8 @@ import { type TempDir, waitFor } from "@moeswarm/testkit";
 import { loadExpertCompute } from "@moeswarm/worker-native";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { WorkerEvent } from "../src/events.js";
-import { startTestHub, waitPlacement } from "./fixtures.js";
+import { spawnWorkerBin, startTestHub, WORKER_BIN, waitPlacement } from "./fixtures.js";
 
-const BIN = fileURLToPath(new URL("../dist/worker-cli.js", import.meta.url));
 const MODEL = "qwen3moe-tiny";
 const SECRET = "worker-direct-bin-secret-0123456789ab";
 const N = 2;
@@ -31,8 +29,8 @@ let work: TempDir | undefined;
 let child: ChildProcess | undefined;
 
 beforeAll(async () => {
-  if (!existsSync(BIN))
-    throw new Error(`${BIN} is missing: run \`pnpm --filter @moeswarm/worker build\` first`);
+  if (!existsSync(WORKER_BIN))
+    throw new Error(`${WORKER_BIN} is missing: run \`pnpm --filter @moeswarm/worker build\` first`);
   ({ hub, url, relayUrl, modelPath, work } = await startTestHub({
     secret: SECRET,
     model: MODEL,
@@ -64,48 +62,31 @@ const bytes = (a: Float32Array | Float64Array) => Buffer.from(a.buffer, a.byteOf
 
 describe("moeswarm-worker --listen (the built bin, its own process)", () => {
   it("serves a backbone directly; frozen, its link is cut and the relay takes over; credited after the drain", async () => {
-    const events: WorkerEvent[] = [];
-    let stderr = "";
-    child = spawn(
-      process.execPath,
-      [
-        BIN,
-        "--hub",
-        url,
-        "--token",
-        mintToken({ role: "worker", id: "wbin", ttlS: 600 }, SECRET),
-        "--capacity",
-        "10000000",
-        "--cache-dir",
-        join(work!.dir, "cache"),
-        "--backend",
-        "ts",
-        "--poll",
-        "0.1",
-        "--listen",
-        "127.0.0.1:0",
-        "--json",
-      ],
-      { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, MOESWARM_TOKEN: "", MOESWARM_HUB: "" } },
-    );
-    let buffer = "";
-    child.stdout!.setEncoding("utf8").on("data", (text: string) => {
-      buffer += text;
-      const lines = buffer.split("\n");
-      buffer = lines.pop() ?? "";
-      for (const l of lines) events.push(JSON.parse(l) as WorkerEvent);
-    });
-    child.stderr!.setEncoding("utf8").on("data", (text: string) => {
-      stderr += text;
-    });
-    const exited = new Promise<number | null>((resolve) => child!.on("exit", (code) => resolve(code)));
+    const bin = spawnWorkerBin([
+      "--hub",
+      url,
+      "--token",
+      mintToken({ role: "worker", id: "wbin", ttlS: 600 }, SECRET),
+      "--capacity",
+      "10000000",
+      "--cache-dir",
+      join(work!.dir, "cache"),
+      "--backend",
+      "ts",
+      "--poll",
+      "0.1",
+      "--listen",
+      "127.0.0.1:0",
+    ]);
+    child = bin.child;
+    const { events, exited } = bin;
 
     const p = await waitPlacement(url, MODEL, "wbin's slice with its endpoint", (pl) =>
       pl.registrations.some((r) => r.id === "wbin" && (r as PlacementRegistrationJson).direct !== undefined),
     );
     const reg = p.registrations.find((r) => r.id === "wbin") as PlacementRegistrationJson;
     const announced = events.find((e) => e.event === "direct") as Extract<WorkerEvent, { event: "direct" }>;
-    expect(announced, stderr).toBeDefined();
+    expect(announced, bin.stderr).toBeDefined();
     expect(reg.direct).toEqual({
       endpoints: [`wss://127.0.0.1:${announced.port}`],
       fingerprint: announced.fingerprint,
@@ -156,7 +137,7 @@ describe("moeswarm-worker --listen (the built bin, its own process)", () => {
 
     // SIGTERM drains (the direct endpoint's last counts go to the hub), exit 0
     child.kill("SIGTERM");
-    expect(await exited, stderr).toBe(0);
+    expect(await exited, bin.stderr).toBe(0);
     // bb accepted 4 expert slots over the direct link (the relay forwarded the other 4): the
     // worker's report and bb's receipts agree on the direct ones
     const stats = await fetch(`${url}/api/models/${MODEL}/stats`, {

@@ -1,11 +1,14 @@
 // The runtime's test fixtures: a loopback hub, plus worker-native's synthetic models and float
 // comparisons (the slices a worker serves are those models' slices; written once, over there).
+import { type ChildProcess, spawn } from "node:child_process";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { createHub, type Hub } from "@moeswarm/hub";
 import { ensureSyntheticModel } from "@moeswarm/shard";
 import { type TempDir, tempDir } from "@moeswarm/testkit";
 import { expect } from "vitest";
+import type { WorkerEvent } from "../src/events.js";
 
 export {
   bitsEqual,
@@ -100,3 +103,43 @@ export async function waitPlacement(
 /** Every expert of every layer served, by exactly one worker. */
 export const complete = (p: PlacementJson) =>
   p.missing.length === 0 && p.owners.every((o) => o.workers.length === 1);
+
+/** The built command (`pnpm --filter @moeswarm/worker build`). */
+export const WORKER_BIN = fileURLToPath(new URL("../dist/worker-cli.js", import.meta.url));
+
+/** `moeswarm-worker ... --json` in its own process: its events as they arrive, its stderr, its exit. */
+export interface WorkerBin {
+  readonly child: ChildProcess;
+  readonly events: WorkerEvent[];
+  readonly stderr: string;
+  readonly exited: Promise<number | null>;
+}
+
+/** Starts the built worker command with `args` and `--json`, outside any MOESWARM_TOKEN/HUB of this shell. */
+export function spawnWorkerBin(args: readonly string[]): WorkerBin {
+  const child = spawn(process.execPath, [WORKER_BIN, ...args, "--json"], {
+    stdio: ["ignore", "pipe", "pipe"],
+    env: { ...process.env, MOESWARM_TOKEN: "", MOESWARM_HUB: "" },
+  });
+  const events: WorkerEvent[] = [];
+  let stderr = "";
+  let buffer = "";
+  child.stdout?.setEncoding("utf8").on("data", (text: string) => {
+    buffer += text;
+    const lines = buffer.split("\n");
+    buffer = lines.pop() ?? "";
+    for (const l of lines) events.push(JSON.parse(l) as WorkerEvent);
+  });
+  child.stderr?.setEncoding("utf8").on("data", (text: string) => {
+    stderr += text;
+  });
+  const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
+  return {
+    child,
+    events,
+    get stderr() {
+      return stderr;
+    },
+    exited,
+  };
+}

@@ -4,20 +4,18 @@
 // ticket from the hub (refused with one minted for another backbone), and gets for a dispatch the
 // bits of the same model computed here; SIGTERM drains it (exit 0), and what it answered natively
 // reaches the hub's credits where the backbone's receipts agree.
-import { type ChildProcess, spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
-import { fileURLToPath } from "node:url";
 import type { PlacementRegistrationJson, ResultFrame } from "@moeswarm/core";
 import { type Hub, mintToken } from "@moeswarm/hub";
 import type { TempDir } from "@moeswarm/testkit";
 import { loadExpertCompute, probeNative } from "@moeswarm/worker-native";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { WorkerEvent } from "../src/events.js";
-import { startTestHub, waitPlacement } from "./fixtures.js";
+import { spawnWorkerBin, startTestHub, WORKER_BIN, waitPlacement } from "./fixtures.js";
 import { dial, ticketFor } from "./native-fixtures.js";
 
-const BIN = fileURLToPath(new URL("../dist/worker-cli.js", import.meta.url));
 const MODEL = "qwen3moe-tiny";
 const SECRET = "worker-native-bin-secret-0123456789a";
 const EMBD = 64;
@@ -35,8 +33,8 @@ let work: TempDir | undefined;
 let child: ChildProcess | undefined;
 
 beforeAll(async () => {
-  if (!existsSync(BIN))
-    throw new Error(`${BIN} is missing: run \`pnpm --filter @moeswarm/worker build\` first`);
+  if (!existsSync(WORKER_BIN))
+    throw new Error(`${WORKER_BIN} is missing: run \`pnpm --filter @moeswarm/worker build\` first`);
   ({ hub, url, modelPath, work } = await startTestHub({
     secret: SECRET,
     model: MODEL,
@@ -52,41 +50,24 @@ afterAll(async () => {
 
 describe.skipIf(!native.available)("moeswarm-worker --listen-native (the built bin, its own process)", () => {
   it("publishes its native address, admits a hub ticket, answers with the local bits, is credited after the drain", async () => {
-    const events: WorkerEvent[] = [];
-    let stderr = "";
-    child = spawn(
-      process.execPath,
-      [
-        BIN,
-        "--hub",
-        url,
-        "--token",
-        mintToken({ role: "worker", id: "wnat", ttlS: 600 }, SECRET),
-        "--capacity",
-        "10000000",
-        "--cache-dir",
-        join(work!.dir, "cache"),
-        "--backend",
-        "native",
-        "--poll",
-        "0.1",
-        "--listen-native",
-        "127.0.0.1:0",
-        "--json",
-      ],
-      { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, MOESWARM_TOKEN: "", MOESWARM_HUB: "" } },
-    );
-    let buffer = "";
-    child.stdout!.setEncoding("utf8").on("data", (text: string) => {
-      buffer += text;
-      const lines = buffer.split("\n");
-      buffer = lines.pop() ?? "";
-      for (const l of lines) events.push(JSON.parse(l) as WorkerEvent);
-    });
-    child.stderr!.setEncoding("utf8").on("data", (text: string) => {
-      stderr += text;
-    });
-    const exited = new Promise<number | null>((resolve) => child!.on("exit", (code) => resolve(code)));
+    const bin = spawnWorkerBin([
+      "--hub",
+      url,
+      "--token",
+      mintToken({ role: "worker", id: "wnat", ttlS: 600 }, SECRET),
+      "--capacity",
+      "10000000",
+      "--cache-dir",
+      join(work!.dir, "cache"),
+      "--backend",
+      "native",
+      "--poll",
+      "0.1",
+      "--listen-native",
+      "127.0.0.1:0",
+    ]);
+    child = bin.child;
+    const { events, exited } = bin;
 
     const p = await waitPlacement(url, MODEL, "wnat's slice with its native address", (pl) =>
       pl.registrations.some((r) => r.id === "wnat" && (r as PlacementRegistrationJson).direct?.native),
@@ -96,7 +77,7 @@ describe.skipIf(!native.available)("moeswarm-worker --listen-native (the built b
       WorkerEvent,
       { event: "native-listening" }
     >;
-    expect(listening, stderr).toBeDefined();
+    expect(listening, bin.stderr).toBeDefined();
     expect(reg.direct).toEqual({
       endpoints: [],
       fingerprint: listening.fingerprint,
@@ -152,7 +133,7 @@ describe.skipIf(!native.available)("moeswarm-worker --listen-native (the built b
 
     // SIGTERM drains (the native listener's counts go to the hub), exit 0
     child.kill("SIGTERM");
-    expect(await exited, stderr).toBe(0);
+    expect(await exited, bin.stderr).toBe(0);
     // bb sent 5 filled slots natively: the worker's report and bb's receipts agree on them
     const stats = await fetch(`${url}/api/models/${MODEL}/stats`, {
       method: "POST",
