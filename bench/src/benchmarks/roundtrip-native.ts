@@ -20,8 +20,11 @@ import {
 import { nativeOrSkip, type SliceSpec, THREADS, writeExpertSlice } from "../native-slice.js";
 
 const run = promisify(execFile);
+// round trips per size: 300 at 1 token, fewer as the compute grows (64 tokens take ~70 ms each on
+// one thread), so that the largest size stays a few seconds
 const ITERS = Number(process.env.MOESWARM_BENCH_NATIVE_ITERS ?? 300);
-const WARMUP = 30;
+const iters = (n: number) => Math.max(50, Math.round(ITERS / Math.sqrt(n)));
+const warmup = (n: number) => Math.max(5, Math.round(30 / Math.sqrt(n)));
 
 /** p50/p90 of one-at-a-time native round trips, and p50 of each round trip less its compute. */
 export interface NativeSample {
@@ -107,8 +110,8 @@ export async function startNativePath(o: {
       ["--embd", String(o.embd)],
       ["--k", String(o.k)],
       ["--experts", String(spec.nExpert)],
-      ["--iters", String(ITERS)],
-      ["--warmup", String(WARMUP)],
+      ["--iters", String(iters(n))],
+      ["--warmup", String(warmup(n))],
     ].flat();
   return {
     async measure(n) {

@@ -236,7 +236,7 @@ function nativeRow(
     "compute us": s.computeP50,
     // this worker computes: what is above its own `ms` is the path's overhead
     "overhead us": s.aboveComputeP50,
-    "overhead/floor": cTcp ? s.p50 / cTcp.p50 : "",
+    "overhead/floor": cTcp ? s.aboveComputeP50 / cTcp.p50 : "",
   };
 }
 
@@ -399,11 +399,11 @@ export const roundtrip: Benchmark = {
         rows,
         ratios,
         notes: [
-          "worker compute is 0 (an echo worker), so overhead = round trip; p50 and p10-p90 of one-at-a-time round trips",
+          "the relay and direct paths' worker computes nothing (an echo worker), so their overhead = round trip; p50 and p10-p90 of one-at-a-time round trips",
           `goals (issue 15): relay <= 1.2x the blind-relay floor, direct <= 1.2x the Node direct floor${c ? "" : "; no cc: the C floors were not measured"}`,
           typeof native === "string"
             ? native
-            : "native: its worker computes a Q8_0 slice (n_embd 3072, n_ff 256, 16 experts); 'overhead us' is the p50 of (round trip - the result's ms), 'overhead/floor' its round trip over the C echo TCP floor's",
+            : "native: its worker computes a Q8_0 slice (n_embd 3072, n_ff 256, 16 experts); 'compute us' is the p50 of the results' ms, 'overhead us' the p50 of (round trip - the result's ms), 'overhead/floor' that over the C echo TCP floor; goal (issue 15): <= 0.1 ms above compute",
           "the 'interleaved' ratios time the product path and its floor in turn, one round trip each (load on a shared machine falls on both alike); the others time each path in a block of its own",
           `'CPU per round trip': user + system CPU time of the path's three processes over ${CPU_TRIPS} round trips, divided by ${CPU_TRIPS}`,
         ],
