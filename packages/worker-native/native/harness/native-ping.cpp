@@ -99,7 +99,7 @@ static bool round_trip(moeswarm_tls_conn & c, const std::vector<uint8_t> & out, 
         return false;
     }
     rt_us = moeswarm_tls_now_us() - t0;
-    moeswarm_frame f;
+    moeswarm_frame f = {};
     moeswarm_error fe;
     if (!moeswarm_frame_decode(rx.data(), rx.size(), 0, &f, &fe)) {
         err = std::string("undecodable reply: ") + fe.code + " " + fe.msg;
@@ -147,7 +147,7 @@ static bool hello(moeswarm_tls_conn & c, const ping_args & a, double deadline, s
         err = "no hello from the worker: " + err;
         return false;
     }
-    moeswarm_frame f;
+    moeswarm_frame f = {};
     moeswarm_error fe;
     if (!moeswarm_frame_decode(rx.data(), rx.size(), 0, &f, &fe) || f.type != MOESWARM_FRAME_HELLO) {
         err = f.type == MOESWARM_FRAME_ERROR ?
