@@ -5,7 +5,9 @@
 // WebSocket to the worker). Floors: a C echo over a Unix socket and loopback TCP (compiled with cc
 // into .cache when cc exists), a Node TCP echo, a Node WebSocket echo (the direct floor) and a
 // blind Node WebSocket relay that forwards bytes unread (the relay floor). The frames are the
-// product's own dispatch frames (f32, n_embd 3072, k 8, mode "sum") at 1, 8 and 64 tokens.
+// product's own dispatch frames (f32, n_embd 3072, k 8, mode "sum") at 1, 8 and 64 tokens. With the
+// native addon and moeswarm-native-ping built, also "native": the plugin's TLS client -> the
+// worker's native listener computing a real slice (roundtrip-native.ts), timed above its compute.
 import { type ChildProcess, fork, spawnSync } from "node:child_process";
 import { generateKeyPairSync, randomBytes } from "node:crypto";
 import { existsSync, mkdirSync, statSync } from "node:fs";
@@ -26,6 +28,7 @@ import {
 import { WebSocket } from "ws";
 import type { Benchmark, Row } from "../harness.js";
 import { cpuTime, stopChildren } from "./children.js";
+import { type NativePath, type NativeSample, startNativePath } from "./roundtrip-native.js";
 
 const EMBD = 3072;
 const K = 8;
@@ -211,6 +214,32 @@ async function wsClient(url: string): Promise<{ trip(bytes: Uint8Array): Promise
 
 const fmt = (s: Spread) => `${s.p10.toFixed(0)}-${s.p90.toFixed(0)}`;
 
+/** The issue's goal for the native data plane: at most 0.1 ms above compute. */
+const NATIVE_GOAL_US = 100;
+
+/** The native path's row and ratios at n tokens (`cTcp`: the C echo's TCP floor, when measured). */
+function nativeRow(
+  n: number,
+  kb: number,
+  s: NativeSample,
+  cTcp: Spread | undefined,
+  ratios: Record<string, number>,
+): Row {
+  ratios[`native above compute/0.1 ms goal, ${n} tok`] = s.aboveComputeP50 / NATIVE_GOAL_US;
+  if (cTcp) ratios[`native round trip/C echo TCP floor, ${n} tok`] = s.p50 / cTcp.p50;
+  return {
+    path: "product: native (plugin's TLS client -> worker's native listener)",
+    tokens: n,
+    "frame KB": kb,
+    "p50 us": s.p50,
+    "p10-p90 us": fmt(s),
+    "compute us": s.computeP50,
+    // this worker computes: what is above its own `ms` is the path's overhead
+    "overhead us": s.aboveComputeP50,
+    "overhead/floor": cTcp ? s.aboveComputeP50 / cTcp.p50 : "",
+  };
+}
+
 export const roundtrip: Benchmark = {
   name: "roundtrip",
   description: `one remote layer's round trip (n_embd ${EMBD}, k ${K}, mode sum) through the relay and direct, next to C/Node/blind-relay floors`,
@@ -290,6 +319,8 @@ export const roundtrip: Benchmark = {
       const wsBlind = await wsClient(`ws://127.0.0.1:${blind.info.port}/backbone`);
       closers.push(tcp.close, wsDirect.close, wsBlind.close);
       const c = cEcho();
+      const native: NativePath | string = await startNativePath({ embd: EMBD, k: K, model: MODEL, tls });
+      if (typeof native !== "string") closers.push(() => native.close());
 
       const rows: Row[] = [];
       const ratios: Record<string, number> = {};
@@ -316,6 +347,7 @@ export const roundtrip: Benchmark = {
         paths.push(["product: direct link (DirectTransport -> serveDirect, TLS)", linkPath]);
         const relayPath = await spread(() => viaRelay.request("echo", req));
         paths.push(["product: relay (relay-client -> hub relay -> worker)", relayPath]);
+        const cTcp = paths.find(([path]) => path === "floor: C echo, TCP")?.[1];
         for (const [path, s] of paths) {
           const floor = path.startsWith("product: relay")
             ? blindFloor
@@ -335,6 +367,8 @@ export const roundtrip: Benchmark = {
             "overhead/floor": floor ? s.p50 / floor.p50 : "",
           });
         }
+        const kb = Math.round(bytes.byteLength / 1024);
+        if (typeof native !== "string") rows.push(nativeRow(n, kb, await native.measure(n), cTcp, ratios));
         ratios[`relay/blind-relay floor, ${n} tok`] = relayPath.p50 / blindFloor.p50;
         ratios[`direct/Node ws floor, ${n} tok`] = directPath.p50 / wsFloor.p50;
         ratios[`direct link (TLS)/Node wss floor, ${n} tok`] = linkPath.p50 / wssFloor.p50;
@@ -365,9 +399,11 @@ export const roundtrip: Benchmark = {
         rows,
         ratios,
         notes: [
-          "worker compute is 0 (an echo worker), so overhead = round trip; p50 and p10-p90 of one-at-a-time round trips",
+          "the relay and direct paths' worker computes nothing (an echo worker), so their overhead = round trip; p50 and p10-p90 of one-at-a-time round trips",
           `goals (issue 15): relay <= 1.2x the blind-relay floor, direct <= 1.2x the Node direct floor${c ? "" : "; no cc: the C floors were not measured"}`,
-          "no native data plane is built into the product yet: no native path row",
+          typeof native === "string"
+            ? native
+            : "native: its worker computes a Q8_0 slice (n_embd 3072, n_ff 256, 16 experts); 'compute us' is the p50 of the results' ms, 'overhead us' the p50 of (round trip - the result's ms), 'overhead/floor' that over the C echo TCP floor; goal (issue 15): <= 0.1 ms above compute",
           "the 'interleaved' ratios time the product path and its floor in turn, one round trip each (load on a shared machine falls on both alike); the others time each path in a block of its own",
           `'CPU per round trip': user + system CPU time of the path's three processes over ${CPU_TRIPS} round trips, divided by ${CPU_TRIPS}`,
         ],

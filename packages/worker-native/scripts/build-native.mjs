@@ -116,10 +116,12 @@ function variants(target, napiInclude) {
       const out = [
         {
           name: "linux-x64",
-          defs: { ...X86_V3, ...addon },
+          // moeswarm-native-ping: the bench's native-plane client, built for the host only
+          defs: { ...X86_V3, ...addon, MOESWARM_NATIVE_PING: "ON" },
           copy: [
             ["moeswarm_expert.node", "linux-x64/node.napi.glibc.node"],
             ["moeswarm-expert-worker", "linux-x64/moeswarm-expert-worker"],
+            ["moeswarm-native-ping", "linux-x64/moeswarm-native-ping"],
           ],
         },
       ];

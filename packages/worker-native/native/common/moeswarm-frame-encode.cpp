@@ -71,6 +71,16 @@ void moeswarm_frame_write_hello(struct moeswarm_mp_writer * w, const char * id, 
     moeswarm_mp_write_uint(w, max_frame);
 }
 
+void moeswarm_frame_write_backbone_hello(struct moeswarm_mp_writer * w, const char * id, const char * token) {
+    write_envelope(w, 3, "hello");
+    write_key(w, "role");
+    moeswarm_mp_write_cstr(w, "backbone");
+    write_key(w, "id");
+    moeswarm_mp_write_cstr(w, id);
+    write_key(w, "token");
+    moeswarm_mp_write_cstr(w, token);
+}
+
 void moeswarm_frame_write_register(
         struct moeswarm_mp_writer * w, const char * model, const struct moeswarm_register_desc * d, const char * backend) {
     write_envelope(w, 5, "register");

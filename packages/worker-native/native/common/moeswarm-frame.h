@@ -93,6 +93,9 @@ struct moeswarm_register_desc {
 
 // encoders append one canonical payload (no length prefix) to w
 void moeswarm_frame_write_hello(struct moeswarm_mp_writer * w, const char * id, const char * backend, uint32_t max_frame);
+// a backbone's hello on a native link (protocol section 10.9): role backbone, its id, the ticket
+// the hub signed for this worker as token
+void moeswarm_frame_write_backbone_hello(struct moeswarm_mp_writer * w, const char * id, const char * token);
 void moeswarm_frame_write_register(struct moeswarm_mp_writer * w, const char * model,
         const struct moeswarm_register_desc * d, const char * backend);
 // the reply to req; the message is made valid UTF-8 and cut to the protocol's 16384 bytes

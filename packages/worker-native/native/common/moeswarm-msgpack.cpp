@@ -324,3 +324,29 @@ void moeswarm_mp_write_map(struct moeswarm_mp_writer * w, uint32_t n) {
         mp_put(w, 0xdf); mp_put_be(w, n, 4);
     }
 }
+
+bool moeswarm_mp_map_find(const uint8_t * data, size_t size, const char * key, moeswarm_mp_value * v, size_t * pos) {
+    moeswarm_mp_reader r;
+    moeswarm_mp_reader_init(&r, data, size);
+    moeswarm_mp_value m;
+    if (!moeswarm_mp_read(&r, &m) || m.type != MOESWARM_MP_MAP) {
+        return false;
+    }
+    const size_t klen = strlen(key);
+    for (uint32_t i = 0; i < m.n; ++i) {
+        moeswarm_mp_value k;
+        if (!moeswarm_mp_read(&r, &k) || k.type != MOESWARM_MP_STR) {
+            return false;
+        }
+        if (k.n == klen && memcmp(k.ptr, key, klen) == 0) {
+            if (pos != nullptr) {
+                *pos = r.pos;
+            }
+            return moeswarm_mp_read(&r, v);
+        }
+        if (!moeswarm_mp_skip(&r, 16)) {
+            return false;
+        }
+    }
+    return false;
+}

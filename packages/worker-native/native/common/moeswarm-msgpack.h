@@ -47,6 +47,11 @@ bool moeswarm_mp_read(struct moeswarm_mp_reader * r, struct moeswarm_mp_value * 
 // itself is the first level when it is a container)
 bool moeswarm_mp_skip(struct moeswarm_mp_reader * r, int max_depth);
 
+// a top-level key of a msgpack map: its value (only the header for a container) and its offset
+// (pos may be NULL)
+bool moeswarm_mp_map_find(const uint8_t * data, size_t size, const char * key, struct moeswarm_mp_value * v,
+        size_t * pos);
+
 bool moeswarm_utf8_valid(const uint8_t * s, size_t n);
 
 struct moeswarm_mp_writer {

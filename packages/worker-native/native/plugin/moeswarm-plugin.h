@@ -312,8 +312,6 @@ void moeswarm_native_drain(moeswarm_backend_context * ctx);
 // native-receipts when a second has passed since the last ones (or force: the backend is freed);
 // never waits: a socket that cannot take them now keeps them for the next time
 void moeswarm_native_receipts(moeswarm_backend_context * ctx, bool force);
-// a top-level key of a msgpack map: its value (only the header for a container) and its offset
-bool moeswarm_mp_map_find(const uint8_t * data, size_t size, const char * key, moeswarm_mp_value * v, size_t * pos);
 
 // the worker side (native-link.cpp)
 enum moeswarm_native_outcome { MOESWARM_NATIVE_SKIP, MOESWARM_NATIVE_OK, MOESWARM_NATIVE_FAILED };

@@ -58,17 +58,7 @@ bool moeswarm_native_connect(moeswarm_native_peer & pr, const moeswarm_native_ta
     pr.next_id = 1;
     moeswarm_mp_writer w;
     w.buf.resize(4);
-    moeswarm_mp_write_map(&w, 5);
-    moeswarm_mp_write_cstr(&w, "t");
-    moeswarm_mp_write_cstr(&w, "hello");
-    moeswarm_mp_write_cstr(&w, "v");
-    moeswarm_mp_write_uint(&w, MOESWARM_PROTOCOL_VERSION);
-    moeswarm_mp_write_cstr(&w, "role");
-    moeswarm_mp_write_cstr(&w, "backbone");
-    moeswarm_mp_write_cstr(&w, "id");
-    moeswarm_mp_write_str(&w, t.backbone.data(), t.backbone.size());
-    moeswarm_mp_write_cstr(&w, "token");
-    moeswarm_mp_write_str(&w, e.ticket.data(), e.ticket.size());
+    moeswarm_frame_write_backbone_hello(&w, t.backbone.c_str(), e.ticket.c_str());
     moeswarm_native_frame_len(w.buf);
     bool timed_out = false;
     if (!moeswarm_tls_send_all(pr.conn, w.buf.data(), w.buf.size(), deadline, err, &timed_out) ||

@@ -1,0 +1,128 @@
+// The native data plane's path of `roundtrip`: the plugin's C++ TLS client (moeswarm-native-ping, its
+// code without llama.cpp around it) -> the worker addon's native listener (serveNative) in this
+// process, computing a synthetic quantised one-layer slice. Unlike the echo paths, this worker
+// computes; each result's `ms` (the worker's compute time) is taken off its round trip, which leaves
+// what the issue's goal bounds: "native above compute".
+import { execFile } from "node:child_process";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { promisify } from "node:util";
+import { GgmlType } from "@moeswarm/shard";
+import {
+  type ExpertCompute,
+  loadExpertCompute,
+  type NativeServer,
+  nativeSliceOf,
+  prebuiltPath,
+  serveNative,
+} from "@moeswarm/worker-native";
+import { nativeOrSkip, type SliceSpec, THREADS, writeExpertSlice } from "../native-slice.js";
+
+const run = promisify(execFile);
+// round trips per size: 300 at 1 token, fewer as the compute grows (64 tokens take ~70 ms each on
+// one thread), so that the largest size stays a few seconds
+const ITERS = Number(process.env.MOESWARM_BENCH_NATIVE_ITERS ?? 300);
+const iters = (n: number) => Math.max(50, Math.round(ITERS / Math.sqrt(n)));
+const warmup = (n: number) => Math.max(5, Math.round(30 / Math.sqrt(n)));
+
+/** p50/p90 of one-at-a-time native round trips, and p50 of each round trip less its compute. */
+export interface NativeSample {
+  p10: number;
+  p50: number;
+  p90: number;
+  aboveComputeP50: number;
+  computeP50: number;
+}
+
+export interface NativePath {
+  measure(n: number): Promise<NativeSample>;
+  close(): Promise<void>;
+}
+
+function pct(sorted: number[], p: number): number {
+  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
+}
+
+/** Sorted percentile figures of the ping's JSON line (rtUs, workerMs). */
+export function nativeSample(rtUs: number[], workerMs: number[]): NativeSample {
+  if (rtUs.length === 0 || rtUs.length !== workerMs.length)
+    throw new Error("moeswarm-native-ping measured nothing");
+  const rt = [...rtUs].sort((a, b) => a - b);
+  const above = rtUs.map((us, i) => us - workerMs[i]! * 1000).sort((a, b) => a - b);
+  const compute = workerMs.map((ms) => ms * 1000).sort((a, b) => a - b);
+  return {
+    p10: pct(rt, 10),
+    p50: pct(rt, 50),
+    p90: pct(rt, 90),
+    aboveComputeP50: pct(above, 50),
+    computeP50: pct(compute, 50),
+  };
+}
+
+/**
+ * The native path with a slice of n_embd `embd` (so the frames are the other paths' frames), or the
+ * note that says why it is not measured (no addon, no moeswarm-native-ping in the prebuilds).
+ */
+export async function startNativePath(o: {
+  embd: number;
+  k: number;
+  model: string;
+  tls: { cert: string; key: string };
+}): Promise<NativePath | string> {
+  const native = await nativeOrSkip();
+  if (native.skipped) return "native addon unavailable: no native path row";
+  let ping: string;
+  try {
+    ping = prebuiltPath("linux-x64", "moeswarm-native-ping");
+  } catch {
+    return "moeswarm-native-ping is not built (a linux-x64 native build makes it): no native path row";
+  }
+  const spec: SliceSpec = { type: GgmlType.Q8_0, nEmbd: o.embd, nFf: 256, nExpert: 16, layer: 0 };
+  const dir = await mkdtemp(join(tmpdir(), "moeswarm-bench-native-"));
+  let compute: ExpertCompute | undefined;
+  let server: NativeServer | undefined;
+  try {
+    const path = join(dir, "slice.gguf");
+    await writeExpertSlice(path, spec);
+    compute = await loadExpertCompute(path, { backend: "native", threads: THREADS });
+    // the bench owns both ends, so every hello is admitted (a worker checks the hub's ticket here)
+    server = await serveNative({ host: "127.0.0.1", ...o.tls, id: "native-bench", admit: () => {} });
+    const slice = nativeSliceOf(compute);
+    if (!slice || server.setRoutes([{ model: o.model, layer: 0, slice }]).length !== 1) {
+      throw new Error("the native listener did not take the bench's slice");
+    }
+  } catch (error) {
+    server?.close();
+    await compute?.close();
+    await rm(dir, { recursive: true, force: true });
+    throw error;
+  }
+  const args = (n: number) =>
+    [
+      ["--addr", `127.0.0.1:${server!.port}`],
+      ["--fp", server!.fingerprint],
+      ["--backbone", "bench"],
+      ["--ticket", "bench"],
+      ["--model", o.model],
+      ["--layer", "0"],
+      ["--n", String(n)],
+      ["--embd", String(o.embd)],
+      ["--k", String(o.k)],
+      ["--experts", String(spec.nExpert)],
+      ["--iters", String(iters(n))],
+      ["--warmup", String(warmup(n))],
+    ].flat();
+  return {
+    async measure(n) {
+      const { stdout } = await run(ping, args(n), { maxBuffer: 16 * 1024 * 1024 });
+      const out = JSON.parse(stdout) as { rtUs: number[]; workerMs: number[] };
+      return nativeSample(out.rtUs, out.workerMs);
+    },
+    async close() {
+      server!.close();
+      await compute!.close();
+      await rm(dir, { recursive: true, force: true });
+    },
+  };
+}
