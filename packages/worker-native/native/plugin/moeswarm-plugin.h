@@ -289,6 +289,12 @@ struct moeswarm_backend_context {
     std::vector<float> y_sum;
 };
 
+// a frame built after 4 reserved bytes: its length written into them (section 7 framing)
+void moeswarm_frame_prefix(std::vector<uint8_t> & buf);
+// the request id to use now, next advanced (wrapping past 0, which is never an id)
+uint32_t moeswarm_next_id(uint32_t & next);
+// d as one section-7 frame in tx (length prefix included), tx's old bytes dropped
+void moeswarm_write_prefixed_dispatch(moeswarm_mp_writer & tx, const moeswarm_dispatch_desc & d);
 // the split (round-trip.cpp): the dispatch frame (mode sum, length prefix included) into ctx->tx
 void moeswarm_build_dispatch(moeswarm_backend_context * ctx, const moeswarm_config & cfg, const moeswarm_pattern & p,
         uint32_t id);

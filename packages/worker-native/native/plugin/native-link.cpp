@@ -31,12 +31,6 @@ void moeswarm_native_transport_err(moeswarm_native_err & e, bool timed_out, cons
     e.msg  = what;
 }
 
-static void moeswarm_native_frame_len(std::vector<uint8_t> & buf) {
-    const uint32_t len = (uint32_t) (buf.size() - 4);
-    for (int i = 0; i < 4; ++i)
-        buf[i] = (uint8_t) (len >> (8 * i));
-}
-
 void moeswarm_native_error_frame(moeswarm_native_err & e, const moeswarm_frame & f, const char * when) {
     e.code = f.code.present ? std::string((const char *) f.code.ptr, f.code.len) : "MOESWARM_TRANSPORT_CLOSED";
     e.msg  = std::string("the worker refused ") + when + ": " + std::string((const char *) f.msg.ptr, f.msg.len);
@@ -59,7 +53,7 @@ bool moeswarm_native_connect(moeswarm_native_peer & pr, const moeswarm_native_ta
     moeswarm_mp_writer w;
     w.buf.resize(4);
     moeswarm_frame_write_backbone_hello(&w, t.backbone.c_str(), e.ticket.c_str());
-    moeswarm_native_frame_len(w.buf);
+    moeswarm_frame_prefix(w.buf);
     bool timed_out = false;
     if (!moeswarm_tls_send_all(pr.conn, w.buf.data(), w.buf.size(), deadline, err, &timed_out) ||
             !moeswarm_tls_recv_frame(pr.conn, pr.rx, 1u << 20, deadline, err, &timed_out)) {
@@ -97,8 +91,7 @@ double moeswarm_native_result_ms(const uint8_t * data, size_t size) {
 static bool moeswarm_native_exchange(moeswarm_backend_context * ctx, moeswarm_native_peer & pr, const moeswarm_config & cfg,
         const moeswarm_pattern & p, double deadline, moeswarm_native_err & ne, double & worker_ms, size_t & bytes_out,
         size_t & bytes_in) {
-    const uint32_t id = pr.next_id;
-    pr.next_id        = pr.next_id == 0xffffffffu ? 1 : pr.next_id + 1;
+    const uint32_t id = moeswarm_next_id(pr.next_id);
     moeswarm_build_dispatch(ctx, cfg, p, id);
     bytes_out += ctx->tx.buf.size();
     std::string err;

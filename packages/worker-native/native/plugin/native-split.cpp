@@ -89,8 +89,7 @@ static void moeswarm_split_build(moeswarm_backend_context * ctx, const moeswarm_
             ctx->sub_ids[i * kk + j] = slot_owner[r * kk + j] == ow.index ? ctx->ids[r * kk + j] : -1;
         }
     }
-    ow.id          = ow.pr->next_id;
-    ow.pr->next_id = ow.pr->next_id == 0xffffffffu ? 1 : ow.pr->next_id + 1;
+    ow.id = moeswarm_next_id(ow.pr->next_id);
     moeswarm_dispatch_desc d;
     d.id      = ow.id;
     d.model   = cfg.model.c_str();
@@ -103,12 +102,7 @@ static void moeswarm_split_build(moeswarm_backend_context * ctx, const moeswarm_
     d.weights = nullptr; // mode each ignores them: the combine here applies ctx->w
     d.mode    = MOESWARM_MODE_EACH;
     d.compact = true; // the native listener answers with the filled slots' rows only
-    ctx->tx.buf.clear();
-    ctx->tx.buf.resize(4);
-    moeswarm_frame_write_dispatch(&ctx->tx, &d);
-    const uint32_t len = (uint32_t) (ctx->tx.buf.size() - 4);
-    for (int i = 0; i < 4; ++i)
-        ctx->tx.buf[i] = (uint8_t) (len >> (8 * i));
+    moeswarm_write_prefixed_dispatch(ctx->tx, d);
 }
 
 // the owner's link (opened when needed) and its dispatch sent; a reused link found closed is opened

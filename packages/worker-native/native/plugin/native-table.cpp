@@ -237,9 +237,7 @@ void moeswarm_native_on_connect(moeswarm_backend_context * ctx, const moeswarm_c
     moeswarm_mp_write_cstr(&w, "native-hello");
     moeswarm_mp_write_cstr(&w, "pid");
     moeswarm_mp_write_uint(&w, (uint64_t) getpid());
-    const uint32_t len = (uint32_t) (w.buf.size() - 4);
-    for (int i = 0; i < 4; ++i)
-        w.buf[i] = (uint8_t) (len >> (8 * i));
+    moeswarm_frame_prefix(w.buf);
     // a fresh socket takes 20 bytes at once; if not, the bridge path is all there is anyway
     nv.on = moeswarm_send_nowait(ctx->conn, w.buf.data(), w.buf.size());
 }
@@ -323,9 +321,7 @@ static void moeswarm_write_receipts(moeswarm_native & nv, moeswarm_mp_writer & w
         }
         moeswarm_mp_write_str(&w, f.msg.data(), n);
     }
-    const uint32_t len = (uint32_t) (w.buf.size() - 4);
-    for (int i = 0; i < 4; ++i)
-        w.buf[i] = (uint8_t) (len >> (8 * i));
+    moeswarm_frame_prefix(w.buf);
 }
 
 void moeswarm_native_receipts(moeswarm_backend_context * ctx, bool force) {

@@ -27,12 +27,25 @@ void moeswarm_build_dispatch(moeswarm_backend_context * ctx, const moeswarm_conf
     d.weights = ctx->w.data();
     d.mode    = MOESWARM_MODE_SUM;
     d.compact = false;
-    ctx->tx.buf.clear();
-    ctx->tx.buf.resize(4);
-    moeswarm_frame_write_dispatch(&ctx->tx, &d);
-    const uint32_t len = (uint32_t) (ctx->tx.buf.size() - 4);
+    moeswarm_write_prefixed_dispatch(ctx->tx, d);
+}
+
+void moeswarm_frame_prefix(std::vector<uint8_t> & buf) {
+    const uint32_t len = (uint32_t) (buf.size() - 4);
     for (int i = 0; i < 4; ++i)
-        ctx->tx.buf[i] = (uint8_t) (len >> (8 * i));
+        buf[i] = (uint8_t) (len >> (8 * i));
+}
+
+uint32_t moeswarm_next_id(uint32_t & next) {
+    const uint32_t id = next;
+    next              = next == 0xffffffffu ? 1 : next + 1; // 0 is never an id
+    return id;
+}
+
+void moeswarm_write_prefixed_dispatch(moeswarm_mp_writer & tx, const moeswarm_dispatch_desc & d) {
+    tx.buf.assign(4, 0);
+    moeswarm_frame_write_dispatch(&tx, &d);
+    moeswarm_frame_prefix(tx.buf);
 }
 
 bool moeswarm_check_result(const moeswarm_frame & f, const moeswarm_pattern & p, bool check_finite, std::string & err) {
@@ -108,8 +121,7 @@ static bool moeswarm_round_trip(moeswarm_backend_context * ctx, const moeswarm_c
         bool * lost;
         ~lost_on_close() { *lost = c.fd < 0 && moeswarm_now_us() < deadline; }
     } classify{ c, deadline, lost };
-    const uint32_t id = c.next_id;
-    c.next_id         = c.next_id == 0xffffffffu ? 1 : c.next_id + 1;
+    const uint32_t id = moeswarm_next_id(c.next_id);
     moeswarm_build_dispatch(ctx, cfg, p, id);
     bytes_out = ctx->tx.buf.size();
     moeswarm_trace_hop("plugin.send", p.layer);
