@@ -68,6 +68,7 @@ struct ssl_api {
     int (*SSL_write)(SSL *, const void *, int);
     int (*SSL_get_error)(const SSL *, int);
     int (*SSL_shutdown)(SSL *);
+    int (*SSL_has_pending)(const SSL *);
     X509 * (*SSL_get1_peer_certificate)(const SSL *);
     const void * (*BIO_s_mem)(void);
     BIO * (*BIO_new)(const void *);
@@ -104,7 +105,7 @@ bool resolve_all(void * h, ssl_api & a, std::string & missing) {
     R(SSL_CTX_ctrl); R(SSL_CTX_set_verify); R(SSL_CTX_use_certificate); R(SSL_CTX_use_PrivateKey);
     R(SSL_CTX_check_private_key); R(SSL_new); R(SSL_free); R(SSL_set_bio); R(SSL_set_connect_state);
     R(SSL_set_accept_state); R(SSL_do_handshake); R(SSL_read); R(SSL_write); R(SSL_get_error);
-    R(SSL_shutdown); R(SSL_get1_peer_certificate); R(BIO_s_mem); R(BIO_new); R(BIO_new_mem_buf); R(BIO_free);
+    R(SSL_shutdown); R(SSL_has_pending); R(SSL_get1_peer_certificate); R(BIO_s_mem); R(BIO_new); R(BIO_new_mem_buf); R(BIO_free);
     R(BIO_read); R(BIO_write); R(BIO_ctrl); R(BIO_ctrl_pending); R(PEM_read_bio_X509); R(PEM_read_bio_PrivateKey);
     R(X509_free); R(EVP_PKEY_free); R(i2d_X509); R(EVP_sha256); R(EVP_Digest); R(ERR_get_error);
     R(ERR_error_string_n); R(ERR_clear_error);
@@ -482,6 +483,43 @@ bool moeswarm_tls_recv_frame(moeswarm_tls_conn & c, std::vector<uint8_t> & paylo
     }
     payload.resize(n);
     return moeswarm_tls_recv_all(c, payload.data(), n, deadline_us, err, timed_out);
+}
+
+int moeswarm_tls_wait_any(moeswarm_tls_conn * const * conns, size_t n, double deadline_us, std::string & err,
+        bool * timed_out) {
+    const ssl_api * a = api(err);
+    if (a == nullptr) return -1;
+    std::vector<pollfd> fds;
+    std::vector<int> index;
+    for (size_t i = 0; i < n; ++i) {
+        moeswarm_tls_session * s = session(*conns[i]);
+        if (s == nullptr || conns[i]->fd < 0) continue;
+        // bytes OpenSSL holds (a decrypted record, or ciphertext read ahead) count as ready
+        if (a->SSL_has_pending(s->ssl) || a->BIO_ctrl_pending(s->rbio) > 0) return (int) i;
+        fds.push_back({ conns[i]->fd, POLLIN, 0 });
+        index.push_back((int) i);
+    }
+    if (fds.empty()) {
+        err = "MOESWARM_TRANSPORT_CLOSED no open connection to wait on";
+        return -1;
+    }
+    for (;;) {
+        const double left_ms = (deadline_us - moeswarm_tls_now_us()) / 1000.0;
+        if (left_ms <= 0) {
+            err = "MOESWARM_TRANSPORT_TIMEOUT the deadline passed";
+            if (timed_out) *timed_out = true;
+            return -1;
+        }
+        const int r = poll(fds.data(), fds.size(), (int) std::min(left_ms + 1, 2e9));
+        if (r < 0 && errno != EINTR) {
+            err = std::string("MOESWARM_TRANSPORT_CLOSED poll: ") + strerror(errno);
+            return -1;
+        }
+        // readable, or closed/failed: the reader finds out which
+        for (size_t j = 0; r > 0 && j < fds.size(); ++j) {
+            if (fds[j].revents != 0) return index[j];
+        }
+    }
 }
 
 void moeswarm_tls_close(moeswarm_tls_conn & c) {

@@ -47,6 +47,14 @@ bool moeswarm_tls_recv_all(moeswarm_tls_conn & c, uint8_t * data, size_t size, d
 bool moeswarm_tls_recv_frame(moeswarm_tls_conn & c, std::vector<uint8_t> & payload, size_t max_frame,
         double deadline_us, std::string & err, bool * timed_out = nullptr);
 
+// Waits until one of conns has bytes to read (decrypted or not yet, buffered or on its socket) and
+// returns its index, or -1 when the deadline passes (*timed_out set) or a wait fails (err). A closed
+// connection (no session) is never ready. A reader then calls moeswarm_tls_recv_frame on it: its
+// frame may still be arriving, so that call waits too, with its own deadline. (The plugin's hedged
+// splits wait on two workers at once with this.)
+int moeswarm_tls_wait_any(moeswarm_tls_conn * const * conns, size_t n, double deadline_us, std::string & err,
+        bool * timed_out = nullptr);
+
 // A close_notify when the session is healthy, then the socket closed. Safe on a closed connection.
 void moeswarm_tls_close(moeswarm_tls_conn & c);
 
