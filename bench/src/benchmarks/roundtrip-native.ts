@@ -2,9 +2,12 @@
 // code without llama.cpp around it) -> the worker addon's native listener (serveNative) in this
 // process, computing a synthetic quantised one-layer slice. Unlike the echo paths, this worker
 // computes; each result's `ms` (the worker's compute time) is taken off its round trip, which leaves
-// what the issue's goal bounds: "native above compute".
-import { execFile } from "node:child_process";
-import { mkdtemp, rm } from "node:fs/promises";
+// what the issue's goal bounds: "native above compute". Its floor is the same client against
+// `moeswarm-native-ping --serve-echo`: the same TLS code at both ends and the same frames, nothing
+// decoded or computed, which is what TLS itself costs on this machine.
+import { type ChildProcess, execFile, spawn } from "node:child_process";
+import { once } from "node:events";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
@@ -35,8 +38,16 @@ export interface NativeSample {
   computeP50: number;
 }
 
+/** p10/p50/p90 of the TLS echo's round trips, microseconds. */
+export interface EchoSample {
+  p10: number;
+  p50: number;
+  p90: number;
+}
+
 export interface NativePath {
-  measure(n: number): Promise<NativeSample>;
+  /** The native path at n tokens, and its floor (the TLS echo) with the same frames. */
+  measure(n: number): Promise<{ native: NativeSample; echo: EchoSample }>;
   close(): Promise<void>;
 }
 
@@ -58,6 +69,34 @@ export function nativeSample(rtUs: number[], workerMs: number[]): NativeSample {
     aboveComputeP50: pct(above, 50),
     computeP50: pct(compute, 50),
   };
+}
+
+/** The TLS echo (moeswarm-native-ping --serve-echo) on an ephemeral port, and its pin. */
+async function startEcho(
+  ping: string,
+  dir: string,
+  tls: { cert: string; key: string },
+): Promise<{ child: ChildProcess; addr: string; fp: string }> {
+  await writeFile(join(dir, "cert.pem"), tls.cert);
+  await writeFile(join(dir, "key.pem"), tls.key);
+  const child = spawn(
+    ping,
+    ["--serve-echo", "127.0.0.1", "--cert", join(dir, "cert.pem"), "--key", join(dir, "key.pem")],
+    {
+      stdio: ["ignore", "pipe", "inherit"],
+    },
+  );
+  const [line] = (await Promise.race([
+    once(child.stdout!, "data"),
+    once(child, "exit").then(() => {
+      throw new Error("moeswarm-native-ping --serve-echo exited before it listened");
+    }),
+  ])) as [Buffer];
+  const { port, fingerprint } = JSON.parse(line.toString().split("\n")[0]!) as {
+    port: number;
+    fingerprint: string;
+  };
+  return { child, addr: `127.0.0.1:${port}`, fp: fingerprint };
 }
 
 /**
@@ -82,7 +121,9 @@ export async function startNativePath(o: {
   const dir = await mkdtemp(join(tmpdir(), "moeswarm-bench-native-"));
   let compute: ExpertCompute | undefined;
   let server: NativeServer | undefined;
+  let echo: Awaited<ReturnType<typeof startEcho>> | undefined;
   try {
+    echo = await startEcho(ping, dir, o.tls);
     const path = join(dir, "slice.gguf");
     await writeExpertSlice(path, spec);
     compute = await loadExpertCompute(path, { backend: "native", threads: THREADS });
@@ -93,17 +134,26 @@ export async function startNativePath(o: {
       throw new Error("the native listener did not take the bench's slice");
     }
   } catch (error) {
+    echo?.child.kill();
     server?.close();
     await compute?.close();
     await rm(dir, { recursive: true, force: true });
     throw error;
   }
-  const args = (n: number) =>
+  const args = (n: number, to: "native" | "echo") =>
     [
-      ["--addr", `127.0.0.1:${server!.port}`],
-      ["--fp", server!.fingerprint],
-      ["--backbone", "bench"],
-      ["--ticket", "bench"],
+      ...(to === "native"
+        ? [
+            ["--addr", `127.0.0.1:${server!.port}`],
+            ["--fp", server!.fingerprint],
+            ["--backbone", "bench"],
+            ["--ticket", "bench"],
+          ]
+        : [
+            ["--addr", echo!.addr],
+            ["--fp", echo!.fp],
+            ["--echo", "1"],
+          ]),
       ["--model", o.model],
       ["--layer", "0"],
       ["--n", String(n)],
@@ -115,11 +165,17 @@ export async function startNativePath(o: {
     ].flat();
   return {
     async measure(n) {
-      const { stdout } = await run(ping, args(n), { maxBuffer: 16 * 1024 * 1024 });
-      const out = JSON.parse(stdout) as { rtUs: number[]; workerMs: number[] };
-      return nativeSample(out.rtUs, out.workerMs);
+      const trips = async (to: "native" | "echo") => {
+        const { stdout } = await run(ping, args(n, to), { maxBuffer: 16 * 1024 * 1024 });
+        return JSON.parse(stdout) as { rtUs: number[]; workerMs: number[] };
+      };
+      const e = await trips("echo");
+      const out = await trips("native");
+      const { p10, p50, p90 } = nativeSample(e.rtUs, e.workerMs);
+      return { native: nativeSample(out.rtUs, out.workerMs), echo: { p10, p50, p90 } };
     },
     async close() {
+      echo!.child.kill();
       server!.close();
       await compute!.close();
       await rm(dir, { recursive: true, force: true });

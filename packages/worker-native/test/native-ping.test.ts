@@ -1,5 +1,7 @@
-import { execFile } from "node:child_process";
-import { existsSync } from "node:fs";
+import { execFile, spawn } from "node:child_process";
+import { once } from "node:events";
+import { existsSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { promisify } from "node:util";
 import { AuthError } from "@moeswarm/core";
 import { GgmlType } from "@moeswarm/shard";
@@ -108,4 +110,70 @@ describe.skipIf(!status.available || !PING)("moeswarm-native-ping", () => {
     });
     await expect(ping({ k: "9" })).rejects.toMatchObject({ code: 1, stderr: expect.stringContaining("--k") });
   });
+});
+
+// The bench's TLS floor: the same client against `--serve-echo`, an echo over the same TLS code.
+// A 772 KB frame crosses many 64 KiB send batches and 16 KiB records both ways, and the client
+// checks that every byte comes back.
+describe.skipIf(!status.available || !PING)("moeswarm-native-ping --serve-echo", () => {
+  const tmp = tempDir("moeswarm-wn-native-echo-");
+
+  it("echoes frames of 1 and 64 tokens byte for byte, and a wrong pin is refused", async () => {
+    const tls = await selfSigned();
+    writeFileSync(join(tmp.dir, "cert.pem"), tls.cert);
+    writeFileSync(join(tmp.dir, "key.pem"), tls.key);
+    const echo = spawn(
+      PING!,
+      ["--serve-echo", "127.0.0.1", "--cert", join(tmp.dir, "cert.pem"), "--key", join(tmp.dir, "key.pem")],
+      {
+        stdio: ["ignore", "pipe", "inherit"],
+      },
+    );
+    try {
+      const [line] = (await once(echo.stdout!, "data")) as [Buffer];
+      const { port, fingerprint } = JSON.parse(line.toString()) as { port: number; fingerprint: string };
+      expect(fingerprint).toMatch(/^([0-9A-F]{2}:){31}[0-9A-F]{2}$/);
+      const client = (n: string, fp = fingerprint) =>
+        run(
+          PING!,
+          [
+            "--echo",
+            "1",
+            "--addr",
+            `127.0.0.1:${port}`,
+            "--fp",
+            fp,
+            "--model",
+            MODEL,
+            "--layer",
+            "0",
+            "--n",
+            n,
+            "--embd",
+            "3072",
+            "--k",
+            "8",
+            "--experts",
+            "16",
+            "--iters",
+            "4",
+            "--warmup",
+            "1",
+          ],
+          { timeout: 30_000 },
+        );
+      for (const n of ["1", "64"]) {
+        const out = JSON.parse((await client(n)).stdout) as { rtUs: number[]; workerMs: number[] };
+        expect(out.rtUs).toHaveLength(4);
+        expect(out.workerMs).toEqual([0, 0, 0, 0]);
+      }
+      await expect(client("1", Array(32).fill("AB").join(":"))).rejects.toMatchObject({
+        code: 1,
+        stderr: expect.stringContaining("MOESWARM_TRANSPORT_PIN_MISMATCH"),
+      });
+    } finally {
+      echo.kill();
+      tmp.remove();
+    }
+  }, 60_000);
 });

@@ -265,6 +265,40 @@ uint64_t filled_slots(const moeswarm_frame * f) {
     return filled;
 }
 
+// f on the slice, under its mutex, with the same C API as the thread pool's runs: into the result
+// frame begun in io.out (in_place: moeswarm_frame_write_result_begin) or into io.y. ms: the run alone.
+bool compute(conn_io & io, slice_state & slice, const moeswarm_frame * f, bool in_place, double & ms,
+        moeswarm_error & err) {
+    std::lock_guard<std::mutex> lock(slice.mu);
+    moeswarm_slice * s = slice.slice;
+    if (s == nullptr) {
+        moeswarm_error_set(&err, "MOESWARM_NATIVE_CLOSED", "the expert compute was closed");
+        return false;
+    }
+    if (f->embd != moeswarm_slice_n_embd(s)) {
+        moeswarm_error_set(&err, "MOESWARM_INVALID_ARGUMENT", "embd does not match the slice's n_embd");
+        return false;
+    }
+    const int32_t threads = slice.pending_threads.exchange(-1);
+    if (threads >= 0) {
+        moeswarm_slice_set_n_threads(s, threads);
+    }
+    moeswarm_run_params rp;
+    moeswarm_dispatch_run_params(f, &io.scratch, &rp);
+    const size_t n_out = moeswarm_run_output_len(s, f->n, f->k, f->mode);
+    float * y = nullptr;
+    if (in_place) {
+        y = moeswarm_frame_write_result_begin(&io.out, f, n_out);
+    } else {
+        io.y.resize(n_out);
+        y = io.y.data();
+    }
+    const double t0 = moeswarm_tls_now_us();
+    const bool ok   = moeswarm_slice_run(s, &rp, y, n_out, &err);
+    ms              = (moeswarm_tls_now_us() - t0) / 1e3;
+    return ok;
+}
+
 bool handle_dispatch(conn_io & io, const moeswarm_frame * f, const std::string & backbone) {
     server_core * core = io.core;
     if (f->to.present && (f->to.len != core->id.size() || memcmp(f->to.ptr, core->id.data(), f->to.len) != 0)) {
@@ -281,33 +315,15 @@ bool handle_dispatch(conn_io & io, const moeswarm_frame * f, const std::string &
     if (r == nullptr) {
         return send_error(io, f, code, msg);
     }
+    // a full answer is computed straight into its frame; a compact one (the filled rows only) into
+    // io.y, from which the encoder picks the rows
+    const bool in_place = !(f->compact && f->mode == MOESWARM_MODE_EACH);
     moeswarm_error err;
     moeswarm_error_clear(&err);
     double ms = 0;
-    bool ok = false;
-    {
-        std::lock_guard<std::mutex> lock(r->slice->mu);
-        moeswarm_slice * s = r->slice->slice;
-        if (s == nullptr) {
-            moeswarm_error_set(&err, "MOESWARM_NATIVE_CLOSED", "the expert compute was closed");
-        } else if (f->embd != moeswarm_slice_n_embd(s)) {
-            moeswarm_error_set(&err, "MOESWARM_INVALID_ARGUMENT", "embd does not match the slice's n_embd");
-        } else {
-            const int32_t threads = r->slice->pending_threads.exchange(-1);
-            if (threads >= 0) {
-                moeswarm_slice_set_n_threads(s, threads);
-            }
-            moeswarm_run_params rp;
-            moeswarm_dispatch_run_params(f, &io.scratch, &rp);
-            const size_t n_out = moeswarm_run_output_len(s, f->n, f->k, f->mode);
-            io.y.resize(n_out);
-            const double t0 = moeswarm_tls_now_us();
-            ok = moeswarm_slice_run(s, &rp, io.y.data(), n_out, &err);
-            ms = (moeswarm_tls_now_us() - t0) / 1e3;
-        }
-    }
-    if (!ok) {
-        return send_error(io, f, err.code[0] ? err.code : "MOESWARM_NATIVE_COMPUTE", err.msg);
+    begin_out(io);
+    if (!compute(io, *r->slice, f, in_place, ms, err)) {
+        return send_error(io, f, err.code[0] ? err.code : "MOESWARM_NATIVE_COMPUTE", err.msg); // drops the half frame
     }
     {
         std::lock_guard<std::mutex> lock(core->served_mu);
@@ -315,8 +331,11 @@ bool handle_dispatch(conn_io & io, const moeswarm_frame * f, const std::string &
         c.expert_tokens += filled_slots(f);
         c.requests += 1;
     }
-    begin_out(io);
-    moeswarm_frame_write_result(&io.out, f, io.y.data(), io.y.size(), ms);
+    if (in_place) {
+        moeswarm_frame_write_result_end(&io.out, f, ms);
+    } else {
+        moeswarm_frame_write_result(&io.out, f, io.y.data(), io.y.size(), ms);
+    }
     return send_out(io);
 }
 

@@ -154,11 +154,8 @@ void moeswarm_frame_write_pong(struct moeswarm_mp_writer * w, uint64_t seq, doub
     moeswarm_mp_write_number(w, ts);
 }
 
-void moeswarm_frame_write_result(
-        struct moeswarm_mp_writer * w, const struct moeswarm_frame * req, const float * y, size_t n_y, double ms) {
-    // a compact answer to a compact dispatch: the filled slots' rows only (protocol section 5)
-    const bool compact = req->compact && req->mode == MOESWARM_MODE_EACH;
-    const size_t start = w->buf.size();
+// every field of a result up to its y (the count includes y, ms and compact)
+static void write_result_head(moeswarm_mp_writer * w, const moeswarm_frame * req, bool compact) {
     write_envelope(w, 8 + route_fields(req) + (compact ? 1 : 0), "result");
     write_key(w, "id");
     moeswarm_mp_write_uint(w, req->id);
@@ -171,40 +168,57 @@ void moeswarm_frame_write_result(
     moeswarm_mp_write_uint(w, req->k);
     write_key(w, "embd");
     moeswarm_mp_write_uint(w, req->embd);
+}
+
+float * moeswarm_frame_write_result_begin(struct moeswarm_mp_writer * w, const struct moeswarm_frame * req, size_t n_y) {
+    const size_t start = w->buf.size();
+    write_result_head(w, req, false);
+    write_pad(w, start, n_y * sizeof(float));
+    write_key(w, "y");
     // little-endian hosts only (x86-64, aarch64): the floats are their own wire bytes
-    if (compact) {
-        const size_t nk = (size_t) req->n * req->k;
-        size_t filled   = 0;
-        for (size_t s = 0; s < nk; ++s) {
-            int32_t id;
-            memcpy(&id, req->ids.ptr + 4 * s, 4);
-            filled += id >= 0 ? 1 : 0;
-        }
-        const size_t row = (size_t) req->embd;
-        write_pad(w, start, filled * row * sizeof(float));
-        write_key(w, "y");
-        uint8_t * dst    = moeswarm_mp_write_bin_reserve(w, filled * row * sizeof(float));
-        for (size_t s = 0; s < nk && s * row < n_y; ++s) {
-            int32_t id;
-            memcpy(&id, req->ids.ptr + 4 * s, 4);
-            if (id < 0) {
-                continue;
-            }
-            memcpy(dst, y + s * row, row * sizeof(float));
-            dst += row * sizeof(float);
-        }
-    } else {
-        write_pad(w, start, n_y * sizeof(float));
-        write_key(w, "y");
-        uint8_t * dst = moeswarm_mp_write_bin_reserve(w, n_y * sizeof(float));
-        memcpy(dst, y, n_y * sizeof(float));
-    }
+    return (float *) moeswarm_mp_write_bin_reserve(w, n_y * sizeof(float));
+}
+
+void moeswarm_frame_write_result_end(struct moeswarm_mp_writer * w, const struct moeswarm_frame * req, double ms) {
     write_key(w, "ms");
     moeswarm_mp_write_number(w, ms);
-    if (compact) {
+    if (req->compact && req->mode == MOESWARM_MODE_EACH) {
         write_key(w, "compact");
         moeswarm_mp_write_bool(w, true);
     }
+}
+
+void moeswarm_frame_write_result(
+        struct moeswarm_mp_writer * w, const struct moeswarm_frame * req, const float * y, size_t n_y, double ms) {
+    // a compact answer to a compact dispatch: the filled slots' rows only (protocol section 5)
+    if (!(req->compact && req->mode == MOESWARM_MODE_EACH)) {
+        memcpy(moeswarm_frame_write_result_begin(w, req, n_y), y, n_y * sizeof(float));
+        moeswarm_frame_write_result_end(w, req, ms);
+        return;
+    }
+    const size_t start = w->buf.size();
+    write_result_head(w, req, true);
+    const size_t nk = (size_t) req->n * req->k;
+    size_t filled   = 0;
+    for (size_t s = 0; s < nk; ++s) {
+        int32_t id;
+        memcpy(&id, req->ids.ptr + 4 * s, 4);
+        filled += id >= 0 ? 1 : 0;
+    }
+    const size_t row = (size_t) req->embd;
+    write_pad(w, start, filled * row * sizeof(float));
+    write_key(w, "y");
+    uint8_t * dst = moeswarm_mp_write_bin_reserve(w, filled * row * sizeof(float));
+    for (size_t s = 0; s < nk && s * row < n_y; ++s) {
+        int32_t id;
+        memcpy(&id, req->ids.ptr + 4 * s, 4);
+        if (id < 0) {
+            continue;
+        }
+        memcpy(dst, y + s * row, row * sizeof(float));
+        dst += row * sizeof(float);
+    }
+    moeswarm_frame_write_result_end(w, req, ms);
 }
 
 void moeswarm_frame_write_dispatch(struct moeswarm_mp_writer * w, const struct moeswarm_dispatch_desc * d) {

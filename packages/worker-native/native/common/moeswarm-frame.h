@@ -105,6 +105,12 @@ void moeswarm_frame_write_pong(struct moeswarm_mp_writer * w, uint64_t seq, doub
 // the result of req with y (n*k*embd floats in mode each, n*embd in mode sum), as f32 LE
 void moeswarm_frame_write_result(struct moeswarm_mp_writer * w, const struct moeswarm_frame * req, const float * y,
         size_t n_y, double ms);
+// The same frame in two halves around the compute, for a result that is not compact: _begin writes
+// every field up to y and returns where y's n_y floats go (8-byte aligned from the payload's start;
+// valid until the next write to w), _end writes ms. Between them the compute writes y in place, so
+// the result is never copied into its frame.
+float * moeswarm_frame_write_result_begin(struct moeswarm_mp_writer * w, const struct moeswarm_frame * req, size_t n_y);
+void moeswarm_frame_write_result_end(struct moeswarm_mp_writer * w, const struct moeswarm_frame * req, double ms);
 
 // a dispatch request (no to/from/deadline): x is n*embd f32, ids and weights n*k; weights may be
 // NULL in mode each; compact (mode each only) asks for the filled slots' rows alone. Little-endian

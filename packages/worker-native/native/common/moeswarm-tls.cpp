@@ -1,10 +1,12 @@
 // TLS for the native data plane over OpenSSL 3 resolved at run time (moeswarm-tls.h says why).
 //
 // No OpenSSL header is included: the few types are opaque pointers and the few constants below are
-// OpenSSL 3's ABI, so the build needs no libssl-dev and links nothing. The socket is ours: OpenSSL
-// works on two memory BIOs and this file moves their bytes with send(MSG_NOSIGNAL)/recv under poll,
-// so a peer that vanishes is an error return, never a SIGPIPE in a host (llama-server) that does
-// not ignore it, and every wait honours the caller's deadline.
+// OpenSSL 3's ABI, so the build needs no libssl-dev and links nothing. The socket I/O is ours: a BIO
+// method of this file calls send(MSG_NOSIGNAL | MSG_DONTWAIT) and recv(MSG_DONTWAIT) on the
+// non-blocking socket, so a peer that vanishes is an error return, never a SIGPIPE in a host
+// (llama-server) that does not ignore it, and every wait is a poll that honours the caller's
+// deadline. (Memory BIOs did the same with two more copies of every byte and a buffer that grew to
+// the whole frame before its first byte left: a 772 KB frame's echo took 4x longer.)
 
 #include "moeswarm-tls.h"
 
@@ -32,7 +34,13 @@
 #define K_TLS1_2_VERSION              0x0303
 #define K_SSL_MODE_PARTIAL_WRITE      0x1
 #define K_SSL_MODE_MOVING_BUFFER      0x2
-#define K_BIO_C_SET_BUF_MEM_EOF_RETURN 130
+#define K_SSL_CTRL_SET_READ_AHEAD     41
+#define K_BIO_TYPE_SOURCE_SINK        0x0400
+#define K_BIO_FLAGS_READ              0x01
+#define K_BIO_FLAGS_WRITE             0x02
+#define K_BIO_FLAGS_RWS               0x07
+#define K_BIO_FLAGS_SHOULD_RETRY      0x08
+#define K_BIO_CTRL_FLUSH              11
 #define K_OPENSSL_3                   0x30000000UL
 
 namespace {
@@ -70,14 +78,21 @@ struct ssl_api {
     int (*SSL_shutdown)(SSL *);
     int (*SSL_has_pending)(const SSL *);
     X509 * (*SSL_get1_peer_certificate)(const SSL *);
-    const void * (*BIO_s_mem)(void);
+    void (*SSL_CTX_set_default_read_buffer_len)(SSL_CTX *, size_t);
+    int (*SSL_CTX_set_ciphersuites)(SSL_CTX *, const char *);
+    int (*BIO_get_new_index)(void);
+    void * (*BIO_meth_new)(int, const char *);
+    int (*BIO_meth_set_write)(void *, int (*)(BIO *, const char *, int));
+    int (*BIO_meth_set_read)(void *, int (*)(BIO *, char *, int));
+    int (*BIO_meth_set_ctrl)(void *, long (*)(BIO *, int, long, void *));
+    void (*BIO_set_data)(BIO *, void *);
+    void * (*BIO_get_data)(BIO *);
+    void (*BIO_set_init)(BIO *, int);
+    void (*BIO_set_flags)(BIO *, int);
+    void (*BIO_clear_flags)(BIO *, int);
     BIO * (*BIO_new)(const void *);
     BIO * (*BIO_new_mem_buf)(const void *, int);
     int (*BIO_free)(BIO *);
-    int (*BIO_read)(BIO *, void *, int);
-    int (*BIO_write)(BIO *, const void *, int);
-    long (*BIO_ctrl)(BIO *, int, long, void *);
-    size_t (*BIO_ctrl_pending)(BIO *);
     X509 * (*PEM_read_bio_X509)(BIO *, X509 **, void *, void *);
     EVP_PKEY * (*PEM_read_bio_PrivateKey)(BIO *, EVP_PKEY **, void *, void *);
     void (*X509_free)(X509 *);
@@ -105,8 +120,10 @@ bool resolve_all(void * h, ssl_api & a, std::string & missing) {
     R(SSL_CTX_ctrl); R(SSL_CTX_set_verify); R(SSL_CTX_use_certificate); R(SSL_CTX_use_PrivateKey);
     R(SSL_CTX_check_private_key); R(SSL_new); R(SSL_free); R(SSL_set_bio); R(SSL_set_connect_state);
     R(SSL_set_accept_state); R(SSL_do_handshake); R(SSL_read); R(SSL_write); R(SSL_get_error);
-    R(SSL_shutdown); R(SSL_has_pending); R(SSL_get1_peer_certificate); R(BIO_s_mem); R(BIO_new); R(BIO_new_mem_buf); R(BIO_free);
-    R(BIO_read); R(BIO_write); R(BIO_ctrl); R(BIO_ctrl_pending); R(PEM_read_bio_X509); R(PEM_read_bio_PrivateKey);
+    R(SSL_shutdown); R(SSL_has_pending); R(SSL_get1_peer_certificate); R(SSL_CTX_set_default_read_buffer_len); R(SSL_CTX_set_ciphersuites);
+    R(BIO_get_new_index); R(BIO_meth_new); R(BIO_meth_set_write); R(BIO_meth_set_read); R(BIO_meth_set_ctrl);
+    R(BIO_set_data); R(BIO_get_data); R(BIO_set_init); R(BIO_set_flags); R(BIO_clear_flags); R(BIO_new);
+    R(BIO_new_mem_buf); R(BIO_free); R(PEM_read_bio_X509); R(PEM_read_bio_PrivateKey);
     R(X509_free); R(EVP_PKEY_free); R(i2d_X509); R(EVP_sha256); R(EVP_Digest); R(ERR_get_error);
     R(ERR_error_string_n); R(ERR_clear_error);
 #undef R
@@ -187,10 +204,15 @@ bool wait_fd(int fd, short events, double deadline_us, std::string & err, bool *
 
 // The per-connection state lives beside the SSL object: the conn's ssl field points at this.
 struct moeswarm_tls_session {
-    SSL * ssl  = nullptr;
-    BIO * rbio = nullptr; // owned by ssl after SSL_set_bio
-    BIO * wbio = nullptr;
-    uint8_t io[64 * 1024];
+    SSL * ssl = nullptr;
+    BIO * bio = nullptr; // our socket BIO, owned by ssl after SSL_set_bio
+    int   fd  = -1;
+    int   sys_errno = 0;    // the last send/recv failure, for the message
+    bool  peer_closed = false; // recv saw the end of the stream
+    // Records wait here until OUT_BATCH bytes (or the end of a write) and leave in one send: one
+    // send per 16 KiB record costs more syscalls than the encryption saves by overlapping.
+    std::vector<uint8_t> out;
+    size_t out_sent = 0;
 };
 
 namespace {
@@ -199,65 +221,117 @@ moeswarm_tls_session * session(moeswarm_tls_conn & c) {
     return (moeswarm_tls_session *) c.ssl;
 }
 
-bool drain_wbio(const ssl_api & a, moeswarm_tls_conn & c, double deadline_us, std::string & err, bool * timed_out) {
-    moeswarm_tls_session * s = session(c);
-    while (a.BIO_ctrl_pending(s->wbio) > 0) {
-        const int n = a.BIO_read(s->wbio, s->io, (int) sizeof(s->io));
-        if (n <= 0) break;
-        size_t done = 0;
-        while (done < (size_t) n) {
-            const ssize_t w = send(c.fd, s->io + done, (size_t) n - done, MSG_NOSIGNAL | MSG_DONTWAIT);
-            if (w > 0) {
-                done += (size_t) w;
-            } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-                if (!wait_fd(c.fd, POLLOUT, deadline_us, err, timed_out)) return false;
-            } else if (w < 0 && errno == EINTR) {
-                continue;
-            } else {
-                err = std::string("MOESWARM_TRANSPORT_CLOSED cannot write: ") + (w < 0 ? strerror(errno) : "closed");
-                return false;
-            }
+// Measured on loopback (a 772 KB frame's TLS echo): 64 KiB 0.88 ms, the whole frame in one send
+// 1.39 ms (no overlap of one side's encryption with the other's decryption), one send per record
+// 1.7 ms (syscalls). At 97 KB, 64 KiB costs ~10% against one send.
+const size_t OUT_BATCH = 64 * 1024;
+
+// Sends what waits in s->out without blocking; false on a socket error (s->sys_errno set).
+bool flush_some(moeswarm_tls_session * s) {
+    while (s->out_sent < s->out.size()) {
+        const ssize_t w = send(s->fd, s->out.data() + s->out_sent, s->out.size() - s->out_sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+            s->out_sent += (size_t) w;
+        } else if (w < 0 && errno == EINTR) {
+            continue;
+        } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            return true;
+        } else {
+            s->sys_errno = w < 0 ? errno : EPIPE;
+            return false;
         }
     }
+    s->out.clear();
+    s->out_sent = 0;
     return true;
 }
 
-// bytes from the socket into OpenSSL's read BIO (waits for at least one)
-bool fill_rbio(const ssl_api & a, moeswarm_tls_conn & c, double deadline_us, std::string & err, bool * timed_out) {
-    moeswarm_tls_session * s = session(c);
+// Everything in s->out onto the socket, waiting as needed.
+bool flush_all(moeswarm_tls_session * s, double deadline_us, std::string & err, bool * timed_out) {
     for (;;) {
-        const ssize_t n = recv(c.fd, s->io, sizeof(s->io), MSG_DONTWAIT);
-        if (n > 0) {
-            a.BIO_write(s->rbio, s->io, (int) n);
-            return true;
-        }
-        if (n == 0) {
-            err = "MOESWARM_TRANSPORT_CLOSED the peer closed the connection";
+        if (!flush_some(s)) {
+            err = std::string("MOESWARM_TRANSPORT_CLOSED cannot write: ") + strerror(s->sys_errno);
             return false;
         }
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            if (!wait_fd(c.fd, POLLIN, deadline_us, err, timed_out)) return false;
-            continue;
-        }
-        if (errno == EINTR) continue;
-        err = std::string("MOESWARM_TRANSPORT_CLOSED cannot read: ") + strerror(errno);
-        return false;
+        if (s->out.empty()) return true;
+        if (!wait_fd(s->fd, POLLOUT, deadline_us, err, timed_out)) return false;
     }
 }
 
-// After an OpenSSL call returned r <= 0: move bytes as it asks and say whether to call it again.
+// The socket BIO's three functions. OpenSSL calls them from SSL_read/SSL_write/SSL_do_handshake on
+// the caller's thread; "would block" is reported as a retry, which the caller turns into a poll.
+int bio_write(BIO * b, const char * buf, int len) {
+    moeswarm_tls_session * s = (moeswarm_tls_session *) g_api.BIO_get_data(b);
+    g_api.BIO_clear_flags(b, K_BIO_FLAGS_RWS | K_BIO_FLAGS_SHOULD_RETRY);
+    if (s->out.size() + (size_t) len > OUT_BATCH && !s->out.empty()) {
+        if (!flush_some(s)) return -1;
+        if (!s->out.empty()) { // the socket is full: OpenSSL retries this record once it drains
+            g_api.BIO_set_flags(b, K_BIO_FLAGS_WRITE | K_BIO_FLAGS_SHOULD_RETRY);
+            return -1;
+        }
+    }
+    s->out.insert(s->out.end(), buf, buf + len);
+    return len;
+}
+
+int bio_read(BIO * b, char * buf, int len) {
+    moeswarm_tls_session * s = (moeswarm_tls_session *) g_api.BIO_get_data(b);
+    g_api.BIO_clear_flags(b, K_BIO_FLAGS_RWS | K_BIO_FLAGS_SHOULD_RETRY);
+    for (;;) {
+        const ssize_t n = recv(s->fd, buf, (size_t) len, MSG_DONTWAIT);
+        if (n > 0) return (int) n;
+        if (n == 0) {
+            s->peer_closed = true;
+            return 0;
+        }
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            g_api.BIO_set_flags(b, K_BIO_FLAGS_READ | K_BIO_FLAGS_SHOULD_RETRY);
+        } else {
+            s->sys_errno = errno;
+        }
+        return -1;
+    }
+}
+
+long bio_ctrl(BIO *, int cmd, long, void *) {
+    return cmd == K_BIO_CTRL_FLUSH ? 1 : 0; // nothing is buffered here; no other control applies
+}
+
+// the method, made once per process
+const void * socket_method(const ssl_api & a) {
+    static std::once_flag once;
+    static void * m = nullptr;
+    std::call_once(once, [&] {
+        m = a.BIO_meth_new(a.BIO_get_new_index() | K_BIO_TYPE_SOURCE_SINK, "moeswarm socket");
+        if (m == nullptr) return;
+        a.BIO_meth_set_write(m, bio_write);
+        a.BIO_meth_set_read(m, bio_read);
+        a.BIO_meth_set_ctrl(m, bio_ctrl);
+    });
+    return m;
+}
+
+// After an OpenSSL call returned r <= 0: wait for the socket as it asks, and say whether to call it
+// again.
 bool pump(const ssl_api & a, moeswarm_tls_conn & c, int r, const char * what, double deadline_us, std::string & err,
         bool * timed_out) {
-    const int e = a.SSL_get_error(session(c)->ssl, r);
-    if (!drain_wbio(a, c, deadline_us, err, timed_out)) return false;
-    if (e == K_SSL_ERROR_WANT_READ) return fill_rbio(a, c, deadline_us, err, timed_out);
-    if (e == K_SSL_ERROR_WANT_WRITE) return true; // memory BIOs: the write side never blocks
+    moeswarm_tls_session * s = session(c);
+    const int e              = a.SSL_get_error(s->ssl, r);
+    // what OpenSSL wrote (a handshake message, a key update's answer) leaves before we wait to read
+    if (e == K_SSL_ERROR_WANT_READ)
+        return flush_all(s, deadline_us, err, timed_out) && wait_fd(c.fd, POLLIN, deadline_us, err, timed_out);
+    if (e == K_SSL_ERROR_WANT_WRITE) return wait_fd(c.fd, POLLOUT, deadline_us, err, timed_out);
     if (e == K_SSL_ERROR_ZERO_RETURN) {
         err = "MOESWARM_TRANSPORT_CLOSED the peer ended the TLS session";
-        a.ERR_clear_error();
-        return false;
+    } else if (s->peer_closed) {
+        err = "MOESWARM_TRANSPORT_CLOSED the peer closed the connection";
+    } else if (s->sys_errno != 0) {
+        err = std::string("MOESWARM_TRANSPORT_CLOSED TLS ") + what + ": " + strerror(s->sys_errno);
+    } else {
+        err = ssl_error(a, (std::string("MOESWARM_TRANSPORT_CLOSED TLS ") + what + " failed").c_str());
     }
-    err = ssl_error(a, (std::string("MOESWARM_TRANSPORT_CLOSED TLS ") + what + " failed").c_str());
+    a.ERR_clear_error();
     return false;
 }
 
@@ -269,29 +343,29 @@ bool set_nonblocking(int fd) {
     return true;
 }
 
-// A session on c.fd over memory BIOs, client or server side, handshake done.
+// A session on c.fd over our socket BIO, client or server side, handshake done.
 bool start_session(const ssl_api & a, SSL_CTX * ctx, bool server, moeswarm_tls_conn & c, double deadline_us,
         std::string & err) {
     moeswarm_tls_session * s = new moeswarm_tls_session();
     c.ssl                    = s;
+    s->fd                    = c.fd;
+    const void * method      = socket_method(a);
     s->ssl                   = a.SSL_new(ctx);
-    s->rbio                  = a.BIO_new(a.BIO_s_mem());
-    s->wbio                  = a.BIO_new(a.BIO_s_mem());
-    if (s->ssl == nullptr || s->rbio == nullptr || s->wbio == nullptr) {
-        if (s->rbio) a.BIO_free(s->rbio);
-        if (s->wbio) a.BIO_free(s->wbio);
-        s->rbio = s->wbio = nullptr;
-        err               = ssl_error(a, "MOESWARM_TRANSPORT_CLOSED cannot make a TLS session");
+    s->bio                   = method ? a.BIO_new(method) : nullptr;
+    if (s->ssl == nullptr || s->bio == nullptr) {
+        if (s->bio) a.BIO_free(s->bio);
+        s->bio = nullptr;
+        err    = ssl_error(a, "MOESWARM_TRANSPORT_CLOSED cannot make a TLS session");
         return false;
     }
-    // an empty read BIO means "retry", not end of stream
-    a.BIO_ctrl(s->rbio, K_BIO_C_SET_BUF_MEM_EOF_RETURN, -1, nullptr);
-    a.SSL_set_bio(s->ssl, s->rbio, s->wbio);
+    a.BIO_set_data(s->bio, s);
+    a.BIO_set_init(s->bio, 1);
+    a.SSL_set_bio(s->ssl, s->bio, s->bio); // one reference, taken by ssl
     if (server) a.SSL_set_accept_state(s->ssl);
     else a.SSL_set_connect_state(s->ssl);
     for (;;) {
         const int r = a.SSL_do_handshake(s->ssl);
-        if (r == 1) return drain_wbio(a, c, deadline_us, err, nullptr);
+        if (r == 1) return flush_all(s, deadline_us, err, nullptr);
         if (!pump(a, c, r, "handshake", deadline_us, err, nullptr)) return false;
     }
 }
@@ -304,6 +378,12 @@ SSL_CTX * new_ctx(const ssl_api & a, bool server, std::string & err) {
     }
     a.SSL_CTX_ctrl(ctx, K_SSL_CTRL_SET_MIN_PROTO, K_TLS1_2_VERSION, nullptr);
     a.SSL_CTX_ctrl(ctx, K_SSL_CTRL_MODE, K_SSL_MODE_PARTIAL_WRITE | K_SSL_MODE_MOVING_BUFFER, nullptr);
+    // read ahead into a 256 KiB buffer: one recv brings many records, not two recvs per record
+    a.SSL_CTX_ctrl(ctx, K_SSL_CTRL_SET_READ_AHEAD, 1, nullptr);
+    a.SSL_CTX_set_default_read_buffer_len(ctx, 256 * 1024);
+    // TLS 1.3's AES-128-GCM first (the client's order decides): ~5% less time than OpenSSL's default
+    // AES-256-GCM on a 772 KB frame, and faster than ChaCha20 wherever AES-NI or ARMv8's AES is
+    a.SSL_CTX_set_ciphersuites(ctx, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256");
     // no CA: the client pins the certificate's fingerprint (published by the hub) after the handshake
     a.SSL_CTX_set_verify(ctx, 0, nullptr);
     if (server && a.SSL_CTX_set_num_tickets) a.SSL_CTX_set_num_tickets(ctx, 0);
@@ -455,7 +535,7 @@ bool io_all(moeswarm_tls_conn & c, uint8_t * data, size_t size, bool write, doub
         }
         if (!pump(*a, c, r, write ? "write" : "read", deadline_us, err, timed_out)) return false;
     }
-    return !write || drain_wbio(*a, c, deadline_us, err, timed_out);
+    return !write || flush_all(session(c), deadline_us, err, timed_out);
 }
 
 } // namespace
@@ -495,7 +575,7 @@ int moeswarm_tls_wait_any(moeswarm_tls_conn * const * conns, size_t n, double de
         moeswarm_tls_session * s = session(*conns[i]);
         if (s == nullptr || conns[i]->fd < 0) continue;
         // bytes OpenSSL holds (a decrypted record, or ciphertext read ahead) count as ready
-        if (a->SSL_has_pending(s->ssl) || a->BIO_ctrl_pending(s->rbio) > 0) return (int) i;
+        if (a->SSL_has_pending(s->ssl)) return (int) i;
         fds.push_back({ conns[i]->fd, POLLIN, 0 });
         index.push_back((int) i);
     }
@@ -529,12 +609,11 @@ void moeswarm_tls_close(moeswarm_tls_conn & c) {
     if (s != nullptr) {
         if (a != nullptr && s->ssl != nullptr) {
             // close_notify, best effort: one non-blocking attempt, no waiting for the peer's
-            if (c.fd >= 0 && a->SSL_shutdown(s->ssl) >= 0) drain_wbio(*a, c, moeswarm_tls_now_us() + 1000, err, nullptr);
+            if (c.fd >= 0 && a->SSL_shutdown(s->ssl) >= 0) flush_some(s);
             a->ERR_clear_error();
-            a->SSL_free(s->ssl); // frees both BIOs it owns
-        } else if (a != nullptr) {
-            if (s->rbio) a->BIO_free(s->rbio);
-            if (s->wbio) a->BIO_free(s->wbio);
+            a->SSL_free(s->ssl); // frees the BIO it owns
+        } else if (a != nullptr && s->bio != nullptr) {
+            a->BIO_free(s->bio);
         }
         delete s;
         c.ssl = nullptr;

@@ -10,23 +10,38 @@
 // a time, checking each result's shape and that its values are finite. stdout: one JSON line
 // {"rtUs":[...],"workerMs":[...]} (workerMs: each result's `ms`). Exit status 0, or 1 with a message
 // on stderr.
+//
+// The same TLS with nothing behind it, the native path's floor in the bench:
+//   moeswarm-native-ping --serve-echo 127.0.0.1 --cert CERT.pem --key KEY.pem
+// listens on an ephemeral port, prints {"port":N,"fingerprint":"AA:..."} and answers every frame with
+// its own bytes, one connection at a time, until killed; and `--echo 1` makes the client send its
+// dispatch frames to such an echo (no hello; each answer must be the frame's own bytes; workerMs are 0).
 
 #include "moeswarm-frame.h"
 #include "moeswarm-msgpack.h"
 #include "moeswarm-tls.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
 static const char * USAGE =
     "usage: moeswarm-native-ping --addr HOST:PORT --fp FINGERPRINT --backbone ID --ticket TICKET --model M\n"
-    "       --layer L --n TOKENS --embd N_EMBD --k K --experts N [--iters 200] [--warmup 30] [--timeout-ms 30000]\n";
+    "       --layer L --n TOKENS --embd N_EMBD --k K --experts N [--iters 200] [--warmup 30] [--timeout-ms 30000]\n"
+    "       [--echo 1]  (to an echo: no hello, its bytes back)\n"
+    "   or: moeswarm-native-ping --serve-echo HOST --cert CERT.pem --key KEY.pem\n";
 
 static int fail(const std::string & msg) {
     fprintf(stderr, "moeswarm-native-ping: %s\n", msg.c_str());
@@ -62,8 +77,9 @@ static bool parse_args(int argc, char ** argv, ping_args & a, std::string & err)
         a.v[argv[i] + 2] = argv[i + 1];
         i++;
     }
+    const bool echo = !a.str("echo").empty();
     for (const char * k : { "addr", "fp", "backbone", "ticket", "model" }) {
-        if (a.str(k).empty()) {
+        if (a.str(k).empty() && !(echo && (strcmp(k, "backbone") == 0 || strcmp(k, "ticket") == 0))) {
             err = std::string("--") + k + " is required";
             return false;
         }
@@ -90,15 +106,25 @@ static float rand_unit(uint32_t & s) {
 }
 
 // one dispatch out, its result in: the round trip in microseconds and the worker's ms, or false
-static bool round_trip(moeswarm_tls_conn & c, const std::vector<uint8_t> & out, uint32_t id, size_t n_y,
-        double timeout_us, double & rt_us, double & worker_ms, std::string & err) {
-    std::vector<uint8_t> rx;
+// (rx is the caller's, reused as the plugin reuses its buffers: a fresh 1 MB vector per trip would
+// time the allocator's page faults, not the path)
+static bool round_trip(moeswarm_tls_conn & c, const std::vector<uint8_t> & out, std::vector<uint8_t> & rx, uint32_t id,
+        size_t n_y, double timeout_us, double & rt_us, double & worker_ms, std::string & err) {
     const double t0 = moeswarm_tls_now_us();
     if (!moeswarm_tls_send_all(c, out.data(), out.size(), t0 + timeout_us, err) ||
             !moeswarm_tls_recv_frame(c, rx, MOESWARM_FRAME_MAX_DEFAULT, t0 + timeout_us, err)) {
         return false;
     }
     rt_us = moeswarm_tls_now_us() - t0;
+    if (n_y == 0) {
+        // an echo: its own bytes back, every one of them
+        worker_ms = 0;
+        if (rx.size() + 4 != out.size() || memcmp(rx.data(), out.data() + 4, rx.size()) != 0) {
+            err = "the echo did not return the frame's bytes";
+            return false;
+        }
+        return true;
+    }
     moeswarm_frame f = {};
     moeswarm_error fe;
     if (!moeswarm_frame_decode(rx.data(), rx.size(), 0, &f, &fe)) {
@@ -166,10 +192,81 @@ static void print_json(const std::vector<double> & rt, const std::vector<double>
     printf("]}\n");
 }
 
+static bool read_file(const std::string & path, std::string & out) {
+    std::ifstream f(path, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    out = ss.str();
+    return f.good() || f.eof();
+}
+
+// A TCP listener on host, an ephemeral port (blocking accepts: one connection at a time).
+static int listen_any(const std::string & host, uint16_t & port, std::string & err) {
+    sockaddr_in sa = {};
+    sa.sin_family  = AF_INET;
+    if (inet_pton(AF_INET, host.c_str(), &sa.sin_addr) != 1) {
+        err = "--serve-echo takes an IPv4 address, not " + host;
+        return -1;
+    }
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    socklen_t len = sizeof(sa);
+    if (fd < 0 || bind(fd, (sockaddr *) &sa, sizeof(sa)) != 0 || listen(fd, 8) != 0 ||
+            getsockname(fd, (sockaddr *) &sa, &len) != 0) {
+        err = std::string("cannot listen on ") + host + ": " + strerror(errno);
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    port = ntohs(sa.sin_port);
+    return fd;
+}
+
+// the TLS echo: every frame back as it came, through the same moeswarm-tls as both product ends
+static int serve_echo(const ping_args & a) {
+    std::string cert, key, err;
+    if (!read_file(a.str("cert"), cert) || !read_file(a.str("key"), key) || cert.empty() || key.empty()) {
+        return fail("--serve-echo needs readable --cert and --key PEM files");
+    }
+    moeswarm_tls_server * tls = moeswarm_tls_server_new(cert, key, err);
+    if (tls == nullptr) return fail("no TLS server: " + err);
+    uint16_t port = 0;
+    const int lfd = listen_any(a.str("serve-echo"), port, err);
+    if (lfd < 0) return fail(err);
+    printf("{\"port\":%u,\"fingerprint\":\"%s\"}\n", port, moeswarm_tls_server_fingerprint(tls).c_str());
+    fflush(stdout);
+    std::vector<uint8_t> frame;
+    for (;;) {
+        const int fd = accept(lfd, nullptr, nullptr);
+        if (fd < 0) continue;
+        moeswarm_tls_conn c;
+        if (!moeswarm_tls_accept(tls, fd, c, moeswarm_tls_now_us() + 10e6, err)) continue;
+        // prefix and payload read into one buffer, which goes back as it is: no copy of our own
+        for (;;) {
+            frame.resize(4);
+            if (!moeswarm_tls_recv_all(c, frame.data(), 4, moeswarm_tls_now_us() + 600e6, err)) break;
+            uint32_t len = 0;
+            memcpy(&len, frame.data(), 4);
+            if (len > MOESWARM_FRAME_MAX_DEFAULT) break;
+            frame.resize(4 + (size_t) len);
+            if (!moeswarm_tls_recv_all(c, frame.data() + 4, len, moeswarm_tls_now_us() + 30e6, err) ||
+                    !moeswarm_tls_send_all(c, frame.data(), frame.size(), moeswarm_tls_now_us() + 30e6, err)) {
+                break;
+            }
+        }
+        moeswarm_tls_close(c);
+    }
+}
+
 int main(int argc, char ** argv) {
     if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
         fputs(USAGE, stdout);
         return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "--serve-echo") == 0) {
+        ping_args a;
+        for (int i = 1; i + 1 < argc; i += 2) a.v[argv[i] + 2] = argv[i + 1];
+        std::string err;
+        if (!moeswarm_tls_available(err)) return fail("no OpenSSL 3 on this host: " + err);
+        return serve_echo(a);
     }
     ping_args a;
     std::string err;
@@ -185,7 +282,8 @@ int main(int argc, char ** argv) {
         moeswarm_tls_close(c);
         return fail("cannot connect to " + a.str("addr") + ": " + err);
     }
-    if (!hello(c, a, moeswarm_tls_now_us() + timeout_us, err)) {
+    const bool echo = !a.str("echo").empty();
+    if (!echo && !hello(c, a, moeswarm_tls_now_us() + timeout_us, err)) {
         moeswarm_tls_close(c);
         return fail(err);
     }
@@ -201,16 +299,18 @@ int main(int argc, char ** argv) {
     }
     const std::string model = a.str("model");
     std::vector<double> rt, ms;
+    moeswarm_mp_writer w;
+    std::vector<uint8_t> rx;
     for (long it = 0; it < warmup + iters; it++) {
         const uint32_t id = (uint32_t) it + 1;
         const moeswarm_dispatch_desc d = { id, model.c_str(), (uint32_t) a.num("layer", 0), n, embd, x.data(), k,
             ids.data(), wts.data(), MOESWARM_MODE_SUM, false };
-        moeswarm_mp_writer w;
+        w.buf.clear();
         w.buf.resize(4);
         moeswarm_frame_write_dispatch(&w, &d);
         set_frame_len(w.buf);
         double rt_us = 0, worker_ms = 0;
-        if (!round_trip(c, w.buf, id, (size_t) n * embd, timeout_us, rt_us, worker_ms, err)) {
+        if (!round_trip(c, w.buf, rx, id, echo ? 0 : (size_t) n * embd, timeout_us, rt_us, worker_ms, err)) {
             moeswarm_tls_close(c);
             return fail("round trip " + std::to_string(it + 1) + ": " + err);
         }
