@@ -53,6 +53,10 @@ export interface NativeServerOptions {
   id: string;
   /** Largest frame accepted (bytes, default 64 MiB). */
   maxFrameBytes?: number;
+  /** A connection's TLS handshake and hello, and the hello's verdict, within this (ms, default 10 s). */
+  helloTimeoutMs?: number;
+  /** A connection with no frame for this long is closed (ms, default 10 min). */
+  idleTimeoutMs?: number;
   /**
    * Which addon build computes (default "native"; "llama-cpu": the in-process llama-cpu addon).
    * Only slices loaded with that build can be routed.
@@ -102,6 +106,8 @@ type AddonNativeServerClass = new (o: {
   key: string;
   id: string;
   maxFrame: number;
+  helloMs?: number;
+  idleMs?: number;
   onHello(
     backbone: string,
     ticket: string,
@@ -161,6 +167,8 @@ export async function serveNative(o: NativeServerOptions): Promise<NativeServer>
       key: o.key,
       id: o.id,
       maxFrame: o.maxFrameBytes ?? 64 * 1024 * 1024,
+      ...(o.helloTimeoutMs !== undefined ? { helloMs: o.helloTimeoutMs } : {}),
+      ...(o.idleTimeoutMs !== undefined ? { idleMs: o.idleTimeoutMs } : {}),
       onHello: (backbone, ticket, remote, done) => {
         try {
           const r = o.admit(backbone, ticket, remote);

@@ -320,6 +320,49 @@ describe.skipIf(!status.available)("native listener (NativeServer)", () => {
     expect(await b.next()).toBeUndefined();
   });
 
+  it("closes a connection silent past helloTimeoutMs before its hello, and one idle past idleTimeoutMs after it", async () => {
+    const tls = await selfSigned();
+    const s = await serveNative({
+      host: "127.0.0.1",
+      ...tls,
+      id: WORKER,
+      admit: () => {},
+      helloTimeoutMs: 300,
+      idleTimeoutMs: 600,
+    });
+    try {
+      const silent = new Client(s.port);
+      await silent.ready;
+      const t0 = performance.now();
+      expect(await silent.next()).toMatchObject({
+        code: "MOESWARM_AUTH_MISSING",
+        msg: "no hello within 300 ms",
+      });
+      expect(await silent.next()).toBeUndefined(); // then closed
+      // never before its deadline (the handshake's wait began a little before t0)
+      expect(performance.now() - t0).toBeGreaterThan(200);
+      const idle = new Client(s.port);
+      expect(await idle.hello("any")).toMatchObject({ t: "hello" });
+      const t1 = performance.now();
+      expect(await idle.next()).toBeUndefined();
+      expect(performance.now() - t1).toBeGreaterThan(500);
+      // a talking connection outlives both: three pings 250 ms apart
+      const busy = new Client(s.port);
+      expect(await busy.hello("any")).toMatchObject({ t: "hello" });
+      for (let i = 0; i < 3; i++) {
+        await new Promise((r) => setTimeout(r, 250));
+        busy.send({ t: "ping", v: 1, seq: i, ts: 1 });
+        expect(await busy.next()).toMatchObject({ t: "pong", seq: i });
+      }
+      busy.close();
+    } finally {
+      s.close();
+    }
+    await expect(
+      serveNative({ host: "127.0.0.1", ...tls, id: WORKER, admit: () => {}, idleTimeoutMs: 0 }),
+    ).rejects.toMatchObject({ code: "MOESWARM_INVALID_ARGUMENT" });
+  });
+
   it("a process whose event loop ends with the listener open and a hello waiting for its verdict exits", async () => {
     const tls = await selfSigned();
     // the hello by hand (plain node, no workspace imports): {t:"hello",v:1,role:"backbone",id:"b",token:"x"}

@@ -90,7 +90,7 @@ bool send_out(conn_io & io) {
         io.out.buf[i] = (uint8_t) (n >> (8 * i));
     }
     std::string err;
-    const double deadline = moeswarm_tls_now_us() + k_hello_us;
+    const double deadline = moeswarm_tls_now_us() + k_write_us;
     const bool ok = moeswarm_tls_send_all(io.c, io.out.buf.data(), io.out.buf.size(), deadline, err);
     io.out.buf.clear();
     return ok;
@@ -174,7 +174,7 @@ void write_accept(moeswarm_mp_writer * w, const std::string & id, uint32_t max_f
 // Reads the hello, asks JavaScript, answers. The backbone's id when accepted, else empty.
 std::string admit(conn_io & io, const std::string & remote) {
     server_core * core = io.core;
-    const double deadline = moeswarm_tls_now_us() + k_hello_us;
+    const double deadline = moeswarm_tls_now_us() + core->hello_us;
     std::string err;
     bool timed_out = false;
     // a stranger's first frame: a hello with its ticket is small, so no stranger makes the worker
@@ -184,7 +184,8 @@ std::string admit(conn_io & io, const std::string & remote) {
         if (err.rfind("MOESWARM_PROTOCOL_FRAME_TOO_LARGE", 0) == 0) {
             send_error(io, nullptr, "MOESWARM_AUTH_MISSING", "the first frame must be a backbone's hello (" + err + ")");
         } else if (timed_out) {
-            send_error(io, nullptr, "MOESWARM_AUTH_MISSING", "no hello within 10 s");
+            send_error(io, nullptr, "MOESWARM_AUTH_MISSING",
+                    "no hello within " + std::to_string((long long) (core->hello_us / 1e3)) + " ms");
         }
         return "";
     }
@@ -344,7 +345,7 @@ void serve_conn(server_core * core, std::shared_ptr<conn_entry> entry, int fd, s
     conn_io io;
     io.core = core;
     std::string err;
-    bool ok = moeswarm_tls_accept(core->tls, fd, io.c, moeswarm_tls_now_us() + k_hello_us, err);
+    bool ok = moeswarm_tls_accept(core->tls, fd, io.c, moeswarm_tls_now_us() + core->hello_us, err);
     {
         // a failed handshake closed fd: close() must not interrupt a number reused meanwhile
         std::lock_guard<std::mutex> lock(core->mu);
@@ -361,7 +362,7 @@ void serve_conn(server_core * core, std::shared_ptr<conn_entry> entry, int fd, s
     }
     while (!backbone.empty() && !core->stopping) {
         bool timed_out = false;
-        if (!moeswarm_tls_recv_frame(io.c, io.frame, core->max_frame, moeswarm_tls_now_us() + k_idle_us, err, &timed_out)) {
+        if (!moeswarm_tls_recv_frame(io.c, io.frame, core->max_frame, moeswarm_tls_now_us() + core->idle_us, err, &timed_out)) {
             if (err.rfind("MOESWARM_PROTOCOL_FRAME_TOO_LARGE", 0) == 0) {
                 send_error(io, nullptr, "MOESWARM_PROTOCOL_FRAME_TOO_LARGE", err);
             }

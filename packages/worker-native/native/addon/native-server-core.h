@@ -23,8 +23,9 @@
 namespace moeswarm_addon {
 namespace native {
 
-constexpr double k_hello_us = 10e6;        // a connection's hello, and its verdict, within 10 s
-constexpr double k_idle_us = 600e6;        // a connection idle for 10 minutes is closed
+constexpr double k_hello_us = 10e6;        // default: a connection's hello, and its verdict, within 10 s
+constexpr double k_idle_us = 600e6;        // default: a connection idle for 10 minutes is closed
+constexpr double k_write_us = 10e6;        // an answer leaves within 10 s, or the connection is closed
 constexpr int    k_max_waiting_hello = 64; // connections not past their hello at once
 constexpr size_t k_hello_max_frame = 65536; // a hello (with its ticket) is far smaller
 
@@ -72,6 +73,8 @@ using hello_fn = Napi::TypedThreadSafeFunction<server_core, hello_call, js_hello
 struct server_core {
     std::string           id; // the worker's id: a dispatch's `to`, when present, must be it
     uint32_t              max_frame = MOESWARM_FRAME_MAX_DEFAULT;
+    double                hello_us = k_hello_us; // serveNative's helloTimeoutMs
+    double                idle_us = k_idle_us;   // serveNative's idleTimeoutMs
     moeswarm_tls_server * tls = nullptr;
     int                   listen_fd = -1;
     int                   wake[2] = { -1, -1 };

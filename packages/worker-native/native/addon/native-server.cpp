@@ -38,7 +38,7 @@ public:
         });
     }
 
-    // new NativeServer({ host, port, cert, key, maxFrame?, id?, onHello })
+    // new NativeServer({ host, port, cert, key, maxFrame?, id?, helloMs?, idleMs?, onHello })
     NativeServer(const Napi::CallbackInfo & info) : Napi::ObjectWrap<NativeServer>(info) {
         Napi::Env env = info.Env();
         std::string err;
@@ -71,12 +71,24 @@ public:
         if (!(max_frame >= 1024 && max_frame <= 4294967295.0)) {
             throw_error(env, "MOESWARM_INVALID_ARGUMENT", "maxFrame must be 1024..2^32-1 bytes");
         }
+        const auto ms = [&](const char * k, double def) {
+            Napi::Value v = o.Get(k);
+            const double x = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : def;
+            if (!(x >= 1 && x <= 86400e3)) {
+                throw_error(env, "MOESWARM_INVALID_ARGUMENT", std::string(k) + " must be 1..86400000 ms");
+            }
+            return x * 1e3;
+        };
+        const double hello_us = ms("helloMs", native::k_hello_us / 1e3);
+        const double idle_us = ms("idleMs", native::k_idle_us / 1e3);
         if (!o.Get("onHello").IsFunction()) {
             throw_error(env, "MOESWARM_INVALID_ARGUMENT", "onHello must be a function");
         }
         core_ = std::make_shared<server_core>();
         core_->id = str("id", false);
         core_->max_frame = (uint32_t) max_frame;
+        core_->hello_us = hello_us;
+        core_->idle_us = idle_us;
         core_->tls = moeswarm_tls_server_new(cert, key, err);
         if (core_->tls == nullptr) {
             throw_error(env, "MOESWARM_INVALID_ARGUMENT", "the TLS certificate or key cannot be used: " + err);
