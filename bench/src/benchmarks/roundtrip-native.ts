@@ -45,9 +45,19 @@ export interface EchoSample {
   p90: number;
 }
 
+export interface NativeMeasure {
+  native: NativeSample;
+  echo: EchoSample;
+  held: EchoSample;
+}
+
 export interface NativePath {
-  /** The native path at n tokens, and its floor (the TLS echo) with the same frames. */
-  measure(n: number): Promise<{ native: NativeSample; echo: EchoSample }>;
+  /**
+   * The native path at n tokens, and its floors with the same frames: the TLS echo answering at
+   * once, and held for the native worker's compute p50 (less that hold), so that the client's
+   * core sleeps as long as it does for the worker.
+   */
+  measure(n: number): Promise<NativeMeasure>;
   close(): Promise<void>;
 }
 
@@ -71,20 +81,24 @@ export function nativeSample(rtUs: number[], workerMs: number[]): NativeSample {
   };
 }
 
-/** The TLS echo (moeswarm-native-ping --serve-echo) on an ephemeral port, and its pin. */
-async function startEcho(
-  ping: string,
-  dir: string,
-  tls: { cert: string; key: string },
-): Promise<{ child: ChildProcess; addr: string; fp: string }> {
-  await writeFile(join(dir, "cert.pem"), tls.cert);
-  await writeFile(join(dir, "key.pem"), tls.key);
+/** A TLS echo (moeswarm-native-ping --serve-echo) on an ephemeral port, and its pin. */
+interface Echo {
+  child: ChildProcess;
+  addr: string;
+  fp: string;
+}
+
+/** The echo with the certificate in `dir`, holding each answer `holdUs` (busy, as a worker computes). */
+async function startEcho(ping: string, dir: string, holdUs: number): Promise<Echo> {
   const child = spawn(
     ping,
-    ["--serve-echo", "127.0.0.1", "--cert", join(dir, "cert.pem"), "--key", join(dir, "key.pem")],
-    {
-      stdio: ["ignore", "pipe", "inherit"],
-    },
+    [
+      ["--serve-echo", "127.0.0.1"],
+      ["--cert", join(dir, "cert.pem")],
+      ["--key", join(dir, "key.pem")],
+      ["--hold-us", String(Math.round(holdUs))],
+    ].flat(),
+    { stdio: ["ignore", "pipe", "inherit"] },
   );
   const [line] = (await Promise.race([
     once(child.stdout!, "data"),
@@ -97,6 +111,15 @@ async function startEcho(
     fingerprint: string;
   };
   return { child, addr: `127.0.0.1:${port}`, fp: fingerprint };
+}
+
+/** p10/p50/p90 of the echo's round trips less the time it held each answer. */
+function echoSample(rtUs: number[], holdUs: number): EchoSample {
+  const { p10, p50, p90 } = nativeSample(
+    rtUs.map((us) => us - holdUs),
+    rtUs.map(() => 0),
+  );
+  return { p10, p50, p90 };
 }
 
 /**
@@ -121,9 +144,9 @@ export async function startNativePath(o: {
   const dir = await mkdtemp(join(tmpdir(), "moeswarm-bench-native-"));
   let compute: ExpertCompute | undefined;
   let server: NativeServer | undefined;
-  let echo: Awaited<ReturnType<typeof startEcho>> | undefined;
   try {
-    echo = await startEcho(ping, dir, o.tls);
+    await writeFile(join(dir, "cert.pem"), o.tls.cert);
+    await writeFile(join(dir, "key.pem"), o.tls.key);
     const path = join(dir, "slice.gguf");
     await writeExpertSlice(path, spec);
     compute = await loadExpertCompute(path, { backend: "native", threads: THREADS });
@@ -134,15 +157,14 @@ export async function startNativePath(o: {
       throw new Error("the native listener did not take the bench's slice");
     }
   } catch (error) {
-    echo?.child.kill();
     server?.close();
     await compute?.close();
     await rm(dir, { recursive: true, force: true });
     throw error;
   }
-  const args = (n: number, to: "native" | "echo") =>
+  const args = (n: number, to: { addr: string; fp: string } | undefined) =>
     [
-      ...(to === "native"
+      ...(to === undefined
         ? [
             ["--addr", `127.0.0.1:${server!.port}`],
             ["--fp", server!.fingerprint],
@@ -150,8 +172,8 @@ export async function startNativePath(o: {
             ["--ticket", "bench"],
           ]
         : [
-            ["--addr", echo!.addr],
-            ["--fp", echo!.fp],
+            ["--addr", to.addr],
+            ["--fp", to.fp],
             ["--echo", "1"],
           ]),
       ["--model", o.model],
@@ -163,19 +185,29 @@ export async function startNativePath(o: {
       ["--iters", String(iters(n))],
       ["--warmup", String(warmup(n))],
     ].flat();
+  const trips = async (n: number, to?: Echo) => {
+    const { stdout } = await run(ping, args(n, to), { maxBuffer: 16 * 1024 * 1024 });
+    return JSON.parse(stdout) as { rtUs: number[]; workerMs: number[] };
+  };
+  const echoTrips = async (n: number, holdUs: number) => {
+    const echo = await startEcho(ping, dir, holdUs);
+    try {
+      return echoSample((await trips(n, echo)).rtUs, holdUs);
+    } finally {
+      echo.child.kill();
+    }
+  };
   return {
     async measure(n) {
-      const trips = async (to: "native" | "echo") => {
-        const { stdout } = await run(ping, args(n, to), { maxBuffer: 16 * 1024 * 1024 });
-        return JSON.parse(stdout) as { rtUs: number[]; workerMs: number[] };
+      const out = await trips(n);
+      const sample = nativeSample(out.rtUs, out.workerMs);
+      return {
+        native: sample,
+        echo: await echoTrips(n, 0),
+        held: await echoTrips(n, sample.computeP50),
       };
-      const e = await trips("echo");
-      const out = await trips("native");
-      const { p10, p50, p90 } = nativeSample(e.rtUs, e.workerMs);
-      return { native: nativeSample(out.rtUs, out.workerMs), echo: { p10, p50, p90 } };
     },
     async close() {
-      echo!.child.kill();
       server!.close();
       await compute!.close();
       await rm(dir, { recursive: true, force: true });

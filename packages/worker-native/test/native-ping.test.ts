@@ -118,13 +118,18 @@ describe.skipIf(!status.available || !PING)("moeswarm-native-ping", () => {
 describe.skipIf(!status.available || !PING)("moeswarm-native-ping --serve-echo", () => {
   const tmp = tempDir("moeswarm-wn-native-echo-");
 
-  it("echoes frames of 1 and 64 tokens byte for byte, and a wrong pin is refused", async () => {
+  it("echoes frames of 1 and 64 tokens byte for byte, holds each answer --hold-us, and a wrong pin is refused", async () => {
     const tls = await selfSigned();
     writeFileSync(join(tmp.dir, "cert.pem"), tls.cert);
     writeFileSync(join(tmp.dir, "key.pem"), tls.key);
     const echo = spawn(
       PING!,
-      ["--serve-echo", "127.0.0.1", "--cert", join(tmp.dir, "cert.pem"), "--key", join(tmp.dir, "key.pem")],
+      [
+        ["--serve-echo", "127.0.0.1"],
+        ["--cert", join(tmp.dir, "cert.pem")],
+        ["--key", join(tmp.dir, "key.pem")],
+        ["--hold-us", "20000"],
+      ].flat(),
       {
         stdio: ["ignore", "pipe", "inherit"],
       },
@@ -166,6 +171,8 @@ describe.skipIf(!status.available || !PING)("moeswarm-native-ping --serve-echo",
         const out = JSON.parse((await client(n)).stdout) as { rtUs: number[]; workerMs: number[] };
         expect(out.rtUs).toHaveLength(4);
         expect(out.workerMs).toEqual([0, 0, 0, 0]);
+        // every answer held 20 ms: no round trip can be shorter
+        expect(Math.min(...out.rtUs)).toBeGreaterThanOrEqual(20_000);
       }
       await expect(client("1", Array(32).fill("AB").join(":"))).rejects.toMatchObject({
         code: 1,

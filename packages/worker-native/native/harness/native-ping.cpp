@@ -12,9 +12,10 @@
 // on stderr.
 //
 // The same TLS with nothing behind it, the native path's floor in the bench:
-//   moeswarm-native-ping --serve-echo 127.0.0.1 --cert CERT.pem --key KEY.pem
+//   moeswarm-native-ping --serve-echo 127.0.0.1 --cert CERT.pem --key KEY.pem [--hold-us US]
 // listens on an ephemeral port, prints {"port":N,"fingerprint":"AA:..."} and answers every frame with
-// its own bytes, one connection at a time, until killed; and `--echo 1` makes the client send its
+// its own bytes, one connection at a time, until killed (--hold-us: each answer after that long
+// busy, as a worker's compute keeps its core: the client's core then sleeps as it does for a worker); and `--echo 1` makes the client send its
 // dispatch frames to such an echo (no hello; each answer must be the frame's own bytes; workerMs are 0).
 
 #include "moeswarm-frame.h"
@@ -41,7 +42,7 @@ static const char * USAGE =
     "usage: moeswarm-native-ping --addr HOST:PORT --fp FINGERPRINT --backbone ID --ticket TICKET --model M\n"
     "       --layer L --n TOKENS --embd N_EMBD --k K --experts N [--iters 200] [--warmup 30] [--timeout-ms 30000]\n"
     "       [--echo 1]  (to an echo: no hello, its bytes back)\n"
-    "   or: moeswarm-native-ping --serve-echo HOST --cert CERT.pem --key KEY.pem\n";
+    "   or: moeswarm-native-ping --serve-echo HOST --cert CERT.pem --key KEY.pem [--hold-us US]\n";
 
 static int fail(const std::string & msg) {
     fprintf(stderr, "moeswarm-native-ping: %s\n", msg.c_str());
@@ -233,24 +234,28 @@ static int serve_echo(const ping_args & a) {
     if (lfd < 0) return fail(err);
     printf("{\"port\":%u,\"fingerprint\":\"%s\"}\n", port, moeswarm_tls_server_fingerprint(tls).c_str());
     fflush(stdout);
+    const double hold_us = (double) a.num("hold-us", 0);
     std::vector<uint8_t> frame;
     for (;;) {
         const int fd = accept(lfd, nullptr, nullptr);
         if (fd < 0) continue;
         moeswarm_tls_conn c;
         if (!moeswarm_tls_accept(tls, fd, c, moeswarm_tls_now_us() + 10e6, err)) continue;
-        // prefix and payload read into one buffer, which goes back as it is: no copy of our own
+        // prefix and payload read into one buffer, which goes back as it is: no copy of our own (and
+        // the buffer only grows, so no frame pays for zeroing it)
         for (;;) {
-            frame.resize(4);
+            if (frame.size() < 4) frame.resize(4);
             if (!moeswarm_tls_recv_all(c, frame.data(), 4, moeswarm_tls_now_us() + 600e6, err)) break;
             uint32_t len = 0;
             memcpy(&len, frame.data(), 4);
             if (len > MOESWARM_FRAME_MAX_DEFAULT) break;
-            frame.resize(4 + (size_t) len);
-            if (!moeswarm_tls_recv_all(c, frame.data() + 4, len, moeswarm_tls_now_us() + 30e6, err) ||
-                    !moeswarm_tls_send_all(c, frame.data(), frame.size(), moeswarm_tls_now_us() + 30e6, err)) {
-                break;
+            if (frame.size() < 4 + (size_t) len) frame.resize(4 + (size_t) len);
+            if (!moeswarm_tls_recv_all(c, frame.data() + 4, len, moeswarm_tls_now_us() + 30e6, err)) break;
+            // a worker computing: busy on its core while the client waits (and its core idles)
+            const double until = moeswarm_tls_now_us() + hold_us;
+            while (moeswarm_tls_now_us() < until) {
             }
+            if (!moeswarm_tls_send_all(c, frame.data(), 4 + (size_t) len, moeswarm_tls_now_us() + 30e6, err)) break;
         }
         moeswarm_tls_close(c);
     }
