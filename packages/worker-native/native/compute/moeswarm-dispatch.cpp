@@ -4,15 +4,19 @@
 
 #include "ggml.h"
 
+#include <stdint.h>
 #include <string.h>
 
 void moeswarm_dispatch_run_params(const moeswarm_frame * f, moeswarm_dispatch_scratch * s, moeswarm_run_params * rp) {
     const size_t n_x = (size_t) f->n * f->embd;
     const size_t n_slots = (size_t) f->n * f->k;
-    // q8_0/q8_K rows go to the compute as they came (they stay in the frame's buffer during the run)
+    // q8_0/q8_K rows go to the compute as they came (they stay in the frame's buffer during the run),
+    // and so do f32 rows where they are float-aligned (always, for a sender that pads as protocol
+    // section 8 says and a receiver holding the payload at an aligned address): no copy of x
     const bool wire_q8 = f->dtype == MOESWARM_DTYPE_Q8_0 || f->dtype == MOESWARM_DTYPE_Q8_K;
-    s->x.resize(wire_q8 ? 0 : n_x);
-    if (wire_q8) {
+    const bool f32_in_place = f->dtype == MOESWARM_DTYPE_F32 && (uintptr_t) f->x.ptr % alignof(float) == 0;
+    s->x.resize(wire_q8 || f32_in_place ? 0 : n_x);
+    if (wire_q8 || f32_in_place) {
     } else if (f->dtype == MOESWARM_DTYPE_F32) {
         memcpy(s->x.data(), f->x.ptr, n_x * sizeof(float));
     } else {
@@ -34,7 +38,7 @@ void moeswarm_dispatch_run_params(const moeswarm_frame * f, moeswarm_dispatch_sc
     rp->layer = f->layer;
     rp->n_tokens = f->n;
     rp->k = f->k;
-    rp->x = wire_q8 ? nullptr : s->x.data();
+    rp->x = wire_q8 ? nullptr : f32_in_place ? (const float *) f->x.ptr : s->x.data();
     if (wire_q8) {
         rp->x_type = f->dtype == MOESWARM_DTYPE_Q8_0 ? GGML_TYPE_Q8_0 : GGML_TYPE_Q8_K;
         rp->x_q = f->x.ptr;

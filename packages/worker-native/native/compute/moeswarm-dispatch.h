@@ -2,9 +2,10 @@
 
 // A decoded `dispatch` frame as the compute's run parameters: shared by the executable worker
 // (worker/worker-main.cpp) and the addon's native listener (addon/native-server.cpp), so that both
-// hand the compute exactly the same inputs. f32 rows, ids and weights are copied out of the frame
-// (the frame's bytes need not be aligned); f16/bf16 rows are widened with ggml's conversions; q8_0
-// and q8_K rows are used where they lie in the frame, which must outlive the run.
+// hand the compute exactly the same inputs. ids and weights are copied out of the frame (its bytes
+// need not be aligned), and so are f32 rows that are not float-aligned; f16/bf16 rows are widened
+// with ggml's conversions; aligned f32 rows and q8_0/q8_K rows are used where they lie in the frame,
+// which must outlive the run.
 
 #include "moeswarm-frame.h"
 #include "moeswarm-slice.h"
