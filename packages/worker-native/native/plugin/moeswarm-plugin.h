@@ -251,6 +251,9 @@ struct moeswarm_native_peer {
     double backoff_ms = 0;  // 0: healthy; else 1 s doubling to 60 s after each failure
     double retry_at_us = 0; // no native split to this worker before this moment
     std::vector<uint8_t> rx;
+    // the largest result asked for on this link: a hedge's loser answers late, and its (maybe
+    // larger, a prompt's) result must be read and skipped, not taken for an oversized frame
+    size_t max_result = 0;
 };
 
 struct moeswarm_native_count {

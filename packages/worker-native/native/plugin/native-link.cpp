@@ -48,9 +48,10 @@ bool moeswarm_native_connect(moeswarm_native_peer & pr, const moeswarm_native_ta
         ne.msg = "cannot open the native link to " + e.addr + ": " + err;
         return false;
     }
-    pr.addr    = e.addr;
-    pr.fp      = e.fp;
-    pr.next_id = 1;
+    pr.addr       = e.addr;
+    pr.fp         = e.fp;
+    pr.next_id    = 1;
+    pr.max_result = 0;
     moeswarm_mp_writer w;
     w.buf.resize(4);
     moeswarm_frame_write_backbone_hello(&w, t.backbone.c_str(), e.ticket.c_str());
@@ -92,7 +93,8 @@ moeswarm_native_read moeswarm_native_read_one(moeswarm_native_peer & pr, uint64_
         const std::string & who, int layer, moeswarm_frame & f, moeswarm_native_err & ne, size_t & bytes_in) {
     std::string err;
     bool timed_out = false;
-    if (!moeswarm_tls_recv_frame(pr.conn, pr.rx, max_frame, deadline, err, &timed_out)) {
+    pr.max_result = std::max(pr.max_result, max_frame);
+    if (!moeswarm_tls_recv_frame(pr.conn, pr.rx, pr.max_result, deadline, err, &timed_out)) {
         moeswarm_native_transport_err(ne, timed_out, "waiting for " + who + "'s result: " + err);
         return MOESWARM_NATIVE_READ_FAILED;
     }

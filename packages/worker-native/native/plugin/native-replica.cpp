@@ -29,6 +29,11 @@ struct moeswarm_native_try {
     double ms = -1;
 };
 
+// the largest result frame a split's mode-sum dispatch may get
+static size_t moeswarm_native_result_max(const moeswarm_pattern & p) {
+    return (size_t) p.n_tokens * (p.weighted_input ? p.k : 1) * p.n_embd * 4 + 4096;
+}
+
 // whether t may be asked now: not backing off, and a live ticket when a link must be opened (the
 // bridge renews tickets before exp and pushes a new table)
 static bool moeswarm_native_ready(const moeswarm_native_peer & pr, const moeswarm_native_target & t, double now_us) {
@@ -46,6 +51,8 @@ static bool moeswarm_native_send(moeswarm_backend_context * ctx, const moeswarm_
             return false;
         }
         a.id = moeswarm_next_id(a.pr->next_id);
+        // what a late answer to this may take on the link (read and skipped after a lost race)
+        a.pr->max_result = std::max(a.pr->max_result, moeswarm_native_result_max(p));
         moeswarm_build_dispatch(ctx, cfg, p, a.id);
         std::string err;
         bool timed_out = false;
@@ -67,10 +74,9 @@ static bool moeswarm_native_send(moeswarm_backend_context * ctx, const moeswarm_
 // one frame from a's worker: RESULT when its result, checked and written into the split's output
 static moeswarm_native_read moeswarm_native_take(const moeswarm_pattern & p, moeswarm_native_try & a, double deadline,
         size_t & bytes_in) {
-    const size_t want = (size_t) p.n_tokens * (p.weighted_input ? p.k : 1) * p.n_embd;
     moeswarm_frame f;
-    const moeswarm_native_read r =
-            moeswarm_native_read_one(*a.pr, a.id, want * 4 + 4096, deadline, a.t->worker, p.layer, f, a.ne, bytes_in);
+    const moeswarm_native_read r = moeswarm_native_read_one(
+            *a.pr, a.id, moeswarm_native_result_max(p), deadline, a.t->worker, p.layer, f, a.ne, bytes_in);
     if (r != MOESWARM_NATIVE_READ_RESULT) {
         return r;
     }
