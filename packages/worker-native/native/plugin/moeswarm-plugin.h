@@ -31,7 +31,11 @@
 //   its own and the other owners' ids masked to -1, all sent before any answer is read; the plugin
 //   combines the answers with the compute core's moeswarm_combine_sum (llama.cpp's mul and add
 //   nodes, bit for bit). An id no range holds: the bridge. Any owner's failure: the links still
-//   mid-exchange closed, that worker backed off, the whole split through the bridge. `native-receipts` (splits, tokens and expert-tokens per worker and layer, failures with
+//   mid-exchange closed, that worker backed off, the whole split through the bridge. Phase 3: an
+//   entry may name an `alt` (a replica of its range); for a whole-layer entry a primary's failure
+//   (its or its link's fault) sends the frame to the alt natively first, and with the table's
+//   `hedgeMs` a primary silent that long races the alt (first valid answer wins; the loser is not
+//   backed off and its late answer is skipped by id on the link's next use). `native-receipts` (splits, tokens and expert-tokens per worker and layer, failures with
 //   their codes) go to the bridge at most once a second and when the backend is freed, never
 //   waiting on the socket. An empty table, no OpenSSL, or MOESWARM_NATIVE=0: the bridge only.
 //
@@ -53,7 +57,7 @@
 // of its creation, the load-time probe uses the current ones.
 //
 // The stats JSON (ggml_backend_moeswarm_stats) has "native": {splits, fallbacks (native splits the
-// bridge took over), roundTripP50Us, overheadP50Us (round trip less the worker's reported ms),
+// bridge took over), failovers (failures after which the alt was asked), hedges, hedgeWins, roundTripP50Us, overheadP50Us (round trip less the worker's reported ms),
 // receipts, receiptsDeferred (the socket was full: kept for the next), failures: {code: count}}.
 //
 // The plugin's files: config.cpp (MOESWARM_* and MOESWARM_CONFIG), stats.cpp (counters of all
@@ -61,7 +65,8 @@
 // pattern.cpp (what the device computes: supports_op and the split's tensors), round-trip.cpp (the
 // dispatch frame, the one writer of a result into the split's output, the bridge round trip),
 // native-table.cpp (native-hello, native-table, native-receipts on the bridge socket),
-// native-link.cpp (the native split over TLS), native-split.cpp (a split over several workers),
+// native-link.cpp (a native link over TLS), native-replica.cpp (a whole-layer split: primary,
+// failover and hedge to its alt), native-split.cpp (a split over several workers),
 // backend.cpp (the backend, device and registry that ggml sees). This header is what they share.
 
 #include "ggml-backend-impl.h"
