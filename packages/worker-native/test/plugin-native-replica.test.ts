@@ -55,12 +55,14 @@ describe.skipIf(Boolean(missing))("plugin: a whole layer with a replica (failove
   let cert2: { cert: string; key: string };
   let plain: PluginRun;
   let runs = 0;
+  let nExpert: number;
 
   beforeAll(async () => {
     model = (await ensureSyntheticModel("small", { cacheDir: MODEL_CACHE })).path;
     const layout = findExpertTensors(await readGguf(model));
     layers = layout.layers.map((l) => l.layer);
-    const experts = [...Array(layout.layers[0]!.nExpert).keys()];
+    nExpert = layout.layers[0]!.nExpert;
+    const experts = [...Array(nExpert).keys()];
     const slicePath = join(tmp.dir, "all.gguf");
     const slice = await sliceExperts(model, { layers, experts });
     await slice.write(slicePath);
@@ -213,6 +215,97 @@ describe.skipIf(Boolean(missing))("plugin: a whole layer with a replica (failove
     const hedges = bridge.receipts.reduce((a, r) => a + (r.hedges ?? 0), 0);
     const wins = bridge.receipts.reduce((a, r) => a + (r.hedgeWins ?? 0), 0);
     expect([hedges, wins]).toEqual([n.hedges, n.hedgeWins]);
+  });
+
+  it("a split layer whose first range's owner is gone: its part goes to that range's alt, the other owner's is not sent again", async () => {
+    const h = nExpert / 2;
+    const gone = await startWorker(cert, compute, "ok");
+    await gone[Symbol.asyncDispose]();
+    await using p1 = await startWorker(cert2, compute, "ok");
+    await using a0 = await startWorker(cert2, compute, "ok");
+    await using a1 = await startWorker(cert, compute, "ok");
+    await using bridge = await startBridge(join(tmp.dir, "ranged.sock"), compute);
+    const exp = Date.now() + 3_600_000;
+    const entry = (
+      id: string,
+      w: StandInWorker,
+      experts: [number, number],
+      altId: string,
+      alt: StandInWorker,
+    ) => ({
+      worker: id,
+      addr: w.addr,
+      fp: w.fingerprint,
+      ticket: TICKET,
+      exp,
+      experts,
+      alt: { worker: altId, addr: alt.addr, fp: alt.fingerprint, ticket: TICKET, exp },
+    });
+    bridge.setTable({
+      backbone: BACKBONE,
+      deadlineMs: 5000,
+      layers: layers.flatMap((layer) => [
+        { layer, ...entry("p0", gone, [0, h], "a0", a0) },
+        { layer, ...entry("p1", p1, [h, nExpert], "a1", a1) },
+      ]),
+    });
+    const run = await decode(bridge);
+    const n = run.plugin!.native;
+    expect(n.fallbacks).toBe(0);
+    expect(n.splits).toBe(run.plugin!.splits - bridge.dispatches.length);
+    expect(n.failovers).toBeGreaterThanOrEqual(1);
+    expect(n.failures).toEqual({ MOESWARM_TRANSPORT_CONNECT: n.failovers });
+    for (const f of bridge.receipts.flatMap((r) => r.failures))
+      expect(f).toMatchObject({ worker: "p0", failover: true });
+    // the second range's owner got one dispatch per native split (top-8 of 64: every split has ids
+    // in both halves), never a second one for the first range's failover; its alt none
+    expect(p1.dispatches).toHaveLength(n.splits);
+    expect(a1.dispatches).toHaveLength(0);
+    expect(a0.dispatches).toHaveLength(n.splits);
+    for (const d of a0.dispatches) for (const id of d.ids) if (id !== -1) expect(id).toBeLessThan(h);
+    expect(credited(bridge.receipts)).toEqual({ a0: n.splits, p1: n.splits });
+    // each split layer's splits counted once
+    const layerSplits = bridge.receipts.flatMap((r) => r.layers ?? []).reduce((a, l) => a + l.splits, 0);
+    expect(layerSplits).toBe(n.splits);
+  });
+
+  it("a split layer whose owner answers an error frame mid-split: only its part is re-sent, to its alt", async () => {
+    const h = nExpert / 2;
+    await using p0 = await startWorker(cert, compute, "error-frame");
+    p0.failOn = 3;
+    await using p1 = await startWorker(cert2, compute, "ok");
+    await using a0 = await startWorker(cert2, compute, "ok");
+    await using bridge = await startBridge(join(tmp.dir, "ranged-err.sock"), compute);
+    const exp = Date.now() + 3_600_000;
+    const alt = { worker: "a0", addr: a0.addr, fp: a0.fingerprint, ticket: TICKET, exp };
+    bridge.setTable({
+      backbone: BACKBONE,
+      deadlineMs: 5000,
+      layers: layers.flatMap((layer) => [
+        { layer, worker: "p0", addr: p0.addr, fp: p0.fingerprint, ticket: TICKET, exp, experts: [0, h], alt },
+        {
+          layer,
+          worker: "p1",
+          addr: p1.addr,
+          fp: p1.fingerprint,
+          ticket: TICKET,
+          exp,
+          experts: [h, nExpert],
+        },
+      ]),
+    });
+    const run = await decode(bridge);
+    const n = run.plugin!.native;
+    expect(n.fallbacks).toBe(0);
+    expect([n.failovers, n.failures]).toEqual([1, { MOESWARM_WORKER_DRAINING: 1 }]);
+    expect(n.splits).toBe(run.plugin!.splits - bridge.dispatches.length);
+    // p1 once per split; the first range once per split plus the failed dispatch (p0's error),
+    // re-sent to a0, which also serves p0's part while p0 backs off
+    expect(p1.dispatches).toHaveLength(n.splits);
+    expect(p0.dispatches.length + a0.dispatches.length).toBe(n.splits + 1);
+    expect(a0.dispatches.length).toBeGreaterThanOrEqual(1);
+    const c = credited(bridge.receipts);
+    expect(c).toEqual({ p0: p0.dispatches.length - 1, a0: a0.dispatches.length, p1: n.splits });
   });
 
   it("no hedgeMs: a slow primary is waited for (no race), the alt gets nothing", async () => {
