@@ -308,6 +308,36 @@ describe.skipIf(Boolean(missing))("plugin: a whole layer with a replica (failove
     expect(c).toEqual({ p0: p0.dispatches.length - 1, a0: a0.dispatches.length, p1: n.splits });
   });
 
+  it("a table whose alt is a primary of the same layer is refused whole: no dial, every split through the bridge", async () => {
+    const h = nExpert / 2;
+    await using p0 = await startWorker(cert, compute, "ok");
+    await using p1 = await startWorker(cert2, compute, "ok");
+    await using bridge = await startBridge(join(tmp.dir, "badalt.sock"), compute);
+    const exp = Date.now() + 3_600_000;
+    // p1 is the alt of p0's range and the owner of the other range: one link, two exchanges
+    const alt = { worker: "p1", addr: p1.addr, fp: p1.fingerprint, ticket: TICKET, exp };
+    bridge.setTable({
+      backbone: BACKBONE,
+      deadlineMs: 5000,
+      layers: layers.flatMap((layer) => [
+        { layer, worker: "p0", addr: p0.addr, fp: p0.fingerprint, ticket: TICKET, exp, experts: [0, h], alt },
+        {
+          layer,
+          worker: "p1",
+          addr: p1.addr,
+          fp: p1.fingerprint,
+          ticket: TICKET,
+          exp,
+          experts: [h, nExpert],
+        },
+      ]),
+    });
+    const run = await decode(bridge);
+    expect(run.plugin!.native.splits).toBe(0);
+    expect(bridge.dispatches).toHaveLength(run.plugin!.splits);
+    expect([p0.connections, p1.connections]).toEqual([0, 0]);
+  });
+
   it("no hedgeMs: a slow primary is waited for (no race), the alt gets nothing", async () => {
     await using primary = await startWorker(cert, compute, "ok");
     await using alt = await startWorker(cert2, compute, "ok");
