@@ -132,6 +132,9 @@ describe.skipIf(Boolean(missing))("plugin: a whole layer with a replica (failove
       expect(f).toMatchObject({ worker: "w1", code: "MOESWARM_TRANSPORT_CONNECT", failover: true });
     expect(credited(bridge.receipts)).toEqual({ w2: n.splits });
     expect(servedSplits(alt)).toBe(n.splits);
+    console.info(
+      `failover (primary refusing): ${n.failovers} failovers, ${n.splits} native splits, round trip p50 ${n.roundTripP50Us} us`,
+    );
   });
 
   it("a primary that answers with an error frame: failover for each of its failures; a refusal of our frame: no failover", async () => {
@@ -215,6 +218,9 @@ describe.skipIf(Boolean(missing))("plugin: a whole layer with a replica (failove
     const hedges = bridge.receipts.reduce((a, r) => a + (r.hedges ?? 0), 0);
     const wins = bridge.receipts.reduce((a, r) => a + (r.hedgeWins ?? 0), 0);
     expect([hedges, wins]).toEqual([n.hedges, n.hedgeWins]);
+    console.info(
+      `hedge (primary stalled 600 ms, hedgeMs 40): ${n.hedges} hedges, ${n.hedgeWins} won by the alt, ${n.splits} native splits, round trip p50 ${n.roundTripP50Us} us`,
+    );
   });
 
   it("a split layer whose first range's owner is gone: its part goes to that range's alt, the other owner's is not sent again", async () => {
