@@ -7,9 +7,12 @@ import type { NativeTableEntry, NativeTableFrame } from "./native-plane.js";
 // dispatch in mode "sum" to that worker, exactly what the bridge would send it. A layer split over
 // several workers (phase 2), each holding one contiguous range of its experts and nobody else any of
 // them, is one entry per worker with its `experts` range: the plugin sends each a mode "each"
-// dispatch and combines. Replicas (hedging, verification: phase 3) and gaps stay on the bridge path. The bridge decides whether the plane is on at all (trust
-// "own", no spot checks); this module builds the entries, keeps their tickets fresh, and drops a
-// worker the plugin reports failing for a backoff.
+// dispatch and combines. Layers with replicas (phase 3, replicaLayerPlan, what the table uses) get
+// one primary per range and an `alt` holding the same range, which the plugin fails over and hedges
+// to; gaps stay on the bridge path. The bridge decides whether the plane is on at all (trust "own",
+// no spot checks); this module builds the entries, keeps their tickets fresh, and drops a worker the
+// plugin reports failing for a backoff. wholeLayerOwners and nativeLayerOwners are the phase 1 and 2
+// rules, kept as the reference the plan reduces to without replicas.
 
 /** A worker's native listener as the hub's placement publishes it. */
 export interface NativeRoute {
