@@ -30,6 +30,7 @@ import {
   checkNativeOption,
   NativePlane,
   nativeDeadlineMs,
+  nativeHedgeMs,
   nativeOffReason,
 } from "./native-bridge.js";
 import { type BridgeSocket, PluginServer } from "./plugin-socket.js";
@@ -421,6 +422,8 @@ function nativePlaneOf(
         ? {
             backbone: link.id,
             deadlineMs,
+            // the plugin hedges a silent primary to its alt as dispatch hedges to a replica
+            hedgeMs: nativeHedgeMs(options.hedgeMs, deadlineMs),
             view: () => link.current(),
             exclude: parts.excluded,
             ticket: (worker, signal) => link.directTicket(worker, { signal }),

@@ -25,6 +25,11 @@ export interface PluginStats {
   native?: {
     splits: number;
     fallbacks: number;
+    /** Failures after which the split went to the layer's alt natively (phase 3). */
+    failovers?: number;
+    /** Primaries silent for the table's hedgeMs raced to their alt, and races the alt won. */
+    hedges?: number;
+    hedgeWins?: number;
     roundTripP50Us: number;
     overheadP50Us: number;
     receipts: number;

@@ -35,6 +35,7 @@ export {
   decodeNativeFrame,
   encodeNativeTable,
   NATIVE_FRAME_TYPES,
+  type NativeAltEntry,
   type NativeHelloFrame,
   type NativeReceiptCount,
   type NativeReceiptFailure,
@@ -42,7 +43,14 @@ export {
   type NativeTableEntry,
   type NativeTableFrame,
 } from "./native-plane.js";
-export { type NativeRoute, nativeLayerOwners, wholeLayerOwners } from "./native-table.js";
+export {
+  type NativePlanCandidate,
+  type NativeRoute,
+  nativeLayerOwners,
+  nativeWorkers,
+  replicaLayerPlan,
+  wholeLayerOwners,
+} from "./native-table.js";
 export type { BridgeSocket } from "./plugin-socket.js";
 export type { RoutingCount } from "./routing-stats.js";
 export type { BridgeStatsReport, StatsSource } from "./stats-report.js";

@@ -22,16 +22,28 @@ export interface NativeMetrics {
   off?: string;
   /** Plugin connections that said native-hello, open now. */
   connections: number;
-  /** The table now: its seq, its layers and their workers, the plugin's deadline. */
-  table: { seq: number; layers: number[]; workers: string[]; deadlineMs: number };
+  /** The table now: its seq, its layers, their primaries and alts, the plugin's deadline and hedge. */
+  table: {
+    seq: number;
+    layers: number[];
+    workers: string[];
+    alts: string[];
+    deadlineMs: number;
+    hedgeMs?: number;
+  };
   /** Workers out of the table after failures, backing off now. */
   dropped: string[];
   /** Native splits the plugin reported answered, their token rows and filled ids. */
   splits: number;
   tokens: number;
   expertTokens: number;
-  /** Native splits that failed and took the bridge path instead, and their codes. */
+  /** Native splits that failed and took the bridge path instead, and their codes (of every failure). */
   fallbacks: number;
+  /** Failures after which the entry's alt was asked natively (no fallback for that failure). */
+  failovers: number;
+  /** Primaries silent for the table's hedgeMs whose frame also went to the alt; races the alt won. */
+  hedges: number;
+  hedgeWins: number;
   failures: Record<string, number>;
   /** Receipts frames read; frames from the plugin that did not parse (dropped), by code. */
   receipts: number;
@@ -71,6 +83,9 @@ export class NativePlane {
     tokens: 0,
     expertTokens: 0,
     fallbacks: 0,
+    failovers: 0,
+    hedges: 0,
+    hedgeWins: 0,
     receipts: 0,
     duplicates: 0,
     malformed: 0,
@@ -173,8 +188,11 @@ export class NativePlane {
       this.#o.routing.countNative(c.layer, c.worker, whole ? c.tokens : 0, c.expertTokens);
       if (c.splits > 0 && !failing.has(c.worker)) this.#table?.succeeded(c.worker);
     }
+    this.#c.hedges += f.hedges ?? 0;
+    this.#c.hedgeWins += f.hedgeWins ?? 0;
     for (const x of f.failures) {
-      this.#c.fallbacks++;
+      if (x.failover) this.#c.failovers++;
+      else this.#c.fallbacks++;
       const code = failureCode(x.code);
       this.#failures[code] = (this.#failures[code] ?? 0) + 1;
     }
@@ -206,7 +224,9 @@ export class NativePlane {
         seq: t.seq,
         layers: [...new Set(t.layers.map((e) => e.layer))],
         workers: [...new Set(t.layers.map((e) => e.worker))],
+        alts: [...new Set(t.layers.flatMap((e) => (e.alt ? [e.alt.worker] : [])))],
         deadlineMs: t.deadlineMs,
+        ...(t.hedgeMs !== undefined ? { hedgeMs: t.hedgeMs } : {}),
       },
       dropped: this.#table?.dropped() ?? [],
       ...this.#c,
@@ -269,6 +289,16 @@ export function nativeDeadlineMs(
   const want = o.deadlineMs ?? (hedgeMs !== undefined && hedgeMs > 0 ? hedgeMs : DEFAULT_NATIVE_DEADLINE_MS);
   // the plugin refuses a deadline above a day
   return Math.max(1, Math.min(cap, 86_400_000, Math.ceil(want)));
+}
+
+/**
+ * The table's hedgeMs from the bridge's `hedgeMs`: whole ms, at least 1; undefined without a hedge
+ * (unset or 0) or when it would not come before the native deadline (nothing left to race).
+ */
+export function nativeHedgeMs(hedgeMs: number | undefined, deadlineMs: number): number | undefined {
+  if (hedgeMs === undefined || !(hedgeMs > 0)) return undefined;
+  const h = Math.max(1, Math.ceil(hedgeMs));
+  return h < deadlineMs ? h : undefined;
 }
 
 /** Why the native plane is off for a bridge with these settings (undefined: it is on). */

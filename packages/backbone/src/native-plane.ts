@@ -33,6 +33,21 @@ export interface NativeTableEntry {
    * "each" dispatch and combines). Absent: the worker holds the whole layer (the layer's only entry).
    */
   experts?: [number, number];
+  /**
+   * Another worker holding the entry's whole range (or the whole layer), primary of no range of
+   * this layer (phase 3): the plugin sends it the same frame when the primary fails (failover) or
+   * has not answered within the table's `hedgeMs` (hedge). Absent: no replica is usable.
+   */
+  alt?: NativeAltEntry;
+}
+
+/** A table entry's replica: where to reach it and the ticket admitting this backbone. */
+export interface NativeAltEntry {
+  worker: string;
+  addr: string;
+  fp: string;
+  ticket: string;
+  exp: number;
 }
 
 /** bridge -> plugin, after a native-hello and whenever it changes; each replaces the last. */
@@ -45,6 +60,11 @@ export interface NativeTableFrame {
   backbone: string;
   /** How long a native split may take before the plugin takes the bridge path, ms. */
   deadlineMs: number;
+  /**
+   * A primary silent for this long gets the same frame sent to its entry's `alt`, the first valid
+   * answer wins (the bridge's own `hedgeMs`). Absent: no hedge (failover only).
+   */
+  hedgeMs?: number;
   /** One entry per layer, or per owner of a split layer (`experts`); empty: the native plane is off. */
   layers: NativeTableEntry[];
 }
@@ -67,6 +87,11 @@ export interface NativeReceiptFailure {
   /** A MOESWARM_* code (the worker's error frame's, or the plugin's own: connect, pin, deadline). */
   code: string;
   msg: string;
+  /**
+   * True when the split did not go to the bridge after this failure: the entry's alt was asked
+   * natively (failover), or was already racing it (hedge). Absent or false: a fallback.
+   */
+  failover?: boolean;
 }
 
 /** plugin -> bridge, at most once a second while native splits happen. */
@@ -81,6 +106,9 @@ export interface NativeReceiptsFrame {
    */
   layers?: NativeReceiptLayer[];
   failures: NativeReceiptFailure[];
+  /** Hedges sent since the last receipts (a primary silent for `hedgeMs`), and those the alt won. */
+  hedges?: number;
+  hedgeWins?: number;
 }
 
 /** A split layer's native splits since the last receipts. */
@@ -128,7 +156,19 @@ export function encodeNativeTable(frame: Omit<NativeTableFrame, "v" | "t">): Uin
       ticket: e.ticket,
       exp: e.exp,
       ...(e.experts ? { experts: [e.experts[0], e.experts[1]] as [number, number] } : {}),
+      ...(e.alt
+        ? {
+            alt: {
+              worker: e.alt.worker,
+              addr: e.alt.addr,
+              fp: e.alt.fp,
+              ticket: e.alt.ticket,
+              exp: e.alt.exp,
+            },
+          }
+        : {}),
     })),
+    ...(frame.hedgeMs !== undefined ? { hedgeMs: frame.hedgeMs } : {}),
   };
   return encode(body);
 }
@@ -216,7 +256,15 @@ function receiptFailure(v: unknown, i: number): NativeReceiptFailure {
   }
   const msg = v.msg ?? "";
   if (typeof msg !== "string") throw bad("MOESWARM_PROTOCOL_BAD_FIELD", `${where}msg`, "must be a string");
-  return { worker: id(v, "worker", where), code, msg: msg.slice(0, NATIVE_LIMITS.msgChars) };
+  const failover = v.failover ?? false;
+  if (typeof failover !== "boolean")
+    throw bad("MOESWARM_PROTOCOL_BAD_FIELD", `${where}failover`, "must be a boolean");
+  return {
+    worker: id(v, "worker", where),
+    code,
+    msg: msg.slice(0, NATIVE_LIMITS.msgChars),
+    ...(failover ? { failover: true } : {}),
+  };
 }
 
 /**
@@ -251,6 +299,8 @@ export function decodeNativeFrame(payload: Uint8Array): NativeInFrame {
         ? { layers: list(v, "layers", NATIVE_LIMITS.counts).map(receiptLayer) }
         : {}),
       failures: list(v, "failures", NATIVE_LIMITS.failures).map(receiptFailure),
+      ...(v.hedges !== undefined ? { hedges: uint(v, "hedges", "", NATIVE_LIMITS.count) } : {}),
+      ...(v.hedgeWins !== undefined ? { hedgeWins: uint(v, "hedgeWins", "", NATIVE_LIMITS.count) } : {}),
     };
   }
   throw new ProtocolError(

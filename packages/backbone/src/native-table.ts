@@ -7,9 +7,12 @@ import type { NativeTableEntry, NativeTableFrame } from "./native-plane.js";
 // dispatch in mode "sum" to that worker, exactly what the bridge would send it. A layer split over
 // several workers (phase 2), each holding one contiguous range of its experts and nobody else any of
 // them, is one entry per worker with its `experts` range: the plugin sends each a mode "each"
-// dispatch and combines. Replicas (hedging, verification: phase 3) and gaps stay on the bridge path. The bridge decides whether the plane is on at all (trust
-// "own", no spot checks); this module builds the entries, keeps their tickets fresh, and drops a
-// worker the plugin reports failing for a backoff.
+// dispatch and combines. Layers with replicas (phase 3, replicaLayerPlan, what the table uses) get
+// one primary per range and an `alt` holding the same range, which the plugin fails over and hedges
+// to; gaps stay on the bridge path. The bridge decides whether the plane is on at all (trust "own",
+// no spot checks); this module builds the entries, keeps their tickets fresh, and drops a worker the
+// plugin reports failing for a backoff. wholeLayerOwners and nativeLayerOwners are the phase 1 and 2
+// rules, kept as the reference the plan reduces to without replicas.
 
 /** A worker's native listener as the hub's placement publishes it. */
 export interface NativeRoute {
@@ -111,6 +114,156 @@ function ownerRanges(view: NativePlacementView, layer: number): Array<[string, n
   return runs.length > 0 && workers.size === runs.length ? runs : undefined;
 }
 
+/** Where a replica of an entry's range is: the plugin's failover and hedge target. */
+export interface NativeAltCandidate {
+  worker: string;
+  addr: string;
+  fp: string;
+}
+
+/** A candidate of the replica-aware plan (phase 3): its owner, and maybe a second one. */
+export interface NativePlanCandidate extends NativeCandidate {
+  /** Another worker holding the whole range (or the whole layer), not primary in this layer. */
+  alt?: NativeAltCandidate;
+}
+
+/**
+ * Per layer, the native plan with replicas (phase 3): disjoint contiguous ranges covering every
+ * expert, one primary per range (a worker is primary of at most one range of a layer), each range
+ * with an `alt` when another usable worker holds all of it. Only workers for which `usable` is true
+ * (native listener, not excluded, not dropped, a live ticket: the caller's call) are chosen. A layer
+ * with an expert no usable worker holds (a gap) is left out, as is one whose greedy cover would need
+ * a worker twice (the plugin sends one dispatch per worker and split).
+ *
+ * The cover is greedy from expert 0: among the usable owners of the first uncovered expert, the one
+ * whose run reaches farthest, so a worker holding the whole layer gets one entry without `experts`.
+ * Ties (two whole copies of the model) rotate by the layer number over the owners sorted by id, so
+ * about half the layers get each copy as primary, and the same placement always gives the same
+ * table (no flapping). Layouts without replicas give what nativeLayerOwners gives.
+ */
+export function replicaLayerPlan(
+  view: NativePlacementView,
+  usable: (worker: string) => boolean,
+): NativePlanCandidate[][] {
+  const out: NativePlanCandidate[][] = [];
+  for (const layer of view.layers) {
+    const ranges = coverRanges(view, layer, usable);
+    if (!ranges) continue;
+    const primaries = new Set(ranges.map((r) => r.worker));
+    const alts = new Set<string>();
+    const group: NativePlanCandidate[] = [];
+    for (const r of ranges) {
+      const route = view.native.get(r.worker)!;
+      const alt = altFor(view, layer, r, usable, primaries, alts);
+      group.push({
+        layer,
+        worker: r.worker,
+        addr: route.addrs[0]!,
+        fp: route.fingerprint,
+        ...(ranges.length > 1 ? { experts: [r.lo, r.hi] as [number, number] } : {}),
+        ...(alt ? { alt } : {}),
+      });
+    }
+    out.push(group);
+  }
+  return out;
+}
+
+interface CoverRange {
+  worker: string;
+  lo: number;
+  hi: number;
+}
+
+/** The usable owners of one expert, sorted by id (the rotation's order). */
+function usableOwners(
+  view: NativePlacementView,
+  layer: number,
+  e: number,
+  usable: (worker: string) => boolean,
+): string[] {
+  return view.placement
+    .owners(layer, e)
+    .filter((w) => usable(w) && view.native.get(w)?.addrs[0] !== undefined)
+    .sort();
+}
+
+/** The greedy cover of a layer's experts (see replicaLayerPlan), or undefined. */
+function coverRanges(
+  view: NativePlacementView,
+  layer: number,
+  usable: (worker: string) => boolean,
+): CoverRange[] | undefined {
+  const owners: Array<Set<string>> = [];
+  for (let e = 0; e < view.nExpert; e++) {
+    const o = usableOwners(view, layer, e, usable);
+    if (o.length === 0) return undefined;
+    owners.push(new Set(o));
+  }
+  if (owners.length === 0) return undefined;
+  const ranges: CoverRange[] = [];
+  const used = new Set<string>();
+  let lo = 0;
+  while (lo < view.nExpert) {
+    let best: string[] = [];
+    let reach = lo;
+    for (const w of [...owners[lo]!].sort()) {
+      if (used.has(w)) continue;
+      let hi = lo + 1;
+      while (hi < view.nExpert && owners[hi]!.has(w)) hi++;
+      if (hi > reach) {
+        reach = hi;
+        best = [w];
+      } else if (hi === reach) best.push(w);
+    }
+    const worker = best[layer % Math.max(1, best.length)];
+    if (worker === undefined) return undefined;
+    used.add(worker);
+    ranges.push({ worker, lo, hi: reach });
+    lo = reach;
+  }
+  return ranges;
+}
+
+/**
+ * A second usable worker holding every expert of r: not a primary of this layer and not already
+ * another range's alt (the plugin's link to a worker carries one exchange at a time). Rotated by
+ * the layer number among the candidates, as the primaries are.
+ */
+function altFor(
+  view: NativePlacementView,
+  layer: number,
+  r: CoverRange,
+  usable: (worker: string) => boolean,
+  primaries: ReadonlySet<string>,
+  alts: Set<string>,
+): NativeAltCandidate | undefined {
+  let cands = usableOwners(view, layer, r.lo, usable).filter((w) => !primaries.has(w) && !alts.has(w));
+  for (let e = r.lo + 1; e < r.hi && cands.length > 0; e++) {
+    const here = new Set(view.placement.owners(layer, e));
+    cands = cands.filter((w) => here.has(w));
+  }
+  const worker = cands[layer % Math.max(1, cands.length)];
+  if (worker === undefined) return undefined;
+  alts.add(worker);
+  const route = view.native.get(worker)!;
+  return { worker, addr: route.addrs[0]!, fp: route.fingerprint };
+}
+
+/**
+ * The workers the table may need: every native, not excluded owner of a layer those workers can
+ * cover whole (without drops or tickets). They get tickets ahead of need.
+ */
+export function nativeWorkers(view: NativePlacementView, exclude: ReadonlySet<string>): Set<string> {
+  const out = new Set<string>();
+  const ok = (w: string) => !exclude.has(w);
+  for (const layer of view.layers) {
+    if (!coverRanges(view, layer, ok)) continue;
+    for (let e = 0; e < view.nExpert; e++) for (const w of usableOwners(view, layer, e, ok)) out.add(w);
+  }
+  return out;
+}
+
 /** A ticket as the hub mints it (`POST /api/direct/tickets`). */
 export interface NativeTicket {
   ticket: string;
@@ -180,6 +333,8 @@ export interface NativeTableOptions {
   backbone: string;
   /** The plugin's deadline for a native split, ms. */
   deadlineMs: number;
+  /** The plugin hedges a primary silent this long to its entry's alt (ms; absent: no hedge). */
+  hedgeMs?: number | undefined;
   /** The live placement now (undefined: none yet, the table is empty). */
   view(): NativePlacementView | undefined;
   /** Workers the bridge would not send to now (quarantined, circuit open). */
@@ -235,7 +390,19 @@ export class NativeTable {
     this.#o = options;
     this.#ticketRetry = new WorkerBackoff(options.backoff);
     this.#dropped = new WorkerBackoff(options.backoff);
-    this.#table = { v: 1, t: "native-table", seq: 0, backbone: options.backbone, deadlineMs: d, layers: [] };
+    const h = options.hedgeMs;
+    if (h !== undefined && (!Number.isSafeInteger(h) || h < 1 || h > 0xffff_ffff)) {
+      throw new InvalidArgumentError("native hedgeMs must be an integer in 1..2^32-1");
+    }
+    this.#table = {
+      v: 1,
+      t: "native-table",
+      seq: 0,
+      backbone: options.backbone,
+      deadlineMs: d,
+      ...(h !== undefined ? { hedgeMs: h } : {}),
+      layers: [],
+    };
     options.signal.addEventListener("abort", () => this.#clearTimer(), { once: true });
   }
 
@@ -266,35 +433,47 @@ export class NativeTable {
     if (this.#o.signal.aborted) return;
     const now = Date.now();
     const view = this.#o.view();
-    const groups = view ? nativeLayerOwners(view, this.#o.exclude()) : [];
-    const entries: NativeTableEntry[] = [];
-    const known = new Set<string>();
+    const exclude = this.#o.exclude();
+    const wanted = view ? nativeWorkers(view, exclude) : new Set<string>();
     let wake = Number.POSITIVE_INFINITY;
     const later = (at: number | undefined) => {
       if (at !== undefined && at > now) wake = Math.min(wake, at);
     };
-    for (const group of groups) {
-      // a split layer goes on only with every owner on: one missing owner sends its ids to the bridge
-      const layer: NativeTableEntry[] = [];
-      for (const c of group) {
-        known.add(c.worker);
-        const droppedUntil = this.#dropped.until(c.worker, now);
-        if (droppedUntil !== undefined) {
-          later(droppedUntil);
-          continue;
-        }
-        const held = this.#tickets.get(c.worker);
-        if (!held || now >= held.renewAt) this.#fetch(c.worker, now);
-        later(this.#ticketRetry.until(c.worker, now));
-        if (!held || now >= held.exp - EXPIRY_MARGIN_MS) continue;
-        later(held.renewAt);
-        later(held.exp - EXPIRY_MARGIN_MS);
-        layer.push({ ...c, ticket: held.ticket, exp: held.exp });
+    // every worker that could serve a layer gets a ticket (a replica's too: it is the alt, or the
+    // primary once the other copy is dropped); one dropped after failures is out until its backoff ends
+    const live = new Map<string, HeldTicket>();
+    for (const worker of wanted) {
+      const droppedUntil = this.#dropped.until(worker, now);
+      if (droppedUntil !== undefined) {
+        later(droppedUntil);
+        continue;
       }
-      if (layer.length === group.length) entries.push(...layer);
+      const held = this.#tickets.get(worker);
+      if (!held || now >= held.renewAt) this.#fetch(worker, now);
+      later(this.#ticketRetry.until(worker, now));
+      if (!held || now >= held.exp - EXPIRY_MARGIN_MS) continue;
+      later(held.renewAt);
+      later(held.exp - EXPIRY_MARGIN_MS);
+      live.set(worker, held);
+    }
+    const entries: NativeTableEntry[] = [];
+    // a layer goes on only when its usable workers cover every expert: a missing owner without a
+    // replica sends the whole layer to the bridge
+    for (const group of view ? replicaLayerPlan(view, (w) => live.has(w)) : []) {
+      for (const c of group) {
+        const t = live.get(c.worker)!;
+        const { alt, ...rest } = c;
+        const a = alt ? live.get(alt.worker) : undefined;
+        entries.push({
+          ...rest,
+          ticket: t.ticket,
+          exp: t.exp,
+          ...(alt && a ? { alt: { ...alt, ticket: a.ticket, exp: a.exp } } : {}),
+        });
+      }
     }
     // a worker gone from the placement: its ticket is of no use (a new one when it comes back)
-    for (const w of this.#tickets.keys()) if (!known.has(w)) this.#tickets.delete(w);
+    for (const w of this.#tickets.keys()) if (!wanted.has(w)) this.#tickets.delete(w);
     this.#schedule(wake);
     this.#publish(entries);
   }

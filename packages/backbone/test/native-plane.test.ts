@@ -280,7 +280,8 @@ describe("the plane on a plugin connection (fake timers)", () => {
     // nothing changed: nothing pushed
     p.refresh();
     expect(c.tables).toHaveLength(2);
-    // a replica of layer 1 appears: layer 1 leaves the table
+    // a replica of layer 1 appears (phase 3): once its ticket is there, layer 1 goes to B (the
+    // rotation: odd layers to the second copy by id) with A as its alt
     current = view(
       [
         { id: "A", layers: [0, 1], experts: ALL },
@@ -289,22 +290,29 @@ describe("the plane on a plugin connection (fake timers)", () => {
       { A: ["127.0.0.1:9001"], B: ["127.0.0.1:9002"] },
     );
     p.refresh();
+    await vi.advanceTimersByTimeAsync(0);
     expect(c.tables.at(-1)!.seq).toBe(2);
-    expect(c.tables.at(-1)!.layers.map((e) => e.layer)).toEqual([0]);
-    // A quarantined: the table empties (the next refresh, e.g. at the next receipts)
+    expect(c.tables.at(-1)!.layers.map((e) => [e.layer, e.worker, e.alt?.worker])).toEqual([
+      [0, "A", undefined],
+      [1, "B", "A"],
+    ]);
+    // A quarantined (the next refresh, e.g. at the next receipts): layer 0 leaves, layer 1 stays on
+    // B without an alt
     excluded = new Set(["A"]);
     p.refresh();
-    expect(c.tables.at(-1)!.layers).toEqual([]);
+    expect(c.tables.at(-1)!.layers.map((e) => [e.layer, e.worker, e.alt?.worker])).toEqual([
+      [1, "B", undefined],
+    ]);
     // a closed connection gets nothing more
     c.close();
     excluded = new Set();
     p.refresh();
     await vi.advanceTimersByTimeAsync(0);
-    expect(c.tables.at(-1)!.layers).toEqual([]);
+    expect(c.tables.at(-1)!.layers.map((e) => e.layer)).toEqual([1]);
     expect(p.metrics()).toMatchObject({
       enabled: true,
       connections: 0,
-      table: { layers: [0], workers: ["A"] },
+      table: { layers: [0, 1], workers: ["A", "B"], alts: ["A"] },
     });
   });
 

@@ -105,11 +105,15 @@ export interface TableEntry {
   exp: number;
   /** The half-open range of expert ids this entry's worker serves for the layer (phase 2). */
   experts?: [number, number];
+  /** A replica of the entry's range (phase 3): failover and hedge target. */
+  alt?: { worker: string; addr: string; fp: string; ticket: string; exp: number };
 }
 
 export interface NativeTable {
   backbone: string;
   deadlineMs: number;
+  /** A primary silent this long races its alt (phase 3). */
+  hedgeMs?: number;
   layers: TableEntry[];
 }
 
@@ -118,7 +122,9 @@ export interface Receipts {
   counts: { worker: string; layer: number; splits: number; tokens: number; expertTokens: number }[];
   /** Layers split over several workers: splits and tokens once per split. */
   layers?: { layer: number; splits: number; tokens: number }[];
-  failures: { worker: string; code: string; msg: string }[];
+  failures: { worker: string; code: string; msg: string; failover?: boolean }[];
+  hedges?: number;
+  hedgeWins?: number;
 }
 
 export interface StandInBridge extends AsyncDisposable {
@@ -203,7 +209,7 @@ export async function startBridge(
 }
 
 /** How the stand-in worker behaves. */
-export type WorkerMode = "ok" | "refuse-hello" | "error-frame" | "nan" | "silent";
+export type WorkerMode = "ok" | "refuse-hello" | "error-frame" | "invalid" | "nan" | "silent";
 
 export interface StandInWorker extends AsyncDisposable {
   readonly addr: string;
@@ -221,6 +227,10 @@ export interface StandInWorker extends AsyncDisposable {
   readonly dispatches: { layer: number; mode: string; compact: boolean; n: number; ids: number[] }[];
   /** Called with the number of results answered so far, including this one, before it is written. */
   onAnswer?: (n: number) => void;
+  /** Each answer waits this long first (a stalled worker; answers stay in order on a connection). */
+  delayMs: number;
+  /** Set: only this dispatch (1-based) waits delayMs. */
+  delayOn?: number;
 }
 
 export async function startWorker(
@@ -240,6 +250,8 @@ export async function startWorker(
     failOn: undefined as number | undefined,
     dispatches: [] as StandInWorker["dispatches"],
     onAnswer: undefined as ((n: number) => void) | undefined,
+    delayMs: 0,
+    delayOn: undefined as number | undefined,
   };
   let answered = 0;
   const server = createTlsServer({ cert: cert.cert, key: cert.key, minVersion: "TLSv1.2" }, (socket) => {
@@ -287,7 +299,22 @@ export async function startWorker(
         sendFrame(socket, { t: "error", v: 1, id: f.id, code: "MOESWARM_WORKER_DRAINING", msg: "draining" });
         return;
       }
+      if (mode === "invalid") {
+        // what a worker says to a frame it cannot serve: a replica would say the same
+        sendFrame(socket, {
+          t: "error",
+          v: 1,
+          id: f.id,
+          code: "MOESWARM_INVALID_ARGUMENT",
+          msg: "not served",
+        });
+        return;
+      }
+      const nth = w.dispatches.length;
       chain = chain.then(async () => {
+        if (w.delayMs > 0 && (w.delayOn === undefined || w.delayOn === nth)) {
+          await new Promise((resolve) => setTimeout(resolve, w.delayMs));
+        }
         const r = await answer(compute, f, (y) => {
           if (mode === "nan") y[y.length - 1] = Number.NaN;
         });
@@ -356,6 +383,9 @@ export interface PluginRun {
     native: {
       splits: number;
       fallbacks: number;
+      failovers: number;
+      hedges: number;
+      hedgeWins: number;
       roundTripP50Us: number;
       overheadP50Us: number;
       receipts: number;

@@ -31,7 +31,11 @@
 //   its own and the other owners' ids masked to -1, all sent before any answer is read; the plugin
 //   combines the answers with the compute core's moeswarm_combine_sum (llama.cpp's mul and add
 //   nodes, bit for bit). An id no range holds: the bridge. Any owner's failure: the links still
-//   mid-exchange closed, that worker backed off, the whole split through the bridge. `native-receipts` (splits, tokens and expert-tokens per worker and layer, failures with
+//   mid-exchange closed, that worker backed off, the whole split through the bridge. Phase 3: an
+//   entry may name an `alt` (a replica of its range); for a whole-layer entry a primary's failure
+//   (its or its link's fault) sends the frame to the alt natively first, and with the table's
+//   `hedgeMs` a primary silent that long races the alt (first valid answer wins; the loser is not
+//   backed off and its late answer is skipped by id on the link's next use). `native-receipts` (splits, tokens and expert-tokens per worker and layer, failures with
 //   their codes) go to the bridge at most once a second and when the backend is freed, never
 //   waiting on the socket. An empty table, no OpenSSL, or MOESWARM_NATIVE=0: the bridge only.
 //
@@ -53,7 +57,7 @@
 // of its creation, the load-time probe uses the current ones.
 //
 // The stats JSON (ggml_backend_moeswarm_stats) has "native": {splits, fallbacks (native splits the
-// bridge took over), roundTripP50Us, overheadP50Us (round trip less the worker's reported ms),
+// bridge took over), failovers (failures after which the alt was asked), hedges, hedgeWins, roundTripP50Us, overheadP50Us (round trip less the worker's reported ms),
 // receipts, receiptsDeferred (the socket was full: kept for the next), failures: {code: count}}.
 //
 // The plugin's files: config.cpp (MOESWARM_* and MOESWARM_CONFIG), stats.cpp (counters of all
@@ -61,7 +65,8 @@
 // pattern.cpp (what the device computes: supports_op and the split's tensors), round-trip.cpp (the
 // dispatch frame, the one writer of a result into the split's output, the bridge round trip),
 // native-table.cpp (native-hello, native-table, native-receipts on the bridge socket),
-// native-link.cpp (the native split over TLS), native-split.cpp (a split over several workers),
+// native-link.cpp (a native link over TLS), native-replica.cpp (a whole-layer split: primary,
+// failover and hedge to its alt), native-split.cpp (a split over several workers),
 // backend.cpp (the backend, device and registry that ggml sees). This header is what they share.
 
 #include "ggml-backend-impl.h"
@@ -140,6 +145,10 @@ void moeswarm_stats_record(int layer, int64_t n_tokens, double us, bool ok, size
 // a native split: done (ok, its round trip and the worker's compute ms, < 0 when not reported),
 // or failed with code and taken over by the bridge (a fallback)
 void moeswarm_stats_native(bool ok, double us, double worker_ms, const std::string & code);
+// a failure after which the split stayed native (the alt asked: failover), counted with its code
+void moeswarm_stats_native_failover(const std::string & code);
+// a hedge sent to an alt; won: the alt's answer came first
+void moeswarm_stats_native_hedge(bool won);
 // native-receipts written (sent) or kept for later (the socket was full)
 void moeswarm_stats_receipts(bool sent);
 // a split's pattern found in the backend's cache (hit) or searched (miss)
@@ -212,21 +221,28 @@ bool moeswarm_find_pattern(const ggml_cgraph * cgraph, moeswarm_pattern & p, std
 // the native data plane (native-table.cpp, native-link.cpp; docs/protocol.md sections 10.9 and B)
 //
 
-// one entry of the bridge's native-table: a worker that serves a layer's experts (all of them, or
-// the range lo..hi-1), where and how to reach it
-struct moeswarm_native_entry {
+// a worker of the bridge's native-table, where and how to reach it
+struct moeswarm_native_target {
     std::string worker;
     std::string addr;   // host:port or [v6]:port of its native listener
     std::string fp;     // its certificate's SHA-256, pinned
     std::string ticket; // mswt1... for the hello
     uint64_t exp_ms = 0; // the ticket's expiry, unix ms
+};
+
+// one entry of the bridge's native-table: a worker that serves a layer's experts (all of them, or
+// the range lo..hi-1), and maybe a replica of them (phase 3: failover and hedge)
+struct moeswarm_native_entry : moeswarm_native_target {
     int64_t lo = -1, hi = -1; // `experts` [lo, hi); -1: no range, the whole layer (the only entry)
+    bool has_alt = false;     // `alt`: another worker holding the whole range, primary of no range
+    moeswarm_native_target alt;
 };
 
 struct moeswarm_native_table {
     uint64_t seq = 0;
     std::string backbone; // the hello's id
     uint32_t deadline_ms = 0;
+    uint32_t hedge_ms    = 0; // `hedgeMs`: a primary silent this long races its alt; 0: no hedge
     // per layer: one entry without a range (one worker holds every expert: a mode-sum dispatch), or
     // entries with disjoint ranges (a split over several workers: native-split.cpp)
     std::unordered_map<int, std::vector<moeswarm_native_entry>> layers;
@@ -240,6 +256,9 @@ struct moeswarm_native_peer {
     double backoff_ms = 0;  // 0: healthy; else 1 s doubling to 60 s after each failure
     double retry_at_us = 0; // no native split to this worker before this moment
     std::vector<uint8_t> rx;
+    // the largest result asked for on this link: a hedge's loser answers late, and its (maybe
+    // larger, a prompt's) result must be read and skipped, not taken for an oversized frame
+    size_t max_result = 0;
 };
 
 struct moeswarm_native_count {
@@ -248,6 +267,7 @@ struct moeswarm_native_count {
 
 struct moeswarm_native_failure {
     std::string worker, code, msg;
+    bool failover = false; // the split stayed native after it: the alt was asked (or racing)
 };
 
 struct moeswarm_native {
@@ -261,6 +281,7 @@ struct moeswarm_native {
     // (the owners' counts have their own tokens each); `layers` of native-receipts
     std::map<int, moeswarm_native_count> split_layers;
     std::vector<moeswarm_native_failure> failures;
+    uint64_t hedges = 0, hedge_wins = 0; // since the last native-receipts
     uint64_t receipts_seq  = 0;
     double last_receipt_us = 0;
 };
@@ -332,6 +353,9 @@ void moeswarm_native_close_all(moeswarm_native & nv);
 struct moeswarm_native_err {
     std::string code; // stable MOESWARM_* code
     std::string msg;
+    // the worker refused our frame as malformed or not its to serve (INVALID_ARGUMENT, PROTOCOL_*):
+    // a replica would refuse it too, so no failover
+    bool ours = false;
 };
 double moeswarm_wall_ms(void);
 // e's deadline or link failure as an error
@@ -339,7 +363,7 @@ void moeswarm_native_transport_err(moeswarm_native_err & e, bool timed_out, cons
 // an error frame's code and message
 void moeswarm_native_error_frame(moeswarm_native_err & e, const moeswarm_frame & f, const char * when);
 // TCP + TLS + pin, then hello with the entry's ticket and the worker's hello back (10.9)
-bool moeswarm_native_connect(moeswarm_native_peer & pr, const moeswarm_native_table & t, const moeswarm_native_entry & e,
+bool moeswarm_native_connect(moeswarm_native_peer & pr, const moeswarm_native_table & t, const moeswarm_native_target & e,
         double deadline, moeswarm_native_err & ne);
 // frames from the worker until the result of request id (pongs and late answers skipped): true
 // with f decoded (its y points into pr.rx); an error frame, a drain, a bad frame, the link or the
@@ -348,9 +372,16 @@ bool moeswarm_native_await(moeswarm_native_peer & pr, uint64_t id, size_t max_fr
         const std::string & who, int layer, moeswarm_frame & f, moeswarm_native_err & ne, size_t & bytes_in);
 // the worker's `ms` (compute time) of a result, or -1
 double moeswarm_native_result_ms(const uint8_t * data, size_t size);
-// a failure: the link closed, the worker backed off, the failure kept for the receipts
+// one frame from the worker (waiting until deadline): RESULT with f decoded when it is request id's
+// result; SKIPPED for a pong or a late answer to another id (a split given up on, a hedge's loser);
+// FAILED with ne for an error frame of id (or without one), a drain, a bad frame, the link or the deadline
+enum moeswarm_native_read { MOESWARM_NATIVE_READ_RESULT, MOESWARM_NATIVE_READ_SKIPPED, MOESWARM_NATIVE_READ_FAILED };
+moeswarm_native_read moeswarm_native_read_one(moeswarm_native_peer & pr, uint64_t id, size_t max_frame, double deadline,
+        const std::string & who, int layer, moeswarm_frame & f, moeswarm_native_err & ne, size_t & bytes_in);
+// a failure: the link closed, the worker backed off, the failure kept for the receipts (failover:
+// the split stays native, asked of the entry's alt)
 void moeswarm_native_failed(moeswarm_native & nv, moeswarm_native_peer & pr, const std::string & worker,
-        const moeswarm_pattern & p, const moeswarm_native_err & ne);
+        const moeswarm_pattern & p, const moeswarm_native_err & ne, bool failover = false);
 // the split over the several workers of a layer's ranged entries (native-split.cpp)
 moeswarm_native_outcome moeswarm_native_split_ranges(moeswarm_backend_context * ctx, const moeswarm_config & cfg,
         const moeswarm_pattern & p, const std::vector<moeswarm_native_entry> & entries, size_t & bytes_out,

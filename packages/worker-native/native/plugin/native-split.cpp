@@ -5,7 +5,10 @@
 // with moeswarm_combine_sum, the compute core's sum (llama.cpp's mul and add nodes, bit for bit, no
 // FMA). Any owner's failure fails the whole native split: the links still mid-exchange are closed
 // (a late answer must never be read as the next split's), the failing worker backs off, and the split
-// goes through the bridge, which computes the same bits.
+// goes through the bridge, which computes the same bits. Phase 3: an entry with an `alt` (a replica
+// of its range) fails over: when its owner fails by its own or its link's fault, that owner's
+// dispatch alone goes to the alt natively (the other owners' are not sent again), and only the
+// alt's failure fails the split; an owner backing off is replaced by its alt from the start.
 
 #include "moeswarm-combine.h"
 #include "moeswarm-plugin.h"
@@ -17,10 +20,12 @@
 #include <algorithm>
 #include <cmath>
 
-// one owner of a split: its entry and link, and what this split sent it
+// one owner of a split: its entry, the worker asked (the entry's, or its alt) and link, and what this
+// split sent it
 struct moeswarm_split_owner {
-    const moeswarm_native_entry * e = nullptr;
-    moeswarm_native_peer * pr       = nullptr;
+    const moeswarm_native_entry * e  = nullptr;
+    const moeswarm_native_target * t = nullptr; // e itself, or &e->alt after a failover
+    moeswarm_native_peer * pr        = nullptr;
     int32_t index                   = 0;     // in the layer's entries: slot_owner's value
     std::vector<int64_t> rows;               // the dispatch rows (of ctx->x) it gets
     uint64_t filled = 0, tokens = 0;         // its filled slots; the tokens with one of them
@@ -112,7 +117,7 @@ static bool moeswarm_split_send(moeswarm_backend_context * ctx, const moeswarm_c
         size_t & bytes_out) {
     for (;;) {
         ow.reused = ow.pr->conn.fd >= 0;
-        if (!ow.reused && !moeswarm_native_connect(*ow.pr, ctx->native.table, *ow.e, deadline, ne)) {
+        if (!ow.reused && !moeswarm_native_connect(*ow.pr, ctx->native.table, *ow.t, deadline, ne)) {
             return false;
         }
         moeswarm_split_build(ctx, cfg, p, slot_owner, ow);
@@ -124,7 +129,7 @@ static bool moeswarm_split_send(moeswarm_backend_context * ctx, const moeswarm_c
             ow.sent = true;
             return true;
         }
-        moeswarm_native_transport_err(ne, timed_out, "sending the dispatch to " + ow.e->worker + ": " + err);
+        moeswarm_native_transport_err(ne, timed_out, "sending the dispatch to " + ow.t->worker + ": " + err);
         moeswarm_tls_close(ow.pr->conn);
         if (!ow.reused || ow.retried || timed_out) {
             return false;
@@ -178,7 +183,7 @@ static bool moeswarm_split_recv(moeswarm_backend_context * ctx, const moeswarm_p
     moeswarm_native_peer & pr = *ow.pr;
     const size_t max_frame    = ow.rows.size() * (size_t) p.k * p.n_embd * 4 + 4096;
     moeswarm_frame f;
-    if (!moeswarm_native_await(pr, ow.id, max_frame, deadline, ow.e->worker, p.layer, f, ne, bytes_in)) {
+    if (!moeswarm_native_await(pr, ow.id, max_frame, deadline, ow.t->worker, p.layer, f, ne, bytes_in)) {
         return false;
     }
     std::string err;
@@ -193,27 +198,58 @@ static bool moeswarm_split_recv(moeswarm_backend_context * ctx, const moeswarm_p
     return true;
 }
 
+// whether a worker may be asked now: not backing off, and a live ticket for a link to open
+static bool moeswarm_split_target_ready(const moeswarm_native_peer & pr, const moeswarm_native_target & t, double now_us) {
+    if (now_us < pr.retry_at_us) return false;
+    return pr.conn.fd >= 0 || (double) t.exp_ms > moeswarm_wall_ms() + 1000.0;
+}
+
+// the owner failed with ne: when the failure is its or its link's (not a refusal of our frame),
+// time is left and its entry's alt may be asked, the failure is reported as a failover, the worker
+// backed off, and the owner's dispatch (its rows only) goes to the alt. true: the alt's dispatch went
+// out (ne cleared); false: ne says why the owner, or its alt, failed
+static bool moeswarm_split_failover(moeswarm_backend_context * ctx, const moeswarm_config & cfg,
+        const moeswarm_pattern & p, const std::vector<int32_t> & slot_owner, moeswarm_split_owner & ow, double deadline,
+        moeswarm_native_err & ne, size_t & bytes_out) {
+    const moeswarm_native_entry & e = *ow.e;
+    const double now                = moeswarm_now_us();
+    if (ow.t != &e || !e.has_alt || ne.ours || now >= deadline) return false;
+    moeswarm_native_peer & ap = ctx->native.peers[e.alt.worker];
+    if (!moeswarm_split_target_ready(ap, e.alt, now)) return false;
+    moeswarm_stats_native_failover(ne.code);
+    moeswarm_native_failed(ctx->native, *ow.pr, e.worker, p, ne, true);
+    ow.t       = &e.alt;
+    ow.pr      = &ap;
+    ow.reused  = ow.retried = ow.sent = ow.done = false;
+    ne         = moeswarm_native_err();
+    return moeswarm_split_send(ctx, cfg, p, slot_owner, ow, deadline, ne, bytes_out);
+}
+
 // every owner's dispatch out, then every answer in; a reused link found closed while waiting is
-// opened again and its dispatch sent once more. false: ne and *failed say what and whose
+// opened again and its dispatch sent once more; an owner that fails otherwise hands its part to its
+// entry's alt (once). false: ne and *failed say what and whose
 static bool moeswarm_split_exchange(moeswarm_backend_context * ctx, const moeswarm_config & cfg,
         const moeswarm_pattern & p, const std::vector<int32_t> & slot_owner, std::vector<moeswarm_split_owner> & owners,
         double deadline, moeswarm_native_err & ne, size_t * failed, size_t & bytes_out, size_t & bytes_in) {
     for (size_t i = 0; i < owners.size(); ++i) {
-        if (!moeswarm_split_send(ctx, cfg, p, slot_owner, owners[i], deadline, ne, bytes_out)) {
+        if (!moeswarm_split_send(ctx, cfg, p, slot_owner, owners[i], deadline, ne, bytes_out) &&
+                !moeswarm_split_failover(ctx, cfg, p, slot_owner, owners[i], deadline, ne, bytes_out)) {
             *failed = i;
             return false;
         }
     }
     for (size_t i = 0; i < owners.size(); ++i) {
         moeswarm_split_owner & ow = owners[i];
-        bool ok = moeswarm_split_recv(ctx, p, slot_owner, ow, deadline, ne, bytes_in);
-        if (!ok && ow.reused && !ow.retried && ne.code == "MOESWARM_TRANSPORT_CLOSED") {
-            moeswarm_tls_close(ow.pr->conn);
-            ow.retried = true;
-            ok = moeswarm_split_send(ctx, cfg, p, slot_owner, ow, deadline, ne, bytes_out) &&
-                    moeswarm_split_recv(ctx, p, slot_owner, ow, deadline, ne, bytes_in);
-        }
-        if (!ok) {
+        for (;;) {
+            bool ok = moeswarm_split_recv(ctx, p, slot_owner, ow, deadline, ne, bytes_in);
+            if (!ok && ow.reused && !ow.retried && ne.code == "MOESWARM_TRANSPORT_CLOSED") {
+                moeswarm_tls_close(ow.pr->conn);
+                ow.retried = true;
+                ok = moeswarm_split_send(ctx, cfg, p, slot_owner, ow, deadline, ne, bytes_out) &&
+                        moeswarm_split_recv(ctx, p, slot_owner, ow, deadline, ne, bytes_in);
+            }
+            if (ok) break;
+            if (moeswarm_split_failover(ctx, cfg, p, slot_owner, ow, deadline, ne, bytes_out)) continue;
             *failed = i;
             return false;
         }
@@ -221,13 +257,18 @@ static bool moeswarm_split_exchange(moeswarm_backend_context * ctx, const moeswa
     return true;
 }
 
-// whether every owner may be asked now: not backing off, and a live ticket for a link to open
+// whether every owner may be asked now (not backing off, a live ticket for a link to open), or else
+// its entry's alt, which then takes its part from the start
 static bool moeswarm_split_ready(moeswarm_native & nv, std::vector<moeswarm_split_owner> & owners, double now_us) {
-    const double wall_ms = moeswarm_wall_ms();
     for (moeswarm_split_owner & ow : owners) {
+        ow.t  = ow.e;
         ow.pr = &nv.peers[ow.e->worker];
-        if (now_us < ow.pr->retry_at_us) return false;
-        if (ow.pr->conn.fd < 0 && (double) ow.e->exp_ms <= wall_ms + 1000.0) return false;
+        if (moeswarm_split_target_ready(*ow.pr, *ow.e, now_us)) continue;
+        if (!ow.e->has_alt) return false;
+        moeswarm_native_peer & ap = nv.peers[ow.e->alt.worker];
+        if (!moeswarm_split_target_ready(ap, ow.e->alt, now_us)) return false;
+        ow.t  = &ow.e->alt;
+        ow.pr = &ap;
     }
     return true;
 }
@@ -261,7 +302,7 @@ moeswarm_native_outcome moeswarm_native_split_ranges(moeswarm_backend_context * 
                 moeswarm_tls_close(owners[i].pr->conn); // its answer would be the next split's
             }
         }
-        moeswarm_native_failed(nv, *owners[failed].pr, owners[failed].e->worker, p, ne);
+        moeswarm_native_failed(nv, *owners[failed].pr, owners[failed].t->worker, p, ne);
         bytes_out = bytes_in = 0; // the bridge's round trip counts its own
         return MOESWARM_NATIVE_FAILED;
     }
@@ -277,7 +318,7 @@ moeswarm_native_outcome moeswarm_native_split_ranges(moeswarm_backend_context * 
     for (const moeswarm_split_owner & ow : owners) {
         lc.expert_tokens += ow.filled;
         ow.pr->backoff_ms         = 0;
-        moeswarm_native_count & c = nv.counts[{ ow.e->worker, p.layer }];
+        moeswarm_native_count & c = nv.counts[{ ow.t->worker, p.layer }];
         c.splits++;
         c.tokens += ow.tokens;
         c.expert_tokens += ow.filled;

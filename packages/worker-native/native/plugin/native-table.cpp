@@ -31,6 +31,41 @@ static bool moeswarm_native_parse_range(moeswarm_mp_reader & r, const moeswarm_m
     return true;
 }
 
+// a string field of a target (worker, addr, fp, ticket): non-empty, at most 8 KiB
+static bool moeswarm_native_target_str(moeswarm_native_target & t, const std::string & key, const moeswarm_mp_value & v) {
+    if (v.type != MOESWARM_MP_STR || v.n == 0 || v.n > 8192) return false;
+    std::string & dst = key == "worker" ? t.worker : key == "addr" ? t.addr : key == "fp" ? t.fp : t.ticket;
+    dst = moeswarm_mp_string(v);
+    return true;
+}
+
+// a fingerprint is 32 hex pairs joined by ':'
+static bool moeswarm_native_target_ok(const moeswarm_native_target & t) {
+    return !t.worker.empty() && !t.addr.empty() && t.fp.size() == 95 && !t.ticket.empty() && t.exp_ms > 0;
+}
+
+// `alt`: {worker, addr, fp, ticket, exp} (other keys skipped; v: the map's header, read)
+static bool moeswarm_native_parse_alt(moeswarm_mp_reader & r, const moeswarm_mp_value & v, moeswarm_native_target & t) {
+    if (v.type != MOESWARM_MP_MAP) return false;
+    for (uint32_t i = 0; i < v.n; ++i) {
+        moeswarm_mp_value k, x;
+        if (!moeswarm_mp_read(&r, &k) || k.type != MOESWARM_MP_STR) return false;
+        const std::string key((const char *) k.ptr, k.n);
+        if (key != "worker" && key != "addr" && key != "fp" && key != "ticket" && key != "exp") {
+            if (!moeswarm_mp_skip(&r, 8)) return false;
+            continue;
+        }
+        if (!moeswarm_mp_read(&r, &x)) return false;
+        if (key == "exp") {
+            if (x.type != MOESWARM_MP_UINT) return false;
+            t.exp_ms = x.u;
+        } else if (!moeswarm_native_target_str(t, key, x)) {
+            return false;
+        }
+    }
+    return moeswarm_native_target_ok(t);
+}
+
 // one entry of `layers`: a map with layer, worker, addr, fp, ticket, exp and optionally experts
 // (other keys skipped)
 static bool moeswarm_native_parse_entry(moeswarm_mp_reader & r, int & layer, moeswarm_native_entry & e) {
@@ -44,7 +79,7 @@ static bool moeswarm_native_parse_entry(moeswarm_mp_reader & r, int & layer, moe
         if (!moeswarm_mp_read(&r, &k) || k.type != MOESWARM_MP_STR) return false;
         const std::string key((const char *) k.ptr, k.n);
         const bool known = key == "layer" || key == "worker" || key == "addr" || key == "fp" || key == "ticket" ||
-                key == "exp" || key == "experts";
+                key == "exp" || key == "experts" || key == "alt";
         if (!known) {
             if (!moeswarm_mp_skip(&r, 8)) return false;
             continue;
@@ -52,6 +87,11 @@ static bool moeswarm_native_parse_entry(moeswarm_mp_reader & r, int & layer, moe
         if (!moeswarm_mp_read(&r, &v)) return false;
         if (key == "experts") {
             if (!moeswarm_native_parse_range(r, v, e)) return false;
+            continue;
+        }
+        if (key == "alt") {
+            if (!moeswarm_native_parse_alt(r, v, e.alt)) return false;
+            e.has_alt = true;
             continue;
         }
         if (key == "layer" || key == "exp") {
@@ -64,17 +104,24 @@ static bool moeswarm_native_parse_entry(moeswarm_mp_reader & r, int & layer, moe
             }
             continue;
         }
-        if (v.type != MOESWARM_MP_STR || v.n == 0 || v.n > 8192) return false;
-        std::string & dst = key == "worker" ? e.worker : key == "addr" ? e.addr : key == "fp" ? e.fp : e.ticket;
-        dst = moeswarm_mp_string(v);
+        if (!moeswarm_native_target_str(e, key, v)) return false;
     }
-    // a fingerprint is 32 hex pairs joined by ':'
-    return layer >= 0 && !e.worker.empty() && !e.addr.empty() && e.fp.size() == 95 && !e.ticket.empty() && e.exp_ms > 0;
+    // an alt is another worker
+    return layer >= 0 && moeswarm_native_target_ok(e) && (!e.has_alt || e.alt.worker != e.worker);
 }
 
 // a layer's entries: one without a range (the whole layer), or disjoint ranges of distinct workers
-// (sorted here by lo)
+// (sorted here by lo); an alt is no entry's worker and no other entry's alt (a link carries one
+// exchange at a time)
 static bool moeswarm_native_ranges_ok(std::vector<moeswarm_native_entry> & entries) {
+    for (size_t i = 0; i < entries.size(); ++i) {
+        for (size_t j = 0; j < entries.size() && entries[i].has_alt; ++j) {
+            if (entries[j].worker == entries[i].alt.worker ||
+                    (j != i && entries[j].has_alt && entries[j].alt.worker == entries[i].alt.worker)) {
+                return false;
+            }
+        }
+    }
     if (entries.size() == 1) {
         return true;
     }
@@ -120,6 +167,13 @@ static bool moeswarm_native_parse_table(const uint8_t * data, size_t size, moesw
         return false;
     }
     t.deadline_ms = (uint32_t) v.u;
+    if (moeswarm_mp_map_find(data, size, "hedgeMs", &v, nullptr)) {
+        if (v.type != MOESWARM_MP_UINT || v.u == 0 || v.u > 86400000) {
+            err = "hedgeMs not in 1..86400000";
+            return false;
+        }
+        t.hedge_ms = (uint32_t) v.u;
+    }
     size_t pos    = 0;
     if (!moeswarm_mp_map_find(data, size, "layers", &v, &pos) || v.type != MOESWARM_MP_ARRAY) {
         err = "no layers array";
@@ -154,7 +208,8 @@ static void moeswarm_native_apply(moeswarm_native & nv, moeswarm_native_table &&
         bool keep = false;
         for (const auto & [layer, entries] : t.layers) {
             for (const moeswarm_native_entry & e : entries) {
-                keep = keep || (e.worker == worker && e.addr == peer.addr && e.fp == peer.fp);
+                keep = keep || (e.worker == worker && e.addr == peer.addr && e.fp == peer.fp) ||
+                        (e.has_alt && e.alt.worker == worker && e.alt.addr == peer.addr && e.alt.fp == peer.fp);
             }
         }
         if (!keep) {
@@ -268,7 +323,8 @@ void moeswarm_native_drain(moeswarm_backend_context * ctx) {
 
 static void moeswarm_write_receipts(moeswarm_native & nv, moeswarm_mp_writer & w) {
     w.buf.resize(4);
-    moeswarm_mp_write_map(&w, nv.split_layers.empty() ? 5 : 6);
+    const bool hedged = nv.hedges > 0;
+    moeswarm_mp_write_map(&w, (nv.split_layers.empty() ? 5 : 6) + (hedged ? 2 : 0));
     moeswarm_mp_write_cstr(&w, "v");
     moeswarm_mp_write_uint(&w, 1);
     moeswarm_mp_write_cstr(&w, "t");
@@ -304,10 +360,20 @@ static void moeswarm_write_receipts(moeswarm_native & nv, moeswarm_mp_writer & w
             moeswarm_mp_write_uint(&w, c.tokens);
         }
     }
+    if (hedged) {
+        moeswarm_mp_write_cstr(&w, "hedges");
+        moeswarm_mp_write_uint(&w, nv.hedges);
+        moeswarm_mp_write_cstr(&w, "hedgeWins");
+        moeswarm_mp_write_uint(&w, nv.hedge_wins);
+    }
     moeswarm_mp_write_cstr(&w, "failures");
     moeswarm_mp_write_array(&w, (uint32_t) nv.failures.size());
     for (const moeswarm_native_failure & f : nv.failures) {
-        moeswarm_mp_write_map(&w, 3);
+        moeswarm_mp_write_map(&w, f.failover ? 4 : 3);
+        if (f.failover) {
+            moeswarm_mp_write_cstr(&w, "failover");
+            moeswarm_mp_write_bool(&w, true);
+        }
         moeswarm_mp_write_cstr(&w, "worker");
         moeswarm_mp_write_str(&w, f.worker.data(), f.worker.size());
         moeswarm_mp_write_cstr(&w, "code");
@@ -348,4 +414,5 @@ void moeswarm_native_receipts(moeswarm_backend_context * ctx, bool force) {
     nv.counts.clear();
     nv.split_layers.clear();
     nv.failures.clear();
+    nv.hedges = nv.hedge_wins = 0;
 }

@@ -35,6 +35,10 @@ struct moeswarm_stats {
     // the native plane: splits done on a native link, those taken over by the bridge, by code
     uint64_t native_splits    = 0;
     uint64_t native_fallbacks = 0;
+    // phase 3: failures after which the alt was asked; hedges sent, and won by the alt
+    uint64_t native_failovers  = 0;
+    uint64_t native_hedges     = 0;
+    uint64_t native_hedge_wins = 0;
     std::map<std::string, uint64_t> native_failures;
     std::deque<double> native_us;       // round trips of native splits, µs
     std::deque<double> native_overhead; // the same less the worker's reported compute, µs
@@ -65,11 +69,14 @@ static double moeswarm_percentile(std::vector<double> v, double q) {
 }
 
 static void moeswarm_stats_native_json(const moeswarm_stats & s, std::string & out) {
-    char tmp[256];
+    char tmp[384];
     snprintf(tmp, sizeof(tmp),
-            "\"native\":{\"splits\":%llu,\"fallbacks\":%llu,\"roundTripP50Us\":%.1f,\"overheadP50Us\":%.1f,"
+            "\"native\":{\"splits\":%llu,\"fallbacks\":%llu,\"failovers\":%llu,\"hedges\":%llu,"
+            "\"hedgeWins\":%llu,\"roundTripP50Us\":%.1f,\"overheadP50Us\":%.1f,"
             "\"receipts\":%llu,\"receiptsDeferred\":%llu,\"failures\":{",
             (unsigned long long) s.native_splits, (unsigned long long) s.native_fallbacks,
+            (unsigned long long) s.native_failovers, (unsigned long long) s.native_hedges,
+            (unsigned long long) s.native_hedge_wins,
             moeswarm_percentile(std::vector<double>(s.native_us.begin(), s.native_us.end()), 0.5),
             moeswarm_percentile(std::vector<double>(s.native_overhead.begin(), s.native_overhead.end()), 0.5),
             (unsigned long long) s.receipts_sent, (unsigned long long) s.receipts_deferred);
@@ -103,6 +110,20 @@ void moeswarm_stats_native(bool ok, double us, double worker_ms, const std::stri
     if (worker_ms >= 0) {
         moeswarm_push_sample(s.native_overhead, us - worker_ms * 1000.0);
     }
+}
+
+void moeswarm_stats_native_failover(const std::string & code) {
+    moeswarm_stats & s = moeswarm_get_stats();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.native_failovers++;
+    s.native_failures[code]++;
+}
+
+void moeswarm_stats_native_hedge(bool won) {
+    moeswarm_stats & s = moeswarm_get_stats();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.native_hedges++;
+    s.native_hedge_wins += won;
 }
 
 void moeswarm_stats_receipts(bool sent) {
@@ -148,6 +169,7 @@ void moeswarm_stats_reset(void) {
     s.layers.clear();
     s.splits = s.failures = s.bytes_out = s.bytes_in = s.cache_hits = s.cache_misses = 0;
     s.native_splits = s.native_fallbacks = s.receipts_sent = s.receipts_deferred = 0;
+    s.native_failovers = s.native_hedges = s.native_hedge_wins = 0;
     s.native_failures.clear();
     s.native_us.clear();
     s.native_overhead.clear();

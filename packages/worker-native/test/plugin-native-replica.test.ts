@@ -1,0 +1,359 @@
+// The backbone plugin's native plane with replicas (issue #15, phase 3): a whole-layer table entry
+// with an `alt`. A primary that fails sends the split to the alt natively (failover); a primary
+// silent for the table's hedgeMs races the alt (hedge), and its late answer is skipped on the next
+// split it serves. Real llama.cpp + libggml-moeswarm.so (llama-logits); every run's logits are
+// compared byte for byte with plain llama.cpp's, the independent reference.
+
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { ensureSyntheticModel, findExpertTensors, readGguf, sliceExperts } from "@moeswarm/shard";
+import { tempDir } from "@moeswarm/testkit";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { type ExpertCompute, loadExpertCompute } from "../src/index.js";
+import {
+  type NativeTable,
+  type PluginRun,
+  pluginMissing,
+  type Receipts,
+  runLogits,
+  type StandInBridge,
+  type StandInWorker,
+  selfSigned,
+  startBridge,
+  startWorker,
+} from "./plugin-native-fixture.js";
+
+const missing = pluginMissing();
+if (missing) console.warn(`plugin-native-replica tests skipped: ${missing}`);
+
+const N_PREDICT = 8;
+const BACKBONE = "bb-replica";
+const TICKET = "mswt1.test-claims.test-signature";
+const MODEL_CACHE = process.env.MOESWARM_CACHE_DIR ?? join(tmpdir(), "moeswarm-backbone-test-models");
+
+function firstByteDiff(a: Uint8Array, b: Uint8Array): number {
+  const n = Math.min(a.byteLength, b.byteLength);
+  for (let i = 0; i < n; i++) if (a[i] !== b[i]) return i;
+  return a.byteLength === b.byteLength ? -1 : n;
+}
+
+/** Per worker: the splits the receipts credit it with. */
+function credited(receipts: Receipts[]): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const r of receipts) for (const c of r.counts) out[c.worker] = (out[c.worker] ?? 0) + c.splits;
+  return out;
+}
+
+const servedSplits = (w: StandInWorker) => [...w.served.values()].reduce((a, s) => a + s.splits, 0);
+
+describe.skipIf(Boolean(missing))("plugin: a whole layer with a replica (failover, hedge)", () => {
+  const tmp = tempDir("mswn-rep-");
+  let model: string;
+  let layers: number[];
+  let compute: ExpertCompute;
+  let cert: { cert: string; key: string };
+  let cert2: { cert: string; key: string };
+  let plain: PluginRun;
+  let runs = 0;
+  let nExpert: number;
+
+  beforeAll(async () => {
+    model = (await ensureSyntheticModel("small", { cacheDir: MODEL_CACHE })).path;
+    const layout = findExpertTensors(await readGguf(model));
+    layers = layout.layers.map((l) => l.layer);
+    nExpert = layout.layers[0]!.nExpert;
+    const experts = [...Array(nExpert).keys()];
+    const slicePath = join(tmp.dir, "all.gguf");
+    const slice = await sliceExperts(model, { layers, experts });
+    await slice.write(slicePath);
+    await slice.close();
+    compute = await loadExpertCompute(slicePath, { backend: "llama-cpu", threads: 1 });
+    [cert, cert2] = await Promise.all([selfSigned(), selfSigned()]);
+    plain = await runLogits({ model, dir: tmp.dir, name: "plain", nPredict: N_PREDICT });
+    expect(plain.ok, plain.stderr).toBe(true);
+  });
+  afterAll(async () => {
+    await compute?.close();
+    tmp.remove();
+  });
+
+  /** Every layer: w1 primary, w2 its alt. */
+  const table = (
+    primary: StandInWorker,
+    alt: StandInWorker,
+    extra: Partial<NativeTable> = {},
+  ): NativeTable => ({
+    backbone: BACKBONE,
+    deadlineMs: 5000,
+    layers: layers.map((layer) => ({
+      layer,
+      worker: "w1",
+      addr: primary.addr,
+      fp: primary.fingerprint,
+      ticket: TICKET,
+      exp: Date.now() + 3_600_000,
+      alt: { worker: "w2", addr: alt.addr, fp: alt.fingerprint, ticket: TICKET, exp: Date.now() + 3_600_000 },
+    })),
+    ...extra,
+  });
+
+  async function decode(bridge: StandInBridge) {
+    const run = await runLogits({
+      model,
+      dir: tmp.dir,
+      name: `run${++runs}`,
+      nPredict: N_PREDICT,
+      bridge: bridge.address,
+    });
+    expect(run.ok, run.stderr).toBe(true);
+    expect(run.tokens).toEqual(plain.tokens);
+    expect(firstByteDiff(run.logits, plain.logits)).toBe(-1);
+    return run;
+  }
+
+  it("a primary whose listener is gone: the alt answers natively, the same bytes; failovers reported, credited to the alt", async () => {
+    const gone = await startWorker(cert, compute, "ok");
+    await gone[Symbol.asyncDispose](); // its port now refuses connections
+    await using alt = await startWorker(cert2, compute, "ok");
+    await using bridge = await startBridge(join(tmp.dir, "gone.sock"), compute);
+    bridge.setTable(table(gone, alt));
+    const run = await decode(bridge);
+    const n = run.plugin!.native;
+    // at most the very first split (before the table arrived) went to the bridge
+    expect(bridge.dispatches.length).toBeLessThanOrEqual(1);
+    expect(n.fallbacks).toBe(0);
+    expect(n.splits).toBe(run.plugin!.splits - bridge.dispatches.length);
+    // one failover per dial of the primary (then it backs off 1 s, and the alt is asked alone)
+    expect(n.failovers).toBeGreaterThanOrEqual(1);
+    expect(n.failures).toEqual({ MOESWARM_TRANSPORT_CONNECT: n.failovers });
+    const failures = bridge.receipts.flatMap((r) => r.failures);
+    expect(failures).toHaveLength(n.failovers);
+    for (const f of failures)
+      expect(f).toMatchObject({ worker: "w1", code: "MOESWARM_TRANSPORT_CONNECT", failover: true });
+    expect(credited(bridge.receipts)).toEqual({ w2: n.splits });
+    expect(servedSplits(alt)).toBe(n.splits);
+    console.info(
+      `failover (primary refusing): ${n.failovers} failovers, ${n.splits} native splits, round trip p50 ${n.roundTripP50Us} us`,
+    );
+  });
+
+  it("a primary that answers with an error frame: failover for each of its failures; a refusal of our frame: no failover", async () => {
+    await using primary = await startWorker(cert, compute, "error-frame");
+    await using alt = await startWorker(cert2, compute, "ok");
+    await using bridge = await startBridge(join(tmp.dir, "err.sock"), compute);
+    bridge.setTable(table(primary, alt));
+    const run = await decode(bridge);
+    const n = run.plugin!.native;
+    expect(n.fallbacks).toBe(0);
+    expect(n.failures).toEqual({ MOESWARM_WORKER_DRAINING: n.failovers });
+    expect(primary.dispatches.length).toBe(n.failovers);
+    expect(credited(bridge.receipts)).toEqual({ w2: n.splits });
+
+    // MOESWARM_INVALID_ARGUMENT: the worker refuses what we sent; the alt would too: the bridge
+    await using bad = await startWorker(cert, compute, "invalid");
+    await using alt2 = await startWorker(cert2, compute, "ok");
+    await using bridge2 = await startBridge(join(tmp.dir, "inv.sock"), compute);
+    bridge2.setTable(table(bad, alt2));
+    const run2 = await decode(bridge2);
+    const n2 = run2.plugin!.native;
+    expect(n2.failovers).toBe(0);
+    expect(n2.fallbacks).toBeGreaterThanOrEqual(1);
+    expect(n2.failures).toEqual({ MOESWARM_INVALID_ARGUMENT: n2.fallbacks });
+    // while w1 backs off the alt is asked alone; but never right after w1's refusal
+    expect(alt2.dispatches.length).toBe(n2.splits);
+    for (const f of bridge2.receipts.flatMap((r) => r.failures)) expect(f.failover).toBeUndefined();
+  });
+
+  it("both gone: every split through the bridge, the same bytes; the primary's failure a failover, the alt's a fallback", async () => {
+    const a = await startWorker(cert, compute, "ok");
+    const b = await startWorker(cert2, compute, "ok");
+    await a[Symbol.asyncDispose]();
+    await b[Symbol.asyncDispose]();
+    await using bridge = await startBridge(join(tmp.dir, "both.sock"), compute);
+    bridge.setTable(table(a, b));
+    const run = await decode(bridge);
+    const n = run.plugin!.native;
+    expect(n.splits).toBe(0);
+    expect(bridge.dispatches).toHaveLength(run.plugin!.splits);
+    expect(n.fallbacks).toBeGreaterThanOrEqual(1);
+    const failures = bridge.receipts.flatMap((r) => r.failures);
+    // the first split: w1 (failover) then w2 (fallback); both back off, later splits skip them
+    expect(failures.slice(0, 2)).toEqual([
+      expect.objectContaining({ worker: "w1", failover: true }),
+      expect.objectContaining({ worker: "w2", code: "MOESWARM_TRANSPORT_CONNECT" }),
+    ]);
+    expect(failures[1]!.failover).toBeUndefined();
+    expect(credited(bridge.receipts)).toEqual({});
+  });
+
+  it("hedge: a primary that stalls once races the alt after hedgeMs; the alt wins, the same bytes; the stale answer is skipped", async () => {
+    await using primary = await startWorker(cert, compute, "ok");
+    await using alt = await startWorker(cert2, compute, "ok");
+    // the primary's first answer comes 600 ms late; later ones queue behind it on its connection
+    primary.delayMs = 600;
+    primary.delayOn = 1;
+    await using bridge = await startBridge(join(tmp.dir, "hedge.sock"), compute);
+    bridge.setTable(table(primary, alt, { hedgeMs: 40 }));
+    const run = await decode(bridge);
+    const n = run.plugin!.native;
+    expect(n.fallbacks).toBe(0);
+    expect(n.failures).toEqual({});
+    expect(n.hedges).toBeGreaterThanOrEqual(1);
+    expect(n.hedgeWins).toBeGreaterThanOrEqual(1);
+    expect(n.hedgeWins).toBeLessThanOrEqual(n.hedges);
+    // the loser is not backed off: the primary is asked again for the next splits, and the whole
+    // run's splits are native (after the first, maybe, before the table came)
+    expect(primary.dispatches.length).toBeGreaterThan(n.hedges);
+    // one link each, all along: a late answer (a prompt's, larger than a 1-token result) is read
+    // and skipped on the link, which stays up; and every split sent to the primary once
+    expect([primary.connections, alt.connections]).toEqual([1, 1]);
+    expect(primary.dispatches).toHaveLength(n.splits);
+    expect(n.splits).toBe(run.plugin!.splits - bridge.dispatches.length);
+    // each split credited once, to the worker whose answer was used; every answer the primary sent
+    // but that was not used (the stale ones) was skipped, not read as a later split's (the bytes)
+    const c = credited(bridge.receipts);
+    expect((c.w1 ?? 0) + (c.w2 ?? 0)).toBe(n.splits);
+    expect(c.w2).toBe(n.hedgeWins);
+    expect(servedSplits(primary)).toBeGreaterThan(c.w1 ?? 0);
+    const hedges = bridge.receipts.reduce((a, r) => a + (r.hedges ?? 0), 0);
+    const wins = bridge.receipts.reduce((a, r) => a + (r.hedgeWins ?? 0), 0);
+    expect([hedges, wins]).toEqual([n.hedges, n.hedgeWins]);
+    console.info(
+      `hedge (primary stalled 600 ms, hedgeMs 40): ${n.hedges} hedges, ${n.hedgeWins} won by the alt, ${n.splits} native splits, round trip p50 ${n.roundTripP50Us} us`,
+    );
+  });
+
+  it("a split layer whose first range's owner is gone: its part goes to that range's alt, the other owner's is not sent again", async () => {
+    const h = nExpert / 2;
+    const gone = await startWorker(cert, compute, "ok");
+    await gone[Symbol.asyncDispose]();
+    await using p1 = await startWorker(cert2, compute, "ok");
+    await using a0 = await startWorker(cert2, compute, "ok");
+    await using a1 = await startWorker(cert, compute, "ok");
+    await using bridge = await startBridge(join(tmp.dir, "ranged.sock"), compute);
+    const exp = Date.now() + 3_600_000;
+    const entry = (
+      id: string,
+      w: StandInWorker,
+      experts: [number, number],
+      altId: string,
+      alt: StandInWorker,
+    ) => ({
+      worker: id,
+      addr: w.addr,
+      fp: w.fingerprint,
+      ticket: TICKET,
+      exp,
+      experts,
+      alt: { worker: altId, addr: alt.addr, fp: alt.fingerprint, ticket: TICKET, exp },
+    });
+    bridge.setTable({
+      backbone: BACKBONE,
+      deadlineMs: 5000,
+      layers: layers.flatMap((layer) => [
+        { layer, ...entry("p0", gone, [0, h], "a0", a0) },
+        { layer, ...entry("p1", p1, [h, nExpert], "a1", a1) },
+      ]),
+    });
+    const run = await decode(bridge);
+    const n = run.plugin!.native;
+    expect(n.fallbacks).toBe(0);
+    expect(n.splits).toBe(run.plugin!.splits - bridge.dispatches.length);
+    expect(n.failovers).toBeGreaterThanOrEqual(1);
+    expect(n.failures).toEqual({ MOESWARM_TRANSPORT_CONNECT: n.failovers });
+    for (const f of bridge.receipts.flatMap((r) => r.failures))
+      expect(f).toMatchObject({ worker: "p0", failover: true });
+    // the second range's owner got one dispatch per native split (top-8 of 64: every split has ids
+    // in both halves), never a second one for the first range's failover; its alt none
+    expect(p1.dispatches).toHaveLength(n.splits);
+    expect(a1.dispatches).toHaveLength(0);
+    expect(a0.dispatches).toHaveLength(n.splits);
+    for (const d of a0.dispatches) for (const id of d.ids) if (id !== -1) expect(id).toBeLessThan(h);
+    expect(credited(bridge.receipts)).toEqual({ a0: n.splits, p1: n.splits });
+    // each split layer's splits counted once
+    const layerSplits = bridge.receipts.flatMap((r) => r.layers ?? []).reduce((a, l) => a + l.splits, 0);
+    expect(layerSplits).toBe(n.splits);
+  });
+
+  it("a split layer whose owner answers an error frame mid-split: only its part is re-sent, to its alt", async () => {
+    const h = nExpert / 2;
+    await using p0 = await startWorker(cert, compute, "error-frame");
+    p0.failOn = 3;
+    await using p1 = await startWorker(cert2, compute, "ok");
+    await using a0 = await startWorker(cert2, compute, "ok");
+    await using bridge = await startBridge(join(tmp.dir, "ranged-err.sock"), compute);
+    const exp = Date.now() + 3_600_000;
+    const alt = { worker: "a0", addr: a0.addr, fp: a0.fingerprint, ticket: TICKET, exp };
+    bridge.setTable({
+      backbone: BACKBONE,
+      deadlineMs: 5000,
+      layers: layers.flatMap((layer) => [
+        { layer, worker: "p0", addr: p0.addr, fp: p0.fingerprint, ticket: TICKET, exp, experts: [0, h], alt },
+        {
+          layer,
+          worker: "p1",
+          addr: p1.addr,
+          fp: p1.fingerprint,
+          ticket: TICKET,
+          exp,
+          experts: [h, nExpert],
+        },
+      ]),
+    });
+    const run = await decode(bridge);
+    const n = run.plugin!.native;
+    expect(n.fallbacks).toBe(0);
+    expect([n.failovers, n.failures]).toEqual([1, { MOESWARM_WORKER_DRAINING: 1 }]);
+    expect(n.splits).toBe(run.plugin!.splits - bridge.dispatches.length);
+    // p1 once per split; the first range once per split plus the failed dispatch (p0's error),
+    // re-sent to a0, which also serves p0's part while p0 backs off
+    expect(p1.dispatches).toHaveLength(n.splits);
+    expect(p0.dispatches.length + a0.dispatches.length).toBe(n.splits + 1);
+    expect(a0.dispatches.length).toBeGreaterThanOrEqual(1);
+    const c = credited(bridge.receipts);
+    expect(c).toEqual({ p0: p0.dispatches.length - 1, a0: a0.dispatches.length, p1: n.splits });
+  });
+
+  it("a table whose alt is a primary of the same layer is refused whole: no dial, every split through the bridge", async () => {
+    const h = nExpert / 2;
+    await using p0 = await startWorker(cert, compute, "ok");
+    await using p1 = await startWorker(cert2, compute, "ok");
+    await using bridge = await startBridge(join(tmp.dir, "badalt.sock"), compute);
+    const exp = Date.now() + 3_600_000;
+    // p1 is the alt of p0's range and the owner of the other range: one link, two exchanges
+    const alt = { worker: "p1", addr: p1.addr, fp: p1.fingerprint, ticket: TICKET, exp };
+    bridge.setTable({
+      backbone: BACKBONE,
+      deadlineMs: 5000,
+      layers: layers.flatMap((layer) => [
+        { layer, worker: "p0", addr: p0.addr, fp: p0.fingerprint, ticket: TICKET, exp, experts: [0, h], alt },
+        {
+          layer,
+          worker: "p1",
+          addr: p1.addr,
+          fp: p1.fingerprint,
+          ticket: TICKET,
+          exp,
+          experts: [h, nExpert],
+        },
+      ]),
+    });
+    const run = await decode(bridge);
+    expect(run.plugin!.native.splits).toBe(0);
+    expect(bridge.dispatches).toHaveLength(run.plugin!.splits);
+    expect([p0.connections, p1.connections]).toEqual([0, 0]);
+  });
+
+  it("no hedgeMs: a slow primary is waited for (no race), the alt gets nothing", async () => {
+    await using primary = await startWorker(cert, compute, "ok");
+    await using alt = await startWorker(cert2, compute, "ok");
+    primary.delayMs = 150;
+    primary.delayOn = 2;
+    await using bridge = await startBridge(join(tmp.dir, "nohedge.sock"), compute);
+    bridge.setTable(table(primary, alt));
+    const run = await decode(bridge);
+    expect(run.plugin!.native.hedges).toBe(0);
+    expect(alt.dispatches).toHaveLength(0);
+    expect(credited(bridge.receipts)).toEqual({ w1: run.plugin!.native.splits });
+  });
+});
