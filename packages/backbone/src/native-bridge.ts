@@ -242,7 +242,8 @@ export class NativePlane {
 export interface BridgeNativeOptions {
   /**
    * How long a native split may take before the plugin gives up on it and takes the bridge path,
-   * ms. Default: the bridge's `hedgeMs` when set, else 5000; never above `pluginTimeoutMs`.
+   * ms. Default: 4x the bridge's `hedgeMs` when set (the plugin hedges to a replica after
+   * `hedgeMs`), else 5000; never above `pluginTimeoutMs`.
    */
   deadlineMs?: number;
   /** The plugin's `MOESWARM_TIMEOUT_MS` (default 30000): the deadline stays within it. */
@@ -280,13 +281,20 @@ export function checkNativeOption(native: unknown): void {
 }
 
 /** The plugin's deadline for a native split: the option, else the hedge, else the default; within the plugin's timeout. */
+/** The native deadline is this many hedge delays when the bridge hedges. */
+export const HEDGE_DEADLINE_FACTOR = 4;
+
 export function nativeDeadlineMs(
   native: boolean | BridgeNativeOptions | undefined,
   hedgeMs: number | undefined,
 ): number {
   const o = typeof native === "object" ? native : {};
   const cap = o.pluginTimeoutMs ?? DEFAULT_PLUGIN_TIMEOUT_MS;
-  const want = o.deadlineMs ?? (hedgeMs !== undefined && hedgeMs > 0 ? hedgeMs : DEFAULT_NATIVE_DEADLINE_MS);
+  // with a hedge, the plugin races a replica after hedgeMs (phase 3) and gives the split up later;
+  // 4x leaves the twin three hedge delays to answer, as dispatch's hedge leaves the slow ask running
+  const want =
+    o.deadlineMs ??
+    (hedgeMs !== undefined && hedgeMs > 0 ? HEDGE_DEADLINE_FACTOR * hedgeMs : DEFAULT_NATIVE_DEADLINE_MS);
   // the plugin refuses a deadline above a day
   return Math.max(1, Math.min(cap, 86_400_000, Math.ceil(want)));
 }

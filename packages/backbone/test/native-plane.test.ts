@@ -168,7 +168,8 @@ describe("which layers go native", () => {
 
   it("the plugin's deadline: the option, else the hedge, else 5 s; never above the plugin's timeout", () => {
     expect(nativeDeadlineMs(undefined, undefined)).toBe(5000);
-    expect(nativeDeadlineMs(true, 80)).toBe(80);
+    expect(nativeDeadlineMs(true, 80)).toBe(320); // 4 hedge delays: the plugin hedges at 80
+    expect(nativeDeadlineMs({ pluginTimeoutMs: 200 }, 80)).toBe(200);
     expect(nativeDeadlineMs(true, 0)).toBe(5000);
     expect(nativeDeadlineMs({ deadlineMs: 300 }, 80)).toBe(300);
     expect(nativeDeadlineMs({ pluginTimeoutMs: 2000 }, undefined)).toBe(2000);
