@@ -30,7 +30,7 @@ import {
   checkNativeOption,
   NativePlane,
   nativeDeadlineMs,
-  nativeHedgeMs,
+  nativeHedge,
   nativeOffReason,
 } from "./native-bridge.js";
 import { type BridgeSocket, PluginServer } from "./plugin-socket.js";
@@ -270,13 +270,9 @@ export async function serveBackboneBridge(options: BackboneBridgeOptions): Promi
   // a ban read later also takes its worker off the native table
   if (link) refreshBans = await HubBans.seed(link, verification, controller.signal, () => native?.refresh());
   const liveness = transport.trusted === true ? undefined : new Liveness();
-  native = nativePlaneOf(options, {
-    link,
-    transport,
-    routing,
-    signal: controller.signal,
-    excluded: () => excludedNow(verification, liveness, verify),
-  });
+  const excluded = () => excludedNow(verification, liveness, verify);
+  const parts = { link, transport, routing, excluded, liveness };
+  native = nativePlaneOf(options, { ...parts, signal: controller.signal });
   const requests = new BridgeRequests({
     model,
     placement,
@@ -399,6 +395,8 @@ function nativePlaneOf(
     routing: RoutingStats;
     signal: AbortSignal;
     excluded: () => Set<string>;
+    /** Dispatch's adaptive deadlines and hedge: the plugin hedges with the same rule. */
+    liveness: Liveness | undefined;
   },
 ): NativePlane {
   const { link } = parts;
@@ -423,7 +421,7 @@ function nativePlaneOf(
             backbone: link.id,
             deadlineMs,
             // the plugin hedges a silent primary to its alt as dispatch hedges to a replica
-            hedgeMs: nativeHedgeMs(options.hedgeMs, deadlineMs),
+            ...nativeHedge(options.hedgeMs, deadlineMs, parts.liveness),
             view: () => link.current(),
             exclude: parts.excluded,
             ticket: (worker, signal) => link.directTicket(worker, { signal }),

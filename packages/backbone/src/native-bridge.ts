@@ -30,6 +30,8 @@ export interface NativeMetrics {
     alts: string[];
     deadlineMs: number;
     hedgeMs?: number;
+    hedgeFactor?: number;
+    hedgeMinMs?: number;
   };
   /** Workers out of the table after failures, backing off now. */
   dropped: string[];
@@ -227,6 +229,7 @@ export class NativePlane {
         alts: [...new Set(t.layers.flatMap((e) => (e.alt ? [e.alt.worker] : [])))],
         deadlineMs: t.deadlineMs,
         ...(t.hedgeMs !== undefined ? { hedgeMs: t.hedgeMs } : {}),
+        ...(t.hedgeFactor !== undefined ? { hedgeFactor: t.hedgeFactor, hedgeMinMs: t.hedgeMinMs! } : {}),
       },
       dropped: this.#table?.dropped() ?? [],
       ...this.#c,
@@ -300,13 +303,25 @@ export function nativeDeadlineMs(
 }
 
 /**
- * The table's hedgeMs from the bridge's `hedgeMs`: whole ms, at least 1; undefined without a hedge
- * (unset or 0) or when it would not come before the native deadline (nothing left to race).
+ * The table's hedge from the bridge's `hedgeMs`: a fixed one in whole ms (at least 1), dropped when
+ * it would not come before the native deadline (nothing left to race); none for `hedgeMs: 0`;
+ * and for an unset `hedgeMs` dispatch's adaptive one (`liveness.hedgeDelay`: hedgeFactor x the
+ * worker's p50, at least floorMs / 4), which the plugin applies to its own round trips, when the
+ * bridge has liveness (an untrusted transport), else none.
  */
-export function nativeHedgeMs(hedgeMs: number | undefined, deadlineMs: number): number | undefined {
-  if (hedgeMs === undefined || !(hedgeMs > 0)) return undefined;
+export function nativeHedge(
+  hedgeMs: number | undefined,
+  deadlineMs: number,
+  liveness?: { readonly hedgeFactor: number; readonly floorMs: number },
+): { hedgeMs?: number; hedgeFactor?: number; hedgeMinMs?: number } {
+  if (hedgeMs === undefined) {
+    return liveness
+      ? { hedgeFactor: liveness.hedgeFactor, hedgeMinMs: Math.max(1, Math.ceil(liveness.floorMs / 4)) }
+      : {};
+  }
+  if (!(hedgeMs > 0)) return {};
   const h = Math.max(1, Math.ceil(hedgeMs));
-  return h < deadlineMs ? h : undefined;
+  return h < deadlineMs ? { hedgeMs: h } : {};
 }
 
 /** Why the native plane is off for a bridge with these settings (undefined: it is on). */

@@ -65,6 +65,13 @@ export interface NativeTableFrame {
    * answer wins (the bridge's own `hedgeMs`). Absent: no hedge (failover only).
    */
   hedgeMs?: number;
+  /**
+   * Instead of `hedgeMs`, dispatch's adaptive hedge (the bridge's default): a primary silent for
+   * max(`hedgeMinMs`, `hedgeFactor` x the p50 of its latest round trips the plugin timed) races
+   * its alt; a primary with fewer than 4 of them is not hedged. Both or neither.
+   */
+  hedgeFactor?: number;
+  hedgeMinMs?: number;
   /** One entry per layer, or per owner of a split layer (`experts`); empty: the native plane is off. */
   layers: NativeTableEntry[];
 }
@@ -169,6 +176,9 @@ export function encodeNativeTable(frame: Omit<NativeTableFrame, "v" | "t">): Uin
         : {}),
     })),
     ...(frame.hedgeMs !== undefined ? { hedgeMs: frame.hedgeMs } : {}),
+    ...(frame.hedgeFactor !== undefined
+      ? { hedgeFactor: frame.hedgeFactor, hedgeMinMs: frame.hedgeMinMs }
+      : {}),
   };
   return encode(body);
 }

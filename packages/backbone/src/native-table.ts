@@ -335,6 +335,9 @@ export interface NativeTableOptions {
   deadlineMs: number;
   /** The plugin hedges a primary silent this long to its entry's alt (ms; absent: no hedge). */
   hedgeMs?: number | undefined;
+  /** Or adaptively: max(hedgeMinMs, hedgeFactor x the primary's p50), both or neither (native-plane.ts). */
+  hedgeFactor?: number | undefined;
+  hedgeMinMs?: number | undefined;
   /** The live placement now (undefined: none yet, the table is empty). */
   view(): NativePlacementView | undefined;
   /** Workers the bridge would not send to now (quarantined, circuit open). */
@@ -369,6 +372,29 @@ export interface NativeTableCounters {
   drops: number;
 }
 
+/** The adaptive hedge's fields, checked as the plugin checks them (a table it refuses is no table). */
+function adaptiveHedge(
+  o: NativeTableOptions,
+  hedgeMs: number | undefined,
+): { hedgeFactor?: number; hedgeMinMs?: number } {
+  const { hedgeFactor: f, hedgeMinMs: m } = o;
+  if (f === undefined && m === undefined) return {};
+  if (
+    f === undefined ||
+    m === undefined ||
+    hedgeMs !== undefined ||
+    !(f >= 1 && f <= 100) ||
+    !Number.isSafeInteger(m) ||
+    m < 1 ||
+    m > 86_400_000
+  ) {
+    throw new InvalidArgumentError(
+      "native hedgeFactor (1..100) and hedgeMinMs (1..86400000) go together, and not with hedgeMs",
+    );
+  }
+  return { hedgeFactor: f, hedgeMinMs: m };
+}
+
 /** The table the bridge pushes: rebuilt on `refresh()`, at ticket renewals and backoff ends. */
 export class NativeTable {
   readonly counters: NativeTableCounters = { tables: 0, ticketsFetched: 0, ticketErrors: 0, drops: 0 };
@@ -394,6 +420,7 @@ export class NativeTable {
     if (h !== undefined && (!Number.isSafeInteger(h) || h < 1 || h > 0xffff_ffff)) {
       throw new InvalidArgumentError("native hedgeMs must be an integer in 1..2^32-1");
     }
+    const adaptive = adaptiveHedge(options, h);
     this.#table = {
       v: 1,
       t: "native-table",
@@ -401,6 +428,7 @@ export class NativeTable {
       backbone: options.backbone,
       deadlineMs: d,
       ...(h !== undefined ? { hedgeMs: h } : {}),
+      ...adaptive,
       layers: [],
     };
     options.signal.addEventListener("abort", () => this.#clearTimer(), { once: true });

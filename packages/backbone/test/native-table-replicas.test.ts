@@ -4,11 +4,12 @@
 import { Placement, type WorkerRegistration } from "@moeswarm/dispatch";
 import { decode, encode } from "@msgpack/msgpack";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { NativePlane, nativeHedgeMs } from "../src/native-bridge.js";
+import { NativePlane, nativeHedge } from "../src/native-bridge.js";
 import { decodeNativeFrame, encodeNativeTable, type NativeTableFrame } from "../src/native-plane.js";
 import {
   type NativePlacementView,
   type NativeRoute,
+  NativeTable,
   nativeLayerOwners,
   nativeWorkers,
   replicaLayerPlan,
@@ -388,13 +389,51 @@ describe("the table with replicas (fake timers)", () => {
     ]);
   });
 
-  it("the table's hedgeMs: the bridge's, in whole ms, only when it comes before the deadline", () => {
-    expect(nativeHedgeMs(undefined, 5000)).toBeUndefined();
-    expect(nativeHedgeMs(0, 5000)).toBeUndefined();
-    expect(nativeHedgeMs(12.2, 5000)).toBe(13);
-    expect(nativeHedgeMs(5000, 5000)).toBeUndefined();
+  it("the table's hedge: the bridge's hedgeMs in whole ms before the deadline, or dispatch's adaptive rule when unset", () => {
+    const liveness = { hedgeFactor: 2, floorMs: 250 };
+    expect(nativeHedge(0, 5000, liveness)).toEqual({});
+    expect(nativeHedge(12.2, 5000, liveness)).toEqual({ hedgeMs: 13 });
+    expect(nativeHedge(5000, 5000, liveness)).toEqual({});
+    // unset: adaptive, as dispatch hedges with liveness (2x p50, at least floorMs / 4)
+    expect(nativeHedge(undefined, 5000, liveness)).toEqual({ hedgeFactor: 2, hedgeMinMs: 63 });
+    expect(nativeHedge(undefined, 5000)).toEqual({});
     const bytes = encodeNativeTable({ seq: 1, backbone: "bb", deadlineMs: 100, hedgeMs: 20, layers: [] });
     expect(decode(bytes)).toMatchObject({ hedgeMs: 20, deadlineMs: 100 });
+    const adaptive = encodeNativeTable({
+      seq: 1,
+      backbone: "bb",
+      deadlineMs: 5000,
+      hedgeFactor: 2,
+      hedgeMinMs: 63,
+      layers: [],
+    });
+    expect(decode(adaptive)).toMatchObject({ hedgeFactor: 2, hedgeMinMs: 63 });
+    expect(decode(adaptive)).not.toHaveProperty("hedgeMs");
+  });
+
+  it("a table refuses an adaptive hedge without both fields, out of range, or with hedgeMs", () => {
+    const base = {
+      backbone: "bb",
+      deadlineMs: 5000,
+      view: () => undefined,
+      exclude: () => new Set<string>(),
+      ticket: async () => ({ ticket: "mswt1.x", exp: Date.now() + 60_000 }),
+      onTable: () => {},
+      signal: new AbortController().signal,
+    };
+    for (const bad of [
+      { hedgeFactor: 2 },
+      { hedgeMinMs: 63 },
+      { hedgeFactor: 0.5, hedgeMinMs: 63 },
+      { hedgeFactor: 2, hedgeMinMs: 0 },
+      { hedgeFactor: 2, hedgeMinMs: 63, hedgeMs: 40 },
+    ]) {
+      expect(() => new NativeTable({ ...base, ...bad })).toThrow(/hedgeFactor/);
+    }
+    expect(new NativeTable({ ...base, hedgeFactor: 2, hedgeMinMs: 63 }).current()).toMatchObject({
+      hedgeFactor: 2,
+      hedgeMinMs: 63,
+    });
   });
 
   it("receipts: failover must be a boolean, hedges u32; absent fields are zero", () => {

@@ -114,6 +114,9 @@ export interface NativeTable {
   deadlineMs: number;
   /** A primary silent this long races its alt (phase 3). */
   hedgeMs?: number;
+  /** Or adaptively: silent for max(hedgeMinMs, hedgeFactor x its p50). */
+  hedgeFactor?: number;
+  hedgeMinMs?: number;
   layers: TableEntry[];
 }
 

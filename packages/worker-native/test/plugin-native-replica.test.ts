@@ -223,6 +223,33 @@ describe.skipIf(Boolean(missing))("plugin: a whole layer with a replica (failove
     );
   });
 
+  it("adaptive hedge (hedgeFactor, hedgeMinMs): a primary with a history that stalls races the alt; without one it is waited for", async () => {
+    await using primary = await startWorker(cert, compute, "ok");
+    await using alt = await startWorker(cert2, compute, "ok");
+    // the 10th dispatch to the primary stalls: by then it has answered nine, its p50 is ~1 ms and
+    // the hedge comes at max(30 ms, 2 x p50) = 30 ms
+    primary.delayMs = 600;
+    primary.delayOn = 10;
+    await using bridge = await startBridge(join(tmp.dir, "adaptive.sock"), compute);
+    bridge.setTable(table(primary, alt, { hedgeFactor: 2, hedgeMinMs: 30 }));
+    const run = await decode(bridge);
+    const n = run.plugin!.native;
+    expect(n.fallbacks).toBe(0);
+    expect(n.hedges).toBeGreaterThanOrEqual(1);
+    expect(n.hedgeWins).toBeGreaterThanOrEqual(1);
+    expect(alt.dispatches.length).toBe(n.hedges);
+    // the first dispatch stalls: no history, no hedge (as dispatch's liveness), the split waits
+    await using slow = await startWorker(cert, compute, "ok");
+    await using alt2 = await startWorker(cert2, compute, "ok");
+    slow.delayMs = 300;
+    slow.delayOn = 1;
+    await using bridge2 = await startBridge(join(tmp.dir, "adaptive2.sock"), compute);
+    bridge2.setTable(table(slow, alt2, { hedgeFactor: 2, hedgeMinMs: 30 }));
+    const run2 = await decode(bridge2);
+    expect(run2.plugin!.native.hedges).toBe(0);
+    expect(alt2.dispatches).toHaveLength(0);
+  });
+
   it("a split layer whose first range's owner is gone: its part goes to that range's alt, the other owner's is not sent again", async () => {
     const h = nExpert / 2;
     const gone = await startWorker(cert, compute, "ok");

@@ -243,12 +243,20 @@ struct moeswarm_native_table {
     std::string backbone; // the hello's id
     uint32_t deadline_ms = 0;
     uint32_t hedge_ms    = 0; // `hedgeMs`: a primary silent this long races its alt; 0: no hedge
+    // `hedgeAdaptive` (dispatch's adaptive hedge, the bridge's default): a primary silent for
+    // max(hedge_min_ms, hedge_factor x its recent round trips' p50) races its alt; 0: off. A primary
+    // without MOESWARM_NATIVE_RT_MIN round trips of history is not hedged (as dispatch's liveness).
+    double   hedge_factor = 0;
+    uint32_t hedge_min_ms = 0;
     // per layer: one entry without a range (one worker holds every expert: a mode-sum dispatch), or
     // entries with disjoint ranges (a split over several workers: native-split.cpp)
     std::unordered_map<int, std::vector<moeswarm_native_entry>> layers;
 };
 
 // this backend's link to one worker
+#define MOESWARM_NATIVE_RT_RING 32
+#define MOESWARM_NATIVE_RT_MIN 4
+
 struct moeswarm_native_peer {
     moeswarm_tls_conn conn;
     std::string addr, fp; // of the open connection
@@ -259,7 +267,15 @@ struct moeswarm_native_peer {
     // the largest result asked for on this link: a hedge's loser answers late, and its (maybe
     // larger, a prompt's) result must be read and skipped, not taken for an oversized frame
     size_t max_result = 0;
+    // the latest un-hedged round trips it answered, µs, for the adaptive hedge (a ring)
+    float rt_us[MOESWARM_NATIVE_RT_RING] = {};
+    uint32_t rt_n = 0, rt_at = 0;
 };
+
+// the adaptive hedge's delay for a primary, µs, or 0 (no hedge: none set, or too little history)
+double moeswarm_native_hedge_delay_us(const moeswarm_native_table & t, const moeswarm_native_peer & pr);
+// one more answered round trip of pr (the ring keeps the latest MOESWARM_NATIVE_RT_RING)
+void moeswarm_native_note_rt(moeswarm_native_peer & pr, double rt_us);
 
 struct moeswarm_native_count {
     uint64_t splits = 0, tokens = 0, expert_tokens = 0;

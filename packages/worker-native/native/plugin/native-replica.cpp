@@ -4,8 +4,9 @@
 // - Failover: when the primary fails in a way that is its fault or the link's (connect, pin, a
 //   closed link, an error frame, a drain, a bad answer; not a refusal of our own frame, and not the
 //   deadline, which leaves no time), the frame goes to the alt at once, natively, before the bridge.
-// - Hedge: when the table has `hedgeMs` and the primary has not answered that long, the frame also
-//   goes to the alt; the first valid answer wins. The loser is not backed off (it did nothing
+// - Hedge: when the table has `hedgeMs` and the primary has not answered that long (or, with
+//   `hedgeFactor`/`hedgeMinMs`, that many times its recent p50, as dispatch's adaptive hedge), the
+//   frame also goes to the alt; the first valid answer wins. The loser is not backed off (it did nothing
 //   wrong, as in dispatch's hedge.ts); its late answer stays on its link and is skipped by id on the
 //   link's next use (moeswarm_native_read_one).
 // Each failure backs its worker off and is reported; only when every asked worker failed does the
@@ -203,6 +204,9 @@ static moeswarm_native_outcome moeswarm_native_race_end(moeswarm_backend_context
     }
     moeswarm_native_try & w = r.at[r.winner];
     w.pr->backoff_ms        = 0;
+    if (!r.hedged) {
+        moeswarm_native_note_rt(*w.pr, moeswarm_now_us() - t0); // a hedged split's time is the race's
+    }
     uint64_t filled         = 0;
     for (int32_t id : ctx->ids) {
         filled += id != -1;
@@ -212,6 +216,26 @@ static moeswarm_native_outcome moeswarm_native_race_end(moeswarm_backend_context
     c.tokens += (uint64_t) p.n_tokens;
     c.expert_tokens += filled;
     return MOESWARM_NATIVE_OK;
+}
+
+double moeswarm_native_hedge_delay_us(const moeswarm_native_table & t, const moeswarm_native_peer & pr) {
+    if (t.hedge_ms > 0) {
+        return t.hedge_ms * 1000.0;
+    }
+    if (t.hedge_factor <= 0 || pr.rt_n < MOESWARM_NATIVE_RT_MIN) {
+        return 0;
+    }
+    const uint32_t n = std::min<uint32_t>(pr.rt_n, MOESWARM_NATIVE_RT_RING);
+    float sorted[MOESWARM_NATIVE_RT_RING];
+    std::copy(pr.rt_us, pr.rt_us + n, sorted);
+    std::nth_element(sorted, sorted + n / 2, sorted + n);
+    return std::max(t.hedge_min_ms * 1000.0, t.hedge_factor * (double) sorted[n / 2]);
+}
+
+void moeswarm_native_note_rt(moeswarm_native_peer & pr, double rt_us) {
+    pr.rt_us[pr.rt_at] = (float) rt_us;
+    pr.rt_at           = (pr.rt_at + 1) % MOESWARM_NATIVE_RT_RING;
+    pr.rt_n++;
 }
 
 // a whole-layer entry's split: the primary, then (failover or hedge) its alt, then the bridge
@@ -235,8 +259,10 @@ static moeswarm_native_outcome moeswarm_native_split_whole(moeswarm_backend_cont
         return MOESWARM_NATIVE_SKIP;
     }
     const double deadline = t0 + std::min<double>(nv.table.deadline_ms, cfg.timeout_ms) * 1000.0;
-    if (r.n == 2 && nv.table.hedge_ms > 0) {
-        r.hedge_at = t0 + nv.table.hedge_ms * 1000.0;
+    // a hedge only when the primary is asked first and its alt is there
+    const double hedge_us = r.n == 2 ? moeswarm_native_hedge_delay_us(nv.table, *pp) : 0;
+    if (hedge_us > 0) {
+        r.hedge_at = t0 + hedge_us;
     }
     if (!moeswarm_native_send(ctx, cfg, p, r.at[0], deadline, bytes_out)) {
         moeswarm_native_race_fail(r, r.at[0]);

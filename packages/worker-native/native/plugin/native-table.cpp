@@ -144,6 +144,25 @@ static bool moeswarm_native_ranges_ok(std::vector<moeswarm_native_entry> & entri
     return true;
 }
 
+// the adaptive hedge (`hedgeFactor` with `hedgeMinMs`, both or neither), or false with err
+static bool moeswarm_native_parse_adaptive(const uint8_t * data, size_t size, moeswarm_native_table & t, std::string & err) {
+    moeswarm_mp_value f, m;
+    const bool has_f = moeswarm_mp_map_find(data, size, "hedgeFactor", &f, nullptr);
+    const bool has_m = moeswarm_mp_map_find(data, size, "hedgeMinMs", &m, nullptr);
+    if (!has_f && !has_m) {
+        return true;
+    }
+    const double factor = !has_f ? 0 : f.type == MOESWARM_MP_FLOAT ? f.f : f.type == MOESWARM_MP_UINT ? (double) f.u : 0;
+    if (!has_f || !has_m || !(factor >= 1 && factor <= 100) || m.type != MOESWARM_MP_UINT || m.u == 0 ||
+            m.u > 86400000 || t.hedge_ms > 0) {
+        err = "hedgeFactor (1..100) and hedgeMinMs (1..86400000) go together, and not with hedgeMs";
+        return false;
+    }
+    t.hedge_factor = factor;
+    t.hedge_min_ms = (uint32_t) m.u;
+    return true;
+}
+
 // a whole native-table, or false (then the plane is off until a good one comes: doubt means bridge)
 static bool moeswarm_native_parse_table(const uint8_t * data, size_t size, moeswarm_native_table & t, std::string & err) {
     moeswarm_mp_value v;
@@ -173,6 +192,9 @@ static bool moeswarm_native_parse_table(const uint8_t * data, size_t size, moesw
             return false;
         }
         t.hedge_ms = (uint32_t) v.u;
+    }
+    if (!moeswarm_native_parse_adaptive(data, size, t, err)) {
+        return false;
     }
     size_t pos    = 0;
     if (!moeswarm_mp_map_find(data, size, "layers", &v, &pos) || v.type != MOESWARM_MP_ARRAY) {
