@@ -18,9 +18,10 @@ import {
   type EncodableFrame,
   encodeFrame,
 } from "@moeswarm/core";
+import { ensureSyntheticModel, findExpertTensors, readGguf, sliceExperts } from "@moeswarm/shard";
 import { decode, encode } from "@msgpack/msgpack";
 import type { ExpertCompute } from "../src/index.js";
-import { llamaCppBinsDir, prebuiltPath } from "../src/index.js";
+import { llamaCppBinsDir, loadExpertCompute, prebuiltPath } from "../src/index.js";
 
 /** Why the plugin cannot be run here, or undefined. */
 export function pluginMissing(): string | undefined {
@@ -445,4 +446,42 @@ export async function runLogits(opts: {
   }
   const logits = existsSync(logitsPath) ? readFileSync(logitsPath) : Buffer.alloc(0);
   return { ...parsed, ok: parsed.ok && code === 0, logits, stderr };
+}
+
+// the backbone tests' model cache: the same synthetic model, made once per machine
+const MODEL_CACHE = process.env.MOESWARM_CACHE_DIR ?? join(tmpdir(), "moeswarm-backbone-test-models");
+
+/** The first byte where a and b differ, or -1. */
+export function firstByteDiff(a: Uint8Array, b: Uint8Array): number {
+  const n = Math.min(a.byteLength, b.byteLength);
+  for (let i = 0; i < n; i++) if (a[i] !== b[i]) return i;
+  return a.byteLength === b.byteLength ? -1 : n;
+}
+
+/** What the native plugin tests share: the model, every expert's compute, two identities, the plain run. */
+export interface WholeSliceSetUp {
+  model: string;
+  layers: number[];
+  nExpert: number;
+  /** Every expert of every layer, on llama-cpu: the CPU backend llama.cpp itself computes with, so
+   * every answer has plain llama.cpp's bits. */
+  compute: ExpertCompute;
+  certs: [{ cert: string; key: string }, { cert: string; key: string }];
+  /** Plain llama.cpp's run of nPredict tokens, which every swarm run must equal. */
+  plain: PluginRun;
+}
+
+export async function setUpWholeSlice(dir: string, nPredict: number): Promise<WholeSliceSetUp> {
+  const model = (await ensureSyntheticModel("small", { cacheDir: MODEL_CACHE })).path;
+  const layout = findExpertTensors(await readGguf(model));
+  const layers = layout.layers.map((l) => l.layer);
+  const nExpert = layout.layers[0]!.nExpert;
+  const slicePath = join(dir, "all.gguf");
+  const slice = await sliceExperts(model, { layers, experts: [...Array(nExpert).keys()] });
+  await slice.write(slicePath);
+  await slice.close();
+  const compute = await loadExpertCompute(slicePath, { backend: "llama-cpu", threads: 1 });
+  const certs = (await Promise.all([selfSigned(), selfSigned()])) as WholeSliceSetUp["certs"];
+  const plain = await runLogits({ model, dir, name: "plain", nPredict });
+  return { model, layers, nExpert, compute, certs, plain };
 }

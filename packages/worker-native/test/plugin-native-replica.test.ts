@@ -4,13 +4,12 @@
 // split it serves. Real llama.cpp + libggml-moeswarm.so (llama-logits); every run's logits are
 // compared byte for byte with plain llama.cpp's, the independent reference.
 
-import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { ensureSyntheticModel, findExpertTensors, readGguf, sliceExperts } from "@moeswarm/shard";
 import { tempDir } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { type ExpertCompute, loadExpertCompute } from "../src/index.js";
+import type { ExpertCompute } from "../src/index.js";
 import {
+  firstByteDiff,
   type NativeTable,
   type PluginRun,
   pluginMissing,
@@ -18,7 +17,7 @@ import {
   runLogits,
   type StandInBridge,
   type StandInWorker,
-  selfSigned,
+  setUpWholeSlice,
   startBridge,
   startWorker,
 } from "./plugin-native-fixture.js";
@@ -29,13 +28,6 @@ if (missing) console.warn(`plugin-native-replica tests skipped: ${missing}`);
 const N_PREDICT = 8;
 const BACKBONE = "bb-replica";
 const TICKET = "mswt1.test-claims.test-signature";
-const MODEL_CACHE = process.env.MOESWARM_CACHE_DIR ?? join(tmpdir(), "moeswarm-backbone-test-models");
-
-function firstByteDiff(a: Uint8Array, b: Uint8Array): number {
-  const n = Math.min(a.byteLength, b.byteLength);
-  for (let i = 0; i < n; i++) if (a[i] !== b[i]) return i;
-  return a.byteLength === b.byteLength ? -1 : n;
-}
 
 /** Per worker: the splits the receipts credit it with. */
 function credited(receipts: Receipts[]): Record<string, number> {
@@ -58,18 +50,9 @@ describe.skipIf(Boolean(missing))("plugin: a whole layer with a replica (failove
   let nExpert: number;
 
   beforeAll(async () => {
-    model = (await ensureSyntheticModel("small", { cacheDir: MODEL_CACHE })).path;
-    const layout = findExpertTensors(await readGguf(model));
-    layers = layout.layers.map((l) => l.layer);
-    nExpert = layout.layers[0]!.nExpert;
-    const experts = [...Array(nExpert).keys()];
-    const slicePath = join(tmp.dir, "all.gguf");
-    const slice = await sliceExperts(model, { layers, experts });
-    await slice.write(slicePath);
-    await slice.close();
-    compute = await loadExpertCompute(slicePath, { backend: "llama-cpu", threads: 1 });
-    [cert, cert2] = await Promise.all([selfSigned(), selfSigned()]);
-    plain = await runLogits({ model, dir: tmp.dir, name: "plain", nPredict: N_PREDICT });
+    const set = await setUpWholeSlice(tmp.dir, N_PREDICT);
+    ({ model, layers, nExpert, compute, plain } = set);
+    [cert, cert2] = set.certs;
     expect(plain.ok, plain.stderr).toBe(true);
   });
   afterAll(async () => {

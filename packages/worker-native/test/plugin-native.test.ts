@@ -3,10 +3,8 @@
 // and through the bridge on any failure. Every run's logits are compared byte for byte with plain
 // llama.cpp (no plugin), whose own CPU kernels are the independent reference.
 import { X509Certificate } from "node:crypto";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import {
-  ensureSyntheticModel,
   findExpertTensors,
   readGguf,
   sliceExperts,
@@ -23,6 +21,7 @@ import {
   serveNative,
 } from "../src/index.js";
 import {
+  firstByteDiff,
   type NativeTable,
   type PluginRun,
   pluginMissing,
@@ -30,6 +29,7 @@ import {
   type StandInBridge,
   type StandInWorker,
   selfSigned,
+  setUpWholeSlice,
   startBridge,
   startWorker,
   type WorkerMode,
@@ -41,14 +41,6 @@ if (missing) console.warn(`plugin-native tests skipped: ${missing}`);
 const N_PREDICT = 8;
 const BACKBONE = "bb-native";
 const TICKET = "mswt1.test-claims.test-signature";
-// the backbone tests' model cache: the same synthetic model, made once per machine
-const MODEL_CACHE = process.env.MOESWARM_CACHE_DIR ?? join(tmpdir(), "moeswarm-backbone-test-models");
-
-function firstByteDiff(a: Uint8Array, b: Uint8Array): number {
-  const n = Math.min(a.byteLength, b.byteLength);
-  for (let i = 0; i < n; i++) if (a[i] !== b[i]) return i;
-  return a.byteLength === b.byteLength ? -1 : n;
-}
 
 describe.skipIf(Boolean(missing))("plugin: native splits to a worker, the bridge on any doubt", () => {
   const tmp = tempDir("mswn-nat-");
@@ -62,19 +54,9 @@ describe.skipIf(Boolean(missing))("plugin: native splits to a worker, the bridge
   let runs = 0;
 
   beforeAll(async () => {
-    model = (await ensureSyntheticModel("small", { cacheDir: MODEL_CACHE })).path;
-    const layout = findExpertTensors(await readGguf(model));
-    layers = layout.layers.map((l) => l.layer);
-    nExpert = layout.layers[0]!.nExpert;
-    const experts = [...Array(nExpert).keys()];
-    const slicePath = join(tmp.dir, "all.gguf");
-    const slice = await sliceExperts(model, { layers, experts });
-    await slice.write(slicePath);
-    await slice.close();
-    // llama-cpu: the CPU backend llama.cpp itself computes with, so every answer has plain llama.cpp's bits
-    compute = await loadExpertCompute(slicePath, { backend: "llama-cpu", threads: 1 });
-    [cert, otherCert] = await Promise.all([selfSigned(), selfSigned()]);
-    plain = await runLogits({ model, dir: tmp.dir, name: "plain", nPredict: N_PREDICT });
+    const set = await setUpWholeSlice(tmp.dir, N_PREDICT);
+    ({ model, layers, nExpert, compute, plain } = set);
+    [cert, otherCert] = set.certs;
     expect(plain.ok, plain.stderr).toBe(true);
   });
   afterAll(async () => {
