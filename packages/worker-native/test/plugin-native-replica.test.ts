@@ -80,6 +80,30 @@ describe.skipIf(Boolean(missing))("plugin: a whole layer with a replica (failove
     ...extra,
   });
 
+  /**
+   * Every layer split in two ranges: [0, nExpert/2) served by `first`, the rest by `second`, each
+   * `[id, worker]` with an optional `[id, worker]` alt.
+   */
+  type Named = [string, StandInWorker];
+  const rangedTable = (first: [Named, Named?], second: [Named, Named?]): NativeTable => {
+    const exp = Date.now() + 3_600_000;
+    const target = ([worker, w]: Named) => ({ worker, addr: w.addr, fp: w.fingerprint, ticket: TICKET, exp });
+    const entry = ([owner, alt]: [Named, Named?], experts: [number, number]) => ({
+      ...target(owner),
+      experts,
+      ...(alt ? { alt: target(alt) } : {}),
+    });
+    const h = nExpert / 2;
+    return {
+      backbone: BACKBONE,
+      deadlineMs: 5000,
+      layers: layers.flatMap((layer) => [
+        { layer, ...entry(first, [0, h]) },
+        { layer, ...entry(second, [h, nExpert]) },
+      ]),
+    };
+  };
+
   async function decode(bridge: StandInBridge) {
     const run = await runLogits({
       model,
@@ -241,30 +265,18 @@ describe.skipIf(Boolean(missing))("plugin: a whole layer with a replica (failove
     await using a0 = await startWorker(cert2, compute, "ok");
     await using a1 = await startWorker(cert, compute, "ok");
     await using bridge = await startBridge(join(tmp.dir, "ranged.sock"), compute);
-    const exp = Date.now() + 3_600_000;
-    const entry = (
-      id: string,
-      w: StandInWorker,
-      experts: [number, number],
-      altId: string,
-      alt: StandInWorker,
-    ) => ({
-      worker: id,
-      addr: w.addr,
-      fp: w.fingerprint,
-      ticket: TICKET,
-      exp,
-      experts,
-      alt: { worker: altId, addr: alt.addr, fp: alt.fingerprint, ticket: TICKET, exp },
-    });
-    bridge.setTable({
-      backbone: BACKBONE,
-      deadlineMs: 5000,
-      layers: layers.flatMap((layer) => [
-        { layer, ...entry("p0", gone, [0, h], "a0", a0) },
-        { layer, ...entry("p1", p1, [h, nExpert], "a1", a1) },
-      ]),
-    });
+    bridge.setTable(
+      rangedTable(
+        [
+          ["p0", gone],
+          ["a0", a0],
+        ],
+        [
+          ["p1", p1],
+          ["a1", a1],
+        ],
+      ),
+    );
     const run = await decode(bridge);
     const n = run.plugin!.native;
     expect(n.fallbacks).toBe(0);
@@ -286,30 +298,20 @@ describe.skipIf(Boolean(missing))("plugin: a whole layer with a replica (failove
   });
 
   it("a split layer whose owner answers an error frame mid-split: only its part is re-sent, to its alt", async () => {
-    const h = nExpert / 2;
     await using p0 = await startWorker(cert, compute, "error-frame");
     p0.failOn = 3;
     await using p1 = await startWorker(cert2, compute, "ok");
     await using a0 = await startWorker(cert2, compute, "ok");
     await using bridge = await startBridge(join(tmp.dir, "ranged-err.sock"), compute);
-    const exp = Date.now() + 3_600_000;
-    const alt = { worker: "a0", addr: a0.addr, fp: a0.fingerprint, ticket: TICKET, exp };
-    bridge.setTable({
-      backbone: BACKBONE,
-      deadlineMs: 5000,
-      layers: layers.flatMap((layer) => [
-        { layer, worker: "p0", addr: p0.addr, fp: p0.fingerprint, ticket: TICKET, exp, experts: [0, h], alt },
-        {
-          layer,
-          worker: "p1",
-          addr: p1.addr,
-          fp: p1.fingerprint,
-          ticket: TICKET,
-          exp,
-          experts: [h, nExpert],
-        },
-      ]),
-    });
+    bridge.setTable(
+      rangedTable(
+        [
+          ["p0", p0],
+          ["a0", a0],
+        ],
+        [["p1", p1]],
+      ),
+    );
     const run = await decode(bridge);
     const n = run.plugin!.native;
     expect(n.fallbacks).toBe(0);
@@ -325,29 +327,19 @@ describe.skipIf(Boolean(missing))("plugin: a whole layer with a replica (failove
   });
 
   it("a table whose alt is a primary of the same layer is refused whole: no dial, every split through the bridge", async () => {
-    const h = nExpert / 2;
     await using p0 = await startWorker(cert, compute, "ok");
     await using p1 = await startWorker(cert2, compute, "ok");
     await using bridge = await startBridge(join(tmp.dir, "badalt.sock"), compute);
-    const exp = Date.now() + 3_600_000;
     // p1 is the alt of p0's range and the owner of the other range: one link, two exchanges
-    const alt = { worker: "p1", addr: p1.addr, fp: p1.fingerprint, ticket: TICKET, exp };
-    bridge.setTable({
-      backbone: BACKBONE,
-      deadlineMs: 5000,
-      layers: layers.flatMap((layer) => [
-        { layer, worker: "p0", addr: p0.addr, fp: p0.fingerprint, ticket: TICKET, exp, experts: [0, h], alt },
-        {
-          layer,
-          worker: "p1",
-          addr: p1.addr,
-          fp: p1.fingerprint,
-          ticket: TICKET,
-          exp,
-          experts: [h, nExpert],
-        },
-      ]),
-    });
+    bridge.setTable(
+      rangedTable(
+        [
+          ["p0", p0],
+          ["p1", p1],
+        ],
+        [["p1", p1]],
+      ),
+    );
     const run = await decode(bridge);
     expect(run.plugin!.native.splits).toBe(0);
     expect(bridge.dispatches).toHaveLength(run.plugin!.splits);
