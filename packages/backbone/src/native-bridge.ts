@@ -3,6 +3,7 @@ import {
   decodeNativeFrame,
   encodeNativeTable,
   failureCode,
+  type NativeReceiptRouting,
   type NativeReceiptsFrame,
   type NativeTableFrame,
 } from "./native-plane.js";
@@ -168,6 +169,16 @@ export class NativePlane {
     this.#receipts(frame);
   }
 
+  /** The receipts' routing counts, for experts the model has (a report must never fail for one). */
+  #routed(routing: readonly NativeReceiptRouting[]): void {
+    const nExpert = this.#o.table?.view()?.nExpert ?? 0;
+    for (const r of routing) {
+      r.experts.forEach((e, i) => {
+        if (e < nExpert) this.#o.routing.countRouted(r.layer, e, r.counts[i]!);
+      });
+    }
+  }
+
   #receipts(f: NativeReceiptsFrame): void {
     this.#c.receipts++;
     const failing = new Set(f.failures.map((x) => x.worker));
@@ -192,6 +203,7 @@ export class NativePlane {
     }
     this.#c.hedges += f.hedges ?? 0;
     this.#c.hedgeWins += f.hedgeWins ?? 0;
+    this.#routed(f.routing ?? []);
     for (const x of f.failures) {
       if (x.failover) this.#c.failovers++;
       else this.#c.fallbacks++;

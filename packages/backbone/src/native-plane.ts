@@ -116,6 +116,18 @@ export interface NativeReceiptsFrame {
   /** Hedges sent since the last receipts (a primary silent for `hedgeMs`), and those the alt won. */
   hedges?: number;
   hedgeWins?: number;
+  /**
+   * The router's choices in the native splits, per layer: how many filled slots named each expert
+   * (what the bridge counts of its own requests for the hub's coverage market). Absent: none.
+   */
+  routing?: NativeReceiptRouting[];
+}
+
+/** One layer's routing counts in receipts: `counts[i]` slots chose expert `experts[i]`. */
+export interface NativeReceiptRouting {
+  layer: number;
+  experts: number[];
+  counts: number[];
 }
 
 /** A split layer's native splits since the last receipts. */
@@ -243,6 +255,21 @@ function receiptCount(v: unknown, i: number): NativeReceiptCount {
   return count;
 }
 
+function receiptRouting(v: unknown, i: number): NativeReceiptRouting {
+  const where = `routing[${i}].`;
+  if (!isMap(v)) throw bad("MOESWARM_PROTOCOL_BAD_FIELD", `routing[${i}]`, "must be a map");
+  // each element checked as a field of its own (uint's rules: a safe integer in 0..max)
+  const uints = (key: string, max: number) =>
+    list(v, key, NATIVE_LIMITS.counts).map((x, j) =>
+      uint({ [`${key}[${j}]`]: x }, `${key}[${j}]`, where, max),
+    );
+  const experts = uints("experts", 0xffff);
+  const counts = uints("counts", NATIVE_LIMITS.count);
+  if (experts.length !== counts.length)
+    throw bad("MOESWARM_PROTOCOL_BAD_FIELD", `routing[${i}]`, "has experts and counts of different lengths");
+  return { layer: uint(v, "layer", where, 0x7fff_ffff), experts, counts };
+}
+
 function receiptLayer(v: unknown, i: number): NativeReceiptLayer {
   const where = `layers[${i}].`;
   if (!isMap(v)) throw bad("MOESWARM_PROTOCOL_BAD_FIELD", `layers[${i}]`, "must be a map");
@@ -311,6 +338,9 @@ export function decodeNativeFrame(payload: Uint8Array): NativeInFrame {
       failures: list(v, "failures", NATIVE_LIMITS.failures).map(receiptFailure),
       ...(v.hedges !== undefined ? { hedges: uint(v, "hedges", "", NATIVE_LIMITS.count) } : {}),
       ...(v.hedgeWins !== undefined ? { hedgeWins: uint(v, "hedgeWins", "", NATIVE_LIMITS.count) } : {}),
+      ...(v.routing !== undefined
+        ? { routing: list(v, "routing", NATIVE_LIMITS.counts).map(receiptRouting) }
+        : {}),
     };
   }
   throw new ProtocolError(

@@ -35,6 +35,16 @@ export class RoutingStats {
     for (const e of ids) if (e >= 0) byExpert.set(e, (byExpert.get(e) ?? 0) + 1);
   }
 
+  /** `count` more router choices of `expert` in `layer` (a native split's, from the receipts). */
+  countRouted(layer: number, expert: number, count: number): void {
+    let byExpert = this.routing.get(layer);
+    if (!byExpert) {
+      byExpert = new Map();
+      this.routing.set(layer, byExpert);
+    }
+    byExpert.set(expert, (byExpert.get(expert) ?? 0) + count);
+  }
+
   /** An answered request: its tokens, and the slots each worker that answered computed. */
   countServed(layer: number, tokens: number, owners: DispatchCallMetrics["owners"]): void {
     this.spanTokens.set(layer, (this.spanTokens.get(layer) ?? 0) + tokens);
@@ -51,7 +61,7 @@ export class RoutingStats {
   /**
    * Native splits the plugin sent `worker` itself (its receipts): their token rows go through
    * `layer` and their filled ids are the worker's receipt, as if this bridge had routed them. The
-   * per-expert routing counts stay the bridge's own (the receipts carry no ids).
+   * per-expert routing counts come with the receipts' `routing` (countRouted).
    */
   countNative(layer: number, worker: string | undefined, tokens: number, expertTokens: number): void {
     this.spanTokens.set(layer, (this.spanTokens.get(layer) ?? 0) + tokens);

@@ -512,6 +512,11 @@ describe("the plane on a plugin connection (fake timers)", () => {
         ],
         layers: [{ layer: 0, splits: 3, tokens: 3 }],
         failures: [],
+        // the router's choices in those splits (an id the model lacks is left out of the report)
+        routing: [
+          { layer: 0, experts: [1, 5], counts: [5, 3] },
+          { layer: 1, experts: [2, N_EXPERT + 5], counts: [24, 9] },
+        ],
       }),
       c.conn,
     );
@@ -523,6 +528,8 @@ describe("the plane on a plugin connection (fake timers)", () => {
     });
     const report = routing.takeReport(N_EXPERT);
     expect(report.tokens).toBe(3);
+    expect([report.counts["0"]![1], report.counts["0"]![5], report.counts["1"]![2]]).toEqual([5, 3, 24]);
+    expect(Object.values(report.counts).flat().reduce((a, b) => a + b, 0)).toBe(32);
     expect(report.receipts).toMatchObject({
       A: { expertTokens: 5 },
       B: { expertTokens: 3 },

@@ -446,5 +446,13 @@ describe("the table with replicas (fake timers)", () => {
     ).toThrow(/failover/);
     expect(() => decodeNativeFrame(encode({ ...base, failures: [], hedges: -1 }))).toThrow(/hedges/);
     expect(decodeNativeFrame(encode({ ...base, failures: [] }))).not.toHaveProperty("hedges");
+    // routing: experts and counts of one length, u16 ids, u32 counts
+    const routing = (r: object) => decodeNativeFrame(encode({ ...base, failures: [], routing: [r] }));
+    expect(routing({ layer: 0, experts: [1, 7], counts: [3, 1] })).toMatchObject({
+      routing: [{ layer: 0, experts: [1, 7], counts: [3, 1] }],
+    });
+    expect(() => routing({ layer: 0, experts: [1], counts: [] })).toThrow(/different lengths/);
+    expect(() => routing({ layer: 0, experts: [70_000], counts: [1] })).toThrow(/experts\[0\]/);
+    expect(() => routing({ layer: 0, experts: [1], counts: [-1] })).toThrow(/counts\[0\]/);
   });
 });

@@ -129,6 +129,8 @@ export interface Receipts {
   failures: { worker: string; code: string; msg: string; failover?: boolean }[];
   hedges?: number;
   hedgeWins?: number;
+  /** The router's choices in the native splits: per layer, each expert's filled slots. */
+  routing?: { layer: number; experts: number[]; counts: number[] }[];
 }
 
 export interface StandInBridge extends AsyncDisposable {

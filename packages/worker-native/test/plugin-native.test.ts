@@ -127,6 +127,19 @@ describe.skipIf(Boolean(missing))("plugin: native splits to a worker, the bridge
     }
     expect(got).toEqual(worker.served);
     expect([...worker.served.values()].reduce((a, s) => a + s.splits, 0)).toBe(stats.native.splits);
+    // routing: the receipts' per-expert counts are the ids the worker was sent (each filled slot)
+    const key = (layer: number, expert: number) => `${layer}:${expert}`;
+    const sent = new Map<string, number>();
+    for (const d of worker.dispatches)
+      for (const id of d.ids)
+        if (id !== -1) sent.set(key(d.layer, id), (sent.get(key(d.layer, id)) ?? 0) + 1);
+    const routed = new Map<string, number>();
+    for (const r of bridge.receipts.flatMap((x) => x.routing ?? []))
+      r.experts.forEach((e, i) =>
+        routed.set(key(r.layer, e), (routed.get(key(r.layer, e)) ?? 0) + r.counts[i]!),
+      );
+    expect(routed.size).toBeGreaterThan(0);
+    expect(routed).toEqual(sent);
     // seq rises from 1; no split layers
     expect(bridge.receipts.map((r) => r.seq)).toEqual(bridge.receipts.map((_, i) => i + 1));
     for (const r of bridge.receipts) expect(r.layers).toBeUndefined();

@@ -272,6 +272,10 @@ struct moeswarm_native_peer {
     uint32_t rt_n = 0, rt_at = 0;
 };
 
+// a native split answered: its filled ids into nv.routed
+struct moeswarm_native;
+void moeswarm_native_note_routed(moeswarm_native & nv, int layer, const std::vector<int32_t> & ids);
+
 // the adaptive hedge's delay for a primary, µs, or 0 (no hedge: none set, or too little history)
 double moeswarm_native_hedge_delay_us(const moeswarm_native_table & t, const moeswarm_native_peer & pr);
 // one more answered round trip of pr (the ring keeps the latest MOESWARM_NATIVE_RT_RING)
@@ -296,6 +300,9 @@ struct moeswarm_native {
     // per split layer (several owners): its native splits and their tokens, counted once per split
     // (the owners' counts have their own tokens each); `layers` of native-receipts
     std::map<int, moeswarm_native_count> split_layers;
+    // per layer, per expert id: the filled slots of its native splits that chose it (the router's
+    // choices, which the bridge counts of its own requests for the hub); `routing` of native-receipts
+    std::map<int, std::map<int32_t, uint64_t>> routed;
     std::vector<moeswarm_native_failure> failures;
     uint64_t hedges = 0, hedge_wins = 0; // since the last native-receipts
     uint64_t receipts_seq  = 0;

@@ -211,6 +211,7 @@ static moeswarm_native_outcome moeswarm_native_race_end(moeswarm_backend_context
     for (int32_t id : ctx->ids) {
         filled += id != -1;
     }
+    moeswarm_native_note_routed(nv, p.layer, ctx->ids);
     moeswarm_native_count & c = nv.counts[{ w.t->worker, p.layer }];
     c.splits++;
     c.tokens += (uint64_t) p.n_tokens;

@@ -312,6 +312,7 @@ moeswarm_native_outcome moeswarm_native_split_ranges(moeswarm_backend_context * 
     moeswarm_combine_sum(ctx->y_slots.data(), ctx->slot_row.data(), ctx->w.data(), (uint32_t) (p.n_tokens * rpt),
             (uint32_t) (p.k / rpt), (size_t) p.n_embd, ctx->y_sum.data());
     moeswarm_write_out((const uint8_t *) ctx->y_sum.data(), p);
+    moeswarm_native_note_routed(nv, p.layer, ctx->ids);
     moeswarm_native_count & lc = nv.split_layers[p.layer];
     lc.splits++;
     lc.tokens += (uint64_t) p.n_tokens;

@@ -343,10 +343,40 @@ void moeswarm_native_drain(moeswarm_backend_context * ctx) {
     }
 }
 
+void moeswarm_native_note_routed(moeswarm_native & nv, int layer, const std::vector<int32_t> & ids) {
+    std::map<int32_t, uint64_t> & by_expert = nv.routed[layer];
+    for (int32_t id : ids) {
+        if (id >= 0) {
+            by_expert[id]++;
+        }
+    }
+}
+
+// `routing`: per layer, the experts its native splits chose and how often
+static void moeswarm_write_routed(const moeswarm_native & nv, moeswarm_mp_writer & w) {
+    moeswarm_mp_write_cstr(&w, "routing");
+    moeswarm_mp_write_array(&w, (uint32_t) nv.routed.size());
+    for (const auto & [layer, by_expert] : nv.routed) {
+        moeswarm_mp_write_map(&w, 3);
+        moeswarm_mp_write_cstr(&w, "layer");
+        moeswarm_mp_write_uint(&w, (uint64_t) layer);
+        moeswarm_mp_write_cstr(&w, "experts");
+        moeswarm_mp_write_array(&w, (uint32_t) by_expert.size());
+        for (const auto & e : by_expert) {
+            moeswarm_mp_write_uint(&w, (uint64_t) e.first);
+        }
+        moeswarm_mp_write_cstr(&w, "counts");
+        moeswarm_mp_write_array(&w, (uint32_t) by_expert.size());
+        for (const auto & e : by_expert) {
+            moeswarm_mp_write_uint(&w, e.second);
+        }
+    }
+}
+
 static void moeswarm_write_receipts(moeswarm_native & nv, moeswarm_mp_writer & w) {
     w.buf.resize(4);
     const bool hedged = nv.hedges > 0;
-    moeswarm_mp_write_map(&w, (nv.split_layers.empty() ? 5 : 6) + (hedged ? 2 : 0));
+    moeswarm_mp_write_map(&w, (nv.split_layers.empty() ? 5 : 6) + (hedged ? 2 : 0) + (nv.routed.empty() ? 0 : 1));
     moeswarm_mp_write_cstr(&w, "v");
     moeswarm_mp_write_uint(&w, 1);
     moeswarm_mp_write_cstr(&w, "t");
@@ -381,6 +411,9 @@ static void moeswarm_write_receipts(moeswarm_native & nv, moeswarm_mp_writer & w
             moeswarm_mp_write_cstr(&w, "tokens");
             moeswarm_mp_write_uint(&w, c.tokens);
         }
+    }
+    if (!nv.routed.empty()) {
+        moeswarm_write_routed(nv, w);
     }
     if (hedged) {
         moeswarm_mp_write_cstr(&w, "hedges");
@@ -435,6 +468,7 @@ void moeswarm_native_receipts(moeswarm_backend_context * ctx, bool force) {
     nv.last_receipt_us = now;
     nv.counts.clear();
     nv.split_layers.clear();
+    nv.routed.clear();
     nv.failures.clear();
     nv.hedges = nv.hedge_wins = 0;
 }
