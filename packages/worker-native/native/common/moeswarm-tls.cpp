@@ -294,8 +294,12 @@ int bio_read(BIO * b, char * buf, int len) {
     }
 }
 
-long bio_ctrl(BIO *, int cmd, long, void *) {
-    return cmd == K_BIO_CTRL_FLUSH ? 1 : 0; // nothing is buffered here; no other control applies
+// A flush sends what it can without blocking (OpenSSL flushes after each handshake flight); what
+// the socket does not take yet goes with the caller's flush_all, which runs at the end of every
+// write and before every wait to read. No other control applies.
+long bio_ctrl(BIO * b, int cmd, long, void *) {
+    if (cmd != K_BIO_CTRL_FLUSH) return 0;
+    return flush_some((moeswarm_tls_session *) g_api.BIO_get_data(b)) ? 1 : 0;
 }
 
 // the method, made once per process
