@@ -84,6 +84,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -344,6 +345,8 @@ void moeswarm_build_dispatch(moeswarm_backend_context * ctx, const moeswarm_conf
         uint32_t id);
 // a result for that dispatch: its shape, and (check_finite) every value finite
 bool moeswarm_check_result(const moeswarm_frame & f, const moeswarm_pattern & p, bool check_finite, std::string & err);
+// whether the n f32 values at y (any alignment) are all finite; err names the first that is not
+bool moeswarm_all_finite(const uint8_t * y, size_t n, std::string & err);
 // the result's y into the split's out tensor: the one writer of both paths
 void moeswarm_write_out(const uint8_t * y, const moeswarm_pattern & p);
 // today's path: the split through the bridge (one more try on a fresh connection when a reused
@@ -386,6 +389,12 @@ void moeswarm_native_transport_err(moeswarm_native_err & e, bool timed_out, cons
 // an error frame's code and message
 void moeswarm_native_error_frame(moeswarm_native_err & e, const moeswarm_frame & f, const char * when);
 // TCP + TLS + pin, then hello with the entry's ticket and the worker's hello back (10.9)
+// The frame `build` writes into ctx->tx, sent on pr's link to t (opened when needed). A reused link
+// found closed (the worker closed it idle, or restarted) is opened again and the frame rebuilt and
+// sent once (retried). reused: whether the last try went on a link that was already open.
+bool moeswarm_native_send(moeswarm_backend_context * ctx, moeswarm_native_peer & pr, const moeswarm_native_target & t,
+        const std::function<void()> & build, int layer, double deadline, bool & reused, bool & retried,
+        moeswarm_native_err & ne, size_t & bytes_out);
 bool moeswarm_native_connect(moeswarm_native_peer & pr, const moeswarm_native_table & t, const moeswarm_native_target & e,
         double deadline, moeswarm_native_err & ne);
 // frames from the worker until the result of request id (pongs and late answers skipped): true

@@ -37,6 +37,31 @@ void moeswarm_native_error_frame(moeswarm_native_err & e, const moeswarm_frame &
     e.ours = e.code == "MOESWARM_INVALID_ARGUMENT" || e.code.rfind("MOESWARM_PROTOCOL_", 0) == 0;
 }
 
+bool moeswarm_native_send(moeswarm_backend_context * ctx, moeswarm_native_peer & pr, const moeswarm_native_target & t,
+        const std::function<void()> & build, int layer, double deadline, bool & reused, bool & retried,
+        moeswarm_native_err & ne, size_t & bytes_out) {
+    for (;;) {
+        reused = pr.conn.fd >= 0;
+        if (!reused && !moeswarm_native_connect(pr, ctx->native.table, t, deadline, ne)) {
+            return false;
+        }
+        build();
+        std::string err;
+        bool timed_out = false;
+        moeswarm_trace_hop("plugin.native.send", layer);
+        if (moeswarm_tls_send_all(pr.conn, ctx->tx.buf.data(), ctx->tx.buf.size(), deadline, err, &timed_out)) {
+            bytes_out += ctx->tx.buf.size();
+            return true;
+        }
+        moeswarm_native_transport_err(ne, timed_out, "sending the dispatch to " + t.worker + ": " + err);
+        moeswarm_tls_close(pr.conn);
+        if (!reused || retried || timed_out) {
+            return false;
+        }
+        retried = true;
+    }
+}
+
 bool moeswarm_native_connect(moeswarm_native_peer & pr, const moeswarm_native_table & t,
         const moeswarm_native_target & e, double deadline, moeswarm_native_err & ne) {
     std::string err;

@@ -42,34 +42,18 @@ static bool moeswarm_native_ready(const moeswarm_native_peer & pr, const moeswar
     return pr.conn.fd >= 0 || (double) t.exp_ms > moeswarm_wall_ms() + 1000.0;
 }
 
-// the link (opened when needed) and the dispatch sent with a fresh id of that link; a reused link
-// found closed is opened again once (the worker closed it idle, or restarted)
-static bool moeswarm_native_send(moeswarm_backend_context * ctx, const moeswarm_config & cfg, const moeswarm_pattern & p,
+// the dispatch sent to a's worker with a fresh id of its link (moeswarm_native_send)
+static bool moeswarm_native_ask(moeswarm_backend_context * ctx, const moeswarm_config & cfg, const moeswarm_pattern & p,
         moeswarm_native_try & a, double deadline, size_t & bytes_out) {
-    for (;;) {
-        a.reused = a.pr->conn.fd >= 0;
-        if (!a.reused && !moeswarm_native_connect(*a.pr, ctx->native.table, *a.t, deadline, a.ne)) {
-            return false;
-        }
+    const auto build = [&] {
         a.id = moeswarm_next_id(a.pr->next_id);
         // what a late answer to this may take on the link (read and skipped after a lost race)
         a.pr->max_result = std::max(a.pr->max_result, moeswarm_native_result_max(p));
         moeswarm_build_dispatch(ctx, cfg, p, a.id);
-        std::string err;
-        bool timed_out = false;
-        moeswarm_trace_hop("plugin.native.send", p.layer);
-        if (moeswarm_tls_send_all(a.pr->conn, ctx->tx.buf.data(), ctx->tx.buf.size(), deadline, err, &timed_out)) {
-            bytes_out += ctx->tx.buf.size();
-            a.sent = true;
-            return true;
-        }
-        moeswarm_native_transport_err(a.ne, timed_out, "sending the dispatch to " + a.t->worker + ": " + err);
-        moeswarm_tls_close(a.pr->conn);
-        if (!a.reused || a.retried || timed_out) {
-            return false;
-        }
-        a.retried = true;
-    }
+    };
+    const bool ok = moeswarm_native_send(ctx, *a.pr, *a.t, build, p.layer, deadline, a.reused, a.retried, a.ne, bytes_out);
+    a.sent        = a.sent || ok;
+    return ok;
 }
 
 // one frame from a's worker: RESULT when its result, checked and written into the split's output
@@ -120,7 +104,7 @@ static bool moeswarm_native_race_spare(moeswarm_backend_context * ctx, const moe
     const bool hedge       = !first_down && r.hedge_at > 0 && now >= r.hedge_at;
     if (!failover && !hedge) return false;
     r.hedged = r.hedged || hedge;
-    if (!moeswarm_native_send(ctx, cfg, p, s, deadline, bytes_out)) {
+    if (!moeswarm_native_ask(ctx, cfg, p, s, deadline, bytes_out)) {
         moeswarm_native_race_fail(r, s);
     }
     return true;
@@ -167,7 +151,7 @@ static void moeswarm_native_race_run(moeswarm_backend_context * ctx, const moesw
         if (a.reused && !a.retried && a.ne.code == "MOESWARM_TRANSPORT_CLOSED") {
             moeswarm_tls_close(a.pr->conn);
             a.retried = true;
-            if (moeswarm_native_send(ctx, cfg, p, a, deadline, bytes_out)) continue;
+            if (moeswarm_native_ask(ctx, cfg, p, a, deadline, bytes_out)) continue;
         }
         moeswarm_native_race_fail(r, a);
     }
@@ -265,7 +249,7 @@ static moeswarm_native_outcome moeswarm_native_split_whole(moeswarm_backend_cont
     if (hedge_us > 0) {
         r.hedge_at = t0 + hedge_us;
     }
-    if (!moeswarm_native_send(ctx, cfg, p, r.at[0], deadline, bytes_out)) {
+    if (!moeswarm_native_ask(ctx, cfg, p, r.at[0], deadline, bytes_out)) {
         moeswarm_native_race_fail(r, r.at[0]);
     }
     moeswarm_native_race_run(ctx, cfg, p, r, deadline, bytes_out, bytes_in);

@@ -110,32 +110,14 @@ static void moeswarm_split_build(moeswarm_backend_context * ctx, const moeswarm_
     moeswarm_write_prefixed_dispatch(ctx->tx, d);
 }
 
-// the owner's link (opened when needed) and its dispatch sent; a reused link found closed is opened
-// again once (the worker closed it idle, or restarted)
+// the owner's dispatch sent on its link (moeswarm_native_send)
 static bool moeswarm_split_send(moeswarm_backend_context * ctx, const moeswarm_config & cfg, const moeswarm_pattern & p,
         const std::vector<int32_t> & slot_owner, moeswarm_split_owner & ow, double deadline, moeswarm_native_err & ne,
         size_t & bytes_out) {
-    for (;;) {
-        ow.reused = ow.pr->conn.fd >= 0;
-        if (!ow.reused && !moeswarm_native_connect(*ow.pr, ctx->native.table, *ow.t, deadline, ne)) {
-            return false;
-        }
-        moeswarm_split_build(ctx, cfg, p, slot_owner, ow);
-        std::string err;
-        bool timed_out = false;
-        moeswarm_trace_hop("plugin.native.send", p.layer);
-        if (moeswarm_tls_send_all(ow.pr->conn, ctx->tx.buf.data(), ctx->tx.buf.size(), deadline, err, &timed_out)) {
-            bytes_out += ctx->tx.buf.size();
-            ow.sent = true;
-            return true;
-        }
-        moeswarm_native_transport_err(ne, timed_out, "sending the dispatch to " + ow.t->worker + ": " + err);
-        moeswarm_tls_close(ow.pr->conn);
-        if (!ow.reused || ow.retried || timed_out) {
-            return false;
-        }
-        ow.retried = true;
-    }
+    const bool ok = moeswarm_native_send(ctx, *ow.pr, *ow.t, [&] { moeswarm_split_build(ctx, cfg, p, slot_owner, ow); },
+            p.layer, deadline, ow.reused, ow.retried, ne, bytes_out);
+    ow.sent       = ow.sent || ok;
+    return ok;
 }
 
 // a result for the owner's dispatch: mode each, its shape (compact: its filled rows), all finite
@@ -148,15 +130,7 @@ static bool moeswarm_split_check(const moeswarm_frame & f, const moeswarm_patter
         err = "the result has the wrong shape";
         return false;
     }
-    for (size_t i = 0; i < want; ++i) {
-        float v;
-        memcpy(&v, f.y.ptr + i * 4, 4);
-        if (!std::isfinite(v)) {
-            err = "the result holds a non-finite value (y[" + std::to_string(i) + "])";
-            return false;
-        }
-    }
-    return true;
+    return moeswarm_all_finite(f.y.ptr, want, err);
 }
 
 // the owner's rows of a checked result into ctx->y_slots at their slots' places

@@ -55,14 +55,16 @@ bool moeswarm_check_result(const moeswarm_frame & f, const moeswarm_pattern & p,
         err = "the result has the wrong shape";
         return false;
     }
-    if (check_finite) {
-        for (size_t i = 0; i < want; ++i) {
-            float v;
-            memcpy(&v, f.y.ptr + i * 4, 4);
-            if (!std::isfinite(v)) {
-                err = "the result holds a non-finite value (y[" + std::to_string(i) + "])";
-                return false;
-            }
+    return !check_finite || moeswarm_all_finite(f.y.ptr, want, err);
+}
+
+bool moeswarm_all_finite(const uint8_t * y, size_t n, std::string & err) {
+    for (size_t i = 0; i < n; ++i) {
+        float v;
+        memcpy(&v, y + i * 4, 4);
+        if (!std::isfinite(v)) {
+            err = "the result holds a non-finite value (y[" + std::to_string(i) + "])";
+            return false;
         }
     }
     return true;
