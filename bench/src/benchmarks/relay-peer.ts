@@ -1,16 +1,21 @@
-// Child process of the `relay` benchmark: `relay` mode runs the hub's relay on a loopback port;
-// `worker` mode joins that relay as an echo worker and also serves the same echo on a direct
+// Child process of the `relay` benchmark: `relay` mode runs the hub's relay on a loopback port
+// (over TLS with `tls`, as the hub serves it); `worker` mode joins that relay as an echo worker
+// (pinning the relay's certificate with `pin`) and also serves the same echo on a direct
 // WebSocket, so both paths end in the same process doing the same work.
 import { decodeFrame, encodeFrame, type Frame, PROTOCOL_VERSION } from "@moeswarm/core";
 import { listenRelay } from "@moeswarm/hub";
-import { connectRelay, parseDirectKey, serveDirect } from "@moeswarm/relay-client";
+import { connectRelay, dialWebSocket, parseDirectKey, serveDirect } from "@moeswarm/relay-client";
 import { WebSocketServer } from "ws";
 import { onParentMessage } from "./children.js";
 
 interface Args {
   mode: "relay" | "worker";
   secret?: string;
+  /** relay: serve wss with this certificate and key. */
+  tls?: { cert: string; key: string };
   relayUrl?: string;
+  /** worker: the SHA-256 fingerprint of the relay's certificate, pinned (a self-signed one). */
+  pin?: string;
   token?: string;
   model?: string;
   /** worker: also serve the product's direct endpoint (serveDirect) with this certificate and hub key. */
@@ -32,6 +37,7 @@ async function main(): Promise<void> {
       maxFrameBytes: MAX,
       ratePerSec: 1e6,
       maxInFlight: 4096,
+      ...(args.tls ? { tls: args.tls } : {}),
     });
     process.send?.({ url: listener.url });
     onParentMessage(async () => {
@@ -67,6 +73,7 @@ async function main(): Promise<void> {
       y: req.x instanceof Float32Array ? req.x : new Float32Array(req.n * req.embd),
       ms: 0,
     }),
+    ...(args.pin ? { dial: (url, o) => dialWebSocket(url, { ...o, pin: args.pin }) } : {}),
   });
   conn.register({ model: args.model!, layers: [0], experts: [0, 1, 2, 3, 4, 5, 6, 7] });
   const d = args.direct;

@@ -3,7 +3,9 @@
 // each binary message (the direct path's floor); `blind-relay`: a WebSocket server that forwards
 // each message between its backbone and its worker without reading it (the relay path's floor);
 // `blind-worker`: the echo at the blind relay's far end; `wss-echo`: the WebSocket echo over TLS
-// (the floor of the product's direct path, which is TLS).
+// (the floor of the product's direct path, which is TLS). With `cert` and `key`, `blind-relay`
+// serves TLS too (the floor of the relay as the hub serves it), and `blind-worker` dials wss.
+// The floors are stock `ws` clients: random masks, masked and unmasked on every hop.
 import { createServer as createHttpsServer } from "node:https";
 import { createServer, type Socket } from "node:net";
 import { WebSocket, WebSocketServer } from "ws";
@@ -13,7 +15,7 @@ interface Args {
   mode: "node-echo" | "ws-echo" | "wss-echo" | "blind-relay" | "blind-worker";
   /** blind-worker: the blind relay's worker URL. */
   url?: string;
-  /** wss-echo: PEM certificate and key. */
+  /** wss-echo, blind-relay: PEM certificate and key. */
   cert?: string;
   key?: string;
 }
@@ -50,21 +52,28 @@ function nodeEcho(): Promise<number> {
   );
 }
 
+/** A WebSocket server on a loopback port, over TLS when `args` has a certificate. */
 async function wsServer(onConnection: (ws: WebSocket, path: string) => void): Promise<number> {
-  const wss = new WebSocketServer({ host: "127.0.0.1", port: 0, perMessageDeflate: false, maxPayload: MAX });
-  await new Promise<void>((resolve) => wss.once("listening", () => resolve()));
+  const options = { perMessageDeflate: false, maxPayload: MAX };
+  const https = args.cert ? createHttpsServer({ cert: args.cert, key: args.key }) : undefined;
+  const wss = https
+    ? new WebSocketServer({ server: https, ...options })
+    : new WebSocketServer({ host: "127.0.0.1", port: 0, ...options });
+  if (https) await new Promise<void>((resolve) => https.listen(0, "127.0.0.1", () => resolve()));
+  else await new Promise<void>((resolve) => wss.once("listening", () => resolve()));
   wss.on("connection", (ws, req) => {
     ws.on("error", () => {});
     onConnection(ws, req.url ?? "/");
   });
-  return (wss.address() as { port: number }).port;
+  return ((https ?? wss).address() as { port: number }).port;
 }
 
 async function main(): Promise<void> {
   let port: number;
   if (args.mode === "blind-worker") {
     // the far end of the blind relay: echoes each message back through it
-    const ws = new WebSocket(args.url!, { perMessageDeflate: false, maxPayload: MAX });
+    // a wss blind relay's certificate is the bench's own self-signed one
+    const ws = new WebSocket(args.url!, { perMessageDeflate: false, maxPayload: MAX, rejectUnauthorized: false });
     await new Promise<void>((resolve, reject) => {
       ws.once("open", () => resolve());
       ws.once("error", reject);
@@ -74,17 +83,8 @@ async function main(): Promise<void> {
     onParentMessage(() => process.exit(0));
     return;
   }
-  if (args.mode === "wss-echo") {
-    const server = createHttpsServer({ cert: args.cert, key: args.key });
-    const wss = new WebSocketServer({ server, perMessageDeflate: false, maxPayload: MAX });
-    wss.on("connection", (ws) => {
-      ws.on("error", () => {});
-      ws.on("message", (data: Buffer) => ws.send(data));
-    });
-    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", () => resolve()));
-    port = (server.address() as { port: number }).port;
-  } else if (args.mode === "node-echo") port = await nodeEcho();
-  else if (args.mode === "ws-echo") {
+  if (args.mode === "node-echo") port = await nodeEcho();
+  else if (args.mode === "ws-echo" || args.mode === "wss-echo") {
     port = await wsServer((ws) => ws.on("message", (data: Buffer) => ws.send(data)));
   } else {
     // one worker (path /worker), backbones on any other path: bytes forwarded, never parsed

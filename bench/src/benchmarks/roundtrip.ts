@@ -4,12 +4,13 @@
 // round trip is overhead): "relay" (through the hub's relay in a third process) and "direct" (a
 // WebSocket to the worker). Floors: a C echo over a Unix socket and loopback TCP (compiled with cc
 // into .cache when cc exists), a Node TCP echo, a Node WebSocket echo (the direct floor) and a
-// blind Node WebSocket relay that forwards bytes unread (the relay floor). The frames are the
+// blind Node WebSocket relay that forwards bytes unread (the relay floor); and the relay over TLS,
+// as the hub serves it, against the blind relay over TLS (stock ws clients). The frames are the
 // product's own dispatch frames (f32, n_embd 3072, k 8, mode "sum") at 1, 8 and 64 tokens. With the
 // native addon and moeswarm-native-ping built, also "native": the plugin's TLS client -> the
 // worker's native listener computing a real slice (roundtrip-native.ts), timed above its compute.
 import { type ChildProcess, fork, spawnSync } from "node:child_process";
-import { generateKeyPairSync, randomBytes } from "node:crypto";
+import { generateKeyPairSync, randomBytes, X509Certificate } from "node:crypto";
 import { existsSync, mkdirSync, statSync } from "node:fs";
 import { connect, type Socket } from "node:net";
 import { fileURLToPath } from "node:url";
@@ -19,6 +20,7 @@ import {
   connectRelay,
   DirectTransport,
   type DispatchRequest,
+  dialWebSocket,
   directKeyJson,
   type RelayConnection,
   RelayTransport,
@@ -212,6 +214,60 @@ async function wsClient(url: string): Promise<{ trip(bytes: Uint8Array): Promise
   };
 }
 
+interface TlsRelayPaths {
+  /** The product: relay-client -> the hub's relay over TLS -> the echo worker. */
+  relay: RelayConnection;
+  /** The floor: stock ws clients through the blind relay over TLS. */
+  blind: { trip(bytes: Uint8Array): Promise<void>; close(): void };
+  children: ChildProcess[];
+}
+
+/**
+ * The relay as it is deployed (wss, the hub's certificate) and its floor over TLS too. The
+ * relay's certificate is `tls`, self-signed: the product's clients pin it, the floor's trust it.
+ */
+async function startTlsRelayPaths(
+  secret: string,
+  tls: { cert: string; key: string },
+  backbone: { role: "backbone"; id: string; maxFrameBytes: number; token: string },
+  workerToken: string,
+): Promise<TlsRelayPaths> {
+  const pin = new X509Certificate(tls.cert).fingerprint256;
+  const relayPeer = await spawnPeer("relay-peer.ts", { mode: "relay", secret, tls });
+  const children = [relayPeer.child];
+  const worker = await spawnPeer("relay-peer.ts", {
+    mode: "worker",
+    relayUrl: relayPeer.info.url,
+    token: workerToken,
+    model: MODEL,
+    pin,
+  });
+  children.push(worker.child);
+  const relay = await connectRelay(relayPeer.info.url!, {
+    ...backbone,
+    dial: (url, o) => dialWebSocket(url, { ...o, pin }),
+  });
+  await untilRegistered(relay);
+  const blindRelay = await spawnPeer("roundtrip-peer.ts", { mode: "blind-relay", ...tls });
+  children.push(blindRelay.child);
+  const url = `wss://127.0.0.1:${blindRelay.info.port}`;
+  children.push((await spawnPeer("roundtrip-peer.ts", { mode: "blind-worker", url: `${url}/worker` })).child);
+  return { relay, blind: await wsClient(`${url}/backbone`), children };
+}
+
+/** Waits until the relay knows the echo worker (it registers after it connects). */
+async function untilRegistered(relay: RelayConnection): Promise<void> {
+  for (let i = 0; ; i++) {
+    try {
+      await relay.request("echo", request(1));
+      return;
+    } catch (error) {
+      if (i > 200 || !isMoeswarmError(error, "MOESWARM_TRANSPORT_UNKNOWN_PEER")) throw error;
+      await sleep(10);
+    }
+  }
+}
+
 const fmt = (s: Spread) => `${s.p10.toFixed(0)}-${s.p90.toFixed(0)}`;
 
 /** The issue's goal for the native data plane: at most 0.1 ms above compute. */
@@ -313,15 +369,13 @@ export const roundtrip: Benchmark = {
         new Map([["echo", { endpoints: [worker.info.tlsUrl!], fingerprint: worker.info.fingerprint! }]]),
       );
       if (!(await product.linked("echo"))) throw new Error("the product's direct link did not come up");
-      for (let i = 0; ; i++) {
-        try {
-          await viaRelay.request("echo", request(1));
-          break;
-        } catch (error) {
-          if (i > 200 || !isMoeswarmError(error, "MOESWARM_TRANSPORT_UNKNOWN_PEER")) throw error;
-          await sleep(10);
-        }
-      }
+      await untilRegistered(viaRelay);
+      const tlsRelay = await startTlsRelayPaths(secret, tls, options, token("worker", "echo"));
+      children.push(...tlsRelay.children);
+      closers.push(
+        () => tlsRelay.relay.close(),
+        () => tlsRelay.blind.close(),
+      );
       const nodeEcho = await spawnPeer("roundtrip-peer.ts", { mode: "node-echo" });
       const wsEcho = await spawnPeer("roundtrip-peer.ts", { mode: "ws-echo" });
       const wssEcho = await spawnPeer("roundtrip-peer.ts", { mode: "wss-echo", ...tls });
@@ -368,15 +422,20 @@ export const roundtrip: Benchmark = {
         paths.push(["product: direct link (DirectTransport -> serveDirect, TLS)", linkPath]);
         const relayPath = await spread(() => viaRelay.request("echo", req));
         paths.push(["product: relay (relay-client -> hub relay -> worker)", relayPath]);
+        const blindTlsFloor = await spread(() => tlsRelay.blind.trip(bytes));
+        paths.push(["floor: blind Node relay over TLS (TLS relay floor)", blindTlsFloor]);
+        const relayTlsPath = await spread(() => tlsRelay.relay.request("echo", req));
+        paths.push(["product: relay over TLS (relay-client -> hub relay, wss -> worker)", relayTlsPath]);
         const cTcp = paths.find(([path]) => path === "floor: C echo, TCP")?.[1];
+        // each product path's floor, by the start of its name (the longest prefix first)
+        const floors: Array<[string, Spread]> = [
+          ["product: relay over TLS", blindTlsFloor],
+          ["product: relay", blindFloor],
+          ["product: direct link", wssFloor],
+          ["product: direct", wsFloor],
+        ];
         for (const [path, s] of paths) {
-          const floor = path.startsWith("product: relay")
-            ? blindFloor
-            : path.startsWith("product: direct link")
-              ? wssFloor
-              : path.startsWith("product: direct")
-                ? wsFloor
-                : undefined;
+          const floor = floors.find(([prefix]) => path.startsWith(prefix))?.[1];
           rows.push({
             path,
             tokens: n,
@@ -402,6 +461,13 @@ export const roundtrip: Benchmark = {
         );
         ratios[`relay/blind-relay floor, interleaved, ${n} tok`] =
           relayPair.product.p50 / relayPair.floor.p50;
+        ratios[`relay (TLS)/blind relay (TLS) floor, ${n} tok`] = relayTlsPath.p50 / blindTlsFloor.p50;
+        const tlsPair = await interleaved(
+          () => tlsRelay.relay.request("echo", req),
+          () => tlsRelay.blind.trip(bytes),
+        );
+        ratios[`relay (TLS)/blind relay (TLS) floor, interleaved, ${n} tok`] =
+          tlsPair.product.p50 / tlsPair.floor.p50;
         const directPair = await interleaved(
           () => direct.request("echo", req),
           () => wsDirect.trip(bytes),
@@ -423,6 +489,7 @@ export const roundtrip: Benchmark = {
         notes: [
           "the relay and direct paths' worker computes nothing (an echo worker), so their overhead = round trip; p50 and p10-p90 of one-at-a-time round trips",
           `goals (issue 15): relay <= 1.2x the blind-relay floor, direct <= 1.2x the Node direct floor${c ? "" : "; no cc: the C floors were not measured"}`,
+          "relay over TLS: the hub's relay serving wss, as deployed, against the blind relay over TLS with stock ws clients; the product's clients send over TLS with a zero WebSocket mask (nothing to mask or unmask; docs/protocol.md), the floor's with ws's random masks",
           typeof native === "string"
             ? native
             : "native: its worker computes a Q8_0 slice (n_embd 3072, n_ff 256, 16 experts); 'compute us' is the p50 of the results' ms, 'overhead us' the p50 of (round trip - the result's ms), 'overhead/floor' that over the held TLS echo floor (the same client and TLS code against an echo in C that holds each answer busy for the worker's compute p50, less that hold: what encrypting, moving the frames and waking the client cost here); goal (issue 15): <= 0.1 ms above compute",

@@ -294,18 +294,18 @@ class ReusedMemory implements Memory {
 }
 
 /**
- * Encodes frames into memory it owns and reuses, for a sender that is done with the bytes as soon
- * as it has written them (a WebSocket client copies them when it masks them). Writing into memory
- * already in use is about four times faster than writing into fresh memory, which is most of what
- * `encodeFrame` costs for frames with tensors.
+ * Encodes frames into memory it owns and reuses, for a sender that is done with the bytes once it
+ * has written them (relay-client keeps a few encoders and lends each until its socket has written
+ * the frame). Writing into memory already in use is about four times faster than writing into
+ * fresh memory, which is most of what `encodeFrame` costs for frames with tensors.
  *
  * The bytes are lent, never given: `encode(frame, use)` calls `use` with them and takes them back
  * when `use` returns (or throws). Keep nothing that refers to them (not the view, not its
  * `.buffer`, not a frame `decodeFrame` made of them: its tensors are views); to keep a frame,
- * copy it or use `encodeFrame`. The encoder keeps the memory of its largest frame so far. An `encode` called from inside `use`
- * (a nested send) gets memory of its own, so the bytes `use` holds are never overwritten while it
- * runs. The bytes are exactly `encodeFrame`'s; the view's `.buffer` may hold older frames beyond
- * it: write the view itself, never its `.buffer`.
+ * copy it or use `encodeFrame`. The encoder keeps the memory of its largest frame so far. An
+ * `encode` called from inside `use` (a nested send) gets memory of its own, so the bytes `use`
+ * holds are never overwritten while it runs. The bytes are exactly `encodeFrame`'s; the view's
+ * `.buffer` may hold older frames beyond it: write the view itself, never its `.buffer`.
  */
 export class FrameEncoder {
   readonly #max: number;

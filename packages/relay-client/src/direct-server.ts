@@ -194,10 +194,12 @@ class DirectState {
     let verifying = false;
     let closed = false;
     const link: FrameLink = {
+      // a server frame is never masked: ws writes the bytes it is given, and calls back once written
+      callsSent: true,
       get bufferedBytes() {
         return ws.bufferedAmount;
       },
-      send: (bytes) => ws.send(bytes, { binary: true }),
+      send: (bytes, sent) => ws.send(bytes, { binary: true }, sent === undefined ? undefined : () => sent()),
       close: (code = 1000, reason = "") => ws.close(code, reason.slice(0, 120)),
       destroy: () => ws.terminate(),
     };

@@ -1,4 +1,3 @@
-import { randomFillSync } from "node:crypto";
 import type { Socket } from "node:net";
 import type { TLSSocket } from "node:tls";
 import { abortReason, onAbort, ProtocolError, TransportError } from "@moeswarm/core";
@@ -41,14 +40,19 @@ export interface FrameLinkHandlers {
 export interface FrameLink {
   /** Bytes accepted by send() and not yet handed to the operating system. */
   readonly bufferedBytes: number;
-  /** Queues one frame; failures show up as a close. */
-  send(frame: Uint8Array): void;
   /**
-   * True when `send` is done with the frame's bytes when it returns (it has copied or written
-   * them): the connection then encodes frames into memory it reuses for the next frame. Leave it
-   * unset for a link that keeps the bytes it is given (it then gets bytes of its own).
+   * Queues one frame; failures show up as a close. A link that sets `callsSent` calls `sent`
+   * exactly once, when it no longer holds the frame's bytes: written to the operating system,
+   * copied, or dropped because the link closed.
    */
-  readonly copiesOnSend?: boolean;
+  send(frame: Uint8Array, sent?: () => void): void;
+  /**
+   * True when `send` calls its `sent` as above: the connection then encodes frames into memory
+   * it takes back at `sent` and reuses for a later frame (fresh memory costs page faults on every
+   * frame). Leave it unset for a link that keeps the bytes it is given: it then gets bytes of its
+   * own for each frame.
+   */
+  readonly callsSent?: boolean;
   /** Graceful close (the peer sees code and reason). */
   close(code?: number, reason?: string): void;
   /** Abrupt close: the socket is destroyed at once. */
@@ -77,24 +81,17 @@ function toBuffer(value: string | Uint8Array): string | Buffer {
   return typeof value === "string" ? value : Buffer.from(value.buffer, value.byteOffset, value.byteLength);
 }
 
-// ws's own masks come from a random pool; a mask of four zero bytes (1 in 2^32) makes it send
-// the caller's bytes unmasked and uncopied, to be written later: the next frame could overwrite
-// them first. The same pooled randomness as ws's, but a zero mask becomes 1,0,0,0 (still
-// unpredictable to a proxy, which is what masking is for).
-const MASK_POOL_BYTES = 8 * 1024;
-const maskPool = Buffer.alloc(MASK_POOL_BYTES);
-let maskAt = MASK_POOL_BYTES;
-
-export function nonZeroMask(mask: Buffer): void {
-  if (maskAt === MASK_POOL_BYTES) {
-    randomFillSync(maskPool);
-    maskAt = 0;
-  }
-  mask[0] = maskPool[maskAt++]!;
-  mask[1] = maskPool[maskAt++]!;
-  mask[2] = maskPool[maskAt++]!;
-  mask[3] = maskPool[maskAt++]!;
-  if ((mask[0] | mask[1] | mask[2] | mask[3]) === 0) mask[0] = 1;
+/**
+ * The mask of a client frame on a TLS link: four zero bytes, which `ws` (since 8.4) takes as "send
+ * the bytes as they are" and its receiver as "nothing to unmask". RFC 6455 asks a client for an
+ * unpredictable mask so that a script in a browser cannot make a frame look like an HTTP request
+ * to a transparent proxy that reads the plaintext. Our clients run no one's scripts, and on a
+ * `wss://` link no proxy reads the plaintext, so the mask protects nothing there, while masking
+ * a 772 KB activation frame means copying it into fresh memory (page faults on every frame) and
+ * the relay unmasking it again. Plain `ws://` links keep ws's random masks.
+ */
+export function zeroMask(mask: Buffer): void {
+  mask.fill(0);
 }
 
 function closeError(code: number, error: Error | undefined): Error | undefined {
@@ -121,7 +118,7 @@ export const dialWebSocket: FrameDialer = (url, options) => {
         ...(options.pin !== undefined ? { rejectUnauthorized: false } : {}),
         maxPayload: options.maxFrameBytes,
         perMessageDeflate: false,
-        generateMask: nonZeroMask,
+        ...(url.startsWith("wss:") ? { generateMask: zeroMask } : {}),
         handshakeTimeout: options.connectTimeoutMs,
       });
     } catch (cause) {
@@ -193,16 +190,18 @@ export const dialWebSocket: FrameDialer = (url, options) => {
     });
 
     const link: FrameLink = {
-      // ws masks a client frame into a buffer of its own before send returns (for a Buffer it was
-      // given, with compression off and a mask that is not all zero: nonZeroMask), never queueing
-      // the caller's bytes
-      copiesOnSend: true,
+      // ws calls a send's callback once the socket has written the frame, or with an error when
+      // the socket is gone; a zero mask (zeroMask) makes it write the caller's bytes themselves
+      callsSent: true,
       get bufferedBytes() {
         return ws.bufferedAmount;
       },
-      send(frame) {
-        if (ws.readyState !== WebSocket.OPEN) return;
-        ws.send(frame, { binary: true });
+      send(frame, sent) {
+        if (ws.readyState !== WebSocket.OPEN) {
+          sent?.();
+          return;
+        }
+        ws.send(frame, { binary: true }, sent === undefined ? undefined : () => sent());
       },
       close(code = 1000, reason = "") {
         if (ws.readyState === WebSocket.CONNECTING || ws.readyState === WebSocket.OPEN) {

@@ -96,13 +96,18 @@ export class RequestTable {
   send(out: Outgoing): Promise<DispatchReply> {
     if (out.signal?.aborted) throw abortReason(out.signal);
     const id = this.#allocateId();
-    // the bytes may be lent (memory reused by the next frame): sent before `send` returns
-    return this.#writer.encode(out.link, dispatchFrameOf(id, out), (bytes) =>
-      this.#sendBytes(id, bytes, out),
+    // the bytes may be lent (memory reused once the link calls `sent`)
+    return this.#writer.encode(out.link, dispatchFrameOf(id, out), (bytes, sent) =>
+      this.#sendBytes(id, bytes, sent, out),
     );
   }
 
-  #sendBytes(id: number, bytes: Uint8Array, out: Outgoing): Promise<DispatchReply> {
+  #sendBytes(
+    id: number,
+    bytes: Uint8Array,
+    sent: (() => void) | undefined,
+    out: Outgoing,
+  ): Promise<DispatchReply> {
     const { link, to, request: req, deadlineMs, signal } = out;
     if (link.bufferedBytes + bytes.byteLength > out.maxQueueBytes) {
       throw new TransportError(
@@ -132,7 +137,7 @@ export class RequestTable {
     if (p.due < this.#timerDue) this.#arm(p, now);
     else if (this.#pending.size === 1) this.#timer?.ref();
     try {
-      link.send(bytes);
+      link.send(bytes, sent);
     } catch (error) {
       this.fail(p, error);
       return promise;

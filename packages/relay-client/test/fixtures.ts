@@ -3,18 +3,21 @@
 import type { ExpertRequest, ExpertResult, ExpertTransport } from "@moeswarm/core";
 import { dialWebSocket, type FrameDialer } from "../src/index.js";
 
-/** The WebSocket dialer with `copiesOnSend` as given, recording the bytes each send is given. */
-export function recordingDialer(sent: Uint8Array[], copiesOnSend: boolean): FrameDialer {
+/**
+ * The WebSocket dialer, recording the bytes each send is given; with `callsSent` false the link
+ * says nothing of when it is done with them (a link that keeps its bytes).
+ */
+export function recordingDialer(sent: Uint8Array[], callsSent: boolean): FrameDialer {
   return async (url, options) => {
     const link = await dialWebSocket(url, options);
     return {
-      copiesOnSend,
+      callsSent,
       get bufferedBytes() {
         return link.bufferedBytes;
       },
-      send(bytes) {
+      send(bytes, done) {
         sent.push(bytes);
-        link.send(bytes);
+        link.send(bytes, callsSent ? done : undefined);
       },
       close: (code, reason) => link.close(code, reason),
       destroy: () => link.destroy(),

@@ -1,16 +1,27 @@
-import type { AddressInfo } from "node:net";
-import { type DispatchFrame, decodeFrame } from "@moeswarm/core";
+import { createHash, X509Certificate } from "node:crypto";
+import { type AddressInfo, createServer as createNetServer, type Server as NetServer, type Socket } from "node:net";
+import { createServer as createTlsServer } from "node:tls";
+import { type DispatchFrame, decodeFrame, type EncodableFrame, PROTOCOL_VERSION } from "@moeswarm/core";
 import { expectNoUnhandledRejections, waitFor } from "@moeswarm/testkit";
 import { afterEach, describe, expect, it } from "vitest";
-import { WebSocketServer } from "ws";
-import { connectRelay, dialWebSocket, type FrameDialer, type RelayConnection } from "../src/index.js";
+import { FrameWriter } from "../src/frame-writer.js";
+import {
+  connectRelay,
+  dialWebSocket,
+  type FrameDialer,
+  type FrameLink,
+  type RelayConnection,
+  selfSignedCertificate,
+} from "../src/index.js";
 import { FakeRelay } from "./fake-relay.js";
 import { recordingDialer } from "./fixtures.js";
 
-// Frames go out through memory the connection reuses only when the link says it is done with the
-// bytes once send returns (copiesOnSend: the WebSocket link). These tests send frames of falling
-// sizes back to back, so that each is encoded over the last one's memory before any reaches the
-// socket, and check every one arrives as sent; and that a link that keeps its bytes gets its own.
+// Frames go out through memory the connection reuses only when the link says when it is done with
+// the bytes (callsSent: the WebSocket links), and only after it said so. These tests send frames
+// back to back (each encoded before the last reached the socket) and one at a time (each written
+// over the last one's memory), and check that every one arrives as sent; that a link that keeps
+// its bytes gets its own; and what a WebSocket link puts on the wire: over TLS the bytes it is
+// given, unmasked and uncopied; over plain ws:// masked, as RFC 6455 asks.
 
 expectNoUnhandledRejections(0);
 let relay: FakeRelay | undefined;
@@ -50,6 +61,16 @@ const requests = [64, 17, 8, 3, 1].map((n, r) => ({
   mode: "each" as const,
 }));
 
+const dispatchFrame = (id: number, r: (typeof requests)[number]): EncodableFrame => ({
+  t: "dispatch",
+  v: PROTOCOL_VERSION,
+  id,
+  to: "w",
+  ...r,
+  dtype: "f32",
+  deadline: 1000,
+});
+
 describe("sending frames through reused memory", () => {
   it("delivers back-to-back dispatches intact over the WebSocket link", async () => {
     const conn = await connect();
@@ -62,13 +83,16 @@ describe("sending frames through reused memory", () => {
     expect(xs.every((x, i) => same(x as Float32Array, requests[i % requests.length]!.x))).toBe(true);
   });
 
-  it("reuses one piece of memory for a link that copies on send", async () => {
+  it("reuses one piece of memory for a link that calls sent, frame after frame", async () => {
     const sent: Uint8Array[] = [];
     const conn = await connect(recordingDialer(sent, true));
-    await Promise.all(requests.map((r) => conn.request("w", r)));
+    for (const r of requests) {
+      const reply = await conn.request("w", r);
+      expect(same(reply.y, r.x)).toBe(true);
+    }
     const dispatches = sent.filter((b) => b.byteLength > 1000);
     expect(dispatches).toHaveLength(requests.length);
-    // every dispatch was lent out of the same memory: the encoder's own, reused
+    // every dispatch was lent out of the same memory, taken back once the last one was written
     expect(new Set(dispatches.map((b) => b.buffer)).size).toBe(1);
   });
 
@@ -82,36 +106,139 @@ describe("sending frames through reused memory", () => {
     expect(kept.map((f, i) => same(f.x as Float32Array, requests[i]!.x))).toEqual(requests.map(() => true));
   });
 
-  it("the WebSocket link is done with the bytes when send returns, as copiesOnSend says", async () => {
-    // bytes scribbled over right after each send, as the next encode would: the peer must still
-    // get every frame as it was (this breaks if a ws upgrade stops copying as it masks)
-    const wss = new WebSocketServer({ port: 0, host: "127.0.0.1" });
-    await new Promise<void>((r) => wss.once("listening", () => r()));
-    const got: Buffer[] = [];
-    wss.on("connection", (ws) => ws.on("message", (data: Buffer) => got.push(data)));
-    try {
-      const url = `ws://127.0.0.1:${(wss.address() as AddressInfo).port}`;
-      const link = await dialWebSocket(url, {
-        handlers: { frame: () => {}, activity: () => {}, close: () => {} },
-        maxFrameBytes: 1 << 20,
-        connectTimeoutMs: 5000,
-      });
-      expect(link.copiesOnSend).toBe(true);
-      const frames = [200_000, 5000, 100, 1].map((size, i) => {
-        const bytes = new Uint8Array(size);
-        for (let j = 0; j < size; j++) bytes[j] = (i * 31 + j) & 0xff;
-        return bytes;
-      });
-      for (const frame of frames) {
-        const lent = frame.slice();
-        link.send(lent);
-        lent.fill(0xee);
-      }
-      await waitFor(() => got.length === frames.length, "every frame");
-      expect(got.map((g, i) => g.equals(frames[i]!))).toEqual(frames.map(() => true));
-      link.destroy();
-    } finally {
-      await new Promise<void>((r) => wss.close(() => r()));
-    }
+  it("takes memory back only when the link calls sent", () => {
+    const held: (() => void)[] = [];
+    const got: Uint8Array[] = [];
+    const link: FrameLink = {
+      callsSent: true,
+      bufferedBytes: 0,
+      send: (bytes, sent) => {
+        got.push(bytes);
+        held.push(sent!);
+      },
+      close: () => {},
+      destroy: () => {},
+    };
+    const writer = new FrameWriter(1 << 20);
+    const frame = (id: number) => dispatchFrame(id, requests[0]!);
+    writer.send(link, frame(1));
+    writer.send(link, frame(2));
+    // the first is still held: the second got other memory
+    expect(got[1]!.buffer).not.toBe(got[0]!.buffer);
+    held[0]!();
+    held[0]!(); // a second call changes nothing
+    writer.send(link, frame(3));
+    writer.send(link, frame(4));
+    expect(got[2]!.buffer).toBe(got[0]!.buffer);
+    expect(got[3]!.buffer).not.toBe(got[0]!.buffer);
+    expect(got[3]!.buffer).not.toBe(got[1]!.buffer);
   });
+
+  for (const scheme of ["wss", "ws"] as const) {
+    it(`a ${scheme}:// link ${scheme === "wss" ? "sends the bytes it is given unmasked" : "masks every frame"}, intact though reused once sent`, async () => {
+      const peer = await RawWebSocketPeer.start(scheme === "wss" ? await selfSignedCertificate() : undefined);
+      try {
+        const link = await dialWebSocket(peer.url, {
+          handlers: { frame: () => {}, activity: () => {}, close: () => {} },
+          maxFrameBytes: 1 << 20,
+          connectTimeoutMs: 5000,
+          ...(peer.pin !== undefined ? { pin: peer.pin } : {}),
+        });
+        expect(link.callsSent).toBe(true);
+        const frames = [200_000, 5000, 100, 1].map((size, i) => {
+          const bytes = new Uint8Array(size);
+          for (let j = 0; j < size; j++) bytes[j] = (i * 31 + j) & 0xff;
+          return bytes;
+        });
+        let done = 0;
+        for (const frame of frames) {
+          const lent = frame.slice();
+          // scribbled over once sent, as the writer's next encode would
+          link.send(lent, () => {
+            lent.fill(0xee);
+            done++;
+          });
+        }
+        await waitFor(() => peer.frames.length === frames.length && done === frames.length, "every frame");
+        expect(peer.frames.map((f, i) => f.payload.equals(frames[i]!))).toEqual(frames.map(() => true));
+        const zero = peer.frames.map((f) => f.mask.equals(Buffer.alloc(4)));
+        expect(zero).toEqual(frames.map(() => scheme === "wss"));
+        link.destroy();
+      } finally {
+        await peer.close();
+      }
+    });
+  }
 });
+
+/**
+ * A WebSocket server written out by hand, so a test sees the client's frames as they are on the
+ * wire (ws's own server unmasks them out of sight): the upgrade, then each frame's mask and its
+ * unmasked payload. Plain TCP, or TLS with `tls` (whose certificate the client pins).
+ */
+class RawWebSocketPeer {
+  readonly frames: { mask: Buffer; payload: Buffer }[] = [];
+  readonly #sockets = new Set<Socket>();
+  private constructor(
+    private readonly server: NetServer,
+    readonly url: string,
+    readonly pin: string | undefined,
+  ) {}
+
+  static async start(tls?: { cert: string; key: string }): Promise<RawWebSocketPeer> {
+    let peer: RawWebSocketPeer | undefined;
+    const onSocket = (socket: Socket) => peer!.serve(socket);
+    const server = tls ? createTlsServer(tls, onSocket) : createNetServer(onSocket);
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+    const port = (server.address() as AddressInfo).port;
+    const pin = tls ? new X509Certificate(tls.cert).fingerprint256 : undefined;
+    peer = new RawWebSocketPeer(server, `${tls ? "wss" : "ws"}://127.0.0.1:${port}/`, pin);
+    return peer;
+  }
+
+  private serve(socket: Socket): void {
+    let buf: Buffer = Buffer.alloc(0);
+    let upgraded = false;
+    this.#sockets.add(socket);
+    socket.on("error", () => {});
+    socket.on("data", (chunk: Buffer) => {
+      buf = Buffer.concat([buf, chunk]);
+      if (!upgraded) {
+        const end = buf.indexOf("\r\n\r\n");
+        if (end < 0) return;
+        const key = /sec-websocket-key: *(\S+)/i.exec(buf.subarray(0, end).toString())![1]!;
+        const accept = createHash("sha1").update(`${key}258EAFA5-E914-47DA-95CA-C5AB0DC85B11`).digest("base64");
+        socket.write(
+          `HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ${accept}\r\n\r\n`,
+        );
+        upgraded = true;
+        buf = buf.subarray(end + 4);
+      }
+      buf = this.takeFrames(buf);
+    });
+  }
+
+  /** Reads the complete client frames at the front of `buf` (all masked); returns the rest. */
+  private takeFrames(from: Buffer): Buffer {
+    let buf = from;
+    for (;;) {
+      if (buf.length < 2) return buf;
+      let len = buf[1]! & 0x7f;
+      let at = 2;
+      if (len === 126) [len, at] = [buf.length < 4 ? -1 : buf.readUInt16BE(2), 4];
+      else if (len === 127) [len, at] = [buf.length < 10 ? -1 : Number(buf.readBigUInt64BE(2)), 10];
+      if (len < 0 || buf.length < at + 4 + len) return buf;
+      expect(buf[1]! & 0x80).toBe(0x80); // a client frame always carries a mask, zero or not
+      const mask = Buffer.from(buf.subarray(at, at + 4));
+      const payload = Buffer.from(buf.subarray(at + 4, at + 4 + len));
+      for (let i = 0; i < payload.length; i++) payload[i]! ^= mask[i & 3]!;
+      this.frames.push({ mask, payload });
+      buf = buf.subarray(at + 4 + len);
+    }
+  }
+
+  close(): Promise<void> {
+    for (const socket of this.#sockets) socket.destroy();
+    return new Promise((r) => this.server.close(() => r()));
+  }
+}

@@ -20,9 +20,12 @@ afterEach(() => {
 function setup(bufferedBytes = 0) {
   const sent: DispatchFrame[] = [];
   const link = {
-    copiesOnSend: true,
+    callsSent: true,
     bufferedBytes,
-    send: (bytes: Uint8Array) => sent.push(decodeFrame(bytes) as DispatchFrame),
+    send: (bytes: Uint8Array, done?: () => void) => {
+      sent.push(decodeFrame(bytes) as DispatchFrame);
+      done?.();
+    },
     close: () => {},
     destroy: () => {},
   } as unknown as FrameLink;
@@ -172,7 +175,7 @@ describe("RequestTable", () => {
 
   it("refuses a send over the queue limit at once, leaving nothing pending", () => {
     const { table } = setup(1 << 20);
-    const link = { copiesOnSend: true, bufferedBytes: 1 << 20, send: () => {} } as unknown as FrameLink;
+    const link = { callsSent: true, bufferedBytes: 1 << 20, send: () => {} } as unknown as FrameLink;
     expect(() =>
       table.send({
         link,

@@ -8,7 +8,7 @@ import { recordingDialer } from "./fixtures.js";
 // respondInto: the answer's y written by the worker's compute straight into the result frame's
 // memory. Each frame must carry exactly the computed y, bit for bit; the memory lent to `fill` is
 // the frame's (no copy of y of its own), and it is never reused while a send still holds it: a
-// link that copies on send gets the connection's reused memory, one that keeps its bytes gets
+// link that calls sent gets the connection's reused memory, one that keeps its bytes gets
 // memory of each frame's own. Real WebSocket sockets to a fake relay, which decodes what arrives.
 
 expectNoUnhandledRejections(0);
@@ -54,7 +54,7 @@ const dispatchOf = (id: number, n: number, embd: number, extra: Partial<Dispatch
 
 async function worker(
   sent: Uint8Array[],
-  copiesOnSend: boolean,
+  callsSent: boolean,
   onFill: (req: IncomingDispatch, y: Float32Array) => void = (req, y) => y.set(computed(req)),
 ): Promise<{ views: Float32Array[] }> {
   relay = await FakeRelay.start();
@@ -63,7 +63,7 @@ async function worker(
     role: "worker",
     id: "w",
     token: "good",
-    dial: recordingDialer(sent, copiesOnSend),
+    dial: recordingDialer(sent, callsSent),
   });
   open.push(conn);
   (async () => {
@@ -80,15 +80,18 @@ async function worker(
   return { views };
 }
 
-/** Falling sizes back to back: each frame is written over the last one's memory when reused. */
+/** Falling sizes: each frame is written over the last one's memory when that is reused. */
 const SIZES = [64, 17, 8, 3, 1];
 
 describe("respondInto", () => {
-  it("sends each computed y bit for bit, written in the connection's reused memory on a link that copies", async () => {
+  it("sends each computed y bit for bit, written in the connection's reused memory on a link that calls sent", async () => {
     const sent: Uint8Array[] = [];
     const { views } = await worker(sent, true);
-    for (const [i, n] of SIZES.entries()) relay.send(relay.last, dispatchOf(i + 1, n, 96));
-    await waitFor(() => relay.framesOf("result").length === SIZES.length, "results");
+    // one at a time: each answer is written (and its memory taken back) before the next is encoded
+    for (const [i, n] of SIZES.entries()) {
+      relay.send(relay.last, dispatchOf(i + 1, n, 96));
+      await waitFor(() => relay.framesOf("result").length === i + 1, "result");
+    }
     const results = relay.framesOf("result");
     const expected = results.map((r) =>
       bitsOf(computed({ id: r.id, mode: "sum", n: r.n, k: 2, embd: 96 } as IncomingDispatch)),
@@ -103,7 +106,7 @@ describe("respondInto", () => {
       expect(view.byteOffset).toBeGreaterThan(frames[i]!.byteOffset);
       expect(view.byteOffset % 8).toBe(0);
     }
-    // and every frame was lent out of one piece of memory, the encoder's own
+    // and every frame was lent out of one piece of memory, taken back after each write
     expect(new Set(frames.map((b) => b.buffer)).size).toBe(1);
   });
 

@@ -33,9 +33,12 @@ type Sent = ResultFrame | ErrorFrame;
 
 function fakeLink(sent: Sent[]): FrameLink {
   return {
-    copiesOnSend: true,
+    callsSent: true,
     bufferedBytes: 0,
-    send: (bytes: Uint8Array) => sent.push(decodeFrame(bytes) as Sent),
+    send: (bytes, done) => {
+      sent.push(decodeFrame(bytes) as Sent);
+      done?.();
+    },
     close: () => {},
     destroy: () => {},
   };
