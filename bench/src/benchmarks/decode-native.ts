@@ -17,7 +17,7 @@ import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
 import { type BackboneBridge, type HubPlacement, serveBackboneBridge } from "@moeswarm/backbone";
 import { createHub, createLoopbackCertificates, mintToken } from "@moeswarm/hub";
-import type { CachedSliceMeta, WorkerEvent } from "@moeswarm/worker";
+import { cacheSlice, type WorkerEvent, workerCliPath } from "@moeswarm/worker";
 import { llamaCpuAddonPath } from "@moeswarm/worker-native";
 
 /** One worker's half: a slice file (the bridge row's) and what it holds. */
@@ -58,36 +58,6 @@ export function nativePlaneMissing(): string | undefined {
   return undefined;
 }
 
-/** The `moeswarm-worker` bin of @moeswarm/worker. */
-function workerBin(): string {
-  const require = createRequire(import.meta.url);
-  const pkgPath = require.resolve("@moeswarm/worker/package.json");
-  const pkg = require(pkgPath) as { bin: Record<string, string> };
-  return join(dirname(pkgPath), pkg.bin["moeswarm-worker"]!);
-}
-
-/**
- * Puts `half` in a worker's slice cache as a finished download would leave it
- * (`<cacheDir>/<model>/<l0>-<l1>_<e0>-<e1>.gguf` and its `.json`, @moeswarm/worker's slice-cache.ts).
- */
-async function seedSliceCache(cacheDir: string, half: NativeHalf): Promise<void> {
-  const dir = join(cacheDir, MODEL_ID);
-  await mkdir(dir, { recursive: true });
-  const { layers: l, experts: e } = half;
-  const base = join(dir, `${l.start}-${l.end}_${e.start}-${e.end}`);
-  // the bridge row's file: a hard link costs nothing (a copy where links are refused)
-  await link(half.path, `${base}.gguf`).catch(() => copyFile(half.path, `${base}.gguf`));
-  const { size } = await stat(`${base}.gguf`);
-  const meta: CachedSliceMeta = {
-    model: MODEL_ID,
-    layers: `${l.start}:${l.end}`,
-    experts: `${e.start}:${e.end}`,
-    fileBytes: size,
-    savedAt: Date.now(),
-  };
-  await writeFile(`${base}.json`, `${JSON.stringify(meta)}\n`);
-}
-
 interface WorkerProcess {
   id: string;
   child: ChildProcess;
@@ -103,7 +73,7 @@ function spawnWorker(
   const child = spawn(
     process.execPath,
     [
-      workerBin(),
+      workerCliPath(),
       ...["--hub", o.url, "--token", mintToken({ role: "worker", id, ttlS: 3600 }, o.secret)],
       ...["--id", id, "--model", MODEL_ID, "--capacity", String(half.bytes), "--cache-dir", o.cacheDir],
       ...["--ca", o.caFile, "--backend", "llama-cpu", "--threads", "1", "--poll", "0.5"],
@@ -207,7 +177,7 @@ export async function startNativeSwarm(o: {
     const gone = new AbortController();
     for (const [i, half] of o.halves.entries()) {
       const cacheDir = join(o.dir, `native-w${i}`);
-      await seedSliceCache(cacheDir, half);
+      await cacheSlice(cacheDir, { model: MODEL_ID, ...half, file: half.path });
       const onEvent = (e: WorkerEvent) => {
         if (e.event === "native-unavailable")
           gone.abort(`worker w${i}: no native listener: ${e.code}: ${e.error}`);

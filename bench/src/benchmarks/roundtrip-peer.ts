@@ -73,7 +73,11 @@ async function main(): Promise<void> {
   if (args.mode === "blind-worker") {
     // the far end of the blind relay: echoes each message back through it
     // a wss blind relay's certificate is the bench's own self-signed one
-    const ws = new WebSocket(args.url!, { perMessageDeflate: false, maxPayload: MAX, rejectUnauthorized: false });
+    const ws = new WebSocket(args.url!, {
+      perMessageDeflate: false,
+      maxPayload: MAX,
+      rejectUnauthorized: false,
+    });
     await new Promise<void>((resolve, reject) => {
       ws.once("open", () => resolve());
       ws.once("error", reject);

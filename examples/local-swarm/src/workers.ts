@@ -3,7 +3,7 @@ import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
 import { pathToFileURL } from "node:url";
-import type { WorkerEvent } from "@moeswarm/worker";
+import { type WorkerEvent, workerCliPath } from "@moeswarm/worker";
 
 /** What the demo learns about one worker process from its `--json` event lines. */
 export interface WorkerView {
@@ -55,15 +55,7 @@ function workerCommand(options: SpawnWorkersOptions): string[] {
     const tsx = pathToFileURL(require.resolve("tsx/esm")).href;
     return ["--import", tsx, join(import.meta.dirname, "liar-worker.ts")];
   }
-  return [workerBinPath()];
-}
-
-/** The `moeswarm-worker` bin of @moeswarm/worker, run with this Node. */
-export function workerBinPath(): string {
-  const require = createRequire(import.meta.url);
-  const pkgPath = require.resolve("@moeswarm/worker/package.json");
-  const pkg = require(pkgPath) as { bin: Record<string, string> };
-  return join(dirname(pkgPath), pkg.bin["moeswarm-worker"]!);
+  return [workerCliPath()];
 }
 
 /**

@@ -8,6 +8,7 @@ import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { createHub, type Hub, mintToken } from "@moeswarm/hub";
 import { findExpertTensors, readGguf } from "@moeswarm/shard";
+import { workerCliPath } from "@moeswarm/worker";
 import { expect } from "vitest";
 import {
   type BackboneBridge,
@@ -28,13 +29,6 @@ export function opensslMissing(what: string): string | undefined {
   const why = "no libssl.so.3 on this machine (the native plane needs OpenSSL 3: apt-get install libssl3)";
   console.warn(`skipping ${what}: ${why}`);
   return why;
-}
-
-function workerBin(): string {
-  const require = createRequire(import.meta.url);
-  const pkgPath = require.resolve("@moeswarm/worker/package.json");
-  const pkg = require(pkgPath) as { bin: Record<string, string> };
-  return join(dirname(pkgPath), pkg.bin["moeswarm-worker"]!);
 }
 
 export interface NativeSwarm {
@@ -88,7 +82,7 @@ export async function startNativeSwarm(
     const child = spawn(
       process.execPath,
       [
-        workerBin(),
+        workerCliPath(),
         ...["--hub", url, "--token", mintToken({ role: "worker", id, ttlS: 3600 }, o.secret)],
         ...["--id", id, "--model", o.modelId, "--capacity", String(Math.ceil(expertBytes * 1.15))],
         ...["--cache-dir", cacheDir, "--ca", caFile, "--backend", "llama-cpu", "--threads", "1"],

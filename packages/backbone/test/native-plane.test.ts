@@ -529,7 +529,11 @@ describe("the plane on a plugin connection (fake timers)", () => {
     const report = routing.takeReport(N_EXPERT);
     expect(report.tokens).toBe(3);
     expect([report.counts["0"]![1], report.counts["0"]![5], report.counts["1"]![2]]).toEqual([5, 3, 24]);
-    expect(Object.values(report.counts).flat().reduce((a, b) => a + b, 0)).toBe(32);
+    expect(
+      Object.values(report.counts)
+        .flat()
+        .reduce((a, b) => a + b, 0),
+    ).toBe(32);
     expect(report.receipts).toMatchObject({
       A: { expertTokens: 5 },
       B: { expertTokens: 3 },

@@ -1,5 +1,10 @@
 import { createHash, X509Certificate } from "node:crypto";
-import { type AddressInfo, createServer as createNetServer, type Server as NetServer, type Socket } from "node:net";
+import {
+  type AddressInfo,
+  createServer as createNetServer,
+  type Server as NetServer,
+  type Socket,
+} from "node:net";
 import { createServer as createTlsServer } from "node:tls";
 import { type DispatchFrame, decodeFrame, type EncodableFrame, PROTOCOL_VERSION } from "@moeswarm/core";
 import { expectNoUnhandledRejections, waitFor } from "@moeswarm/testkit";
@@ -207,7 +212,9 @@ class RawWebSocketPeer {
         const end = buf.indexOf("\r\n\r\n");
         if (end < 0) return;
         const key = /sec-websocket-key: *(\S+)/i.exec(buf.subarray(0, end).toString())![1]!;
-        const accept = createHash("sha1").update(`${key}258EAFA5-E914-47DA-95CA-C5AB0DC85B11`).digest("base64");
+        const accept = createHash("sha1")
+          .update(`${key}258EAFA5-E914-47DA-95CA-C5AB0DC85B11`)
+          .digest("base64");
         socket.write(
           `HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ${accept}\r\n\r\n`,
         );

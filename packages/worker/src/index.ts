@@ -11,6 +11,7 @@ export {
   type SliceRect,
 } from "./choose.js";
 export { runWorkerCli, type WorkerCliIo } from "./cli.js";
+export { workerCliPath } from "./cli-path.js";
 export type { DirectOptions } from "./direct.js";
 export {
   type DownloadOptions,
@@ -43,6 +44,7 @@ export {
 export {
   type CachedSlice,
   type CachedSliceMeta,
+  cacheSlice,
   listCachedSlices,
   type PrunedSlice,
   type PruneOptions,

@@ -1,4 +1,4 @@
-import { mkdir, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
+import { copyFile, link, mkdir, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { dirname, join } from "node:path";
 import { InvalidArgumentError, type Range } from "@moeswarm/core";
 
@@ -73,6 +73,50 @@ export async function removeSlice(paths: SlicePaths): Promise<void> {
   await rm(paths.metaPath, { force: true });
   await rm(`${paths.path}.part`, { force: true });
   await rm(`${paths.path}.part.json`, { force: true });
+}
+
+/**
+ * Puts a slice file that is already on this machine (cut with `moeswarm-shard slice`, or copied
+ * from another machine) into a worker's cache, as a finished download leaves one: the worker
+ * then claims it before anything else, as it does a slice it downloaded in an earlier run, and
+ * serves it only after checking it against the hub's manifest (a file that does not match is
+ * deleted and downloaded again). Hard-linked where the file system allows, copied otherwise.
+ * `layers` and `experts` are the half-open ranges the file holds. Returns the cached slice.
+ */
+export async function cacheSlice(
+  cacheDir: string,
+  o: { model: string; layers: Range; experts: Range; file: string },
+): Promise<CachedSlice> {
+  for (const [what, r] of [
+    ["layers", o.layers],
+    ["experts", o.experts],
+  ] as const) {
+    if (!Number.isInteger(r.start) || !Number.isInteger(r.end) || r.start < 0 || r.end <= r.start) {
+      throw new InvalidArgumentError(
+        `${what} must be a half-open range of integers start < end, got ${JSON.stringify(r)}`,
+      );
+    }
+  }
+  const paths = slicePaths(cacheDir, o.model, o.layers, o.experts);
+  await mkdir(paths.dir, { recursive: true });
+  await rm(paths.path, { force: true });
+  await link(o.file, paths.path).catch(() => copyFile(o.file, paths.path));
+  const meta: CachedSliceMeta = {
+    model: o.model,
+    layers: `${o.layers.start}:${o.layers.end}`,
+    experts: `${o.experts.start}:${o.experts.end}`,
+    fileBytes: (await stat(paths.path)).size,
+    savedAt: Date.now(),
+  };
+  await writeSliceMeta(paths, meta);
+  return {
+    model: o.model,
+    layers: o.layers,
+    experts: o.experts,
+    path: paths.path,
+    metaPath: paths.metaPath,
+    meta,
+  };
 }
 
 /** The model directories of the cache (or the one of `model`) and the names in each; unreadable ones skipped. */

@@ -1,12 +1,14 @@
 // The worker's slice cache under a size limit: what pruneSliceCache deletes to make room, in which
-// order, and what it never deletes.
+// order, and what it never deletes; and a slice file put there by cacheSlice.
 
-import { existsSync, mkdirSync, readFileSync, utimesSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, statSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { InvalidArgumentError } from "@moeswarm/core";
 import { tempDir } from "@moeswarm/testkit";
 import { afterAll, describe, expect, it } from "vitest";
 import {
   type CachedSliceMeta,
+  cacheSlice,
   listCachedSlices,
   pruneSliceCache,
   slicePaths,
@@ -119,5 +121,44 @@ describe("pruneSliceCache", () => {
     );
     const r = await pruneSliceCache(dir, { maxBytes: 150, incomingBytes: 50, keep: new Set() });
     expect(r.removed.map((x) => x.path)).toEqual([path(dir, "m", 1, 2)]);
+  });
+});
+
+describe("cacheSlice", () => {
+  it("puts a file into the cache as a finished download leaves it, linked rather than copied", async () => {
+    const dir = join(tmp.dir, `c${n++}`);
+    const file = join(tmp.dir, "cut.gguf");
+    writeFileSync(file, Buffer.alloc(1000, 7));
+    const cached = await cacheSlice(dir, {
+      model: "m",
+      layers: { start: 2, end: 4 },
+      experts: { start: 32, end: 64 },
+      file,
+    });
+    expect(cached.path).toBe(path(dir, "m", 2, 4).replace("0-8", "32-64"));
+    // the worker's own listing finds it, with its ranges and size
+    const listed = await listCachedSlices(dir, "m");
+    expect(listed.map((c) => [c.layers, c.experts, c.meta.fileBytes])).toEqual([
+      [{ start: 2, end: 4 }, { start: 32, end: 64 }, 1000],
+    ]);
+    expect(statSync(cached.path).ino).toBe(statSync(file).ino);
+    // cached again over itself: still one slice, the same bytes
+    await cacheSlice(dir, {
+      model: "m",
+      layers: { start: 2, end: 4 },
+      experts: { start: 32, end: 64 },
+      file,
+    });
+    expect(await listCachedSlices(dir, "m")).toHaveLength(1);
+    expect(readFileSync(cached.path)).toEqual(readFileSync(file));
+  });
+
+  it("refuses a model id that cannot name a directory, and empty or reversed ranges", async () => {
+    const dir = join(tmp.dir, `c${n++}`);
+    const ok = { model: "m", layers: { start: 0, end: 1 }, experts: { start: 0, end: 8 }, file: "x" };
+    await expect(cacheSlice(dir, { ...ok, model: "../up" })).rejects.toThrow(InvalidArgumentError);
+    await expect(cacheSlice(dir, { ...ok, layers: { start: 1, end: 1 } })).rejects.toThrow(/layers/);
+    await expect(cacheSlice(dir, { ...ok, experts: { start: 4, end: 2 } })).rejects.toThrow(/experts/);
+    expect(existsSync(dir)).toBe(false);
   });
 });
