@@ -30,13 +30,16 @@
 //   slot gets one dispatch in mode "each" (compact) with the rows of the tokens that have a slot of
 //   its own and the other owners' ids masked to -1, all sent before any answer is read; the plugin
 //   combines the answers with the compute core's moeswarm_combine_sum (llama.cpp's mul and add
-//   nodes, bit for bit). An id no range holds: the bridge. Any owner's failure: the links still
-//   mid-exchange closed, that worker backed off, the whole split through the bridge. Phase 3: an
-//   entry may name an `alt` (a replica of its range); for a whole-layer entry a primary's failure
-//   (its or its link's fault) sends the frame to the alt natively first, and with the table's
-//   `hedgeMs` a primary silent that long races the alt (first valid answer wins; the loser is not
-//   backed off and its late answer is skipped by id on the link's next use). `native-receipts` (splits, tokens and expert-tokens per worker and layer, failures with
-//   their codes) go to the bridge at most once a second and when the backend is freed, never
+//   nodes, bit for bit). An id no range holds: the bridge. Phase 3: an entry may name an `alt` (a
+//   replica of its range, or of the whole layer), and each entry is raced on its own (a whole-layer
+//   entry's frame, or one owner's dispatch): its worker's failure (its or its link's fault) sends
+//   the same dispatch to the alt natively first, and a worker silent past its hedge moment (the
+//   table's `hedgeMs`, or `hedgeFactor` x its recent p50) races the alt (first valid answer wins;
+//   the loser is not backed off and its late answer is skipped by id on the link's next use); the
+//   other owners are not touched. An entry nobody could answer: the links still owing an answer
+//   closed, that worker backed off, the whole split through the bridge. `native-receipts` (splits,
+//   tokens and expert-tokens per worker and layer, failures with their codes) go to the bridge at
+//   most once a second and when the backend is freed, never
 //   waiting on the socket. An empty table, no OpenSSL, or MOESWARM_NATIVE=0: the bridge only.
 //
 // Configuration (environment, or a JSON file MOESWARM_CONFIG with the same keys in camelCase:
@@ -65,8 +68,9 @@
 // pattern.cpp (what the device computes: supports_op and the split's tensors), round-trip.cpp (the
 // dispatch frame, the one writer of a result into the split's output, the bridge round trip),
 // native-table.cpp (native-hello, native-table, native-receipts on the bridge socket),
-// native-link.cpp (a native link over TLS), native-replica.cpp (a whole-layer split: primary,
-// failover and hedge to its alt), native-split.cpp (a split over several workers),
+// native-link.cpp (a native link over TLS), native-race.cpp (a split's parts racing their entry's
+// worker and alt: failover and hedge), native-replica.cpp (a whole-layer split: one part),
+// native-split.cpp (a split over several workers: one part per owner),
 // backend.cpp (the backend, device and registry that ggml sees). This header is what they share.
 
 #include "ggml-backend-impl.h"

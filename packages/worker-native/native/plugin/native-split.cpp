@@ -14,12 +14,10 @@
 #include "moeswarm-combine.h"
 #include "moeswarm-plugin.h"
 #include "moeswarm-frame.h"
-#include "moeswarm-trace.h"
 
 #include <string.h>
 
 #include <algorithm>
-#include <cmath>
 
 // one owner of a split: its entry, and the part of the dispatch it gets
 struct moeswarm_split_owner {
