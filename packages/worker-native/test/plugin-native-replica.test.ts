@@ -85,7 +85,11 @@ describe.skipIf(Boolean(missing))("plugin: a whole layer with a replica (failove
    * `[id, worker]` with an optional `[id, worker]` alt.
    */
   type Named = [string, StandInWorker];
-  const rangedTable = (first: [Named, Named?], second: [Named, Named?]): NativeTable => {
+  const rangedTable = (
+    first: [Named, Named?],
+    second: [Named, Named?],
+    extra: Partial<NativeTable> = {},
+  ): NativeTable => {
     const exp = Date.now() + 3_600_000;
     const target = ([worker, w]: Named) => ({ worker, addr: w.addr, fp: w.fingerprint, ticket: TICKET, exp });
     const entry = ([owner, alt]: [Named, Named?], experts: [number, number]) => ({
@@ -101,6 +105,7 @@ describe.skipIf(Boolean(missing))("plugin: a whole layer with a replica (failove
         { layer, ...entry(first, [0, h]) },
         { layer, ...entry(second, [h, nExpert]) },
       ]),
+      ...extra,
     };
   };
 
@@ -324,6 +329,122 @@ describe.skipIf(Boolean(missing))("plugin: a whole layer with a replica (failove
     expect(a0.dispatches.length).toBeGreaterThanOrEqual(1);
     const c = credited(bridge.receipts);
     expect(c).toEqual({ p0: p0.dispatches.length - 1, a0: a0.dispatches.length, p1: n.splits });
+  });
+
+  /** Per split-layer run: the hedge counters of the receipts, summed. */
+  const receiptHedges = (bridge: StandInBridge) => [
+    bridge.receipts.reduce((a, r) => a + (r.hedges ?? 0), 0),
+    bridge.receipts.reduce((a, r) => a + (r.hedgeWins ?? 0), 0),
+  ];
+
+  it("a split owner with a history that stalls is hedged to its alt (adaptive): only its part, the alt wins, the same bytes", async () => {
+    const h = nExpert / 2;
+    await using p0 = await startWorker(cert, compute, "ok");
+    await using a0 = await startWorker(cert2, compute, "ok");
+    await using p1 = await startWorker(cert2, compute, "ok");
+    // p0's 10th dispatch stalls: by then it has answered nine split parts, its p50 is ~1 ms and its
+    // hedge comes at max(30 ms, 2 x p50) = 30 ms, far before the 5 s deadline; its later answers
+    // queue behind the stalled one on its connection
+    p0.delayMs = 600;
+    p0.delayOn = 10;
+    await using bridge = await startBridge(join(tmp.dir, "ranged-hedge.sock"), compute);
+    bridge.setTable(
+      rangedTable(
+        [
+          ["p0", p0],
+          ["a0", a0],
+        ],
+        [["p1", p1]],
+        { hedgeFactor: 2, hedgeMinMs: 30 },
+      ),
+    );
+    const run = await decode(bridge);
+    const n = run.plugin!.native;
+    // nothing waited for the deadline (a timeout would be a failure) nor went to the bridge
+    expect(n.fallbacks).toBe(0);
+    expect(n.failures).toEqual({});
+    expect(n.splits).toBe(run.plugin!.splits - bridge.dispatches.length);
+    expect(n.hedges).toBeGreaterThanOrEqual(1);
+    expect(n.hedgeWins).toBeGreaterThanOrEqual(1);
+    expect(n.hedgeWins).toBeLessThanOrEqual(n.hedges);
+    expect(receiptHedges(bridge)).toEqual([n.hedges, n.hedgeWins]);
+    // the alt got p0's part of each hedged split and nothing else: the first range's ids only
+    expect(a0.dispatches).toHaveLength(n.hedges);
+    for (const d of a0.dispatches) {
+      expect([d.mode, d.compact]).toEqual(["each", true]);
+      for (const id of d.ids) if (id !== -1) expect(id).toBeLessThan(h);
+    }
+    // the other owner is not touched: one dispatch per split, never re-sent
+    expect(p1.dispatches).toHaveLength(n.splits);
+    // each part credited once, to the worker whose answer was used: the alt for the hedges it won
+    const c = credited(bridge.receipts);
+    expect(c).toEqual({ p0: n.splits - n.hedgeWins, a0: n.hedgeWins, p1: n.splits });
+    console.info(
+      `split hedge (owner stalled 600 ms, adaptive): ${n.hedges} hedges, ${n.hedgeWins} won by the alt, ${n.splits} native splits, round trip p50 ${n.roundTripP50Us} us`,
+    );
+  });
+
+  it("a split owner stalled on its first dispatch (no history) is waited for, not hedged (adaptive)", async () => {
+    await using p0 = await startWorker(cert, compute, "ok");
+    await using a0 = await startWorker(cert2, compute, "ok");
+    await using p1 = await startWorker(cert2, compute, "ok");
+    p0.delayMs = 500;
+    p0.delayOn = 1;
+    await using bridge = await startBridge(join(tmp.dir, "ranged-nohist.sock"), compute);
+    // hedgeMinMs 200: a later hedge of a healthy owner would need a 200 ms hiccup
+    bridge.setTable(
+      rangedTable(
+        [
+          ["p0", p0],
+          ["a0", a0],
+        ],
+        [["p1", p1]],
+        { hedgeFactor: 2, hedgeMinMs: 200 },
+      ),
+    );
+    const run = await decode(bridge);
+    const n = run.plugin!.native;
+    expect([n.hedges, n.fallbacks, n.failures]).toEqual([0, 0, {}]);
+    expect(a0.dispatches).toHaveLength(0);
+    expect(credited(bridge.receipts)).toEqual({ p0: n.splits, p1: n.splits });
+  });
+
+  it("a split owner that lost a hedge (hedgeMs) keeps its link: its late answers, a prompt's larger one first, are skipped and later splits get their own", async () => {
+    await using p0 = await startWorker(cert, compute, "ok");
+    await using a0 = await startWorker(cert2, compute, "ok");
+    await using p1 = await startWorker(cert2, compute, "ok");
+    // the prompt's first split stalls: no history needed with hedgeMs
+    p0.delayMs = 600;
+    p0.delayOn = 1;
+    await using bridge = await startBridge(join(tmp.dir, "ranged-stale.sock"), compute);
+    bridge.setTable(
+      rangedTable(
+        [
+          ["p0", p0],
+          ["a0", a0],
+        ],
+        [["p1", p1]],
+        { hedgeMs: 40 },
+      ),
+    );
+    const run = await decode(bridge);
+    const n = run.plugin!.native;
+    expect([n.fallbacks, n.failures]).toEqual([0, {}]);
+    expect(n.splits).toBe(run.plugin!.splits - bridge.dispatches.length);
+    expect(n.hedgeWins).toBeGreaterThanOrEqual(1);
+    // the stalled answer (the prompt's: more rows than a decode step's) came late on a link already
+    // carrying the next splits' dispatches: read whole and skipped by id, the link kept (one
+    // connection), and p0 not backed off (asked for every split)
+    expect(p0.dispatches[0]!.n).toBeGreaterThan(p0.dispatches.at(-1)!.n);
+    expect(p0.connections).toBe(1);
+    expect(p0.dispatches).toHaveLength(n.splits);
+    // later splits through p0 got their own answers (the bytes say none took a stale one), and
+    // answers p0 sent that were not used were skipped
+    const c = credited(bridge.receipts);
+    expect(c).toEqual({ p0: n.splits - n.hedgeWins, a0: n.hedgeWins, p1: n.splits });
+    expect(c.p0).toBeGreaterThanOrEqual(1);
+    expect(servedSplits(p0)).toBeGreaterThan(c.p0!);
+    expect(receiptHedges(bridge)).toEqual([n.hedges, n.hedgeWins]);
   });
 
   it("a table whose alt is a primary of the same layer is refused whole: no dial, every split through the bridge", async () => {

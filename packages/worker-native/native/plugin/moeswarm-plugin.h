@@ -30,13 +30,16 @@
 //   slot gets one dispatch in mode "each" (compact) with the rows of the tokens that have a slot of
 //   its own and the other owners' ids masked to -1, all sent before any answer is read; the plugin
 //   combines the answers with the compute core's moeswarm_combine_sum (llama.cpp's mul and add
-//   nodes, bit for bit). An id no range holds: the bridge. Any owner's failure: the links still
-//   mid-exchange closed, that worker backed off, the whole split through the bridge. Phase 3: an
-//   entry may name an `alt` (a replica of its range); for a whole-layer entry a primary's failure
-//   (its or its link's fault) sends the frame to the alt natively first, and with the table's
-//   `hedgeMs` a primary silent that long races the alt (first valid answer wins; the loser is not
-//   backed off and its late answer is skipped by id on the link's next use). `native-receipts` (splits, tokens and expert-tokens per worker and layer, failures with
-//   their codes) go to the bridge at most once a second and when the backend is freed, never
+//   nodes, bit for bit). An id no range holds: the bridge. Phase 3: an entry may name an `alt` (a
+//   replica of its range, or of the whole layer), and each entry is raced on its own (a whole-layer
+//   entry's frame, or one owner's dispatch): its worker's failure (its or its link's fault) sends
+//   the same dispatch to the alt natively first, and a worker silent past its hedge moment (the
+//   table's `hedgeMs`, or `hedgeFactor` x its recent p50) races the alt (first valid answer wins;
+//   the loser is not backed off and its late answer is skipped by id on the link's next use); the
+//   other owners are not touched. An entry nobody could answer: the links still owing an answer
+//   closed, that worker backed off, the whole split through the bridge. `native-receipts` (splits,
+//   tokens and expert-tokens per worker and layer, failures with their codes) go to the bridge at
+//   most once a second and when the backend is freed, never
 //   waiting on the socket. An empty table, no OpenSSL, or MOESWARM_NATIVE=0: the bridge only.
 //
 // Configuration (environment, or a JSON file MOESWARM_CONFIG with the same keys in camelCase:
@@ -65,8 +68,9 @@
 // pattern.cpp (what the device computes: supports_op and the split's tensors), round-trip.cpp (the
 // dispatch frame, the one writer of a result into the split's output, the bridge round trip),
 // native-table.cpp (native-hello, native-table, native-receipts on the bridge socket),
-// native-link.cpp (a native link over TLS), native-replica.cpp (a whole-layer split: primary,
-// failover and hedge to its alt), native-split.cpp (a split over several workers),
+// native-link.cpp (a native link over TLS), native-race.cpp (a split's parts racing their entry's
+// worker and alt: failover and hedge), native-replica.cpp (a whole-layer split: one part),
+// native-split.cpp (a split over several workers: one part per owner),
 // backend.cpp (the backend, device and registry that ggml sees). This header is what they share.
 
 #include "ggml-backend-impl.h"
@@ -397,11 +401,6 @@ bool moeswarm_native_send(moeswarm_backend_context * ctx, moeswarm_native_peer &
         moeswarm_native_err & ne, size_t & bytes_out);
 bool moeswarm_native_connect(moeswarm_native_peer & pr, const moeswarm_native_table & t, const moeswarm_native_target & e,
         double deadline, moeswarm_native_err & ne);
-// frames from the worker until the result of request id (pongs and late answers skipped): true
-// with f decoded (its y points into pr.rx); an error frame, a drain, a bad frame, the link or the
-// deadline: false with ne. who names the worker in messages.
-bool moeswarm_native_await(moeswarm_native_peer & pr, uint64_t id, size_t max_frame, double deadline,
-        const std::string & who, int layer, moeswarm_frame & f, moeswarm_native_err & ne, size_t & bytes_in);
 // the worker's `ms` (compute time) of a result, or -1
 double moeswarm_native_result_ms(const uint8_t * data, size_t size);
 // one frame from the worker (waiting until deadline): RESULT with f decoded when it is request id's
@@ -418,3 +417,51 @@ void moeswarm_native_failed(moeswarm_native & nv, moeswarm_native_peer & pr, con
 moeswarm_native_outcome moeswarm_native_split_ranges(moeswarm_backend_context * ctx, const moeswarm_config & cfg,
         const moeswarm_pattern & p, const std::vector<moeswarm_native_entry> & entries, size_t & bytes_out,
         size_t & bytes_in);
+
+// the race of a native split's parts (native-race.cpp): a whole-layer split is one part, a split
+// over several owners one part per owner; each part asks its entry's worker and maybe its alt
+
+// one worker asked for a part: the entry's own, or its alt
+struct moeswarm_native_try {
+    const moeswarm_native_target * t = nullptr;
+    moeswarm_native_peer * pr        = nullptr;
+    uint32_t id                      = 0;
+    bool reused = false, retried = false, sent = false, failed = false;
+    int fail_order = -1; // when both failed: the later one is the part's last
+    moeswarm_native_err ne;
+    double ms = -1; // the worker's reported compute time of the answer used
+};
+
+struct moeswarm_native_part {
+    moeswarm_native_try at[2];
+    int n           = 0;  // at[0] is asked first; at[1], when set, is the spare (failover or hedge)
+    int winner      = -1; // whose answer was used
+    int failures    = 0;
+    bool hedged     = false;
+    double hedge_at = 0; // moeswarm_now_us when the spare races at[0]; 0: no hedge
+    size_t max_result = 0; // the largest result frame its dispatch may get
+    // its dispatch, with this request id, into ctx->tx (length prefix included)
+    std::function<void(uint32_t id)> build;
+    // a result frame for it: checked, then written where the split takes it from; false with err
+    std::function<bool(const moeswarm_frame & f, std::string & err)> take;
+};
+
+// who part asks for entry e: its worker when it may be asked now (not backing off, and a live
+// ticket when a link must be opened), and its alt (the spare, or alone when the worker may not be
+// asked); the hedge moment from t0 when both are there. false: nobody may be asked
+bool moeswarm_native_part_init(moeswarm_native & nv, moeswarm_native_part & part, const moeswarm_native_entry & e,
+        double t0);
+// every part's dispatch sent, then answers read from all the parts' workers at once until each part
+// has a valid one (true); spares go out as failover or hedge. false: parts[lost] has nobody left to
+// wait on (or the deadline passed first: the first part unanswered), and the split fails
+bool moeswarm_native_race_run(moeswarm_backend_context * ctx, const moeswarm_pattern & p, moeswarm_native_part * parts,
+        size_t n, double t0, double deadline, size_t & lost, size_t & bytes_out, size_t & bytes_in);
+// a part's failures backed off and reported (a failover when the part stayed native after it; the
+// lost part's last failure: last_code, the split's fallback), its hedge counted
+void moeswarm_native_race_settle(moeswarm_native & nv, const moeswarm_pattern & p, moeswarm_native_part & part,
+        bool lost, std::string & last_code);
+// the links of a failed split's workers still owing an answer, closed
+void moeswarm_native_race_close(moeswarm_native_part * parts, size_t n);
+// the winner of part credited with a split of layer, its tokens and filled ids; its backoff reset
+void moeswarm_native_credit(moeswarm_native & nv, const moeswarm_native_part & part, int layer, uint64_t tokens,
+        uint64_t filled);

@@ -147,16 +147,6 @@ moeswarm_native_read moeswarm_native_read_one(moeswarm_native_peer & pr, uint64_
     return MOESWARM_NATIVE_READ_SKIPPED;
 }
 
-bool moeswarm_native_await(moeswarm_native_peer & pr, uint64_t id, size_t max_frame, double deadline,
-        const std::string & who, int layer, moeswarm_frame & f, moeswarm_native_err & ne, size_t & bytes_in) {
-    for (;;) {
-        const moeswarm_native_read r = moeswarm_native_read_one(pr, id, max_frame, deadline, who, layer, f, ne, bytes_in);
-        if (r != MOESWARM_NATIVE_READ_SKIPPED) {
-            return r == MOESWARM_NATIVE_READ_RESULT;
-        }
-    }
-}
-
 void moeswarm_native_failed(moeswarm_native & nv, moeswarm_native_peer & pr, const std::string & worker,
         const moeswarm_pattern & p, const moeswarm_native_err & ne, bool failover) {
     moeswarm_tls_close(pr.conn);

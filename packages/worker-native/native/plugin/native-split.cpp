@@ -3,35 +3,28 @@
 // the rows of the tokens that have a slot of its own, the other owners' ids masked to -1. All are
 // sent before any answer is read, so the owners compute in parallel; the answers are combined here
 // with moeswarm_combine_sum, the compute core's sum (llama.cpp's mul and add nodes, bit for bit, no
-// FMA). Any owner's failure fails the whole native split: the links still mid-exchange are closed
-// (a late answer must never be read as the next split's), the failing worker backs off, and the split
-// goes through the bridge, which computes the same bits. Phase 3: an entry with an `alt` (a replica
-// of its range) fails over: when its owner fails by its own or its link's fault, that owner's
-// dispatch alone goes to the alt natively (the other owners' are not sent again), and only the
-// alt's failure fails the split; an owner backing off is replaced by its alt from the start.
+// FMA). Phase 3: each owner is one part of the race in native-race.cpp, so an entry with an `alt` (a
+// replica of its range) fails over and is hedged owner by owner: that owner's dispatch alone (its
+// rows) goes to the alt when the owner fails by its own or its link's fault, or stays silent past
+// its own hedge moment (the first valid answer wins); the other owners' are not sent again, and an
+// owner backing off is replaced by its alt from the start. A part nobody could answer fails the
+// whole native split: the links still owing an answer are closed, the failing worker backs off, and
+// the split goes through the bridge, which computes the same bits.
 
 #include "moeswarm-combine.h"
 #include "moeswarm-plugin.h"
 #include "moeswarm-frame.h"
-#include "moeswarm-trace.h"
 
 #include <string.h>
 
 #include <algorithm>
-#include <cmath>
 
-// one owner of a split: its entry, the worker asked (the entry's, or its alt) and link, and what this
-// split sent it
+// one owner of a split: its entry, and the part of the dispatch it gets
 struct moeswarm_split_owner {
-    const moeswarm_native_entry * e  = nullptr;
-    const moeswarm_native_target * t = nullptr; // e itself, or &e->alt after a failover
-    moeswarm_native_peer * pr        = nullptr;
-    int32_t index                   = 0;     // in the layer's entries: slot_owner's value
-    std::vector<int64_t> rows;               // the dispatch rows (of ctx->x) it gets
-    uint64_t filled = 0, tokens = 0;         // its filled slots; the tokens with one of them
-    uint32_t id     = 0;
-    bool reused = false, sent = false, done = false, retried = false;
-    double ms = -1;
+    const moeswarm_native_entry * e = nullptr;
+    int32_t index                   = 0; // in the layer's entries: slot_owner's value
+    std::vector<int64_t> rows;           // the dispatch rows (of ctx->x) it gets
+    uint64_t filled = 0, tokens = 0;     // its filled slots; the tokens with one of them
 };
 
 // the entry whose range holds expert id, or -1 (entries are sorted by lo)
@@ -82,7 +75,7 @@ static bool moeswarm_split_assign(moeswarm_backend_context * ctx, const moeswarm
 
 // the owner's dispatch (mode each, compact, no weights) into ctx->tx: its rows, others' ids masked
 static void moeswarm_split_build(moeswarm_backend_context * ctx, const moeswarm_config & cfg, const moeswarm_pattern & p,
-        const std::vector<int32_t> & slot_owner, moeswarm_split_owner & ow) {
+        const std::vector<int32_t> & slot_owner, const moeswarm_split_owner & ow, uint32_t id) {
     const int64_t kk = p.weighted_input ? 1 : p.k;
     const int64_t E  = p.n_embd;
     ctx->sub_x.resize(ow.rows.size() * E);
@@ -94,9 +87,8 @@ static void moeswarm_split_build(moeswarm_backend_context * ctx, const moeswarm_
             ctx->sub_ids[i * kk + j] = slot_owner[r * kk + j] == ow.index ? ctx->ids[r * kk + j] : -1;
         }
     }
-    ow.id = moeswarm_next_id(ow.pr->next_id);
     moeswarm_dispatch_desc d;
-    d.id      = ow.id;
+    d.id      = id;
     d.model   = cfg.model.c_str();
     d.layer   = (uint32_t) p.layer;
     d.n       = (uint32_t) ow.rows.size();
@@ -108,16 +100,6 @@ static void moeswarm_split_build(moeswarm_backend_context * ctx, const moeswarm_
     d.mode    = MOESWARM_MODE_EACH;
     d.compact = true; // the native listener answers with the filled slots' rows only
     moeswarm_write_prefixed_dispatch(ctx->tx, d);
-}
-
-// the owner's dispatch sent on its link (moeswarm_native_send)
-static bool moeswarm_split_send(moeswarm_backend_context * ctx, const moeswarm_config & cfg, const moeswarm_pattern & p,
-        const std::vector<int32_t> & slot_owner, moeswarm_split_owner & ow, double deadline, moeswarm_native_err & ne,
-        size_t & bytes_out) {
-    const bool ok = moeswarm_native_send(ctx, *ow.pr, *ow.t, [&] { moeswarm_split_build(ctx, cfg, p, slot_owner, ow); },
-            p.layer, deadline, ow.reused, ow.retried, ne, bytes_out);
-    ow.sent       = ow.sent || ok;
-    return ok;
 }
 
 // a result for the owner's dispatch: mode each, its shape (compact: its filled rows), all finite
@@ -150,136 +132,34 @@ static void moeswarm_split_scatter(moeswarm_backend_context * ctx, const moeswar
     }
 }
 
-// frames in from the owner until its result, checked and scattered
-static bool moeswarm_split_recv(moeswarm_backend_context * ctx, const moeswarm_pattern & p,
-        const std::vector<int32_t> & slot_owner, moeswarm_split_owner & ow, double deadline, moeswarm_native_err & ne,
-        size_t & bytes_in) {
-    moeswarm_native_peer & pr = *ow.pr;
-    const size_t max_frame    = ow.rows.size() * (size_t) p.k * p.n_embd * 4 + 4096;
-    moeswarm_frame f;
-    if (!moeswarm_native_await(pr, ow.id, max_frame, deadline, ow.t->worker, p.layer, f, ne, bytes_in)) {
-        return false;
-    }
-    std::string err;
-    if (!moeswarm_split_check(f, p, ow, err)) {
-        ne.code = "MOESWARM_DISPATCH_BAD_RESULT";
-        ne.msg  = err;
-        return false;
-    }
-    ow.ms = moeswarm_native_result_ms(pr.rx.data(), pr.rx.size());
-    moeswarm_split_scatter(ctx, f, p, slot_owner, ow);
-    ow.done = true;
-    return true;
-}
-
-// whether a worker may be asked now: not backing off, and a live ticket for a link to open
-static bool moeswarm_split_target_ready(const moeswarm_native_peer & pr, const moeswarm_native_target & t, double now_us) {
-    if (now_us < pr.retry_at_us) return false;
-    return pr.conn.fd >= 0 || (double) t.exp_ms > moeswarm_wall_ms() + 1000.0;
-}
-
-// the owner failed with ne: when the failure is its or its link's (not a refusal of our frame),
-// time is left and its entry's alt may be asked, the failure is reported as a failover, the worker
-// backed off, and the owner's dispatch (its rows only) goes to the alt. true: the alt's dispatch went
-// out (ne cleared); false: ne says why the owner, or its alt, failed
-static bool moeswarm_split_failover(moeswarm_backend_context * ctx, const moeswarm_config & cfg,
-        const moeswarm_pattern & p, const std::vector<int32_t> & slot_owner, moeswarm_split_owner & ow, double deadline,
-        moeswarm_native_err & ne, size_t & bytes_out) {
-    const moeswarm_native_entry & e = *ow.e;
-    const double now                = moeswarm_now_us();
-    if (ow.t != &e || !e.has_alt || ne.ours || now >= deadline) return false;
-    moeswarm_native_peer & ap = ctx->native.peers[e.alt.worker];
-    if (!moeswarm_split_target_ready(ap, e.alt, now)) return false;
-    moeswarm_stats_native_failover(ne.code);
-    moeswarm_native_failed(ctx->native, *ow.pr, e.worker, p, ne, true);
-    ow.t       = &e.alt;
-    ow.pr      = &ap;
-    ow.reused  = ow.retried = ow.sent = ow.done = false;
-    ne         = moeswarm_native_err();
-    return moeswarm_split_send(ctx, cfg, p, slot_owner, ow, deadline, ne, bytes_out);
-}
-
-// every owner's dispatch out, then every answer in; a reused link found closed while waiting is
-// opened again and its dispatch sent once more; an owner that fails otherwise hands its part to its
-// entry's alt (once). false: ne and *failed say what and whose
-static bool moeswarm_split_exchange(moeswarm_backend_context * ctx, const moeswarm_config & cfg,
-        const moeswarm_pattern & p, const std::vector<int32_t> & slot_owner, std::vector<moeswarm_split_owner> & owners,
-        double deadline, moeswarm_native_err & ne, size_t * failed, size_t & bytes_out, size_t & bytes_in) {
+// each owner's part of the race: its dispatch, and a result checked and scattered into ctx->y_slots;
+// who it asks (its entry's worker and alt); false when some owner's part has nobody to ask now
+static bool moeswarm_split_parts(moeswarm_backend_context * ctx, const moeswarm_config & cfg, const moeswarm_pattern & p,
+        const std::vector<int32_t> & slot_owner, const std::vector<moeswarm_split_owner> & owners,
+        std::vector<moeswarm_native_part> & parts, double t0) {
+    parts.resize(owners.size());
     for (size_t i = 0; i < owners.size(); ++i) {
-        if (!moeswarm_split_send(ctx, cfg, p, slot_owner, owners[i], deadline, ne, bytes_out) &&
-                !moeswarm_split_failover(ctx, cfg, p, slot_owner, owners[i], deadline, ne, bytes_out)) {
-            *failed = i;
-            return false;
-        }
-    }
-    for (size_t i = 0; i < owners.size(); ++i) {
-        moeswarm_split_owner & ow = owners[i];
-        for (;;) {
-            bool ok = moeswarm_split_recv(ctx, p, slot_owner, ow, deadline, ne, bytes_in);
-            if (!ok && ow.reused && !ow.retried && ne.code == "MOESWARM_TRANSPORT_CLOSED") {
-                moeswarm_tls_close(ow.pr->conn);
-                ow.retried = true;
-                ok = moeswarm_split_send(ctx, cfg, p, slot_owner, ow, deadline, ne, bytes_out) &&
-                        moeswarm_split_recv(ctx, p, slot_owner, ow, deadline, ne, bytes_in);
-            }
-            if (ok) break;
-            if (moeswarm_split_failover(ctx, cfg, p, slot_owner, ow, deadline, ne, bytes_out)) continue;
-            *failed = i;
-            return false;
-        }
+        const moeswarm_split_owner & ow = owners[i];
+        moeswarm_native_part & part     = parts[i];
+        if (!moeswarm_native_part_init(ctx->native, part, *ow.e, t0)) return false;
+        part.max_result = ow.rows.size() * (size_t) p.k * p.n_embd * 4 + 4096;
+        part.build      = [ctx, &cfg, &p, &slot_owner, &ow](uint32_t id) {
+            moeswarm_split_build(ctx, cfg, p, slot_owner, ow, id);
+        };
+        part.take = [ctx, &p, &slot_owner, &ow](const moeswarm_frame & f, std::string & err) {
+            if (!moeswarm_split_check(f, p, ow, err)) return false;
+            moeswarm_split_scatter(ctx, f, p, slot_owner, ow);
+            return true;
+        };
     }
     return true;
 }
 
-// whether every owner may be asked now (not backing off, a live ticket for a link to open), or else
-// its entry's alt, which then takes its part from the start
-static bool moeswarm_split_ready(moeswarm_native & nv, std::vector<moeswarm_split_owner> & owners, double now_us) {
-    for (moeswarm_split_owner & ow : owners) {
-        ow.t  = ow.e;
-        ow.pr = &nv.peers[ow.e->worker];
-        if (moeswarm_split_target_ready(*ow.pr, *ow.e, now_us)) continue;
-        if (!ow.e->has_alt) return false;
-        moeswarm_native_peer & ap = nv.peers[ow.e->alt.worker];
-        if (!moeswarm_split_target_ready(ap, ow.e->alt, now_us)) return false;
-        ow.t  = &ow.e->alt;
-        ow.pr = &ap;
-    }
-    return true;
-}
-
-moeswarm_native_outcome moeswarm_native_split_ranges(moeswarm_backend_context * ctx, const moeswarm_config & cfg,
-        const moeswarm_pattern & p, const std::vector<moeswarm_native_entry> & entries, size_t & bytes_out,
-        size_t & bytes_in) {
+// the answered split: the owners' answers combined into the output, each owner's part credited to
+// the worker that answered it, the layer's split counted once
+static void moeswarm_split_finish(moeswarm_backend_context * ctx, const moeswarm_pattern & p,
+        const std::vector<moeswarm_split_owner> & owners, const std::vector<moeswarm_native_part> & parts) {
     moeswarm_native & nv = ctx->native;
-    std::vector<int32_t> slot_owner;
-    std::vector<moeswarm_split_owner> owners;
-    const double t0 = moeswarm_now_us();
-    // an id no range holds, or a worker backing off: the bridge's split, not a failure
-    if (!moeswarm_split_assign(ctx, p, entries, slot_owner, owners) || !moeswarm_split_ready(nv, owners, t0)) {
-        return MOESWARM_NATIVE_SKIP;
-    }
-    const double deadline = t0 + std::min<double>(nv.table.deadline_ms, cfg.timeout_ms) * 1000.0;
-    const size_t n_slots  = ctx->ids.size();
-    ctx->y_slots.resize(n_slots * p.n_embd);
-    ctx->slot_row.assign(n_slots, -1);
-    moeswarm_native_err ne;
-    size_t failed = 0;
-    const bool ok = moeswarm_split_exchange(ctx, cfg, p, slot_owner, owners, deadline, ne, &failed, bytes_out, bytes_in);
-    double worker_ms = -1; // the owners compute in parallel: the slowest one's
-    for (const moeswarm_split_owner & ow : owners) {
-        worker_ms = std::max(worker_ms, ow.ms);
-    }
-    moeswarm_stats_native(ok, moeswarm_now_us() - t0, ok ? worker_ms : -1, ne.code);
-    if (!ok) {
-        for (size_t i = 0; i < owners.size(); ++i) {
-            if (i != failed && owners[i].sent && !owners[i].done) {
-                moeswarm_tls_close(owners[i].pr->conn); // its answer would be the next split's
-            }
-        }
-        moeswarm_native_failed(nv, *owners[failed].pr, owners[failed].t->worker, p, ne);
-        bytes_out = bytes_in = 0; // the bridge's round trip counts its own
-        return MOESWARM_NATIVE_FAILED;
-    }
     // the sum of the whole dispatch's rows, exactly the worker's mode sum (llama.cpp's combine)
     const int64_t rpt = p.weighted_input ? p.k : 1;
     ctx->y_sum.resize((size_t) p.n_tokens * rpt * p.n_embd);
@@ -290,13 +170,43 @@ moeswarm_native_outcome moeswarm_native_split_ranges(moeswarm_backend_context * 
     moeswarm_native_count & lc = nv.split_layers[p.layer];
     lc.splits++;
     lc.tokens += (uint64_t) p.n_tokens;
-    for (const moeswarm_split_owner & ow : owners) {
-        lc.expert_tokens += ow.filled;
-        ow.pr->backoff_ms         = 0;
-        moeswarm_native_count & c = nv.counts[{ ow.t->worker, p.layer }];
-        c.splits++;
-        c.tokens += ow.tokens;
-        c.expert_tokens += ow.filled;
+    for (size_t i = 0; i < owners.size(); ++i) {
+        lc.expert_tokens += owners[i].filled;
+        moeswarm_native_credit(nv, parts[i], p.layer, owners[i].tokens, owners[i].filled);
     }
+}
+
+moeswarm_native_outcome moeswarm_native_split_ranges(moeswarm_backend_context * ctx, const moeswarm_config & cfg,
+        const moeswarm_pattern & p, const std::vector<moeswarm_native_entry> & entries, size_t & bytes_out,
+        size_t & bytes_in) {
+    moeswarm_native & nv = ctx->native;
+    std::vector<int32_t> slot_owner;
+    std::vector<moeswarm_split_owner> owners;
+    std::vector<moeswarm_native_part> parts;
+    const double t0 = moeswarm_now_us();
+    // an id no range holds, or an owner and its alt both backing off: the bridge's split, not a failure
+    if (!moeswarm_split_assign(ctx, p, entries, slot_owner, owners) ||
+            !moeswarm_split_parts(ctx, cfg, p, slot_owner, owners, parts, t0)) {
+        return MOESWARM_NATIVE_SKIP;
+    }
+    const double deadline = t0 + std::min<double>(nv.table.deadline_ms, cfg.timeout_ms) * 1000.0;
+    const size_t n_slots  = ctx->ids.size();
+    ctx->y_slots.resize(n_slots * p.n_embd);
+    ctx->slot_row.assign(n_slots, -1);
+    size_t lost   = 0;
+    const bool ok = moeswarm_native_race_run(ctx, p, parts.data(), parts.size(), t0, deadline, lost, bytes_out, bytes_in);
+    std::string last_code;
+    double worker_ms = -1; // the owners compute in parallel: the slowest one's
+    for (size_t i = 0; i < parts.size(); ++i) {
+        moeswarm_native_race_settle(nv, p, parts[i], !ok && i == lost, last_code);
+        if (parts[i].winner >= 0) worker_ms = std::max(worker_ms, parts[i].at[parts[i].winner].ms);
+    }
+    moeswarm_stats_native(ok, moeswarm_now_us() - t0, ok ? worker_ms : -1, last_code);
+    if (!ok) {
+        moeswarm_native_race_close(parts.data(), parts.size());
+        bytes_out = bytes_in = 0; // the bridge's round trip counts its own
+        return MOESWARM_NATIVE_FAILED;
+    }
+    moeswarm_split_finish(ctx, p, owners, parts);
     return MOESWARM_NATIVE_OK;
 }
