@@ -12,7 +12,7 @@ import {
 } from "@moeswarm/core";
 import { isTransient, type RelayConnection } from "@moeswarm/relay-client";
 import { type ExpertCompute, loadExpertCompute, nativeStatus } from "@moeswarm/worker-native";
-import { chooseSlices, type SliceRect } from "./choose.js";
+import { chooseSlices, type SliceChoice, type SliceRect } from "./choose.js";
 import { Claims } from "./claims.js";
 import { computeClassOf, wireDtypesOf } from "./compute-class.js";
 import type { WorkerEvent, WorkerEventBody } from "./events.js";
@@ -48,7 +48,19 @@ interface PollState {
   lastIdle: string;
   quickRetries: number;
   hubFailures: number;
+  /** When the demand's best choice became part of a layer (a top-up fragment), for the grace. */
+  fragmentSince?: number | undefined;
 }
+
+/**
+ * How long a worker that already serves a slice lets the demand's best choice be part of a layer
+ * (a fragment, for the room it has left) before it claims it. Workers that start together race:
+ * the first to finish its first download would top up with a fragment of layers that a slower
+ * worker is about to claim whole (its claim was refused a moment ago; it reads the demand again
+ * within ~300 ms, up to 5 times), and every token's layer would then cost two requests. Whole
+ * layers, and a worker's first slice, are claimed at once.
+ */
+const FRAGMENT_GRACE_MS = 2000;
 
 /** A slice loaded, registered and served. */
 interface Held {
@@ -309,9 +321,20 @@ class WorkerRun {
       if (!claimed) continue;
       poll.lastIdle = "";
       poll.quickRetries = 0;
+      poll.fragmentSince = undefined;
       const acquired = await this.#fetchClaimed(claimed.lease, claimed.value);
       if (acquired) return acquired;
     }
+  }
+
+  /** Whether to leave `chosen` (a fragment, as a top-up) to other workers a while longer. */
+  #fragmentWaits(poll: PollState, chosen: SliceChoice | undefined): boolean {
+    if (this.#held.length === 0 || chosen === undefined || chosen.whole) {
+      poll.fragmentSince = undefined;
+      return false;
+    }
+    poll.fragmentSince ??= performance.now();
+    return performance.now() - poll.fragmentSince < FRAGMENT_GRACE_MS;
   }
 
   /**
@@ -356,6 +379,10 @@ class WorkerRun {
           c.experts.start === choice.experts.start &&
           c.experts.end === choice.experts.end,
       );
+      if (this.#fragmentWaits(poll, chosen)) {
+        await sleep(Math.min(jitter(s.pollMs), FRAGMENT_GRACE_MS / 4), stop);
+        return undefined;
+      }
       if (chosen) {
         this.#emit({
           event: "demand",
