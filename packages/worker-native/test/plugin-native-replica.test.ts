@@ -337,17 +337,17 @@ describe.skipIf(Boolean(missing))("plugin: a whole layer with a replica (failove
     bridge.receipts.reduce((a, r) => a + (r.hedgeWins ?? 0), 0),
   ];
 
-  it("a split owner with a history that stalls is hedged to its alt (adaptive): only its part, the alt wins, the same bytes", async () => {
-    const h = nExpert / 2;
-    await using p0 = await startWorker(cert, compute, "ok");
-    await using a0 = await startWorker(cert2, compute, "ok");
-    await using p1 = await startWorker(cert2, compute, "ok");
-    // p0's 10th dispatch stalls: by then it has answered nine split parts, its p50 is ~1 ms and its
-    // hedge comes at max(30 ms, 2 x p50) = 30 ms, far before the 5 s deadline; its later answers
-    // queue behind the stalled one on its connection
-    p0.delayMs = 600;
-    p0.delayOn = 10;
-    await using bridge = await startBridge(join(tmp.dir, "ranged-hedge.sock"), compute);
+  /**
+   * The split-hedge set-up: p0 (stalling `stall.ms` on its `stall.on`-th dispatch) with its alt a0
+   * over the first range, p1 alone over the second, and the bridge with that table and `extra`.
+   */
+  async function stallingSplit(sock: string, stall: { ms: number; on: number }, extra: Partial<NativeTable>) {
+    const p0 = await startWorker(cert, compute, "ok");
+    const a0 = await startWorker(cert2, compute, "ok");
+    const p1 = await startWorker(cert2, compute, "ok");
+    p0.delayMs = stall.ms;
+    p0.delayOn = stall.on;
+    const bridge = await startBridge(join(tmp.dir, sock), compute);
     bridge.setTable(
       rangedTable(
         [
@@ -355,9 +355,31 @@ describe.skipIf(Boolean(missing))("plugin: a whole layer with a replica (failove
           ["a0", a0],
         ],
         [["p1", p1]],
-        { hedgeFactor: 2, hedgeMinMs: 30 },
+        extra,
       ),
     );
+    return {
+      p0,
+      a0,
+      p1,
+      bridge,
+      async [Symbol.asyncDispose]() {
+        for (const x of [bridge, p1, a0, p0]) await x[Symbol.asyncDispose]();
+      },
+    };
+  }
+
+  it("a split owner with a history that stalls is hedged to its alt (adaptive): only its part, the alt wins, the same bytes", async () => {
+    const h = nExpert / 2;
+    // p0's 10th dispatch stalls: by then it has answered nine split parts, its p50 is ~1 ms and its
+    // hedge comes at max(30 ms, 2 x p50) = 30 ms, far before the 5 s deadline; its later answers
+    // queue behind the stalled one on its connection
+    await using swarm = await stallingSplit(
+      "ranged-hedge.sock",
+      { ms: 600, on: 10 },
+      { hedgeFactor: 2, hedgeMinMs: 30 },
+    );
+    const { a0, p1, bridge } = swarm;
     const run = await decode(bridge);
     const n = run.plugin!.native;
     // nothing waited for the deadline (a timeout would be a failure) nor went to the bridge
@@ -385,23 +407,13 @@ describe.skipIf(Boolean(missing))("plugin: a whole layer with a replica (failove
   });
 
   it("a split owner stalled on its first dispatch (no history) is waited for, not hedged (adaptive)", async () => {
-    await using p0 = await startWorker(cert, compute, "ok");
-    await using a0 = await startWorker(cert2, compute, "ok");
-    await using p1 = await startWorker(cert2, compute, "ok");
-    p0.delayMs = 500;
-    p0.delayOn = 1;
-    await using bridge = await startBridge(join(tmp.dir, "ranged-nohist.sock"), compute);
     // hedgeMinMs 200: a later hedge of a healthy owner would need a 200 ms hiccup
-    bridge.setTable(
-      rangedTable(
-        [
-          ["p0", p0],
-          ["a0", a0],
-        ],
-        [["p1", p1]],
-        { hedgeFactor: 2, hedgeMinMs: 200 },
-      ),
+    await using swarm = await stallingSplit(
+      "ranged-nohist.sock",
+      { ms: 500, on: 1 },
+      { hedgeFactor: 2, hedgeMinMs: 200 },
     );
+    const { a0, bridge } = swarm;
     const run = await decode(bridge);
     const n = run.plugin!.native;
     expect([n.hedges, n.fallbacks, n.failures]).toEqual([0, 0, {}]);
@@ -410,23 +422,9 @@ describe.skipIf(Boolean(missing))("plugin: a whole layer with a replica (failove
   });
 
   it("a split owner that lost a hedge (hedgeMs) keeps its link: its late answers, a prompt's larger one first, are skipped and later splits get their own", async () => {
-    await using p0 = await startWorker(cert, compute, "ok");
-    await using a0 = await startWorker(cert2, compute, "ok");
-    await using p1 = await startWorker(cert2, compute, "ok");
     // the prompt's first split stalls: no history needed with hedgeMs
-    p0.delayMs = 600;
-    p0.delayOn = 1;
-    await using bridge = await startBridge(join(tmp.dir, "ranged-stale.sock"), compute);
-    bridge.setTable(
-      rangedTable(
-        [
-          ["p0", p0],
-          ["a0", a0],
-        ],
-        [["p1", p1]],
-        { hedgeMs: 40 },
-      ),
-    );
+    await using swarm = await stallingSplit("ranged-stale.sock", { ms: 600, on: 1 }, { hedgeMs: 40 });
+    const { p0, bridge } = swarm;
     const run = await decode(bridge);
     const n = run.plugin!.native;
     expect([n.fallbacks, n.failures]).toEqual([0, {}]);
