@@ -257,3 +257,9 @@ void moeswarm_frame_write_dispatch(struct moeswarm_mp_writer * w, const struct m
         moeswarm_mp_write_bool(w, true);
     }
 }
+
+void moeswarm_frame_prefix(std::vector<uint8_t> & buf) {
+    const uint32_t len = (uint32_t) (buf.size() - 4);
+    for (int i = 0; i < 4; ++i)
+        buf[i] = (uint8_t) (len >> (8 * i));
+}

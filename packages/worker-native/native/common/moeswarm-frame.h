@@ -96,6 +96,8 @@ void moeswarm_frame_write_hello(struct moeswarm_mp_writer * w, const char * id, 
 // a backbone's hello on a native link (protocol section 10.9): role backbone, its id, the ticket
 // the hub signed for this worker as token
 void moeswarm_frame_write_backbone_hello(struct moeswarm_mp_writer * w, const char * id, const char * token);
+// the u32 little-endian length prefix of section 7 into the 4 bytes reserved at the front of buf
+void moeswarm_frame_prefix(std::vector<uint8_t> & buf);
 void moeswarm_frame_write_register(struct moeswarm_mp_writer * w, const char * model,
         const struct moeswarm_register_desc * d, const char * backend);
 // the reply to req; the message is made valid UTF-8 and cut to the protocol's 16384 bytes

@@ -20,6 +20,7 @@
 
 #include "moeswarm-frame.h"
 #include "moeswarm-msgpack.h"
+#include "moeswarm-native-open.h"
 #include "moeswarm-tls.h"
 
 #include <arpa/inet.h>
@@ -49,11 +50,6 @@ static int fail(const std::string & msg) {
     return 1;
 }
 
-// the u32 little-endian length prefix of protocol section 7 into the 4 bytes reserved at the front
-static void set_frame_len(std::vector<uint8_t> & buf) {
-    const uint32_t len = (uint32_t) (buf.size() - 4);
-    memcpy(buf.data(), &len, 4);
-}
 
 struct ping_args {
     std::map<std::string, std::string> v;
@@ -163,27 +159,6 @@ static bool round_trip(moeswarm_tls_conn & c, const std::vector<uint8_t> & out, 
     return true;
 }
 
-static bool hello(moeswarm_tls_conn & c, const ping_args & a, double deadline, std::string & err) {
-    moeswarm_mp_writer w;
-    w.buf.resize(4);
-    moeswarm_frame_write_backbone_hello(&w, a.str("backbone").c_str(), a.str("ticket").c_str());
-    set_frame_len(w.buf);
-    std::vector<uint8_t> rx;
-    if (!moeswarm_tls_send_all(c, w.buf.data(), w.buf.size(), deadline, err) ||
-            !moeswarm_tls_recv_frame(c, rx, 1u << 20, deadline, err)) {
-        err = "no hello from the worker: " + err;
-        return false;
-    }
-    moeswarm_frame f = {};
-    moeswarm_error fe;
-    if (!moeswarm_frame_decode(rx.data(), rx.size(), 0, &f, &fe) || f.type != MOESWARM_FRAME_HELLO) {
-        err = f.type == MOESWARM_FRAME_ERROR ?
-                  "the worker refused the hello: " + std::string((const char *) f.msg.ptr, f.msg.len) :
-                  "the worker answered the hello with something else";
-        return false;
-    }
-    return true;
-}
 
 static void print_json(const std::vector<double> & rt, const std::vector<double> & ms) {
     printf("{\"rtUs\":[");
@@ -282,15 +257,16 @@ int main(int argc, char ** argv) {
     const long iters = a.num("iters", 200), warmup = a.num("warmup", 30);
     const double timeout_us = (double) a.num("timeout-ms", 30000) * 1000.0;
 
+    // opened as the plugin opens it (moeswarm-native-open.h); an echo takes no hello
     moeswarm_tls_conn c;
-    if (!moeswarm_tls_connect(c, a.str("addr"), a.str("fp"), moeswarm_tls_now_us() + timeout_us, err)) {
+    moeswarm_native_err ne;
+    std::vector<uint8_t> hello_rx;
+    const double open_by = moeswarm_tls_now_us() + timeout_us;
+    const bool echo      = !a.str("echo").empty();
+    if (!moeswarm_native_dial(c, a.str("addr"), a.str("fp"), open_by, ne) ||
+            (!echo && !moeswarm_native_hello(c, a.str("backbone"), a.str("ticket"), open_by, hello_rx, ne))) {
         moeswarm_tls_close(c);
-        return fail("cannot connect to " + a.str("addr") + ": " + err);
-    }
-    const bool echo = !a.str("echo").empty();
-    if (!echo && !hello(c, a, moeswarm_tls_now_us() + timeout_us, err)) {
-        moeswarm_tls_close(c);
-        return fail(err);
+        return fail(ne.code + ": " + ne.msg);
     }
     uint32_t seed = 0x9e3779b9u;
     std::vector<float> x((size_t) n * embd), wts((size_t) n * k);
@@ -313,7 +289,7 @@ int main(int argc, char ** argv) {
         w.buf.clear();
         w.buf.resize(4);
         moeswarm_frame_write_dispatch(&w, &d);
-        set_frame_len(w.buf);
+        moeswarm_frame_prefix(w.buf);
         double rt_us = 0, worker_ms = 0;
         if (!round_trip(c, w.buf, rx, id, echo ? 0 : (size_t) n * embd, timeout_us, rt_us, worker_ms, err)) {
             moeswarm_tls_close(c);

@@ -79,6 +79,7 @@
 #include "ggml.h"
 #include "moeswarm-frame.h"
 #include "moeswarm-msgpack.h"
+#include "moeswarm-native-open.h"
 #include "moeswarm-tls.h"
 
 #include <stddef.h>
@@ -338,8 +339,6 @@ struct moeswarm_backend_context {
     std::vector<float> y_sum;
 };
 
-// a frame built after 4 reserved bytes: its length written into them (section 7 framing)
-void moeswarm_frame_prefix(std::vector<uint8_t> & buf);
 // the request id to use now, next advanced (wrapping past 0, which is never an id)
 uint32_t moeswarm_next_id(uint32_t & next);
 // d as one section-7 frame in tx (length prefix included), tx's old bytes dropped
@@ -379,26 +378,15 @@ moeswarm_native_outcome moeswarm_native_split(moeswarm_backend_context * ctx, co
 // closes every native link (the backend is freed, or the table changed)
 void moeswarm_native_close_all(moeswarm_native & nv);
 
-// what native-link.cpp shares with native-split.cpp
-struct moeswarm_native_err {
-    std::string code; // stable MOESWARM_* code
-    std::string msg;
-    // the worker refused our frame as malformed or not its to serve (INVALID_ARGUMENT, PROTOCOL_*):
-    // a replica would refuse it too, so no failover
-    bool ours = false;
-};
+// what native-link.cpp shares with native-split.cpp (and moeswarm-native-open.h's errors)
 double moeswarm_wall_ms(void);
-// e's deadline or link failure as an error
-void moeswarm_native_transport_err(moeswarm_native_err & e, bool timed_out, const std::string & what);
-// an error frame's code and message
-void moeswarm_native_error_frame(moeswarm_native_err & e, const moeswarm_frame & f, const char * when);
-// TCP + TLS + pin, then hello with the entry's ticket and the worker's hello back (10.9)
 // The frame `build` writes into ctx->tx, sent on pr's link to t (opened when needed). A reused link
 // found closed (the worker closed it idle, or restarted) is opened again and the frame rebuilt and
 // sent once (retried). reused: whether the last try went on a link that was already open.
 bool moeswarm_native_send(moeswarm_backend_context * ctx, moeswarm_native_peer & pr, const moeswarm_native_target & t,
         const std::function<void()> & build, int layer, double deadline, bool & reused, bool & retried,
         moeswarm_native_err & ne, size_t & bytes_out);
+// pr's link to e opened (moeswarm_native_dial, moeswarm_native_hello with e's ticket), its ids restarted
 bool moeswarm_native_connect(moeswarm_native_peer & pr, const moeswarm_native_table & t, const moeswarm_native_target & e,
         double deadline, moeswarm_native_err & ne);
 // the worker's `ms` (compute time) of a result, or -1

@@ -23,20 +23,6 @@ double moeswarm_wall_ms(void) {
     return tv.tv_sec * 1e3 + tv.tv_usec / 1e3;
 }
 
-// a transport failure: the deadline's, or the link's
-void moeswarm_native_transport_err(moeswarm_native_err & e, bool timed_out, const std::string & what) {
-    e.code = timed_out ? "MOESWARM_TRANSPORT_TIMEOUT" : "MOESWARM_TRANSPORT_CLOSED";
-    e.msg  = what;
-    e.ours = false;
-}
-
-void moeswarm_native_error_frame(moeswarm_native_err & e, const moeswarm_frame & f, const char * when) {
-    e.code = f.code.present ? std::string((const char *) f.code.ptr, f.code.len) : "MOESWARM_TRANSPORT_CLOSED";
-    e.msg  = std::string("the worker refused ") + when + ": " + std::string((const char *) f.msg.ptr, f.msg.len);
-    // the worker found our frame malformed or not its to serve: a replica would say the same
-    e.ours = e.code == "MOESWARM_INVALID_ARGUMENT" || e.code.rfind("MOESWARM_PROTOCOL_", 0) == 0;
-}
-
 bool moeswarm_native_send(moeswarm_backend_context * ctx, moeswarm_native_peer & pr, const moeswarm_native_target & t,
         const std::function<void()> & build, int layer, double deadline, bool & reused, bool & retried,
         moeswarm_native_err & ne, size_t & bytes_out) {
@@ -64,43 +50,15 @@ bool moeswarm_native_send(moeswarm_backend_context * ctx, moeswarm_native_peer &
 
 bool moeswarm_native_connect(moeswarm_native_peer & pr, const moeswarm_native_table & t,
         const moeswarm_native_target & e, double deadline, moeswarm_native_err & ne) {
-    std::string err;
-    if (!moeswarm_tls_connect(pr.conn, e.addr, e.fp, deadline, err)) {
-        moeswarm_tls_close(pr.conn);
-        const bool pin = err.rfind("MOESWARM_TRANSPORT_PIN_MISMATCH", 0) == 0;
-        ne.code        = pin ? "MOESWARM_TRANSPORT_PIN_MISMATCH" :
-                         moeswarm_now_us() >= deadline ? "MOESWARM_TRANSPORT_TIMEOUT" : "MOESWARM_TRANSPORT_CONNECT";
-        ne.msg = "cannot open the native link to " + e.addr + ": " + err;
+    if (!moeswarm_native_dial(pr.conn, e.addr, e.fp, deadline, ne)) {
         return false;
     }
     pr.addr       = e.addr;
     pr.fp         = e.fp;
     pr.next_id    = 1;
     pr.max_result = 0;
-    moeswarm_mp_writer w;
-    w.buf.resize(4);
-    moeswarm_frame_write_backbone_hello(&w, t.backbone.c_str(), e.ticket.c_str());
-    moeswarm_frame_prefix(w.buf);
-    bool timed_out = false;
-    if (!moeswarm_tls_send_all(pr.conn, w.buf.data(), w.buf.size(), deadline, err, &timed_out) ||
-            !moeswarm_tls_recv_frame(pr.conn, pr.rx, 1u << 20, deadline, err, &timed_out)) {
-        moeswarm_native_transport_err(ne, timed_out, "no hello from the worker on " + e.addr + ": " + err);
-        return false;
-    }
-    moeswarm_frame f;
-    moeswarm_error fe;
-    if (!moeswarm_frame_decode(pr.rx.data(), pr.rx.size(), 0, &f, &fe)) {
-        ne.code = fe.code;
-        ne.msg  = std::string("the worker's first frame: ") + fe.msg;
-        return false;
-    }
-    if (f.type == MOESWARM_FRAME_ERROR) {
-        moeswarm_native_error_frame(ne, f, "the hello");
-        return false;
-    }
-    if (f.type != MOESWARM_FRAME_HELLO) {
-        ne.code = "MOESWARM_AUTH_MISSING";
-        ne.msg  = "the worker answered the hello with another frame";
+    if (!moeswarm_native_hello(pr.conn, t.backbone, e.ticket, deadline, pr.rx, ne)) {
+        ne.msg += " (" + e.addr + ")";
         return false;
     }
     return true;

@@ -30,12 +30,6 @@ void moeswarm_build_dispatch(moeswarm_backend_context * ctx, const moeswarm_conf
     moeswarm_write_prefixed_dispatch(ctx->tx, d);
 }
 
-void moeswarm_frame_prefix(std::vector<uint8_t> & buf) {
-    const uint32_t len = (uint32_t) (buf.size() - 4);
-    for (int i = 0; i < 4; ++i)
-        buf[i] = (uint8_t) (len >> (8 * i));
-}
-
 uint32_t moeswarm_next_id(uint32_t & next) {
     const uint32_t id = next;
     next              = next == 0xffffffffu ? 1 : next + 1; // 0 is never an id
