@@ -12,8 +12,8 @@ import { type Benchmark, gbPerSecond, measure, type Row } from "../harness.js";
 // weights) against a plain Buffer.copy of the same number of bytes, measured in the same run.
 // The figure is codec GB/s / copy GB/s: 0.5 would mean the codec costs two copies of the frame.
 // Two encoders: encodeFrame (fresh memory per frame: the bytes are the caller's for good) and a
-// FrameEncoder (its memory reused, the bytes lent for the duration of a send that copies them, as
-// the relay client sends over its WebSocket).
+// FrameEncoder (its memory reused: the relay client keeps a few and lends each frame's bytes until
+// its socket has written them).
 
 const EMBD = 3072;
 const K = 8;
@@ -141,7 +141,7 @@ export const codec: Benchmark = {
       );
     }
     notes.push(
-      "GB/s counts the frame's payload bytes; the figure is (encode+decode) GB/s over Buffer.copy GB/s into a warm buffer; codec/alloc+copy compares with a copy into fresh memory; reused: a FrameEncoder (memory reused, bytes lent to a send that copies them, as the relay client does; goal >= 0.5 at 64 tokens).",
+      "GB/s counts the frame's payload bytes; the figure is (encode+decode) GB/s over Buffer.copy GB/s into a warm buffer; codec/alloc+copy compares with a copy into fresh memory; reused: a FrameEncoder (memory reused, bytes lent until the send is done with them, as the relay client lends them until the socket has written the frame; goal >= 0.5 at 64 tokens).",
     );
     return { rows, ratios, notes };
   },
