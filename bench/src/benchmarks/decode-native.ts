@@ -7,7 +7,7 @@
 // The workers hold the same halves as the bridge row's (experts 0:n/2 and n/2:n of every layer), so
 // the table has ranged entries and a split goes to both workers at once. Left to the demand, a
 // worker with room for half the model claims whole layers (the market prefers them), so each worker
-// starts with its half in its slice cache: a restarted worker claims its cached slice first (it is
+// starts with its half in its slice cache (cacheSlice): a restarted worker claims its cached slice first (it is
 // as large as the demand's best choice), verifies it against the hub's manifest and serves it.
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
