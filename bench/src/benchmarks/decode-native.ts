@@ -11,9 +11,8 @@
 // as large as the demand's best choice), verifies it against the hub's manifest and serves it.
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { copyFile, link, mkdir, stat, writeFile } from "node:fs/promises";
-import { createRequire } from "node:module";
-import { dirname, join } from "node:path";
+import { writeFile } from "node:fs/promises";
+import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { type BackboneBridge, type HubPlacement, serveBackboneBridge } from "@moeswarm/backbone";
 import { createHub, createLoopbackCertificates, mintToken } from "@moeswarm/hub";

@@ -4,8 +4,7 @@
 // through llama.cpp with the plugin checked against plain llama.cpp (tokens and logits' bytes).
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
-import { createRequire } from "node:module";
-import { dirname, join } from "node:path";
+import { join } from "node:path";
 import { createHub, type Hub, mintToken } from "@moeswarm/hub";
 import { findExpertTensors, readGguf } from "@moeswarm/shard";
 import { workerCliPath } from "@moeswarm/worker";

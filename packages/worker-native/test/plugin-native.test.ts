@@ -135,9 +135,9 @@ describe.skipIf(Boolean(missing))("plugin: native splits to a worker, the bridge
         if (id !== -1) sent.set(key(d.layer, id), (sent.get(key(d.layer, id)) ?? 0) + 1);
     const routed = new Map<string, number>();
     for (const r of bridge.receipts.flatMap((x) => x.routing ?? []))
-      r.experts.forEach((e, i) =>
-        routed.set(key(r.layer, e), (routed.get(key(r.layer, e)) ?? 0) + r.counts[i]!),
-      );
+      for (const [i, e] of r.experts.entries()) {
+        routed.set(key(r.layer, e), (routed.get(key(r.layer, e)) ?? 0) + r.counts[i]!);
+      }
     expect(routed.size).toBeGreaterThan(0);
     expect(routed).toEqual(sent);
     // seq rises from 1; no split layers
