@@ -123,16 +123,17 @@ async function writeHalves(
   for (let w = 0; w < WORKERS; w++) {
     const experts = { start: w * per, end: (w + 1) * per };
     const path = join(dir, `w${w}.gguf`);
-    await using slice = await sliceExperts(modelPath, {
-      layers,
-      experts: [...Array(per).keys()].map((i) => i + experts.start),
-    });
+    await using slice = await sliceExperts(modelPath, { layers, experts: expertIds(experts) });
     await slice.write(path);
     const bytes = layout.layers.reduce((sum, l) => sum + Number(l.bytesPerExpert) * per, 0);
     halves.push({ path, layers: { start: layers[0]!, end: layers.at(-1)! + 1 }, experts, bytes });
   }
   return halves;
 }
+
+/** The expert ids of a half-open range. */
+const expertIds = (r: { start: number; end: number }) =>
+  Array.from({ length: r.end - r.start }, (_, i) => r.start + i);
 
 /** The bridge row's swarm: a llama-cpu worker process per half behind the bridge's in-process transport. */
 interface BridgeSwarm {
@@ -167,10 +168,7 @@ async function startBridgeSwarm(
       lastComputeMs.set(id, worker.computeStats.computeMs - before);
       return result;
     });
-    const experts = [...Array(half.experts.end - half.experts.start).keys()].map(
-      (i) => i + half.experts.start,
-    );
-    placement.register({ id, model: "bench", layers, experts });
+    placement.register({ id, model: "bench", layers, experts: expertIds(half.experts) });
   }
   // each single-token request (a decode step of one layer): the bridge's time, the slowest
   // worker's round trip and that worker's reported compute

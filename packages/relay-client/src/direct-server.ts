@@ -199,7 +199,7 @@ class DirectState {
       get bufferedBytes() {
         return ws.bufferedAmount;
       },
-      send: (bytes, sent) => ws.send(bytes, { binary: true }, sent === undefined ? undefined : () => sent()),
+      send: (bytes, sent) => ws.send(bytes, { binary: true }, sent),
       close: (code = 1000, reason = "") => ws.close(code, reason.slice(0, 120)),
       destroy: () => ws.terminate(),
     };

@@ -201,7 +201,7 @@ export const dialWebSocket: FrameDialer = (url, options) => {
           sent?.();
           return;
         }
-        ws.send(frame, { binary: true }, sent === undefined ? undefined : () => sent());
+        ws.send(frame, { binary: true }, sent);
       },
       close(code = 1000, reason = "") {
         if (ws.readyState === WebSocket.CONNECTING || ws.readyState === WebSocket.OPEN) {

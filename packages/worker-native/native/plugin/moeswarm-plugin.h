@@ -434,6 +434,8 @@ struct moeswarm_native_part {
     std::function<bool(const moeswarm_frame & f, std::string & err)> take;
 };
 
+// when a native split begun at t0 gives up: the table's deadline, within the plugin's own timeout
+double moeswarm_native_deadline(const moeswarm_native & nv, const moeswarm_config & cfg, double t0);
 // who part asks for entry e: its worker when it may be asked now (not backing off, and a live
 // ticket when a link must be opened), and its alt (the spare, or alone when the worker may not be
 // asked); the hedge moment from t0 when both are there. false: nobody may be asked

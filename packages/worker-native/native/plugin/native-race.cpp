@@ -44,6 +44,10 @@ void moeswarm_native_note_rt(moeswarm_native_peer & pr, double rt_us) {
     pr.rt_n++;
 }
 
+double moeswarm_native_deadline(const moeswarm_native & nv, const moeswarm_config & cfg, double t0) {
+    return t0 + std::min<double>(nv.table.deadline_ms, cfg.timeout_ms) * 1000.0;
+}
+
 bool moeswarm_native_part_init(moeswarm_native & nv, moeswarm_native_part & part, const moeswarm_native_entry & e,
         double t0) {
     moeswarm_native_peer * pp = &nv.peers[e.worker];

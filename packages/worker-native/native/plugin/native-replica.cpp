@@ -9,8 +9,6 @@
 
 #include "moeswarm-plugin.h"
 
-#include <algorithm>
-
 // the largest result frame a split's mode-sum dispatch may get
 static size_t moeswarm_native_result_max(const moeswarm_pattern & p) {
     return (size_t) p.n_tokens * (p.weighted_input ? p.k : 1) * p.n_embd * 4 + 4096;
@@ -49,7 +47,7 @@ static moeswarm_native_outcome moeswarm_native_split_whole(moeswarm_backend_cont
         return MOESWARM_NATIVE_SKIP;
     }
     moeswarm_native_whole_part(ctx, cfg, p, part);
-    const double deadline = t0 + std::min<double>(nv.table.deadline_ms, cfg.timeout_ms) * 1000.0;
+    const double deadline = moeswarm_native_deadline(nv, cfg, t0);
     size_t lost           = 0;
     const bool ok         = moeswarm_native_race_run(ctx, p, &part, 1, t0, deadline, lost, bytes_out, bytes_in);
     std::string last_code;

@@ -189,7 +189,7 @@ moeswarm_native_outcome moeswarm_native_split_ranges(moeswarm_backend_context * 
             !moeswarm_split_parts(ctx, cfg, p, slot_owner, owners, parts, t0)) {
         return MOESWARM_NATIVE_SKIP;
     }
-    const double deadline = t0 + std::min<double>(nv.table.deadline_ms, cfg.timeout_ms) * 1000.0;
+    const double deadline = moeswarm_native_deadline(nv, cfg, t0);
     const size_t n_slots  = ctx->ids.size();
     ctx->y_slots.resize(n_slots * p.n_embd);
     ctx->slot_row.assign(n_slots, -1);
