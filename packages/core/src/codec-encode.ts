@@ -1,7 +1,7 @@
 import { Packr, RESERVE_START_SPACE } from "msgpackr/index-no-eval";
 import { checkMaxFrameBytes } from "./codec-checks.js";
 import { validateFrame } from "./codec-validate.js";
-import { holeOf, TENSOR_FRAME_TYPES, writeNumber, writeTensorFrame } from "./codec-write.js";
+import { holeOf, MAX_HEADROOM, TENSOR_FRAME_TYPES, writeNumber, writeTensorFrame } from "./codec-write.js";
 import { InvalidArgumentError, ProtocolError } from "./errors.js";
 import {
   CAPS_FIELDS,
@@ -10,6 +10,7 @@ import {
   FRAME_FIELDS,
   type Frame,
   type FrameType,
+  MAIN_TENSOR_ALIGN,
   PROTOCOL_VERSION,
   type ResultFrame,
 } from "./frames.js";
@@ -196,6 +197,22 @@ export type EncodableFrame = Frame | ResultInPlace;
 export interface EncodeOptions {
   /** Largest payload to produce, in bytes (default 64 MiB); larger frames throw FRAME_TOO_LARGE. */
   maxFrameBytes?: number;
+  /**
+   * More padding bytes before a dispatch's or result's main tensor (default 0; a multiple of 8 up
+   * to 248): room for a relay to write its routing fields in place (`relayHeadroom` says how much
+   * a peer needs). Decoders skip padding, whatever its length.
+   */
+  headroom?: number;
+}
+
+function checkHeadroom(value: number | undefined): number {
+  if (value === undefined) return 0;
+  if (!Number.isInteger(value) || value < 0 || value > MAX_HEADROOM || value % MAIN_TENSOR_ALIGN !== 0) {
+    throw new InvalidArgumentError(
+      `headroom must be a multiple of ${MAIN_TENSOR_ALIGN} in 0..${MAX_HEADROOM}, got ${String(value)}`,
+    );
+  }
+  return value;
 }
 
 /**
@@ -205,7 +222,13 @@ export interface EncodeOptions {
  * write the view itself, never its `.buffer`.
  */
 export function encodeFrame(frame: EncodableFrame, options: EncodeOptions = {}): Uint8Array {
-  return encodeInto(frame, 0, checkMaxFrameBytes(options.maxFrameBytes), FRESH);
+  return encodeInto(
+    frame,
+    0,
+    checkMaxFrameBytes(options.maxFrameBytes),
+    FRESH,
+    checkHeadroom(options.headroom),
+  );
 }
 
 /** Encodes a frame with 4 bytes reserved at the start (for a length prefix); internal to framing. */
@@ -213,12 +236,18 @@ export function encodeFrameWithPrefixSpace(frame: Frame, options: EncodeOptions 
   return encodeInto(frame, 4, checkMaxFrameBytes(options.maxFrameBytes), FRESH);
 }
 
-function encodeInto(frame: EncodableFrame, reserve: number, max: number, memory: Memory): Uint8Array {
+function encodeInto(
+  frame: EncodableFrame,
+  reserve: number,
+  max: number,
+  memory: Memory,
+  headroom = 0,
+): Uint8Array {
   if (frame.t === "result" && isInPlace(frame.y))
-    return encodeInPlace(frame as ResultInPlace, reserve, max, memory);
+    return encodeInPlace(frame as ResultInPlace, reserve, max, memory, headroom);
   validateFrame(frame as Frame);
   return TENSOR_FRAME_TYPES.has(frame.t)
-    ? writeTensorFrame(frame as Frame, reserve, max, memory, tooLarge).bytes
+    ? writeTensorFrame(frame as Frame, reserve, max, memory, tooLarge, headroom).bytes
     : pack(frame as Frame, reserve, max, memory);
 }
 
@@ -229,7 +258,13 @@ const isInPlace = (y: unknown): boolean =>
   !ArrayBuffer.isView(y) &&
   typeof (y as InPlaceTensor).fill === "function";
 
-function encodeInPlace(frame: ResultInPlace, reserve: number, max: number, memory: Memory): Uint8Array {
+function encodeInPlace(
+  frame: ResultInPlace,
+  reserve: number,
+  max: number,
+  memory: Memory,
+  headroom: number,
+): Uint8Array {
   const tensor = frame.y;
   if (!Number.isSafeInteger(tensor.values) || tensor.values < 0) {
     throw new InvalidArgumentError(`result.y.values must be an integer >= 0, got ${String(tensor.values)}`);
@@ -239,7 +274,7 @@ function encodeInPlace(frame: ResultInPlace, reserve: number, max: number, memor
   const timed = frame.ms === undefined;
   const stand: ResultFrame = { ...frame, y: holeOf(tensor.values), ...(timed ? { ms: MS_HELD } : {}) };
   validateFrame(stand);
-  const written = writeTensorFrame(stand, reserve, max, memory, tooLarge);
+  const written = writeTensorFrame(stand, reserve, max, memory, tooLarge, headroom);
   const { bytes, holeAt } = written;
   const ms = tensor.fill(new Float32Array(bytes.buffer, bytes.byteOffset + holeAt, tensor.values));
   return timed ? writeHeldMs(bytes, reserve, holeAt + tensor.values * 4, ms) : bytes;
@@ -309,12 +344,14 @@ class ReusedMemory implements Memory {
  */
 export class FrameEncoder {
   readonly #max: number;
+  readonly #headroom: number;
   readonly #memory = new ReusedMemory();
   #lent = false;
 
   /** `maxFrameBytes` applies to every frame it encodes, as with `encodeFrame`. */
   constructor(options: EncodeOptions = {}) {
     this.#max = checkMaxFrameBytes(options.maxFrameBytes);
+    this.#headroom = checkHeadroom(options.headroom);
   }
 
   /**
@@ -323,10 +360,10 @@ export class FrameEncoder {
    * of its own, as one from inside `use` does).
    */
   encode<T>(frame: EncodableFrame, use: (bytes: Uint8Array) => T): T {
-    if (this.#lent) return use(encodeInto(frame, 0, this.#max, FRESH));
+    if (this.#lent) return use(encodeInto(frame, 0, this.#max, FRESH, this.#headroom));
     this.#lent = true;
     try {
-      return use(encodeInto(frame, 0, this.#max, this.#memory));
+      return use(encodeInto(frame, 0, this.#max, this.#memory, this.#headroom));
     } finally {
       this.#lent = false;
     }

@@ -1,4 +1,4 @@
-import { PAD_ENTRY_BYTES, padBytes, writePad } from "./codec-write.js";
+import { MAX_HEADROOM, PAD_ENTRY_BYTES, padBytes, writePad } from "./codec-write.js";
 import { ProtocolError } from "./errors.js";
 import { MAIN_TENSOR_KEY, PAD_KEY, PROTOCOL_VERSION } from "./frames.js";
 import { Kind, MsgpackReader } from "./msgpack-read.js";
@@ -113,6 +113,8 @@ interface ReroutePlan {
    */
   ranges: number[];
   size: number;
+  /** No main tensor, or a bin entry before it (whose bytes a decoded frame may view). */
+  binBeforeMain: boolean;
 }
 
 function planReroute(frame: Uint8Array, patch: RoutePatch, maxFrameBytes: number): ReroutePlan {
@@ -123,7 +125,8 @@ function planReroute(frame: Uint8Array, patch: RoutePatch, maxFrameBytes: number
   if (r.head() !== Kind.map) throw new ProtocolError("a frame is a msgpack map");
   const count = r.num;
   // every entry but the routing fields as [start, end, what] (0 any, 1 padding, 2 `x`, 3 `y`, with
-  // the tensor's byte length in `tensorBytes`); which ones are padding and main is known once `t` is
+  // the tensor's byte length in `tensorBytes`, 4 another bin); which ones are padding and main is
+  // known once `t` is
   const entries: number[] = [];
   const tensorBytes = [0, 0];
   let t: Uint8Array | undefined;
@@ -148,7 +151,8 @@ function planReroute(frame: Uint8Array, patch: RoutePatch, maxFrameBytes: number
       break;
     }
     if (routing) continue;
-    let what = 0;
+    // (any other bin is 4: a decoded frame's views may point at it, so it is never written over)
+    let what = frame[valueAt]! >= 0xc4 && frame[valueAt]! <= 0xc6 ? 4 : 0;
     if (isKey(frame, keyAt, keyLength, PAD_KEY)) what = 1;
     else if (keyLength === 1 && (frame[keyAt] === 0x78 || frame[keyAt] === 0x79)) {
       // `x` or `y`: its length, from its bin header (a main tensor of another type is refused below)
@@ -172,6 +176,8 @@ function planReroute(frame: Uint8Array, patch: RoutePatch, maxFrameBytes: number
   if (!found) main = 0;
   let kept = 0;
   for (let i = 2; i < entries.length; i += 3) kept += main !== 0 && entries[i] === 1 ? 0 : 1;
+  let binBeforeMain = main === 0;
+  for (let i = 2; i < entries.length && entries[i] !== main; i += 3) binBeforeMain ||= entries[i]! >= 2;
   const keys = kept + 3 + (to ? 1 : 0) + (from ? 1 : 0) + (main !== 0 ? 1 : 0);
   let size = keys < 16 ? 1 : 3;
   size += 2 + strSize(t.byteLength) + 2 + uintSize(PROTOCOL_VERSION) + 3 + uintSize(patch.id);
@@ -203,11 +209,14 @@ function planReroute(frame: Uint8Array, patch: RoutePatch, maxFrameBytes: number
       { details: { size, max: maxFrameBytes } },
     );
   }
-  return { frame, patch, keys, t, to, from, ranges, size };
+  return { frame, patch, keys, t, to, from, ranges, size, binBeforeMain };
 }
 
-/** Writes a planned frame into `out` (at least `plan.size` bytes); returns its first `size` bytes. */
-function writeReroute(plan: ReroutePlan, out: Uint8Array): Uint8Array {
+/**
+ * Writes a planned frame into `out` (at least `plan.size` bytes), its ranges up to `upTo`; returns
+ * the bytes written.
+ */
+function writeReroute(plan: ReroutePlan, out: Uint8Array, upTo = plan.ranges.length): Uint8Array {
   const { frame, patch, keys, t, to, from, ranges } = plan;
   let at = 0;
   if (keys < 16) out[at++] = 0x80 | keys;
@@ -230,7 +239,7 @@ function writeReroute(plan: ReroutePlan, out: Uint8Array): Uint8Array {
     at = writeStr(out, at, KEY_FROM);
     at = writeStr(out, at, from);
   }
-  for (let i = 0; i < ranges.length; i += 2) {
+  for (let i = 0; i < upTo; i += 2) {
     if (ranges[i]! < 0) {
       at = writePad(out, at, ranges[i + 1]!);
       continue;
@@ -239,6 +248,49 @@ function writeReroute(plan: ReroutePlan, out: Uint8Array): Uint8Array {
     at += ranges[i + 1]! - ranges[i]!;
   }
   return out.byteLength === at ? out : out.subarray(0, at);
+}
+
+/**
+ * Where in `plan.frame` the rerouted frame starts when it can be written over the frame's own
+ * bytes, or -1. Only what comes before the main tensor's entry is written anew (the routing
+ * fields, the entries before it, the padding), ending where that entry starts, so the entry and all
+ * after it stay where they are. It can when that is all that changes (nothing after the main
+ * tensor is dropped), no bin comes before it (a decoded frame's tensors may be views of those
+ * bytes), and the new fields fit in front of it: a sender that leaves `relayHeadroom` padding
+ * bytes makes sure they do.
+ */
+function inPlaceStart(plan: ReroutePlan): number {
+  const { frame, ranges } = plan;
+  if (plan.binBeforeMain) return -1;
+  // (the padding marker [-1, pad], then the main tensor's entry through the frame's end)
+  const m = ranges.indexOf(-1);
+  if (m < 0 || ranges.length !== m + 4 || ranges[m + 3] !== frame.byteLength) return -1;
+  const mainAt = ranges[m + 2]!;
+  const at = mainAt - (plan.size - (frame.byteLength - mainAt));
+  return at >= 0 ? at : -1;
+}
+
+// the new bytes before the main tensor, written here first (they are made of the old ones)
+let scratch = new Uint8Array(1024);
+
+function writeInPlace(plan: ReroutePlan, at: number): Uint8Array {
+  const upTo = plan.ranges.indexOf(-1) + 2;
+  const length = plan.ranges[upTo]! - at;
+  if (scratch.byteLength < length) scratch = new Uint8Array(length * 2);
+  writeReroute(plan, scratch, upTo);
+  plan.frame.set(scratch.subarray(0, length), at);
+  return plan.frame.subarray(at);
+}
+
+/**
+ * The padding bytes a sender whose peer id is `id` leaves before a dispatch's or result's main
+ * tensor (EncodeOptions `headroom`) so that a relay can forward the frame in its own memory: room
+ * for the `from` entry the relay adds (the sender's id) and for a request id up to 4 bytes longer.
+ * A multiple of 8, so the main tensor stays aligned.
+ */
+export function relayHeadroom(id: string): number {
+  const room = 1 + KEY_FROM.byteLength + strSize(strBytes(id).byteLength) + 4;
+  return Math.min(MAX_HEADROOM, (room + 7) & ~7);
 }
 
 /**
@@ -251,22 +303,47 @@ function writeReroute(plan: ReroutePlan, out: Uint8Array): Uint8Array {
  */
 export class FrameRerouter {
   #buffer = new Uint8Array(0);
-  #lent = 0;
+  /** Per lend not yet released, innermost last: whether it lent `#buffer`. */
+  readonly #lends: boolean[] = [];
+  #bufferLent = false;
 
   /** The frame with new routing fields (ProtocolError as `rerouteFrame`, before anything is lent). */
   reroute(frame: Uint8Array, patch: RoutePatch, maxFrameBytes: number): Uint8Array {
+    return this.#write(planReroute(frame, patch, maxFrameBytes));
+  }
+
+  /**
+   * As `reroute`, for a frame that is the caller's to change and that it will not read again (a
+   * message just received): when the sender left room (`relayHeadroom`) the frame is rerouted in
+   * its own memory, its bytes before the main tensor written over, and the result is a view of it.
+   * Nothing of its payload is then copied. Release it as any other.
+   */
+  rerouteReceived(frame: Uint8Array, patch: RoutePatch, maxFrameBytes: number): Uint8Array {
     const plan = planReroute(frame, patch, maxFrameBytes);
-    if (this.#lent++ > 0) return writeReroute(plan, Buffer.allocUnsafe(plan.size));
+    const at = inPlaceStart(plan);
+    if (at < 0) return this.#write(plan);
+    this.#lends.push(false);
+    return writeInPlace(plan, at);
+  }
+
+  #write(plan: ReroutePlan): Uint8Array {
+    if (this.#bufferLent) {
+      this.#lends.push(false);
+      return writeReroute(plan, Buffer.allocUnsafe(plan.size));
+    }
     if (this.#buffer.byteLength < plan.size) {
       // zero-filled: no stale process memory is ever reachable through the view's .buffer
       this.#buffer = new Uint8Array(Math.max(4096, plan.size + (plan.size >> 3)));
     }
+    this.#lends.push(true);
+    this.#bufferLent = true;
     return writeReroute(plan, this.#buffer);
   }
 
   /** Takes back the bytes of the last `reroute`; `kept`: something may still read them. */
   release(kept: boolean): void {
-    if (this.#lent === 0) return;
-    if (--this.#lent === 0 && kept) this.#buffer = new Uint8Array(0);
+    if (this.#lends.pop() !== true) return;
+    this.#bufferLent = false;
+    if (kept) this.#buffer = new Uint8Array(0);
   }
 }

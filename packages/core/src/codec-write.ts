@@ -168,6 +168,11 @@ export const binHeaderSize = (n: number): number => (n < 0x100 ? 2 : n < 0x1_000
 
 /** The padding entry without padding bytes: its key (fixstr `_`) and a bin 8 header. */
 export const PAD_ENTRY_BYTES = 2 + 2;
+/**
+ * The most padding bytes a sender may add for a relay (EncodeOptions `headroom`): the padding is a
+ * bin8 of at most 255 bytes, 7 of which alignment may take.
+ */
+export const MAX_HEADROOM = 248;
 const PAD_ENTRY_HEAD = [0xa0 | PAD_KEY.length, PAD_KEY.charCodeAt(0), 0xc4];
 
 /**
@@ -253,7 +258,8 @@ export interface Written {
 /**
  * Writes a validated frame with tensors, `reserve` zero bytes first, into `memory`;
  * `tooLarge` throws when the payload exceeds `max` (before anything is allocated). Every byte of
- * the returned view is written.
+ * the returned view is written. `headroom` (a multiple of 8 up to MAX_HEADROOM) more padding
+ * bytes go before the main tensor.
  */
 export function writeTensorFrame(
   frame: Frame,
@@ -261,6 +267,7 @@ export function writeTensorFrame(
   max: number,
   memory: FrameMemory,
   tooLarge: (size: number, max: number) => Error,
+  headroom = 0,
 ): Written {
   const o = frame as unknown as Record<string, unknown>;
   const layout = LAYOUTS.get(frame.t)!;
@@ -304,7 +311,8 @@ export function writeTensorFrame(
     }
   }
   const mapHeader = entries < 16 ? 1 : 3;
-  const pad = (MAIN_TENSOR_ALIGN - ((mapHeader + tensorAt) % MAIN_TENSOR_ALIGN)) % MAIN_TENSOR_ALIGN;
+  const pad =
+    ((MAIN_TENSOR_ALIGN - ((mapHeader + tensorAt) % MAIN_TENSOR_ALIGN)) % MAIN_TENSOR_ALIGN) + headroom;
   size += mapHeader + pad;
   tensorAt += mapHeader + pad;
   if (size > max) {

@@ -17,7 +17,7 @@ export {
   FrameEncoder,
   validateFrame,
 } from "./codec.js";
-export { FrameRerouter, type RoutePatch, rerouteFrame } from "./codec-route.js";
+export { FrameRerouter, type RoutePatch, relayHeadroom, rerouteFrame } from "./codec-route.js";
 export { describeError } from "./describe-error.js";
 export { ERROR_CODES, type ErrorCode, isErrorCode } from "./error-codes.js";
 export {

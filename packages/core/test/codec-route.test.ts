@@ -3,8 +3,17 @@
 // no difference), the payload bytes are copied untouched, and decodeFrame's `raw` mode leaves
 // x and y as the frame's bytes.
 import fc from "fast-check";
+import { pack } from "msgpackr";
 import { describe, expect, it } from "vitest";
-import { decodeFrame, encodeFrame, type Frame, FrameRerouter, rerouteFrame } from "../src/index.js";
+import {
+  decodeFrame,
+  encodeFrame,
+  type Frame,
+  FrameEncoder,
+  FrameRerouter,
+  relayHeadroom,
+  rerouteFrame,
+} from "../src/index.js";
 import { validFrame } from "./arbitraries.js";
 
 const MAX = 64 * 1024 * 1024;
@@ -132,5 +141,123 @@ describe("FrameRerouter", () => {
     const after = rerouter.reroute(frame(6, 6), { id: 60 }, MAX);
     expect(after.buffer).toBe(next.buffer);
     rerouter.release(false);
+  });
+});
+
+describe("FrameRerouter.rerouteReceived (in place)", () => {
+  const mainKey = (f: Frame) => (f.t === "dispatch" ? "x" : "y");
+  /** Offset in `bytes` of the main tensor's data, read back through a decode. */
+  const mainAt = (bytes: Uint8Array, f: Frame): number => {
+    const t = (decodeFrame(bytes, { raw: true }) as unknown as Record<string, Uint8Array>)[mainKey(f)]!;
+    return t.byteOffset - bytes.byteOffset;
+  };
+
+  it("a frame sent with relayHeadroom is rerouted in its own memory: rerouteFrame's frame, the payload never moved", () => {
+    const rerouter = new FrameRerouter();
+    fc.assert(
+      fc.property(
+        validFrame.filter((f) => f.t === "dispatch" || f.t === "result"),
+        fc.integer({ min: 0, max: 0xffff_ffff }),
+        peerId,
+        (frame, id, from) => {
+          const sent = encodeFrame(frame, { headroom: relayHeadroom(from) });
+          const patch = { id, to: frame.to, from };
+          const want = decodeFrame(rerouteFrame(sent, patch, MAX));
+          const received = Uint8Array.from(sent);
+          const tensorAt = mainAt(received, frame);
+          const got = rerouter.rerouteReceived(received, patch, MAX);
+          try {
+            expect(got.buffer).toBe(received.buffer);
+            // the main tensor's data stays where it arrived, aligned in the new frame
+            expect(got.byteOffset + mainAt(got, frame)).toBe(received.byteOffset + tensorAt);
+            expect(mainAt(got, frame) % 8).toBe(0);
+            expect(decodeFrame(got)).toEqual(want);
+          } finally {
+            rerouter.release(false);
+          }
+        },
+      ),
+      { numRuns: 300 },
+    );
+  });
+
+  it("a frame without room, or with a bin before its main tensor, is copied as reroute does and left as it came", () => {
+    const rerouter = new FrameRerouter();
+    const y = new Float32Array(64).map((_, i) => i);
+    const result: Frame = { t: "result", v: 1, id: 7, to: "b", mode: "sum", n: 1, k: 1, embd: 64, y };
+    const tight = encodeFrame(result); // no headroom: `from` does not fit
+    const before = Buffer.from(tight);
+    const got = rerouter.rerouteReceived(tight, { id: 9, to: "b", from: "worker-with-a-long-id" }, MAX);
+    expect(got.buffer).not.toBe(tight.buffer);
+    expect(
+      Buffer.from(got).equals(
+        Buffer.from(rerouteFrame(before, { id: 9, to: "b", from: "worker-with-a-long-id" }, MAX)),
+      ),
+    ).toBe(true);
+    expect(Buffer.from(tight).equals(before)).toBe(true);
+    rerouter.release(false);
+
+    // ids (a bin) before x: a decoded frame's ids may be a view of those bytes, so they stay put
+    const ids = Buffer.from(new Int32Array([3, 1]).buffer);
+    const x = Buffer.from(new Float32Array(8).fill(0.5).buffer);
+    const odd = pack({
+      t: "dispatch",
+      v: 1,
+      id: 1,
+      to: "w",
+      _: Buffer.alloc(200),
+      model: "m",
+      layer: 0,
+      n: 1,
+      embd: 8,
+      dtype: "f32",
+      k: 2,
+      ids,
+      x,
+      mode: "each",
+    });
+    const oddBefore = Buffer.from(odd);
+    const decoded = decodeFrame(odd, { raw: true }) as unknown as { ids: Int32Array };
+    const moved = rerouter.rerouteReceived(odd, { id: 2, to: "w", from: "b" }, MAX);
+    expect(moved.buffer).not.toBe(odd.buffer);
+    expect(Buffer.from(odd).equals(oddBefore)).toBe(true);
+    expect([...decoded.ids]).toEqual([3, 1]);
+    expect(decodeFrame(moved)).toMatchObject({ id: 2, from: "b", ids: new Int32Array([3, 1]) });
+    rerouter.release(false);
+  });
+
+  it("an in-place reroute lends no memory: a reroute under it still gets the reused memory", () => {
+    const rerouter = new FrameRerouter();
+    const frame = (id: number): Uint8Array =>
+      new FrameEncoder({ headroom: relayHeadroom("bb") }).encode(
+        { t: "result", v: 1, id, mode: "sum", n: 1, k: 1, embd: 32, y: new Float32Array(32).fill(id) },
+        (bytes) => Uint8Array.from(bytes),
+      );
+    const first = rerouter.reroute(frame(1), { id: 1 }, MAX);
+    rerouter.release(false);
+    const received = frame(2);
+    const inPlace = rerouter.rerouteReceived(received, { id: 2, from: "bb" }, MAX);
+    expect(inPlace.buffer).toBe(received.buffer);
+    const under = rerouter.reroute(frame(3), { id: 3 }, MAX);
+    expect(under.buffer).toBe(first.buffer);
+    rerouter.release(true); // kept: the reused memory is given up
+    rerouter.release(true); // the in-place one: nothing to give up
+    const next = rerouter.reroute(frame(4), { id: 4 }, MAX);
+    expect(next.buffer).not.toBe(first.buffer);
+    rerouter.release(false);
+  });
+
+  it("headroom: relayHeadroom fits any peer id; encoders refuse what is not a multiple of 8 up to 248", () => {
+    expect(relayHeadroom("b")).toBe(16);
+    expect(relayHeadroom("x".repeat(128))).toBe(144);
+    for (const headroom of [1, 250, 256, -8, 0.5])
+      expect(() => new FrameEncoder({ headroom })).toThrow(
+        expect.objectContaining({ code: "MOESWARM_INVALID_ARGUMENT" }),
+      );
+    const y = new Float32Array(16).fill(2);
+    const frame: Frame = { t: "result", v: 1, id: 1, mode: "sum", n: 1, k: 1, embd: 16, y };
+    const padded = encodeFrame(frame, { headroom: 248 });
+    expect(padded.byteLength).toBe(encodeFrame(frame).byteLength + 248);
+    expect(decodeFrame(padded)).toEqual(decodeFrame(encodeFrame(frame)));
   });
 });

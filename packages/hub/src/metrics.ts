@@ -252,6 +252,15 @@ function relayFamilies(registers: Registers, relay: Relay) {
     },
   });
   new Counter({
+    name: "moeswarm_relay_copied_frames_total",
+    help: "Dispatches and results the relay forwarded through a copy (their sender left no room to rewrite them in place)",
+    registers,
+    collect() {
+      this.reset();
+      this.inc(relay.stats().copied);
+    },
+  });
+  new Counter({
     name: "moeswarm_relay_violations_total",
     help: "Protocol violations by peers (bad frames, wrong role)",
     registers,

@@ -1,9 +1,10 @@
 // Routing in the relay: a backbone's dispatch forwarded to the worker it names (with the limits
 // and back-pressure checks that refuse it), and the worker's answer, or a timeout, sent back.
 // Dispatches and results are forwarded as the bytes that came, with only their routing fields
-// (`id`, `to`, `from`) rewritten (rerouteFrame): the relay validated them (decodeFrame `raw`) but
-// never decodes or re-encodes their activations and outputs. The bytes are written into memory
-// reused frame after frame (FrameRerouter) unless the socket kept the last ones.
+// (`id`, `to`, `from`) rewritten: the relay validated them (decodeFrame `raw`) but never decodes or
+// re-encodes their activations and outputs. A frame whose sender left room (relay-client does) is
+// rewritten in its own memory, only its first bytes, and nothing of it is copied; any other is
+// written into memory reused frame after frame (FrameRerouter) unless the socket kept the last ones.
 import {
   type DispatchFrame,
   type ErrorFrame,
@@ -37,7 +38,7 @@ export interface RelayLink {
   emit(event: RelayServerEvent): void;
   sendBytes(peer: Peer, bytes: Uint8Array): boolean;
   /**
-   * Reroutes forwarded frames into reused memory: each `reroute` is released in a `finally`, kept
+   * Reroutes forwarded frames in their own memory or into reused memory: each is released in a `finally`, kept
    * when the peer's socket may still hold the bytes (ws writes a server's frames without copying).
    */
   readonly rerouter: FrameRerouter;
@@ -92,11 +93,12 @@ export function routeDispatch(link: RelayLink, backbone: Peer, frame: DispatchFr
   worker.nextRouteId = (relayId + 1) >>> 0;
   let bytes: Uint8Array;
   try {
-    bytes = link.rerouter.reroute(
+    bytes = link.rerouter.rerouteReceived(
       raw,
       { id: relayId, from: backbone.id, to: frame.to },
       link.s.maxFrameBytes,
     );
+    if (bytes.buffer !== raw.buffer) link.stats.copied++;
   } catch (error) {
     // e.g. the added `from` pushed a frame at the limit over it
     const e = isMoeswarmError(error) ? error : undefined;
@@ -211,7 +213,8 @@ export function answerBackbone(
     bytes =
       raw === undefined
         ? encodeFrame({ ...frame, ...routing }, { maxFrameBytes: link.s.maxFrameBytes })
-        : link.rerouter.reroute(raw, routing, link.s.maxFrameBytes);
+        : link.rerouter.rerouteReceived(raw, routing, link.s.maxFrameBytes);
+    if (raw !== undefined && bytes.buffer !== raw.buffer) link.stats.copied++;
   } catch (error) {
     const e = isMoeswarmError(error) ? error : undefined;
     link.error(

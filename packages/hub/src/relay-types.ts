@@ -162,6 +162,11 @@ export interface RelayStats {
   routed: number;
   /** Dispatches answered by the relay itself with an error (unknown peer, limit, worker lost...). */
   refused: number;
+  /**
+   * Dispatches and results forwarded through a copy: their sender left no room for the relay's
+   * routing fields (relay-client does; protocol section 8), so they could not be rewritten in place.
+   */
+  copied: number;
   violations: number;
 }
 

@@ -79,6 +79,7 @@ class RelayServer implements Relay {
     bytesIn: 0,
     bytesOut: 0,
     routed: 0,
+    copied: 0,
     refused: 0,
     violations: 0,
   };

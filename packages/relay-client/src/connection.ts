@@ -39,7 +39,14 @@ import {
 } from "./options.js";
 import { RequestTable } from "./requests.js";
 import { WorkerServing } from "./serving.js";
-import { decodeFrame, type EncodableFrame, type Frame, PROTOCOL_VERSION, type Role } from "./wire.js";
+import {
+  decodeFrame,
+  type EncodableFrame,
+  type Frame,
+  PROTOCOL_VERSION,
+  type Role,
+  relayHeadroom,
+} from "./wire.js";
 
 // One relay connection: its state and events, (re)connecting, the frames in and out, and the API.
 // The parts live beside it: options.ts (checks), handshake.ts (dial and hello), heartbeat.ts,
@@ -70,7 +77,8 @@ class Connection implements RelayConnection {
     this.url = url;
     this.#s = s;
     this.#userSignal = signal;
-    this.#writer = new FrameWriter(s.maxFrameBytes);
+    // (direct links get the relay's headroom too: a few bytes, and one writer for every link)
+    this.#writer = new FrameWriter(s.maxFrameBytes, relayHeadroom(s.id));
     this.#requests = new RequestTable(this.#writer, s.peerName);
     this.#serving = new WorkerServing({
       id: s.id,

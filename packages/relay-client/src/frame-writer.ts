@@ -18,11 +18,16 @@ const KEPT_ENCODERS = 2;
  * bytes of its own that it may keep.
  */
 export class FrameWriter {
-  readonly #maxFrameBytes: number;
+  readonly #options: { maxFrameBytes: number; headroom: number };
   readonly #free: FrameEncoder[] = [];
 
-  constructor(maxFrameBytes: number) {
-    this.#maxFrameBytes = maxFrameBytes;
+  /**
+   * `headroom`: padding bytes left before a dispatch's or result's main tensor so that a relay
+   * forwards the frame in its own memory (`relayHeadroom` of the sender's id; 0 where no relay
+   * forwards).
+   */
+  constructor(maxFrameBytes: number, headroom = 0) {
+    this.#options = { maxFrameBytes, headroom };
   }
 
   /**
@@ -39,9 +44,9 @@ export class FrameWriter {
     use: (bytes: Uint8Array, sent: (() => void) | undefined) => T,
   ): T {
     if (link.callsSent !== true) {
-      return use(encodeFrame(frame, { maxFrameBytes: this.#maxFrameBytes }), undefined);
+      return use(encodeFrame(frame, this.#options), undefined);
     }
-    const encoder = this.#free.pop() ?? new FrameEncoder({ maxFrameBytes: this.#maxFrameBytes });
+    const encoder = this.#free.pop() ?? new FrameEncoder(this.#options);
     let back = false;
     const sent = () => {
       if (back) return;

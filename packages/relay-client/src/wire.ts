@@ -17,4 +17,5 @@ export {
   type RegisterFrame,
   type ResultFrame,
   type ResultInPlace,
+  relayHeadroom,
 } from "@moeswarm/core";
