@@ -1,5 +1,5 @@
 // The decode benchmark's native-plane row, from the plugin's own stats (what the demo's `native`
-// line prints): per round, then over the rounds.
+// line prints): per round, then over the rounds. And the token check every swarm row's rounds pass.
 import type { LogitsHarnessResult } from "@moeswarm/backbone";
 import { median, type Row } from "../harness.js";
 

@@ -222,6 +222,8 @@ export interface StandInWorker extends AsyncDisposable {
   readonly fingerprint: string;
   /** TCP connections accepted (dials, whether their TLS and hello succeeded or not). */
   connections: number;
+  /** Links (TLS up) that have closed since: by the plugin, or by the stand-in on a bad or refused hello. */
+  closed: number;
   /** Hellos seen: their id and token. */
   readonly hellos: { id: string; token: string }[];
   /** Per layer: dispatches answered with a result, and their filled slots (ids != -1). */
@@ -250,6 +252,7 @@ export async function startWorker(
     addr: "",
     fingerprint: new X509Certificate(cert.cert).fingerprint256,
     connections: 0,
+    closed: 0,
     hellos: [] as { id: string; token: string }[],
     served,
     mode,
@@ -262,7 +265,10 @@ export async function startWorker(
   let answered = 0;
   const server = createTlsServer({ cert: cert.cert, key: cert.key, minVersion: "TLSv1.2" }, (socket) => {
     sockets.add(socket);
-    socket.on("close", () => sockets.delete(socket));
+    socket.on("close", () => {
+      sockets.delete(socket);
+      w.closed++;
+    });
     socket.on("error", () => {});
     let hello = false;
     let chain = Promise.resolve();

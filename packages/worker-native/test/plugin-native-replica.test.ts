@@ -1,7 +1,8 @@
 // The backbone plugin's native plane with replicas (issue #15, phase 3): a whole-layer table entry
 // with an `alt`. A primary that fails sends the split to the alt natively (failover); a primary
 // silent for the table's hedgeMs races the alt (hedge), and its late answer is skipped on the next
-// split it serves. Real llama.cpp + libggml-moeswarm.so (llama-logits); every run's logits are
+// split it serves; a split that fails leaves no link owing an answer open (the next split dials a
+// new one). Real llama.cpp + libggml-moeswarm.so (llama-logits); every run's logits are
 // compared byte for byte with plain llama.cpp's, the independent reference.
 
 import { join } from "node:path";
@@ -198,6 +199,40 @@ describe.skipIf(Boolean(missing))("plugin: a whole layer with a replica (failove
     expect(credited(bridge.receipts)).toEqual({});
   });
 
+  it("a primary and its alt both silent past the deadline: the split through the bridge, the same bytes; both links closed, redialed after the backoff", async () => {
+    // each stays silent on its first dispatch (the split's, and the hedge's), then answers
+    await using primary = await startWorker(cert, compute, "silent");
+    await using alt = await startWorker(cert2, compute, "silent");
+    primary.failOn = 1;
+    alt.failOn = 1;
+    // what the stand-ins had seen when the primary answered its first split after the failed one
+    let seen: number[] = [];
+    primary.onAnswer = (n) => {
+      if (n === 1) seen = [primary.connections, primary.closed, alt.closed];
+    };
+    // 100 ms per bridge answer: the 1 s backoff ends well before the decode does. deadlineMs: room
+    // for the first split's two dials; the hedge asks the alt 20 ms in
+    await using bridge = await startBridge(join(tmp.dir, "silent.sock"), compute, { delayMs: 100 });
+    bridge.setTable(table(primary, alt, { deadlineMs: 300, hedgeMs: 20 }));
+    const run = await decode(bridge);
+    const n = run.plugin!.native;
+    expect(n.fallbacks).toBe(1);
+    expect(bridge.receipts.flatMap((r) => r.failures)).toEqual([
+      expect.objectContaining({ worker: "w1", code: "MOESWARM_TRANSPORT_TIMEOUT", failover: true }),
+      expect.objectContaining({ worker: "w2", code: "MOESWARM_TRANSPORT_TIMEOUT" }),
+    ]);
+    // both were asked the failed split, each on its first link
+    expect(primary.dispatches[0]!.layer).toBe(alt.dispatches[0]!.layer);
+    // the plugin closed both links when the split failed: a link kept open would have been reused
+    // after the backoff (one connection) and its late answer owed still
+    expect(seen).toEqual([2, 1, 1]);
+    expect(primary.connections).toBe(2);
+    expect(n.splits).toBeGreaterThan(0);
+    expect(n.splits + bridge.dispatches.length).toBe(run.plugin!.splits);
+    const c = credited(bridge.receipts);
+    expect((c.w1 ?? 0) + (c.w2 ?? 0)).toBe(n.splits);
+  });
+
   it("hedge: a primary that stalls once races the alt after hedgeMs; the alt wins, the same bytes; the stale answer is skipped", async () => {
     await using primary = await startWorker(cert, compute, "ok");
     await using alt = await startWorker(cert2, compute, "ok");
@@ -329,6 +364,31 @@ describe.skipIf(Boolean(missing))("plugin: a whole layer with a replica (failove
     expect(a0.dispatches.length).toBeGreaterThanOrEqual(1);
     const c = credited(bridge.receipts);
     expect(c).toEqual({ p0: p0.dispatches.length - 1, a0: a0.dispatches.length, p1: n.splits });
+  });
+
+  it("a split layer whose owner fails while the other still computes: the split through the bridge, the same bytes; the other's link closed, redialed", async () => {
+    await using p0 = await startWorker(cert, compute, "error-frame");
+    await using p1 = await startWorker(cert2, compute, "ok");
+    // the third split: p0 refuses it at once while p1 sits on it for 600 ms
+    p0.failOn = 3;
+    p1.delayMs = 600;
+    p1.delayOn = 3;
+    // 100 ms per bridge answer: p0's 1 s backoff ends well before the decode does
+    await using bridge = await startBridge(join(tmp.dir, "ranged-close.sock"), compute, { delayMs: 100 });
+    bridge.setTable(rangedTable([["p0", p0]], [["p1", p1]]));
+    const run = await decode(bridge);
+    const n = run.plugin!.native;
+    expect([n.fallbacks, n.failures]).toEqual([1, { MOESWARM_WORKER_DRAINING: 1 }]);
+    expect(bridge.receipts.flatMap((r) => r.failures)).toEqual([
+      expect.objectContaining({ worker: "p0", code: "MOESWARM_WORKER_DRAINING" }),
+    ]);
+    // p1 did not fail and is not backed off, but its link, owing the failed split's answer, was
+    // closed with it: a link kept open would have been used again (one connection)
+    expect(p1.connections).toBe(2);
+    expect(p0.connections).toBe(2);
+    expect(n.splits).toBeGreaterThan(2);
+    expect(p1.dispatches).toHaveLength(n.splits + 1);
+    expect(credited(bridge.receipts)).toEqual({ p0: n.splits, p1: n.splits });
   });
 
   /** Per split-layer run: the hedge counters of the receipts, summed. */

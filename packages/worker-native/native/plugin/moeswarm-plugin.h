@@ -443,15 +443,15 @@ bool moeswarm_native_part_init(moeswarm_native & nv, moeswarm_native_part & part
         double t0);
 // every part's dispatch sent, then answers read from all the parts' workers at once until each part
 // has a valid one (true); spares go out as failover or hedge. false: parts[lost] has nobody left to
-// wait on (or the deadline passed first: the first part unanswered), and the split fails
+// wait on (or the deadline passed first: the first part unanswered), and the split fails; the links
+// still owing an answer are closed then (the failed workers' are closed as they are backed off:
+// moeswarm_native_race_settle)
 bool moeswarm_native_race_run(moeswarm_backend_context * ctx, const moeswarm_pattern & p, moeswarm_native_part * parts,
         size_t n, double t0, double deadline, size_t & lost, size_t & bytes_out, size_t & bytes_in);
 // a part's failures backed off and reported (a failover when the part stayed native after it; the
 // lost part's last failure: last_code, the split's fallback), its hedge counted
 void moeswarm_native_race_settle(moeswarm_native & nv, const moeswarm_pattern & p, moeswarm_native_part & part,
         bool lost, std::string & last_code);
-// the links of a failed split's workers still owing an answer, closed
-void moeswarm_native_race_close(moeswarm_native_part * parts, size_t n);
 // the winner of part credited with a split of layer, its tokens and filled ids; its backoff reset
 void moeswarm_native_credit(moeswarm_native & nv, const moeswarm_native_part & part, int layer, uint64_t tokens,
         uint64_t filled);

@@ -12,6 +12,8 @@
 //   answer larger than the next split's be read whole).
 // All the parts' workers are waited on at once (moeswarm_tls_wait_any), so one owner's hedge goes
 // out on time while the other owners' answers come in, and the other parts are never touched.
+// A race that fails leaves no link owing an answer open, for either kind of split: a failed worker's
+// is closed as it is backed off, the others' still waiting by moeswarm_native_race_close.
 
 #include "moeswarm-plugin.h"
 
@@ -197,6 +199,20 @@ static size_t moeswarm_native_race_expire(moeswarm_native_part * parts, size_t n
     return i;
 }
 
+// a failed race: the links still owing an answer closed, so that none is read as a later split's
+// answer and no worker goes on sending one. The failed workers' links are closed as they are backed
+// off (moeswarm_native_failed); these are the rest: another part's worker still computing, or a
+// hedge's loser. A whole-layer split (one part) has none left: all its workers asked have failed
+static void moeswarm_native_race_close(moeswarm_native_part * parts, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+        for (int j = 0; j < parts[i].n; ++j) {
+            if (j != parts[i].winner && moeswarm_native_waiting(parts[i].at[j])) {
+                moeswarm_tls_close(parts[i].at[j].pr->conn);
+            }
+        }
+    }
+}
+
 bool moeswarm_native_race_run(moeswarm_backend_context * ctx, const moeswarm_pattern & p, moeswarm_native_part * parts,
         size_t n, double t0, double deadline, size_t & lost, size_t & bytes_out, size_t & bytes_in) {
     // all sent before any answer is read, so that the workers compute in parallel
@@ -209,7 +225,10 @@ bool moeswarm_native_race_run(moeswarm_backend_context * ctx, const moeswarm_pat
     std::vector<size_t> who;
     for (;;) {
         lost = moeswarm_native_race_step(ctx, p, parts, n, deadline, bytes_out);
-        if (lost < n) return false;
+        if (lost < n) {
+            moeswarm_native_race_close(parts, n);
+            return false;
+        }
         const double until = moeswarm_native_race_gather(parts, n, deadline, conns, who);
         if (conns.empty()) return true; // every part answered
         std::string err;
@@ -218,6 +237,7 @@ bool moeswarm_native_race_run(moeswarm_backend_context * ctx, const moeswarm_pat
         if (idx < 0 && timed_out && until < deadline) continue; // a hedge's moment
         if (idx < 0) {
             lost = moeswarm_native_race_expire(parts, n, timed_out, err);
+            moeswarm_native_race_close(parts, n);
             return false;
         }
         const size_t w = who[(size_t) idx];
@@ -244,16 +264,6 @@ void moeswarm_native_race_settle(moeswarm_native & nv, const moeswarm_pattern & 
         nv.hedges++;
         nv.hedge_wins += part.winner == 1;
         moeswarm_stats_native_hedge(part.winner == 1);
-    }
-}
-
-void moeswarm_native_race_close(moeswarm_native_part * parts, size_t n) {
-    for (size_t i = 0; i < n; ++i) {
-        for (int j = 0; j < parts[i].n; ++j) {
-            if (j != parts[i].winner && moeswarm_native_waiting(parts[i].at[j])) {
-                moeswarm_tls_close(parts[i].at[j].pr->conn); // never read as a later split's answer
-            }
-        }
     }
 }
 

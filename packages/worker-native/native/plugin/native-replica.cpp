@@ -3,9 +3,10 @@
 // holding them too. The same dispatch frame the bridge would get goes to the primary over TLS; the
 // split is one part of the race in native-race.cpp (failover to the alt on the primary's fault, a
 // hedge to it when the primary stays silent past its hedge moment; the first valid answer wins).
-// Each failure backs its worker off and is reported; only when every asked worker failed does the
-// split go through the bridge. The worker that answered is credited, once. A primary backing off (or
-// with an expired ticket and no link) is not asked: the alt alone, when it may be.
+// Each failure closes its worker's link, backs the worker off and is reported; only when every asked
+// worker failed does the split go through the bridge (no link is left owing an answer). The worker
+// that answered is credited, once. A primary backing off (or with an expired ticket and no link) is
+// not asked: the alt alone, when it may be.
 
 #include "moeswarm-plugin.h"
 

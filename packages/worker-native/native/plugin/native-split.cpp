@@ -203,7 +203,6 @@ moeswarm_native_outcome moeswarm_native_split_ranges(moeswarm_backend_context * 
     }
     moeswarm_stats_native(ok, moeswarm_now_us() - t0, ok ? worker_ms : -1, last_code);
     if (!ok) {
-        moeswarm_native_race_close(parts.data(), parts.size());
         bytes_out = bytes_in = 0; // the bridge's round trip counts its own
         return MOESWARM_NATIVE_FAILED;
     }
