@@ -78,11 +78,33 @@ function isKey(bytes: Uint8Array, pos: number, length: number, key: string): boo
   return true;
 }
 
+// the frame types with a main tensor, as their bytes, with its `what` (2 `x`, 3 `y`)
+const MAIN_TENSORS = Object.entries(MAIN_TENSOR_KEY).map(
+  ([type, key]) => [strBytes(type), key === "x" ? 2 : 3] as const,
+);
+
 /** The `what` (2 `x`, 3 `y`) of the main tensor of a frame type given as its bytes, or 0 for none. */
 function mainTensorOf(t: Uint8Array): number {
-  const name = String.fromCharCode(...t.subarray(0, 16));
-  const key = Object.hasOwn(MAIN_TENSOR_KEY, name) ? MAIN_TENSOR_KEY[name as "dispatch"] : undefined;
-  return key === "x" ? 2 : key === "y" ? 3 : 0;
+  next: for (const [type, what] of MAIN_TENSORS) {
+    if (type.byteLength !== t.byteLength) continue;
+    for (let i = 0; i < t.byteLength; i++) if (t[i] !== type[i]) continue next;
+    return what;
+  }
+  return 0;
+}
+
+// Peer ids as UTF-8, the last ones used: the same few ids are written frame after frame.
+const PEER_ID_BYTES = new Map<string, Uint8Array>();
+const PEER_IDS_KEPT = 256;
+
+function peerIdBytes(id: string): Uint8Array {
+  let bytes = PEER_ID_BYTES.get(id);
+  if (bytes === undefined) {
+    if (PEER_ID_BYTES.size >= PEER_IDS_KEPT) PEER_ID_BYTES.clear();
+    bytes = strBytes(id);
+    PEER_ID_BYTES.set(id, bytes);
+  }
+  return bytes;
 }
 
 /**
@@ -167,8 +189,8 @@ function planReroute(frame: Uint8Array, patch: RoutePatch, maxFrameBytes: number
   }
   if (t === undefined)
     throw new ProtocolError("MOESWARM_PROTOCOL_MISSING_FIELD", "the frame type `t` is missing");
-  const to = patch.to === undefined ? undefined : strBytes(patch.to);
-  const from = patch.from === undefined ? undefined : strBytes(patch.from);
+  const to = patch.to === undefined ? undefined : peerIdBytes(patch.to);
+  const from = patch.from === undefined ? undefined : peerIdBytes(patch.from);
   let main = mainTensorOf(t);
   // (a validated dispatch or result has its main tensor; without one, padding is any other entry)
   let found = false;
