@@ -1,4 +1,19 @@
-import type { ChildProcess } from "node:child_process";
+import { type ChildProcess, fork } from "node:child_process";
+
+/**
+ * Forks a benchmark child (`file`, with this process's tsx loader; `args` as its one argument) and
+ * waits for its first message, what it listens on.
+ */
+export function spawnPeer(
+  file: string,
+  args: { mode: string; [more: string]: unknown },
+): Promise<{ child: ChildProcess; info: Record<string, string> }> {
+  const child = fork(file, [JSON.stringify(args)], { execArgv: process.execArgv, stdio: "inherit" });
+  return new Promise((resolve, reject) => {
+    child.once("message", (info) => resolve({ child, info: info as Record<string, string> }));
+    child.once("exit", (code) => reject(new Error(`${file} exited with ${code}`)));
+  });
+}
 
 /**
  * Asks each forked benchmark process to stop ("stop" over IPC) and waits for it to exit; one that

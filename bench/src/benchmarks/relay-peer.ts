@@ -2,7 +2,7 @@
 // (over TLS with `tls`, as the hub serves it); `worker` mode joins that relay as an echo worker
 // (pinning the relay's certificate with `pin`) and also serves the same echo on a direct
 // WebSocket, so both paths end in the same process doing the same work.
-import { decodeFrame, encodeFrame, type Frame, PROTOCOL_VERSION } from "@moeswarm/core";
+import { decodeFrame, encodeFrame, type Frame, PROTOCOL_VERSION, tuneHeapForFrames } from "@moeswarm/core";
 import { listenRelay } from "@moeswarm/hub";
 import { connectRelay, dialWebSocket, parseDirectKey, serveDirect } from "@moeswarm/relay-client";
 import { WebSocketServer } from "ws";
@@ -23,6 +23,8 @@ interface Args {
 }
 
 const args = JSON.parse(process.argv[2] ?? "{}") as Args;
+// as moeswarm-hub and moeswarm-worker set it: these processes are the product as deployed
+tuneHeapForFrames();
 const MAX = 64 * 1024 * 1024;
 
 // the echo: a "sum" result is n*embd values, the same shape as the activations

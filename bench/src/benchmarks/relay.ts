@@ -1,11 +1,11 @@
-import { type ChildProcess, fork } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { fileURLToPath } from "node:url";
 import { isMoeswarmError, sleep } from "@moeswarm/core";
 import { mintToken } from "@moeswarm/hub";
 import { connectRelay, type DispatchRequest, type RelayConnection } from "@moeswarm/relay-client";
 import { type Benchmark, measure, type Row } from "../harness.js";
-import { stopChildren } from "./children.js";
+import { spawnPeer as forkPeer, stopChildren } from "./children.js";
 
 const EMBD = 3072;
 const K = 8;
@@ -17,14 +17,7 @@ const DEPTH = 16;
 
 const PEER = fileURLToPath(new URL("./relay-peer.ts", import.meta.url));
 
-/** Forks relay-peer.ts (with this process's tsx loader) and waits for its first message. */
-function spawnPeer(args: object): Promise<{ child: ChildProcess; info: Record<string, string> }> {
-  const child = fork(PEER, [JSON.stringify(args)], { execArgv: process.execArgv, stdio: "inherit" });
-  return new Promise((resolve, reject) => {
-    child.once("message", (info) => resolve({ child, info: info as Record<string, string> }));
-    child.once("exit", (code) => reject(new Error(`relay-peer exited with ${code}`)));
-  });
-}
+const spawnPeer = (args: { mode: string; [more: string]: unknown }) => forkPeer(PEER, args);
 
 function makeRequest(n: number): DispatchRequest {
   const x = new Float32Array(n * EMBD);

@@ -9,7 +9,7 @@
 // product's own dispatch frames (f32, n_embd 3072, k 8, mode "sum") at 1, 8 and 64 tokens. With the
 // native addon and moeswarm-native-ping built, also "native": the plugin's TLS client -> the
 // worker's native listener computing a real slice (roundtrip-native.ts), timed above its compute.
-import { type ChildProcess, fork, spawnSync } from "node:child_process";
+import { type ChildProcess, spawnSync } from "node:child_process";
 import { generateKeyPairSync, randomBytes, X509Certificate } from "node:crypto";
 import { existsSync, mkdirSync, statSync } from "node:fs";
 import { connect, type Socket } from "node:net";
@@ -29,7 +29,7 @@ import {
 } from "@moeswarm/relay-client";
 import { WebSocket } from "ws";
 import type { Benchmark, Row } from "../harness.js";
-import { cpuTime, stopChildren } from "./children.js";
+import { cpuTime, spawnPeer as forkPeer, stopChildren } from "./children.js";
 import { type EchoSample, type NativeMeasure, type NativePath, startNativePath } from "./roundtrip-native.js";
 
 const EMBD = 3072;
@@ -42,6 +42,8 @@ const SAMPLE_MS = Number(process.env.MOESWARM_BENCH_ROUNDTRIP_MS ?? 1500);
 const MAX_SAMPLES = 2000;
 
 const here = (name: string) => fileURLToPath(new URL(name, import.meta.url));
+const spawnPeer = (file: string, args: { mode: string; [more: string]: unknown }) =>
+  forkPeer(here(file), args);
 const CACHE = fileURLToPath(new URL("../../../.cache/bench/", import.meta.url));
 
 interface Spread {
@@ -95,13 +97,20 @@ async function interleaved(
 }
 
 const CPU_TRIPS = 200;
+/** The soak: relay round trips at 64 tokens, in windows, after everything else. */
+const SOAK_WINDOWS = 3;
+const SOAK_TRIPS = 2000;
 
 /**
  * CPU microseconds one round trip of `fn` costs, summed over this process and `children` (the
  * path's processes): the work a path does, which load on a shared machine inflates far less
  * than it inflates the time a round trip waits.
  */
-async function cpuPerTrip(children: readonly ChildProcess[], fn: () => Promise<unknown>): Promise<number> {
+async function cpuPerTrip(
+  children: readonly ChildProcess[],
+  fn: () => Promise<unknown>,
+  trips = CPU_TRIPS,
+): Promise<number> {
   const total = async () => {
     const own = process.cpuUsage();
     let us = own.user + own.system;
@@ -109,8 +118,35 @@ async function cpuPerTrip(children: readonly ChildProcess[], fn: () => Promise<u
     return us;
   };
   const before = await total();
-  for (let i = 0; i < CPU_TRIPS; i++) await fn();
-  return ((await total()) - before) / CPU_TRIPS;
+  for (let i = 0; i < trips; i++) await fn();
+  return ((await total()) - before) / trips;
+}
+
+/**
+ * The relay path at 64 tokens for SOAK_WINDOWS x SOAK_TRIPS round trips: the relay's and the
+ * worker's CPU per round trip in each window. A process whose heap is not sized for large frames
+ * (core frame-heap.ts) climbs to 2-4x its first window's within a few thousand of them.
+ */
+async function soak(
+  rows: Row[],
+  ratios: Record<string, number>,
+  [relay, worker]: readonly ChildProcess[],
+  trip: () => Promise<unknown>,
+): Promise<void> {
+  const windows: Array<[number, number]> = [];
+  for (let w = 0; w < SOAK_WINDOWS; w++) {
+    const cpu = [await cpuTime(relay!), await cpuTime(worker!)];
+    for (let i = 0; i < SOAK_TRIPS; i++) await trip();
+    windows.push([
+      ((await cpuTime(relay!)) - cpu[0]!) / SOAK_TRIPS,
+      ((await cpuTime(worker!)) - cpu[1]!) / SOAK_TRIPS,
+    ]);
+    const path = `soak: CPU per round trip, relay / worker, trips ${w * SOAK_TRIPS}-${(w + 1) * SOAK_TRIPS}`;
+    rows.push({ path, tokens: 64, "CPU us": `${windows[w]![0].toFixed(0)} / ${windows[w]![1].toFixed(0)}` });
+  }
+  const [first, last] = [windows[0]!, windows[windows.length - 1]!];
+  ratios["soak: relay CPU per round trip, last/first window, 64 tok"] = last[0] / first[0];
+  ratios["soak: worker CPU per round trip, last/first window, 64 tok"] = last[1] / first[1];
 }
 
 /** Microsecond p10/p50/p90 of one-at-a-time round trips of `fn`, for SAMPLE_MS after a warm-up. */
@@ -120,17 +156,6 @@ async function spread(fn: () => Promise<unknown>): Promise<Spread> {
   const end = performance.now() + SAMPLE_MS;
   while ((us.length < 50 || performance.now() < end) && us.length < MAX_SAMPLES) await timeOne(fn, us);
   return spreadOf(us);
-}
-
-function spawnPeer(
-  file: string,
-  args: object,
-): Promise<{ child: ChildProcess; info: Record<string, string> }> {
-  const child = fork(here(file), [JSON.stringify(args)], { execArgv: process.execArgv, stdio: "inherit" });
-  return new Promise((resolve, reject) => {
-    child.once("message", (info) => resolve({ child, info: info as Record<string, string> }));
-    child.once("exit", (code) => reject(new Error(`${file} exited with ${code}`)));
-  });
 }
 
 function request(n: number): DispatchRequest {
@@ -483,6 +508,7 @@ export const roundtrip: Benchmark = {
           { path: "CPU per round trip: blind relay (3 processes)", tokens: n, "CPU us": blindCpu },
         );
       }
+      await soak(rows, ratios, [relayPeer.child, worker.child], () => viaRelay.request("echo", request(64)));
       return {
         rows,
         ratios,
@@ -495,6 +521,7 @@ export const roundtrip: Benchmark = {
             : "native: its worker computes a Q8_0 slice (n_embd 3072, n_ff 256, 16 experts); 'compute us' is the p50 of the results' ms, 'overhead us' the p50 of (round trip - the result's ms), 'overhead/floor' that over the held TLS echo floor (the same client and TLS code against an echo in C that holds each answer busy for the worker's compute p50, less that hold: what encrypting, moving the frames and waking the client cost here); goal (issue 15): <= 0.1 ms above compute",
           "the 'interleaved' ratios time the product path and its floor in turn, one round trip each (load on a shared machine falls on both alike); the others time each path in a block of its own",
           `'CPU per round trip': user + system CPU time of the path's three processes over ${CPU_TRIPS} round trips, divided by ${CPU_TRIPS}`,
+          `soak: ${SOAK_WINDOWS} x ${SOAK_TRIPS} more relay round trips at 64 tokens; the relay's and the worker's CPU per round trip in each window (their heaps sized for frames as the executables size them: core tuneHeapForFrames); last/first near 1 means no collection storm`,
         ],
       };
     } finally {

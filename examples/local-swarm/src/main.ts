@@ -16,7 +16,7 @@ import {
   runLogitsHarness,
   serveBackboneBridge,
 } from "@moeswarm/backbone";
-import { cosine } from "@moeswarm/core";
+import { cosine, tuneHeapForFrames } from "@moeswarm/core";
 import type { WorkerRegistration } from "@moeswarm/dispatch";
 import { createHub, createLoopbackCertificates, mintToken } from "@moeswarm/hub";
 import { ensureSyntheticModel, findExpertTensors, readGguf } from "@moeswarm/shard";
@@ -347,6 +347,8 @@ function parseOrExit(): DemoOptions | undefined {
 
 const options = parseOrExit();
 if (options) {
+  // this process holds the hub's relay and the bridge: frames at a high rate (core frame-heap.ts)
+  tuneHeapForFrames();
   const controller = new AbortController();
   const stop = () => {
     out("\ninterrupted: shutting the swarm down");

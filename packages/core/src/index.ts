@@ -61,6 +61,7 @@ export {
   registerFrame,
   resultFrame,
 } from "./frame-builders.js";
+export { FRAME_HEAP_FLAG, tuneHeapForFrames } from "./frame-heap.js";
 export {
   type ActivationDtype,
   CAPS_FIELDS,

@@ -1,7 +1,10 @@
 #!/usr/bin/env node
 // The `moeswarm-hub` executable: `serve` models and the relay, mint `token`s.
-import { readPackageVersion, runCliProcess } from "@moeswarm/core";
+import { readPackageVersion, runCliProcess, tuneHeapForFrames } from "@moeswarm/core";
 import { runCli } from "./run.js";
+
+// it receives large frames at a high rate (core frame-heap.ts)
+tuneHeapForFrames();
 
 runCliProcess(runCli, {
   name: "moeswarm-hub",
