@@ -58,6 +58,18 @@ async function peer(role: "worker" | "backbone", id: string) {
   };
 }
 
+/** A bare worker holding experts 0..3 of `layer`, registered, and a bare backbone. */
+async function pair(workerId: string, backboneId: string, layer: number) {
+  const worker = await peer("worker", workerId);
+  worker.send(encodeFrame({ t: "register", v: 1, model: MODEL, layers: [layer], experts: [0, 1, 2, 3] }));
+  const backbone = await peer("backbone", backboneId);
+  await waitFor(
+    () => listener.relay.workers().some((w) => w.id === workerId && w.slices.length === 1),
+    "the worker's registration",
+  );
+  return { worker, backbone };
+}
+
 /** The frame as an older encoder wrote it: the canonical entries without `_`, or with `pad` in its place. */
 function asOlder(frame: Frame, pad?: Uint8Array): Uint8Array {
   const o = msgpackDecode(encodeFrame(frame)) as Record<string, unknown>;
@@ -86,13 +98,7 @@ afterAll(async () => {
 
 describe("the relay's padding", () => {
   it("pads an older sender's dispatch and an older worker's result, and fixes padding that no longer fits", async () => {
-    const worker = await peer("worker", "old-worker");
-    worker.send(encodeFrame({ t: "register", v: 1, model: MODEL, layers: [0], experts: [0, 1, 2, 3] }));
-    const backbone = await peer("backbone", "old-backbone");
-    await waitFor(
-      () => listener.relay.workers().some((w) => w.id === "old-worker" && w.slices.length === 1),
-      "the worker's registration",
-    );
+    const { worker, backbone } = await pair("old-worker", "old-backbone", 0);
     const copiedBefore = listener.relay.stats().copied;
     const rand = rng(15);
     for (const [i, n, pad] of [
@@ -132,13 +138,7 @@ describe("the relay's padding", () => {
   });
 
   it("a sender's headroom: rewritten in place (nothing copied), the same values, the tensor aligned", async () => {
-    const worker = await peer("worker", "roomy-worker");
-    worker.send(encodeFrame({ t: "register", v: 1, model: MODEL, layers: [1], experts: [0, 1, 2, 3] }));
-    const backbone = await peer("backbone", "roomy-backbone");
-    await waitFor(
-      () => listener.relay.workers().some((w) => w.id === "roomy-worker" && w.slices.length === 1),
-      "the worker's registration",
-    );
+    const { worker, backbone } = await pair("roomy-worker", "roomy-backbone", 1);
     const copiedBefore = listener.relay.stats().copied;
     const rand = rng(16);
     // request ids of 1, 3 and 5 bytes against the relay's own
