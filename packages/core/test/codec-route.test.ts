@@ -181,6 +181,45 @@ describe("FrameRerouter.rerouteReceived (in place)", () => {
     );
   });
 
+  it("in place writes only the bytes it forwards before the main tensor: any headroom, any patch", () => {
+    const rerouter = new FrameRerouter();
+    fc.assert(
+      fc.property(
+        validFrame.filter((f) => f.t === "dispatch" || f.t === "result"),
+        fc.integer({ min: 0, max: 31 }).map((k) => k * 8),
+        fc.integer({ min: 0, max: 0xffff_ffff }),
+        fc.option(peerId, { nil: undefined }),
+        fc.option(peerId, { nil: undefined }),
+        (frame, headroom, id, to, from) => {
+          const received = Uint8Array.from(encodeFrame(frame, { headroom }));
+          const before = Uint8Array.from(received);
+          const patch = { id, to, from };
+          const want = decodeFrame(rerouteFrame(before, patch, MAX));
+          const tensorAt = mainAt(received, frame);
+          const got = rerouter.rerouteReceived(received, patch, MAX);
+          try {
+            expect(decodeFrame(got)).toEqual(want);
+            if (got.buffer !== received.buffer) {
+              expect(Buffer.from(received).equals(Buffer.from(before))).toBe(true); // copied: untouched
+              return;
+            }
+            const at = got.byteOffset - received.byteOffset;
+            // the bytes before the forwarded frame, and the main tensor's data and all after it, are as they came
+            expect(Buffer.from(received.subarray(0, at)).equals(Buffer.from(before.subarray(0, at)))).toBe(
+              true,
+            );
+            expect(
+              Buffer.from(received.subarray(tensorAt)).equals(Buffer.from(before.subarray(tensorAt))),
+            ).toBe(true);
+          } finally {
+            rerouter.release(false);
+          }
+        },
+      ),
+      { numRuns: 300 },
+    );
+  });
+
   it("a frame without room, or with a bin before its main tensor, is copied as reroute does and left as it came", () => {
     const rerouter = new FrameRerouter();
     const y = new Float32Array(64).map((_, i) => i);
