@@ -9,6 +9,9 @@
 // product's own dispatch frames (f32, n_embd 3072, k 8, mode "sum") at 1, 8 and 64 tokens. With the
 // native addon and moeswarm-native-ping built, also "native": the plugin's TLS client -> the
 // worker's native listener computing a real slice (roundtrip-native.ts), timed above its compute.
+// Last, a soak: 3 x 2000 more relay round trips at 64 tokens, the relay's and the worker's CPU per
+// round trip in each window (a storm of full garbage collections shows as a climb; core
+// frame-heap.ts).
 import { type ChildProcess, spawnSync } from "node:child_process";
 import { generateKeyPairSync, randomBytes, X509Certificate } from "node:crypto";
 import { existsSync, mkdirSync, statSync } from "node:fs";
