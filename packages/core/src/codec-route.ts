@@ -307,11 +307,12 @@ function writeInPlace(plan: ReroutePlan, at: number): Uint8Array {
 /**
  * The padding bytes a sender whose peer id is `id` leaves before a dispatch's or result's main
  * tensor (EncodeOptions `headroom`) so that a relay can forward the frame in its own memory: room
- * for the `from` entry the relay adds (the sender's id) and for a request id up to 4 bytes longer.
- * A multiple of 8, so the main tensor stays aligned.
+ * for the `from` entry the relay adds (the sender's id), a request id up to 4 bytes longer, and a
+ * map header 2 bytes longer (15 entries and `from` make 16: fixmap to map16). A multiple of 8, so
+ * the main tensor stays aligned (the alignment itself needs no room: both frames have it).
  */
 export function relayHeadroom(id: string): number {
-  const room = 1 + KEY_FROM.byteLength + strSize(strBytes(id).byteLength) + 4;
+  const room = 1 + KEY_FROM.byteLength + strSize(strBytes(id).byteLength) + 4 + 2;
   return Math.min(MAX_HEADROOM, (room + 7) & ~7);
 }
 

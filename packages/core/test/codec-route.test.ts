@@ -289,6 +289,33 @@ describe("FrameRerouter.rerouteReceived (in place)", () => {
   it("headroom: relayHeadroom fits any peer id; encoders refuse what is not a multiple of 8 up to 248", () => {
     expect(relayHeadroom("b")).toBe(16);
     expect(relayHeadroom("x".repeat(128))).toBe(144);
+    // the tightest case: 15 entries (the relay's `from` makes 16, a map16 header), the id 1 -> 5
+    // bytes, every id length
+    const rerouter = new FrameRerouter();
+    for (let length = 1; length <= 128; length++) {
+      const from = "b".repeat(length);
+      const tight: Frame = {
+        t: "dispatch",
+        v: 1,
+        id: 1,
+        to: "worker7",
+        model: "m",
+        layer: 0,
+        n: 1,
+        embd: 8,
+        dtype: "f32",
+        x: new Float32Array(8).fill(1),
+        k: 1,
+        ids: new Int32Array([0]),
+        mode: "each",
+        deadline: 100,
+      };
+      const received = encodeFrame(tight, { headroom: relayHeadroom(from) });
+      const got = rerouter.rerouteReceived(received, { id: 0xffff_fff0, to: "worker7", from }, MAX);
+      expect(got.buffer, `a ${length}-byte id`).toBe(received.buffer);
+      expect(decodeFrame(got)).toEqual({ ...tight, id: 0xffff_fff0, from });
+      rerouter.release(false);
+    }
     for (const headroom of [1, 250, 256, -8, 0.5])
       expect(() => new FrameEncoder({ headroom })).toThrow(
         expect.objectContaining({ code: "MOESWARM_INVALID_ARGUMENT" }),
