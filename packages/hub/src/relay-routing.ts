@@ -38,8 +38,9 @@ export interface RelayLink {
   emit(event: RelayServerEvent): void;
   sendBytes(peer: Peer, bytes: Uint8Array): boolean;
   /**
-   * Reroutes forwarded frames in their own memory or into reused memory: each is released in a `finally`, kept
-   * when the peer's socket may still hold the bytes (ws writes a server's frames without copying).
+   * Reroutes forwarded frames in their own memory or into reused memory: each is released in a
+   * `finally`, kept when the peer's socket may still hold the bytes (ws writes a server's frames
+   * without copying).
    */
   readonly rerouter: FrameRerouter;
   error(peer: Peer, code: string, msg: string, id?: number, from?: string): void;
