@@ -9,8 +9,8 @@
 // product's own dispatch frames (f32, n_embd 3072, k 8, mode "sum") at 1, 8 and 64 tokens. With the
 // native addon and moeswarm-native-ping built, also "native": the plugin's TLS client -> the
 // worker's native listener computing a real slice (roundtrip-native.ts), timed above its compute.
-// Last, a soak: 3 x 2000 more relay round trips at 64 tokens, the relay's and the worker's CPU per
-// round trip in each window (a storm of full garbage collections shows as a climb; core
+// Last, a soak: 3 x 2000 more relay round trips at 64 tokens, the backbone's, the relay's and the
+// worker's CPU per round trip in each window (a storm of full garbage collections shows as a climb; core
 // frame-heap.ts).
 import { type ChildProcess, spawnSync } from "node:child_process";
 import { generateKeyPairSync, randomBytes, X509Certificate } from "node:crypto";
@@ -126,8 +126,8 @@ async function cpuPerTrip(
 }
 
 /**
- * The relay path at 64 tokens for SOAK_WINDOWS x SOAK_TRIPS round trips: the relay's and the
- * worker's CPU per round trip in each window. A process whose heap is not sized for large frames
+ * The relay path at 64 tokens for SOAK_WINDOWS x SOAK_TRIPS round trips: the backbone's (this
+ * process), the relay's and the worker's CPU per round trip in each window. A process whose heap is not sized for large frames
  * (core frame-heap.ts) climbs to 2-4x its first window's within a few thousand of them.
  */
 async function soak(
@@ -136,20 +136,24 @@ async function soak(
   [relay, worker]: readonly ChildProcess[],
   trip: () => Promise<unknown>,
 ): Promise<void> {
-  const windows: Array<[number, number]> = [];
+  const own = () => {
+    const { user, system } = process.cpuUsage();
+    return user + system;
+  };
+  const cpuNow = async () => [own(), await cpuTime(relay!), await cpuTime(worker!)];
+  const windows: number[][] = [];
   for (let w = 0; w < SOAK_WINDOWS; w++) {
-    const cpu = [await cpuTime(relay!), await cpuTime(worker!)];
+    const before = await cpuNow();
     for (let i = 0; i < SOAK_TRIPS; i++) await trip();
-    windows.push([
-      ((await cpuTime(relay!)) - cpu[0]!) / SOAK_TRIPS,
-      ((await cpuTime(worker!)) - cpu[1]!) / SOAK_TRIPS,
-    ]);
-    const path = `soak: CPU per round trip, relay / worker, trips ${w * SOAK_TRIPS}-${(w + 1) * SOAK_TRIPS}`;
-    rows.push({ path, tokens: 64, "CPU us": `${windows[w]![0].toFixed(0)} / ${windows[w]![1].toFixed(0)}` });
+    const after = await cpuNow();
+    windows.push(after.map((us, i) => (us - before[i]!) / SOAK_TRIPS));
+    const path = `soak: CPU per round trip, backbone / relay / worker, trips ${w * SOAK_TRIPS}-${(w + 1) * SOAK_TRIPS}`;
+    rows.push({ path, tokens: 64, "CPU us": windows[w]!.map((us) => us.toFixed(0)).join(" / ") });
   }
   const [first, last] = [windows[0]!, windows[windows.length - 1]!];
-  ratios["soak: relay CPU per round trip, last/first window, 64 tok"] = last[0] / first[0];
-  ratios["soak: worker CPU per round trip, last/first window, 64 tok"] = last[1] / first[1];
+  ["backbone", "relay", "worker"].forEach((who, i) => {
+    ratios[`soak: ${who} CPU per round trip, last/first window, 64 tok`] = last[i]! / first[i]!;
+  });
 }
 
 /** Microsecond p10/p50/p90 of one-at-a-time round trips of `fn`, for SAMPLE_MS after a warm-up. */
@@ -511,7 +515,8 @@ export const roundtrip: Benchmark = {
           { path: "CPU per round trip: blind relay (3 processes)", tokens: n, "CPU us": blindCpu },
         );
       }
-      await soak(rows, ratios, [relayPeer.child, worker.child], () => viaRelay.request("echo", request(64)));
+      const soakRequest = request(64);
+      await soak(rows, ratios, [relayPeer.child, worker.child], () => viaRelay.request("echo", soakRequest));
       return {
         rows,
         ratios,
@@ -524,7 +529,7 @@ export const roundtrip: Benchmark = {
             : "native: its worker computes a Q8_0 slice (n_embd 3072, n_ff 256, 16 experts); 'compute us' is the p50 of the results' ms, 'overhead us' the p50 of (round trip - the result's ms), 'overhead/floor' that over the held TLS echo floor (the same client and TLS code against an echo in C that holds each answer busy for the worker's compute p50, less that hold: what encrypting, moving the frames and waking the client cost here); goal (issue 15): <= 0.1 ms above compute",
           "the 'interleaved' ratios time the product path and its floor in turn, one round trip each (load on a shared machine falls on both alike); the others time each path in a block of its own",
           `'CPU per round trip': user + system CPU time of the path's three processes over ${CPU_TRIPS} round trips, divided by ${CPU_TRIPS}`,
-          `soak: ${SOAK_WINDOWS} x ${SOAK_TRIPS} more relay round trips at 64 tokens; the relay's and the worker's CPU per round trip in each window (their heaps sized for frames as the executables size them: core tuneHeapForFrames); last/first near 1 means no collection storm`,
+          `soak: ${SOAK_WINDOWS} x ${SOAK_TRIPS} more relay round trips at 64 tokens; the backbone's (this process), the relay's and the worker's CPU per round trip in each window (their heaps sized for frames as the executables size them: core tuneHeapForFrames); last/first near 1 means no collection storm`,
         ],
       };
     } finally {
