@@ -10,8 +10,8 @@
 // native addon and moeswarm-native-ping built, also "native": the plugin's TLS client -> the
 // worker's native listener computing a real slice (roundtrip-native.ts), timed above its compute.
 // Last, a soak: 3 x 2000 more relay round trips at 64 tokens, the backbone's, the relay's and the
-// worker's CPU per round trip in each window (a storm of full garbage collections shows as a climb; core
-// frame-heap.ts).
+// worker's CPU per round trip in each window (a storm of full garbage collections shows as a
+// climb; core frame-heap.ts).
 import { type ChildProcess, spawnSync } from "node:child_process";
 import { generateKeyPairSync, randomBytes, X509Certificate } from "node:crypto";
 import { existsSync, mkdirSync, statSync } from "node:fs";
@@ -109,26 +109,28 @@ const SOAK_TRIPS = 2000;
  * path's processes): the work a path does, which load on a shared machine inflates far less
  * than it inflates the time a round trip waits.
  */
-async function cpuPerTrip(
-  children: readonly ChildProcess[],
-  fn: () => Promise<unknown>,
-  trips = CPU_TRIPS,
-): Promise<number> {
+async function cpuPerTrip(children: readonly ChildProcess[], fn: () => Promise<unknown>): Promise<number> {
   const total = async () => {
-    const own = process.cpuUsage();
-    let us = own.user + own.system;
+    let us = ownCpuTime();
     for (const child of children) us += await cpuTime(child);
     return us;
   };
   const before = await total();
-  for (let i = 0; i < trips; i++) await fn();
-  return ((await total()) - before) / trips;
+  for (let i = 0; i < CPU_TRIPS; i++) await fn();
+  return ((await total()) - before) / CPU_TRIPS;
+}
+
+/** This process's CPU time so far (user + system, microseconds). */
+function ownCpuTime(): number {
+  const { user, system } = process.cpuUsage();
+  return user + system;
 }
 
 /**
  * The relay path at 64 tokens for SOAK_WINDOWS x SOAK_TRIPS round trips: the backbone's (this
- * process), the relay's and the worker's CPU per round trip in each window. A process whose heap is not sized for large frames
- * (core frame-heap.ts) climbs to 2-4x its first window's within a few thousand of them.
+ * process), the relay's and the worker's CPU per round trip in each window. A process whose heap
+ * is not sized for large frames (core frame-heap.ts) climbs to 2-4x its first window's within a
+ * few thousand of them.
  */
 async function soak(
   rows: Row[],
@@ -136,11 +138,7 @@ async function soak(
   [relay, worker]: readonly ChildProcess[],
   trip: () => Promise<unknown>,
 ): Promise<void> {
-  const own = () => {
-    const { user, system } = process.cpuUsage();
-    return user + system;
-  };
-  const cpuNow = async () => [own(), await cpuTime(relay!), await cpuTime(worker!)];
+  const cpuNow = async () => [ownCpuTime(), await cpuTime(relay!), await cpuTime(worker!)];
   const windows: number[][] = [];
   for (let w = 0; w < SOAK_WINDOWS; w++) {
     const before = await cpuNow();

@@ -3,6 +3,8 @@ import { InvalidArgumentError, ProtocolError } from "./errors.js";
 import {
   DEFAULT_MAX_FRAME_BYTES,
   type FrameType,
+  MAIN_TENSOR_ALIGN,
+  MAX_HEADROOM,
   type QuantizedActivationDtype,
   quantizedActivationBytes,
 } from "./frames.js";
@@ -46,6 +48,17 @@ export function checkMaxFrameBytes(value: number | undefined): number {
   if (value === undefined) return DEFAULT_MAX_FRAME_BYTES;
   if (!Number.isSafeInteger(value) || value < 1 || value > 0xffff_ffff) {
     throw new InvalidArgumentError(`maxFrameBytes must be an integer in 1..2^32-1, got ${String(value)}`);
+  }
+  return value;
+}
+
+/** EncodeOptions `headroom`: a multiple of the main tensor's alignment that the padding can hold. */
+export function checkHeadroom(value: number | undefined): number {
+  if (value === undefined) return 0;
+  if (!Number.isInteger(value) || value < 0 || value > MAX_HEADROOM || value % MAIN_TENSOR_ALIGN !== 0) {
+    throw new InvalidArgumentError(
+      `headroom must be a multiple of ${MAIN_TENSOR_ALIGN} in 0..${MAX_HEADROOM}, got ${String(value)}`,
+    );
   }
   return value;
 }

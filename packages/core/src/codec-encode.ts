@@ -1,7 +1,7 @@
 import { Packr, RESERVE_START_SPACE } from "msgpackr/index-no-eval";
-import { checkMaxFrameBytes } from "./codec-checks.js";
+import { checkHeadroom, checkMaxFrameBytes } from "./codec-checks.js";
 import { validateFrame } from "./codec-validate.js";
-import { holeOf, MAX_HEADROOM, TENSOR_FRAME_TYPES, writeNumber, writeTensorFrame } from "./codec-write.js";
+import { holeOf, TENSOR_FRAME_TYPES, writeNumber, writeTensorFrame } from "./codec-write.js";
 import { InvalidArgumentError, ProtocolError } from "./errors.js";
 import {
   CAPS_FIELDS,
@@ -10,7 +10,6 @@ import {
   FRAME_FIELDS,
   type Frame,
   type FrameType,
-  MAIN_TENSOR_ALIGN,
   PROTOCOL_VERSION,
   type ResultFrame,
 } from "./frames.js";
@@ -203,16 +202,6 @@ export interface EncodeOptions {
    * a peer needs). Decoders skip padding, whatever its length.
    */
   headroom?: number;
-}
-
-function checkHeadroom(value: number | undefined): number {
-  if (value === undefined) return 0;
-  if (!Number.isInteger(value) || value < 0 || value > MAX_HEADROOM || value % MAIN_TENSOR_ALIGN !== 0) {
-    throw new InvalidArgumentError(
-      `headroom must be a multiple of ${MAIN_TENSOR_ALIGN} in 0..${MAX_HEADROOM}, got ${String(value)}`,
-    );
-  }
-  return value;
 }
 
 /**

@@ -1,6 +1,6 @@
-import { MAX_HEADROOM, PAD_ENTRY_BYTES, padBytes, writePad } from "./codec-write.js";
+import { PAD_ENTRY_BYTES, padBytes, writePad } from "./codec-write.js";
 import { ProtocolError } from "./errors.js";
-import { MAIN_TENSOR_KEY, PAD_KEY, PROTOCOL_VERSION } from "./frames.js";
+import { MAIN_TENSOR_KEY, MAX_HEADROOM, PAD_KEY, PROTOCOL_VERSION } from "./frames.js";
 import { Kind, MsgpackReader } from "./msgpack-read.js";
 
 // Forwarding a frame with new routing fields without decoding or re-encoding its payload: the

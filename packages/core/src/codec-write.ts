@@ -168,11 +168,6 @@ export const binHeaderSize = (n: number): number => (n < 0x100 ? 2 : n < 0x1_000
 
 /** The padding entry without padding bytes: its key (fixstr `_`) and a bin 8 header. */
 export const PAD_ENTRY_BYTES = 2 + 2;
-/**
- * The most padding bytes a sender may add for a relay (EncodeOptions `headroom`): the padding is a
- * bin8 of at most 255 bytes, 7 of which alignment may take.
- */
-export const MAX_HEADROOM = 248;
 const PAD_ENTRY_HEAD = [0xa0 | PAD_KEY.length, PAD_KEY.charCodeAt(0), 0xc4];
 
 /**

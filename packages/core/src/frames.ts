@@ -321,6 +321,11 @@ export const MAIN_TENSOR_KEY: Readonly<Partial<Record<FrameType, string>>> = Obj
 });
 /** The alignment (bytes, from the payload's first byte) the padding gives the main tensor's data. */
 export const MAIN_TENSOR_ALIGN = 8;
+/**
+ * The most padding bytes a sender may add for a relay (EncodeOptions `headroom`): the padding is a
+ * bin8 of at most 255 bytes, 7 of which alignment may take.
+ */
+export const MAX_HEADROOM = 248;
 
 /** Fields of the `caps` map of `hello`, in canonical order; all optional. */
 export const CAPS_FIELDS: readonly FieldSpec[] = Object.freeze([
