@@ -6,8 +6,15 @@
 // (the floor of the product's direct path, which is TLS). With `cert` and `key`, `blind-relay`
 // serves TLS too (the floor of the relay as the hub serves it), and `blind-worker` dials wss.
 // The floors are stock `ws` clients: random masks, masked and unmasked on every hop.
+// With `codec`, `blind-relay` and `blind-worker` do what the protocol itself asks of them and no
+// more (the "codec chain"): the relay validates each frame it forwards (core's decodeFrame, raw,
+// as the hub's relay does) and forwards the bytes it received, and the worker decodes each
+// dispatch and answers with a result frame encoded into reused memory (FrameEncoder), sent with a
+// zero mask as relay-client sends over TLS. No routing, no request tables, no deadlines: the
+// product's relay path over it is what the product's own plumbing costs.
 import { createServer as createHttpsServer } from "node:https";
 import { createServer, type Socket } from "node:net";
+import { type DispatchFrame, decodeFrame, FrameEncoder, PROTOCOL_VERSION } from "@moeswarm/core";
 import { WebSocket, WebSocketServer } from "ws";
 import { onParentMessage } from "./children.js";
 
@@ -15,6 +22,8 @@ interface Args {
   mode: "node-echo" | "ws-echo" | "wss-echo" | "blind-relay" | "blind-worker";
   /** blind-worker: the blind relay's worker URL. */
   url?: string;
+  /** blind-relay, blind-worker: the codec chain (validate, decode and encode; see above). */
+  codec?: boolean;
   /** wss-echo, blind-relay: PEM certificate and key. */
   cert?: string;
   key?: string;
@@ -68,6 +77,23 @@ async function wsServer(onConnection: (ws: WebSocket, path: string) => void): Pr
   return ((https ?? wss).address() as { port: number }).port;
 }
 
+/**
+ * The codec chain's worker: each dispatch decoded, its `x` answered as `y` in a result frame. An
+ * encoder's memory is used again once ws has written it (a zero mask sends the bytes themselves).
+ */
+function codecEcho(ws: WebSocket): (data: Buffer) => void {
+  const free: FrameEncoder[] = [];
+  return (data) => {
+    const d = decodeFrame(data, { maxFrameBytes: MAX }) as DispatchFrame;
+    const { id, mode, n, k, embd } = d;
+    const y = d.x as Float32Array;
+    const encoder = free.pop() ?? new FrameEncoder({ maxFrameBytes: MAX });
+    encoder.encode({ t: "result", v: PROTOCOL_VERSION, id, mode, n, k, embd, y }, (bytes) =>
+      ws.send(bytes, () => free.push(encoder)),
+    );
+  };
+}
+
 async function main(): Promise<void> {
   let port: number;
   if (args.mode === "blind-worker") {
@@ -77,12 +103,13 @@ async function main(): Promise<void> {
       perMessageDeflate: false,
       maxPayload: MAX,
       rejectUnauthorized: false,
+      ...(args.codec ? { generateMask: (mask: Buffer) => mask.fill(0) } : {}),
     });
     await new Promise<void>((resolve, reject) => {
       ws.once("open", () => resolve());
       ws.once("error", reject);
     });
-    ws.on("message", (data: Buffer) => ws.send(data));
+    ws.on("message", args.codec ? codecEcho(ws) : (data: Buffer) => ws.send(data));
     process.send?.({ ready: "1" });
     onParentMessage(() => process.exit(0));
     return;
@@ -95,12 +122,19 @@ async function main(): Promise<void> {
     let worker: WebSocket | undefined;
     let backbone: WebSocket | undefined;
     port = await wsServer((ws, path) => {
+      const validate = (data: Buffer) => args.codec && decodeFrame(data, { maxFrameBytes: MAX, raw: true });
       if (path === "/worker") {
         worker = ws;
-        ws.on("message", (data: Buffer) => backbone?.send(data));
+        ws.on("message", (data: Buffer) => {
+          validate(data);
+          backbone?.send(data);
+        });
       } else {
         backbone = ws;
-        ws.on("message", (data: Buffer) => worker?.send(data));
+        ws.on("message", (data: Buffer) => {
+          validate(data);
+          worker?.send(data);
+        });
       }
     });
   }

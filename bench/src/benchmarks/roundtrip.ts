@@ -12,13 +12,23 @@
 // Last, a soak: 3 x 2000 more relay round trips at 64 tokens, the backbone's, the relay's and the
 // worker's CPU per round trip in each window (a storm of full garbage collections shows as a
 // climb; core frame-heap.ts). The goals' ratios (each product path over its floor, the direct
-// link over TLS included) come from interleaved passes: their median, each pass's in a row.
+// link over TLS included) come from interleaved passes: their median, each pass's in a row. A
+// "codec chain" over TLS (the blind relay and its ends doing only the protocol's encoding,
+// validation and decoding; roundtrip-peer.ts) splits the relay's ratio into what that work costs
+// and what the product's own plumbing adds.
 import { type ChildProcess, spawnSync } from "node:child_process";
 import { generateKeyPairSync, randomBytes, X509Certificate } from "node:crypto";
 import { existsSync, mkdirSync, statSync } from "node:fs";
 import { connect, type Socket } from "node:net";
 import { fileURLToPath } from "node:url";
-import { dispatchFrame, encodeFrame, isMoeswarmError, sleep } from "@moeswarm/core";
+import {
+  decodeFrame,
+  dispatchFrame,
+  encodeFrame,
+  FrameEncoder,
+  isMoeswarmError,
+  sleep,
+} from "@moeswarm/core";
 import { mintToken } from "@moeswarm/hub";
 import {
   connectRelay,
@@ -80,44 +90,36 @@ async function timeOne(fn: () => Promise<unknown>, into: number[]): Promise<void
 }
 
 /**
- * A product path and its floor timed in turn, one round trip each, for SAMPLE_MS: on a shared
- * machine, load that comes and goes falls on both alike, which separate blocks of samples
- * (`spread`) do not promise.
+ * Paths timed in turn, one round trip each, for SAMPLE_MS (a product path and its floor, or a
+ * product path and two floors): on a shared machine, load that comes and goes falls on all of
+ * them alike, which separate blocks of samples (`spread`) do not promise. The p50 of each.
  */
-async function interleaved(
-  product: () => Promise<unknown>,
-  floor: () => Promise<unknown>,
-): Promise<{ product: Spread; floor: Spread }> {
-  for (let i = 0; i < 30; i++) {
-    await product();
-    await floor();
-  }
-  const a: number[] = [];
-  const b: number[] = [];
+async function interleaved(paths: ReadonlyArray<() => Promise<unknown>>): Promise<number[]> {
+  for (let i = 0; i < 30; i++) for (const trip of paths) await trip();
+  const us = paths.map((): number[] => []);
   const end = performance.now() + SAMPLE_MS;
-  while ((a.length < 50 || performance.now() < end) && a.length < MAX_SAMPLES) {
-    await timeOne(product, a);
-    await timeOne(floor, b);
+  while ((us[0]!.length < 50 || performance.now() < end) && us[0]!.length < MAX_SAMPLES) {
+    for (let j = 0; j < paths.length; j++) await timeOne(paths[j]!, us[j]!);
   }
-  return { product: spreadOf(a), floor: spreadOf(b) };
+  return us.map((samples) => spreadOf(samples).p50);
 }
 
 /**
- * `interleaved` PASSES times over: the p50 ratio of each pass, and their median. One pass can
- * land on a stretch where the machine's other tenants take a core; the median of several does
- * not hang on one.
+ * `interleaved` PASSES times over; `ratios` names the ratios wanted, as [name, numerator path,
+ * denominator path]: each pass's, and their median. One pass can land on a stretch where the
+ * machine's other tenants take a core; the median of several does not hang on one.
  */
 async function interleavedPasses(
-  product: () => Promise<unknown>,
-  floor: () => Promise<unknown>,
-): Promise<{ ratios: number[]; median: number }> {
-  const ratios: number[] = [];
-  for (let i = 0; i < PASSES; i++) {
-    const pair = await interleaved(product, floor);
-    ratios.push(pair.product.p50 / pair.floor.p50);
-  }
-  const sorted = [...ratios].sort((a, b) => a - b);
-  return { ratios, median: sorted[sorted.length >> 1]! };
+  paths: ReadonlyArray<() => Promise<unknown>>,
+  ratios: ReadonlyArray<readonly [string, number, number]>,
+): Promise<Array<{ name: string; passes: number[]; median: number }>> {
+  const p50s: number[][] = [];
+  for (let i = 0; i < PASSES; i++) p50s.push(await interleaved(paths));
+  return ratios.map(([name, over, under]) => {
+    const passes = p50s.map((p) => p[over]! / p[under]!);
+    const sorted = [...passes].sort((x, y) => x - y);
+    return { name, passes, median: sorted[sorted.length >> 1]! };
+  });
 }
 
 const CPU_TRIPS = 200;
@@ -265,11 +267,48 @@ async function wsClient(url: string): Promise<{ trip(bytes: Uint8Array): Promise
   };
 }
 
+/**
+ * The codec chain's backbone over TLS (roundtrip-peer.ts `codec`): each trip encodes the dispatch
+ * into reused memory, sends it with a zero mask and decodes the result, as relay-client does.
+ */
+async function codecClient(
+  url: string,
+): Promise<{ trip(req: DispatchRequest): Promise<void>; close(): void }> {
+  const ws = new WebSocket(url, {
+    perMessageDeflate: false,
+    maxPayload: MAX,
+    rejectUnauthorized: false,
+    generateMask: (mask: Buffer) => mask.fill(0),
+  });
+  await new Promise<void>((resolve, reject) => {
+    ws.once("open", () => resolve());
+    ws.once("error", reject);
+  });
+  const free: FrameEncoder[] = [];
+  let done: (() => void) | undefined;
+  ws.on("message", (data: Buffer) => {
+    decodeFrame(data, { maxFrameBytes: MAX });
+    done?.();
+  });
+  return {
+    trip: (req) =>
+      new Promise<void>((resolve) => {
+        done = resolve;
+        const encoder = free.pop() ?? new FrameEncoder({ maxFrameBytes: MAX });
+        const frame = dispatchFrame({ id: 1, to: "echo", dtype: "f32", ...req } as never);
+        encoder.encode(frame, (bytes) => ws.send(bytes, () => free.push(encoder)));
+      }),
+    close: () => ws.close(),
+  };
+}
+
 interface TlsRelayPaths {
   /** The product: relay-client -> the hub's relay over TLS -> the echo worker. */
   relay: RelayConnection;
   /** The floor: stock ws clients through the blind relay over TLS. */
   blind: { trip(bytes: Uint8Array): Promise<void>; close(): void };
+  /** The codec chain over TLS: the blind relay and its worker doing the protocol's codec work. */
+  codec: { trip(req: DispatchRequest): Promise<void>; close(): void };
   children: ChildProcess[];
 }
 
@@ -303,7 +342,13 @@ async function startTlsRelayPaths(
   children.push(blindRelay.child);
   const url = `wss://127.0.0.1:${blindRelay.info.port}`;
   children.push((await spawnPeer("roundtrip-peer.ts", { mode: "blind-worker", url: `${url}/worker` })).child);
-  return { relay, blind: await wsClient(`${url}/backbone`), children };
+  const codecRelay = await spawnPeer("roundtrip-peer.ts", { mode: "blind-relay", codec: true, ...tls });
+  children.push(codecRelay.child);
+  const codecUrl = `wss://127.0.0.1:${codecRelay.info.port}`;
+  const codecWorker = { mode: "blind-worker", codec: true, url: `${codecUrl}/worker` };
+  children.push((await spawnPeer("roundtrip-peer.ts", codecWorker)).child);
+  const blind = await wsClient(`${url}/backbone`);
+  return { relay, blind, codec: await codecClient(`${codecUrl}/backbone`), children };
 }
 
 /** Waits until the relay knows the echo worker (it registers after it connects). */
@@ -426,6 +471,7 @@ export const roundtrip: Benchmark = {
       closers.push(
         () => tlsRelay.relay.close(),
         () => tlsRelay.blind.close(),
+        () => tlsRelay.codec.close(),
       );
       const nodeEcho = await spawnPeer("roundtrip-peer.ts", { mode: "node-echo" });
       const wsEcho = await spawnPeer("roundtrip-peer.ts", { mode: "ws-echo" });
@@ -475,6 +521,8 @@ export const roundtrip: Benchmark = {
         paths.push(["product: relay (relay-client -> hub relay -> worker)", relayPath]);
         const blindTlsFloor = await spread(() => tlsRelay.blind.trip(bytes));
         paths.push(["floor: blind Node relay over TLS (TLS relay floor)", blindTlsFloor]);
+        const codecTls = await spread(() => tlsRelay.codec.trip(req));
+        paths.push(["floor: codec chain over TLS (the blind relay validating, its ends encoding)", codecTls]);
         const relayTlsPath = await spread(() => tlsRelay.relay.request("echo", req));
         paths.push(["product: relay over TLS (relay-client -> hub relay, wss -> worker)", relayTlsPath]);
         const cTcp = paths.find(([path]) => path === "floor: C echo, TCP")?.[1];
@@ -506,29 +554,41 @@ export const roundtrip: Benchmark = {
         ratios[`direct link (TLS)/Node wss floor, ${n} tok`] = linkPath.p50 / wssFloor.p50;
         ratios[`direct link (TLS)/relay, ${n} tok`] = linkPath.p50 / relayPath.p50;
         if (c) ratios[`relay/C unix floor, ${n} tok`] = relayPath.p50 / paths[0]![1].p50;
-        const goals: Array<[string, () => Promise<unknown>, () => Promise<unknown>]> = [
-          ["relay/blind-relay floor", () => viaRelay.request("echo", req), () => wsBlind.trip(bytes)],
+        // the TLS relay, its codec chain and its blind floor in one interleaving: the two
+        // ratios that split the first come from the same samples
+        const groups: Array<[Array<() => Promise<unknown>>, Array<[string, number, number]>]> = [
           [
-            "relay (TLS)/blind relay (TLS) floor",
-            () => tlsRelay.relay.request("echo", req),
-            () => tlsRelay.blind.trip(bytes),
+            [() => viaRelay.request("echo", req), () => wsBlind.trip(bytes)],
+            [["relay/blind-relay floor", 0, 1]],
           ],
-          ["direct/Node ws floor", () => direct.request("echo", req), () => wsDirect.trip(bytes)],
           [
-            "direct link (TLS)/Node wss floor",
-            () => product.request("echo", expertReq, call),
-            () => wssDirect.trip(bytes),
+            [
+              () => tlsRelay.relay.request("echo", req),
+              () => tlsRelay.codec.trip(req),
+              () => tlsRelay.blind.trip(bytes),
+            ],
+            [
+              ["relay (TLS)/blind relay (TLS) floor", 0, 2],
+              ["codec chain (TLS)/blind relay (TLS) floor", 1, 2],
+              ["relay (TLS)/codec chain (TLS)", 0, 1],
+            ],
+          ],
+          [[() => direct.request("echo", req), () => wsDirect.trip(bytes)], [["direct/Node ws floor", 0, 1]]],
+          [
+            [() => product.request("echo", expertReq, call), () => wssDirect.trip(bytes)],
+            [["direct link (TLS)/Node wss floor", 0, 1]],
           ],
         ];
-        for (const [name, productTrip, floorTrip] of goals) {
-          const passes = await interleavedPasses(productTrip, floorTrip);
-          ratios[`${name}, interleaved, ${n} tok`] = passes.median;
-          rows.push({
-            path: `interleaved ${name}: ${PASSES} passes`,
-            tokens: n,
-            "overhead/floor": passes.median,
-            passes: passes.ratios.map((r) => r.toFixed(2)).join(" "),
-          });
+        for (const [group, wanted] of groups) {
+          for (const { name, passes, median } of await interleavedPasses(group, wanted)) {
+            ratios[`${name}, interleaved, ${n} tok`] = median;
+            rows.push({
+              path: `interleaved ${name}: ${PASSES} passes`,
+              tokens: n,
+              "overhead/floor": median,
+              passes: passes.map((r) => r.toFixed(2)).join(" "),
+            });
+          }
         }
         const relayCpu = await cpuPerTrip([relayPeer.child, worker.child], () =>
           viaRelay.request("echo", req),
@@ -548,11 +608,12 @@ export const roundtrip: Benchmark = {
         notes: [
           "the relay and direct paths' worker computes nothing (an echo worker), so their overhead = round trip; p50 and p10-p90 of one-at-a-time round trips",
           `goals (issue 15): relay <= 1.2x the blind-relay floor, direct <= 1.2x the Node direct floor${c ? "" : "; no cc: the C floors were not measured"}`,
+          "codec chain over TLS: the blind TLS relay and its ends doing the protocol's own work and nothing more (the relay validates each frame, raw, as the hub's does; the worker decodes each dispatch and encodes its result; the client encodes and decodes; encoders' memory reused, zero masks as relay-client sends): 'codec chain (TLS)/blind relay (TLS)' is what that work costs in the running chain, 'relay (TLS)/codec chain (TLS)' what the product's plumbing (auth, routing, request tables, deadlines, rewriting in place) adds to it",
           "relay over TLS: the hub's relay serving wss, as deployed, against the blind relay over TLS with stock ws clients; the product's clients send over TLS with a zero WebSocket mask (nothing to mask or unmask; docs/protocol.md), the floor's with ws's random masks",
           typeof native === "string"
             ? native
             : "native: its worker computes a Q8_0 slice (n_embd 3072, n_ff 256, 16 experts); 'compute us' is the p50 of the results' ms, 'overhead us' the p50 of (round trip - the result's ms), 'overhead/floor' that over the held TLS echo floor (the same client and TLS code against an echo in C that holds each answer busy for the worker's compute p50, less that hold: what encrypting, moving the frames and waking the client cost here); goal (issue 15): <= 0.1 ms above compute",
-          `the 'interleaved' ratios time the product path and its floor in turn, one round trip each (load on a shared machine falls on both alike), in ${PASSES} passes of ${SAMPLE_MS} ms: the ratio is the passes' median, the 'interleaved ... passes' rows list each pass's; the others time each path in a block of its own`,
+          `the 'interleaved' ratios time the product path and its floor in turn, one round trip each (load on a shared machine falls on both alike; the TLS relay, its codec chain and its blind floor all three in turn), in ${PASSES} passes of ${SAMPLE_MS} ms: the ratio is the passes' median, the 'interleaved ... passes' rows list each pass's; the others time each path in a block of its own`,
           `'CPU per round trip': user + system CPU time of the path's three processes over ${CPU_TRIPS} round trips, divided by ${CPU_TRIPS}`,
           `soak: ${SOAK_WINDOWS} x ${SOAK_TRIPS} more relay round trips at 64 tokens; the backbone's (this process), the relay's and the worker's CPU per round trip in each window (their heaps sized for frames as the executables size them: core tuneHeapForFrames); last/first near 1 means no collection storm`,
         ],
