@@ -554,6 +554,7 @@ export const roundtrip: Benchmark = {
         ratios[`direct link (TLS)/Node wss floor, ${n} tok`] = linkPath.p50 / wssFloor.p50;
         ratios[`direct link (TLS)/relay, ${n} tok`] = linkPath.p50 / relayPath.p50;
         if (c) ratios[`relay/C unix floor, ${n} tok`] = relayPath.p50 / paths[0]![1].p50;
+        ratios[`relay (TLS)/blind relay (TLS) floor, ${n} tok`] = relayTlsPath.p50 / blindTlsFloor.p50;
         // the TLS relay, its codec chain and its blind floor in one interleaving: the two
         // ratios that split the first come from the same samples
         const groups: Array<[Array<() => Promise<unknown>>, Array<[string, number, number]>]> = [
