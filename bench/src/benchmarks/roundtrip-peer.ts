@@ -14,9 +14,10 @@
 // product's relay path over it is what the product's own plumbing costs.
 import { createServer as createHttpsServer } from "node:https";
 import { createServer, type Socket } from "node:net";
-import { type DispatchFrame, decodeFrame, FrameEncoder, PROTOCOL_VERSION } from "@moeswarm/core";
-import { WebSocket, WebSocketServer } from "ws";
+import { type DispatchFrame, decodeFrame, PROTOCOL_VERSION } from "@moeswarm/core";
+import { type WebSocket, WebSocketServer } from "ws";
 import { onParentMessage } from "./children.js";
+import { dialFloor, encodedSender } from "./ws-floor.js";
 
 interface Args {
   mode: "node-echo" | "ws-echo" | "wss-echo" | "blind-relay" | "blind-worker";
@@ -77,20 +78,13 @@ async function wsServer(onConnection: (ws: WebSocket, path: string) => void): Pr
   return ((https ?? wss).address() as { port: number }).port;
 }
 
-/**
- * The codec chain's worker: each dispatch decoded, its `x` answered as `y` in a result frame. An
- * encoder's memory is used again once ws has written it (a zero mask sends the bytes themselves).
- */
+/** The codec chain's worker: each dispatch decoded, its `x` answered as `y` in a result frame. */
 function codecEcho(ws: WebSocket): (data: Buffer) => void {
-  const free: FrameEncoder[] = [];
+  const send = encodedSender(ws);
   return (data) => {
     const d = decodeFrame(data, { maxFrameBytes: MAX }) as DispatchFrame;
     const { id, mode, n, k, embd } = d;
-    const y = d.x as Float32Array;
-    const encoder = free.pop() ?? new FrameEncoder({ maxFrameBytes: MAX });
-    encoder.encode({ t: "result", v: PROTOCOL_VERSION, id, mode, n, k, embd, y }, (bytes) =>
-      ws.send(bytes, () => free.push(encoder)),
-    );
+    send({ t: "result", v: PROTOCOL_VERSION, id, mode, n, k, embd, y: d.x as Float32Array });
   };
 }
 
@@ -99,16 +93,7 @@ async function main(): Promise<void> {
   if (args.mode === "blind-worker") {
     // the far end of the blind relay: echoes each message back through it
     // a wss blind relay's certificate is the bench's own self-signed one
-    const ws = new WebSocket(args.url!, {
-      perMessageDeflate: false,
-      maxPayload: MAX,
-      rejectUnauthorized: false,
-      ...(args.codec ? { generateMask: (mask: Buffer) => mask.fill(0) } : {}),
-    });
-    await new Promise<void>((resolve, reject) => {
-      ws.once("open", () => resolve());
-      ws.once("error", reject);
-    });
+    const ws = await dialFloor(args.url!, args.codec === true);
     ws.on("message", args.codec ? codecEcho(ws) : (data: Buffer) => ws.send(data));
     process.send?.({ ready: "1" });
     onParentMessage(() => process.exit(0));

@@ -21,14 +21,7 @@ import { generateKeyPairSync, randomBytes, X509Certificate } from "node:crypto";
 import { existsSync, mkdirSync, statSync } from "node:fs";
 import { connect, type Socket } from "node:net";
 import { fileURLToPath } from "node:url";
-import {
-  decodeFrame,
-  dispatchFrame,
-  encodeFrame,
-  FrameEncoder,
-  isMoeswarmError,
-  sleep,
-} from "@moeswarm/core";
+import { decodeFrame, dispatchFrame, encodeFrame, isMoeswarmError, sleep } from "@moeswarm/core";
 import { mintToken } from "@moeswarm/hub";
 import {
   connectRelay,
@@ -41,10 +34,10 @@ import {
   selfSignedCertificate,
   signDirectTicket,
 } from "@moeswarm/relay-client";
-import { WebSocket } from "ws";
 import type { Benchmark, Row } from "../harness.js";
 import { cpuTime, spawnPeer as forkPeer, stopChildren } from "./children.js";
 import { type EchoSample, type NativeMeasure, type NativePath, startNativePath } from "./roundtrip-native.js";
+import { dialFloor, encodedSender } from "./ws-floor.js";
 
 const EMBD = 3072;
 const K = 8;
@@ -249,12 +242,7 @@ async function tcpClient(port: number): Promise<{ trip(bytes: Uint8Array): Promi
 }
 
 async function wsClient(url: string): Promise<{ trip(bytes: Uint8Array): Promise<void>; close(): void }> {
-  // the wss floor's certificate is the bench's own self-signed one
-  const ws = new WebSocket(url, { perMessageDeflate: false, maxPayload: MAX, rejectUnauthorized: false });
-  await new Promise<void>((resolve, reject) => {
-    ws.once("open", () => resolve());
-    ws.once("error", reject);
-  });
+  const ws = await dialFloor(url);
   let done: (() => void) | undefined;
   ws.on("message", () => done?.());
   return {
@@ -274,17 +262,8 @@ async function wsClient(url: string): Promise<{ trip(bytes: Uint8Array): Promise
 async function codecClient(
   url: string,
 ): Promise<{ trip(req: DispatchRequest): Promise<void>; close(): void }> {
-  const ws = new WebSocket(url, {
-    perMessageDeflate: false,
-    maxPayload: MAX,
-    rejectUnauthorized: false,
-    generateMask: (mask: Buffer) => mask.fill(0),
-  });
-  await new Promise<void>((resolve, reject) => {
-    ws.once("open", () => resolve());
-    ws.once("error", reject);
-  });
-  const free: FrameEncoder[] = [];
+  const ws = await dialFloor(url, true);
+  const send = encodedSender(ws);
   let done: (() => void) | undefined;
   ws.on("message", (data: Buffer) => {
     decodeFrame(data, { maxFrameBytes: MAX });
@@ -294,9 +273,7 @@ async function codecClient(
     trip: (req) =>
       new Promise<void>((resolve) => {
         done = resolve;
-        const encoder = free.pop() ?? new FrameEncoder({ maxFrameBytes: MAX });
-        const frame = dispatchFrame({ id: 1, to: "echo", dtype: "f32", ...req } as never);
-        encoder.encode(frame, (bytes) => ws.send(bytes, () => free.push(encoder)));
+        send(dispatchFrame({ id: 1, to: "echo", dtype: "f32", ...req } as never));
       }),
     close: () => ws.close(),
   };
