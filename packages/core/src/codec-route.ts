@@ -19,7 +19,6 @@ export interface RoutePatch {
   from?: string | undefined;
 }
 
-const ROUTING_KEYS = ["t", "v", "id", "to", "from"] as const;
 const TE = new TextEncoder();
 const strBytes = (s: string): Uint8Array => TE.encode(s);
 
@@ -34,8 +33,8 @@ function strSize(n: number): number {
   return n < 32 ? 1 + n : n < 0x100 ? 2 + n : 3 + n;
 }
 
-function writeStr(out: Uint8Array, at: number, b: Uint8Array): number {
-  const n = b.byteLength;
+/** Writes a msgpack str of `b` (or its `n` bytes from `from`) at `at`; returns the offset after it. */
+function writeStr(out: Uint8Array, at: number, b: Uint8Array, from = 0, n = b.byteLength): number {
   if (n < 32) out[at++] = 0xa0 | n;
   else if (n < 0x100) {
     out[at++] = 0xd9;
@@ -45,8 +44,21 @@ function writeStr(out: Uint8Array, at: number, b: Uint8Array): number {
     out[at++] = n >>> 8;
     out[at++] = n & 0xff;
   }
-  out.set(b, at);
-  return at + n;
+  return copyBytes(out, at, b, from, from + n);
+}
+
+/**
+ * Copies `src[start, end)` to `out` at `at`; returns the offset after it. Short runs (the routing
+ * fields, the small entries before a main tensor) byte by byte: a subarray for `set` costs more
+ * than copying a few dozen bytes.
+ */
+function copyBytes(out: Uint8Array, at: number, src: Uint8Array, start: number, end: number): number {
+  if (end - start > 64) {
+    out.set(src.subarray(start, end), at);
+    return at + end - start;
+  }
+  for (let i = start; i < end; i++) out[at++] = src[i]!;
+  return at;
 }
 
 function uintSize(v: number): number {
@@ -83,11 +95,11 @@ const MAIN_TENSORS = Object.entries(MAIN_TENSOR_KEY).map(
   ([type, key]) => [strBytes(type), key === "x" ? 2 : 3] as const,
 );
 
-/** The `what` (2 `x`, 3 `y`) of the main tensor of a frame type given as its bytes, or 0 for none. */
-function mainTensorOf(t: Uint8Array): number {
+/** The `what` (2 `x`, 3 `y`) of the main tensor of the frame type `b[at, at + length)`, or 0 for none. */
+function mainTensorOf(b: Uint8Array, at: number, length: number): number {
   next: for (const [type, what] of MAIN_TENSORS) {
-    if (type.byteLength !== t.byteLength) continue;
-    for (let i = 0; i < t.byteLength; i++) if (t[i] !== type[i]) continue next;
+    if (type.byteLength !== length) continue;
+    for (let i = 0; i < length; i++) if (b[at + i] !== type[i]) continue next;
     return what;
   }
   return 0;
@@ -126,7 +138,9 @@ interface ReroutePlan {
   frame: Uint8Array;
   patch: RoutePatch;
   keys: number;
-  t: Uint8Array;
+  /** The frame type's bytes: `frame[tAt, tAt + tLength)`. */
+  tAt: number;
+  tLength: number;
   to: Uint8Array | undefined;
   from: Uint8Array | undefined;
   /**
@@ -139,6 +153,29 @@ interface ReroutePlan {
   binBeforeMain: boolean;
 }
 
+// the entries of the frame being planned, [start, end, what] each (see planReroute); reused, as a
+// relay plans one frame at a time and writes it before planning the next
+let entries = new Int32Array(3 * 32);
+
+/**
+ * What a key is to rerouting, from its bytes: 1 `t`, 2 another routing key (`v`, `id`, `to`,
+ * `from`), 3 the padding key `_`, 4 `x` or `y`, 0 any other. One switch on the length and first
+ * byte: this runs per entry of every forwarded frame.
+ */
+const PAD_BYTE = PAD_KEY.charCodeAt(0);
+
+function keyRole(b: Uint8Array, at: number, length: number): number {
+  const c = b[at]!;
+  if (length === 1) {
+    if (c === 0x74) return 1; // t
+    if (c === 0x76) return 2; // v
+    if (c === PAD_BYTE) return 3;
+    return c === 0x78 || c === 0x79 ? 4 : 0; // x, y
+  }
+  if (length === 2) return (c === 0x69 && b[at + 1] === 0x64) || (c === 0x74 && b[at + 1] === 0x6f) ? 2 : 0;
+  return length === 4 && isKey(b, at, 4, "from") ? 2 : 0;
+}
+
 function planReroute(frame: Uint8Array, patch: RoutePatch, maxFrameBytes: number): ReroutePlan {
   if (!Number.isInteger(patch.id) || patch.id < 0 || patch.id > 0xffff_ffff) {
     throw new ProtocolError("MOESWARM_PROTOCOL_BAD_FIELD", `id ${patch.id} is outside 0..2^32-1`);
@@ -146,37 +183,34 @@ function planReroute(frame: Uint8Array, patch: RoutePatch, maxFrameBytes: number
   const r = new MsgpackReader(frame);
   if (r.head() !== Kind.map) throw new ProtocolError("a frame is a msgpack map");
   const count = r.num;
+  if (entries.length < 3 * count) entries = new Int32Array(3 * count);
   // every entry but the routing fields as [start, end, what] (0 any, 1 padding, 2 `x`, 3 `y`, with
   // the tensor's byte length in `tensorBytes`, 4 another bin); which ones are padding and main is
   // known once `t` is
-  const entries: number[] = [];
+  let n = 0;
   const tensorBytes = [0, 0];
-  let t: Uint8Array | undefined;
+  let tAt = -1;
+  let tLength = 0;
   for (let i = 0; i < count; i++) {
     const start = r.pos;
     if (r.head() !== Kind.str) throw new ProtocolError(`map key at offset ${start} is not a string`);
     const keyAt = r.pos;
-    const keyLength = r.num;
-    r.pos += keyLength;
+    const role = keyRole(frame, keyAt, r.num);
+    r.pos += r.num;
     const valueAt = r.pos;
     const end = r.skip(2);
-    let routing = false;
-    for (const key of ROUTING_KEYS) {
-      if (!isKey(frame, keyAt, keyLength, key)) continue;
-      routing = true;
-      if (key === "t") {
-        r.pos = valueAt;
-        r.head();
-        t = frame.subarray(r.pos, r.pos + r.num);
-        r.pos = end;
-      }
-      break;
+    if (role === 1) {
+      r.pos = valueAt;
+      r.head();
+      tAt = r.pos;
+      tLength = r.num;
+      r.pos = end;
     }
-    if (routing) continue;
+    if (role === 1 || role === 2) continue;
     // (any other bin is 4: a decoded frame's views may point at it, so it is never written over)
     let what = frame[valueAt]! >= 0xc4 && frame[valueAt]! <= 0xc6 ? 4 : 0;
-    if (isKey(frame, keyAt, keyLength, PAD_KEY)) what = 1;
-    else if (keyLength === 1 && (frame[keyAt] === 0x78 || frame[keyAt] === 0x79)) {
+    if (role === 3) what = 1;
+    else if (role === 4) {
       // `x` or `y`: its length, from its bin header (a main tensor of another type is refused below)
       r.pos = valueAt;
       if (r.head() === Kind.bin) {
@@ -185,29 +219,30 @@ function planReroute(frame: Uint8Array, patch: RoutePatch, maxFrameBytes: number
       }
       r.pos = end;
     }
-    entries.push(start, end, what);
+    entries[n++] = start;
+    entries[n++] = end;
+    entries[n++] = what;
   }
-  if (t === undefined)
-    throw new ProtocolError("MOESWARM_PROTOCOL_MISSING_FIELD", "the frame type `t` is missing");
+  if (tAt < 0) throw new ProtocolError("MOESWARM_PROTOCOL_MISSING_FIELD", "the frame type `t` is missing");
   const to = patch.to === undefined ? undefined : peerIdBytes(patch.to);
   const from = patch.from === undefined ? undefined : peerIdBytes(patch.from);
-  let main = mainTensorOf(t);
+  let main = mainTensorOf(frame, tAt, tLength);
   // (a validated dispatch or result has its main tensor; without one, padding is any other entry)
   let found = false;
-  for (let i = 2; i < entries.length; i += 3) found ||= entries[i] === main;
+  for (let i = 2; i < n; i += 3) found ||= entries[i] === main;
   if (!found) main = 0;
   let kept = 0;
-  for (let i = 2; i < entries.length; i += 3) kept += main !== 0 && entries[i] === 1 ? 0 : 1;
+  for (let i = 2; i < n; i += 3) kept += main !== 0 && entries[i] === 1 ? 0 : 1;
   let binBeforeMain = main === 0;
-  for (let i = 2; i < entries.length && entries[i] !== main; i += 3) binBeforeMain ||= entries[i]! >= 2;
+  for (let i = 2; i < n && entries[i] !== main; i += 3) binBeforeMain ||= entries[i]! >= 2;
   const keys = kept + 3 + (to ? 1 : 0) + (from ? 1 : 0) + (main !== 0 ? 1 : 0);
   let size = keys < 16 ? 1 : 3;
-  size += 2 + strSize(t.byteLength) + 2 + uintSize(PROTOCOL_VERSION) + 3 + uintSize(patch.id);
+  size += 2 + strSize(tLength) + 2 + uintSize(PROTOCOL_VERSION) + 3 + uintSize(patch.id);
   if (to) size += 3 + strSize(to.byteLength);
   if (from) size += 5 + strSize(from.byteLength);
   // the kept entries as ranges, adjacent ones merged, the new padding entry before the main tensor
   const ranges: number[] = [];
-  for (let i = 0; i < entries.length; i += 3) {
+  for (let i = 0; i < n; i += 3) {
     const start = entries[i]!;
     const end = entries[i + 1]!;
     const what = entries[i + 2]!;
@@ -231,7 +266,7 @@ function planReroute(frame: Uint8Array, patch: RoutePatch, maxFrameBytes: number
       { details: { size, max: maxFrameBytes } },
     );
   }
-  return { frame, patch, keys, t, to, from, ranges, size, binBeforeMain };
+  return { frame, patch, keys, tAt, tLength, to, from, ranges, size, binBeforeMain };
 }
 
 /**
@@ -239,7 +274,7 @@ function planReroute(frame: Uint8Array, patch: RoutePatch, maxFrameBytes: number
  * the bytes written.
  */
 function writeReroute(plan: ReroutePlan, out: Uint8Array, upTo = plan.ranges.length): Uint8Array {
-  const { frame, patch, keys, t, to, from, ranges } = plan;
+  const { frame, patch, keys, to, from, ranges } = plan;
   let at = 0;
   if (keys < 16) out[at++] = 0x80 | keys;
   else {
@@ -248,7 +283,7 @@ function writeReroute(plan: ReroutePlan, out: Uint8Array, upTo = plan.ranges.len
     out[at++] = keys & 0xff;
   }
   at = writeStr(out, at, KEY_T);
-  at = writeStr(out, at, t);
+  at = writeStr(out, at, frame, plan.tAt, plan.tLength);
   at = writeStr(out, at, KEY_V);
   at = writeUint(out, at, PROTOCOL_VERSION);
   at = writeStr(out, at, KEY_ID);
@@ -266,8 +301,7 @@ function writeReroute(plan: ReroutePlan, out: Uint8Array, upTo = plan.ranges.len
       at = writePad(out, at, ranges[i + 1]!);
       continue;
     }
-    out.set(frame.subarray(ranges[i]!, ranges[i + 1]!), at);
-    at += ranges[i + 1]! - ranges[i]!;
+    at = copyBytes(out, at, frame, ranges[i]!, ranges[i + 1]!);
   }
   return out.byteLength === at ? out : out.subarray(0, at);
 }
@@ -300,7 +334,7 @@ function writeInPlace(plan: ReroutePlan, at: number): Uint8Array {
   const length = plan.ranges[upTo]! - at;
   if (scratch.byteLength < length) scratch = new Uint8Array(length * 2);
   writeReroute(plan, scratch, upTo);
-  plan.frame.set(scratch.subarray(0, length), at);
+  copyBytes(plan.frame, at, scratch, 0, length);
   return plan.frame.subarray(at);
 }
 

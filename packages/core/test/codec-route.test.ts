@@ -3,7 +3,7 @@
 // no difference), the payload bytes are copied untouched, and decodeFrame's `raw` mode leaves
 // x and y as the frame's bytes.
 import fc from "fast-check";
-import { pack } from "msgpackr";
+import { pack, unpack } from "msgpackr";
 import { describe, expect, it } from "vitest";
 import {
   decodeFrame,
@@ -75,6 +75,39 @@ describe("rerouteFrame", () => {
     expect(() =>
       rerouteFrame(bytes, { id: 9, to: "w", from: "b".repeat(100) }, bytes.byteLength + 10),
     ).toThrow(expect.objectContaining({ code: "MOESWARM_PROTOCOL_FRAME_TOO_LARGE" }));
+  });
+});
+
+describe("rerouteFrame: which keys are routing", () => {
+  it("keeps keys that only look like routing, padding or tensor keys, in their order and bytes", () => {
+    // one letter or byte away from t, v, id, to, from, _, x, y: none of them is rewritten or dropped
+    const lookalikes = { tt: 1, i: 2, idx: 3, tO: 4, fro: 5, froM: 6, fromm: 7, __: 8, xx: 9, Y: 10, u: 11 };
+    const x = Buffer.from(new Float32Array(8).fill(0.25).buffer);
+    const bytes = pack({
+      t: "dispatch",
+      v: 1,
+      id: 1,
+      ...lookalikes,
+      to: "w",
+      from: "spoofed",
+      model: "m",
+      layer: 0,
+      n: 1,
+      embd: 8,
+      dtype: "f32",
+      k: 1,
+      ids: Buffer.from(new Int32Array([0]).buffer),
+      x,
+      mode: "each",
+    });
+    const out = unpack(rerouteFrame(bytes, { id: 9, to: "w", from: "b" }, MAX)) as Record<string, unknown>;
+    expect(out).toMatchObject({ t: "dispatch", v: 1, id: 9, to: "w", from: "b", ...lookalikes });
+    const keys = Object.keys(out);
+    expect(keys.slice(0, 5)).toEqual(["t", "v", "id", "to", "from"]);
+    expect(keys.slice(5, 5 + Object.keys(lookalikes).length)).toEqual(Object.keys(lookalikes));
+    // the one padding entry, right before x
+    expect(keys.filter((k) => k === "_")).toHaveLength(1);
+    expect(keys[keys.indexOf("x") - 1]).toBe("_");
   });
 });
 

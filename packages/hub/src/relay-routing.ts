@@ -186,7 +186,8 @@ export function routeAnswer(
   const route = worker.routes.get(frame.id);
   if (!route) return; // late: the route expired or its backbone's connection is gone
   finishRoute(route);
-  answerBackbone(link, route, { ...frame, id: route.origId }, frame.t === "result" ? raw : undefined);
+  // (answerBackbone writes the backbone's own id over the frame's)
+  answerBackbone(link, route, frame, frame.t === "result" ? raw : undefined);
 }
 
 /**
@@ -200,13 +201,16 @@ export function answerBackbone(
   raw?: Uint8Array,
 ): void {
   const backbone = route.backbone;
-  link.emit({
-    type: "routed",
-    from: backbone.id as string,
-    to: route.worker.id as string,
-    outcome: frame.t === "result" ? "result" : frame.code,
-    ms: performance.now() - route.started,
-  });
+  // (the event is built only for a hook that reads it: this runs once per forwarded answer)
+  if (link.s.onEvent) {
+    link.emit({
+      type: "routed",
+      from: backbone.id as string,
+      to: route.worker.id as string,
+      outcome: frame.t === "result" ? "result" : frame.code,
+      ms: performance.now() - route.started,
+    });
+  }
   if (backbone.closed) return;
   let bytes: Uint8Array;
   try {
