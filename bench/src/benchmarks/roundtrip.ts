@@ -21,7 +21,7 @@ import { generateKeyPairSync, randomBytes, X509Certificate } from "node:crypto";
 import { existsSync, mkdirSync, statSync } from "node:fs";
 import { connect, type Socket } from "node:net";
 import { fileURLToPath } from "node:url";
-import { decodeFrame, dispatchFrame, encodeFrame, isMoeswarmError, sleep } from "@moeswarm/core";
+import { decodeFrame, dispatchFrame, encodeFrame, isMoeswarmError, PROTOCOL_VERSION, sleep } from "@moeswarm/core";
 import { mintToken } from "@moeswarm/hub";
 import {
   connectRelay,
@@ -273,7 +273,9 @@ async function codecClient(
     trip: (req) =>
       new Promise<void>((resolve) => {
         done = resolve;
-        send(dispatchFrame({ id: 1, to: "echo", dtype: "f32", ...req } as never));
+        // a literal frame, as relay-client builds it: the encoder validates it once (a builder
+        // would validate it a second time, work the product's client does not do)
+        send({ t: "dispatch", v: PROTOCOL_VERSION, id: 1, to: "echo", dtype: "f32", ...req } as never);
       }),
     close: () => ws.close(),
   };
