@@ -21,7 +21,14 @@ import { generateKeyPairSync, randomBytes, X509Certificate } from "node:crypto";
 import { existsSync, mkdirSync, statSync } from "node:fs";
 import { connect, type Socket } from "node:net";
 import { fileURLToPath } from "node:url";
-import { decodeFrame, dispatchFrame, encodeFrame, isMoeswarmError, PROTOCOL_VERSION, sleep } from "@moeswarm/core";
+import {
+  decodeFrame,
+  dispatchFrame,
+  encodeFrame,
+  isMoeswarmError,
+  PROTOCOL_VERSION,
+  sleep,
+} from "@moeswarm/core";
 import { mintToken } from "@moeswarm/hub";
 import {
   connectRelay,
