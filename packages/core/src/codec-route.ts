@@ -157,22 +157,24 @@ interface ReroutePlan {
 // relay plans one frame at a time and writes it before planning the next
 let entries = new Int32Array(3 * 32);
 
-/**
- * What a key is to rerouting, from its bytes: 1 `t`, 2 another routing key (`v`, `id`, `to`,
- * `from`), 3 the padding key `_`, 4 `x` or `y`, 0 any other. One switch on the length and first
- * byte: this runs per entry of every forwarded frame.
- */
+const T_BYTE = KEY_T[0];
+const V_BYTE = KEY_V[0];
 const PAD_BYTE = PAD_KEY.charCodeAt(0);
 
+/**
+ * What a key is to rerouting, from its bytes: 1 `t`, 2 another routing key (`v`, `id`, `to`,
+ * `from`), 3 the padding key `_`, 4 `x` or `y`, 0 any other. The one-byte keys by one switch on
+ * that byte: this runs per entry of every forwarded frame.
+ */
 function keyRole(b: Uint8Array, at: number, length: number): number {
-  const c = b[at]!;
   if (length === 1) {
-    if (c === 0x74) return 1; // t
-    if (c === 0x76) return 2; // v
+    const c = b[at];
+    if (c === T_BYTE) return 1;
+    if (c === V_BYTE) return 2;
     if (c === PAD_BYTE) return 3;
     return c === 0x78 || c === 0x79 ? 4 : 0; // x, y
   }
-  if (length === 2) return (c === 0x69 && b[at + 1] === 0x64) || (c === 0x74 && b[at + 1] === 0x6f) ? 2 : 0;
+  if (length === 2) return isKey(b, at, 2, "id") || isKey(b, at, 2, "to") ? 2 : 0;
   return length === 4 && isKey(b, at, 4, "from") ? 2 : 0;
 }
 
