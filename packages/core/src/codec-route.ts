@@ -33,8 +33,8 @@ function strSize(n: number): number {
   return n < 32 ? 1 + n : n < 0x100 ? 2 + n : 3 + n;
 }
 
-/** Writes a msgpack str of `b` (or its `n` bytes from `from`) at `at`; returns the offset after it. */
-function writeStr(out: Uint8Array, at: number, b: Uint8Array, from = 0, n = b.byteLength): number {
+/** Writes a msgpack str of `b` (or its `n` bytes from `start`) at `at`; returns the offset after it. */
+function writeStr(out: Uint8Array, at: number, b: Uint8Array, start = 0, n = b.byteLength): number {
   if (n < 32) out[at++] = 0xa0 | n;
   else if (n < 0x100) {
     out[at++] = 0xd9;
@@ -44,7 +44,7 @@ function writeStr(out: Uint8Array, at: number, b: Uint8Array, from = 0, n = b.by
     out[at++] = n >>> 8;
     out[at++] = n & 0xff;
   }
-  return copyBytes(out, at, b, from, from + n);
+  return copyBytes(out, at, b, start, start + n);
 }
 
 /**
