@@ -210,7 +210,18 @@ function rememberString(bytes: Uint8Array, pos: number, value: string): LastStri
   r.pos = pos;
   r.head();
   const end = r.pos + r.num;
-  return end - pos <= REMEMBERED_BYTES ? { encoded: bytes.slice(pos, end), value } : undefined;
+  return end - pos <= REMEMBERED_BYTES ? { encoded: copyOf(bytes, pos, end), value } : undefined;
+}
+
+/**
+ * bytes[start, end) in memory of its own. Not `slice`: a Buffer's `slice` is a view, and a view
+ * would change with memory its owner reuses or rewrites (the relay reroutes frames in place), and
+ * keep that memory alive.
+ */
+function copyOf(bytes: Uint8Array, start: number, end: number): Uint8Array {
+  const out = new Uint8Array(end - start);
+  out.set(bytes.subarray(start, end));
+  return out;
 }
 
 /**
@@ -438,7 +449,7 @@ function decodeTensors(
       // ggml block rows: x stays bytes
       const bytes = quantizedXBytes(o.dtype, n, embd, ctx);
       lengthIs(o, "x", bytes, `n rows of embd values as ${o.dtype} blocks`, ctx);
-      if (!raw && copy) o.x = (o.x as Uint8Array).slice();
+      if (!raw && copy) o.x = copyOf(o.x as Uint8Array, 0, (o.x as Uint8Array).byteLength);
     } else {
       const dtype = o.dtype as keyof typeof ELEMENT_SIZE;
       lengthIs(o, "x", n * embd * ELEMENT_SIZE[dtype], `n*embd*${ELEMENT_SIZE[dtype]} for ${dtype}`, ctx);

@@ -31,7 +31,8 @@ export interface ThreadWorkerSpec {
 /** Transferable whole-buffer copy of a view (a view of part of a buffer is copied first). */
 function own<T extends Float32Array | Float64Array | Int32Array | Uint8Array>(a: T): T {
   if (a.byteOffset === 0 && a.byteLength === a.buffer.byteLength && a.buffer instanceof ArrayBuffer) return a;
-  return a.slice() as T;
+  // not a Buffer's slice(): it is a view, and transferring its buffer would take the caller's whole buffer
+  return (a instanceof Uint8Array ? new Uint8Array(a) : a.slice()) as T;
 }
 
 interface Pending {

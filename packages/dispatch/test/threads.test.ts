@@ -40,6 +40,28 @@ describe("WorkerThreadTransport", () => {
     expect(sum).toHaveLength(hidden.length);
   });
 
+  it("copies a request's Buffer view before transferring it: the caller's buffer stays whole", async () => {
+    await using transport = new WorkerThreadTransport({ a: spec() });
+    const memory = Buffer.alloc(4096, 7);
+    const x = memory.subarray(100, 134); // one q8_0 block, as a Buffer view
+    const request = {
+      model: "tiny",
+      layer: 0,
+      n: 1,
+      embd: 32,
+      dtype: "q8_0" as const,
+      x,
+      k: 1,
+      ids: new Int32Array([0]),
+      mode: "each" as const,
+    };
+    // the reference worker takes no q8_0: the answer does not matter here, the caller's memory does
+    await transport.request("a", request, { signal: new AbortController().signal }).catch(() => {});
+    expect(memory.byteLength).toBe(4096);
+    expect(x.byteLength).toBe(34);
+    expect(x[0]).toBe(7);
+  });
+
   it("a thread that crashes, throws, hangs or answers garbage fails over to the fallback", async () => {
     const want = await dispatchExperts(hidden, routing, {
       layer: 0,
