@@ -14,7 +14,8 @@ export interface Route {
   backbone: Peer;
   worker: Peer;
   started: number;
-  timer: ReturnType<typeof setTimeout>;
+  /** performance.now() at which the relay forgets it (RouteDeadlines). */
+  due: number;
 }
 
 export class Peer {
@@ -30,8 +31,13 @@ export class Peer {
   pingSeq = 0;
   rttMs: number | undefined;
   readonly violations: number[] = [];
-  /** Registered slices by `sliceKey` (model, layers, experts), in the order registered. */
+  /**
+   * Registered slices by `sliceKey` (model, layers, experts), in the order registered: changed
+   * only through setSlice, deleteSlice and clearSlices, which keep the count per model.
+   */
   readonly slices = new Map<string, SliceInfo>();
+  /** Slices per model: a dispatch's model check is one lookup, not a walk of up to 256 slices. */
+  readonly #models = new Map<string, number>();
   draining = false;
   /** Worker side: relay request id -> route. */
   readonly routes = new Map<number, Route>();
@@ -47,11 +53,31 @@ export class Peer {
     readonly remote: string,
     readonly bucket: TokenBucket,
   ) {}
-}
 
-export function servesModel(peer: Peer, model: string): boolean {
-  for (const s of peer.slices.values()) if (s.model === model) return true;
-  return false;
+  /** Whether a registered slice of this worker is of `model`. */
+  servesModel(model: string): boolean {
+    return this.#models.has(model);
+  }
+
+  /** Adds a slice, or replaces the one of the same key (the same model, layers and experts). */
+  setSlice(key: string, slice: SliceInfo): void {
+    if (!this.slices.has(key)) this.#models.set(slice.model, (this.#models.get(slice.model) ?? 0) + 1);
+    this.slices.set(key, slice);
+  }
+
+  deleteSlice(key: string): void {
+    const slice = this.slices.get(key);
+    if (!slice) return;
+    this.slices.delete(key);
+    const left = (this.#models.get(slice.model) ?? 1) - 1;
+    if (left > 0) this.#models.set(slice.model, left);
+    else this.#models.delete(slice.model);
+  }
+
+  clearSlices(): void {
+    this.slices.clear();
+    this.#models.clear();
+  }
 }
 
 /** One slice of a worker: its model, layers and experts (a register frame's identity). */

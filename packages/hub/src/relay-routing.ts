@@ -16,7 +16,8 @@ import {
   traceHop,
 } from "@moeswarm/core";
 import { CLOSE_SLOW_CONSUMER } from "@moeswarm/relay-client";
-import { type Peer, type RelaySettings, type Route, servesModel } from "./relay-peer.js";
+import type { RouteDeadlines } from "./relay-deadlines.js";
+import type { Peer, RelaySettings, Route } from "./relay-peer.js";
 import type { RelayServerEvent, RelayStats } from "./relay-types.js";
 
 // Answers a relay gives for a dispatch it cannot route.
@@ -43,6 +44,8 @@ export interface RelayLink {
    * without copying).
    */
   readonly rerouter: FrameRerouter;
+  /** When routes are forgotten: each is added when forwarded and deleted when finished. */
+  readonly deadlines: RouteDeadlines;
   error(peer: Peer, code: string, msg: string, id?: number, from?: string): void;
   violation(peer: Peer, code: string, msg: string, id?: number): void;
   drop(peer: Peer, code: number, reason: string, destroy: boolean): void;
@@ -81,7 +84,7 @@ export function routeDispatch(link: RelayLink, backbone: Peer, frame: DispatchFr
     refuse("MOESWARM_TRANSPORT_DRAINING", `worker ${frame.to} is draining`);
     return;
   }
-  if (!servesModel(worker, frame.model)) {
+  if (!worker.servesModel(frame.model)) {
     refuse("MOESWARM_TRANSPORT_UNKNOWN_PEER", `worker ${frame.to} has registered no slice of ${frame.model}`);
     return;
   }
@@ -121,19 +124,17 @@ export function routeDispatch(link: RelayLink, backbone: Peer, frame: DispatchFr
       refuse("MOESWARM_TRANSPORT_BACKPRESSURE", `the send queue to worker ${frame.to} is full`);
       return;
     }
+    const started = performance.now();
     const route: Route = {
       relayId,
       origId: frame.id,
       backbone,
       worker,
-      started: performance.now(),
+      started,
       // the backbone gives up at its deadline; the relay forgets the route a little later
-      timer: setTimeout(
-        () => link.guard(() => expireRoute(link, route)),
-        (frame.deadline ?? link.s.requestTimeoutMs) + 1000,
-      ),
+      due: started + (frame.deadline ?? link.s.requestTimeoutMs) + 1000,
     };
-    route.timer.unref?.();
+    link.deadlines.add(route);
     worker.routes.set(relayId, route);
     backbone.outstanding.add(route);
     link.stats.routed++;
@@ -157,15 +158,16 @@ export function routeDispatch(link: RelayLink, backbone: Peer, frame: DispatchFr
   traceHop("hub.out.dispatch", relayId);
 }
 
-export function finishRoute(route: Route): void {
-  clearTimeout(route.timer);
+export function finishRoute(link: RelayLink, route: Route): void {
+  link.deadlines.delete(route);
   route.worker.routes.delete(route.relayId);
   route.backbone.outstanding.delete(route);
 }
 
-function expireRoute(link: RelayLink, route: Route): void {
+/** A route's deadline passed (RouteDeadlines): the backbone is told, the worker's answer will be dropped. */
+export function expireRoute(link: RelayLink, route: Route): void {
   if (route.worker.routes.get(route.relayId) !== route) return;
-  finishRoute(route);
+  finishRoute(link, route);
   answerBackbone(link, route, {
     t: "error",
     v: PROTOCOL_VERSION,
@@ -185,7 +187,7 @@ export function routeAnswer(
   if (frame.id === undefined) return; // a worker's connection-level notice; nothing to route
   const route = worker.routes.get(frame.id);
   if (!route) return; // late: the route expired or its backbone's connection is gone
-  finishRoute(route);
+  finishRoute(link, route);
   // (answerBackbone writes the backbone's own id over the frame's)
   answerBackbone(link, route, frame, frame.t === "result" ? raw : undefined);
 }

@@ -19,8 +19,16 @@ import {
   CLOSE_SHUTDOWN,
 } from "@moeswarm/relay-client";
 import { type WebSocket, WebSocketServer } from "ws";
+import { RouteDeadlines } from "./relay-deadlines.js";
 import { Peer, type RelaySettings, readRelayOptions, sliceKey } from "./relay-peer.js";
-import { answerBackbone, finishRoute, type RelayLink, routeAnswer, routeDispatch } from "./relay-routing.js";
+import {
+  answerBackbone,
+  expireRoute,
+  finishRoute,
+  type RelayLink,
+  routeAnswer,
+  routeDispatch,
+} from "./relay-routing.js";
 import type {
   BackboneInfo,
   Relay,
@@ -62,6 +70,11 @@ export function createRelay(options: RelayOptions): Relay {
 class RelayServer implements Relay {
   readonly path: string;
   readonly #s: RelaySettings;
+  /**
+   * Frames are validated with `raw`: activations and outputs stay the frame's bytes, so a
+   * forwarded frame's payload is never decoded. (One object for every frame.)
+   */
+  readonly #decodeOptions: { readonly maxFrameBytes: number; readonly raw: true };
   /** What relay-routing.ts reaches of this server. */
   readonly #link: RelayLink;
   readonly #wss: WebSocketServer;
@@ -87,6 +100,7 @@ class RelayServer implements Relay {
   constructor(s: RelaySettings) {
     this.#s = s;
     this.path = s.path;
+    this.#decodeOptions = { maxFrameBytes: s.maxFrameBytes, raw: true };
     this.#wss = new WebSocketServer({
       noServer: true,
       // the soft limit (maxFrameBytes) answers with an error frame; this hard one stops a
@@ -107,6 +121,9 @@ class RelayServer implements Relay {
       emit: (event) => this.#emit(event),
       sendBytes: (peer, bytes) => this.#sendBytes(peer, bytes),
       rerouter: new FrameRerouter(),
+      deadlines: new RouteDeadlines(this.#workers, (route) =>
+        this.#guard(() => expireRoute(this.#link, route)),
+      ),
       error: (peer, code, msg, id, from) => this.#error(peer, code, msg, id, from),
       violation: (peer, code, msg, id) => this.#violation(peer, code, msg, id),
       drop: (peer, code, reason, destroy) => this.#drop(peer, code, reason, destroy),
@@ -207,9 +224,14 @@ class RelayServer implements Relay {
       peer.lastSeen = Date.now();
     });
     ws.on("error", noop);
-    ws.on("message", (data: Buffer, isBinary: boolean) =>
-      this.#guard(() => this.#onMessage(peer, data, isBinary)),
-    );
+    ws.on("message", (data: Buffer, isBinary: boolean) => {
+      // #guard without its closure: this runs for every frame
+      try {
+        this.#onMessage(peer, data, isBinary);
+      } catch {
+        // as in #guard
+      }
+    });
     ws.on("close", (code: number, reason: Buffer) =>
       this.#guard(() => this.#drop(peer, code, reason.toString() || "closed by the peer", false)),
     );
@@ -260,7 +282,7 @@ class RelayServer implements Relay {
       this.#stats.backbones = this.#backbones.size;
     }
     for (const route of [...peer.routes.values()]) {
-      finishRoute(route);
+      finishRoute(this.#link, route);
       answerBackbone(this.#link, route, {
         t: "error",
         v: PROTOCOL_VERSION,
@@ -319,7 +341,7 @@ class RelayServer implements Relay {
     let frame: Frame;
     try {
       // raw: activations and outputs stay the frame's bytes; a forwarded frame's payload is never decoded
-      frame = decodeFrame(data, { maxFrameBytes: this.#s.maxFrameBytes, raw: true });
+      frame = decodeFrame(data, this.#decodeOptions);
     } catch (error) {
       if (!isMoeswarmError(error)) throw error;
       const id = typeof error.details?.id === "number" ? error.details.id : undefined;
@@ -379,7 +401,7 @@ class RelayServer implements Relay {
           );
           return;
         }
-        peer.slices.set(key, slice);
+        peer.setSlice(key, slice);
         peer.draining = false;
         this.#emit({
           type: "register",
@@ -411,7 +433,7 @@ class RelayServer implements Relay {
   /** No new dispatches, every slice withdrawn (a later register starts a new set). */
   #setDraining(peer: Peer, reason: string | undefined, by: "worker" | "hub"): void {
     peer.draining = true;
-    peer.slices.clear();
+    peer.clearSlices();
     this.#emit({
       type: "drain",
       id: peer.id as string,
@@ -437,7 +459,7 @@ class RelayServer implements Relay {
     let gone = 0;
     for (const [key, slice] of [...peer.slices]) {
       if (keep(slice)) continue;
-      peer.slices.delete(key);
+      peer.deleteSlice(key);
       gone++;
       this.#error(
         peer,
@@ -571,6 +593,7 @@ class RelayServer implements Relay {
     if (this.#closed) return;
     this.#closed = true;
     clearInterval(this.#sweep);
+    this.#link.deadlines.close();
     const sockets = [...this.#peers].map((p) => p.ws);
     for (const peer of [...this.#peers]) this.#drop(peer, CLOSE_SHUTDOWN, "relay shutting down", false);
     await Promise.all(
