@@ -18,7 +18,13 @@ import { MarketBook } from "./market-book.js";
 import type { MarketHttpContext } from "./market-http.js";
 import { HubMetrics, type RouteLabel } from "./metrics.js";
 import type { ModelInfo } from "./model.js";
-import { createRelay, type Relay, type RelayOptions, type SliceInfo } from "./relay.js";
+import {
+  createRelay,
+  type Relay,
+  type RelayOptions,
+  type RelayServerEvent,
+  type SliceInfo,
+} from "./relay.js";
 import { bannedError, Reputation } from "./reputation.js";
 import { authorize, type RouteContext } from "./routes/context.js";
 import { matchRoute, serveRoute } from "./routes/table.js";
@@ -158,6 +164,18 @@ class HubImpl implements Hub {
   /** The relay's options: the hub's secret, and an event hook that feeds the hub's parts, then the embedder's. */
   #relayOptions(relay: Omit<RelayOptions, "secret"> | undefined): RelayOptions {
     const userRelayEvent = relay?.onEvent;
+    // made once: the hook runs for every answer the relay forwards (its `routed` event)
+    const observers: ReadonlyArray<(event: RelayServerEvent) => void> = [
+      (event) => this.metrics.relayEvent(event),
+      (event) => {
+        if (event.type === "connect") this.#guard?.authenticated(event.remote);
+      },
+      (event) => this.#book.onRelayEvent(event),
+      (event) => this.#marketBook.onRelayEvent(event),
+      (event) => this.#pauses.onRelayEvent(event),
+      (event) => this.#emit({ type: "relay", event }),
+      (event) => userRelayEvent?.(event),
+    ];
     return {
       ...relay,
       secret: this.#s.secret,
@@ -166,17 +184,9 @@ class HubImpl implements Hub {
       admitRegister: (worker, slice) => this.#admitRegister(worker, slice),
       onForward: (forward) => this.#marketBook.ledger.forward(forward),
       onEvent: (event) => {
-        for (const take of [
-          () => this.metrics.relayEvent(event),
-          () => event.type === "connect" && this.#guard?.authenticated(event.remote),
-          () => this.#book.onRelayEvent(event),
-          () => this.#marketBook.onRelayEvent(event),
-          () => this.#pauses.onRelayEvent(event),
-          () => this.#emit({ type: "relay", event }),
-          () => userRelayEvent?.(event),
-        ]) {
+        for (const observe of observers) {
           try {
-            take();
+            observe(event);
           } catch {
             // one observer's failure must not keep the event from the others
           }
