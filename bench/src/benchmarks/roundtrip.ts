@@ -128,20 +128,22 @@ const SOAK_WINDOWS = 3;
 const SOAK_TRIPS = 2000;
 
 /**
- * CPU microseconds one round trip of `fn` costs, summed over this process and `children` (the
- * path's processes): the work a path does, which load on a shared machine inflates far less
- * than it inflates the time a round trip waits.
+ * CPU microseconds one round trip of `fn` costs in this process (the backbone) and in each of
+ * `children` (the path's other processes), in that order: the work a path does, which load on a
+ * shared machine inflates far less than it inflates the time a round trip waits.
  */
-async function cpuPerTrip(children: readonly ChildProcess[], fn: () => Promise<unknown>): Promise<number> {
-  const total = async () => {
-    let us = ownCpuTime();
-    for (const child of children) us += await cpuTime(child);
+async function cpuPerTrip(children: readonly ChildProcess[], fn: () => Promise<unknown>): Promise<number[]> {
+  const each = async () => {
+    const us = [ownCpuTime()];
+    for (const child of children) us.push(await cpuTime(child));
     return us;
   };
-  const before = await total();
+  const before = await each();
   for (let i = 0; i < CPU_TRIPS; i++) await fn();
-  return ((await total()) - before) / CPU_TRIPS;
+  return (await each()).map((us, i) => (us - before[i]!) / CPU_TRIPS);
 }
+
+const sum = (values: readonly number[]) => values.reduce((a, b) => a + b, 0);
 
 /** This process's CPU time so far (user + system, microseconds). */
 function ownCpuTime(): number {
@@ -295,6 +297,8 @@ interface TlsRelayPaths {
   blind: { trip(bytes: Uint8Array): Promise<void>; close(): void };
   /** The codec chain over TLS: the blind relay and its worker doing the protocol's codec work. */
   codec: { trip(req: DispatchRequest): Promise<void>; close(): void };
+  /** Each chain's relay and worker processes (its backbone is this process). */
+  processes: Record<"relay" | "blind" | "codec", [relay: ChildProcess, worker: ChildProcess]>;
   children: ChildProcess[];
 }
 
@@ -327,14 +331,29 @@ async function startTlsRelayPaths(
   const blindRelay = await spawnPeer("roundtrip-peer.ts", { mode: "blind-relay", ...tls });
   children.push(blindRelay.child);
   const url = `wss://127.0.0.1:${blindRelay.info.port}`;
-  children.push((await spawnPeer("roundtrip-peer.ts", { mode: "blind-worker", url: `${url}/worker` })).child);
+  const blindWorker = await spawnPeer("roundtrip-peer.ts", { mode: "blind-worker", url: `${url}/worker` });
+  children.push(blindWorker.child);
   const codecRelay = await spawnPeer("roundtrip-peer.ts", { mode: "blind-relay", codec: true, ...tls });
   children.push(codecRelay.child);
   const codecUrl = `wss://127.0.0.1:${codecRelay.info.port}`;
-  const codecWorker = { mode: "blind-worker", codec: true, url: `${codecUrl}/worker` };
-  children.push((await spawnPeer("roundtrip-peer.ts", codecWorker)).child);
+  const codecWorker = await spawnPeer("roundtrip-peer.ts", {
+    mode: "blind-worker",
+    codec: true,
+    url: `${codecUrl}/worker`,
+  });
+  children.push(codecWorker.child);
   const blind = await wsClient(`${url}/backbone`);
-  return { relay, blind, codec: await codecClient(`${codecUrl}/backbone`), children };
+  return {
+    relay,
+    blind,
+    codec: await codecClient(`${codecUrl}/backbone`),
+    processes: {
+      relay: [relayPeer.child, worker.child],
+      blind: [blindRelay.child, blindWorker.child],
+      codec: [codecRelay.child, codecWorker.child],
+    },
+    children,
+  };
 }
 
 /** Waits until the relay knows the echo worker (it registers after it connects). */
@@ -577,15 +596,29 @@ export const roundtrip: Benchmark = {
             });
           }
         }
-        const relayCpu = await cpuPerTrip([relayPeer.child, worker.child], () =>
-          viaRelay.request("echo", req),
+        const relayCpu = sum(
+          await cpuPerTrip([relayPeer.child, worker.child], () => viaRelay.request("echo", req)),
         );
-        const blindCpu = await cpuPerTrip([blind.child, blindWorker.child], () => wsBlind.trip(bytes));
+        const blindCpu = sum(await cpuPerTrip([blind.child, blindWorker.child], () => wsBlind.trip(bytes)));
         ratios[`relay/blind-relay floor, CPU per round trip, ${n} tok`] = relayCpu / blindCpu;
         rows.push(
           { path: "CPU per round trip: relay (3 processes)", tokens: n, "CPU us": relayCpu },
           { path: "CPU per round trip: blind relay (3 processes)", tokens: n, "CPU us": blindCpu },
         );
+        // the TLS chains process by process: which of the three carries the product's extra work
+        const tlsChains: Array<[string, () => Promise<unknown>, readonly ChildProcess[]]> = [
+          ["relay over TLS", () => tlsRelay.relay.request("echo", req), tlsRelay.processes.relay],
+          ["codec chain over TLS", () => tlsRelay.codec.trip(req), tlsRelay.processes.codec],
+          ["blind relay over TLS", () => tlsRelay.blind.trip(bytes), tlsRelay.processes.blind],
+        ];
+        for (const [name, trip, processes] of tlsChains) {
+          const split = await cpuPerTrip(processes, trip);
+          rows.push({
+            path: `CPU per round trip, backbone / relay / worker: ${name}`,
+            tokens: n,
+            "CPU us": split.map((us) => us.toFixed(0)).join(" / "),
+          });
+        }
       }
       const soakRequest = request(64);
       await soak(rows, ratios, [relayPeer.child, worker.child], () => viaRelay.request("echo", soakRequest));
@@ -601,7 +634,7 @@ export const roundtrip: Benchmark = {
             ? native
             : "native: its worker computes a Q8_0 slice (n_embd 3072, n_ff 256, 16 experts); 'compute us' is the p50 of the results' ms, 'overhead us' the p50 of (round trip - the result's ms), 'overhead/floor' that over the held TLS echo floor (the same client and TLS code against an echo in C that holds each answer busy for the worker's compute p50, less that hold: what encrypting, moving the frames and waking the client cost here); goal (issue 15): <= 0.1 ms above compute",
           `the 'interleaved' ratios time the product path and its floor in turn, one round trip each (load on a shared machine falls on both alike; the TLS relay, its codec chain and its blind floor all three in turn), in ${PASSES} passes of ${SAMPLE_MS} ms: the ratio is the passes' median, the 'interleaved ... passes' rows list each pass's; the others time each path in a block of its own`,
-          `'CPU per round trip': user + system CPU time of the path's three processes over ${CPU_TRIPS} round trips, divided by ${CPU_TRIPS}`,
+          `'CPU per round trip': user + system CPU time of the path's three processes over ${CPU_TRIPS} round trips, divided by ${CPU_TRIPS}; the 'backbone / relay / worker' rows give it per process for the three TLS chains, each timed in a block of its own`,
           `soak: ${SOAK_WINDOWS} x ${SOAK_TRIPS} more relay round trips at 64 tokens; the backbone's (this process), the relay's and the worker's CPU per round trip in each window (their heaps sized for frames as the executables size them: core tuneHeapForFrames); last/first near 1 means no collection storm`,
         ],
       };
