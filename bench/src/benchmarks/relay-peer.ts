@@ -3,7 +3,6 @@
 // (pinning the relay's certificate with `pin`) and also serves the same echo on a direct
 // WebSocket, so both paths end in the same process doing the same work.
 import { decodeFrame, encodeFrame, type Frame, PROTOCOL_VERSION, tuneHeapForFrames } from "@moeswarm/core";
-import { listenRelay } from "@moeswarm/hub";
 import { connectRelay, dialWebSocket, parseDirectKey, serveDirect } from "@moeswarm/relay-client";
 import { WebSocketServer } from "ws";
 import { onParentMessage } from "./children.js";
@@ -34,6 +33,9 @@ function echo(frame: Extract<Frame, { t: "dispatch" }>): Float32Array {
 
 async function main(): Promise<void> {
   if (args.mode === "relay") {
+    // loaded here, not at the top: a worker process (the other mode) does not load the hub's
+    // code, as moeswarm-worker does not
+    const { listenRelay } = await import("@moeswarm/hub");
     const listener = await listenRelay({
       secret: args.secret!,
       maxFrameBytes: MAX,

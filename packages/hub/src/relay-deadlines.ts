@@ -8,9 +8,9 @@ const MAX_TIMER_MS = 0x7fff_ffff;
  * When the relay forgets its routes: one timer for all of them, armed for the earliest deadline,
  * instead of a timer armed and cleared per forwarded dispatch (a timer object, a timer-list
  * insertion and a clock read per frame, on the relay's hottest path). The routes themselves stay
- * where the relay keeps them (each worker's `routes`): a route added is one compare, a route
- * finished nothing at all. When the timer fires it walks the workers' routes, expires every one
- * due by then (the route it was armed for whatever a clock says, as its own timer would have),
+ * where the relay keeps them (each worker's `routes`): a route added or finished costs a compare,
+ * no timer and no entry anywhere. When the timer fires it walks the workers' routes, expires each
+ * one due by then (the route it was armed for whatever a clock says, as its own timer would have),
  * and is armed for the next.
  */
 export class RouteDeadlines {
