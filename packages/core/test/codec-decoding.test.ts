@@ -108,43 +108,6 @@ describe("decodeFrame: what it accepts", () => {
     expect(copied.x.buffer === input.buffer).toBe(false);
   });
 
-  it("reads strings from the bytes it is given, when the memory of an earlier frame is reused", () => {
-    // strings repeated frame after frame are recognised by their bytes; what is remembered must be
-    // a copy, or a Buffer rewritten in place (as the relay reroutes) would answer the old string
-    const dispatch = (model: string, to: string) =>
-      encodeFrame(
-        dispatchFrame({
-          id: 3,
-          to,
-          model,
-          layer: 0,
-          n: 1,
-          embd: 2,
-          dtype: "f32",
-          x: new Float32Array(2),
-          k: 1,
-          ids: new Int32Array([0]),
-          mode: "each",
-        }),
-      );
-    const first = dispatch("model-a", "worker-a");
-    const second = dispatch("model-b", "worker-b");
-    expect(second.byteLength).toBe(first.byteLength);
-    const reused = Buffer.alloc(first.byteLength);
-    reused.set(first);
-    expect(decodeFrame(reused)).toMatchObject({ model: "model-a", to: "worker-a" });
-    reused.set(second);
-    expect(decodeFrame(reused)).toMatchObject({ model: "model-b", to: "worker-b" });
-    const error = (code: string) => encodeFrame(errorFrame({ id: 1, code, msg: "m" }));
-    const e1 = error("MOESWARM_X_AAAA");
-    const e2 = error("MOESWARM_X_BBBB");
-    const memory = Buffer.alloc(e1.byteLength);
-    memory.set(e1);
-    expect(decodeFrame(memory)).toMatchObject({ code: "MOESWARM_X_AAAA" });
-    memory.set(e2);
-    expect(decodeFrame(memory)).toMatchObject({ code: "MOESWARM_X_BBBB" });
-  });
-
   it("gets frames from encodeFrame with the main tensor 8-byte aligned, so they decode without a copy", () => {
     for (const n of [1, 3, 8]) {
       for (const model of ["m", "qwen3-30b-a3b", "x".repeat(40)]) {

@@ -5,6 +5,7 @@ import {
   decodeFrame,
   dispatchFrame,
   encodeFrame,
+  errorFrame,
   FrameEncoder,
   InvalidArgumentError,
   ProtocolError,
@@ -152,6 +153,23 @@ describe("the last-string caches", () => {
     // the same string under another field is that field's
     const a = decodeFrame(encodeFrame(frame("same", "same"))) as DispatchFrame;
     expect([a.model, a.to]).toEqual(["same", "same"]);
+  });
+
+  it("reads each frame's strings from its own bytes when a Buffer is reused or rewritten in place", () => {
+    // what is remembered must be a copy: a Buffer's slice() is a view, which a reused Buffer (or
+    // one the relay reroutes in place) would change under it, answering the older frame's string
+    const first = encodeFrame(frame("model-a", "worker-a"));
+    const second = encodeFrame(frame("model-b", "worker-b"));
+    expect(second.byteLength).toBe(first.byteLength);
+    const memory = Buffer.from(first);
+    expect(decodeFrame(memory)).toMatchObject({ model: "model-a", to: "worker-a" });
+    memory.set(second);
+    expect(decodeFrame(memory)).toMatchObject({ model: "model-b", to: "worker-b" });
+    const error = (code: string) => encodeFrame(errorFrame({ id: 1, code, msg: "m" }));
+    const errors = Buffer.from(error("MOESWARM_X_AAAA"));
+    expect(decodeFrame(errors)).toMatchObject({ code: "MOESWARM_X_AAAA" });
+    errors.set(error("MOESWARM_X_BBBB"));
+    expect(decodeFrame(errors)).toMatchObject({ code: "MOESWARM_X_BBBB" });
   });
 
   it("still refuses what the rules refuse after the same field accepted a string", () => {
