@@ -19,6 +19,7 @@ export {
 } from "./codec.js";
 export { FrameRerouter, type RoutePatch, relayHeadroom, rerouteFrame } from "./codec-route.js";
 export { describeError } from "./describe-error.js";
+export { type Deadlined, EarliestDeadline } from "./earliest-deadline.js";
 export { ERROR_CODES, type ErrorCode, isErrorCode } from "./error-codes.js";
 export {
   AbortError,

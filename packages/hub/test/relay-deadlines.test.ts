@@ -74,6 +74,16 @@ describe("RouteDeadlines", () => {
     expect(expired).toEqual([7]);
   });
 
+  it("keeps a route with the largest deadline a dispatch may carry (2^32 - 1 ms), past setTimeout's limit", () => {
+    // the relay's timer per route fired at once for such a deadline (setTimeout overflow)
+    const { expired, add } = relay();
+    add(1, 0xffff_ffff + 1000);
+    vi.advanceTimersByTime(60_000);
+    expect(expired).toEqual([]);
+    vi.advanceTimersByTime(0xffff_ffff);
+    expect(expired).toEqual([1]);
+  });
+
   it("close stops the timer and expires nothing more", () => {
     const { deadlines, expired, add } = relay();
     add(1, 10);

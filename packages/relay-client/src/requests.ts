@@ -1,5 +1,6 @@
 import {
   abortReason,
+  EarliestDeadline,
   errorFromCode,
   isQuantizedActivationDtype,
   ProtocolError,
@@ -77,11 +78,8 @@ export class RequestTable {
   readonly #writer: FrameWriter;
   /** What the link's peer is called in errors ("the relay", or a worker on its direct link). */
   readonly #peer: string;
-  /** The one deadline timer, the time it fires at and the request it was armed for. */
-  #timer: ReturnType<typeof setTimeout> | undefined;
-  #timerDue = Number.POSITIVE_INFINITY;
-  #timerFor: Pending | undefined;
-  readonly #sweep = () => this.#expire();
+  /** The one deadline timer; it holds the process open while requests wait. */
+  readonly #deadline = new EarliestDeadline<Pending>((armedFor, at) => this.#expire(armedFor, at));
 
   /** `writer` encodes the dispatches (and enforces maxFrameBytes). */
   constructor(writer: FrameWriter, peer = "the relay") {
@@ -134,8 +132,8 @@ export class RequestTable {
     executing = undefined;
     this.#pending.set(id, p);
     signal?.addEventListener("abort", p, ONCE);
-    if (p.due < this.#timerDue) this.#arm(p, now);
-    else if (this.#pending.size === 1) this.#timer?.ref();
+    if (this.#pending.size === 1) this.#deadline.hold(true);
+    this.#deadline.offer(p, now);
     try {
       link.send(bytes, sent);
     } catch (error) {
@@ -146,25 +144,12 @@ export class RequestTable {
     return promise;
   }
 
-  /** (Re)arms the one timer for `p`'s deadline. */
-  #arm(p: Pending, now: number): void {
-    if (this.#timer !== undefined) clearTimeout(this.#timer);
-    this.#timerDue = p.due;
-    this.#timerFor = p;
-    this.#timer = setTimeout(this.#sweep, Math.max(0, p.due - now));
-  }
-
   /** The timer fired: its request and every other one past its deadline time out. */
-  #expire(): void {
-    const first = this.#timerFor;
-    this.#timer = undefined;
-    this.#timerDue = Number.POSITIVE_INFINITY;
-    this.#timerFor = undefined;
-    const now = performance.now();
+  #expire(armedFor: Pending | undefined, now: number): void {
     let next: Pending | undefined;
     // (deleting the entry being visited is safe in a Map's iteration)
     for (const p of this.#pending.values()) {
-      if (p === first || p.due <= now) {
+      if (p === armedFor || p.due <= now) {
         this.fail(
           p,
           new TransportError(
@@ -177,7 +162,7 @@ export class RequestTable {
         );
       } else if (next === undefined || p.due < next.due) next = p;
     }
-    if (next !== undefined) this.#arm(next, now);
+    if (next !== undefined) this.#deadline.offer(next, now);
   }
 
   /** Takes `p` out of the table (its listener too); the timer stops holding the process when none is left. */
@@ -185,7 +170,8 @@ export class RequestTable {
     if (this.#pending.get(p.id) !== p) return false;
     this.#pending.delete(p.id);
     p.signal?.removeEventListener("abort", p);
-    if (this.#pending.size === 0) this.#timer?.unref();
+    this.#deadline.forget(p);
+    if (this.#pending.size === 0) this.#deadline.hold(false);
     return true;
   }
 

@@ -1,4 +1,5 @@
 import {
+  EarliestDeadline,
   errorToWire,
   filledSlots,
   type InPlaceTensor,
@@ -38,8 +39,6 @@ import {
 // there, without promise jobs (an async one is awaited).
 
 const now = () => performance.now();
-/** setTimeout's largest delay: a longer one fires at once (with a TimeoutOverflowWarning). */
-const MAX_TIMER_MS = 0x7fff_ffff;
 
 /** compactSlots written into `out` (the frame's memory): the filled slots' rows, in slot order. */
 function compactSlotsInto(y: Float32Array, ids: Int32Array, embd: number, out: Float32Array): void {
@@ -289,11 +288,8 @@ export class WorkerServing {
   readonly #o: ServingOptions;
   readonly #incoming = new Map<number, Incoming>();
   readonly #inbox = new Channel<Incoming>({ broadcast: false, limit: 1_000_000 });
-  /** The one deadline timer, the time it fires at and the dispatch it was armed for. */
-  #timer: ReturnType<typeof setTimeout> | undefined;
-  #timerDue = Number.POSITIVE_INFINITY;
-  #timerFor: Incoming | undefined;
-  readonly #sweep = () => this.#expire();
+  /** The one deadline timer (it never holds the process open). */
+  readonly #deadline = new EarliestDeadline<Incoming>((armedFor, at) => this.#expire(armedFor, at));
 
   constructor(options: ServingOptions) {
     this.#o = options;
@@ -318,7 +314,7 @@ export class WorkerServing {
     const t0 = now();
     const inc = new Incoming(frame, from, this, link, t0);
     this.#incoming.set(frame.id, inc);
-    if (inc.due < this.#timerDue) this.#arm(inc, t0);
+    this.#deadline.offer(inc, t0);
     const handler = this.#o.onDispatch;
     if (!handler) {
       this.#inbox.push(inc);
@@ -339,34 +335,12 @@ export class WorkerServing {
     } else inc.answer(answer, t0);
   }
 
-  /** (Re)arms the one timer for `inc`'s deadline; it never holds the process open. */
-  #arm(inc: Incoming, at: number): void {
-    if (this.#timer !== undefined) clearTimeout(this.#timer);
-    const delay = Math.max(0, inc.due - at);
-    this.#timerDue = inc.due;
-    // a deadline past setTimeout's limit (~24.8 days) is swept when it is due, not when the
-    // timer, armed for the limit, fires
-    this.#timerFor = delay <= MAX_TIMER_MS ? inc : undefined;
-    this.#timer = setTimeout(this.#sweep, Math.min(delay, MAX_TIMER_MS));
-    this.#timer.unref?.();
-  }
-
-  #disarm(): void {
-    if (this.#timer !== undefined) clearTimeout(this.#timer);
-    this.#timer = undefined;
-    this.#timerDue = Number.POSITIVE_INFINITY;
-    this.#timerFor = undefined;
-  }
-
   /** The timer fired: its dispatch and every other one past its deadline are aborted and dropped. */
-  #expire(): void {
-    const first = this.#timerFor;
-    this.#disarm();
-    const at = now();
+  #expire(armedFor: Incoming | undefined, at: number): void {
     let next: Incoming | undefined;
     // (deleting the entry being visited is safe in a Map's iteration)
     for (const inc of this.#incoming.values()) {
-      if (inc === first || inc.due <= at) {
+      if (inc === armedFor || inc.due <= at) {
         inc.abort(
           new TransportError("MOESWARM_TRANSPORT_TIMEOUT", `dispatch ${inc.id} outlived its deadline`),
         );
@@ -377,7 +351,7 @@ export class WorkerServing {
         }
       } else if (inc.due < (next?.due ?? Number.POSITIVE_INFINITY)) next = inc;
     }
-    if (next !== undefined) this.#arm(next, at);
+    if (next !== undefined) this.#deadline.offer(next, at);
   }
 
   /**
@@ -391,7 +365,7 @@ export class WorkerServing {
     this.#incoming.delete(self.id);
     // the timer stays armed (re-arming it per answer would cost a timer per dispatch again): when
     // it fires it sweeps whatever is due then; it keeps no answered dispatch (and its frame) alive
-    if (this.#timerFor === self) this.#timerFor = undefined;
+    this.#deadline.forget(self);
     if (!reply) return true;
     try {
       this.#o.send(link, reply);
@@ -413,7 +387,7 @@ export class WorkerServing {
   abortAll(cause: Error): void {
     const incoming = [...this.#incoming.values()];
     this.#incoming.clear();
-    this.#disarm();
+    this.#deadline.stop();
     for (const inc of incoming) {
       inc.done = true;
       inc.abort(new TransportError("MOESWARM_TRANSPORT_CLOSED", "relay connection lost", { cause }));

@@ -100,6 +100,16 @@ describe("RequestTable", () => {
     expect(table.size).toBe(0);
   });
 
+  it("waits out a deadline beyond setTimeout's limit (about 24.8 days) instead of timing out at once", async () => {
+    const { send } = setup();
+    const month = 30 * 24 * 3600 * 1000;
+    const seen = outcomes([send(month)]);
+    await vi.advanceTimersByTimeAsync(60_000);
+    expect(seen()).toEqual(["waiting"]);
+    await vi.advanceTimersByTimeAsync(month - 60_000);
+    expect(seen()).toEqual(["MOESWARM_TRANSPORT_TIMEOUT"]);
+  });
+
   it("resolves answered requests once: a late answer or timer changes nothing, and later deadlines still hold", async () => {
     const { send, table, sent } = setup();
     const a = send(100);
