@@ -132,15 +132,19 @@ const SOAK_TRIPS = 2000;
  * `children` (the path's other processes), in that order: the work a path does, which load on a
  * shared machine inflates far less than it inflates the time a round trip waits.
  */
-async function cpuPerTrip(children: readonly ChildProcess[], fn: () => Promise<unknown>): Promise<number[]> {
+async function cpuPerTrip(
+  children: readonly ChildProcess[],
+  fn: () => Promise<unknown>,
+  trips = CPU_TRIPS,
+): Promise<number[]> {
   const each = async () => {
     const us = [ownCpuTime()];
     for (const child of children) us.push(await cpuTime(child));
     return us;
   };
   const before = await each();
-  for (let i = 0; i < CPU_TRIPS; i++) await fn();
-  return (await each()).map((us, i) => (us - before[i]!) / CPU_TRIPS);
+  for (let i = 0; i < trips; i++) await fn();
+  return (await each()).map((us, i) => (us - before[i]!) / trips);
 }
 
 const sum = (values: readonly number[]) => values.reduce((a, b) => a + b, 0);
@@ -160,16 +164,12 @@ function ownCpuTime(): number {
 async function soak(
   rows: Row[],
   ratios: Record<string, number>,
-  [relay, worker]: readonly ChildProcess[],
+  processes: readonly [relay: ChildProcess, worker: ChildProcess],
   trip: () => Promise<unknown>,
 ): Promise<void> {
-  const cpuNow = async () => [ownCpuTime(), await cpuTime(relay!), await cpuTime(worker!)];
   const windows: number[][] = [];
   for (let w = 0; w < SOAK_WINDOWS; w++) {
-    const before = await cpuNow();
-    for (let i = 0; i < SOAK_TRIPS; i++) await trip();
-    const after = await cpuNow();
-    windows.push(after.map((us, i) => (us - before[i]!) / SOAK_TRIPS));
+    windows.push(await cpuPerTrip(processes, trip, SOAK_TRIPS));
     const path = `soak: CPU per round trip, backbone / relay / worker, trips ${w * SOAK_TRIPS}-${(w + 1) * SOAK_TRIPS}`;
     rows.push({ path, tokens: 64, "CPU us": windows[w]!.map((us) => us.toFixed(0)).join(" / ") });
   }

@@ -219,9 +219,7 @@ function rememberString(bytes: Uint8Array, pos: number, value: string): LastStri
  * keep that memory alive.
  */
 function copyOf(bytes: Uint8Array, start: number, end: number): Uint8Array {
-  const out = new Uint8Array(end - start);
-  out.set(bytes.subarray(start, end));
-  return out;
+  return new Uint8Array(bytes.subarray(start, end));
 }
 
 /**

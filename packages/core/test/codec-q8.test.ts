@@ -66,6 +66,15 @@ describe("q8 activations in dispatch frames", () => {
     });
   }
 
+  it("decoding with copy: true copies x out of a Buffer (whose slice() is a view)", () => {
+    const sent = frame("q8_0", 1, 32, 34);
+    const input = Buffer.from(encodeFrame(sent));
+    const copied = decodeFrame(input, { copy: true }) as DispatchFrame;
+    input.fill(0);
+    expect(Array.from(copied.x as Uint8Array)).toEqual(Array.from(sent.x as Uint8Array));
+    expect(copied.x.buffer === input.buffer).toBe(false);
+  });
+
   it("embd that is not whole blocks is refused", () => {
     expect(codeOf(() => encodeFrame(frame("q8_K", 1, 128, 146)))).toBe("MOESWARM_INVALID_ARGUMENT");
   });
