@@ -13,7 +13,6 @@ import {
   FRAME_FIELDS,
   type Frame,
   type FrameType,
-  isFrameType,
   isQuantizedActivationDtype,
   PROTOCOL_VERSION,
 } from "./frames.js";
@@ -49,11 +48,20 @@ const KEY_NAMES: readonly string[] = [
   ]),
 ];
 const keyId = (key: string): number => KEY_NAMES.indexOf(key);
-const KEYS_BY_LENGTH: Array<Array<[number, Uint8Array]>> = [];
-KEY_NAMES.forEach((key, id) => {
-  const bucket = KEYS_BY_LENGTH[key.length] ?? [];
-  bucket.push([id, Uint8Array.from(key, (c) => c.charCodeAt(0))]);
-  KEYS_BY_LENGTH[key.length] = bucket;
+// A key is found by a hash of its length and first and last bytes, then one compare of its bytes
+// (a chain when two keys share a hash): a map's keys are looked up once per frame each, a dozen
+// or more per dispatch, and a scan of the keys of the same length took a fifth of the decoding.
+const KEY_BYTES: readonly Uint8Array[] = KEY_NAMES.map((key) => Uint8Array.from(key, (c) => c.charCodeAt(0)));
+const KEY_HASH_BITS = 8;
+const keyHash = (bytes: Uint8Array, pos: number, length: number): number =>
+  (length * 0x9e + bytes[pos]! * 31 + bytes[pos + length - 1]! * 7) & ((1 << KEY_HASH_BITS) - 1);
+/** The first key id of each hash (-1: none), and the next id of the same hash after each id. */
+const KEY_CHAIN_HEAD = new Int16Array(1 << KEY_HASH_BITS).fill(-1);
+const KEY_CHAIN_NEXT = new Int16Array(KEY_NAMES.length).fill(-1);
+KEY_BYTES.forEach((encoded, id) => {
+  const h = keyHash(encoded, 0, encoded.length);
+  KEY_CHAIN_NEXT[id] = KEY_CHAIN_HEAD[h]!;
+  KEY_CHAIN_HEAD[h] = id;
 });
 /** Which key ids a frame's map and a `caps` map know (others are skipped). */
 const FRAME_KNOWN = new Uint8Array(KEY_NAMES.length);
@@ -63,9 +71,6 @@ const CAPS_KNOWN = new Uint8Array(KEY_NAMES.length);
 for (const spec of CAPS_FIELDS) CAPS_KNOWN[keyId(spec.key)] = 1;
 const T_ID = keyId("t");
 const V_ID = keyId("v");
-const SPEC_IDS = Object.fromEntries(
-  (Object.keys(FRAME_FIELDS) as FrameType[]).map((t) => [t, FRAME_FIELDS[t].map((s) => keyId(s.key))]),
-) as unknown as Record<FrameType, readonly number[]>;
 const CAPS_SPEC_IDS: readonly number[] = CAPS_FIELDS.map((s) => keyId(s.key));
 // Value offsets by key id (-1: absent) of the frame's map and of its `caps` map; decoding is
 // synchronous, so one of each serves every call.
@@ -73,10 +78,11 @@ const framePositions = new Int32Array(KEY_NAMES.length);
 const capsPositions = new Int32Array(KEY_NAMES.length);
 
 function lookupKey(bytes: Uint8Array, pos: number, length: number): number {
-  const candidates = KEYS_BY_LENGTH[length];
-  if (candidates === undefined) return -1;
-  next: for (const [id, kb] of candidates) {
-    for (let i = 0; i < length; i++) if (bytes[pos + i] !== kb[i]) continue next;
+  if (length === 0) return -1;
+  next: for (let id = KEY_CHAIN_HEAD[keyHash(bytes, pos, length)]!; id >= 0; id = KEY_CHAIN_NEXT[id]!) {
+    const encoded = KEY_BYTES[id]!;
+    if (encoded.length !== length) continue;
+    for (let i = 0; i < length; i++) if (bytes[pos + i] !== encoded[i]) continue next;
     return id;
   }
   return -1;
@@ -129,8 +135,10 @@ export function decodeFrame(bytes: Uint8Array, options: DecodeOptions = {}): Fra
   const tKind = r.head();
   if (tKind !== Kind.str)
     ctx.fail("MOESWARM_PROTOCOL_BAD_FIELD", "t", `must be a string, found ${describeKind(tKind, r)}`);
-  // a type name longer than any known one is unknown; it is not decoded
-  const t = r.num <= 16 ? readUtf8(r.bytes, r.pos, r.num) : undefined;
+  // known types are matched by their bytes; an unknown one's name is decoded for the error only
+  // when it is no longer than any known one
+  const plan = planOf(r.bytes, r.pos, r.num);
+  const t = plan?.t ?? (r.num <= 16 ? readUtf8(r.bytes, r.pos, r.num) : undefined);
   const vPos = fields[V_ID]!;
   if (vPos < 0) ctx.fail("MOESWARM_PROTOCOL_MISSING_FIELD", "v", "the protocol version `v` is missing");
   r.pos = vPos;
@@ -149,18 +157,18 @@ export function decodeFrame(bytes: Uint8Array, options: DecodeOptions = {}): Fra
       { details: { version: r.exact ? r.num : null, supported: [PROTOCOL_VERSION] } },
     );
   }
-  if (!isFrameType(t)) {
+  if (plan === undefined) {
     throw new ProtocolError(
       "MOESWARM_PROTOCOL_UNKNOWN_TYPE",
       `unknown frame type ${t === undefined ? "(a long or non-UTF-8 string)" : JSON.stringify(t)}`,
       { details: { type: t ?? null } },
     );
   }
-  ctx.type = t;
+  const type = plan.t;
+  ctx.type = type;
 
-  const out: Record<string, unknown> = { t, v: PROTOCOL_VERSION };
-  const specs = FRAME_FIELDS[t];
-  const ids = SPEC_IDS[t];
+  const out: Record<string, unknown> = { t: type, v: PROTOCOL_VERSION };
+  const { specs, ids, strings } = plan;
   for (let i = 0; i < specs.length; i++) {
     const spec = specs[i]!;
     const pos = fields[ids[i]!]!;
@@ -168,7 +176,6 @@ export function decodeFrame(bytes: Uint8Array, options: DecodeOptions = {}): Fra
       if (spec.required) ctx.fail("MOESWARM_PROTOCOL_MISSING_FIELD", spec.key, "required field is missing");
       continue;
     }
-    const strings = STRINGS[t];
     let value: unknown = spec.rule.type === "str" ? lastString(r, pos, strings[i]) : undefined;
     if (value === undefined) {
       value = readField(r, pos, spec.rule, spec.key, ctx, maxExpert);
@@ -177,8 +184,8 @@ export function decodeFrame(bytes: Uint8Array, options: DecodeOptions = {}): Fra
     out[spec.key] = value;
     if (spec.key === "id") ctx.id = value as number;
   }
-  decodeTensors(t, out, ctx, options.copy === true, options.raw === true);
-  checkCrossFields(t, out, ctx, maxExpert);
+  decodeTensors(type, out, ctx, options.copy === true, options.raw === true);
+  checkCrossFields(type, out, ctx, maxExpert);
   return out as unknown as Frame;
 }
 
@@ -189,9 +196,39 @@ interface LastString {
   readonly encoded: Uint8Array;
   readonly value: string;
 }
-const STRINGS = Object.fromEntries(
-  (Object.keys(FRAME_FIELDS) as FrameType[]).map((t) => [t, FRAME_FIELDS[t].map(() => undefined)]),
-) as unknown as Record<FrameType, Array<LastString | undefined>>;
+
+/**
+ * What decoding a frame of one type needs, found once per frame by the type's bytes (a keyed
+ * lookup by the type's name per field, with a dozen names seen, cost more than reading the field).
+ * `strings`: the last string accepted per field.
+ */
+interface TypePlan {
+  readonly t: FrameType;
+  readonly encoded: Uint8Array;
+  readonly specs: (typeof FRAME_FIELDS)[FrameType];
+  readonly ids: readonly number[];
+  readonly strings: Array<LastString | undefined>;
+}
+const PLANS: readonly TypePlan[] = (Object.keys(FRAME_FIELDS) as FrameType[]).map((t) => ({
+  t,
+  encoded: Uint8Array.from(t, (c) => c.charCodeAt(0)),
+  specs: FRAME_FIELDS[t],
+  ids: FRAME_FIELDS[t].map((s) => keyId(s.key)),
+  strings: FRAME_FIELDS[t].map(() => undefined),
+}));
+
+/** The plan of the frame type whose name is `bytes[pos, pos + length)`, if it is one. */
+function planOf(bytes: Uint8Array, pos: number, length: number): TypePlan | undefined {
+  next: for (let p = 0; p < PLANS.length; p++) {
+    const plan = PLANS[p]!;
+    const encoded = plan.encoded;
+    if (encoded.length !== length) continue;
+    for (let i = 0; i < length; i++) if (bytes[pos + i] !== encoded[i]) continue next;
+    return plan;
+  }
+  return undefined;
+}
+
 const REMEMBERED_BYTES = 64;
 
 /** The string at `pos` if its encoding (header included) is the last one accepted. */

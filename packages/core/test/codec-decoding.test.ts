@@ -41,6 +41,28 @@ describe("decodeFrame: what it accepts", () => {
     expect(frame.id).toBe(42);
   });
 
+  it("ignores unknown keys that share a known key's length and first and last bytes", () => {
+    // keys are found by a hash of their length and first and last bytes: each look-alike must
+    // still be compared byte by byte, and skipped as unknown
+    const lookalikes = { mxde: "each", exxd: 9, ixs: 7, dxxxxxxe: 1, fxom: "z" };
+    const frame = decodeFrame(pack(rawDispatch(lookalikes))) as DispatchFrame;
+    expect(frame).toMatchObject({ mode: "sum", embd: 3 });
+    expect(Object.keys(frame).sort()).toEqual(Object.keys(rawDispatch()).sort());
+    expect(Array.from(frame.ids)).toEqual([0, 1, 2, -1]);
+  });
+
+  it("matches frame types by every byte: a type name off by one byte or one length is unknown", () => {
+    for (const t of ["dispatch", "result", "ping", "hello", "error"]) {
+      for (const name of [t.slice(0, -1), `${t}x`, `x${t.slice(1)}`, `${t.slice(0, -1)}X`, t.toUpperCase()]) {
+        expect(codeOf(pack({ ...rawDispatch(), t: name })), name).toBe("MOESWARM_PROTOCOL_UNKNOWN_TYPE");
+      }
+    }
+    // a known type's frame decodes with the type's own string (the same for every frame)
+    const a = decodeFrame(pack({ t: "ping", v: 1, seq: 1, ts: 2 }));
+    const b = decodeFrame(pack({ t: "ping", v: 1, seq: 2, ts: 3 }));
+    expect([a.t, b.t]).toEqual(["ping", "ping"]);
+  });
+
   it("ignores unknown keys inside caps too", () => {
     const hello = decodeFrame(
       pack({
