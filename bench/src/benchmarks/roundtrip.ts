@@ -44,6 +44,7 @@ import {
 import type { Benchmark, Row } from "../harness.js";
 import { cpuTime, spawnPeer as forkPeer, stopChildren } from "./children.js";
 import { type EchoSample, type NativeMeasure, type NativePath, startNativePath } from "./roundtrip-native.js";
+import { type Pinner, pinner } from "./pinning.js";
 import { dialFloor, encodedSender } from "./ws-floor.js";
 
 const EMBD = 3072;
@@ -356,6 +357,41 @@ async function startTlsRelayPaths(
   };
 }
 
+/**
+ * The TLS relay's interleaved group (the product, its codec chain, its blind floor) again with
+ * each chain's relay on CPU 1 and its ends on CPU 0; every process is unpinned after.
+ */
+async function pinnedTlsRelay(
+  pins: Pinner,
+  paths: TlsRelayPaths,
+  [group, wanted]: [Array<() => Promise<unknown>>, Array<[string, number, number]>],
+  n: number,
+  ratios: Record<string, number>,
+): Promise<Row[]> {
+  const chains = [paths.processes.relay, paths.processes.codec, paths.processes.blind];
+  const pids = [process.pid, ...chains.flat().map((child) => child.pid!)];
+  try {
+    pins.pin(process.pid, 0);
+    for (const [relay, worker] of chains) {
+      pins.pin(relay.pid!, 1);
+      pins.pin(worker.pid!, 0);
+    }
+    const rows: Row[] = [];
+    for (const { name, passes, median } of await interleavedPasses(group, wanted)) {
+      ratios[`${name}, pinned, ${n} tok`] = median;
+      rows.push({
+        path: `pinned ${name}: ${PASSES} passes`,
+        tokens: n,
+        "overhead/floor": median,
+        passes: passes.map((r) => r.toFixed(2)).join(" "),
+      });
+    }
+    return rows;
+  } finally {
+    for (const pid of pids) pins.unpin(pid);
+  }
+}
+
 /** Waits until the relay knows the echo worker (it registers after it connects). */
 async function untilRegistered(relay: RelayConnection): Promise<void> {
   for (let i = 0; ; i++) {
@@ -501,6 +537,7 @@ export const roundtrip: Benchmark = {
 
       const rows: Row[] = [];
       const ratios: Record<string, number> = {};
+      const pins = pinner();
       for (const n of TOKENS) {
         const req = request(n);
         const bytes = frameBytes(req);
@@ -596,6 +633,9 @@ export const roundtrip: Benchmark = {
             });
           }
         }
+        if (typeof pins !== "string") {
+          rows.push(...(await pinnedTlsRelay(pins, tlsRelay, groups[1]!, n, ratios)));
+        }
         const relayCpu = sum(
           await cpuPerTrip([relayPeer.child, worker.child], () => viaRelay.request("echo", req)),
         );
@@ -635,6 +675,9 @@ export const roundtrip: Benchmark = {
             : "native: its worker computes a Q8_0 slice (n_embd 3072, n_ff 256, 16 experts); 'compute us' is the p50 of the results' ms, 'overhead us' the p50 of (round trip - the result's ms), 'overhead/floor' that over the held TLS echo floor (the same client and TLS code against an echo in C that holds each answer busy for the worker's compute p50, less that hold: what encrypting, moving the frames and waking the client cost here); goal (issue 15): <= 0.1 ms above compute",
           `the 'interleaved' ratios time the product path and its floor in turn, one round trip each (load on a shared machine falls on both alike; the TLS relay, its codec chain and its blind floor all three in turn), in ${PASSES} passes of ${SAMPLE_MS} ms: the ratio is the passes' median, the 'interleaved ... passes' rows list each pass's; the others time each path in a block of its own`,
           `'CPU per round trip': user + system CPU time of the path's three processes over ${CPU_TRIPS} round trips, divided by ${CPU_TRIPS}; the 'backbone / relay / worker' rows give it per process for the three TLS chains, each timed in a block of its own`,
+          typeof pins === "string"
+            ? `no pinned passes: ${pins}`
+            : "pinned: the TLS relay, its codec chain and its blind floor interleaved again with each chain's relay on CPU 1 and everything else (this process, the workers) on CPU 0: unpinned, the scheduler moves the three processes of a chain between the CPUs and each move costs one its caches, which weighs most on the process that touches the most code per frame (bench/src/benchmarks/pinning.ts)",
           `soak: ${SOAK_WINDOWS} x ${SOAK_TRIPS} more relay round trips at 64 tokens; the backbone's (this process), the relay's and the worker's CPU per round trip in each window (their heaps sized for frames as the executables size them: core tuneHeapForFrames); last/first near 1 means no collection storm`,
         ],
       };
