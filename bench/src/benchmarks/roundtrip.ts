@@ -43,8 +43,8 @@ import {
 } from "@moeswarm/relay-client";
 import type { Benchmark, Row } from "../harness.js";
 import { cpuTime, spawnPeer as forkPeer, stopChildren } from "./children.js";
-import { type EchoSample, type NativeMeasure, type NativePath, startNativePath } from "./roundtrip-native.js";
 import { type Pinner, pinner } from "./pinning.js";
+import { type EchoSample, type NativeMeasure, type NativePath, startNativePath } from "./roundtrip-native.js";
 import { dialFloor, encodedSender } from "./ws-floor.js";
 
 const EMBD = 3072;
