@@ -44,6 +44,7 @@ import {
 import type { Benchmark, Row } from "../harness.js";
 import { cpuTime, spawnPeer as forkPeer, stopChildren } from "./children.js";
 import { type Pinner, pinner } from "./pinning.js";
+import { goalLines } from "./roundtrip-goals.js";
 import { type EchoSample, type NativeMeasure, type NativePath, startNativePath } from "./roundtrip-native.js";
 import { dialFloor, encodedSender } from "./ws-floor.js";
 
@@ -670,6 +671,7 @@ export const roundtrip: Benchmark = {
         rows,
         ratios,
         notes: [
+          ...goalLines(ratios, TOKENS),
           "the relay and direct paths' worker computes nothing (an echo worker), so their overhead = round trip; p50 and p10-p90 of one-at-a-time round trips",
           `goals (issue 15): relay <= 1.2x the blind-relay floor, direct <= 1.2x the Node direct floor${c ? "" : "; no cc: the C floors were not measured"}`,
           "codec chain over TLS: the blind TLS relay and its ends doing the protocol's own work and nothing more (the relay validates each frame, raw, as the hub's does; the worker decodes each dispatch and encodes its result; the client encodes and decodes; encoders' memory reused, zero masks as relay-client sends): 'codec chain (TLS)/blind relay (TLS)' is what that work costs in the running chain, 'relay (TLS)/codec chain (TLS)' what the product's plumbing (auth, routing, request tables, deadlines, rewriting in place) adds to it",
