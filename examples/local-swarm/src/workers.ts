@@ -3,6 +3,7 @@ import { createRequire } from "node:module";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { pathToFileURL } from "node:url";
+import { frameAllocatorEnv } from "@moeswarm/core";
 import { type WorkerEvent, workerCliPath } from "@moeswarm/worker";
 
 /** What the demo learns about one worker process from its `--json` event lines. */
@@ -97,7 +98,8 @@ export function spawnWorkers(options: SpawnWorkersOptions): WorkerView[] {
         ...(options.native === false ? [] : ["--listen-native", "127.0.0.1:0"]),
         "--json",
       ],
-      { stdio: ["ignore", "pipe", "pipe"] },
+      // glibc malloc tuned for large frames, as docs/deploy.md has operators start a worker
+      { stdio: ["ignore", "pipe", "pipe"], env: frameAllocatorEnv() },
     );
     const view: WorkerView = {
       id,

@@ -51,6 +51,7 @@ export type {
   ExpertResult,
   ExpertTransport,
 } from "./expert-contract.js";
+export { FRAME_MALLOC_TUNABLES, frameAllocatorEnv, hasFrameAllocatorEnv } from "./frame-allocator.js";
 export {
   dispatchFrame,
   drainFrame,
