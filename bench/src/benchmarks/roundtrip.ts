@@ -161,10 +161,12 @@ function ownCpuTime(): number {
  * The relay path at 64 tokens for SOAK_WINDOWS x SOAK_TRIPS round trips: the backbone's (this
  * process), the relay's and the worker's CPU per round trip in each window. A process whose heap
  * is not sized for large frames (core frame-heap.ts) climbs to 2-4x its first window's within a
- * few thousand of them. One window's worth of round trips runs first, untimed: V8 optimizes a
- * function called once per message only after some thousands of calls (its tier-up budget counts
- * the bytecode it ran), and a run without 64-token rounds before the soak would otherwise time
- * the large-frame code's warm-up in its first window (1.5-2x the later ones' CPU in the worker).
+ * few thousand of them. One window's worth of round trips runs first, untimed: a run without
+ * 64-token rounds before the soak would otherwise time their warm-up in its first window (1.3-2x
+ * the later ones' CPU): V8 optimizing the large-frame code (it optimizes a function called once
+ * per message only after some thousands of calls: its tier-up budget counts the bytecode it ran;
+ * the relay's first 1000 such trips saw 53 optimizations and 49 deoptimizations, its third 3) and
+ * the C heap growing to hold the frames.
  */
 async function soak(
   rows: Row[],
@@ -684,7 +686,7 @@ export const roundtrip: Benchmark = {
           typeof pins === "string"
             ? `no pinned passes: ${pins}`
             : "pinned: the TLS relay, its codec chain and its blind floor interleaved again with each chain's relay on CPU 1 and everything else (this process, the workers) on CPU 0: unpinned, the scheduler moves the three processes of a chain between the CPUs and each move costs one its caches, which weighs most on the process that touches the most code per frame (bench/src/benchmarks/pinning.ts)",
-          `soak: ${SOAK_WINDOWS} x ${SOAK_TRIPS} more relay round trips at 64 tokens, after ${SOAK_TRIPS} untimed ones (V8's warm-up of the large-frame code); the backbone's (this process), the relay's and the worker's CPU per round trip in each window (their heaps sized for frames as the executables size them: core tuneHeapForFrames); last/first near 1 means no collection storm`,
+          `soak: ${SOAK_WINDOWS} x ${SOAK_TRIPS} more relay round trips at 64 tokens, after ${SOAK_TRIPS} untimed ones (the large-frame code's warm-up); the backbone's (this process), the relay's and the worker's CPU per round trip in each window (their heaps sized for frames as the executables size them: core tuneHeapForFrames); last/first near 1 means no collection storm`,
         ],
       };
     } finally {
