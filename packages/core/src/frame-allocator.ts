@@ -46,3 +46,35 @@ export function hasFrameAllocatorEnv(env: NodeJS.ProcessEnv = process.env): bool
   const keys = new Set((env.GLIBC_TUNABLES ?? "").split(":").map((entry) => entry.split("=")[0]));
   return Object.keys(FRAME_MALLOC_TUNABLES).every((key) => keys.has(key));
 }
+
+/**
+ * What a process that moves large frames runs with: "tuned" (its environment gives every key of
+ * FRAME_MALLOC_TUNABLES), "glibc defaults", or "not glibc" (another C library, or none known;
+ * nothing to tune). `glibc`: whether the C library is glibc (default: asked of Node's report,
+ * about 5 ms, so once at start-up).
+ */
+export type FrameAllocatorState = "tuned" | "glibc defaults" | "not glibc";
+
+export function frameAllocatorState(
+  env: NodeJS.ProcessEnv = process.env,
+  glibc: boolean = runsOnGlibc(),
+): FrameAllocatorState {
+  if (!glibc) return "not glibc";
+  return hasFrameAllocatorEnv(env) ? "tuned" : "glibc defaults";
+}
+
+function runsOnGlibc(): boolean {
+  if (process.platform !== "linux") return false;
+  const report = process.report as unknown as {
+    excludeNetwork?: boolean;
+    getReport(): { header?: { glibcVersionRuntime?: unknown } };
+  };
+  // no network lookups in the report (they can take seconds); the process's own setting is restored
+  const excluded = report.excludeNetwork;
+  report.excludeNetwork = true;
+  try {
+    return typeof report.getReport().header?.glibcVersionRuntime === "string";
+  } finally {
+    report.excludeNetwork = excluded;
+  }
+}

@@ -51,7 +51,13 @@ export type {
   ExpertResult,
   ExpertTransport,
 } from "./expert-contract.js";
-export { FRAME_MALLOC_TUNABLES, frameAllocatorEnv, hasFrameAllocatorEnv } from "./frame-allocator.js";
+export {
+  FRAME_MALLOC_TUNABLES,
+  type FrameAllocatorState,
+  frameAllocatorEnv,
+  frameAllocatorState,
+  hasFrameAllocatorEnv,
+} from "./frame-allocator.js";
 export {
   dispatchFrame,
   drainFrame,

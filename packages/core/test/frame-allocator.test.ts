@@ -2,7 +2,12 @@
 import { spawnSync } from "node:child_process";
 import { existsSync, readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
-import { FRAME_MALLOC_TUNABLES, frameAllocatorEnv, hasFrameAllocatorEnv } from "../src/frame-allocator.js";
+import {
+  FRAME_MALLOC_TUNABLES,
+  frameAllocatorEnv,
+  frameAllocatorState,
+  hasFrameAllocatorEnv,
+} from "../src/frame-allocator.js";
 
 const OURS =
   "glibc.malloc.top_pad=67108864:glibc.malloc.trim_threshold=268435456:glibc.malloc.mmap_threshold=33554432";
@@ -32,6 +37,20 @@ describe("frameAllocatorEnv", () => {
     // given twice, nothing is added the second time
     expect(frameAllocatorEnv(out).GLIBC_TUNABLES).toBe(out.GLIBC_TUNABLES);
     expect(hasFrameAllocatorEnv({ GLIBC_TUNABLES: "glibc.malloc.top_pad=1" })).toBe(false);
+  });
+
+  it("tells a tuned process from glibc's defaults, and says when there is no glibc to tune", () => {
+    expect(frameAllocatorState(frameAllocatorEnv({}), true)).toBe("tuned");
+    expect(frameAllocatorState({}, true)).toBe("glibc defaults");
+    expect(frameAllocatorState({ GLIBC_TUNABLES: "glibc.malloc.top_pad=1" }, true)).toBe("glibc defaults");
+    expect(frameAllocatorState(frameAllocatorEnv({}), false)).toBe("not glibc");
+    // asked of this process's own C library: Debian's Node runs on glibc
+    const report = process.report as unknown as { excludeNetwork?: boolean };
+    const before = report.excludeNetwork;
+    const here = frameAllocatorState({});
+    expect(report.excludeNetwork).toBe(before);
+    const header = (process.report.getReport() as { header: { glibcVersionRuntime?: string } }).header;
+    expect(here).toBe(header.glibcVersionRuntime ? "glibc defaults" : "not glibc");
   });
 
   // glibc's loader lists the tunables as it parsed them from GLIBC_TUNABLES (glibc >= 2.33)

@@ -5,7 +5,7 @@ import { connect, type Socket } from "node:net";
 import { dirname, join } from "node:path";
 import { Writable } from "node:stream";
 import { fileURLToPath } from "node:url";
-import { sleep } from "@moeswarm/core";
+import { frameAllocatorEnv, frameAllocatorState, sleep } from "@moeswarm/core";
 import { connectRelay } from "@moeswarm/relay-client";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runCli } from "../src/cli/run.js";
@@ -108,6 +108,8 @@ describe("the moeswarm-hub bin", () => {
       expect(listening.url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
       expect(listening.relayUrl).toBe(`ws://127.0.0.1:${listening.port}/relay`);
       expect(listening.secretGenerated).toBe(true);
+      // this test's environment, as core sees it (no GLIBC_TUNABLES here: glibc's defaults on Debian)
+      expect(listening.malloc).toBe(frameAllocatorState(process.env));
       const tokens = listening.tokens as { admin: string; worker: string; backbone: string };
       const models = json(await call(`${listening.url}/api/models`)) as {
         models: Array<{ id: string; experts: number }>;
@@ -163,17 +165,23 @@ describe("the moeswarm-hub bin", () => {
   it("serves https and wss with --tls-self-signed, writing the CA that clients trust to --tls-ca-out", async () => {
     const caFile = join(tmp.dir, "tls", "ca.pem");
     mkdirSync(dirname(caFile));
-    const run = startBin([
-      "serve",
-      ...["--model", tiny, "--port", "0", "--db", ":memory:", "--json"],
-      ...["--tls-self-signed", "--tls-ca-out", caFile],
-    ]);
+    // started as docs/deploy.md has operators start it, with glibc's malloc tuned for large frames
+    const env = frameAllocatorEnv();
+    const run = startBin(
+      [
+        "serve",
+        ...["--model", tiny, "--port", "0", "--db", ":memory:", "--json"],
+        ...["--tls-self-signed", "--tls-ca-out", caFile],
+      ],
+      { env },
+    );
     try {
       const listening = await until(
         () => run.lines.find((l) => l.event === "listening"),
         `the listening line (stderr: ${run.stderr()})`,
       );
       expect(listening.url).toBe(`https://127.0.0.1:${listening.port}`);
+      expect(listening.malloc).toBe(frameAllocatorState(env));
       expect(listening.relayUrl).toBe(`wss://127.0.0.1:${listening.port}/relay`);
       const tls = listening.tls as { selfSigned: boolean; ca: string; hosts: string[] };
       expect(tls.selfSigned).toBe(true);

@@ -3,7 +3,15 @@ import { readFile, writeFile } from "node:fs/promises";
 import { hostname, networkInterfaces } from "node:os";
 import { join, resolve as resolvePath } from "node:path";
 import { parseArgs } from "node:util";
-import { describeError, InvalidArgumentError, isMoeswarmError, onAbort } from "@moeswarm/core";
+import {
+  describeError,
+  type FrameAllocatorState,
+  frameAllocatorEnv,
+  frameAllocatorState,
+  InvalidArgumentError,
+  isMoeswarmError,
+  onAbort,
+} from "@moeswarm/core";
 import type { ConnectionLimits } from "../connection-guard.js";
 import { ENROL_BURST, ENROL_PER_MINUTE } from "../enrolment.js";
 import { createHub } from "../hub.js";
@@ -319,6 +327,20 @@ function storeLine(values: Values, store: { kind: string; driver?: string }): st
 }
 
 /** What `serve` prints once it listens (humans; --json prints the same as one object). */
+/**
+ * What the listening lines say of glibc's malloc: the relay moves large frames, and with glibc's
+ * defaults it gives its heap back and faults it in again (core frame-allocator.ts).
+ */
+function mallocLines(state: FrameAllocatorState): string[] {
+  if (state === "not glibc") return [];
+  if (state === "tuned") return ["  malloc: glibc tuned for large frames (GLIBC_TUNABLES)"];
+  return [
+    "  malloc: glibc's defaults: the relay spends about 15% more CPU on 64-token frames, at times",
+    `    1.5-3x; start the hub with GLIBC_TUNABLES=${frameAllocatorEnv({}).GLIBC_TUNABLES}`,
+    '    (docs/deploy.md, "Memory allocator", in the moeswarm repository)',
+  ];
+}
+
 function listeningLines(
   values: Values,
   store: { kind: string; driver?: string },
@@ -326,6 +348,7 @@ function listeningLines(
   infos: readonly ModelInfo[],
   selfSignedInfo: SelfSignedInfo | undefined,
   tokens: { admin: string; worker: string; backbone: string } | undefined,
+  malloc: FrameAllocatorState,
 ): string[] {
   const lines = [
     `${CLI_NAME}: serving ${infos.length} model${infos.length === 1 ? "" : "s"} on ${listener.url} (relay ${listener.relayUrl})`,
@@ -335,6 +358,7 @@ function listeningLines(
     ),
     `  dashboard: ${listener.url}/${values.private === true ? "#token=<token>" : ""}`,
     `  store: ${storeLine(values, store)}; reads ${values.private === true ? "need a token" : "are public"}`,
+    ...mallocLines(malloc),
   ];
   if (selfSignedInfo) {
     lines.push(
@@ -524,7 +548,8 @@ const serve: Command = {
             backbone: mintToken({ role: "backbone", id: GENERATED_BACKBONE_ID, ttlS: 7 * DAY_S }, secret),
           }
         : undefined;
-      const lines = listeningLines(values, hub.store, listener, infos, selfSignedInfo, tokens);
+      const malloc = frameAllocatorState();
+      const lines = listeningLines(values, hub.store, listener, infos, selfSignedInfo, tokens, malloc);
       say(lines.join("\n"), {
         event: "listening",
         url: listener.url,
@@ -533,6 +558,7 @@ const serve: Command = {
         models: infos,
         store: hub.store.kind,
         ...(hub.store.driver ? { storeDriver: hub.store.driver } : {}),
+        malloc,
         ...(selfSignedInfo
           ? {
               tls: {
