@@ -1,3 +1,5 @@
+import type { FrameAllocatorState } from "@moeswarm/core";
+
 /** One step of a worker's life, as `runWorker`'s `log` receives it (and `--json` prints it). */
 export type WorkerEvent = WorkerEventBody & { /** ISO 8601 time. */ time: string };
 
@@ -10,7 +12,16 @@ interface SliceFields {
 }
 
 export type WorkerEventBody =
-  | { event: "start"; id: string; hub: string; capacityBytes: number; cacheDir: string; backend: string }
+  | {
+      event: "start";
+      id: string;
+      hub: string;
+      capacityBytes: number;
+      cacheDir: string;
+      backend: string;
+      /** How this process's glibc malloc is set for large frames (core frameAllocatorState). */
+      malloc: FrameAllocatorState;
+    }
   | { event: "hub-unreachable"; error: string; code: string; retryInMs: number }
   | {
       event: "idle";
@@ -203,7 +214,11 @@ type WorkerEventOf<N extends WorkerEventName> = Extract<WorkerEventBody, { event
 /** One formatter per event name: an event added to WorkerEventBody without one does not compile. */
 const FORMATTERS: { [N in WorkerEventName]: (e: WorkerEventOf<N>) => string } = {
   start: (e) =>
-    `worker ${e.id} starting: hub ${e.hub}, capacity ${formatBytes(e.capacityBytes)}, cache ${e.cacheDir}, backend ${e.backend}`,
+    `worker ${e.id} starting: hub ${e.hub}, capacity ${formatBytes(e.capacityBytes)}, cache ${e.cacheDir}, backend ${e.backend}${
+      e.malloc === "glibc defaults"
+        ? '; glibc\'s malloc untuned: large frames cost more CPU (start with GLIBC_TUNABLES: docs/deploy.md, "Memory allocator")'
+        : ""
+    }`,
   "hub-unreachable": (e) => `hub unreachable (${e.code}: ${e.error}); retrying in ${formatMs(e.retryInMs)}`,
   idle: (e) => {
     if (e.reason === "full") {

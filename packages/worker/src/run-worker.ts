@@ -1,6 +1,7 @@
 import { mkdir } from "node:fs/promises";
 import {
   abortReason,
+  frameAllocatorState,
   isMoeswarmError,
   type LeaseJson,
   type MoeswarmError,
@@ -231,6 +232,7 @@ class WorkerRun {
         capacityBytes: s.capacityBytes,
         cacheDir: s.cacheDir,
         backend: s.backend,
+        malloc: frameAllocatorState(),
       });
       await mkdir(s.cacheDir, { recursive: true });
       this.#pause.start();

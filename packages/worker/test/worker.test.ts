@@ -3,7 +3,14 @@
 import { readFileSync, writeFileSync } from "node:fs";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
-import { decodeFrame, encodeFrame, type Frame, isMoeswarmError, PROTOCOL_VERSION } from "@moeswarm/core";
+import {
+  decodeFrame,
+  encodeFrame,
+  type Frame,
+  frameAllocatorState,
+  isMoeswarmError,
+  PROTOCOL_VERSION,
+} from "@moeswarm/core";
 import { type Hub, mintToken } from "@moeswarm/hub";
 import type { TempDir } from "@moeswarm/testkit";
 import { loadExpertCompute } from "@moeswarm/worker-native";
@@ -248,6 +255,8 @@ describe("runWorker", () => {
     });
     expect(summary.served).toBe(false);
     expect(events.map((e) => e.event)).toEqual(["start", "stopped"]);
+    // the start says how this process's malloc is set (docs/deploy.md, "Memory allocator")
+    expect(events[0]).toMatchObject({ event: "start", malloc: frameAllocatorState(process.env) });
   });
 
   it("keeps retrying a hub it cannot reach, and stops when told", async () => {
