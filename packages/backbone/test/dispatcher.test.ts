@@ -1,7 +1,9 @@
 // moeswarm-dispatcher (in-process) beside the harness in llama-server mode (-ot), and the memory the
 // plugin saves: expert weights handed to it are dropped, never resident.
+
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
+import { frameAllocatorState } from "@moeswarm/core";
 import { sliceExperts } from "@moeswarm/shard";
 import { captureStream } from "@moeswarm/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -119,9 +121,12 @@ describe.skipIf(Boolean(missing))("moeswarm-dispatcher beside a llama.cpp with t
       address: string;
       override: string;
       layers: number[];
+      malloc: string;
     };
     expect(listening.address).toBe(`unix:${socket}`);
     expect(listening.layers).toEqual(info.layers);
+    // the dispatcher receives large results: it says how malloc is set (core frameAllocatorState)
+    expect(listening.malloc).toBe(frameAllocatorState());
 
     const common = { modelPath: model, prompt: "A dispatcher beside llama-server", nPredict: 32, threads: 1 };
     const plain = await runLogitsHarness({ ...common, logitsPath: join(tmp.dir, "plain.bin") });

@@ -2,8 +2,10 @@
 // worker processes join and leave the hub's relay while the bridge runs; it follows the hub's
 // placement (no restart), every decode stays bit-identical to plain llama.cpp without falling back,
 // and the routing statistics and receipts reach the hub (credits, tokens/s).
+
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { frameAllocatorState } from "@moeswarm/core";
 import { mintToken } from "@moeswarm/hub";
 import { captureStream } from "@moeswarm/testkit";
 import { Agent, request } from "undici";
@@ -215,9 +217,12 @@ describe.skipIf(Boolean(missing))("serveBackboneBridge({hub}): follows the hub's
       override: string;
       id: string;
       workers: string[];
+      malloc: string;
     };
     expect(listening.id).toBe("bb-cli");
     expect(listening.workers).toContain("hc");
+    // the dispatcher receives large results: it says how malloc is set (core frameAllocatorState)
+    expect(listening.malloc).toBe(frameAllocatorState());
     const common = { modelPath: fx.modelPath, prompt: "A dispatcher with a hub", nPredict: 16, threads: 1 };
     const plain = await runLogitsHarness({ ...common, logitsPath: join(fx.tmp.dir, "cli-plain.bin") });
     const remote = await runLogitsHarness({

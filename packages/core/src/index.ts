@@ -54,6 +54,7 @@ export type {
 export {
   FRAME_MALLOC_TUNABLES,
   type FrameAllocatorState,
+  frameAllocatorAdvice,
   frameAllocatorEnv,
   frameAllocatorState,
   hasFrameAllocatorEnv,

@@ -4,6 +4,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
 import {
   FRAME_MALLOC_TUNABLES,
+  frameAllocatorAdvice,
   frameAllocatorEnv,
   frameAllocatorState,
   hasFrameAllocatorEnv,
@@ -44,6 +45,12 @@ describe("frameAllocatorEnv", () => {
     expect(frameAllocatorState({}, true)).toBe("glibc defaults");
     expect(frameAllocatorState({ GLIBC_TUNABLES: "glibc.malloc.top_pad=1" }, true)).toBe("glibc defaults");
     expect(frameAllocatorState(frameAllocatorEnv({}), false)).toBe("not glibc");
+    // advice only where there is something to set, and it gives the whole value
+    expect(frameAllocatorAdvice("tuned")).toBeUndefined();
+    expect(frameAllocatorAdvice("not glibc")).toBeUndefined();
+    expect(frameAllocatorAdvice("glibc defaults")).toContain(
+      `GLIBC_TUNABLES=${frameAllocatorEnv({}).GLIBC_TUNABLES} `,
+    );
     // asked of this process's own C library: Debian's Node runs on glibc
     const report = process.report as unknown as { excludeNetwork?: boolean };
     const before = report.excludeNetwork;

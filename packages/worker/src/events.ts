@@ -1,4 +1,4 @@
-import type { FrameAllocatorState } from "@moeswarm/core";
+import { type FrameAllocatorState, frameAllocatorAdvice } from "@moeswarm/core";
 
 /** One step of a worker's life, as `runWorker`'s `log` receives it (and `--json` prints it). */
 export type WorkerEvent = WorkerEventBody & { /** ISO 8601 time. */ time: string };
@@ -213,12 +213,10 @@ type WorkerEventOf<N extends WorkerEventName> = Extract<WorkerEventBody, { event
 
 /** One formatter per event name: an event added to WorkerEventBody without one does not compile. */
 const FORMATTERS: { [N in WorkerEventName]: (e: WorkerEventOf<N>) => string } = {
-  start: (e) =>
-    `worker ${e.id} starting: hub ${e.hub}, capacity ${formatBytes(e.capacityBytes)}, cache ${e.cacheDir}, backend ${e.backend}${
-      e.malloc === "glibc defaults"
-        ? '; glibc\'s malloc untuned: large frames cost more CPU (start with GLIBC_TUNABLES: docs/deploy.md, "Memory allocator")'
-        : ""
-    }`,
+  start: (e) => {
+    const advice = frameAllocatorAdvice(e.malloc);
+    return `worker ${e.id} starting: hub ${e.hub}, capacity ${formatBytes(e.capacityBytes)}, cache ${e.cacheDir}, backend ${e.backend}${advice === undefined ? "" : `; ${advice}`}`;
+  },
   "hub-unreachable": (e) => `hub unreachable (${e.code}: ${e.error}); retrying in ${formatMs(e.retryInMs)}`,
   idle: (e) => {
     if (e.reason === "full") {

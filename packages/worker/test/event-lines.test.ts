@@ -14,7 +14,7 @@ const start = {
 describe("the start line", () => {
   it("asks for GLIBC_TUNABLES only where glibc runs with its defaults", () => {
     expect(formatWorkerEvent({ ...start, malloc: "glibc defaults" })).toMatch(
-      /; glibc's malloc untuned: .*GLIBC_TUNABLES: docs\/deploy\.md/,
+      /; glibc's malloc runs with its defaults, .*GLIBC_TUNABLES=glibc\.malloc\.top_pad=67108864:.*docs\/deploy\.md/,
     );
     for (const malloc of ["tuned", "not glibc"] as const) {
       expect(formatWorkerEvent({ ...start, malloc })).toBe(

@@ -1,4 +1,4 @@
-import { formatRange, onAbort, toRanges } from "@moeswarm/core";
+import { formatRange, frameAllocatorAdvice, frameAllocatorState, onAbort, toRanges } from "@moeswarm/core";
 import { InProcessTransport, Placement } from "@moeswarm/dispatch";
 import { findExpertTensors, readGguf } from "@moeswarm/shard";
 import {
@@ -189,6 +189,7 @@ function printWorkersListening(
         layers: shown.layers,
         fallback: !c.noFallback,
         workers: shown.workers,
+        malloc: frameAllocatorState(),
       }),
     );
   } else {
@@ -197,6 +198,7 @@ function printWorkersListening(
     );
     out(`  llama-server: ${env} ${llamaServerCommand(shown.modelPath, shown.override, c.draft)}`);
     out(`  node-llama-cpp: ${env} MOESWARM_LAYERS=${formatLayerSelection(shown.layers)}`);
+    mallocLine(out);
   }
 }
 
@@ -454,6 +456,7 @@ function printHubListening(
         id: link.id,
         placementVersion: current.version,
         workers: [...current.workers],
+        malloc: frameAllocatorState(),
       }),
     );
   } else {
@@ -462,5 +465,12 @@ function printHubListening(
     );
     out(`  llama-server: ${env} ${llamaServerCommand(o.modelPath ?? "<model.gguf>", override, o.draft)}`);
     out(`  node-llama-cpp: ${env} MOESWARM_LAYERS=all`);
+    mallocLine(out);
   }
+}
+
+/** The dispatcher receives workers' large results: with glibc's defaults, what to set (core frame-allocator.ts). */
+function mallocLine(out: Out): void {
+  const advice = frameAllocatorAdvice(frameAllocatorState());
+  if (advice !== undefined) out(`  malloc: ${advice}`);
 }

@@ -6,7 +6,7 @@ import { parseArgs } from "node:util";
 import {
   describeError,
   type FrameAllocatorState,
-  frameAllocatorEnv,
+  frameAllocatorAdvice,
   frameAllocatorState,
   InvalidArgumentError,
   isMoeswarmError,
@@ -327,18 +327,11 @@ function storeLine(values: Values, store: { kind: string; driver?: string }): st
 }
 
 /** What `serve` prints once it listens (humans; --json prints the same as one object). */
-/**
- * What the listening lines say of glibc's malloc: the relay moves large frames, and with glibc's
- * defaults it gives its heap back and faults it in again (core frame-allocator.ts).
- */
+/** What the listening lines say of glibc's malloc: the relay moves large frames. */
 function mallocLines(state: FrameAllocatorState): string[] {
-  if (state === "not glibc") return [];
   if (state === "tuned") return ["  malloc: glibc tuned for large frames (GLIBC_TUNABLES)"];
-  return [
-    "  malloc: glibc's defaults: the relay spends about 15% more CPU on 64-token frames, at times",
-    `    1.5-3x; start the hub with GLIBC_TUNABLES=${frameAllocatorEnv({}).GLIBC_TUNABLES}`,
-    '    (docs/deploy.md, "Memory allocator", in the moeswarm repository)',
-  ];
+  const advice = frameAllocatorAdvice(state);
+  return advice === undefined ? [] : [`  malloc: ${advice}`];
 }
 
 function listeningLines(
