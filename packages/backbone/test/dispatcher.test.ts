@@ -1,6 +1,5 @@
 // moeswarm-dispatcher (in-process) beside the harness in llama-server mode (-ot), and the memory the
 // plugin saves: expert weights handed to it are dropped, never resident.
-
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { frameAllocatorState } from "@moeswarm/core";

@@ -2,7 +2,6 @@
 // worker processes join and leave the hub's relay while the bridge runs; it follows the hub's
 // placement (no restart), every decode stays bit-identical to plain llama.cpp without falling back,
 // and the routing statistics and receipts reach the hub (credits, tokens/s).
-
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { frameAllocatorState } from "@moeswarm/core";

@@ -50,11 +50,14 @@ export function hasFrameAllocatorEnv(env: NodeJS.ProcessEnv = process.env): bool
 /**
  * What a process that moves large frames runs with: "tuned" (its environment gives every key of
  * FRAME_MALLOC_TUNABLES), "glibc defaults", or "not glibc" (another C library, or none known;
- * nothing to tune). `glibc`: whether the C library is glibc (default: asked of Node's report,
- * about 5 ms, so once at start-up).
+ * nothing to tune).
  */
 export type FrameAllocatorState = "tuned" | "glibc defaults" | "not glibc";
 
+/**
+ * The FrameAllocatorState of a process started with `env` (default: this one's). `glibc`: whether
+ * the C library is glibc (default: asked of Node's report, about 5 ms: once at start-up).
+ */
 export function frameAllocatorState(
   env: NodeJS.ProcessEnv = process.env,
   glibc: boolean = runsOnGlibc(),

@@ -108,7 +108,7 @@ describe("the moeswarm-hub bin", () => {
       expect(listening.url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
       expect(listening.relayUrl).toBe(`ws://127.0.0.1:${listening.port}/relay`);
       expect(listening.secretGenerated).toBe(true);
-      // this test's environment, as core sees it (no GLIBC_TUNABLES here: glibc's defaults on Debian)
+      // as core reads this test's environment (the bin inherits it)
       expect(listening.malloc).toBe(frameAllocatorState(process.env));
       const tokens = listening.tokens as { admin: string; worker: string; backbone: string };
       const models = json(await call(`${listening.url}/api/models`)) as {

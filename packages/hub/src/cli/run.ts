@@ -326,7 +326,6 @@ function storeLine(values: Values, store: { kind: string; driver?: string }): st
   return `sqlite via ${store.driver ?? "?"} (${dbPath(values)})`;
 }
 
-/** What `serve` prints once it listens (humans; --json prints the same as one object). */
 /** What the listening lines say of glibc's malloc: the relay moves large frames. */
 function mallocLines(state: FrameAllocatorState): string[] {
   if (state === "tuned") return ["  malloc: glibc tuned for large frames (GLIBC_TUNABLES)"];
@@ -334,6 +333,7 @@ function mallocLines(state: FrameAllocatorState): string[] {
   return advice === undefined ? [] : [`  malloc: ${advice}`];
 }
 
+/** What `serve` prints once it listens (humans; --json prints the same as one object). */
 function listeningLines(
   values: Values,
   store: { kind: string; driver?: string },
