@@ -14,7 +14,7 @@
 // product's relay path over it is what the product's own plumbing costs.
 import { createServer as createHttpsServer } from "node:https";
 import { createServer, type Socket } from "node:net";
-import { type DispatchFrame, decodeFrame, PROTOCOL_VERSION } from "@moeswarm/core";
+import { type DispatchFrame, decodeFrame, PROTOCOL_VERSION, tuneHeapForFrames } from "@moeswarm/core";
 import { type WebSocket, WebSocketServer } from "ws";
 import { onParentMessage } from "./children.js";
 import { dialFloor, encodedSender } from "./ws-floor.js";
@@ -32,6 +32,11 @@ interface Args {
 
 const args = JSON.parse(process.argv[2] ?? "{}") as Args;
 const MAX = 64 * 1024 * 1024;
+// The floors' heaps are sized as the product's processes size theirs (relay-peer.ts): with V8's
+// default growth, a floor that receives frame after frame runs a major collection every few
+// thousand and is itself slowed by it (the blind chain by about 5% at 1 token), which flattered
+// every ratio over it.
+tuneHeapForFrames();
 
 function nodeEcho(): Promise<number> {
   const server = createServer((socket: Socket) => {
