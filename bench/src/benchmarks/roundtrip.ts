@@ -43,6 +43,7 @@ import {
 } from "@moeswarm/relay-client";
 import type { Benchmark, Row } from "../harness.js";
 import { cpuTime, spawnPeer as forkPeer, stopChildren } from "./children.js";
+import { perfUnavailable, recordProcesses, splitLine } from "./perf-split.js";
 import { type Pinner, pinner } from "./pinning.js";
 import { goalLines } from "./roundtrip-goals.js";
 import { type EchoSample, type NativeMeasure, type NativePath, startNativePath } from "./roundtrip-native.js";
@@ -399,6 +400,48 @@ async function pinnedTlsRelay(
   }
 }
 
+/**
+ * The TLS relay's interleaved group once more, while perf samples each chain's relay and worker:
+ * a row per process with its CPU per round trip by where it ran (perf-split.ts).
+ */
+async function perfRows(
+  paths: TlsRelayPaths,
+  req: DispatchRequest,
+  bytes: Uint8Array,
+  n: number,
+): Promise<Row[]> {
+  const chains = {
+    "relay (TLS)": () => paths.relay.request("echo", req),
+    "codec chain (TLS)": () => paths.codec.trip(req),
+    "blind relay (TLS)": () => paths.blind.trip(bytes),
+  };
+  const processes = {
+    "relay (TLS)": paths.processes.relay,
+    "codec chain (TLS)": paths.processes.codec,
+    "blind relay (TLS)": paths.processes.blind,
+  };
+  const named: Record<string, ChildProcess> = {};
+  for (const [chain, [relay, worker]] of Object.entries(processes)) {
+    named[`${chain}: relay`] = relay;
+    named[`${chain}: worker`] = worker;
+  }
+  const trips: Record<string, number> = {};
+  const recording = await recordProcesses(named);
+  await interleaved(
+    Object.entries(chains).map(([chain, trip]) => async () => {
+      await trip();
+      trips[`${chain}: relay`] = (trips[`${chain}: relay`] ?? 0) + 1;
+      trips[`${chain}: worker`] = (trips[`${chain}: worker`] ?? 0) + 1;
+    }),
+  );
+  const splits = await recording.stop(trips);
+  return Object.entries(splits).map(([name, split]) => ({
+    path: `perf: ${name} process, CPU us per round trip`,
+    tokens: n,
+    "CPU us": splitLine(split),
+  }));
+}
+
 /** Waits until the relay knows the echo worker (it registers after it connects). */
 async function untilRegistered(relay: RelayConnection): Promise<void> {
   for (let i = 0; ; i++) {
@@ -545,6 +588,8 @@ export const roundtrip: Benchmark = {
       const rows: Row[] = [];
       const ratios: Record<string, number> = {};
       const pins = pinner();
+      const perfOff =
+        process.env.MOESWARM_BENCH_PERF === "1" ? perfUnavailable() : "MOESWARM_BENCH_PERF=1 adds them";
       for (const n of TOKENS) {
         const req = request(n);
         const bytes = frameBytes(req);
@@ -643,6 +688,7 @@ export const roundtrip: Benchmark = {
         if (typeof pins !== "string") {
           rows.push(...(await pinnedTlsRelay(pins, tlsRelay, groups[1]!, n, ratios)));
         }
+        if (perfOff === undefined) rows.push(...(await perfRows(tlsRelay, req, bytes, n)));
         const relayCpu = sum(
           await cpuPerTrip([relayPeer.child, worker.child], () => viaRelay.request("echo", req)),
         );
@@ -686,6 +732,9 @@ export const roundtrip: Benchmark = {
           typeof pins === "string"
             ? `no pinned passes: ${pins}`
             : "pinned: the TLS relay, its codec chain and its blind floor interleaved again with each chain's relay on CPU 1 and everything else (this process, the workers) on CPU 0: unpinned, the scheduler moves the three processes of a chain between the CPUs and each move costs one its caches, which weighs most on the process that touches the most code per frame (bench/src/benchmarks/pinning.ts)",
+          perfOff === undefined
+            ? "perf: the TLS relay, its codec chain and its blind floor interleaved once more (one pass) while Linux perf samples each chain's relay and worker (cpu-clock, 4 kHz): each process's CPU per round trip by where it ran (JavaScript: code V8 compiled; V8 builtins: property access, calls, typed arrays; V8 runtime: the collector and compilers; bench/src/benchmarks/perf-split.ts); perf's own sampling inflates the totals, the split between categories is what to read"
+            : `no perf rows: ${perfOff}`,
           `soak: ${SOAK_WINDOWS} x ${SOAK_TRIPS} more relay round trips at 64 tokens, after ${SOAK_TRIPS} untimed ones (the large-frame code's warm-up); the backbone's (this process), the relay's and the worker's CPU per round trip in each window (their heaps sized for frames as the executables size them: core tuneHeapForFrames); last/first near 1 means no collection storm`,
         ],
       };
