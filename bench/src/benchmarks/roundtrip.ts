@@ -410,30 +410,29 @@ async function perfRows(
   bytes: Uint8Array,
   n: number,
 ): Promise<Row[]> {
-  const chains = {
-    "relay (TLS)": () => paths.relay.request("echo", req),
-    "codec chain (TLS)": () => paths.codec.trip(req),
-    "blind relay (TLS)": () => paths.blind.trip(bytes),
-  };
-  const processes = {
-    "relay (TLS)": paths.processes.relay,
-    "codec chain (TLS)": paths.processes.codec,
-    "blind relay (TLS)": paths.processes.blind,
-  };
+  const chains: Array<[string, () => Promise<unknown>, readonly ChildProcess[]]> = [
+    ["relay (TLS)", () => paths.relay.request("echo", req), paths.processes.relay],
+    ["codec chain (TLS)", () => paths.codec.trip(req), paths.processes.codec],
+    ["blind relay (TLS)", () => paths.blind.trip(bytes), paths.processes.blind],
+  ];
   const named: Record<string, ChildProcess> = {};
-  for (const [chain, [relay, worker]] of Object.entries(processes)) {
-    named[`${chain}: relay`] = relay;
-    named[`${chain}: worker`] = worker;
+  for (const [chain, , [relay, worker]] of chains) {
+    named[`${chain}: relay`] = relay!;
+    named[`${chain}: worker`] = worker!;
   }
-  const trips: Record<string, number> = {};
+  const counts = chains.map(() => 0);
   const recording = await recordProcesses(named);
   await interleaved(
-    Object.entries(chains).map(([chain, trip]) => async () => {
+    chains.map(([, trip], i) => async () => {
       await trip();
-      trips[`${chain}: relay`] = (trips[`${chain}: relay`] ?? 0) + 1;
-      trips[`${chain}: worker`] = (trips[`${chain}: worker`] ?? 0) + 1;
+      counts[i]!++;
     }),
   );
+  const trips: Record<string, number> = {};
+  chains.forEach(([chain], i) => {
+    trips[`${chain}: relay`] = counts[i]!;
+    trips[`${chain}: worker`] = counts[i]!;
+  });
   const splits = await recording.stop(trips);
   return Object.entries(splits).map(([name, split]) => ({
     path: `perf: ${name} process, CPU us per round trip`,
