@@ -415,25 +415,20 @@ async function perfRows(
     ["codec chain (TLS)", () => paths.codec.trip(req), paths.processes.codec],
     ["blind relay (TLS)", () => paths.blind.trip(bytes), paths.processes.blind],
   ];
-  const named: Record<string, ChildProcess> = {};
-  for (const [chain, , [relay, worker]] of chains) {
-    named[`${chain}: relay`] = relay!;
-    named[`${chain}: worker`] = worker!;
-  }
+  // each chain's relay and worker, named, with the chain whose trips they served
+  const sampled = chains.flatMap(([chain, , [relay, worker]], i) => [
+    [`${chain}: relay`, relay!, i] as const,
+    [`${chain}: worker`, worker!, i] as const,
+  ]);
   const counts = chains.map(() => 0);
-  const recording = await recordProcesses(named);
+  const recording = await recordProcesses(Object.fromEntries(sampled.map(([name, child]) => [name, child])));
   await interleaved(
     chains.map(([, trip], i) => async () => {
       await trip();
       counts[i]!++;
     }),
   );
-  const trips: Record<string, number> = {};
-  chains.forEach(([chain], i) => {
-    trips[`${chain}: relay`] = counts[i]!;
-    trips[`${chain}: worker`] = counts[i]!;
-  });
-  const splits = await recording.stop(trips);
+  const splits = await recording.stop(Object.fromEntries(sampled.map(([name, , i]) => [name, counts[i]!])));
   return Object.entries(splits).map(([name, split]) => ({
     path: `perf: ${name} process, CPU us per round trip`,
     tokens: n,
