@@ -1,5 +1,7 @@
-// Child process of the `relay` benchmark: `relay` mode runs the hub's relay on a loopback port
-// (over TLS with `tls`, as the hub serves it); `worker` mode joins that relay as an echo worker
+// Child process of the `relay` and `roundtrip` benchmarks: `relay` mode runs the hub's relay alone
+// on a loopback port (listenRelay; over TLS with `tls`), `hub` mode a whole hub (createHub, as
+// moeswarm-hub runs it: its relay feeds the hub's metrics, market and placement on every forwarded
+// frame; no models, no leases asked); `worker` mode joins either as an echo worker
 // (pinning the relay's certificate with `pin`) and also serves the same echo on a direct
 // WebSocket, so both paths end in the same process doing the same work.
 import { decodeFrame, encodeFrame, type Frame, PROTOCOL_VERSION, tuneHeapForFrames } from "@moeswarm/core";
@@ -8,7 +10,7 @@ import { WebSocketServer } from "ws";
 import { onParentMessage } from "./children.js";
 
 interface Args {
-  mode: "relay" | "worker";
+  mode: "relay" | "hub" | "worker";
   secret?: string;
   /** relay: serve wss with this certificate and key. */
   tls?: { cert: string; key: string };
@@ -32,6 +34,23 @@ function echo(frame: Extract<Frame, { t: "dispatch" }>): Float32Array {
 }
 
 async function main(): Promise<void> {
+  if (args.mode === "hub") {
+    const { createHub } = await import("@moeswarm/hub");
+    const hub = createHub({
+      secret: args.secret!,
+      models: [],
+      requireLeases: false,
+      relay: { maxFrameBytes: MAX, ratePerSec: 1e6, maxInFlight: 4096 },
+      ...(args.tls ? { tls: args.tls } : {}),
+    });
+    const listener = await hub.listen(0);
+    process.send?.({ url: listener.relayUrl });
+    onParentMessage(async () => {
+      await hub.close();
+      process.exit(0);
+    });
+    return;
+  }
   if (args.mode === "relay") {
     // loaded here, not at the top: a worker process (the other mode) does not load the hub's
     // code, as moeswarm-worker does not

@@ -1,7 +1,8 @@
 // `roundtrip`: one remote layer's round trip through each path the product has, next to the
 // floors of such paths measured in the same run. Product paths (@moeswarm/relay-client in this
 // process as the backbone, an echo worker in its own process that computes nothing, so the whole
-// round trip is overhead): "relay" (through the hub's relay in a third process) and "direct" (a
+// round trip is overhead): "relay" (through a hub's relay in a third process: createHub, as
+// moeswarm-hub runs it, with its metrics, market and placement observers) and "direct" (a
 // WebSocket to the worker). Floors: a C echo over a Unix socket and loopback TCP (compiled with cc
 // into .cache when cc exists), a Node TCP echo, a Node WebSocket echo (the direct floor) and a
 // blind Node WebSocket relay that forwards bytes unread (the relay floor); and the relay over TLS,
@@ -322,7 +323,7 @@ async function startTlsRelayPaths(
   workerToken: string,
 ): Promise<TlsRelayPaths> {
   const pin = new X509Certificate(tls.cert).fingerprint256;
-  const relayPeer = await spawnPeer("relay-peer.ts", { mode: "relay", secret, tls });
+  const relayPeer = await spawnPeer("relay-peer.ts", { mode: "hub", secret, tls });
   const children = [relayPeer.child];
   const worker = await spawnPeer("relay-peer.ts", {
     mode: "worker",
@@ -507,7 +508,7 @@ export const roundtrip: Benchmark = {
     const closers: Array<() => unknown> = [];
     try {
       const token = (role: "worker" | "backbone", id: string) => mintToken({ role, id, ttlS: 3600 }, secret);
-      const relayPeer = await spawnPeer("relay-peer.ts", { mode: "relay", secret });
+      const relayPeer = await spawnPeer("relay-peer.ts", { mode: "hub", secret });
       children.push(relayPeer.child);
       // the product's direct path: a TLS endpoint, a pinned certificate, a ticket the "hub" signed
       const tls = await selfSignedCertificate();
@@ -717,7 +718,7 @@ export const roundtrip: Benchmark = {
           "the relay and direct paths' worker computes nothing (an echo worker), so their overhead = round trip; p50 and p10-p90 of one-at-a-time round trips",
           `goals (issue 15): relay <= 1.2x the blind-relay floor, direct <= 1.2x the Node direct floor${c ? "" : "; no cc: the C floors were not measured"}`,
           "codec chain over TLS: the blind TLS relay and its ends doing the protocol's own work and nothing more (the relay validates each frame, raw, as the hub's does; the worker decodes each dispatch and encodes its result; the client encodes and decodes; encoders' memory reused, zero masks as relay-client sends): 'codec chain (TLS)/blind relay (TLS)' is what that work costs in the running chain, 'relay (TLS)/codec chain (TLS)' what the product's plumbing (auth, routing, request tables, deadlines, rewriting in place) adds to it",
-          "relay over TLS: the hub's relay serving wss, as deployed, against the blind relay over TLS with stock ws clients; the product's clients send over TLS with a zero WebSocket mask (nothing to mask or unmask; docs/protocol.md), the floor's with ws's random masks",
+          "relay over TLS: a hub's relay serving wss, as deployed (createHub, as moeswarm-hub runs it: its metrics, market and placement observers see every forwarded dispatch and answer), against the blind relay over TLS with stock ws clients; the product's clients send over TLS with a zero WebSocket mask (nothing to mask or unmask; docs/protocol.md), the floor's with ws's random masks",
           typeof native === "string"
             ? native
             : "native: its worker computes a Q8_0 slice (n_embd 3072, n_ff 256, 16 experts); 'compute us' is the p50 of the results' ms, 'overhead us' the p50 of (round trip - the result's ms), 'overhead/floor' that over the held TLS echo floor (the same client and TLS code against an echo in C that holds each answer busy for the worker's compute p50, less that hold: what encrypting, moving the frames and waking the client cost here); goal (issue 15): <= 0.1 ms above compute",
