@@ -1,9 +1,9 @@
 // Child process of the `relay` and `roundtrip` benchmarks: `relay` mode runs the hub's relay alone
 // on a loopback port (listenRelay; over TLS with `tls`), `hub` mode a whole hub (createHub, as
-// moeswarm-hub runs it: its relay feeds the hub's metrics, market and placement on every forwarded
-// frame; no models, no leases asked); `worker` mode joins either as an echo worker
-// (pinning the relay's certificate with `pin`) and also serves the same echo on a direct
-// WebSocket, so both paths end in the same process doing the same work.
+// moeswarm-hub runs it: its relay feeds the hub's metrics, market and placement with every
+// forwarded dispatch and answer; no models, no leases asked, state in memory); `worker` mode joins
+// either as an echo worker (pinning the relay's certificate with `pin`) and also serves the same
+// echo on a direct WebSocket, so both paths end in the same process doing the same work.
 import { decodeFrame, encodeFrame, type Frame, PROTOCOL_VERSION, tuneHeapForFrames } from "@moeswarm/core";
 import { connectRelay, dialWebSocket, parseDirectKey, serveDirect } from "@moeswarm/relay-client";
 import { WebSocketServer } from "ws";
@@ -12,7 +12,7 @@ import { onParentMessage } from "./children.js";
 interface Args {
   mode: "relay" | "hub" | "worker";
   secret?: string;
-  /** relay: serve wss with this certificate and key. */
+  /** relay, hub: serve wss with this certificate and key. */
   tls?: { cert: string; key: string };
   relayUrl?: string;
   /** worker: the SHA-256 fingerprint of the relay's certificate, pinned (a self-signed one). */
@@ -35,6 +35,7 @@ function echo(frame: Extract<Frame, { t: "dispatch" }>): Float32Array {
 
 async function main(): Promise<void> {
   if (args.mode === "hub") {
+    // (the hub's code is loaded here, as in `relay` mode below)
     const { createHub } = await import("@moeswarm/hub");
     const hub = createHub({
       secret: args.secret!,
