@@ -33,39 +33,29 @@ function echo(frame: Extract<Frame, { t: "dispatch" }>): Float32Array {
   return frame.x instanceof Float32Array ? frame.x : new Float32Array(frame.n * frame.embd);
 }
 
-async function main(): Promise<void> {
-  if (args.mode === "hub") {
-    // (the hub's code is loaded here, as in `relay` mode below)
-    const { createHub } = await import("@moeswarm/hub");
-    const hub = createHub({
-      secret: args.secret!,
-      models: [],
-      requireLeases: false,
-      relay: { maxFrameBytes: MAX, ratePerSec: 1e6, maxInFlight: 4096 },
-      ...(args.tls ? { tls: args.tls } : {}),
-    });
-    const listener = await hub.listen(0);
-    process.send?.({ url: listener.relayUrl });
-    onParentMessage(async () => {
-      await hub.close();
-      process.exit(0);
-    });
-    return;
-  }
+// The relay's settings in both modes: the same limits, so the two relays are timed alike.
+const RELAY = { maxFrameBytes: MAX, ratePerSec: 1e6, maxInFlight: 4096 };
+
+/** `relay` or `hub` mode's server: its relay URL and how to close it. */
+async function serveRelay(): Promise<{ url: string; close(): Promise<void> }> {
+  // loaded here, not at the top: a worker process (the other mode) does not load the hub's code,
+  // as moeswarm-worker does not
+  const { createHub, listenRelay } = await import("@moeswarm/hub");
+  const tls = args.tls ? { tls: args.tls } : {};
   if (args.mode === "relay") {
-    // loaded here, not at the top: a worker process (the other mode) does not load the hub's
-    // code, as moeswarm-worker does not
-    const { listenRelay } = await import("@moeswarm/hub");
-    const listener = await listenRelay({
-      secret: args.secret!,
-      maxFrameBytes: MAX,
-      ratePerSec: 1e6,
-      maxInFlight: 4096,
-      ...(args.tls ? { tls: args.tls } : {}),
-    });
-    process.send?.({ url: listener.url });
+    const listener = await listenRelay({ secret: args.secret!, ...RELAY, ...tls });
+    return { url: listener.url, close: () => listener.close() };
+  }
+  const hub = createHub({ secret: args.secret!, models: [], requireLeases: false, relay: RELAY, ...tls });
+  return { url: (await hub.listen(0)).relayUrl, close: () => hub.close() };
+}
+
+async function main(): Promise<void> {
+  if (args.mode !== "worker") {
+    const server = await serveRelay();
+    process.send?.({ url: server.url });
     onParentMessage(async () => {
-      await listener.close();
+      await server.close();
       process.exit(0);
     });
     return;
