@@ -55,14 +55,20 @@ export const relay: Benchmark = {
       const relayPeer = await spawnPeer({ mode: "relay", secret });
       children.push(relayPeer.child);
       const relayUrl = relayPeer.info.url!;
-      const token = (role: "worker" | "backbone") => mintToken({ role, ttlS: 3600 }, secret);
-      const workerPeer = await spawnPeer({ mode: "worker", relayUrl, token: token("worker"), model: MODEL });
+      // bound to the ids the peers say hello with: the relay refuses unbound tokens by default
+      const token = (role: "worker" | "backbone", id: string) => mintToken({ role, id, ttlS: 3600 }, secret);
+      const workerPeer = await spawnPeer({
+        mode: "worker",
+        relayUrl,
+        token: token("worker", "echo"),
+        model: MODEL,
+      });
       children.push(workerPeer.child);
       const options = {
         role: "backbone" as const,
         id: "bench",
         maxFrameBytes: MAX,
-        token: token("backbone"),
+        token: token("backbone", "bench"),
       };
       const viaRelay = await connectRelay(relayUrl, options);
       const direct = await connectRelay(workerPeer.info.directUrl!, options);
